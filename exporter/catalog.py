@@ -1,0 +1,86 @@
+"""The metric catalog: every metric is declared here once (name, type, help, labels, unit).
+
+Collectors declare their metrics at import time with `define()`, and fill them per scrape
+through `Families`. docs/metrics.md is generated from `all_specs()` (see exporter.docs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+_SPECS: dict[str, MetricSpec] = {}
+
+DOMAIN_PREFIXES = ("gpu_health_exporter_", "gpu_", "efa_", "lustre_client_")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # the exposed name: counters end in _total, info metrics in _info
+    type: str  # "gauge" or "counter"
+    help: str
+    labels: tuple[str, ...]
+    unit: str
+    collector: str
+
+    def family(self) -> Metric:
+        if self.type == "counter":
+            return CounterMetricFamily(self.name.removesuffix("_total"), self.help, labels=self.labels)
+        return GaugeMetricFamily(self.name, self.help, labels=self.labels)
+
+
+def define(
+    name: str,
+    type: str,
+    help: str,
+    labels: tuple[str, ...] | list[str] = (),
+    unit: str = "",
+    collector: str = "",
+) -> MetricSpec:
+    """Declare a metric. Names are checked against the project's conventions at declaration."""
+    if name in _SPECS:
+        raise ValueError(f"metric {name} declared twice")
+    if type not in ("gauge", "counter"):
+        raise ValueError(f"metric {name}: type must be gauge or counter, not {type!r}")
+    if type == "counter" and not name.endswith("_total"):
+        raise ValueError(f"counter {name} must end in _total")
+    if type == "gauge" and name.endswith("_total"):
+        raise ValueError(f"gauge {name} must not end in _total")
+    if not name.startswith(DOMAIN_PREFIXES):
+        raise ValueError(f"metric {name} must start with one of {DOMAIN_PREFIXES}")
+    if unit and unit not in name:
+        raise ValueError(f"metric {name} must carry its unit {unit!r} in its name")
+    spec = MetricSpec(name, type, help, tuple(labels), unit, collector)
+    _SPECS[name] = spec
+    return spec
+
+
+def all_specs() -> list[MetricSpec]:
+    return sorted(_SPECS.values(), key=lambda s: s.name)
+
+
+class Families:
+    """The samples of one collection, each family created on first use, in declaration order."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+
+    def add(self, spec: MetricSpec, value: float, **labels: str | int) -> None:
+        fam = self._families.get(spec.name)
+        if fam is None:
+            fam = self._families[spec.name] = spec.family()
+        if len(labels) != len(spec.labels):
+            raise ValueError(f"{spec.name}: labels {sorted(labels)} do not match {spec.labels}")
+        fam.add_metric([str(labels[k]) for k in spec.labels], float(value))
+
+    def declare(self, spec: MetricSpec) -> None:
+        """Emit the family even when it has no sample (so HELP/TYPE stay visible)."""
+        self._families.setdefault(spec.name, spec.family())
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._families.values())
+
+    def __len__(self) -> int:
+        return len(self._families)

@@ -1,0 +1,194 @@
+"""Command line: serve the metrics (default), or run a subcommand (check, ack)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import pkgutil
+import signal
+import sys
+import threading
+from typing import Any
+
+from exporter import __version__, collectors, commands
+from exporter.collector import Context
+from exporter.config import DEFAULT_PORT, ConfigError, load
+from exporter.profiles import SIMULATED
+
+log = logging.getLogger("exporter")
+
+PATH_FLAGS = {
+    "sysfs": "Root of sysfs (EFA counters, Lustre sysfs files).",
+    "procfs": "Root of procfs (mounts, Lustre procfs files, boot id).",
+    "debugfs": "Root of debugfs (Lustre client stats on 2.12+).",
+    "kmsg": "Kernel log device to read XIDs from (or a file of /dev/kmsg records).",
+    "state-dir": "Directory for the state file that keeps XID counts across restarts.",
+}
+
+
+def add_source_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by the daemon and the one-shot commands: where every source reads from."""
+    p.add_argument("--config", metavar="FILE", help="YAML configuration file (see docs/configuration.md).")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                   help="Log level (overrides log_level in the config).")
+    p.add_argument("--simulate", metavar="PROFILE", choices=SIMULATED,
+                   help="Run against a simulated node: fake NVML and generated sysfs/procfs/debugfs "
+                        "trees and kernel log. One of: " + ", ".join(SIMULATED) + ".")
+    p.add_argument("--scenario", metavar="NAME", action="append", default=[],
+                   help="Inject a fault scenario into the simulated node (repeatable); "
+                        "--list-scenarios shows them.")
+    p.add_argument("--nvml-capture", metavar="FILE",
+                   help="Use the fake NVML backend replaying this capture (made by nvml_capture.py).")
+    p.add_argument("--nvml-latencies", action="store_true",
+                   help="With the fake backend: sleep each call's captured latency, to model real NVML cost.")
+    p.add_argument("--kmsg-file", metavar="FILE",
+                   help="Replay a file of /dev/kmsg records (a saved log) instead of the device.")
+    for name, doc in PATH_FLAGS.items():
+        p.add_argument(f"--path.{name}", dest=f"path_{name.replace('-', '_')}", metavar="PATH", help=doc)
+    p.add_argument("--collectors", metavar="LIST",
+                   help="Comma-separated collectors to run (default: those enabled in the config).")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpu-health-exporter",
+        description="Per-node Prometheus exporter for GPU (NVML), XID, EFA and FSx for Lustre health. "
+                    "Without a subcommand it serves /metrics.",
+        epilog="Subcommands: " + ", ".join(
+            f"'{n}' ({m.HELP})" for n, m in _commands().items()) + ". Run SUBCOMMAND --help for theirs.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--listen", metavar="HOST:PORT",
+                   help=f"Address to serve on (default 0.0.0.0:{DEFAULT_PORT}).")
+    p.add_argument("--list-scenarios", action="store_true",
+                   help="List the simulation's fault scenarios and exit.")
+    add_source_options(p)
+    return p
+
+
+def _commands() -> dict[str, Any]:
+    out = {}
+    for mod in pkgutil.iter_modules(commands.__path__):
+        out[mod.name] = importlib.import_module(f"{commands.__name__}.{mod.name}")
+    return out
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()), stream=sys.stderr,
+        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
+    )
+
+
+def build_context(args: argparse.Namespace) -> Context:
+    """Load the config (file, then simulation, then CLI flags) and set up the sources."""
+    collectors.collector_classes()  # collectors declare their config sections on import
+    overrides: dict[str, Any] = {}
+    simulation = None
+    if args.simulate:
+        from exporter.simulate import Simulation
+
+        simulation = Simulation(args.simulate, args.scenario)
+        overrides.update(simulation.config_overrides())
+    elif args.scenario:
+        raise ConfigError("command line: --scenario needs --simulate PROFILE")
+    if getattr(args, "listen", None):
+        overrides["listen"] = args.listen
+    if args.log_level:
+        overrides["log_level"] = args.log_level
+    for name in PATH_FLAGS:
+        v = getattr(args, f"path_{name.replace('-', '_')}")
+        if v:
+            overrides[f"paths.{name.replace('-', '_')}"] = v
+    if args.kmsg_file:
+        overrides["paths.kmsg"] = args.kmsg_file
+    cfg = load(args.config, overrides)
+    if simulation is not None:
+        simulation.build()
+    return Context(config=cfg, nvml_capture=args.nvml_capture, simulation=simulation,
+                   scenarios=tuple(args.scenario), nvml_latencies=args.nvml_latencies)
+
+
+def selected(args: argparse.Namespace) -> list[str] | None:
+    if not args.collectors:
+        return None
+    names = [n.strip() for n in args.collectors.split(",") if n.strip()]
+    known = collectors.collector_classes()
+    for n in names:
+        if n not in known:
+            raise ConfigError(f"command line: unknown collector {n!r} in --collectors; expected some of "
+                              + ", ".join(known))
+    return names
+
+
+def serve(args: argparse.Namespace) -> int:
+    from exporter.runner import Runner
+    from exporter.server import Server
+
+    try:
+        ctx = build_context(args)
+        only = selected(args)
+    except (ConfigError, ValueError) as e:
+        print(f"gpu-health-exporter: {e}", file=sys.stderr)
+        return 2
+    cfg = ctx.config
+    setup_logging(cfg.log_level)
+    built = collectors.build(ctx, only)
+    deadlines = {c.name: getattr(cfg, c.name).timeout_seconds for c in built
+                 if getattr(getattr(cfg, c.name, None), "timeout_seconds", None)}
+    runner = Runner(built, cfg.collector_timeout_seconds, deadlines)
+    host, _, port = cfg.listen.rpartition(":")
+    try:
+        server = Server(runner, host.strip("[]"), int(port))
+    except OSError as e:
+        print(f"gpu-health-exporter: cannot listen on {cfg.listen}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if ctx.simulation is not None:
+        ctx.simulation.start()
+    runner.start()
+    server.start()
+    log.info("serving http://%s:%d/metrics with collectors %s%s", host, server.port,
+             ",".join(c.name for c in built),
+             f" (simulated {ctx.simulation.profile.instance_type} under {ctx.simulation.root})"
+             if ctx.simulation else "")
+    stop.wait()
+    log.info("shutting down")
+    server.shutdown()
+    runner.close()
+    if ctx.simulation is not None:
+        ctx.simulation.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmds = _commands()
+    if argv and argv[0] in cmds:
+        mod = cmds[argv[0]]
+        p = argparse.ArgumentParser(prog=f"gpu-health-exporter {argv[0]}", description=mod.HELP)
+        add_source_options(p)
+        mod.add_arguments(p)
+        args = p.parse_args(argv[1:])
+        try:
+            ctx = build_context(args)
+        except (ConfigError, ValueError) as e:
+            print(f"gpu-health-exporter: {e}", file=sys.stderr)
+            return 2 if argv[0] != "check" else 3
+        setup_logging(args.log_level or "warning")
+        try:
+            return mod.run(args, ctx)
+        finally:
+            if ctx.simulation is not None:
+                ctx.simulation.close()
+    args = build_parser().parse_args(argv)
+    if args.list_scenarios:
+        from exporter.simulate import all_scenarios
+
+        for name, doc in sorted(all_scenarios().items()):
+            print(f"{name:32} {doc}")
+        return 0
+    return serve(args)

@@ -1,0 +1,101 @@
+"""Generate docs/metrics.md and docs/configuration.md from the catalog and the config schema.
+
+`python -m exporter.docs` rewrites both; tests/test_docs.py fails when they drift from the code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from exporter import collectors, config
+from exporter.catalog import all_specs
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+_GROUPS = [
+    ("gpu_health_exporter_", "Exporter"),
+    ("gpu_xid_", "XIDs"),
+    ("gpu_health_", "GPU and node health verdicts"),
+    ("gpu_", "GPU (NVML)"),
+    ("efa_", "EFA"),
+    ("lustre_client_", "FSx for Lustre client"),
+]
+
+
+def _load_everything() -> None:
+    import exporter.runner  # noqa: F401 - declares the exporter's own metrics
+
+    collectors.collector_classes()
+
+
+def metrics_md() -> str:
+    _load_everything()
+    lines = [
+        "# Metrics",
+        "",
+        "Generated from the metric catalog by `python -m exporter.docs`; do not edit by hand.",
+        "Every series of a GPU metric carries `gpu` (index), `uuid` and `pci_bus_id` unless said otherwise.",
+        "",
+    ]
+    done: set[str] = set()
+    for prefix, title in _GROUPS:
+        specs = [s for s in all_specs() if s.name.startswith(prefix) and s.name not in done]
+        if not specs:
+            continue
+        lines += [f"## {title}", "", "| name | type | labels | help |", "|---|---|---|---|"]
+        for s in specs:
+            done.add(s.name)
+            labels = ", ".join(f"`{lbl}`" for lbl in s.labels) or "none"
+            lines.append(f"| `{s.name}` | {s.type} | {labels} | {_cell(s.help)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def configuration_md() -> str:
+    _load_everything()
+    lines = [
+        "# Configuration",
+        "",
+        "Generated from the config schema by `python -m exporter.docs`; do not edit by hand.",
+        "",
+        "The exporter reads one YAML file (`--config FILE`). Every key is optional; the defaults below "
+        "apply. Every key is validated at start-up: an unknown key, a wrong type or an impossible value "
+        "stops the program with exit status 2 and one message naming the file, the key and what was "
+        "expected. Command-line flags override the file.",
+        "",
+        "## Top-level keys",
+        "",
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for k, key in config.TOP.items():
+        lines.append(_row(k, key))
+    for name, (doc, keys) in config.SECTIONS.items():
+        lines += ["", f"## `{name}`", "", doc, "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        for k, key in keys.items():
+            lines.append(_row(f"{name}.{k}", key))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _row(k: str, key: config.Key) -> str:
+    default = "unset" if key.default is None else f"`{json.dumps(key.default)}`"
+    return f"| `{k}` | {key.describe()} | {default} | {_cell(key.doc)} |"
+
+
+def main() -> int:
+    DOCS.mkdir(exist_ok=True)
+    (DOCS / "metrics.md").write_text(metrics_md())
+    (DOCS / "configuration.md").write_text(configuration_md())
+    print("wrote docs/metrics.md and docs/configuration.md", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,33 @@
+"""The per-GPU health facts the GPU collector reads each scrape and the verdict consumes.
+
+The GPU collector publishes a `NodeGpuHealth` in `ctx.shared["gpu_health"]` after every
+collection; the XID/verdict code reads it rather than calling NVML a second time. The one-shot
+`check` command runs the GPU collector once to fill it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GpuHealth:
+    index: int
+    uuid: str
+    pci_bus_id: str
+    lost: bool = False  # NVML said GPU is lost (XID 79 equivalent)
+    row_remap_pending: bool | None = None  # None: not supported / not read
+    row_remap_failure: bool | None = None
+    recovery_action: int | None = None  # NVML field 230: 0 none, 1 reset, 2 reboot, 3 drain P2P, ...
+    ecc_uncorrected_volatile: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+
+
+@dataclass
+class NodeGpuHealth:
+    gpus: dict[int, GpuHealth] = field(default_factory=dict)
+    count: int = 0  # GPUs NVML enumerates
+    expected: int | None = None  # GPUs the node should have (config or instance type)
+    nvml_error: str = ""  # NVML could not be used at all (no driver, no library)
+    updated: float = field(default_factory=time.time)

@@ -1,0 +1,26 @@
+"""What the node should have: expected GPU and EFA counts from config, else the instance type."""
+
+from __future__ import annotations
+
+from exporter.collector import Context
+from exporter.profiles import Profile, lookup
+
+
+def instance_type(ctx: Context) -> str | None:
+    """The instance type from config, else from instance metadata (filled in the background by
+    the EFA/instance collector under ctx.shared["instance_identity"])."""
+    if ctx.config.node.instance_type:
+        return ctx.config.node.instance_type
+    ident = ctx.shared.get("instance_identity")
+    return getattr(ident, "instance_type", None) if ident else None
+
+
+def profile(ctx: Context) -> Profile | None:
+    return lookup(instance_type(ctx))
+
+
+def expected_gpus(ctx: Context) -> int | None:
+    if ctx.config.node.expected_gpus is not None:
+        return ctx.config.node.expected_gpus
+    p = profile(ctx)
+    return p.gpus if p else None

@@ -1,0 +1,169 @@
+"""Runs the collectors for a scrape: one shared in-flight collection, per-collector deadlines,
+per-collector success and duration metrics, and errors logged when a source's state changes."""
+
+from __future__ import annotations
+
+import logging
+import platform
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+from prometheus_client.core import Metric
+
+from exporter import __version__
+from exporter.catalog import Families, define
+from exporter.collector import Collector
+
+log = logging.getLogger("exporter.runner")
+
+COLLECTOR_SUCCESS = define(
+    "gpu_health_exporter_collector_success", "gauge",
+    "1 if the collector's last collection succeeded within its deadline, else 0.",
+    ["collector"], collector="exporter")
+COLLECTOR_DURATION = define(
+    "gpu_health_exporter_collector_duration_seconds", "gauge",
+    "Wall time the collector took in the last collection (the deadline when it missed it).",
+    ["collector"], unit="seconds", collector="exporter")
+BUILD_INFO = define(
+    "gpu_health_exporter_build_info", "gauge",
+    "Always 1; the exporter's version and the Python it runs on.",
+    ["version", "python_version"], collector="exporter")
+SCRAPES = define(
+    "gpu_health_exporter_scrapes_total", "counter",
+    "Scrapes of /metrics served.", collector="exporter")
+COLLECTIONS = define(
+    "gpu_health_exporter_collections_total", "counter",
+    "Collections run; concurrent scrapes share one collection, so this can be below scrapes.",
+    collector="exporter")
+
+
+@dataclass
+class CollectorStatus:
+    ok: bool | None = None  # None until the first collection
+    error: str = ""
+    duration: float = 0.0
+    last_success: float = 0.0
+
+
+class Runner:
+    """Collects all collectors on demand. Concurrent callers share the collection in flight."""
+
+    def __init__(self, collectors: Iterable[Collector], deadline_s: float,
+                 deadlines: dict[str, float] | None = None) -> None:
+        self.collectors = list(collectors)
+        self.deadline_s = deadline_s
+        self.deadlines = deadlines or {}
+        self.status = {c.name: CollectorStatus() for c in self.collectors}
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.collectors)),
+                                        thread_name_prefix="collector")
+        self._running: dict[str, Future] = {}  # a collector's future that may outlive a deadline
+        self._lock = threading.Lock()
+        self._inflight: Future | None = None
+        self.scrapes = 0
+        self.collections = 0
+        self.ready = threading.Event()
+
+    def start(self) -> None:
+        for c in self.collectors:
+            c.start()
+
+    def close(self) -> None:
+        for c in self.collectors:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - shutdown must go on
+                log.exception("closing collector %s", c.name)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def collect(self) -> list[Metric]:
+        """Return one complete collection; joins the one in flight when there is one."""
+        with self._lock:
+            self.scrapes += 1
+            fut = self._inflight
+            owner = fut is None
+            if owner:
+                fut = self._inflight = Future()
+        if not owner:
+            return fut.result()
+        try:
+            result = self._collect_all()
+            fut.set_result(result)
+        except BaseException as e:  # pragma: no cover - _collect_all catches collector errors
+            fut.set_exception(e)
+            raise
+        finally:
+            with self._lock:
+                self._inflight = None
+        return result
+
+    def _collect_all(self) -> list[Metric]:
+        self.collections += 1
+        start = time.monotonic()
+        pending: dict[str, tuple[Future | None, Families, float]] = {}
+        for c in self.collectors:
+            out = Families()
+            prev = self._running.get(c.name)
+            if prev is not None and not prev.done():
+                pending[c.name] = (None, out, 0.0)  # still stuck in an earlier collection
+                continue
+            fut = self._pool.submit(self._timed, c, out)
+            self._running[c.name] = fut
+            pending[c.name] = (fut, out, self.deadlines.get(c.name, self.deadline_s))
+        metrics: list[Metric] = []
+        own = Families()
+        for name, (fut, out, deadline) in pending.items():
+            if fut is None:
+                ok, err, took = False, "still running past its deadline from an earlier collection", 0.0
+            else:
+                remaining = max(0.0, start + deadline - time.monotonic())
+                try:
+                    ok, err, took = fut.result(timeout=remaining)
+                except FutureTimeout:
+                    ok, err, took = False, f"missed its {deadline:g}s deadline", deadline
+            self._record(name, ok, err, took)
+            own.add(COLLECTOR_SUCCESS, 1 if ok else 0, collector=name)
+            own.add(COLLECTOR_DURATION, took, collector=name)
+            if ok:
+                metrics.extend(out)
+        own.add(BUILD_INFO, 1, version=__version__, python_version=platform.python_version())
+        own.add(SCRAPES, self.scrapes)
+        own.add(COLLECTIONS, self.collections)
+        metrics.extend(own)
+        self.ready.set()
+        return metrics
+
+    @staticmethod
+    def _timed(c: Collector, out: Families) -> tuple[bool, str, float]:
+        t = time.monotonic()
+        try:
+            c.collect(out)
+            return True, "", time.monotonic() - t
+        except Exception as e:  # noqa: BLE001 - one broken source must not take the others down
+            return False, f"{type(e).__name__}: {e}", time.monotonic() - t
+
+    def _record(self, name: str, ok: bool, err: str, took: float) -> None:
+        st = self.status[name]
+        if not ok and (st.ok is not False or st.error != err):
+            log.error("collector %s failed: %s", name, err)
+        elif ok and st.ok is False:
+            log.info("collector %s recovered", name)
+        st.ok, st.error, st.duration = ok, err, took
+        if ok:
+            st.last_success = time.time()
+
+
+class RunnerCollector:
+    """Adapter that lets a prometheus_client registry serve the runner's collection."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+
+    def describe(self) -> list[Metric]:
+        return []  # never collect at registration
+
+    def collect(self) -> list[Metric]:
+        return self.runner.collect()

@@ -1,0 +1,98 @@
+"""Shared test helpers: scraping a runner, reading samples, running the real promtool, and
+starting the exporter as a subprocess on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import requests
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.runner import Runner, RunnerCollector
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def scrape(runner: Runner) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunnerCollector(runner))
+    return generate_latest(registry).decode()
+
+
+def samples(text: str) -> dict[tuple[str, frozenset], float]:
+    """{(sample name, frozenset of label items): value} for a text exposition."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(text_or_samples, name: str, **labels: str) -> float:
+    """The one sample named `name` whose labels include `labels`; fails if none or several."""
+    ss = samples(text_or_samples) if isinstance(text_or_samples, str) else text_or_samples
+    want = {(k, str(v)) for k, v in labels.items()}
+    hits = [v for (n, ls), v in ss.items() if n == name and want <= ls]
+    assert len(hits) == 1, f"{name}{labels}: {len(hits)} samples match"
+    return hits[0]
+
+
+def names(text: str) -> set[str]:
+    return {n for n, _ in samples(text)}
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    assert path, "promtool is missing: install Debian's 'prometheus' package (.ci/run does)"
+    return path
+
+
+def promtool_check_metrics(text: str) -> str:
+    """Run `promtool check metrics` on an exposition; returns its complaints ('' when clean)."""
+    r = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True,
+                       timeout=60)
+    return (r.stdout + r.stderr).strip() if r.returncode != 0 or r.stdout.strip() or r.stderr.strip() else ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_exporter(*args: str, timeout: float = 30.0):
+    """Start `python -m exporter ARGS --listen 127.0.0.1:PORT`; yields the base URL once /readyz
+    answers after a first scrape. Stops it with SIGTERM and checks it exits cleanly."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, "--listen", f"127.0.0.1:{port}"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert proc.poll() is None, f"exporter exited {proc.returncode}: {proc.stderr.read()}"
+            try:
+                requests.get(url + "/metrics", timeout=5)
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline, "exporter did not start listening"
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise

@@ -1,0 +1,99 @@
+"""The collection framework: deadlines, failure isolation, shared in-flight collections."""
+
+import logging
+import threading
+import time
+
+from exporter.catalog import define
+from exporter.collector import Collector, Context
+from exporter.config import load
+from exporter.runner import Runner
+from tests.helpers import samples, scrape, value
+
+PROBE = define("gpu_health_exporter_test_probe", "gauge", "Test-only metric.", ["source"],
+               collector="test")
+
+
+class Probe(Collector):
+    def __init__(self, name, behaviour="ok", delay=0.0):
+        self.name = name
+        super().__init__(Context(config=load(None)))
+        self.behaviour, self.delay, self.calls = behaviour, delay, 0
+        self.release = threading.Event()
+
+    def collect(self, out):
+        self.calls += 1
+        time.sleep(self.delay)
+        if self.behaviour == "raise":
+            raise OSError("source vanished")
+        if self.behaviour == "hang":
+            self.release.wait(30)
+        out.add(PROBE, 1, source=self.name)
+
+
+def test_failing_and_hanging_collectors_do_not_take_others_down(caplog):
+    good, bad, hung = Probe("good"), Probe("bad", "raise"), Probe("hung", "hang")
+    r = Runner([good, bad, hung], deadline_s=0.3)
+    t = time.monotonic()
+    s = samples(scrape(r))
+    assert time.monotonic() - t < 2
+    assert value(s, "gpu_health_exporter_test_probe", source="good") == 1
+    assert not any(n == "gpu_health_exporter_test_probe" and ("source", "hung") in ls for n, ls in s)
+    assert value(s, "gpu_health_exporter_collector_success", collector="good") == 1
+    assert value(s, "gpu_health_exporter_collector_success", collector="bad") == 0
+    assert value(s, "gpu_health_exporter_collector_success", collector="hung") == 0
+    assert value(s, "gpu_health_exporter_collector_duration_seconds", collector="hung") >= 0.3
+    # A collector still stuck is not started again on the next scrape.
+    s2 = samples(scrape(r))
+    assert hung.calls == 1
+    assert value(s2, "gpu_health_exporter_collector_success", collector="hung") == 0
+    hung.release.set()
+    time.sleep(0.05)
+    s3 = samples(scrape(r))
+    assert value(s3, "gpu_health_exporter_collector_success", collector="hung") == 1
+    r.close()
+
+
+def test_errors_logged_on_state_change_only(caplog):
+    caplog.set_level(logging.INFO)
+    bad = Probe("bad", "raise")
+    r = Runner([bad], deadline_s=1)
+    for _ in range(5):
+        scrape(r)
+    errors = [rec for rec in caplog.records if "collector bad failed" in rec.getMessage()]
+    assert len(errors) == 1
+    bad.behaviour = "ok"
+    scrape(r)
+    assert any("collector bad recovered" in rec.getMessage() for rec in caplog.records)
+    r.close()
+
+
+def test_twenty_concurrent_scrapes_share_one_collection():
+    slow = Probe("slow", delay=0.3)
+    r = Runner([slow], deadline_s=5)
+    results, barrier = [], threading.Barrier(20)
+
+    def one():
+        barrier.wait()
+        results.append(scrape(r))
+
+    threads = [threading.Thread(target=one) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert slow.calls == 1
+    assert len(results) == 20
+    for text in results:
+        s = samples(text)
+        assert value(s, "gpu_health_exporter_test_probe", source="slow") == 1
+        assert value(s, "gpu_health_exporter_collections_total") == 1
+    r.close()
+
+
+def test_ready_after_first_collection():
+    r = Runner([Probe("a")], deadline_s=1)
+    assert not r.ready.is_set()
+    scrape(r)
+    assert r.ready.is_set()
+    r.close()
