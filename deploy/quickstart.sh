@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Quick start: set up a virtual environment with the exporter and serve a simulated
+# p5.48xlarge node (8 H100s, 32 EFA devices, one FSx for Lustre mount) on
+# http://localhost:9858/metrics. Extra arguments go to the exporter, e.g. --scenario gpu-lost.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q -e .
+echo "serving a simulated p5.48xlarge on http://localhost:9858/metrics (Ctrl-C stops it)" >&2
+exec .venv/bin/gpu-health-exporter --simulate p5.48xlarge "$@"
