@@ -1,0 +1,477 @@
+"""A fake NVML backend that replays a capture made by nvml_capture.py.
+
+It answers each call with the captured result or the captured NVML error, optionally after the
+captured latency, and lets tests and the simulated node script changes over time: counters that
+grow, a GPU that is lost, calls that become slow or hang, and NVML events.
+
+Latency model (with `latencies=True`): each call costs its captured `us_median`; a field batch
+costs the sum of the per-field costs measured on an H100 (field_cost.json; 2.7 us for fields it
+does not list). Calls on one GPU hold that GPU's lock while they "run", because NVML serialises
+calls on one GPU; calls on different GPUs do not wait for each other (an assumption: it could
+not be measured on a one-GPU machine). Costs of 100 us and more are slept; shorter ones are
+spun, since time.sleep cannot sleep a few microseconds and cheap NVML calls are CPU-bound ioctls.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+import uuid as uuidlib
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from exporter.nvml.backend import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_TIMEOUT,
+    NVML_ERROR_UNINITIALIZED,
+    Event,
+    FieldValue,
+    NvmlBackend,
+    NvmlError,
+)
+
+DEFAULT_FIELD_US = 2.7  # a cheap field, per field_cost.json
+SPIN_BELOW_S = 100e-6
+EVENT_XID = 8  # nvmlEventTypeXidCriticalError
+
+# Capture keys of calls whose arguments are enums recorded by name.
+_ECC_TYPE = ("corrected", "uncorrected")
+_ECC_COUNTER = ("volatile", "aggregate")
+_RETIRED_CAUSE = ("multiple_sbe", "dbe")
+
+# Field name -> (call key, position in the call's list result or None): setting one sets both.
+LINKS: dict[str, tuple[str, int | None]] = {
+    "NVML_FI_DEV_ECC_SBE_VOL_TOTAL": ("nvmlDeviceGetTotalEccErrors/corrected/volatile", None),
+    "NVML_FI_DEV_ECC_DBE_VOL_TOTAL": ("nvmlDeviceGetTotalEccErrors/uncorrected/volatile", None),
+    "NVML_FI_DEV_ECC_SBE_AGG_TOTAL": ("nvmlDeviceGetTotalEccErrors/corrected/aggregate", None),
+    "NVML_FI_DEV_ECC_DBE_AGG_TOTAL": ("nvmlDeviceGetTotalEccErrors/uncorrected/aggregate", None),
+    "NVML_FI_DEV_REMAPPED_COR": ("nvmlDeviceGetRemappedRows", 0),
+    "NVML_FI_DEV_REMAPPED_UNC": ("nvmlDeviceGetRemappedRows", 1),
+    "NVML_FI_DEV_REMAPPED_PENDING": ("nvmlDeviceGetRemappedRows", 2),
+    "NVML_FI_DEV_REMAPPED_FAILURE": ("nvmlDeviceGetRemappedRows", 3),
+    "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("nvmlDeviceGetTotalEnergyConsumption", None),
+    "NVML_FI_DEV_PCIE_REPLAY_COUNTER": ("nvmlDeviceGetPcieReplayCounter", None),
+}
+
+
+def field_ids() -> dict[str, int]:
+    """NVML_FI_DEV_* name -> field id, from the pynvml binding (names alias some ids)."""
+    import pynvml
+
+    return {k: getattr(pynvml, k) for k in dir(pynvml)
+            if k.startswith("NVML_FI_DEV_") and isinstance(getattr(pynvml, k), int)}
+
+
+def call_key(fn: str, args: Sequence[int]) -> str:
+    """The capture's key for a call: enum arguments by name where nvml_capture.py names them."""
+    if fn in ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetMemoryErrorCounter") and len(args) >= 2:
+        rest = "".join(f"/{a}" for a in args[2:])
+        return f"{fn}/{_ECC_TYPE[args[0]]}/{_ECC_COUNTER[args[1]]}{rest}"
+    if fn == "nvmlDeviceGetRetiredPages" and args:
+        return f"{fn}/{_RETIRED_CAUSE[args[0]]}"
+    return fn + "".join(f"/{a}" for a in args)
+
+
+def load_capture(path: str | Path | None = None) -> dict[str, Any]:
+    """A capture file, or (None) the H200 capture shipped with the package."""
+    if path is None:
+        return json.loads(resources.files("exporter.data").joinpath("nvml_h200.json").read_text())
+    return json.loads(Path(path).read_text())
+
+
+def load_field_cost() -> dict[str, float]:
+    data = json.loads(resources.files("exporter.data").joinpath("nvml_field_cost_h100.json").read_text())
+    return dict(data["per_field_us"])
+
+
+@dataclass
+class _Growth:
+    index: int
+    key: str  # a field name (NVML_FI_DEV_*) or a call key
+    base: float
+    rate: float  # per second
+    accel: float  # per second squared
+    start: float
+    step: float = 1.0  # round to this
+
+
+@dataclass
+class _EventSet:
+    registered: dict[int, int] = field(default_factory=dict)  # index -> event mask
+    queue: deque = field(default_factory=deque)
+    freed: bool = False
+
+
+class FakeBackend(NvmlBackend):
+    """Replays `capture` (the parsed JSON of nvml_capture.py) for all its devices."""
+
+    def __init__(self, capture: dict[str, Any], latencies: bool = False,
+                 field_cost_us: dict[str, float] | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.capture = capture
+        self.latencies = latencies
+        self._ids = field_ids()
+        self._names_by_id: dict[int, str] = {}
+        for name, fid in self._ids.items():
+            self._names_by_id.setdefault(fid, name)
+        cost = field_cost_us if field_cost_us is not None else (load_field_cost() if latencies else {})
+        self._field_cost: dict[int, float] = {self._ids[n]: us for n, us in cost.items() if n in self._ids}
+        self.system_calls: dict[str, dict] = copy.deepcopy(capture.get("system", {}))
+        self.devices: list[dict[str, dict]] = []
+        self.fields: list[dict[int, dict]] = []
+        for dev in capture.get("devices", []):
+            calls = {k: copy.deepcopy(v) for k, v in dev.items()
+                     if isinstance(v, dict) and k not in ("field_values",)}
+            fv: dict[int, dict] = {}
+            for name, item in dev.get("field_values", {}).items():
+                fid = self._ids.get(name)
+                if fid is None and name.isdigit():
+                    fid = int(name)
+                if fid is not None and isinstance(item, dict) and "ret" in item:
+                    fv[fid] = dict(item)
+            self.devices.append(calls)
+            self.fields.append(fv)
+        self._locks = [threading.Lock() for _ in self.devices]
+        self._state = threading.RLock()
+        self._initialised = False
+        self._init_error: NvmlError | None = None
+        self.lost: set[int] = set()
+        self.extra_latency_s: dict[int, float] = {}
+        self._hangs: dict[int, tuple[str | None, float]] = {}  # index -> (fn or None for all, until)
+        self._unhang = threading.Event()
+        self._failures: dict[tuple[int, str], int] = {}  # (index, fn or key) -> NVML code
+        self._growth: list[_Growth] = []
+        self._timed: list[tuple[float, Callable[[], None]]] = []
+        self._event_sets: list[_EventSet] = []
+        self._event_cv = threading.Condition(self._state)
+        self._t0 = time.monotonic()
+        self._clock = clock
+        self._manual_t: float | None = None
+        self.calls_made = 0
+
+    # --- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_file(cls, path: str | Path, latencies: bool = False) -> FakeBackend:
+        return cls(load_capture(path), latencies=latencies)
+
+    @classmethod
+    def for_profile(cls, profile: Any, scenarios: Sequence[str] = (), latencies: bool = False,
+                    capture: dict[str, Any] | None = None) -> FakeBackend:
+        """A node of `profile.gpus` GPUs grounded in the H200 capture (see exporter.nvml.synth)."""
+        from exporter.nvml.scenarios import apply_scenarios
+        from exporter.nvml.synth import node_capture
+
+        fake = cls(node_capture(profile, capture or load_capture()), latencies=latencies)
+        apply_scenarios(fake, scenarios, profile)
+        return fake
+
+    # --- time and scripts -----------------------------------------------------------------
+    def now(self) -> float:
+        """Seconds since the fake was created (or the time set by `advance_to`)."""
+        if self._manual_t is not None:
+            return self._manual_t
+        if self._clock is not None:
+            return self._clock()
+        return time.monotonic() - self._t0
+
+    def advance_to(self, t: float) -> None:
+        """Freeze the fake's clock at `t` seconds (tests), applying what is due."""
+        self._manual_t = t
+        self._tick()
+
+    def at(self, t: float, action: Callable[[], None]) -> None:
+        """Run `action` once the fake's clock reaches `t` seconds."""
+        with self._state:
+            self._timed.append((t, action))
+            self._timed.sort(key=lambda x: x[0])
+        self._tick()
+
+    def _tick(self) -> None:
+        if not self._timed and not self._growth:
+            return
+        with self._state:
+            now = self.now()
+            while self._timed and self._timed[0][0] <= now:
+                _, action = self._timed.pop(0)
+                action()
+            for g in self._growth:
+                dt = max(0.0, now - g.start)
+                v = g.base + g.rate * dt + 0.5 * g.accel * dt * dt
+                self._set(g.index, g.key, int(v // g.step * g.step) if g.step >= 1 else v)
+
+    def _set(self, index: int, key: str, value: Any) -> None:
+        if key.startswith("NVML_FI_DEV_"):
+            fid = self._ids[key]
+            item = self.fields[index].setdefault(fid, {"ret": 0, "type": 3})
+            item["ret"], item["value"] = 0, value
+            link = LINKS.get(key)
+            if link is None:
+                return
+            key, pos = link
+            if pos is not None:
+                entry = self.devices[index].setdefault(key, {"ok": [0, 0, 0, 0], "us_median": 2.2})
+                lst = list(entry.get("ok") or [0, 0, 0, 0])
+                lst[pos] = value
+                entry["ok"] = lst
+                entry.pop("error", None)
+                entry.pop("code", None)
+                return
+        entry = self.devices[index].setdefault(key, {"us_median": 2.0})
+        entry["ok"] = value
+        entry.pop("error", None)
+        entry.pop("code", None)
+
+    def get(self, index: int, key: str) -> Any:
+        """The current value of a field (by name) or a call (by capture key)."""
+        self._tick()
+        if key.startswith("NVML_FI_DEV_"):
+            return self.fields[index][self._ids[key]].get("value")
+        return self.devices[index][key].get("ok")
+
+    def set_value(self, index: int, key: str, value: Any, at_s: float | None = None) -> None:
+        """Set a field (NVML_FI_DEV_* name, linked calls follow) or a call's result (capture key)."""
+        if at_s is None:
+            with self._state:
+                self._set(index, key, value)
+        else:
+            self.at(at_s, lambda: self._set(index, key, value))
+
+    def set_error(self, index: int, key: str, code: int) -> None:
+        """Make a call (capture key) or a field (name) answer NVML error `code` from now on."""
+        with self._state:
+            if key.startswith("NVML_FI_DEV_"):
+                self.fields[index][self._ids[key]] = {"ret": code, "type": 0}
+            else:
+                self.devices[index][key] = {"error": f"NVML error {code}", "code": code, "us_median": 2.0}
+
+    def fail(self, index: int, fn: str, code: int) -> None:
+        """Make every call of `fn` (a name, or a full capture key) on GPU `index` raise `code`;
+        fn "nvmlDeviceGetFieldValues" fails whole field batches."""
+        self._failures[(index, fn)] = code
+
+    def clear_failures(self) -> None:
+        self._failures.clear()
+
+    def grow(self, index: int, key: str, rate: float, accel: float = 0.0, start_s: float = 0.0,
+             step: float = 1.0) -> None:
+        """From `start_s`, the counter `key` grows by rate*t + accel*t^2/2 from its current value."""
+        with self._state:
+            base = self.get(index, key) or 0
+            self._growth.append(_Growth(index, key, float(base), rate, accel, start_s, step))
+        self._tick()
+
+    def lose(self, index: int, at_s: float | None = None) -> None:
+        """GPU `index` falls off the bus: every call on it raises GPU_IS_LOST from then on."""
+        def do() -> None:
+            self.lost.add(index)
+            with self._event_cv:
+                self._event_cv.notify_all()
+        if at_s is None:
+            do()
+        else:
+            self.at(at_s, do)
+
+    def restore(self, index: int) -> None:
+        self.lost.discard(index)
+
+    def slow_down(self, index: int, extra_s: float, at_s: float | None = None) -> None:
+        """Every call on GPU `index` takes `extra_s` longer (from `at_s`)."""
+        if at_s is None:
+            self.extra_latency_s[index] = extra_s
+        else:
+            self.at(at_s, lambda: self.extra_latency_s.__setitem__(index, extra_s))
+
+    def hang(self, index: int, fn: str | None = None, seconds: float = 3600.0,
+             at_s: float | None = None) -> None:
+        """Calls on GPU `index` (only `fn` when given) block for `seconds` or until `release()`."""
+        def do() -> None:
+            self._unhang.clear()
+            self._hangs[index] = (fn, time.monotonic() + seconds)
+        if at_s is None:
+            do()
+        else:
+            self.at(at_s, do)
+
+    def release(self) -> None:
+        """End every hang; blocked calls return."""
+        self._hangs.clear()
+        self._unhang.set()
+
+    def queue_event(self, index: int, data: int, event_type: int = EVENT_XID,
+                    at_s: float | None = None) -> None:
+        """Deliver an NVML event (default: XID `data`) to every event set registered for it then."""
+        def do() -> None:
+            uuid = self.devices[index].get("nvmlDeviceGetUUID", {}).get("ok", "")
+            ev = Event(index=index, uuid=uuid, event_type=event_type, data=data)
+            with self._event_cv:
+                for es in self._event_sets:
+                    if es.registered.get(index, 0) & event_type:
+                        es.queue.append(ev)
+                self._event_cv.notify_all()
+        if at_s is None:
+            do()
+        else:
+            self.at(at_s, do)
+
+    # --- the NVML surface -----------------------------------------------------------------
+    def init(self) -> None:
+        if self._init_error is not None:
+            raise self._init_error
+        self._initialised = True
+
+    def fail_init(self, code: int, message: str | None = None) -> None:
+        """Make init() raise (NVML missing, driver not loaded)."""
+        self._init_error = NvmlError(code, message)
+
+    def shutdown(self) -> None:
+        self._initialised = False
+
+    def _check_init(self) -> None:
+        if not self._initialised:
+            raise NvmlError(NVML_ERROR_UNINITIALIZED)
+
+    def system(self, fn: str) -> Any:
+        self._check_init()
+        entry = self.system_calls.get(fn)
+        return _result(entry, fn)
+
+    def device_count(self) -> int:
+        self._check_init()
+        return len(self.devices)
+
+    def _cost(self, index: int, us: float, fn: str) -> None:
+        """Spend the call's time on GPU `index` (holding its lock): latency, slowdown, hang."""
+        extra = self.extra_latency_s.get(index, 0.0)
+        hang = self._hangs.get(index)
+        if hang is not None and hang[0] not in (None, fn):
+            hang = None
+        if not (self.latencies or extra or hang):
+            return
+        with self._locks[index]:
+            if hang is not None:
+                remaining = hang[1] - time.monotonic()
+                if remaining > 0:
+                    self._unhang.wait(remaining)
+            s = (us * 1e-6 if self.latencies else 0.0) + extra
+            if s >= SPIN_BELOW_S:
+                time.sleep(s)
+            elif s > 0:
+                end = time.perf_counter() + s
+                while time.perf_counter() < end:
+                    pass
+
+    def _device(self, index: int) -> dict[str, dict]:
+        self._check_init()
+        if not 0 <= index < len(self.devices):
+            raise NvmlError(NVML_ERROR_INVALID_ARGUMENT, f"no GPU {index}")
+        self._tick()
+        if index in self.lost:
+            raise NvmlError(NVML_ERROR_GPU_IS_LOST)
+        return self.devices[index]
+
+    def call(self, index: int, fn: str, *args: int) -> Any:
+        self.calls_made += 1
+        calls = self._device(index)
+        key = call_key(fn, args)
+        entry = calls.get(key)
+        if entry is None and args:
+            # A call the capture made with other arguments: NVML would reject the argument.
+            entry = ({"error": "Invalid Argument", "code": NVML_ERROR_INVALID_ARGUMENT, "us_median": 2.0}
+                     if any(k.startswith(fn + "/") for k in calls) else None)
+        self._cost(index, (entry or {}).get("us_median", 2.0), fn)
+        if index in self.lost:  # lost while the call was running
+            raise NvmlError(NVML_ERROR_GPU_IS_LOST)
+        code = self._failures.get((index, key)) or self._failures.get((index, fn))
+        if code:
+            raise NvmlError(code)
+        return _result(entry, key)
+
+    def field_values(self, index: int, field_ids: Sequence[int]) -> list[FieldValue]:
+        self.calls_made += 1
+        self._device(index)
+        us = sum(self._field_cost.get(f, DEFAULT_FIELD_US) for f in field_ids) if self.latencies else 0.0
+        self._cost(index, us, "nvmlDeviceGetFieldValues")
+        if index in self.lost:
+            raise NvmlError(NVML_ERROR_GPU_IS_LOST)
+        code = self._failures.get((index, "nvmlDeviceGetFieldValues"))
+        if code:
+            raise NvmlError(code)
+        fv = self.fields[index]
+        out = []
+        for fid in field_ids:
+            item = fv.get(fid)
+            if item is None:
+                out.append(FieldValue(fid, NVML_ERROR_NOT_SUPPORTED, None))
+            else:
+                ret = item["ret"]
+                out.append(FieldValue(fid, ret, item.get("value") if ret == 0 else None))
+        return out
+
+    # --- events ---------------------------------------------------------------------------
+    def event_set_create(self) -> _EventSet:
+        self._check_init()
+        es = _EventSet()
+        with self._state:
+            self._event_sets.append(es)
+        return es
+
+    def register_events(self, index: int, event_types: int, event_set: _EventSet) -> None:
+        calls = self._device(index)
+        supported = calls.get("nvmlDeviceGetSupportedEventTypes", {}).get("ok", 0)
+        if event_types & ~supported:
+            raise NvmlError(NVML_ERROR_NOT_SUPPORTED)
+        with self._state:
+            event_set.registered[index] = event_set.registered.get(index, 0) | event_types
+
+    def event_wait(self, event_set: _EventSet, timeout_ms: int) -> Event:
+        self._check_init()
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        with self._event_cv:
+            while True:
+                self._tick()
+                if any(i in self.lost for i in event_set.registered):
+                    raise NvmlError(NVML_ERROR_GPU_IS_LOST)
+                if event_set.queue:
+                    return event_set.queue.popleft()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise NvmlError(NVML_ERROR_TIMEOUT)
+                # wake up now and then so that scripted events fire on time
+                self._event_cv.wait(min(remaining, 0.05))
+
+    def event_set_free(self, event_set: _EventSet) -> None:
+        with self._state:
+            event_set.freed = True
+            if event_set in self._event_sets:
+                self._event_sets.remove(event_set)
+
+
+def _result(entry: dict | None, what: str) -> Any:
+    """A captured entry as the call's outcome: its value (copied) or its NVML error."""
+    if entry is None:
+        raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, f"Function Not Found ({what} is not in the capture)")
+    if "ok" in entry:
+        v = entry["ok"]
+        if isinstance(v, dict):
+            return dict(v)
+        if isinstance(v, list):
+            return list(v)
+        return v
+    if "code" in entry:
+        raise NvmlError(int(entry["code"]), entry.get("error"))
+    # "missing_in_binding" or a binding exception: the call is not usable from Python.
+    raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND,
+                    f"Function Not Found ({what}: {entry.get('exception', 'not in the binding')})")
+
+
+def new_uuid(seed: str) -> str:
+    return "GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, seed))

@@ -1,0 +1,193 @@
+"""The real NVML backend over pynvml (nvidia-ml-py).
+
+pynvml is imported lazily, so the exporter starts (and reports the reason) on hosts without it.
+Results are converted to plain Python with the same rules as nvml_capture.py's `plain()`, so the
+fake and the real backend hand collectors the same shapes; pynvml.NVMLError becomes NvmlError
+with NVML's return code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from exporter.nvml.backend import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_LIBRARY_NOT_FOUND,
+    NVML_ERROR_UNINITIALIZED,
+    NVML_ERROR_UNKNOWN,
+    Event,
+    FieldValue,
+    NvmlBackend,
+    NvmlError,
+)
+
+# nvmlValueType_t -> the union member holding the value (as nvml_capture.py reads it).
+_VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def plain(v: Any) -> Any:
+    """pynvml results as plain Python: structs -> dicts of their fields, arrays -> lists,
+    bytes -> str (exactly nvml_capture.py's conversion)."""
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    if isinstance(v, bytes):
+        return v.decode(errors="replace")
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if isinstance(v, ctypes.Array):
+        return [plain(x) for x in v]
+    if hasattr(v, "_fields_"):
+        d = {}
+        for f in v._fields_:
+            name = f[0]
+            try:
+                d[name] = plain(getattr(v, name))
+            except Exception as e:  # noqa: BLE001 - unions etc., as the capture records them
+                d[name] = repr(e)
+        return d
+    return repr(v)
+
+
+class PynvmlBackend(NvmlBackend):
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        self._handles: dict[int, Any] = {}
+        self._handle_to_index: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def _err(self, e: Exception) -> NvmlError:
+        code = getattr(e, "value", NVML_ERROR_UNKNOWN)
+        return NvmlError(int(code) if isinstance(code, int) else NVML_ERROR_UNKNOWN, str(e))
+
+    def init(self) -> None:
+        try:
+            import pynvml
+        except ImportError as e:
+            raise NvmlError(NVML_ERROR_LIBRARY_NOT_FOUND,
+                            f"the pynvml module (nvidia-ml-py) is not installed: {e}") from e
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            raise self._err(e) from e
+        except OSError as e:  # a broken libnvidia-ml.so
+            raise NvmlError(NVML_ERROR_LIBRARY_NOT_FOUND, f"cannot load libnvidia-ml.so: {e}") from e
+        self._nvml = pynvml
+        self._handles.clear()
+
+    def shutdown(self) -> None:
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except self._nvml.NVMLError:
+                pass
+            self._nvml = None
+            self._handles.clear()
+
+    def _n(self) -> Any:
+        if self._nvml is None:
+            raise NvmlError(NVML_ERROR_UNINITIALIZED)
+        return self._nvml
+
+    def _handle(self, index: int) -> Any:
+        h = self._handles.get(index)
+        if h is None:
+            n = self._n()
+            with self._lock:
+                try:
+                    h = n.nvmlDeviceGetHandleByIndex(index)
+                except n.NVMLError as e:
+                    raise self._err(e) from e
+                self._handles[index] = h
+                self._handle_to_index[ctypes.cast(h, ctypes.c_void_p).value or 0] = index
+        return h
+
+    def system(self, fn: str) -> Any:
+        n = self._n()
+        f = getattr(n, fn, None)
+        if f is None:
+            raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, f"{fn} is not in this pynvml")
+        try:
+            return plain(f())
+        except n.NVMLError as e:
+            raise self._err(e) from e
+
+    def device_count(self) -> int:
+        return int(self.system("nvmlDeviceGetCount"))
+
+    def call(self, index: int, fn: str, *args: int) -> Any:
+        n = self._n()
+        f = getattr(n, fn, None)
+        if f is None:
+            raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, f"{fn} is not in this pynvml")
+        h = self._handle(index)
+        try:
+            return plain(f(h, *args))
+        except n.NVMLError as e:
+            raise self._err(e) from e
+        except TypeError as e:  # the binding's signature differs (older/newer nvidia-ml-py)
+            raise NvmlError(NVML_ERROR_INVALID_ARGUMENT, f"{fn}: {e}") from e
+
+    def field_values(self, index: int, field_ids: Sequence[int]) -> list[FieldValue]:
+        n = self._n()
+        h = self._handle(index)
+        try:
+            values = n.nvmlDeviceGetFieldValues(h, list(field_ids))
+        except n.NVMLError as e:
+            raise self._err(e) from e
+        out = []
+        for fid, v in zip(field_ids, values, strict=False):
+            ret = int(v.nvmlReturn)
+            value = None
+            if ret == 0:
+                member = _VALUE_MEMBER.get(int(v.valueType))
+                value = getattr(v.value, member) if member else None
+            out.append(FieldValue(int(fid), ret, value))
+        return out
+
+    def event_set_create(self) -> Any:
+        n = self._n()
+        try:
+            return n.nvmlEventSetCreate()
+        except n.NVMLError as e:
+            raise self._err(e) from e
+
+    def register_events(self, index: int, event_types: int, event_set: Any) -> None:
+        n = self._n()
+        try:
+            n.nvmlDeviceRegisterEvents(self._handle(index), event_types, event_set)
+        except n.NVMLError as e:
+            raise self._err(e) from e
+
+    def event_wait(self, event_set: Any, timeout_ms: int) -> Event:
+        n = self._n()
+        try:
+            ed = n.nvmlEventSetWait_v2(event_set, timeout_ms)
+        except n.NVMLError as e:
+            raise self._err(e) from e
+        uuid = ""
+        try:
+            uuid = plain(n.nvmlDeviceGetUUID(ed.device))
+        except n.NVMLError:
+            pass
+        index = self._handle_to_index.get(ctypes.cast(ed.device, ctypes.c_void_p).value or 0, -1)
+        if index < 0 and uuid:
+            for i, h in list(self._handles.items()):
+                try:
+                    if plain(n.nvmlDeviceGetUUID(h)) == uuid:
+                        index = i
+                        break
+                except n.NVMLError:
+                    continue
+        return Event(index=index, uuid=uuid, event_type=int(ed.eventType), data=int(ed.eventData),
+                     gpu_instance_id=int(ed.gpuInstanceId), compute_instance_id=int(ed.computeInstanceId))
+
+    def event_set_free(self, event_set: Any) -> None:
+        n = self._n()
+        try:
+            n.nvmlEventSetFree(event_set)
+        except n.NVMLError as e:
+            raise self._err(e) from e

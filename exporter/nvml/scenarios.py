@@ -1,0 +1,141 @@
+"""Fault scenarios of the fake NVML backend on a simulated node (`--scenario gpu-...`).
+
+Each scenario scripts the fake: state faults are there from the start, faults that happen to a
+running node (a GPU lost, a hang, XID events) start ONSET_S seconds after start so the first
+scrape shows a healthy node. All of them hit GPU `FAULTY_GPU` so that the other GPUs show
+that one sick GPU does not hide the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from exporter.nvml.fake import FakeBackend
+
+ONSET_S = 3.0
+FAULTY_GPU = 3
+
+# nvmlClocksEventReason* bits
+HW_SLOWDOWN, SW_THERMAL, HW_THERMAL = 0x8, 0x20, 0x40
+XID_EVENTS = (13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120, 149, 154)
+
+
+def _lost(f: FakeBackend, p: Any) -> None:
+    f.queue_event(FAULTY_GPU, 79, at_s=ONSET_S - 0.01)
+    f.lose(FAULTY_GPU, at_s=ONSET_S)
+
+
+def _sbe_storm(f: FakeBackend, p: Any) -> None:
+    # 1 error/s at first, accelerating by 2/s^2: the accelerating SBE rate that precedes failures.
+    for key in ("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", "NVML_FI_DEV_ECC_SBE_AGG_TOTAL"):
+        f.grow(FAULTY_GPU, key, rate=1.0, accel=2.0)
+
+
+def _dbe(f: FakeBackend, p: Any) -> None:
+    def hit() -> None:
+        for key in ("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", "NVML_FI_DEV_ECC_DBE_AGG_TOTAL"):
+            f.set_value(FAULTY_GPU, key, (f.get(FAULTY_GPU, key) or 0) + 1)
+        f.set_value(FAULTY_GPU, "NVML_FI_DEV_REMAPPED_PENDING", 1)
+        f.set_value(FAULTY_GPU, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 1)
+    f.at(ONSET_S, hit)
+    f.queue_event(FAULTY_GPU, 48, at_s=ONSET_S)
+
+
+def _remap_pending(f: FakeBackend, p: Any) -> None:
+    f.set_value(FAULTY_GPU, "NVML_FI_DEV_REMAPPED_UNC", 1)
+    f.set_value(FAULTY_GPU, "NVML_FI_DEV_REMAPPED_PENDING", 1)
+    hist = f.get(FAULTY_GPU, "nvmlDeviceGetRowRemapperHistogram")
+    hist.update(max=hist["max"] - 1, high=hist["high"] + 1)
+    f.set_value(FAULTY_GPU, "nvmlDeviceGetRowRemapperHistogram", hist)
+    f.queue_event(FAULTY_GPU, 63, at_s=ONSET_S)
+
+
+def _remap_failure(f: FakeBackend, p: Any) -> None:
+    f.set_value(FAULTY_GPU, "NVML_FI_DEV_REMAPPED_UNC", 8)
+    f.set_value(FAULTY_GPU, "NVML_FI_DEV_REMAPPED_FAILURE", 1)
+    hist = f.get(FAULTY_GPU, "nvmlDeviceGetRowRemapperHistogram")
+    hist.update(max=hist["max"] - 2, low=hist["low"] + 1, none=hist["none"] + 1)
+    f.set_value(FAULTY_GPU, "nvmlDeviceGetRowRemapperHistogram", hist)
+    f.queue_event(FAULTY_GPU, 64, at_s=ONSET_S)
+
+
+def _thermal(f: FakeBackend, p: Any) -> None:
+    slowdown = f.get(FAULTY_GPU, "nvmlDeviceGetTemperatureThreshold/1") or 89
+    f.set_value(FAULTY_GPU, "nvmlDeviceGetTemperature/0", slowdown + 1)
+    f.set_value(FAULTY_GPU, "NVML_FI_DEV_MEMORY_TEMP", slowdown + 4)
+    f.set_value(FAULTY_GPU, "nvmlDeviceGetCurrentClocksEventReasons", HW_SLOWDOWN | SW_THERMAL | HW_THERMAL)
+    f.set_value(FAULTY_GPU, "nvmlDeviceGetClockInfo/1", 765)
+    for key in ("NVML_FI_DEV_PERF_POLICY_THERMAL", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN",
+                "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN"):
+        f.set_value(FAULTY_GPU, key, 0)
+        f.grow(FAULTY_GPU, key, rate=0.8e9)  # throttled 80% of the time, in ns
+
+
+def _pcie(f: FakeBackend, p: Any) -> None:
+    f.set_value(FAULTY_GPU, "nvmlDeviceGetCurrPcieLinkWidth", 8)
+    gen = f.get(FAULTY_GPU, "nvmlDeviceGetMaxPcieLinkGeneration") or 5
+    f.set_value(FAULTY_GPU, "nvmlDeviceGetCurrPcieLinkGeneration", max(1, gen - 1))
+    f.grow(FAULTY_GPU, "NVML_FI_DEV_PCIE_REPLAY_COUNTER", rate=5.0)
+    f.grow(FAULTY_GPU, "NVML_FI_DEV_PCIE_COUNT_CORRECTABLE_ERRORS", rate=5.0)
+
+
+def _nvlink(f: FakeBackend, p: Any) -> None:
+    if p is None or p.nvlinks < 8:
+        return
+    f.grow(FAULTY_GPU, "nvmlDeviceGetNvLinkErrorCounter/5/2", rate=20.0)  # CRC flit
+    f.grow(FAULTY_GPU, "nvmlDeviceGetNvLinkErrorCounter/5/0", rate=2.0)  # replay
+    f.set_value(FAULTY_GPU, "nvmlDeviceGetNvLinkState/7", 0)
+    f.queue_event(FAULTY_GPU, 74, at_s=ONSET_S)
+
+
+def _recovery_reboot(f: FakeBackend, p: Any) -> None:
+    f.set_value(FAULTY_GPU, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 2)
+    f.queue_event(FAULTY_GPU, 154, at_s=ONSET_S)
+
+
+def _hang(f: FakeBackend, p: Any) -> None:
+    f.hang(FAULTY_GPU, seconds=600.0, at_s=ONSET_S)
+
+
+def _slow(f: FakeBackend, p: Any) -> None:
+    f.slow_down(FAULTY_GPU, 0.05, at_s=ONSET_S)
+
+
+def _xid(xid: int) -> Callable[[FakeBackend, Any], None]:
+    def apply(f: FakeBackend, p: Any) -> None:
+        f.queue_event(FAULTY_GPU, xid, at_s=ONSET_S)
+    return apply
+
+
+SCENARIOS: dict[str, tuple[str, Callable[[FakeBackend, Any], None]]] = {
+    "gpu-lost": (f"GPU {FAULTY_GPU} falls off the bus after {ONSET_S:g}s: NVML XID 79 event, then every "
+                 "call on it raises GPU_IS_LOST", _lost),
+    "gpu-ecc-sbe-storm": (f"GPU {FAULTY_GPU}'s corrected ECC errors grow at an accelerating rate",
+                          _sbe_storm),
+    "gpu-ecc-dbe": (f"GPU {FAULTY_GPU} gets an uncorrected ECC error after {ONSET_S:g}s (XID 48 event, "
+                    "remap pending, recovery action reset)", _dbe),
+    "gpu-row-remap-pending": (f"GPU {FAULTY_GPU} has an uncorrectable remapped row pending a reset "
+                              "(XID 63 event)", _remap_pending),
+    "gpu-row-remap-failure": (f"GPU {FAULTY_GPU}'s row remapping failed (XID 64 event)", _remap_failure),
+    "gpu-thermal-slowdown": (f"GPU {FAULTY_GPU} runs above its slowdown temperature with HW/SW thermal "
+                             "slowdown active and throttle time growing", _thermal),
+    "gpu-pcie-degraded": (f"GPU {FAULTY_GPU}'s PCIe link trained down (x8, one generation lower) with "
+                          "replays growing", _pcie),
+    "gpu-nvlink-errors": (f"GPU {FAULTY_GPU}: NVLink 5 CRC flit and replay errors grow, NVLink 7 is down "
+                          "(SXM profiles; XID 74 event)", _nvlink),
+    "gpu-recovery-action-reboot": (f"GPU {FAULTY_GPU}'s NVML recovery action (field 230) is 2, node reboot "
+                                   "(XID 154 event)", _recovery_reboot),
+    "gpu-nvml-hang": (f"every NVML call on GPU {FAULTY_GPU} blocks for 600s from {ONSET_S:g}s", _hang),
+    "gpu-nvml-slow": (f"every NVML call on GPU {FAULTY_GPU} takes 50 ms longer from {ONSET_S:g}s", _slow),
+    **{f"gpu-xid-event-{x}": (f"NVML delivers an XID {x} event for GPU {FAULTY_GPU} after {ONSET_S:g}s "
+                              "(no kernel-log line)", _xid(x)) for x in XID_EVENTS},
+}
+
+
+def apply_scenarios(fake: FakeBackend, names: Sequence[str], profile: Any = None) -> None:
+    """Script `fake` for each known scenario in `names` (others belong to other sources)."""
+    for name in names:
+        entry = SCENARIOS.get(name)
+        if entry is not None:
+            entry[1](fake, profile)

@@ -1,0 +1,212 @@
+"""The one NVML session of the process, shared by the GPU collector and the XID/event code.
+
+`nvml_session(ctx)` creates it once (in ctx.shared["nvml"]) with the backend the context asks
+for: a capture to replay, a simulated node, or the real library. It initialises NVML and reads
+each GPU's identity once. When NVML cannot be initialised (no driver, no library) the session
+still exists with `.error` saying why, so callers can report the reason; `ensure()` retries the
+initialisation on later scrapes with exponential back-off.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.nvml.backend import (
+    NVML_ERROR_LIBRARY_NOT_FOUND,
+    NVML_ERROR_UNINITIALIZED,
+    NvmlBackend,
+    NvmlError,
+)
+
+log = logging.getLogger("exporter.nvml")
+
+RETRY_FIRST_S = 10.0
+RETRY_MAX_S = 300.0
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    index: int
+    uuid: str  # "" when it could not be read (GPU lost at start)
+    pci_bus_id: str  # as NVML reports it: 00000000:53:00.0
+    name: str
+
+
+def pci_key(addr: str) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of a PCI address in any of the forms NVML and the kernel log use:
+    "00000000:53:00.0", "0000:53:00.0", "PCI:0000:53:00", "0000:53:00", "53:00.0"."""
+    s = addr.strip().lower()
+    if s.startswith("pci:"):
+        s = s[4:]
+    parts = s.split(":")
+    try:
+        if len(parts) == 3:
+            domain, bus, devfn = int(parts[0], 16), int(parts[1], 16), parts[2]
+        elif len(parts) == 2:
+            domain, bus, devfn = 0, int(parts[0], 16), parts[1]
+        else:
+            return None
+        return domain, bus, int(devfn.split(".")[0], 16)
+    except ValueError:
+        return None
+
+
+class NvmlSession:
+    """An NVML backend plus what every user needs: the GPUs' identities and who is lost."""
+
+    def __init__(self, backend: NvmlBackend, clock: Any = time.monotonic) -> None:
+        self.backend = backend
+        self.devices: list[DeviceIdentity] = []
+        self.lost: set[int] = set()
+        self.error = "not initialised yet"
+        self.driver_version = ""
+        self.nvml_version = ""
+        self.cuda_driver_version = ""
+        self._ok = False
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._next_try = 0.0
+        self._retry_s = RETRY_FIRST_S
+        self._by_pci: dict[tuple[int, int, int], DeviceIdentity] = {}
+        self._by_uuid: dict[str, DeviceIdentity] = {}
+
+    @property
+    def ok(self) -> bool:
+        return self._ok
+
+    def ensure(self) -> bool:
+        """Initialise NVML if it is not yet (at most once per back-off period); True when usable."""
+        if self._ok:
+            return True
+        with self._lock:
+            if self._ok:
+                return True
+            now = self._clock()
+            if now < self._next_try:
+                return False
+            try:
+                self.backend.init()
+                count = self.backend.device_count()
+                self.driver_version = str(self._system("nvmlSystemGetDriverVersion"))
+                self.nvml_version = str(self._system("nvmlSystemGetNVMLVersion"))
+                cuda = self._system("nvmlSystemGetCudaDriverVersion")
+                if isinstance(cuda, int):
+                    self.cuda_driver_version = f"{cuda // 1000}.{cuda % 1000 // 10}"
+                self._set_devices([self._identity(i) for i in range(count)])
+            except NvmlError as e:
+                self.error = f"NVML could not be initialised: {e} (NVML error {e.code})"
+                self._next_try = now + self._retry_s
+                self._retry_s = min(self._retry_s * 2, RETRY_MAX_S)
+                return False
+            self.error = ""
+            self._ok = True
+            self._retry_s = RETRY_FIRST_S
+            log.info("NVML %s, driver %s: %d GPU(s)", self.nvml_version, self.driver_version,
+                     len(self.devices))
+            return True
+
+    def _system(self, fn: str) -> Any:
+        try:
+            return self.backend.system(fn)
+        except NvmlError:
+            return ""
+
+    def _identity(self, index: int) -> DeviceIdentity:
+        def read(fn: str) -> Any:
+            try:
+                return self.backend.call(index, fn)
+            except NvmlError as e:
+                if e.gpu_lost:
+                    self.lost.add(index)
+                return None
+        pci = read("nvmlDeviceGetPciInfo") or {}
+        return DeviceIdentity(index, read("nvmlDeviceGetUUID") or "", pci.get("busId", "") or "",
+                              read("nvmlDeviceGetName") or "")
+
+    def _set_devices(self, devices: list[DeviceIdentity]) -> None:
+        self.devices = devices
+        self._by_pci = {k: d for d in devices if (k := pci_key(d.pci_bus_id)) is not None}
+        self._by_uuid = {d.uuid.lower(): d for d in devices if d.uuid}
+
+    def refresh_identity(self, index: int) -> DeviceIdentity:
+        """Read a GPU's identity again (it was lost when first read and came back)."""
+        with self._lock:
+            devs = list(self.devices)
+            devs[index] = self._identity(index)
+            self._set_devices(devs)
+            return devs[index]
+
+    def by_pci(self, addr: str) -> DeviceIdentity | None:
+        k = pci_key(addr)
+        return self._by_pci.get(k) if k else None
+
+    def by_uuid(self, uuid: str) -> DeviceIdentity | None:
+        return self._by_uuid.get(uuid.strip().lower())
+
+    def mark_lost(self, index: int) -> None:
+        self.lost.add(index)
+
+    def clear_lost(self, index: int) -> None:
+        self.lost.discard(index)
+
+    def close(self) -> None:
+        if self._ok:
+            try:
+                self.backend.shutdown()
+            except NvmlError:
+                pass
+            self._ok = False
+
+
+def make_backend(ctx: Any) -> NvmlBackend:
+    """The backend the context asks for: a capture, a simulated node, or the real library."""
+    if ctx.nvml_capture:
+        from exporter.nvml.fake import FakeBackend
+
+        return FakeBackend.from_file(ctx.nvml_capture, latencies=ctx.nvml_latencies)
+    if ctx.simulation is not None:
+        from exporter.nvml.fake import FakeBackend
+
+        return FakeBackend.for_profile(ctx.simulation.profile, ctx.scenarios, latencies=ctx.nvml_latencies)
+    from exporter.nvml.pynvml_backend import PynvmlBackend
+
+    return PynvmlBackend()
+
+
+class UnavailableBackend(NvmlBackend):
+    """Stands in when no backend could be built (an unreadable capture file): init says why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def init(self) -> None:
+        raise NvmlError(NVML_ERROR_LIBRARY_NOT_FOUND, self.reason)
+
+    def shutdown(self) -> None: ...
+
+    def _fail(self, *args: Any) -> Any:
+        raise NvmlError(NVML_ERROR_UNINITIALIZED, self.reason)
+
+    system = device_count = call = field_values = _fail
+    event_set_create = register_events = event_wait = event_set_free = _fail
+
+
+_create_lock = threading.Lock()
+
+
+def nvml_session(ctx: Any) -> NvmlSession:
+    """The process's NVML session (created on first use, then shared); tries to initialise it."""
+    def create() -> NvmlSession:
+        try:
+            backend = make_backend(ctx)
+        except (OSError, ValueError, KeyError) as e:
+            backend = UnavailableBackend(f"cannot load NVML capture {ctx.nvml_capture}: {e}")
+        return NvmlSession(backend)
+    with _create_lock:
+        session: NvmlSession = ctx.get_shared("nvml", create)
+    session.ensure()
+    return session

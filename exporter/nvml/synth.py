@@ -1,0 +1,106 @@
+"""Synthesise a whole node's NVML capture from one real GPU's capture and an instance profile.
+
+Every GPU starts as a copy of the captured H200 (same calls, same errors for what Hopper does
+not support, same latencies) and then gets the profile's identity: model name, memory, power
+limit and clocks of that part, distinct UUIDs and serials, the PCI bus ids of a real p5
+(53:00 ... ca:00), and, on SXM parts, NVLink links that are up with zero error counters (the
+capture has none: it came from a PCIe VM).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from exporter.nvml.fake import new_uuid
+
+MiB = 1024**2
+
+# The eight GPU PCI buses of a p5.48xlarge (nvidia-smi on a real p5); used for every profile.
+P5_BUSES = (0x53, 0x64, 0x75, 0x86, 0x97, 0xA8, 0xB9, 0xCA)
+
+
+# Per-model facts that differ from the captured H200 (public spec sheets / nvidia-smi on the part).
+# memory: what NVML reports as total; power limit in mW; max SM and memory clocks in MHz;
+# pci device id; architecture (nvmlDeviceArchitecture: 7 Ampere, 9 Hopper, 10 Blackwell).
+MODELS: dict[str, dict[str, Any]] = {
+    "NVIDIA H100 80GB HBM3": {"memory": 81559 * MiB, "power_mw": 700000, "sm_mhz": 1980, "mem_mhz": 2619,
+                              "pci_device_id": 0x233010DE, "arch": 9, "cc": [9, 0], "pcie_gen": 5},
+    "NVIDIA H200": {"memory": None, "power_mw": 700000, "sm_mhz": 1980, "mem_mhz": 3201,
+                    "pci_device_id": None, "arch": 9, "cc": [9, 0], "pcie_gen": 5},
+    "NVIDIA A100-SXM4-40GB": {"memory": 40960 * MiB, "power_mw": 400000, "sm_mhz": 1410, "mem_mhz": 1215,
+                              "pci_device_id": 0x20B010DE, "arch": 7, "cc": [8, 0], "pcie_gen": 4},
+    "NVIDIA A100-SXM4-80GB": {"memory": 81920 * MiB, "power_mw": 400000, "sm_mhz": 1410, "mem_mhz": 1593,
+                              "pci_device_id": 0x20B210DE, "arch": 7, "cc": [8, 0], "pcie_gen": 4},
+    "NVIDIA B200": {"memory": 183359 * MiB, "power_mw": 1000000, "sm_mhz": 1965, "mem_mhz": 3996,
+                    "pci_device_id": 0x290110DE, "arch": 10, "cc": [10, 0], "pcie_gen": 5},
+}
+
+NVLINK_STATE_US = 10.0  # a guess: the capture has only the Not Supported path (6-25 us)
+NVLINK_COUNTER_US = 6.0
+NVLINK_COUNTERS = 5  # replay, recovery, crc flit, crc data, ecc data
+
+
+def _ok(v: Any, us: float) -> dict[str, Any]:
+    return {"ok": v, "us_median": us}
+
+
+def node_capture(profile: Any, capture: dict[str, Any]) -> dict[str, Any]:
+    """A capture of `profile.gpus` GPUs derived from the first device of `capture`."""
+    src = capture["devices"][0]
+    model = MODELS.get(profile.gpu_model, {})
+    out = {k: copy.deepcopy(v) for k, v in capture.items() if k != "devices"}
+    out["system"] = copy.deepcopy(capture.get("system", {}))
+    out["system"].setdefault("nvmlDeviceGetCount", {"us_median": 0.7})["ok"] = profile.gpus
+    out["devices"] = []
+    for i in range(profile.gpus):
+        d = copy.deepcopy(src)
+        d["index"] = i
+        us = lambda k, d=d: d.get(k, {}).get("us_median", 2.0)  # noqa: E731
+        d["nvmlDeviceGetName"] = _ok(profile.gpu_model, us("nvmlDeviceGetName"))
+        d["nvmlDeviceGetUUID"] = _ok(new_uuid(f"{profile.instance_type}/{i}"), us("nvmlDeviceGetUUID"))
+        serial = int(src.get("nvmlDeviceGetSerial", {}).get("ok") or "1653924043000")
+        d["nvmlDeviceGetSerial"] = _ok(str(serial + 17 * (i + 1)), us("nvmlDeviceGetSerial"))
+        d["nvmlDeviceGetMinorNumber"] = _ok(i, us("nvmlDeviceGetMinorNumber"))
+        bus = P5_BUSES[i % len(P5_BUSES)]
+        pci = dict(src.get("nvmlDeviceGetPciInfo", {}).get("ok") or {})
+        pci.update(bus=bus, device=0, domain=0, busIdLegacy=f"0000:{bus:02X}:00.0")
+        pci["busId"] = f"00000000:{bus:02X}:00.0"
+        if model.get("pci_device_id"):
+            pci["pciDeviceId"] = model["pci_device_id"]
+        d["nvmlDeviceGetPciInfo"] = _ok(pci, us("nvmlDeviceGetPciInfo"))
+        if model.get("memory"):
+            mem = dict(d["nvmlDeviceGetMemoryInfo"]["ok"])
+            mem["total"] = model["memory"]
+            mem["free"] = mem["total"] - mem["used"]
+            d["nvmlDeviceGetMemoryInfo"]["ok"] = mem
+        if model:
+            d["nvmlDeviceGetEnforcedPowerLimit"]["ok"] = model["power_mw"]
+            d["nvmlDeviceGetMaxClockInfo/1"]["ok"] = model["sm_mhz"]
+            d["nvmlDeviceGetMaxClockInfo/0"]["ok"] = model["sm_mhz"]
+            d["nvmlDeviceGetMaxClockInfo/2"]["ok"] = model["mem_mhz"]
+            d["nvmlDeviceGetClockInfo/2"]["ok"] = model["mem_mhz"]
+            d["nvmlDeviceGetArchitecture"]["ok"] = model["arch"]
+            d["nvmlDeviceGetCudaComputeCapability"]["ok"] = list(model["cc"])
+            for k in ("nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkGeneration"):
+                d[k]["ok"] = model["pcie_gen"]
+        # A little spread between GPUs, as on a real node (temperatures, power, energy).
+        d["nvmlDeviceGetTemperature/0"]["ok"] += i % 3
+        fv = d["field_values"]
+        if "NVML_FI_DEV_MEMORY_TEMP" in fv:
+            fv["NVML_FI_DEV_MEMORY_TEMP"]["value"] += (i + 1) % 3
+        d["nvmlDeviceGetPowerUsage"]["ok"] += 1000 * i
+        for link in range(64):
+            d.pop(f"nvmlDeviceGetNvLinkState/{link}", None)
+            for c in range(NVLINK_COUNTERS):
+                d.pop(f"nvmlDeviceGetNvLinkErrorCounter/{link}/{c}", None)
+        for link in range(profile.nvlinks):
+            d[f"nvmlDeviceGetNvLinkState/{link}"] = _ok(1, NVLINK_STATE_US)
+            for c in range(NVLINK_COUNTERS):
+                d[f"nvmlDeviceGetNvLinkErrorCounter/{link}/{c}"] = _ok(0, NVLINK_COUNTER_US)
+        if profile.nvlinks == 0:  # a PCIe part: what the capture says
+            for link in range(18):
+                d[f"nvmlDeviceGetNvLinkState/{link}"] = {"error": "Not Supported", "code": 3,
+                                                         "us_median": 25.0}
+        out["devices"].append(d)
+    return out
