@@ -1,0 +1,448 @@
+"""FSx for Lustre client collector: throughput, operations and their latency, RPC health per
+osc/mdc import, import state and evictions, cache, health_check, capacity, client version.
+
+Sources are read from procfs, sysfs and debugfs wherever the running client version keeps
+them (exporter.lustre.sources); parsing is in exporter.lustre.parsers. Choices are written
+down in docs/lustre.md.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from exporter.catalog import Families, MetricSpec, define
+from exporter.collector import Collector, Context
+from exporter.config import Key, declare_section, positive
+from exporter.lustre import discovery, parsers
+from exporter.lustre.discovery import Device, Mount
+from exporter.lustre.evictions import EvictionTracker
+from exporter.lustre.sources import SOURCES, TimedProbe, Tree, statvfs_from_file
+
+NAME = "lustre"
+# Where the simulated node keeps the statvfs answers of its fake mounts (see docs/lustre.md).
+SIM_STATVFS_FILE = "sim/lustre-statvfs.json"
+
+declare_section(NAME, "FSx for Lustre client statistics (docs/lustre.md).", {
+    "enabled": Key(bool, True, "Run the Lustre client collector."),
+    "per_target": Key(bool, False,
+                      "Export osc/mdc series per target (OST/MDT). Off: one series per file system and "
+                      "component, with an empty `target` label; a large file system has dozens of OSTs."),
+    "statfs": Key(bool, True, "Call statvfs on each Lustre mount for capacity and inodes."),
+    "probe_timeout_seconds": Key((int, float), 1.0,
+                                 "Longest wait for a statvfs or ioctl on a mount; a mount whose servers are "
+                                 "unreachable can hang such calls, and the rest of the collection goes on.",
+                                 check=positive),
+    "lfs_command": Key(str, "lfs", "`lfs` used to map a mount to its llite instance (`lfs getname`); "
+                                   "empty to skip it."),
+    "use_ioctl": Key(bool, True, "Map mounts to llite instances with the OBD_IOC_GETMDNAME ioctl when "
+                                 "`lfs` is missing."),
+    "rootfs": Key(str, "/", "Prefix added to mount points before statvfs and the ioctl (for example "
+                            "/host when the host's root is bind-mounted there in a container)."),
+})
+
+L = ("fsname", "mount")
+T = ("fsname", "mount", "component", "target")
+
+
+def _d(name: str, type_: str, help_: str, labels: tuple[str, ...], unit: str = "") -> MetricSpec:
+    return define(name, type_, help_, labels, unit=unit, collector=NAME)
+
+
+INFO = _d("lustre_client_info", "gauge",
+          "Always 1 per Lustre mount: its llite instance ('' when unmapped), client version and "
+          "LNet network.",
+          ("fsname", "mount", "llite", "version", "network"))
+MOUNTS = _d("lustre_client_mounts", "gauge", "Lustre mounts found in the mounts file.", ())
+SOURCE_UP = _d("lustre_client_source_up", "gauge",
+               "1 if the tree (procfs, sysfs, debugfs) the client version keeps data in was readable in the "
+               "last collection; debugfs at 0 means no llite/osc/mdc stats (2.12+ clients).", ("source",))
+READ_BYTES = _d("lustre_client_read_bytes_total", "counter",
+                "Bytes read through the mount (llite read_bytes).", L, "bytes")
+WRITE_BYTES = _d("lustre_client_write_bytes_total", "counter",
+                 "Bytes written through the mount (llite write_bytes).", L, "bytes")
+READ_CALLS = _d("lustre_client_read_calls_total", "counter",
+                "Read calls on the mount (llite read_bytes samples).", L)
+WRITE_CALLS = _d("lustre_client_write_calls_total", "counter",
+                 "Write calls on the mount (llite write_bytes samples).", L)
+OPS = _d("lustre_client_operations_total", "counter",
+         "VFS operations on the mount by llite counter name (open, close, getattr, ...).", L + ("operation",))
+OP_SECONDS = _d("lustre_client_operation_seconds_total", "counter",
+                "Time spent in VFS operations, from llite [usec] counters (clients 2.13.51+).",
+                L + ("operation",), "seconds")
+STATS_RESET = _d("lustre_client_stats_reset_timestamp_seconds", "gauge",
+                 "When the llite stats were created or last cleared (start_time, clients 2.15.2+).",
+                 L, "seconds")
+CACHE_USED = _d("lustre_client_cache_used_bytes", "gauge",
+                "Client page cache used by the mount (max_cached_mb used_mb).", L, "bytes")
+CACHE_LIMIT = _d("lustre_client_cache_limit_bytes", "gauge", "Client page cache limit (max_cached_mb).", L,
+                 "bytes")
+TARGETS = _d("lustre_client_targets", "gauge", "osc/mdc devices (OSTs/MDTs) the mount has.",
+             ("fsname", "mount", "component"))
+RPCS = _d("lustre_client_rpcs_total", "counter", "RPCs completed (req_waittime samples, pings included).", T)
+RPC_WAIT = _d("lustre_client_rpc_wait_seconds_total", "counter",
+              "Time from RPC send to reply, summed (req_waittime).", T, "seconds")
+RPC_READ_BYTES = _d("lustre_client_rpc_read_bytes_total", "counter",
+                    "Bulk bytes read over the wire (BRW RPCs).", T, "bytes")
+RPC_WRITE_BYTES = _d("lustre_client_rpc_write_bytes_total", "counter",
+                     "Bulk bytes written over the wire (BRW RPCs).", T, "bytes")
+RPC_TIMEOUTS = _d("lustre_client_rpc_timeouts_total", "counter",
+                  "RPCs that timed out (import rpcs.timeouts).", T)
+RPCS_IN_FLIGHT = _d("lustre_client_rpcs_in_flight", "gauge",
+                    "RPCs in flight (import rpcs.inflight); summed over targets when per_target is off.", T)
+MAX_RPCS = _d("lustre_client_max_rpcs_in_flight", "gauge",
+              "Configured max_rpcs_in_flight; summed over targets when per_target is off.", T)
+IMPORT_STATE = _d("lustre_client_import_state", "gauge",
+                  "Targets in each import state: per target 1 for the current state, else the count of "
+                  "targets in it. FULL and IDLE (an unused OSC after 20 s) are normal.", T + ("state",))
+EVICTIONS = _d("lustre_client_import_evictions_total", "counter",
+               "EVICTED entries seen in the import state history, each counted once.", T)
+LAST_EVICTION = _d("lustre_client_import_last_eviction_timestamp_seconds", "gauge",
+                   "Time of the newest eviction seen (0 if none).", T, "seconds")
+CONN_ATTEMPTS = _d("lustre_client_import_connection_attempts_total", "counter",
+                   "Connection attempts (also rise on idle reconnects; not an eviction count).", T)
+HEALTH = _d("lustre_client_health_status", "gauge",
+            "Client health_check: 1 for the current status (healthy, not_healthy, lbug), 0 for the others.",
+            ("status",))
+FS_SIZE = _d("lustre_client_filesystem_size_bytes", "gauge", "File system size (statvfs).", L, "bytes")
+FS_FREE = _d("lustre_client_filesystem_free_bytes", "gauge", "Free bytes (statvfs f_bfree).", L, "bytes")
+FS_AVAIL = _d("lustre_client_filesystem_available_bytes", "gauge",
+              "Bytes available to unprivileged users (statvfs f_bavail).", L, "bytes")
+FS_INODES = _d("lustre_client_filesystem_inodes", "gauge", "Inodes (statvfs f_files).", L)
+FS_INODES_FREE = _d("lustre_client_filesystem_inodes_free", "gauge", "Free inodes (statvfs f_ffree).", L)
+STATFS_OK = _d("lustre_client_statfs_success", "gauge",
+               "1 if statvfs of the mount answered within probe_timeout_seconds.", L)
+MALFORMED = _d("lustre_client_malformed_lines_total", "counter",
+               "Lines of Lustre files skipped because they did not parse.", ("file",))
+
+IMPORT_STATES = ("CLOSED", "NEW", "DISCONN", "CONNECTING", "REPLAY", "REPLAY_LOCKS", "REPLAY_WAIT", "RECOVER",
+                 "FULL", "EVICTED", "IDLE", "UNKNOWN")
+FILE_KINDS = ("mounts", "llite_stats", "osc_stats", "mdc_stats", "import", "state", "max_cached_mb",
+              "max_rpcs_in_flight", "health_check", "version")
+# llite counters exported as read/write calls and bytes rather than as operations.
+_IO_COUNTERS = {"read_bytes", "write_bytes"}
+MAX_OPERATIONS = 100  # bound on distinct llite counter names per mount (the client has ~45)
+MiB = 1 << 20
+
+StatvfsFn = Callable[[str], Any]
+
+
+class _Acc:
+    """Samples summed (or maxed) over the targets that share a label set."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[MetricSpec, tuple[str, ...]], float] = {}
+
+    def add(self, spec: MetricSpec, value: float, labels: dict[str, str]) -> None:
+        key = (spec, tuple(labels[k] for k in spec.labels))
+        self.values[key] = self.values.get(key, 0.0) + value
+
+    def max(self, spec: MetricSpec, value: float, labels: dict[str, str]) -> None:
+        key = (spec, tuple(labels[k] for k in spec.labels))
+        self.values[key] = max(self.values.get(key, value), value)
+
+    def emit(self, out: Families) -> None:
+        for (spec, lv), v in self.values.items():
+            out.add(spec, v, **dict(zip(spec.labels, lv, strict=True)))
+
+
+class LustreCollector(Collector):
+    name = NAME
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        cfg = ctx.config.lustre
+        paths = ctx.config.paths
+        self.procfs = Path(paths.procfs)
+        self.tree = Tree(paths.procfs, paths.sysfs, paths.debugfs)
+        self.per_target: bool = cfg.per_target
+        self.do_statfs: bool = cfg.statfs
+        self.rootfs: str = cfg.rootfs
+        self.probe = TimedProbe(cfg.probe_timeout_seconds)
+        simulated = ctx.simulation is not None
+        # Seams: the simulated node has no real mounts, so statvfs reads its JSON file and the
+        # mount probes (lfs, ioctl) are off; tests replace these attributes directly.
+        self.statvfs: StatvfsFn = (statvfs_from_file(ctx.simulation.root / SIM_STATVFS_FILE) if simulated
+                                   else os.statvfs)
+        self.lfs: str | None = None if simulated or not cfg.lfs_command else shutil.which(cfg.lfs_command)
+        self.use_ioctl: bool = cfg.use_ioctl and not simulated
+        self.evictions = EvictionTracker()
+        self._evict_total: dict[tuple[str, ...], int] = {}
+        self._last_evict: dict[tuple[str, ...], int] = {}
+        self._instances: dict[tuple[str, str], str] = {}  # (mountpoint, source) -> llite instance
+        self._malformed = dict.fromkeys(FILE_KINDS, 0)
+        self._problems: dict[str, str] = {}  # what was last logged per subject, to log changes once
+
+    # -- logging on change -------------------------------------------------------------------
+    def _report(self, subject: str, problem: str, level: str = "warning") -> None:
+        """Log `problem` for `subject` when it differs from what was last logged; '' = fixed."""
+        old = self._problems.get(subject, "")
+        if problem == old:
+            return
+        if problem:
+            getattr(self.log, level)("%s", problem)
+            self._problems[subject] = problem
+        else:
+            self.log.info("%s: recovered", subject)
+            self._problems.pop(subject, None)
+
+    def _count_bad(self, kind: str, n: int) -> None:
+        self._malformed[kind] += n
+
+    # -- collection ---------------------------------------------------------------------------
+    def collect(self, out: Families) -> None:
+        mounts = self._mounts()
+        tree = self.tree
+        tree.begin()
+        version_text, _ = tree.read("version")
+        version = parsers.parse_version(version_text) if version_text else None
+        if version_text is not None and version is None:
+            self._count_bad("version", 1)
+        tree.version = parsers.version_tuple(version)
+        out.add(MOUNTS, len(mounts))
+        present = bool(mounts) or version_text is not None
+        if not present:
+            return
+        tree.check_roots()
+        instances = tree.listdir("llite")
+        devices = [d for d in (discovery.parse_device(n) for n in
+                               {**tree.listdir("osc"), **tree.listdir("mdc")}) if d]
+        mapping = self._map_instances(mounts, list(instances))
+
+        acc = _Acc()
+        live: set[tuple[str, ...]] = set()
+        live_imports: set[str] = set()
+        for m in mounts:
+            inst = mapping.get(m.mountpoint)
+            out.add(INFO, 1, fsname=m.fsname, mount=m.mountpoint, llite=inst or "", version=version or "",
+                    network=m.network)
+            try:
+                self._collect_mount(m, inst, devices, acc, live, live_imports)
+            except Exception as e:  # noqa: BLE001 - one broken mount must not hide the others
+                self._report(f"mount {m.mountpoint}", f"mount {m.mountpoint}: collection failed: "
+                             f"{type(e).__name__}: {e}")
+            else:
+                self._report(f"mount {m.mountpoint}", "")
+        acc.emit(out)
+        self.evictions.retain(live_imports)
+        for d in (self._evict_total, self._last_evict):
+            for k in [k for k in d if k not in live]:
+                del d[k]
+        if self.do_statfs:
+            for m in mounts:
+                self._statfs(m, out)
+        self._health(out)
+        self._sources(out, mounts)
+        for kind, n in self._malformed.items():
+            out.add(MALFORMED, n, file=kind)
+
+    def _mounts(self) -> list[Mount]:
+        """Lustre mounts of the host: <procfs>/1/mounts (init's namespace: right in a container
+        with the host's /proc), else <procfs>/mounts. No readable mounts file is a failure."""
+        last: OSError | None = None
+        for rel in ("1/mounts", "mounts"):
+            try:
+                text = (self.procfs / rel).read_text(errors="replace")
+            except OSError as e:
+                last = e
+                continue
+            mounts, bad = discovery.parse_mounts(text)
+            self._count_bad("mounts", bad)
+            return mounts
+        raise OSError(f"cannot read the mounts file under {self.procfs}: {last}")
+
+    def _map_instances(self, mounts: list[Mount], instances: list[str]) -> dict[str, str]:
+        """mountpoint -> llite instance: lfs getname, else the ioctl, else a unique fsname."""
+        listed = set(instances)
+        keys = {(m.mountpoint, m.source) for m in mounts}
+        for k in [k for k in self._instances if k not in keys or self._instances[k] not in listed]:
+            del self._instances[k]
+        by_fsname = discovery.map_by_fsname(mounts, instances)
+        out: dict[str, str] = {}
+        for m in mounts:
+            key = (m.mountpoint, m.source)
+            inst = self._instances.get(key)
+            if inst is None:
+                inst = self._probe_instance(m, listed) or by_fsname.get(m.mountpoint)
+                if inst is not None:
+                    self._instances[key] = inst
+            if inst is None:
+                self._report(f"map {m.mountpoint}",
+                             f"mount {m.mountpoint} ({m.fsname}): cannot find its llite instance (no lfs, "
+                             "ioctl failed, fsname not unique); only capacity is exported")
+                continue
+            self._report(f"map {m.mountpoint}", "")
+            out[m.mountpoint] = inst
+        return out
+
+    def _probe_instance(self, m: Mount, listed: set[str]) -> str | None:
+        path = self._host_path(m.mountpoint)
+        candidates: list[Callable[[], str | None]] = []
+        if self.lfs:
+            lfs = self.lfs
+            candidates.append(lambda: discovery.lfs_getname(lfs, path, self.probe.timeout_s))
+        if self.use_ioctl:
+            candidates.append(lambda: discovery.ioctl_getmdname(path))
+        for fn in candidates:
+            try:
+                inst = self.probe.run(f"map {path}", fn)
+            except Exception:  # noqa: BLE001 - fall through to the next method
+                continue
+            if isinstance(inst, str) and inst in listed:
+                parts = discovery.split_instance(inst)
+                if parts and parts[0] == m.fsname:
+                    return inst
+        return None
+
+    def _host_path(self, mountpoint: str) -> str:
+        return mountpoint if self.rootfs in ("", "/") else os.path.join(self.rootfs, mountpoint.lstrip("/"))
+
+    def _collect_mount(self, m: Mount, inst: str | None, devices: list[Device], acc: _Acc,
+                       live: set[tuple[str, ...]], live_imports: set[str]) -> None:
+        base = {"fsname": m.fsname, "mount": m.mountpoint}
+        if inst is None:
+            return
+        tree = self.tree
+        text, _ = tree.read("stats", "llite", inst)
+        if text is not None:
+            self._llite_stats(parsers.parse_stats(text), base, acc)
+        text, _ = tree.read("max_cached_mb", "llite", inst)
+        if text is not None:
+            cache = parsers.parse_max_cached_mb(text)
+            self._count_bad("max_cached_mb", cache.malformed)
+            if cache.used_mb is not None:
+                acc.add(CACHE_USED, cache.used_mb * MiB, base)
+            if cache.max_mb is not None:
+                acc.add(CACHE_LIMIT, cache.max_mb * MiB, base)
+        inst_id = (discovery.split_instance(inst) or ("", ""))[1]
+        mine = sorted((d for d in devices if d.fsname == m.fsname and d.instance_id == inst_id),
+                      key=lambda d: d.name)
+        for comp in ("mdc", "osc"):
+            acc.add(TARGETS, sum(1 for d in mine if d.component == comp), {**base, "component": comp})
+        for dev in mine:
+            labels = {**base, "component": dev.component, "target": dev.target if self.per_target else ""}
+            self._device(dev, labels, acc, live, live_imports)
+
+    def _llite_stats(self, stats: parsers.Stats, base: dict[str, str], acc: _Acc) -> None:
+        self._count_bad("llite_stats", stats.malformed)
+        for name, c in (("read_bytes", READ_CALLS), ("write_bytes", WRITE_CALLS)):
+            ctr = stats.get(name)
+            acc.add(c, ctr.count if ctr else 0, base)
+            acc.add(READ_BYTES if name == "read_bytes" else WRITE_BYTES, (ctr.sum or 0) if ctr else 0, base)
+        n = 0
+        for ctr in stats.counters.values():
+            if ctr.name in _IO_COUNTERS:
+                continue
+            n += 1
+            if n > MAX_OPERATIONS:
+                break
+            labels = {**base, "operation": ctr.name}
+            acc.add(OPS, ctr.count, labels)
+            secs = ctr.seconds()
+            if secs is not None:
+                acc.add(OP_SECONDS, secs, labels)
+        reset = stats.reset_timestamp()
+        if reset is not None:
+            acc.max(STATS_RESET, reset, base)
+
+    def _device(self, dev: Device, labels: dict[str, str], acc: _Acc, live: set[tuple[str, ...]],
+                live_imports: set[str]) -> None:
+        tree = self.tree
+        comp = dev.component
+        text, _ = tree.read("stats", comp, dev.name)
+        if text is not None:
+            stats = parsers.parse_stats(text)
+            self._count_bad(f"{comp}_stats", stats.malformed)
+            wait = stats.get("req_waittime")
+            acc.add(RPCS, wait.count if wait else 0, labels)
+            acc.add(RPC_WAIT, (wait.seconds() or 0.0) if wait else 0.0, labels)
+            if comp == "osc":
+                for name, spec in (("read_bytes", RPC_READ_BYTES), ("write_bytes", RPC_WRITE_BYTES)):
+                    ctr = stats.get(name)
+                    acc.add(spec, (ctr.sum or 0) if ctr else 0, labels)
+        text, _ = tree.read("import", comp, dev.name)
+        if text is not None:
+            imp = parsers.parse_import(text)
+            self._count_bad("import", imp.malformed)
+            state = imp.state if imp.state in IMPORT_STATES else "UNKNOWN"
+            for s in IMPORT_STATES:
+                acc.add(IMPORT_STATE, 1 if s == state else 0, {**labels, "state": s})
+            if imp.inflight is not None:
+                acc.add(RPCS_IN_FLIGHT, imp.inflight, labels)
+            if imp.timeouts is not None:
+                acc.add(RPC_TIMEOUTS, imp.timeouts, labels)
+            if imp.connection_attempts is not None:
+                acc.add(CONN_ATTEMPTS, imp.connection_attempts, labels)
+        text, _ = tree.read("max_rpcs_in_flight", comp, dev.name)
+        if text is not None:
+            v = parsers.parse_int(text)
+            if v is None:
+                self._count_bad("max_rpcs_in_flight", 1)
+            else:
+                acc.add(MAX_RPCS, v, labels)
+        text, _ = tree.read("state", comp, dev.name)
+        if text is not None:
+            hist = parsers.parse_state(text)
+            self._count_bad("state", hist.malformed)
+            key = tuple(labels[k] for k in T)
+            live.add(key)
+            live_imports.add(dev.name)
+            new, _total, last = self.evictions.update(dev.name, hist.history)
+            self._evict_total[key] = self._evict_total.get(key, 0) + new
+            self._last_evict[key] = max(self._last_evict.get(key, 0), last)
+            acc.max(EVICTIONS, self._evict_total[key], labels)
+            acc.max(LAST_EVICTION, self._last_evict[key], labels)
+
+    def _statfs(self, m: Mount, out: Families) -> None:
+        labels = {"fsname": m.fsname, "mount": m.mountpoint}
+        path = self._host_path(m.mountpoint)
+        subject = f"statfs {m.mountpoint}"
+        try:
+            st = self.probe.run(f"statfs {path}", lambda: self.statvfs(path))
+        except OSError as e:
+            self._report(subject, f"statvfs({path}) failed: {e.strerror or e}")
+            out.add(STATFS_OK, 0, **labels)
+            return
+        if st is TimedProbe.HUNG:
+            self._report(subject, f"statvfs({path}) did not answer within {self.probe.timeout_s:g}s "
+                         "(file system unreachable?); capacity not exported")
+            out.add(STATFS_OK, 0, **labels)
+            return
+        self._report(subject, "")
+        frsize = st.f_frsize or getattr(st, "f_bsize", 0)
+        out.add(STATFS_OK, 1, **labels)
+        out.add(FS_SIZE, st.f_blocks * frsize, **labels)
+        out.add(FS_FREE, st.f_bfree * frsize, **labels)
+        out.add(FS_AVAIL, st.f_bavail * frsize, **labels)
+        out.add(FS_INODES, st.f_files, **labels)
+        out.add(FS_INODES_FREE, st.f_ffree, **labels)
+
+    def _health(self, out: Families) -> None:
+        text, _ = self.tree.read("health_check")
+        if text is None:
+            return
+        status = parsers.parse_health_check(text)
+        if status is None:
+            self._count_bad("health_check", 1)
+            return
+        for s in parsers.HEALTH_STATUSES:
+            out.add(HEALTH, 1 if s == status else 0, status=s)
+
+    def _sources(self, out: Families, mounts: list[Mount]) -> None:
+        needed = self.tree.needed()
+        for src in SOURCES:
+            problem = self.tree.state[src].problem if src in needed else ""
+            if src in needed:
+                out.add(SOURCE_UP, 0 if problem else 1, source=src)
+            if problem and src == "debugfs":
+                problem += ("; llite/osc/mdc stats and max_cached_mb (2.12+ clients keep them in debugfs) "
+                            "are not exported: mount debugfs and run as root or with CAP_SYS_ADMIN")
+            elif problem:
+                problem = f"{src} source: {problem}"
+            self._report(f"source {src}", problem)
+
+
+COLLECTOR = LustreCollector

@@ -1,0 +1,204 @@
+"""Where each Lustre client file lives for the running client version, reading it, and statvfs.
+
+| file | 2.10 | 2.12+ |
+|---|---|---|
+| llite/osc/mdc `stats`, llite `max_cached_mb` | procfs | debugfs (root-only, must be mounted) |
+| osc/mdc `import`, `state` | procfs | procfs |
+| osc/mdc `max_rpcs_in_flight` | procfs | sysfs |
+| `health_check`, `version` | sysfs | sysfs (2.13+ also a debugfs `health_check`) |
+
+procfs = <procfs>/fs/lustre, sysfs = <sysfs>/fs/lustre, debugfs = <debugfs>/lustre. Each file is
+looked for in the version's usual tree first and then in the others, so an unknown or
+unexpected layout still resolves.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from exporter.lustre.parsers import version_tuple
+
+SOURCES = ("procfs", "sysfs", "debugfs")
+
+# file kind -> (trees for clients < 2.12, trees for clients >= 2.12 or unknown)
+_ORDER: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "stats": (("procfs", "debugfs"), ("debugfs", "procfs")),
+    "max_cached_mb": (("procfs", "debugfs", "sysfs"), ("debugfs", "sysfs", "procfs")),
+    "import": (("procfs",), ("procfs",)),
+    "state": (("procfs",), ("procfs",)),
+    "max_rpcs_in_flight": (("procfs", "sysfs"), ("sysfs", "procfs")),
+    "health_check": (("sysfs", "procfs", "debugfs"), ("sysfs", "procfs", "debugfs")),
+    "version": (("sysfs", "procfs"), ("sysfs", "procfs")),
+}
+# Trees a client version keeps data in; a tree not needed is not reported as a source.
+NEEDED_OLD = ("procfs", "sysfs")
+NEEDED_NEW = ("procfs", "sysfs", "debugfs")
+
+
+class SourceState:
+    """What went wrong with one tree during one scrape ('' when nothing did)."""
+
+    def __init__(self) -> None:
+        self.problem = ""
+
+    def fail(self, why: str) -> None:
+        if not self.problem:
+            self.problem = why
+
+
+def read_text(path: Path) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+class Tree:
+    """The three Lustre trees of one node, with per-scrape source problems recorded."""
+
+    def __init__(self, procfs: str, sysfs: str, debugfs: str,
+                 reader: Callable[[Path], str] = read_text) -> None:
+        self.debugfs_root = Path(debugfs)
+        self.roots = {"procfs": Path(procfs) / "fs/lustre", "sysfs": Path(sysfs) / "fs/lustre",
+                      "debugfs": self.debugfs_root / "lustre"}
+        self.reader = reader
+        self.version: tuple[int, ...] | None = None
+        self.state = {s: SourceState() for s in SOURCES}
+
+    def begin(self) -> None:
+        self.state = {s: SourceState() for s in SOURCES}
+
+    def new_layout(self) -> bool:
+        return self.version is None or self.version >= (2, 12)
+
+    def needed(self) -> tuple[str, ...]:
+        return NEEDED_NEW if self.new_layout() else NEEDED_OLD
+
+    def order(self, kind: str) -> tuple[str, ...]:
+        old, new = _ORDER[kind]
+        return new if self.new_layout() else old
+
+    def check_roots(self) -> None:
+        """Record trees that are absent or unreadable as a whole."""
+        for src, root in self.roots.items():
+            try:
+                os.listdir(root)
+            except PermissionError:
+                self.state[src].fail(f"{root} is not readable (permission denied)")
+            except FileNotFoundError:
+                if src == "debugfs" and not _has_entries(self.debugfs_root):
+                    self.state[src].fail(f"debugfs is not mounted at {self.debugfs_root}")
+                else:
+                    self.state[src].fail(f"{root} does not exist")
+            except OSError as e:
+                self.state[src].fail(f"{root}: {e.strerror or e}")
+
+    def listdir(self, kind: str) -> dict[str, str]:
+        """Entry names under `<tree>/<kind>` in every tree -> the first tree they were seen in."""
+        out: dict[str, str] = {}
+        for src in SOURCES:
+            try:
+                names = os.listdir(self.roots[src] / kind)
+            except OSError:
+                continue
+            for n in names:
+                out.setdefault(n, src)
+        return out
+
+    def read(self, kind: str, *parts: str) -> tuple[str | None, str | None]:
+        """(text, tree) of the file `kind` under `<tree>/<parts>/`, trying the version's trees
+        in order; (None, None) when no tree has it. A permission or I/O error marks that tree
+        failed for this scrape and the next tree is tried."""
+        rel = Path(*parts, kind) if parts else Path(kind)
+        for src in self.order(kind):
+            path = self.roots[src] / rel
+            try:
+                return self.reader(path), src
+            except FileNotFoundError:
+                continue
+            except NotADirectoryError:
+                continue
+            except PermissionError:
+                self.state[src].fail(f"{path} is not readable (permission denied)")
+            except OSError as e:
+                if e.errno not in (errno.ENODEV, errno.ENOENT):
+                    self.state[src].fail(f"{path}: {e.strerror or e}")
+        return None, None
+
+
+def _has_entries(path: Path) -> bool:
+    try:
+        return any(True for _ in os.scandir(path))
+    except OSError:
+        return False
+
+
+StatvfsFn = Callable[[str], Any]
+
+
+def statvfs_from_file(path: Path) -> StatvfsFn:
+    """A statvfs stand-in for the simulated node: reads `path`, a JSON object mapping a mount
+    point to its statvfs fields (f_frsize, f_blocks, f_bfree, f_bavail, f_files, f_ffree)."""
+
+    def fn(mountpoint: str) -> Any:
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "no simulated statvfs file", str(path)) from None
+        if mountpoint not in data:
+            raise FileNotFoundError(errno.ENOENT, "mount not in the simulated statvfs file", mountpoint)
+        return SimpleNamespace(**data[mountpoint])
+
+    return fn
+
+
+class TimedProbe:
+    """Runs a call that may hang (statvfs or an ioctl on a Lustre mount that lost its servers)
+    in a daemon thread and waits at most `timeout_s`. While a call for a key is still stuck, a
+    new one for that key is not started: the result is 'hung' until it returns."""
+
+    HUNG = object()
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._stuck: dict[str, threading.Thread] = {}
+        self._lock = threading.Lock()
+
+    def run(self, key: str, fn: Callable[[], Any]) -> Any:
+        """fn()'s result, HUNG, or raises fn's exception."""
+        with self._lock:
+            t = self._stuck.get(key)
+            if t is not None:
+                if t.is_alive():
+                    return self.HUNG
+                del self._stuck[key]
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                box["error"] = e
+
+        t = threading.Thread(target=target, name=f"lustre-probe {key}", daemon=True)
+        t.start()
+        t.join(self.timeout_s)
+        if t.is_alive():
+            with self._lock:
+                self._stuck[key] = t
+            return self.HUNG
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def stuck(self) -> int:
+        with self._lock:
+            return sum(1 for t in self._stuck.values() if t.is_alive())
+
+
+__all__ = ["SOURCES", "Tree", "TimedProbe", "read_text", "statvfs_from_file", "version_tuple"]
