@@ -1,0 +1,75 @@
+"""Find the EFA devices among <sysfs>/class/infiniband entries, by PCI identity, never by name."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from exporter.efa.parse import is_efa, parse_hex_id
+from exporter.efa.sysfs import SysfsReader
+
+
+@dataclass(frozen=True)
+class EfaDevice:
+    name: str  # the RDMA device name (efa_0, rdmap16s27, ...): the `device` label
+    path: str  # <sysfs>/class/infiniband/<name>
+    pci_address: str  # e.g. 0000:10:1b.0 ("" when the device link cannot be resolved)
+    pci_device_id: str  # e.g. 0xefa1 ("" when unreadable but the driver link says efa)
+
+
+class Discovery:
+    """Lists class/infiniband on every call (devices come and go between scrapes) and keeps the
+    identity of entries that are symlinks, keyed by their target: the target names the PCI
+    function, whose vendor/device never change, so only new entries cost PCI reads."""
+
+    def __init__(self, sysfs: str, reader: SysfsReader) -> None:
+        self.class_dir = os.path.join(sysfs, "class", "infiniband")
+        self.reader = reader
+        self._known: dict[tuple[str, str], EfaDevice | None] = {}
+
+    def discover(self) -> list[EfaDevice]:
+        try:
+            names = self.reader.listdir(self.class_dir)
+        except FileNotFoundError:
+            return []  # no RDMA device at all (or no ib core loaded)
+        found: list[EfaDevice] = []
+        live: dict[tuple[str, str], EfaDevice | None] = {}
+        for name in sorted(names):
+            path = os.path.join(self.class_dir, name)
+            target = self.reader.readlink_or_none(path)
+            key = (name, target) if target is not None else None
+            if key is not None and key in self._known:
+                dev = self._known[key]
+            else:
+                try:
+                    dev = self._identify(name, path)
+                except FileNotFoundError:
+                    continue  # vanished while we looked
+                except OSError:
+                    dev = None
+                    key = None  # unreadable identity: try again next scrape, do not remember
+            if key is not None:
+                live[key] = dev
+            if dev is not None:
+                found.append(dev)
+        self._known = live  # forget entries that went away
+        return found
+
+    def _identify(self, name: str, path: str) -> EfaDevice | None:
+        pci = os.path.join(path, "device")
+        vendor = device = None
+        try:
+            vendor = parse_hex_id(self.reader.read(os.path.join(pci, "vendor")))
+            device = parse_hex_id(self.reader.read(os.path.join(pci, "device")))
+        except ValueError:
+            pass
+        except FileNotFoundError:
+            if not self.reader.exists(path):
+                raise
+        driver_link = self.reader.readlink_or_none(os.path.join(pci, "driver"))
+        driver = os.path.basename(driver_link) if driver_link else None
+        if not is_efa(vendor, device, driver):
+            return None
+        pci_link = self.reader.readlink_or_none(pci)
+        address = os.path.basename(pci_link) if pci_link else os.path.basename(self.reader.realpath(pci))
+        return EfaDevice(name, path, address, f"0x{device:04x}" if device is not None else "")

@@ -1,0 +1,62 @@
+"""Generated EFA sysfs trees and test seams shared by the EFA tests."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+from exporter.catalog import Families
+from exporter.collector import Context
+from exporter.collectors.efa import EfaCollector
+from exporter.config import load
+from exporter.efa.sysfs import SysfsReader
+from exporter.runner import Runner
+from exporter.simulate.efa import write_device
+from tests.helpers import scrape
+
+
+def efa(sys_root: Path, name: str, bus: int, **kw) -> Path:
+    """An EFA device on PCI bus `bus` (slot 0)."""
+    return write_device(sys_root, name, f"0000:{bus:02x}:00.0", **kw)
+
+
+def mellanox(sys_root: Path, name: str = "mlx5_0", bus: int = 0x30) -> Path:
+    return write_device(sys_root, name, f"0000:{bus:02x}:00.0", vendor="0x15b3", device_id="0x101b",
+                        driver="mlx5_core", counters=False, rate="400 Gb/sec (4X NDR)")
+
+
+def collector(sys_root: Path, reader: SysfsReader | None = None, **overrides) -> EfaCollector:
+    cfg = load(None, {"paths.sysfs": str(sys_root), **overrides})
+    return EfaCollector(Context(config=cfg), reader=reader)
+
+
+def run(c: EfaCollector) -> str:
+    """One scrape through the real runner (collector success/duration included)."""
+    return scrape(Runner([c], deadline_s=10))
+
+
+def collect(c: EfaCollector) -> Families:
+    out = Families()
+    c.collect(out)
+    return out
+
+
+class FaultyReader(SysfsReader):
+    """Raises `err` (an errno) when reading any path ending in one of `paths`; counts reads."""
+
+    def __init__(self) -> None:
+        self.faults: dict[str, int] = {}
+        self.reads: dict[str, int] = {}
+        self.on_read = None  # optional callback(path) run before each read
+
+    def fail(self, suffix: str, err: int = errno.EIO) -> None:
+        self.faults[suffix] = err
+
+    def read(self, path: str) -> str:
+        self.reads[path] = self.reads.get(path, 0) + 1
+        if self.on_read is not None:
+            self.on_read(path)
+        for suffix, err in self.faults.items():
+            if path.endswith(suffix):
+                raise OSError(err, errno.errorcode[err], path)
+        return super().read(path)

@@ -1,0 +1,303 @@
+"""The EFA collector on generated sysfs trees: layouts, kernels, discovery, failures."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+
+import pytest
+
+from exporter.simulate.efa import NETWORK, RDMA_WRITE, kernel_files
+from tests.efa_trees import FaultyReader, collect, collector, efa, mellanox, run
+from tests.helpers import names, promtool_check_metrics, samples, value
+
+PORT_METRICS = {
+    "tx_bytes": "efa_tx_bytes_total", "tx_pkts": "efa_tx_packets_total", "rx_bytes": "efa_rx_bytes_total",
+    "rx_pkts": "efa_rx_packets_total", "rx_drops": "efa_rx_drops_total", "send_bytes": "efa_send_bytes_total",
+    "send_wrs": "efa_send_work_requests_total", "recv_bytes": "efa_recv_bytes_total",
+    "recv_wrs": "efa_recv_work_requests_total", "rdma_read_wrs": "efa_rdma_read_work_requests_total",
+    "rdma_read_bytes": "efa_rdma_read_bytes_total", "rdma_read_wr_err": "efa_rdma_read_errors_total",
+    "rdma_read_resp_bytes": "efa_rdma_read_response_bytes_total",
+    "rdma_write_wrs": "efa_rdma_write_work_requests_total", "rdma_write_bytes": "efa_rdma_write_bytes_total",
+    "rdma_write_wr_err": "efa_rdma_write_errors_total",
+    "rdma_write_recv_bytes": "efa_rdma_write_recv_bytes_total",
+    "retrans_bytes": "efa_retrans_bytes_total", "retrans_pkts": "efa_retrans_packets_total",
+    "retrans_timeout_events": "efa_retrans_timeout_events_total",
+    "unresponsive_remote_events": "efa_unresponsive_remote_events_total",
+    "impaired_remote_conn_events": "efa_impaired_remote_conn_events_total",
+}
+DEVICE_METRICS = {
+    "submitted_cmds": "efa_admin_commands_submitted_total",
+    "completed_cmds": "efa_admin_commands_completed_total",
+    "cmds_err": "efa_admin_command_errors_total",
+    "no_completion_cmds": "efa_admin_commands_no_completion_total",
+    "keep_alive_rcvd": "efa_keep_alive_received_total",
+}
+VERBS = ["alloc_pd", "create_qp", "create_cq", "reg_mr", "alloc_ucontext", "create_ah", "mmap"]
+
+
+def distinct_values(kernel):
+    """Every counter file gets its own value, so a wrong mapping shows."""
+    port, device, _ = kernel_files(kernel)
+    return {f: 1000 + i for i, f in enumerate(port + device)}
+
+
+def test_split_layout_exports_every_counter_once_with_its_own_value(tmp_path):
+    vals = distinct_values((6, 17))
+    efa(tmp_path, "rdmap79s0", 79, kernel=(6, 17), values=vals)
+    text = run(collector(tmp_path))
+    ss = samples(text)
+    for f, metric in PORT_METRICS.items():
+        assert value(ss, metric, device="rdmap79s0", port="1") == vals[f], f
+    for f, metric in DEVICE_METRICS.items():
+        assert value(ss, metric, device="rdmap79s0") == vals[f], f
+        assert not any(n == metric and ("port", "1") in ls for n, ls in ss), f"{metric} carries a port label"
+    for op in VERBS:
+        assert value(ss, "efa_verbs_errors_total", device="rdmap79s0", op=op) == vals[op + "_err"]
+    assert value(ss, "efa_stats_lifespan_seconds", device="rdmap79s0", port="1") == pytest.approx(0.012)
+    assert value(ss, "efa_port_rate_bytes_per_second", device="rdmap79s0", port="1") == 100e9 / 8
+    assert value(ss, "efa_device_up", device="rdmap79s0") == 1
+    assert value(ss, "efa_info", device="rdmap79s0", pci_address="0000:4f:00.0", pci_device_id="0xefa2") == 1
+    assert value(ss, "gpu_health_exporter_collector_success", collector="efa") == 1
+    counters = [k for k in ss if k[0].startswith("efa_") and k[0].endswith("_total")]
+    assert len(counters) == 22 + 5 + 7  # every file once: 22 port, 5 admin/keep-alive, 7 verbs errors
+    assert promtool_check_metrics(text) == ""
+
+
+def test_combined_layout_before_5_15_is_not_double_counted(tmp_path):
+    vals = distinct_values((5, 10))
+    efa(tmp_path, "efa_0", 0x10, kernel=(5, 10), values=vals)
+    c = collector(tmp_path)
+    text = run(c)
+    ss = samples(text)
+    port, device, combined = kernel_files((5, 10))
+    assert combined
+    counters = [k for k in ss if k[0].startswith("efa_") and k[0].endswith("_total")]
+    assert len(counters) == len(port) + len(device)  # one sample per counter, not two
+    assert value(ss, "efa_tx_bytes_total", device="efa_0", port="1") == vals["tx_bytes"]
+    assert value(ss, "efa_admin_commands_submitted_total", device="efa_0") == vals["submitted_cmds"]
+    assert value(ss, "efa_verbs_errors_total", device="efa_0", op="mmap") == vals["mmap_err"]
+    # 5.10 has no RDMA write or network counters: absent, not zero
+    for f in RDMA_WRITE + NETWORK:
+        assert PORT_METRICS[f] not in names(text)
+    assert promtool_check_metrics(text) == ""
+
+
+def test_each_counter_file_read_once_per_scrape(tmp_path):
+    for kernel in ((5, 10), (6, 17)):
+        root = tmp_path / f"k{kernel[0]}{kernel[1]}"
+        efa(root, "rdmap16s0", 16, kernel=kernel)
+        reader = FaultyReader()
+        c = collector(root, reader=reader)
+        collect(c)
+        reader.reads.clear()
+        collect(c)
+        counter_reads = {p: n for p, n in reader.reads.items() if "/hw_counters/" in p}
+        assert set(counter_reads.values()) == {1}
+        files = {p.rsplit("/", 1)[1] for p in counter_reads}
+        port, device, _ = kernel_files(kernel)
+        assert files == set(port) | set(device) | {"lifespan"}
+        assert len(counter_reads) == len(files) + 0  # no file name read from two directories
+
+
+def test_kernel_without_network_or_write_counters_has_no_such_series(tmp_path):
+    efa(tmp_path, "rdmap16s27", 16, kernel=(6, 1))
+    text = run(collector(tmp_path))
+    got = names(text)
+    assert "efa_tx_bytes_total" in got and "efa_rdma_read_bytes_total" in got
+    for f in NETWORK + RDMA_WRITE:
+        assert PORT_METRICS[f] not in got, f
+
+
+def test_kernel_6_6_has_write_but_not_network_counters(tmp_path):
+    efa(tmp_path, "rdmap16s27", 16, kernel=(6, 6))
+    got = names(run(collector(tmp_path)))
+    assert "efa_rdma_write_bytes_total" in got
+    assert not any(PORT_METRICS[f] in got for f in NETWORK)
+
+
+def test_non_efa_rdma_devices_are_ignored_and_names_do_not_matter(tmp_path):
+    efa(tmp_path, "rdmap79s0", 79)
+    mellanox(tmp_path, "mlx5_0", 0x30)
+    mellanox(tmp_path, "efa_9", 0x31)  # a Mellanox device with an EFA-looking name
+    efa(tmp_path, "mlx5_7", 0x40)  # an EFA device with a Mellanox-looking name
+    # a future EFA device id, recognised by its driver link
+    efa(tmp_path, "rdmap80s0", 0x50, device_id="0xefa4")
+    # Amazon vendor id, unknown device, not bound to efa: not EFA
+    efa(tmp_path, "rdmap81s0", 0x51, device_id="0x0ec2", driver="ena")
+    text = run(collector(tmp_path))
+    ss = samples(text)
+    assert value(ss, "efa_devices") == 3
+    ups = {dict(ls)["device"] for n, ls in ss if n == "efa_device_up"}
+    assert ups == {"rdmap79s0", "mlx5_7", "rdmap80s0"}
+    assert not any(dict(ls).get("device") in ("mlx5_0", "efa_9", "rdmap81s0") for _, ls in ss)
+    assert value(ss, "efa_info", device="rdmap80s0", pci_device_id="0xefa4") == 1
+
+
+def test_unreadable_counter_fails_only_that_device(tmp_path):
+    for i in range(3):
+        efa(tmp_path, f"rdmap{i}s0", i, values={"tx_bytes": 7})
+    reader = FaultyReader()
+    reader.fail("/rdmap1s0/ports/1/hw_counters/rx_drops", errno.EIO)  # admin command failed
+    c = collector(tmp_path, reader=reader)
+    ss = samples(run(c))
+    assert value(ss, "gpu_health_exporter_collector_success", collector="efa") == 1
+    assert value(ss, "efa_device_up", device="rdmap1s0") == 0
+    assert value(ss, "efa_device_up", device="rdmap0s0") == 1
+    assert value(ss, "efa_device_up", device="rdmap2s0") == 1
+    assert value(ss, "efa_tx_bytes_total", device="rdmap2s0", port="1") == 7
+    assert not any(dict(ls).get("device") == "rdmap1s0" and n.endswith("_total") for n, ls in ss)
+    assert value(ss, "efa_info", device="rdmap1s0") == 1  # still listed, still counted
+    assert value(ss, "efa_devices") == 3
+    # the driver recovers: the next scrape reads it again
+    reader.faults.clear()
+    ss = samples(run(c))
+    assert value(ss, "efa_device_up", device="rdmap1s0") == 1
+    assert value(ss, "efa_tx_bytes_total", device="rdmap1s0", port="1") == 7
+
+
+@pytest.mark.parametrize("err", [errno.EACCES, errno.EIO, errno.ENODEV])
+def test_errors_from_the_reader_seam(tmp_path, err):
+    efa(tmp_path, "rdmap0s0", 0)
+    efa(tmp_path, "rdmap1s0", 1)
+    reader = FaultyReader()
+    reader.fail("rdmap0s0/hw_counters/keep_alive_rcvd", err)
+    ss = samples(run(collector(tmp_path, reader=reader)))
+    assert value(ss, "efa_device_up", device="rdmap0s0") == 0
+    assert value(ss, "efa_device_up", device="rdmap1s0") == 1
+
+
+def test_directory_where_a_counter_file_should_be(tmp_path):
+    """Tests run as root, so chmod cannot make a file unreadable: a directory fails read() instead."""
+    dev = efa(tmp_path, "rdmap0s0", 0)
+    efa(tmp_path, "rdmap1s0", 1)
+    bad = dev / "ports" / "1" / "hw_counters" / "tx_pkts"
+    bad.unlink()
+    bad.mkdir()
+    c = collector(tmp_path)
+    ss = samples(run(c))
+    assert value(ss, "efa_device_up", device="rdmap0s0") == 0
+    assert value(ss, "efa_device_up", device="rdmap1s0") == 1
+    reading = c.devices.read(c.discovery.discover()[0])
+    assert "tx_pkts" in reading.error and reading.samples == []
+
+
+def test_malformed_counter_fails_the_device_with_a_clear_error(tmp_path):
+    dev = efa(tmp_path, "rdmap0s0", 0)
+    (dev / "hw_counters" / "cmds_err").write_text("garbage\n")
+    c = collector(tmp_path)
+    ss = samples(run(c))
+    assert value(ss, "efa_device_up", device="rdmap0s0") == 0
+    err = c.devices.read(c.discovery.discover()[0]).error
+    assert "cmds_err" in err and "garbage" in err
+
+
+def test_device_removed_mid_scrape(tmp_path):
+    efa(tmp_path, "rdmap0s0", 0)
+    dev1 = efa(tmp_path, "rdmap1s0", 1)
+    target = dev1.resolve()
+    reader = FaultyReader()
+
+    def unplug(path):
+        if "rdmap1s0/ports/1/hw_counters/rx_bytes" in path:
+            (tmp_path / "class" / "infiniband" / "rdmap1s0").unlink()
+            shutil.rmtree(target)
+
+    reader.on_read = unplug
+    c = collector(tmp_path, reader=reader)
+    ss = samples(run(c))
+    assert value(ss, "gpu_health_exporter_collector_success", collector="efa") == 1
+    assert value(ss, "efa_device_up", device="rdmap1s0") == 0
+    assert value(ss, "efa_device_up", device="rdmap0s0") == 1
+    assert not any(dict(ls).get("device") == "rdmap1s0" and n.endswith("_total") for n, ls in ss)
+    # the next scrape no longer finds it
+    ss = samples(run(c))
+    assert value(ss, "efa_devices") == 1
+    assert not any(dict(ls).get("device") == "rdmap1s0" for _, ls in ss)
+
+
+def test_devices_appearing_and_vanishing_between_scrapes(tmp_path):
+    efa(tmp_path, "rdmap0s0", 0)
+    c = collector(tmp_path, **{"efa.expected_devices": 2})
+    ss = samples(run(c))
+    assert value(ss, "efa_devices") == 1 and value(ss, "efa_devices_expected") == 2
+    efa(tmp_path, "rdmap1s0", 1, values={"rx_pkts": 5})  # late initialisation
+    ss = samples(run(c))
+    assert value(ss, "efa_devices") == 2
+    assert value(ss, "efa_rx_packets_total", device="rdmap1s0", port="1") == 5
+    (tmp_path / "class" / "infiniband" / "rdmap0s0").unlink()
+    ss = samples(run(c))
+    assert value(ss, "efa_devices") == 1
+    assert {dict(ls)["device"] for n, ls in ss if n == "efa_device_up"} == {"rdmap1s0"}
+
+
+def test_file_removed_between_scrapes_is_absent_not_zero(tmp_path):
+    dev = efa(tmp_path, "rdmap0s0", 0, kernel=(6, 17))
+    c = collector(tmp_path)
+    assert "efa_retrans_packets_total" in names(run(c))
+    (dev / "ports" / "1" / "hw_counters" / "retrans_pkts").unlink()
+    text = run(c)
+    assert "efa_retrans_packets_total" not in names(text)
+    assert value(text, "efa_device_up", device="rdmap0s0") == 1
+
+
+def test_no_infiniband_class_at_all(tmp_path):
+    ss = samples(run(collector(tmp_path, **{"node.instance_type": "p5en.48xlarge"})))
+    assert value(ss, "efa_devices") == 0
+    assert value(ss, "efa_devices_expected") == 16
+    assert value(ss, "gpu_health_exporter_collector_success", collector="efa") == 1
+
+
+@pytest.mark.parametrize("itype,expected", [("p4d.24xlarge", 4), ("p5.48xlarge", 32), ("p5e.48xlarge", 32),
+                                            ("p5en.48xlarge", 16), ("p6-b200.48xlarge", 8)])
+def test_expected_devices_from_instance_type(tmp_path, itype, expected):
+    ss = samples(run(collector(tmp_path, **{"node.instance_type": itype})))
+    assert value(ss, "efa_devices_expected") == expected
+
+
+def test_expected_devices_config_wins_and_unknown_is_absent(tmp_path):
+    ss = samples(run(collector(tmp_path, **{"node.instance_type": "p5.48xlarge", "efa.expected_devices": 8})))
+    assert value(ss, "efa_devices_expected") == 8
+    assert "efa_devices_expected" not in names(run(collector(tmp_path)))
+
+
+def test_expected_devices_from_imds_identity(tmp_path):
+    from exporter.imds import SHARED_KEY, InstanceIdentity
+
+    c = collector(tmp_path)
+    c.ctx.shared[SHARED_KEY] = InstanceIdentity("p4d.24xlarge", "i-0abc", "us-east-1a")
+    assert value(run(c), "efa_devices_expected") == 4
+
+
+def test_link_speed_reported_by_newer_kernels(tmp_path):
+    efa(tmp_path, "rdmap0s0", 0, rate="400 Gb/sec (8X HDR)")
+    efa(tmp_path, "rdmap1s0", 1, rate="200 Gb/sec (4X HDR)")
+    ss = samples(run(collector(tmp_path)))
+    assert value(ss, "efa_port_rate_bytes_per_second", device="rdmap0s0") == 50e9
+    assert value(ss, "efa_port_rate_bytes_per_second", device="rdmap1s0") == 25e9
+
+
+def test_unknown_counter_files_are_exported_generically(tmp_path):
+    dev = efa(tmp_path, "rdmap0s0", 0)
+    (dev / "ports" / "1" / "hw_counters" / "future_pkts").write_text("42\n")
+    (dev / "hw_counters" / "future_thing").write_text("9\n")
+    (dev / "hw_counters" / "alloc_mr_err").write_text("3\n")  # out-of-tree driver (HAVE_EFA_KVERBS)
+    text = run(collector(tmp_path))
+    ss = samples(text)
+    assert value(ss, "efa_port_driver_stat_total", device="rdmap0s0", port="1", stat="future_pkts") == 42
+    assert value(ss, "efa_device_driver_stat_total", device="rdmap0s0", stat="future_thing") == 9
+    assert value(ss, "efa_verbs_errors_total", device="rdmap0s0", op="alloc_mr") == 3
+    assert promtool_check_metrics(text) == ""
+
+
+def test_state_files_are_not_exported(tmp_path):
+    efa(tmp_path, "rdmap0s0", 0)
+    got = names(run(collector(tmp_path)))
+    assert not any("state" in n for n in got if n.startswith("efa_"))
+
+
+def test_driver_version_on_info(tmp_path):
+    efa(tmp_path, "rdmap0s0", 0)
+    (tmp_path / "module" / "efa").mkdir(parents=True)
+    (tmp_path / "module" / "efa" / "version").write_text("2.17.1g\n")
+    assert value(run(collector(tmp_path)), "efa_info", device="rdmap0s0", driver_version="2.17.1g") == 1
