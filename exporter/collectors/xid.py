@@ -1,0 +1,153 @@
+"""XID collector: per-GPU XID counts since boot (kernel log + NVML events, one count per event)
+and the health of those sources. The work happens in exporter.xid.service (background threads
+started here); collect() only reads the counts."""
+
+from __future__ import annotations
+
+from exporter.catalog import Families, define
+from exporter.collector import Collector, Context
+from exporter.config import Key, declare_section, positive
+from exporter.xid.policy import check_policy
+from exporter.xid.service import xid_service
+
+G = ("gpu", "uuid", "pci_bus_id")
+
+declare_section("xid", "XIDs from the kernel log and NVML events, counted since boot (docs/xid.md).", {
+    "enabled": Key(bool, True, "Count XIDs."),
+    "kmsg": Key(bool, True, "Read the kernel log (paths.kmsg): the whole ring buffer at start, "
+                                "then follow it."),
+    "nvml_events": Key(bool, True, "Watch NVML events (XID critical errors; DBE, GPU unavailable and "
+                                   "recovery action where supported) in a background thread."),
+    "merge_window_seconds": Key((int, float), 10.0,
+                                "Reports of the same XID on the same GPU within this many seconds of an "
+                                "event's first report are that event (NVML + kernel log, XID 13 floods, "
+                                "multi-line reports).", check=positive),
+    "follow_poll_seconds": Key((int, float), 0.2,
+                               "How often a regular file given as the kernel log is checked for appended "
+                               "records (the device itself wakes us at once).", check=positive),
+    "policy": Key(dict, {}, "Tier overrides: {tier: [xid, ...]} with tiers replace, reboot, reset, "
+                            "application, ignore. Listed XIDs move to that tier; the rest keep the "
+                            "defaults in docs/xid.md.", check=check_policy,
+                  expected="a mapping of tier to a list of XIDs"),
+})
+
+XID_ERRORS = define(
+    "gpu_xid_errors_total", "counter",
+    "XID events per GPU and XID since the node booted (kernel log and NVML events, one count per event; "
+    "kept across exporter restarts). tier is the policy tier. A GPU NVML does not list has gpu=\"\".",
+    G + ("xid", "tier"), collector="xid")
+XID_LAST_SEEN = define(
+    "gpu_xid_last_seen_timestamp_seconds", "gauge",
+    "Unix time of the last event of this XID on this GPU.", G + ("xid", "tier"), unit="seconds",
+    collector="xid")
+NVML_EVENTS = define(
+    "gpu_nvml_events_total", "counter",
+    "NVML events received by the exporter since it started, by type (xid, double_bit_ecc, "
+    "gpu_unavailable, recovery_action).", G + ("event_type",), collector="xid")
+KMSG_UP = define(
+    "gpu_health_exporter_kmsg_up", "gauge",
+    "1 if the kernel log (paths.kmsg) is being read, 0 if it cannot be (see the log; /dev/kmsg needs "
+    "CAP_SYSLOG when kernel.dmesg_restrict=1).", collector="xid")
+KMSG_RECORDS = define(
+    "gpu_health_exporter_kmsg_records_total", "counter",
+    "Kernel-log records read since the exporter started.", collector="xid")
+KMSG_OVERWRITES = define(
+    "gpu_health_exporter_kmsg_overwrites_total", "counter",
+    "Times reading /dev/kmsg returned EPIPE: the kernel overwrote records before they were read.",
+    collector="xid")
+KMSG_MISSED = define(
+    "gpu_health_exporter_kmsg_missed_records_total", "counter",
+    "Kernel-log records never seen (sequence gaps: overwritten before start or while behind). "
+    "Non-zero means counts since boot rely on the state file and may be incomplete.", collector="xid")
+KMSG_SEQ = define(
+    "gpu_health_exporter_kmsg_last_sequence", "gauge",
+    "Sequence number of the last kernel-log record processed.", collector="xid")
+REPORTS = define(
+    "gpu_health_exporter_xid_reports_total", "counter",
+    "XID reports seen per source (kmsg lines, NVML events) before merging into events.",
+    ["source"], collector="xid")
+MERGED = define(
+    "gpu_health_exporter_xid_reports_merged_total", "counter",
+    "XID reports that belonged to an event already counted (floods, the other source's report).",
+    ["source"], collector="xid")
+WATCHER_UP = define(
+    "gpu_health_exporter_nvml_event_watcher_up", "gauge",
+    "1 while the NVML event thread is waiting on an event set with at least one GPU, else 0.",
+    collector="xid")
+WATCHER_GPUS = define(
+    "gpu_health_exporter_nvml_event_gpus", "gauge",
+    "GPUs in the NVML event set (registered) and left out because they are lost (excluded).",
+    ["state"], collector="xid")
+WATCHER_REBUILDS = define(
+    "gpu_health_exporter_nvml_event_set_rebuilds_total", "counter",
+    "Times the NVML event set was rebuilt without a lost GPU.", collector="xid")
+WATCHER_ERRORS = define(
+    "gpu_health_exporter_nvml_event_watcher_errors_total", "counter",
+    "Unexpected failures of the NVML event thread (it logs them and restarts).", collector="xid")
+STATE_OK = define(
+    "gpu_health_exporter_state_file_ok", "gauge",
+    "1 if the XID state file was last read and written without trouble, 0 if it is corrupt, unreadable "
+    "or unwritable (counts are kept in memory and from the kernel log).", collector="xid")
+STATE_ERRORS = define(
+    "gpu_health_exporter_state_file_errors_total", "counter",
+    "State file failures by operation (read: corrupt or unreadable; write).", ["operation"],
+    collector="xid")
+
+
+class XidCollector(Collector):
+    name = "xid"
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.service = xid_service(ctx)
+
+    def start(self) -> None:
+        self.service.start()
+
+    def close(self) -> None:
+        self.service.stop()
+
+    def collect(self, out: Families) -> None:
+        svc = self.service
+        svc.refresh_acks()
+        out.declare(XID_ERRORS)
+        for pci, counts in sorted(svc.store.snapshot().items()):
+            gpu, uuid, bus_id = svc.gpu_labels(pci)
+            grouped: dict[tuple[int, str], list[float]] = {}
+            for key, c in counts.items():
+                xid, _, action = key.partition("/")
+                tier = svc.policy.tier(int(xid), int(action) if action else None)
+                g = grouped.setdefault((int(xid), tier), [0, 0.0])
+                g[0] += c.count
+                g[1] = max(g[1], c.last_wall)
+            for (xid, tier), (n, last) in sorted(grouped.items()):
+                labels = dict(gpu=gpu, uuid=uuid, pci_bus_id=bus_id, xid=str(xid), tier=tier)
+                out.add(XID_ERRORS, n, **labels)
+                out.add(XID_LAST_SEEN, last, **labels)
+        for (pci, etype), n in sorted(dict(svc.nvml_events).items()):
+            gpu, uuid, bus_id = svc.gpu_labels(pci)
+            out.add(NVML_EVENTS, n, gpu=gpu, uuid=uuid, pci_bus_id=bus_id, event_type=etype)
+        st = svc.reader.stats
+        out.add(KMSG_UP, 1 if svc.kmsg.enabled and svc.kmsg.ok else 0)
+        out.add(KMSG_RECORDS, st.records)
+        out.add(KMSG_OVERWRITES, st.overwrites)
+        out.add(KMSG_MISSED, st.missed)
+        if svc.store.last_seq is not None:
+            out.add(KMSG_SEQ, svc.store.last_seq)
+        for source in ("kmsg", "nvml"):
+            out.add(REPORTS, svc.store.reports.get(source, 0), source=source)
+            out.add(MERGED, svc.store.merged.get(source, 0), source=source)
+        w = svc.watcher
+        if w is not None:
+            out.add(WATCHER_UP, 1 if w.alive and w.status.state == "watching" else 0)
+            out.add(WATCHER_GPUS, w.status.registered, state="registered")
+            out.add(WATCHER_GPUS, w.status.excluded, state="excluded")
+            out.add(WATCHER_REBUILDS, w.status.rebuilds)
+            out.add(WATCHER_ERRORS, w.status.errors)
+        ss = svc.state.status
+        out.add(STATE_OK, 1 if ss.ok else 0)
+        out.add(STATE_ERRORS, ss.read_errors, operation="read")
+        out.add(STATE_ERRORS, ss.write_errors, operation="write")
+
+
+COLLECTOR = XidCollector

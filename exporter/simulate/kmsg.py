@@ -1,0 +1,172 @@
+"""The simulated node's kernel log: root/dev/kmsg is a regular file of /dev/kmsg records.
+
+At build it holds a boot backlog like a real GPU node's: kernel lines, the NVIDIA module loading
+and one `NVRM: GPU at PCI:...: GPU-<uuid>` line per GPU (the same PCI ids and UUIDs as the fake
+NVML), plus user-space records (prio >= 8). The `xid-*` scenarios append the driver's records
+ONSET_S seconds after start, so the follower must pick them up live. The `gpu-*` NVML scenarios
+that raise an XID also get the kernel line the driver would log, so one XID arrives from both
+sources, as on a real node. Record timestamps are time.monotonic() (seconds since boot on Linux),
+which is also the clock the XID code gives NVML events.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid as uuidlib
+from pathlib import Path
+
+from exporter.nvml.fake import new_uuid
+from exporter.nvml.synth import P5_BUSES
+from exporter.profiles import Profile
+from exporter.simulate import SimSource
+
+ONSET_S = 3.0
+SMS = 132  # H100 SXM streaming multiprocessors: an XID 13 flood logs ~3 lines per SM
+
+
+def gpu_pci(index: int) -> str:
+    """The kernel's form of simulated GPU `index`'s PCI address (as in `NVRM: Xid (PCI:...)`)."""
+    return f"0000:{P5_BUSES[index % len(P5_BUSES)]:02x}:00"
+
+
+def gpu_uuid(profile: Profile, index: int) -> str:
+    return new_uuid(f"{profile.instance_type}/{index}")
+
+
+def xid_line(index: int, xid: int, text: str, pid: int | str | None = None, name: str | None = None) -> str:
+    who = f", pid={pid}" if pid is not None else ""
+    who += f", name={name}" if name else ""
+    return f"NVRM: Xid (PCI:{gpu_pci(index)}): {xid}{who}, {text}"
+
+
+def bus_loss_lines(index: int) -> list[str]:
+    """What the driver logs when a GPU falls off the bus: the XID 79 line, the multi-line notice
+    and the single-line form (all one event)."""
+    bus = gpu_pci(index)
+    return [
+        xid_line(index, 79, "GPU has fallen off the bus.", pid="'<unknown>'", name="<unknown>"),
+        f"NVRM: GPU {bus}.0: GPU has fallen off the bus.",
+        f"NVRM: The NVIDIA GPU {bus}.0",
+        "NVRM: (PCI ID: 10de:2330) installed in this system has",
+        "NVRM: fallen off the bus and is not responding to commands.",
+    ]
+
+
+def xid13_flood(index: int, sms: int = SMS, pid: int = 4242) -> list[str]:
+    out = []
+    for sm in range(sms):
+        gpc, tpc = sm // 18, (sm // 2) % 9
+        where = f"(GPC {gpc}, TPC {tpc}, SM {sm % 2})"
+        out.append(xid_line(index, 13, f"Graphics SM Warp Exception on {where}: Out Of Range Address",
+                            pid, "python3"))
+        out.append(xid_line(index, 13, f"Graphics SM Global Exception on {where}: Multiple Warp Errors",
+                            pid, "python3"))
+        out.append(xid_line(index, 13, f"Graphics Exception: ESR 0x{0x504648 + sm * 0x800:x}=0x1000e "
+                            "0x504650=0x20 0x504644=0xd3eff2 0x50464c=0x17f", pid, "python3"))
+    return out
+
+
+# scenario -> (description, records to append at the onset: [(gpu, message)])
+def _scenario_lines(name: str) -> list[str]:
+    from exporter.nvml.scenarios import FAULTY_GPU as F
+
+    return {
+        "xid-63": [xid_line(2, 63, "pid=<unknown>, Row Remapper: New row (0x0000000000ab12c0) marked for "
+                            "remapping, reset gpu to activate.")],
+        "xid-79-bus-loss": bus_loss_lines(5),
+        "xid-13-flood": xid13_flood(0),
+        "xid-94": ["NVRM: Xid (PCI:" + gpu_pci(1) + "): 94, pid=7194, name=python3, Contained: "
+                   "CE User Channel (0x9). RST: No, D-RST: No"],
+        "xid-154": [xid_line(6, 154, "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot "
+                             "Required)")],
+        # the kernel lines of the NVML scenarios (exporter/nvml/scenarios.py) that raise an XID
+        "gpu-lost": bus_loss_lines(F),
+        "gpu-ecc-dbe": [xid_line(F, 48, "An uncorrectable double bit error (DBE) has been detected on "
+                                 "GPU in the framebuffer at partition 6, subpartition 0.")],
+        "gpu-row-remap-pending": [xid_line(F, 63, "Row Remapper: New row (0x00000000001f0a40) marked for "
+                                           "remapping, reset gpu to activate.")],
+        "gpu-row-remap-failure": [xid_line(F, 64, "Row Remapper: Failed to remap row (0x00000000001f0a40), "
+                                           "bank already has 8 uncorrectable remaps.")],
+        "gpu-nvlink-errors": [xid_line(F, 74, "NVLink: fatal error detected on link 7(0x10000, 0x0, 0x0, "
+                                       "0x0, 0x0, 0x0, 0x0)")],
+        "gpu-recovery-action-reboot": [xid_line(F, 154, "GPU recovery action changed from 0x0 (None) to "
+                                                "0x2 (Node Reboot Required)")],
+    }.get(name, [])
+
+
+class KmsgSimSource(SimSource):
+    name = "kmsg"
+    scenarios = {
+        "xid-63": f"GPU 2 logs XID 63 (row remap recorded) after {ONSET_S:g}s: replace tier by default",
+        "xid-79-bus-loss": f"GPU 5 falls off the bus after {ONSET_S:g}s: XID 79 line plus the single- and "
+                           "multi-line bus-loss notices, counted as one XID 79 (reboot tier)",
+        "xid-13-flood": f"GPU 0 logs an XID 13 flood after {ONSET_S:g}s ({SMS * 3} lines, one event; "
+                        "application tier)",
+        "xid-94": f"GPU 1 logs XID 94 (contained uncorrectable ECC) after {ONSET_S:g}s",
+        "xid-154": f"GPU 6 logs XID 154, recovery action changed to 0x2 (node reboot), after {ONSET_S:g}s",
+        "xid-31-backlog": "GPU 4 logged an XID 31 (application page fault) before the exporter started",
+    }
+
+    def __init__(self, root: Path, profile: Profile, scenarios: set[str]) -> None:
+        super().__init__(root, profile, scenarios)
+        self.all_scenarios = set(scenarios)
+        self.path = root / "dev" / "kmsg"
+        self.seq = 0
+        self.fired = False
+
+    def _record(self, message: str, usec: int, prio: int = 4) -> str:
+        rec = f"{prio},{self.seq},{usec},-;{message}\n"
+        self.seq += 1
+        return rec
+
+    def build(self) -> None:
+        now_us = int(time.monotonic() * 1e6)
+        boot_us = max(1, now_us // 1000)  # boot lines early in this "boot"
+        lines = [
+            self._record("Linux version 6.8.0-1021-aws (buildd@lcy02-amd64-046) (gcc 13.2.0) #23-Ubuntu SMP",
+                         0, 5),
+            self._record("Command line: BOOT_IMAGE=/vmlinuz-6.8.0-1021-aws root=PARTUUID=0 ro console=ttyS0",
+                         0, 6),
+            self._record("nvidia: loading out-of-tree module taints kernel.", boot_us, 4),
+            self._record("nvidia-nvlink: Nvlink Core is being initialized, major device number 234",
+                         boot_us, 6),
+            self._record("NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build",
+                         boot_us + 20, 3),
+        ]
+        for i in range(self.profile.gpus):
+            t = boot_us + 1_000_000 + i * 1000
+            lines.append(self._record(f"NVRM: GPU at PCI:{gpu_pci(i)}: {gpu_uuid(self.profile, i)}", t, 4))
+            serial = 1653924043000 + 17 * (i + 1)
+            lines.append(self._record(f"NVRM: GPU Board Serial Number: {serial}", t + 5, 4))
+        lines.append(self._record("systemd[1]: Started nvidia-persistenced.service - NVIDIA Persistence "
+                                  "Daemon.", boot_us + 9_000_000, 30))
+        if "xid-31-backlog" in self.active:
+            lines.append(self._record(
+                xid_line(4, 31, "channel 0x0000000a, intr 00000000. MMU Fault: ENGINE GRAPHICS GPC1 "
+                         "GPCCLIENT_T1_4 faulted @ 0xde_ad000000. Fault is of type FAULT_PDE "
+                         "ACCESS_TYPE_VIRT_WRITE", 446, "python3"), boot_us + 60_000_000, 4))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("".join(lines))
+        boot_id = self.root / "proc" / "sys" / "kernel" / "random" / "boot_id"
+        if not boot_id.exists():
+            boot_id.parent.mkdir(parents=True, exist_ok=True)
+            boot_id.write_text(str(uuidlib.uuid4()) + "\n")
+
+    def advance(self, elapsed_s: float) -> None:
+        if self.fired or elapsed_s < ONSET_S:
+            return
+        self.fired = True
+        msgs = [m for name in sorted(self.all_scenarios) for m in _scenario_lines(name)]
+        if not msgs:
+            return
+        now_us = int(time.monotonic() * 1e6)
+        data = "".join(self._record(m, now_us + i) for i, m in enumerate(msgs))
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, data.encode())
+        finally:
+            os.close(fd)
+
+
+SOURCE = KmsgSimSource

@@ -1,0 +1,191 @@
+"""Reading the kernel log: `/dev/kmsg` records, or a regular file of such records.
+
+Record format (Documentation/ABI/testing/dev-kmsg): `prio,seq,usec,flags[,...];message`, then
+optional continuation lines beginning with a space (`KEY=value`). On the character device each
+read() returns exactly one record; EAGAIN (with O_NONBLOCK) means the backlog is exhausted and
+EPIPE means records were overwritten before we read them (we count it and go on). A regular file
+(a saved log, or the simulated node's dev/kmsg) is read to its end, then followed by polling its
+size, so records appended later are picked up live.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+KERNEL_FACILITY_MAX_PRIO = 7  # facility 0 (kernel): prio 0..7; user space cannot write facility 0
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    prio: int  # the syslog prefix value: level in the low 3 bits, facility above
+    seq: int
+    usec: int  # microseconds since boot (kernel clock)
+    flags: str
+    message: str
+
+    @property
+    def kernel(self) -> bool:
+        """True for records the kernel logged (facility 0); user space writes prio >= 8."""
+        return self.prio <= KERNEL_FACILITY_MAX_PRIO
+
+
+def parse_record(text: str) -> Record | None:
+    """Parse one record's first line (continuation lines already dropped); None if malformed."""
+    head, sep, message = text.partition(";")
+    if not sep:
+        return None
+    parts = head.split(",", 4)
+    if len(parts) < 4:
+        return None
+    try:
+        return Record(int(parts[0]), int(parts[1]), int(parts[2]), parts[3], message.rstrip("\n"))
+    except ValueError:
+        return None
+
+
+@dataclass
+class ReaderStats:
+    records: int = 0
+    malformed: int = 0
+    overwrites: int = 0  # EPIPE: the kernel overwrote records before we read them
+    missed: int = 0  # records we know we never saw (sequence-number gaps on the device)
+    errors: int = 0
+    last_error: str = ""
+    first_seq: int | None = None
+    last_seq: int | None = None
+
+
+@dataclass
+class KmsgReader:
+    """Reads records from `path` (character device or regular file), backlog first, then follows.
+
+    `read_available()` returns the records available now without blocking; `wait(timeout)`
+    blocks until more may be available. Opening errors raise OSError (the caller reports them).
+    """
+
+    path: str
+    chunk_bytes: int = 1 << 20
+    stats: ReaderStats = field(default_factory=ReaderStats)
+
+    def __post_init__(self) -> None:
+        self._fd: int | None = None
+        self._device = False
+        self._offset = 0
+        self._ino: tuple[int, int] | None = None
+        self._pending = b""  # a trailing partial line of a regular file
+        self._poll: select.poll | None = None
+
+    # -- opening -------------------------------------------------------------------------------
+    def open(self) -> None:
+        st = os.stat(self.path)
+        self._device = stat.S_ISCHR(st.st_mode)
+        flags = os.O_RDONLY | (os.O_NONBLOCK if self._device else 0)
+        self._fd = os.open(self.path, flags)
+        self._ino = (st.st_dev, st.st_ino)
+        self._offset = 0
+        self._pending = b""
+        if self._device:
+            self._poll = select.poll()
+            self._poll.register(self._fd, select.POLLIN)
+
+    @property
+    def is_open(self) -> bool:
+        return self._fd is not None
+
+    @property
+    def device(self) -> bool:
+        return self._device
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            finally:
+                self._fd = None
+
+    # -- reading -------------------------------------------------------------------------------
+    def read_available(self) -> Iterator[Record]:
+        """Yield the records available now, never blocking. Iterate it to the end: a file's
+        position advances by whole chunks."""
+        if self._fd is None:
+            self.open()
+        if self._device:
+            yield from self._read_device()
+        else:
+            yield from self._read_file()
+
+    def _note(self, rec: Record) -> None:
+        st = self.stats
+        st.records += 1
+        if st.first_seq is None:
+            st.first_seq = rec.seq
+        elif self._device and st.last_seq is not None and rec.seq > st.last_seq + 1:
+            st.missed += rec.seq - st.last_seq - 1
+        st.last_seq = rec.seq
+
+    def _read_device(self) -> Iterator[Record]:
+        while True:
+            try:
+                data = os.read(self._fd, 16384)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno == errno.EPIPE:  # overwritten while we were behind: skip to the next
+                    self.stats.overwrites += 1
+                    continue
+                if e.errno == errno.EINTR:
+                    continue
+                raise
+            if not data:
+                return
+            text = data.decode("utf-8", "replace")
+            rec = parse_record(text.split("\n", 1)[0])
+            if rec is None:
+                self.stats.malformed += 1
+                continue
+            self._note(rec)
+            yield rec
+
+    def _read_file(self) -> Iterator[Record]:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            st = None
+        if st is not None and ((st.st_dev, st.st_ino) != self._ino or st.st_size < self._offset):
+            # replaced (rotation) or truncated: start over; sequence numbers drop repeats
+            self.close()
+            self.open()
+        while True:
+            data = os.pread(self._fd, self.chunk_bytes, self._offset)
+            if not data:
+                return
+            self._offset += len(data)
+            buf = self._pending + data
+            end = buf.rfind(b"\n")
+            if end < 0:
+                self._pending = buf
+                continue
+            self._pending = buf[end + 1:]
+            for line in buf[:end].decode("utf-8", "replace").split("\n"):
+                if not line or line[0] == " ":  # continuation line (KEY=value) or blank
+                    continue
+                rec = parse_record(line)
+                if rec is None:
+                    self.stats.malformed += 1
+                    continue
+                self._note(rec)
+                yield rec
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until more records may be available (device) or for the poll interval (file)."""
+        if self._device and self._poll is not None:
+            self._poll.poll(max(0, int(timeout_s * 1000)))
+        else:
+            import time
+
+            time.sleep(timeout_s)

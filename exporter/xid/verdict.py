@@ -1,0 +1,133 @@
+"""The health verdict per GPU and per node, from XIDs since boot (less acknowledgements) and the
+GPU collector's live NVML state. Pure: inputs in, verdicts out.
+
+Levels, least to most severe: healthy, degraded, reset_required, reboot_required,
+replace_required. Each reason has one level; a GPU's verdict is its most severe reason's, the
+node's the most severe of its GPUs' and its own (GPU count below expected, NVML unusable).
+XID reasons are sticky (they last until `ack`); NVML state reasons last while the state does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from exporter.health import GpuHealth, NodeGpuHealth
+from exporter.xid.catalog import lookup
+from exporter.xid.policy import Policy
+from exporter.xid.store import Count, split_key
+
+VERDICTS = ("healthy", "degraded", "reset_required", "reboot_required", "replace_required")
+LEVEL = {v: i for i, v in enumerate(VERDICTS)}
+
+# reason -> verdict level. The set is fixed: it is a label value.
+GPU_REASONS: dict[str, str] = {
+    "xid_replace": "replace_required",
+    "row_remap_failure": "replace_required",
+    "xid_reboot": "reboot_required",
+    "gpu_lost": "reboot_required",
+    "recovery_action_reboot": "reboot_required",
+    "xid_reset": "reset_required",
+    "row_remap_pending": "reset_required",
+    "recovery_action_reset": "reset_required",
+    "uncorrected_ecc": "reset_required",
+    "recovery_action_drain": "degraded",
+    "recovery_action_other": "degraded",
+    "xid_unknown": "degraded",
+}
+NODE_REASONS: dict[str, str] = {
+    "gpu_count_below_expected": "reboot_required",
+    "nvml_unavailable": "degraded",
+}
+ALL_REASONS = {**GPU_REASONS, **NODE_REASONS}
+TIER_REASON = {"replace": "xid_replace", "reboot": "xid_reboot", "reset": "xid_reset",
+               "unknown": "xid_unknown"}
+RECOVERY_REASON = {1: "recovery_action_reset", 2: "recovery_action_reboot", 3: "recovery_action_drain",
+                   4: "recovery_action_reset"}
+
+
+def worst(verdicts: list[str]) -> str:
+    return max(verdicts, key=LEVEL.__getitem__, default="healthy")
+
+
+@dataclass
+class XidLine:
+    xid: int
+    tier: str
+    count: int
+    last_seen: float  # wall time
+    acknowledged: bool  # every occurrence so far is covered by an ack
+    meaning: str
+
+
+@dataclass
+class GpuVerdict:
+    gpu: str  # index, "" when NVML does not list it
+    uuid: str
+    pci_bus_id: str
+    verdict: str = "healthy"
+    reasons: list[str] = field(default_factory=list)
+    xids: list[XidLine] = field(default_factory=list)
+
+
+@dataclass
+class NodeVerdict:
+    verdict: str
+    reasons: list[str]
+    gpus: list[GpuVerdict]
+    gpu_count: int | None
+    expected_gpus: int | None
+
+
+def xid_lines(counts: dict[str, Count], unacked: dict[str, Count], policy: Policy) -> list[XidLine]:
+    """Counts of one GPU grouped by (xid, tier), as exported."""
+    grouped: dict[tuple[int, str], XidLine] = {}
+    for key, c in counts.items():
+        xid, action = split_key(key)
+        tier = policy.tier(xid, action)
+        info = lookup(xid)
+        line = grouped.get((xid, tier))
+        if line is None:
+            line = grouped[(xid, tier)] = XidLine(xid, tier, 0, 0.0, True, info.meaning if info else "")
+        line.count += c.count
+        line.last_seen = max(line.last_seen, c.last_wall)
+        if key in unacked:
+            line.acknowledged = False
+    return sorted(grouped.values(), key=lambda x: (x.xid, x.tier))
+
+
+def gpu_reasons(h: GpuHealth | None, lines: list[XidLine], lost: bool) -> list[str]:
+    reasons: set[str] = set()
+    for line in lines:
+        if not line.acknowledged and line.tier in TIER_REASON:
+            reasons.add(TIER_REASON[line.tier])
+    if lost or (h is not None and h.lost):
+        reasons.add("gpu_lost")
+    if h is not None:
+        if h.row_remap_failure:
+            reasons.add("row_remap_failure")
+        if h.row_remap_pending:
+            reasons.add("row_remap_pending")
+        if h.recovery_action:
+            reasons.add(RECOVERY_REASON.get(h.recovery_action, "recovery_action_other"))
+        if h.ecc_uncorrected_volatile:
+            reasons.add("uncorrected_ecc")
+    return sorted(reasons, key=lambda r: (-LEVEL[GPU_REASONS[r]], r))
+
+
+def node_verdict(gpus: list[GpuVerdict], health: NodeGpuHealth | None, expected: int | None) -> NodeVerdict:
+    reasons: set[str] = set()
+    for g in gpus:
+        reasons.update(g.reasons)
+    count = None
+    if health is not None:
+        if health.nvml_error:
+            reasons.add("nvml_unavailable")
+        else:
+            count = health.count
+            exp = health.expected if health.expected is not None else expected
+            expected = exp
+            if exp is not None and count < exp:
+                reasons.add("gpu_count_below_expected")
+    verdict = worst([ALL_REASONS[r] for r in reasons])
+    ordered = sorted(reasons, key=lambda r: (-LEVEL[ALL_REASONS[r]], r))
+    return NodeVerdict(verdict, ordered, gpus, count, expected)
