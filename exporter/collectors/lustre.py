@@ -212,13 +212,13 @@ class LustreCollector(Collector):
                                {**tree.listdir("osc"), **tree.listdir("mdc")}) if d]
         mapping = self._map_instances(mounts, list(instances))
 
-        acc = _Acc()
         live: set[tuple[str, ...]] = set()
         live_imports: set[str] = set()
         for m in mounts:
             inst = mapping.get(m.mountpoint)
             out.add(INFO, 1, fsname=m.fsname, mount=m.mountpoint, llite=inst or "", version=version or "",
                     network=m.network)
+            acc = _Acc()  # per mount: a mount that fails half-way adds nothing
             try:
                 self._collect_mount(m, inst, devices, acc, live, live_imports)
             except Exception as e:  # noqa: BLE001 - one broken mount must not hide the others
@@ -226,7 +226,7 @@ class LustreCollector(Collector):
                              f"{type(e).__name__}: {e}")
             else:
                 self._report(f"mount {m.mountpoint}", "")
-        acc.emit(out)
+                acc.emit(out)
         self.evictions.retain(live_imports)
         for d in (self._evict_total, self._last_evict):
             for k in [k for k in d if k not in live]:

@@ -1,0 +1,313 @@
+"""The Lustre collector on generated 2.10/2.12/2.15/2.16 trees: paths per version, per-target
+switch, eviction counting across scrapes, mounts coming and going, debugfs missing, hung mounts,
+damaged files."""
+
+import logging
+import shutil
+import time
+
+import pytest
+
+from exporter.collector import Context
+from exporter.collectors.lustre import IMPORT_STATES, LustreCollector
+from exporter.config import load
+from exporter.lustre.evictions import EvictionTracker, appended
+from exporter.runner import Runner
+from tests.helpers import promtool_check_metrics, samples, scrape, value
+from tests.lustre_tree import FakeStatvfs, FsSpec, LustreTree, import_file, llite_stats, state_file
+
+TiB = 1024**4
+
+
+def make(tree: LustreTree, statvfs=None, **cfg):
+    overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
+    overrides.update({f"lustre.{k}": v for k, v in cfg.items()})
+    c = LustreCollector(Context(config=load(None, overrides)))
+    c.statvfs = statvfs or FakeStatvfs({fs.mountpoint: TiB for fs in tree.filesystems})
+    return c, Runner([c], deadline_s=5)
+
+
+def series(s, name):
+    return {ls: v for (n, ls), v in s.items() if n == name}
+
+
+@pytest.mark.parametrize("version", ["2.10.1", "2.12.9", "2.15.6", "2.16.0"])
+def test_each_client_layout(tmp_path, version):
+    tree = LustreTree(tmp_path, version, filesystems=[FsSpec("scratch-fs", "/scratch", osts=4)]).build()
+    if tree.vt >= (2, 12):  # stats only in debugfs, tunables only in sysfs
+        assert not (tree.proc / "llite").exists() and (tree.debug / "llite").is_dir()
+        assert not list(tree.proc.glob("osc/*/max_rpcs_in_flight"))
+    c, r = make(tree)
+    text = scrape(r)
+    assert promtool_check_metrics(text) == ""
+    s = samples(text)
+    fs = {"fsname": "scratch-fs", "mount": "/scratch"}
+    osc = {**fs, "component": "osc", "target": ""}
+    mdc = {**fs, "component": "mdc", "target": ""}
+    assert value(s, "gpu_health_exporter_collector_success", collector="lustre") == 1
+    assert value(s, "lustre_client_info", **fs) == 1
+    assert value(s, "lustre_client_info", llite="scratch-fs-ffff8d1e4c6b9000", version=version) == 1
+    assert value(s, "lustre_client_read_bytes_total", **fs) == 40960
+    assert value(s, "lustre_client_read_calls_total", **fs) == 10
+    assert value(s, "lustre_client_write_bytes_total", **fs) == 8192
+    assert value(s, "lustre_client_operations_total", operation="open", **fs) == 5
+    latency = series(s, "lustre_client_operation_seconds_total")
+    if tree.vt >= (2, 13):
+        got = value(s, "lustre_client_operation_seconds_total", operation="open", **fs)
+        assert got == pytest.approx(5e-4)
+    else:
+        assert latency == {}  # [regs] counters carry no time
+    assert value(s, "lustre_client_rpcs_total", **osc) == 400
+    assert value(s, "lustre_client_rpc_wait_seconds_total", **osc) == pytest.approx(0.2)
+    assert value(s, "lustre_client_rpcs_total", **mdc) == 100
+    assert value(s, "lustre_client_rpc_read_bytes_total", **osc) == 4 * 4096 * 1024
+    assert value(s, "lustre_client_import_state", state="FULL", **osc) == 4
+    assert value(s, "lustre_client_import_state", state="DISCONN", **osc) == 0
+    assert value(s, "lustre_client_rpcs_in_flight", **osc) == 8
+    assert value(s, "lustre_client_max_rpcs_in_flight", **osc) == 32
+    assert value(s, "lustre_client_rpc_timeouts_total", **mdc) == 0
+    assert value(s, "lustre_client_targets", fsname="scratch-fs", mount="/scratch", component="osc") == 4
+    assert value(s, "lustre_client_cache_used_bytes", **fs) == 10 * 2**20
+    assert value(s, "lustre_client_cache_limit_bytes", **fs) == 1000 * 2**20
+    assert value(s, "lustre_client_filesystem_size_bytes", **fs) == TiB
+    assert value(s, "lustre_client_filesystem_available_bytes", **fs) == TiB // 4
+    assert value(s, "lustre_client_filesystem_inodes_free", **fs) == 900
+    assert value(s, "lustre_client_health_status", status="healthy") == 1
+    assert value(s, "lustre_client_import_evictions_total", **osc) == 0
+    ups = {dict(ls)["source"]: v for ls, v in series(s, "lustre_client_source_up").items()}
+    want = {"procfs": 1, "sysfs": 1} if tree.vt < (2, 12) else {"procfs": 1, "sysfs": 1, "debugfs": 1}
+    assert ups == want
+    assert value(s, "lustre_client_malformed_lines_total", file="llite_stats") == 0
+
+
+def test_per_target_series(tmp_path):
+    tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx", osts=4)]).build()
+    _, off = make(tree)
+    _, on = make(tree, per_target=True)
+    s_off, s_on = samples(scrape(off)), samples(scrape(on))
+    assert len(series(s_off, "lustre_client_import_state")) == 2 * len(IMPORT_STATES)
+    assert len(series(s_on, "lustre_client_import_state")) == 5 * len(IMPORT_STATES)
+    targets = {dict(ls)["target"] for ls in series(s_on, "lustre_client_rpcs_total")}
+    assert targets == {"MDT0000", "OST0000", "OST0001", "OST0002", "OST0003"}
+    assert value(s_on, "lustre_client_rpcs_total", target="OST0002") == 100
+    assert value(s_on, "lustre_client_import_state", target="OST0002", state="FULL") == 1
+    assert value(s_on, "lustre_client_max_rpcs_in_flight", target="OST0002") == 8
+    per = series(s_on, "lustre_client_rpcs_total")
+    assert sum(v for ls, v in per.items() if ("component", "osc") in ls) == \
+        value(s_off, "lustre_client_rpcs_total", component="osc")
+
+
+def test_eviction_ring_overlap():
+    ring = [(i, "FULL") for i in range(16)]
+    assert appended(ring, ring) == []
+    assert appended(ring, ring[3:] + [(20, "DISCONN"), (20, "EVICTED"), (21, "FULL")]) == \
+        [(20, "DISCONN"), (20, "EVICTED"), (21, "FULL")]
+    assert appended([], ring) == ring
+    assert appended(ring, [(99, "EVICTED")]) == [(99, "EVICTED")]  # more than 16 transitions between reads
+    t = EvictionTracker()
+    assert t.update("a", [(1, "FULL"), (5, "EVICTED")]) == (1, 1, 5)  # first sight counts the ring
+    assert t.update("a", [(1, "FULL"), (5, "EVICTED")]) == (0, 1, 5)
+    assert t.update("a", [(5, "EVICTED"), (6, "FULL"), (9, "EVICTED")]) == (1, 2, 9)
+    t.update("b", [])
+    t.retain({"b"})
+    assert len(t) == 1
+
+
+def test_evictions_counted_once_across_scrapes(tmp_path):
+    tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx", osts=4)]).build()
+    c, r = make(tree, per_target=True)
+    _, agg = make(tree)
+    dev = tree.proc / "osc/fs1-OST0001-osc-ffff8d1e4c6b9000/state"
+    base = [(1700000000 + i, "FULL") for i in range(14)]
+
+    def counts():
+        s, a = samples(scrape(r)), samples(scrape(agg))
+        return (value(s, "lustre_client_import_evictions_total", target="OST0001"),
+                value(a, "lustre_client_import_evictions_total", component="osc"),
+                value(s, "lustre_client_import_last_eviction_timestamp_seconds", target="OST0001"))
+
+    tree.write(dev, state_file(base))
+    assert counts() == (0, 0, 0)
+    hist = base + [(1700000100, "DISCONN"), (1700000101, "EVICTED")]
+    tree.write(dev, state_file(hist))
+    assert counts() == (1, 1, 1700000101)
+    assert counts() == (1, 1, 1700000101)  # the ring repeats the entry: not counted again
+    hist = hist[3:] + [(1700000102, "RECOVER"), (1700000103, "FULL"), (1700000200, "IDLE")]
+    tree.write(dev, state_file(hist[-16:]))
+    assert counts() == (1, 1, 1700000101)  # the ring rolled
+    hist = hist[-14:] + [(1700000300, "EVICTED"), (1700000301, "FULL")]
+    tree.write(dev, state_file(hist))
+    assert counts() == (2, 2, 1700000300)
+    # The eviction has left the ring: the count and the time stay.
+    tree.write(dev, state_file([(1700000400 + i, "FULL") for i in range(16)]))
+    assert counts() == (2, 2, 1700000300)
+    assert len(c.evictions) == 5  # one ring per import present, no more
+
+
+def test_mounts_appear_and_vanish(tmp_path):
+    a, b = FsSpec("fs-a", "/a", inst_id="ffff0001", osts=2), FsSpec("fs-b", "/b", inst_id="ffff0002", osts=3)
+    tree = LustreTree(tmp_path, filesystems=[a]).build()
+    statvfs = FakeStatvfs({"/a": TiB, "/b": 2 * TiB})
+    c, r = make(tree, statvfs=statvfs, per_target=True)
+    s = samples(scrape(r))
+    assert {dict(ls)["mount"] for ls in series(s, "lustre_client_info")} == {"/a"}
+    tree.filesystems.append(b)
+    tree.add_fs(b)
+    tree.write_mounts()
+    s = samples(scrape(r))
+    assert {dict(ls)["mount"] for ls in series(s, "lustre_client_info")} == {"/a", "/b"}
+    assert value(s, "lustre_client_targets", mount="/b", component="osc") == 3
+    assert value(s, "lustre_client_filesystem_size_bytes", mount="/b") == 2 * TiB
+    assert len(c.evictions) == 3 + 4
+    tree.filesystems.remove(a)
+    tree.write_mounts()
+    shutil.rmtree(tree.debug / "llite" / a.instance)
+    for comp, dev, _ in a.devices():
+        shutil.rmtree(tree.proc / comp / dev)
+    s = samples(scrape(r))
+    assert not [ls for (n, ls) in s if n.startswith("lustre_client") and ("mount", "/a") in ls]
+    assert value(s, "lustre_client_mounts") == 1
+    assert len(c.evictions) == 4 and all(k[1] == "/b" for k in c._evict_total)
+
+
+def test_debugfs_missing_still_exports_import_health_capacity(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="exporter.lustre")
+    tree = LustreTree(tmp_path, debugfs=False, filesystems=[FsSpec("fs1", "/fsx")]).build()
+    c, r = make(tree)
+    for _ in range(3):
+        s = samples(scrape(r))
+    assert value(s, "gpu_health_exporter_collector_success", collector="lustre") == 1
+    assert value(s, "lustre_client_source_up", source="debugfs") == 0
+    assert value(s, "lustre_client_source_up", source="procfs") == 1
+    assert value(s, "lustre_client_source_up", source="sysfs") == 1
+    assert value(s, "lustre_client_import_state", component="osc", state="FULL") == 4
+    assert value(s, "lustre_client_health_status", status="healthy") == 1
+    assert value(s, "lustre_client_filesystem_size_bytes", mount="/fsx") == TiB
+    assert value(s, "lustre_client_max_rpcs_in_flight", component="mdc") == 8
+    assert not series(s, "lustre_client_read_bytes_total")
+    assert not series(s, "lustre_client_rpcs_total")
+    warnings = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings  # said once, not every scrape
+    assert "debugfs is not mounted" in warnings[0] and "stats" in warnings[0]
+    # debugfs comes back (mounted): the source is up again and the recovery is logged.
+    tree.debugfs = True
+    tree.add_fs(tree.filesystems[0])
+    s = samples(scrape(r))
+    assert value(s, "lustre_client_source_up", source="debugfs") == 1
+    assert value(s, "lustre_client_read_bytes_total", mount="/fsx") == 40960
+    assert any("recovered" in rec.getMessage() for rec in caplog.records)
+
+
+def test_debugfs_unreadable(tmp_path, caplog):
+    tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx")]).build()
+    c, r = make(tree)
+    real = c.tree.reader
+
+    def reader(path):
+        if str(path).startswith(str(tree.debug)):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    c.tree.reader = reader
+    s = samples(scrape(r))
+    assert value(s, "lustre_client_source_up", source="debugfs") == 0
+    assert value(s, "lustre_client_import_state", component="mdc", state="FULL") == 1
+    assert not series(s, "lustre_client_read_bytes_total")
+    assert any("permission denied" in rec.getMessage() and "CAP_SYS_ADMIN" in rec.getMessage()
+               for rec in caplog.records)
+
+
+def test_same_fsname_twice_needs_lfs(tmp_path, caplog):
+    one = FsSpec("scratch-fs", "/scratch", inst_id="ffff0001", osts=1)
+    two = FsSpec("scratch-fs", "/scratch2", inst_id="ffff0002", osts=2)
+    tree = LustreTree(tmp_path, filesystems=[one, two]).build()
+    _, r = make(tree)
+    s = samples(scrape(r))
+    assert value(s, "lustre_client_info", mount="/scratch", llite="") == 1  # ambiguous: not guessed
+    assert value(s, "lustre_client_filesystem_size_bytes", mount="/scratch2") == TiB
+    assert not series(s, "lustre_client_rpcs_total")
+    assert any("cannot find its llite instance" in rec.getMessage() for rec in caplog.records)
+    lfs = tmp_path / "lfs"
+    lfs.write_text('#!/bin/sh\ncase "$2" in /scratch) echo "scratch-fs-ffff0001 $2";;\n'
+                   '*) echo "scratch-fs-ffff0002 $2";; esac\n')
+    lfs.chmod(0o755)
+    _, r = make(tree, lfs_command=str(lfs))
+    s = samples(scrape(r))
+    assert value(s, "lustre_client_info", mount="/scratch", llite="scratch-fs-ffff0001") == 1
+    assert value(s, "lustre_client_targets", mount="/scratch2", component="osc") == 2
+    assert value(s, "lustre_client_rpcs_total", mount="/scratch", component="osc") == 100
+
+
+def test_hung_statvfs_does_not_block_the_collection(tmp_path):
+    tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx")]).build()
+    hung = FakeStatvfs({"/fsx": TiB}, hang_s=1.5)
+    _, r = make(tree, statvfs=hung, probe_timeout_seconds=0.1)
+    t = time.monotonic()
+    s = samples(scrape(r))
+    s2 = samples(scrape(r))
+    assert time.monotonic() - t < 1.0
+    assert hung.calls == 1  # not started again while the first call is stuck
+    for x in (s, s2):
+        assert value(x, "lustre_client_statfs_success", mount="/fsx") == 0
+        assert not series(x, "lustre_client_filesystem_size_bytes")
+        assert value(x, "lustre_client_import_state", component="osc", state="FULL") == 4
+
+
+def test_damaged_files_are_counted_not_fatal(tmp_path):
+    tree = LustreTree(tmp_path, version="2.12.9", filesystems=[FsSpec("fs1", "/fsx")]).build()
+    fs = tree.filesystems[0]
+    tree.write(tree.debug / "llite" / fs.instance / "stats",
+               llite_stats((2, 12)) + "garbage line\nclose 3 samples\n")
+    dev = "fs1-OST0000-osc-ffff8d1e4c6b9000"
+    tree.write(tree.proc / "osc" / dev / "import", import_file(dev, state="WEIRD") + "\x00\x01\n")
+    tree.write(tree.sys / "osc" / dev / "max_rpcs_in_flight", "lots\n")
+    tree.write(tree.sys / "health_check", "device fs1-MDT0000-mdc-x reported unhealthy\nLBUG\n")
+    _, r = make(tree)
+    s = samples(scrape(r))
+    s = samples(scrape(r))
+    assert value(s, "gpu_health_exporter_collector_success", collector="lustre") == 1
+    assert value(s, "lustre_client_malformed_lines_total", file="llite_stats") == 4  # 2 per scrape
+    assert value(s, "lustre_client_malformed_lines_total", file="import") == 2
+    assert value(s, "lustre_client_malformed_lines_total", file="max_rpcs_in_flight") == 2
+    assert value(s, "lustre_client_read_bytes_total", mount="/fsx") == 40960
+    assert value(s, "lustre_client_import_state", component="osc", state="UNKNOWN") == 1
+    assert value(s, "lustre_client_import_state", component="osc", state="FULL") == 3
+    assert value(s, "lustre_client_health_status", status="lbug") == 1
+    assert value(s, "lustre_client_health_status", status="healthy") == 0
+
+
+def test_one_broken_mount_does_not_hide_the_other(tmp_path):
+    a, b = FsSpec("fs-a", "/a", inst_id="ffff0001"), FsSpec("fs-b", "/b", inst_id="ffff0002")
+    tree = LustreTree(tmp_path, filesystems=[a, b]).build()
+    c, r = make(tree)
+    real = c.tree.reader
+
+    def reader(path):
+        if "fs-a-OST0002" in str(path):
+            raise RuntimeError("driver bug")
+        return real(path)
+
+    c.tree.reader = reader
+    s = samples(scrape(r))
+    assert value(s, "gpu_health_exporter_collector_success", collector="lustre") == 1
+    assert value(s, "lustre_client_read_bytes_total", mount="/b") == 40960
+    assert not series({k: v for k, v in s.items() if ("mount", "/a") in k[1]}, "lustre_client_rpcs_total")
+    assert value(s, "lustre_client_info", mount="/a") == 1
+    assert value(s, "lustre_client_filesystem_size_bytes", mount="/a") == TiB
+
+
+def test_node_without_lustre(tmp_path):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/mounts").write_text("proc /proc proc rw 0 0\n")
+    tree = LustreTree(tmp_path)
+    _, r = make(tree)
+    s = samples(scrape(r))
+    assert value(s, "lustre_client_mounts") == 0
+    assert not series(s, "lustre_client_source_up")  # no blind-spot alert on nodes without Lustre
+    assert value(s, "gpu_health_exporter_collector_success", collector="lustre") == 1
+
+
+def test_unreadable_mounts_file_fails_the_collector(tmp_path):
+    _, r = make(LustreTree(tmp_path))
+    s = samples(scrape(r))
+    assert value(s, "gpu_health_exporter_collector_success", collector="lustre") == 0
