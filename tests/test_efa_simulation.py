@@ -1,0 +1,132 @@
+"""The simulated EFA node: device counts and names per profile, advancing counters, efa-* scenarios,
+and the real exporter process serving a simulated p5.48xlarge."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import requests
+
+from exporter.collector import Context
+from exporter.collectors.efa import EfaCollector
+from exporter.config import load
+from exporter.runner import Runner
+from exporter.simulate import Simulation
+from tests.helpers import names, promtool_check_metrics, running_exporter, samples, scrape, value
+
+
+@pytest.fixture
+def simulated():
+    sims = []
+
+    def make(profile, *scenarios):
+        sim = Simulation(profile, list(scenarios)).build()
+        sims.append(sim)
+        ctx = Context(config=load(None, sim.config_overrides()), simulation=sim)
+        return sim, Runner([EfaCollector(ctx)], deadline_s=10)
+
+    yield make
+    for s in sims:
+        s.close()
+
+
+def devices(ss, metric="efa_device_up"):
+    return {dict(ls)["device"]: v for (n, ls), v in ss.items() if n == metric}
+
+
+@pytest.mark.parametrize("profile,count,network", [("p5.48xlarge", 32, True), ("p5e.48xlarge", 32, True),
+                                                   ("p5en.48xlarge", 16, True), ("p4d.24xlarge", 4, False)])
+def test_profiles(simulated, profile, count, network):
+    sim, runner = simulated(profile)
+    text = scrape(runner)
+    ss = samples(text)
+    up = devices(ss)
+    assert len(up) == count and set(up.values()) == {1}
+    assert all(re.fullmatch(r"rdmap\d+s\d+", d) for d in up)
+    assert value(ss, "efa_devices") == count == value(ss, "efa_devices_expected")
+    assert len(devices(ss, "efa_tx_bytes_total")) == count
+    assert ("efa_retrans_timeout_events_total" in names(text)) == network
+    assert promtool_check_metrics(text) == ""
+
+
+def test_p4d_has_no_rdma_write_files_on_its_kernel_and_p5en_reports_200g(simulated):
+    _, runner = simulated("p4d.24xlarge")
+    assert "efa_rdma_write_bytes_total" not in names(scrape(runner))
+    _, runner = simulated("p5en.48xlarge")
+    assert set(devices(samples(scrape(runner)), "efa_port_rate_bytes_per_second").values()) == {25e9}
+
+
+def test_counters_advance(simulated):
+    sim, runner = simulated("p5.48xlarge")
+    first = samples(scrape(runner))
+    sim.advance(10.0)
+    second = samples(scrape(runner))
+    for metric in ("efa_tx_bytes_total", "efa_rx_packets_total", "efa_admin_commands_submitted_total"):
+        a, b = devices(first, metric), devices(second, metric)
+        assert all(b[d] > a[d] for d in a), metric
+
+
+def test_scenario_device_missing(simulated):
+    _, runner = simulated("p5.48xlarge", "efa-device-missing")
+    ss = samples(scrape(runner))
+    assert value(ss, "efa_devices") == 31 and value(ss, "efa_devices_expected") == 32
+
+
+@pytest.mark.parametrize("scenario,metrics", [
+    ("efa-retrans-timeouts", ["efa_retrans_timeout_events_total", "efa_retrans_packets_total"]),
+    ("efa-unresponsive-remote",
+     ["efa_unresponsive_remote_events_total", "efa_impaired_remote_conn_events_total"]),
+    ("efa-rx-drops", ["efa_rx_drops_total"]),
+    ("efa-rdma-errors", ["efa_rdma_read_errors_total", "efa_rdma_write_errors_total"]),
+])
+def test_fault_scenarios_raise_the_first_device_only(simulated, scenario, metrics):
+    sim, runner = simulated("p5.48xlarge", scenario)
+    sim.advance(20.0)
+    ss = samples(scrape(runner))
+    for m in metrics:
+        vals = devices(ss, m)
+        first = "rdmap79s0"
+        assert vals[first] > 0, m
+        assert all(v == 0 for d, v in vals.items() if d != first), m
+
+
+def test_scenario_counters_unreadable(simulated):
+    sim, runner = simulated("p5.48xlarge", "efa-counters-unreadable")
+    sim.advance(5.0)
+    ss = samples(scrape(runner))
+    up = devices(ss)
+    assert up["rdmap80s0"] == 0 and sum(up.values()) == 31
+    assert value(ss, "gpu_health_exporter_collector_success", collector="efa") == 1
+
+
+def test_scenario_old_kernel_combined_layout(simulated):
+    sim, runner = simulated("p5.48xlarge", "efa-old-kernel")
+    sim.advance(3.0)
+    text = scrape(runner)
+    assert "efa_retrans_packets_total" not in names(text)
+    assert "efa_rdma_write_bytes_total" not in names(text)
+    assert len(devices(samples(text), "efa_admin_commands_submitted_total")) == 32
+    assert promtool_check_metrics(text) == ""  # no duplicate series from the combined list
+
+
+def test_scenario_device_flapping(simulated):
+    sim, runner = simulated("p5.48xlarge", "efa-device-flapping")
+    sim.advance(1.0)
+    assert value(scrape(runner), "efa_devices") == 32
+    sim.advance(16.0)
+    ss = samples(scrape(runner))
+    assert value(ss, "efa_devices") == 31 and "rdmap81s0" not in devices(ss)
+    sim.advance(31.0)
+    assert value(scrape(runner), "efa_devices") == 32
+
+
+def test_exporter_serves_simulated_p5():
+    with running_exporter("--simulate", "p5.48xlarge", "--collectors", "efa") as url:
+        text = requests.get(url + "/metrics", timeout=10).text
+    ss = samples(text)
+    assert value(ss, "gpu_health_exporter_collector_success", collector="efa") == 1
+    assert len(devices(ss, "efa_tx_bytes_total")) == 32
+    assert len(devices(ss, "efa_retrans_timeout_events_total")) == 32
+    assert value(ss, "efa_devices") == 32
+    assert promtool_check_metrics(text) == ""
