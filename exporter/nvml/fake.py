@@ -8,8 +8,10 @@ Latency model (with `latencies=True`): each call costs its captured `us_median`;
 costs the sum of the per-field costs measured on an H100 (field_cost.json; 2.7 us for fields it
 does not list). Calls on one GPU hold that GPU's lock while they "run", because NVML serialises
 calls on one GPU; calls on different GPUs do not wait for each other (an assumption: it could
-not be measured on a one-GPU machine). Costs of 100 us and more are slept; shorter ones are
-spun, since time.sleep cannot sleep a few microseconds and cheap NVML calls are CPU-bound ioctls.
+not be measured on a one-GPU machine). The cost is slept (releasing the GIL, as a real NVML
+call does inside ctypes) through a per-thread balance: time.sleep overshoots by tens of
+microseconds, so the overshoot is credited to the thread's next calls and the total time spent
+matches the captured latencies, while a single cheap call may cost nothing or one sleep.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import uuid as uuidlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,8 @@ from exporter.nvml.backend import (
     NvmlError,
 )
 
+DATA = Path(__file__).resolve().parent.parent / "data"  # shipped as package data
 DEFAULT_FIELD_US = 2.7  # a cheap field, per field_cost.json
-SPIN_BELOW_S = 100e-6
 EVENT_XID = 8  # nvmlEventTypeXidCriticalError
 
 # Capture keys of calls whose arguments are enums recorded by name.
@@ -84,12 +85,12 @@ def call_key(fn: str, args: Sequence[int]) -> str:
 def load_capture(path: str | Path | None = None) -> dict[str, Any]:
     """A capture file, or (None) the H200 capture shipped with the package."""
     if path is None:
-        return json.loads(resources.files("exporter.data").joinpath("nvml_h200.json").read_text())
+        return json.loads((DATA / "nvml_h200.json").read_text())
     return json.loads(Path(path).read_text())
 
 
 def load_field_cost() -> dict[str, float]:
-    data = json.loads(resources.files("exporter.data").joinpath("nvml_field_cost_h100.json").read_text())
+    data = json.loads((DATA / "nvml_field_cost_h100.json").read_text())
     return dict(data["per_field_us"])
 
 
@@ -141,6 +142,7 @@ class FakeBackend(NvmlBackend):
             self.devices.append(calls)
             self.fields.append(fv)
         self._locks = [threading.Lock() for _ in self.devices]
+        self._tls = threading.local()
         self._state = threading.RLock()
         self._initialised = False
         self._init_error: NvmlError | None = None
@@ -361,13 +363,15 @@ class FakeBackend(NvmlBackend):
                 remaining = hang[1] - time.monotonic()
                 if remaining > 0:
                     self._unhang.wait(remaining)
-            s = (us * 1e-6 if self.latencies else 0.0) + extra
-            if s >= SPIN_BELOW_S:
-                time.sleep(s)
-            elif s > 0:
-                end = time.perf_counter() + s
-                while time.perf_counter() < end:
-                    pass
+            # Pay the cost through a per-thread balance: time.sleep overshoots by ~70 us, so
+            # each sleep's real length is booked and the overshoot credited to later calls.
+            tls = self._tls
+            owed = getattr(tls, "owed", 0.0) + (us * 1e-6 if self.latencies else 0.0) + extra
+            if owed > 0:
+                t = time.perf_counter()
+                time.sleep(owed)
+                owed -= time.perf_counter() - t
+            tls.owed = owed
 
     def _device(self, index: int) -> dict[str, dict]:
         self._check_init()

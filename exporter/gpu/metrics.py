@@ -1,0 +1,96 @@
+"""The GPU collector's metrics (names agreed in the metric-names contract)."""
+
+from __future__ import annotations
+
+from exporter.catalog import define
+
+G = ("gpu", "uuid", "pci_bus_id")
+SLOW = ("Read in the background every gpu.slow_interval_seconds (default 15 s) because NVML takes "
+        "{cost} per GPU for it, and served from the last reading.")
+
+
+def _d(name: str, type_: str, help_: str, labels: tuple[str, ...] = G, unit: str = ""):  # noqa: ANN202
+    return define(name, type_, help_, labels, unit=unit, collector="gpu")
+
+
+INFO = _d("gpu_info", "gauge", "Always 1; the GPU's model, serial, VBIOS and board part number.",
+          (*G, "model", "serial", "vbios_version", "board_part_number"))
+DRIVER_INFO = _d("gpu_driver_info", "gauge", "Always 1; the NVIDIA driver, NVML and CUDA driver versions.",
+                 ("driver_version", "nvml_version", "cuda_driver_version"))
+COUNT = _d("gpu_devices", "gauge", "GPUs NVML enumerates on this node.", ())
+EXPECTED = _d("gpu_devices_expected", "gauge",
+              "GPUs this node should have: node.expected_gpus, else the instance type's (absent if unknown).",
+              ())
+LOST = _d("gpu_lost", "gauge",
+          "1 if NVML reports the GPU as lost (NVML_ERROR_GPU_IS_LOST, the XID 79 state: fell off the bus), "
+          "else 0. Not transient: the GPU needs a reset or the node a reboot.")
+READ_SUCCESS = _d("gpu_read_success", "gauge",
+                  "1 if this scrape's health-critical NVML reads of the GPU succeeded within "
+                  "gpu.read_timeout_seconds, else 0 (lost, hung, or an NVML error). Not Supported is "
+                  "not a failure.")
+ECC_MODE = _d("gpu_ecc_mode_enabled", "gauge",
+              "1 if ECC is enabled (current mode), else 0. " + SLOW.format(cost="0.15 ms"))
+ECC_ERRORS = _d("gpu_ecc_errors_total", "counter",
+                "ECC errors: corrected (single-bit) and uncorrected (double-bit); volatile since the "
+                "driver loaded, aggregate over the GPU's life.", (*G, "error_type", "counter"))
+REMAPPED_ROWS = _d("gpu_remapped_rows_total", "counter",
+                   "Rows remapped because of correctable or uncorrectable memory errors (InfoROM "
+                   "entries).", (*G, "cause"))
+REMAP_PENDING = _d("gpu_row_remap_pending", "gauge",
+                   "1 if a row remap waits for a GPU reset or reboot, else 0.")
+REMAP_FAILURE = _d("gpu_row_remap_failure", "gauge",
+                   "1 if a row remap failed (no spare row left: RMA candidate), else 0.")
+REMAPPER_BANKS = _d("gpu_row_remapper_banks", "gauge",
+                    "Memory banks by spare rows left (row-remapper histogram).", (*G, "spare_rows"))
+RETIRED_PAGES = _d("gpu_retired_pages_total", "counter",
+                   "Pages retired for single-bit (multiple) or double-bit ECC errors; only on GPUs "
+                   "with page retirement (pre-Ampere).", (*G, "cause"))
+RETIRED_PENDING = _d("gpu_retired_pages_pending", "gauge",
+                     "1 if a page retirement waits for a reboot, else 0 (pre-Ampere GPUs).")
+RECOVERY_ACTION = _d("gpu_recovery_action", "gauge",
+                     "NVML recovery action (field 230): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, "
+                     "4 drain and reset, 5 recover IMEX domain (driver R570+).")
+TEMPERATURE = _d("gpu_temperature_celsius", "gauge", "GPU die and HBM memory temperature.",
+                 (*G, "sensor"), unit="celsius")
+THRESHOLD = _d("gpu_temperature_threshold_celsius", "gauge",
+               "Temperature thresholds (read once): shutdown, slowdown, memory_max and gpu_max "
+               "(max operating).", (*G, "threshold"), unit="celsius")
+SLOWDOWN_MARGIN = _d("gpu_temperature_slowdown_margin_celsius", "gauge",
+                     "Slowdown threshold minus GPU temperature: how far the GPU is from HW slowdown.",
+                     unit="celsius")
+CLOCK_EVENT = _d("gpu_clock_event_active", "gauge",
+                 "1 if the clock event (throttle) reason is active now, else 0; only reasons the GPU "
+                 "supports.", (*G, "reason"))
+THROTTLE = _d("gpu_throttle_seconds_total", "counter",
+              "Time clocks were held back for the reason (thermal = any thermal policy). "
+              + SLOW.format(cost="0.65 ms per reason"), (*G, "reason"), unit="seconds")
+POWER = _d("gpu_power_watts", "gauge", "Power draw (NVML power usage).", unit="watts")
+POWER_LIMIT = _d("gpu_power_limit_watts", "gauge", "Enforced power limit.", unit="watts")
+ENERGY = _d("gpu_energy_joules_total", "counter",
+            "Energy used since the driver loaded. " + SLOW.format(cost="3 ms"), unit="joules")
+UTILIZATION = _d("gpu_utilization_ratio", "gauge",
+                 "Fraction of the last sample period the GPU (kernels) or memory (reads/writes) was busy.",
+                 (*G, "resource"), unit="ratio")
+MEMORY_USED = _d("gpu_memory_used_bytes", "gauge", "Frame buffer memory used.", unit="bytes")
+MEMORY_TOTAL = _d("gpu_memory_total_bytes", "gauge", "Frame buffer memory total.", unit="bytes")
+CLOCK = _d("gpu_clock_hertz", "gauge", "Current SM and memory clock.", (*G, "clock"), unit="hertz")
+CLOCK_MAX = _d("gpu_clock_max_hertz", "gauge", "Maximum SM and memory clock (read once).", (*G, "clock"),
+               unit="hertz")
+PSTATE = _d("gpu_performance_state", "gauge", "Performance state: 0 (P0, maximum) to 15 (P15, minimum).")
+PCIE_REPLAYS = _d("gpu_pcie_replays_total", "counter",
+                  "PCIe replays (link-level retransmissions). " + SLOW.format(cost="0.18 ms"))
+PCIE_GEN = _d("gpu_pcie_link_generation", "gauge", "Current PCIe link generation (can drop at idle).")
+PCIE_GEN_MAX = _d("gpu_pcie_link_generation_max", "gauge", "Maximum PCIe link generation of the GPU and "
+                  "system (read once).")
+PCIE_WIDTH = _d("gpu_pcie_link_width", "gauge", "Current PCIe link width (lanes); below the maximum is a "
+                "degraded link.")
+PCIE_WIDTH_MAX = _d("gpu_pcie_link_width_max", "gauge", "Maximum PCIe link width (read once).")
+PCIE_ERRORS = _d("gpu_pcie_errors_total", "counter",
+                 "PCIe error counters NVML exposes as fields, by type. "
+                 + SLOW.format(cost="up to 0.2 ms"), (*G, "type"))
+NVLINK_UP = _d("gpu_nvlink_up", "gauge",
+               "1 if the NVLink link is active, else 0; only GPUs with NVLink. "
+               + SLOW.format(cost="about 0.1 ms per link"), (*G, "link"))
+NVLINK_ERRORS = _d("gpu_nvlink_errors_total", "counter",
+                   "NVLink data-link errors by type (CRC flit, CRC data, replay, recovery); only GPUs with "
+                   "NVLink. " + SLOW.format(cost="about 0.4 ms per link"), (*G, "link", "type"))

@@ -1,0 +1,329 @@
+"""Reading one GPU through the NVML backend into samples (no threads, no Prometheus objects).
+
+Three kinds of reads: static values once (identity, thresholds, maximum clocks and link
+widths), health-critical values every scrape (one nvmlDeviceGetFieldValues batch plus the
+calls that have no field, all a few microseconds each), and expensive counters on a slow
+cadence (energy ~3 ms, throttle time ~0.65 ms per reason, PCIe replay ~0.18 ms, NVLink).
+
+Not Supported (and Function Not Found) is remembered per GPU and the read skipped afterwards
+(re-probed every REPROBE_S, since some answers change, e.g. remapped rows under MIG);
+GPU is lost propagates as NvmlError so the caller marks the GPU lost; any other NVML error
+marks the reading failed and the other reads go on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.catalog import MetricSpec
+from exporter.gpu import metrics as m
+from exporter.nvml.backend import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_SUPPORTED,
+    NvmlBackend,
+    NvmlError,
+)
+
+REPROBE_S = 600.0
+MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
+_UNSUPPORTED = (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT)
+
+Labels = dict[str, str]
+
+# Health-critical fields read every scrape: field id -> (metric, extra labels, scale).
+FAST_FIELDS: dict[int, tuple[MetricSpec, Labels, float]] = {
+    3: (m.ECC_ERRORS, {"error_type": "corrected", "counter": "volatile"}, 1),  # ECC_SBE_VOL_TOTAL
+    4: (m.ECC_ERRORS, {"error_type": "uncorrected", "counter": "volatile"}, 1),  # ECC_DBE_VOL_TOTAL
+    5: (m.ECC_ERRORS, {"error_type": "corrected", "counter": "aggregate"}, 1),  # ECC_SBE_AGG_TOTAL
+    6: (m.ECC_ERRORS, {"error_type": "uncorrected", "counter": "aggregate"}, 1),  # ECC_DBE_AGG_TOTAL
+    82: (m.TEMPERATURE, {"sensor": "memory"}, 1),  # MEMORY_TEMP
+    142: (m.REMAPPED_ROWS, {"cause": "correctable"}, 1),  # REMAPPED_COR
+    143: (m.REMAPPED_ROWS, {"cause": "uncorrectable"}, 1),  # REMAPPED_UNC
+    144: (m.REMAP_PENDING, {}, 1),  # REMAPPED_PENDING
+    145: (m.REMAP_FAILURE, {}, 1),  # REMAPPED_FAILURE
+    230: (m.RECOVERY_ACTION, {}, 1),  # GET_GPU_RECOVERY_ACTION
+    29: (m.RETIRED_PAGES, {"cause": "single_bit"}, 1),  # RETIRED_SBE (pre-Ampere)
+    30: (m.RETIRED_PAGES, {"cause": "double_bit"}, 1),  # RETIRED_DBE
+    31: (m.RETIRED_PENDING, {}, 1),  # RETIRED_PENDING
+}
+
+# Expensive counters read on the slow cadence.
+NS = 1e-9
+SLOW_FIELDS: dict[int, tuple[MetricSpec, Labels, float]] = {
+    83: (m.ENERGY, {}, 1e-3),  # TOTAL_ENERGY_CONSUMPTION, mJ
+    94: (m.PCIE_REPLAYS, {}, 1),  # PCIE_REPLAY_COUNTER
+    74: (m.THROTTLE, {"reason": "sw_power_cap"}, NS),  # PERF_POLICY_POWER / CLOCKS_EVENT_REASON_SW_POWER_CAP
+    75: (m.THROTTLE, {"reason": "thermal"}, NS),  # PERF_POLICY_THERMAL
+    76: (m.THROTTLE, {"reason": "sync_boost"}, NS),  # PERF_POLICY_SYNC_BOOST
+    269: (m.THROTTLE, {"reason": "sw_thermal"}, NS),  # CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN
+    270: (m.THROTTLE, {"reason": "hw_thermal"}, NS),  # CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN
+    271: (m.THROTTLE, {"reason": "hw_power_brake"}, NS),  # CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN
+    169: (m.PCIE_ERRORS, {"type": "l0_to_recovery"}, 1),
+    173: (m.PCIE_ERRORS, {"type": "correctable"}, 1),
+    174: (m.PCIE_ERRORS, {"type": "naks_received"}, 1),
+    175: (m.PCIE_ERRORS, {"type": "receiver_error"}, 1),
+    176: (m.PCIE_ERRORS, {"type": "bad_tlp"}, 1),
+    177: (m.PCIE_ERRORS, {"type": "naks_sent"}, 1),
+    178: (m.PCIE_ERRORS, {"type": "bad_dllp"}, 1),
+    179: (m.PCIE_ERRORS, {"type": "non_fatal"}, 1),
+    180: (m.PCIE_ERRORS, {"type": "fatal"}, 1),
+    181: (m.PCIE_ERRORS, {"type": "unsupported_request"}, 1),
+    182: (m.PCIE_ERRORS, {"type": "lcrc"}, 1),
+    183: (m.PCIE_ERRORS, {"type": "lane"}, 1),
+}
+
+# nvmlClocksEventReason* bits -> reason label
+CLOCK_REASONS = {0x1: "idle", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",
+                 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake"}
+THRESHOLDS = {0: "shutdown", 1: "slowdown", 2: "memory_max", 3: "gpu_max"}
+NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}  # nvmlNvLinkErrorCounter_t
+
+
+@dataclass
+class Reading:
+    """The samples of one read of one GPU and how it went."""
+
+    samples: list[tuple[MetricSpec, float, Labels]] = field(default_factory=list)
+    ok: bool = True
+    lost: bool = False
+    errors: list[str] = field(default_factory=list)
+    taken: float = field(default_factory=time.time)
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    recovery_action: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+
+    def add(self, spec: MetricSpec, value: float | None, **labels: str) -> None:
+        if value is not None:
+            self.samples.append((spec, float(value), labels))
+
+    def fail(self, why: str) -> None:
+        self.ok = False
+        self.errors.append(why)
+
+
+@dataclass
+class Static:
+    model: str = ""
+    serial: str = ""
+    vbios_version: str = ""
+    board_part_number: str = ""
+    thresholds: dict[str, int] = field(default_factory=dict)
+    clock_max_mhz: dict[str, int] = field(default_factory=dict)
+    pcie_gen_max: int | None = None
+    pcie_width_max: int | None = None
+    supported_reasons: int = 0
+    nvlinks: list[int] = field(default_factory=list)
+    complete: bool = False
+
+
+class GpuReader:
+    """Reads GPU `index`. Not thread-safe: the collector runs one read of a GPU at a time."""
+
+    def __init__(self, backend: NvmlBackend, index: int, nvlink: bool = True) -> None:
+        self.backend = backend
+        self.index = index
+        self.nvlink = nvlink
+        self.static = Static()
+        self.unsupported: set[Any] = set()
+        self._probed = time.monotonic()
+
+    # --- plumbing -------------------------------------------------------------------------
+    def _call(self, r: Reading, fn: str, *args: int) -> Any:
+        key = (fn, args)
+        if key in self.unsupported:
+            return None
+        try:
+            return self.backend.call(self.index, fn, *args)
+        except NvmlError as e:
+            if e.gpu_lost:
+                raise
+            if e.code in _UNSUPPORTED:
+                self.unsupported.add(key)
+            else:
+                r.fail(f"{fn}{list(args) if args else ''}: {e}")
+            return None
+
+    def _fields(self, r: Reading, table: dict[int, tuple[MetricSpec, Labels, float]]) -> dict[int, Any]:
+        ids = [f for f in table if f not in self.unsupported]
+        if not ids:
+            return {}
+        try:
+            values = self.backend.field_values(self.index, ids)
+        except NvmlError as e:
+            if e.gpu_lost:
+                raise
+            if e.code in _UNSUPPORTED:  # no field API at all (very old driver)
+                self.unsupported.update(ids)
+            else:
+                r.fail(f"nvmlDeviceGetFieldValues: {e}")
+            return {}
+        out = {}
+        for fv in values:
+            if fv.ret == 0:
+                out[fv.field_id] = fv.value
+                spec, labels, scale = table[fv.field_id]
+                if fv.value is not None:
+                    r.add(spec, fv.value * scale, **labels)
+            elif fv.ret == NVML_ERROR_GPU_IS_LOST:
+                raise NvmlError(NVML_ERROR_GPU_IS_LOST)
+            elif fv.ret in _UNSUPPORTED:
+                self.unsupported.add(fv.field_id)
+            else:
+                r.fail(f"field {fv.field_id}: {NvmlError(fv.ret)}")
+        return out
+
+    def _maybe_reprobe(self) -> None:
+        if time.monotonic() - self._probed > REPROBE_S:
+            self.unsupported.clear()
+            self._probed = time.monotonic()
+
+    # --- static ---------------------------------------------------------------------------
+    def read_static(self) -> None:
+        """Identity, thresholds, maximum clocks and links: once (again only if it failed)."""
+        r = Reading()
+        s = Static()
+        s.model = self._call(r, "nvmlDeviceGetName") or ""
+        s.serial = self._call(r, "nvmlDeviceGetSerial") or ""
+        s.vbios_version = self._call(r, "nvmlDeviceGetVbiosVersion") or ""
+        s.board_part_number = self._call(r, "nvmlDeviceGetBoardPartNumber") or ""
+        for t, name in THRESHOLDS.items():
+            v = self._call(r, "nvmlDeviceGetTemperatureThreshold", t)
+            if v is not None:
+                s.thresholds[name] = v
+        for clk, name in ((1, "sm"), (2, "memory")):
+            v = self._call(r, "nvmlDeviceGetMaxClockInfo", clk)
+            if v is not None:
+                s.clock_max_mhz[name] = v
+        s.pcie_gen_max = self._call(r, "nvmlDeviceGetMaxPcieLinkGeneration")
+        s.pcie_width_max = self._call(r, "nvmlDeviceGetMaxPcieLinkWidth")
+        reasons = self._call(r, "nvmlDeviceGetSupportedClocksEventReasons")
+        s.supported_reasons = reasons if reasons is not None else sum(CLOCK_REASONS)
+        if self.nvlink:
+            for link in range(MAX_NVLINKS):
+                if self._call(r, "nvmlDeviceGetNvLinkState", link) is not None:
+                    s.nvlinks.append(link)
+        s.complete = r.ok
+        self.static = s
+
+    def static_samples(self, r: Reading) -> None:
+        s = self.static
+        for name, v in s.thresholds.items():
+            r.add(m.THRESHOLD, v, threshold=name)
+        for name, v in s.clock_max_mhz.items():
+            r.add(m.CLOCK_MAX, v * 1e6, clock=name)
+        r.add(m.PCIE_GEN_MAX, s.pcie_gen_max)
+        r.add(m.PCIE_WIDTH_MAX, s.pcie_width_max)
+
+    # --- every scrape ---------------------------------------------------------------------
+    def read_fast(self) -> Reading:
+        """The health-critical values; raises NvmlError(GPU_IS_LOST) when the GPU is lost."""
+        if not self.static.complete:
+            self.read_static()
+        self._maybe_reprobe()
+        r = Reading()
+        fv = self._fields(r, FAST_FIELDS)
+        if 144 in fv:
+            r.remap_pending = bool(fv[144])
+        if 145 in fv:
+            r.remap_failure = bool(fv[145])
+        if 230 in fv:
+            r.recovery_action = int(fv[230])
+        if 4 in fv:
+            r.ecc_uncorrected_volatile = int(fv[4])
+        if 6 in fv:
+            r.ecc_uncorrected_aggregate = int(fv[6])
+        temp = self._call(r, "nvmlDeviceGetTemperature", 0)
+        r.add(m.TEMPERATURE, temp, sensor="gpu")
+        slowdown = self.static.thresholds.get("slowdown")
+        if temp is not None and slowdown is not None:
+            r.add(m.SLOWDOWN_MARGIN, slowdown - temp)
+        reasons = self._call(r, "nvmlDeviceGetCurrentClocksEventReasons")
+        if reasons is not None:
+            for bit, name in CLOCK_REASONS.items():
+                if self.static.supported_reasons & bit:
+                    r.add(m.CLOCK_EVENT, 1 if reasons & bit else 0, reason=name)
+        power = self._call(r, "nvmlDeviceGetPowerUsage")
+        r.add(m.POWER, None if power is None else power / 1000)
+        limit = self._call(r, "nvmlDeviceGetEnforcedPowerLimit")
+        r.add(m.POWER_LIMIT, None if limit is None else limit / 1000)
+        util = self._call(r, "nvmlDeviceGetUtilizationRates")
+        if util:
+            for k in ("gpu", "memory"):
+                v = util.get(k)
+                r.add(m.UTILIZATION, None if v is None else v / 100, resource=k)
+        mem = self._call(r, "nvmlDeviceGetMemoryInfo")
+        if mem:
+            r.add(m.MEMORY_USED, mem.get("used"))
+            r.add(m.MEMORY_TOTAL, mem.get("total"))
+        for clk, name in ((1, "sm"), (2, "memory")):
+            v = self._call(r, "nvmlDeviceGetClockInfo", clk)
+            r.add(m.CLOCK, None if v is None else v * 1e6, clock=name)
+        r.add(m.PSTATE, self._call(r, "nvmlDeviceGetPerformanceState"))
+        hist = self._call(r, "nvmlDeviceGetRowRemapperHistogram")
+        if hist:
+            for k in ("max", "high", "partial", "low", "none"):
+                r.add(m.REMAPPER_BANKS, hist.get(k), spare_rows=k)
+        r.add(m.PCIE_GEN, self._call(r, "nvmlDeviceGetCurrPcieLinkGeneration"))
+        r.add(m.PCIE_WIDTH, self._call(r, "nvmlDeviceGetCurrPcieLinkWidth"))
+        self.static_samples(r)
+        return r
+
+    # --- slow cadence ---------------------------------------------------------------------
+    def read_slow(self) -> Reading:
+        """Energy, throttle time, PCIe replays and errors, ECC mode, NVLink."""
+        r = Reading()
+        self._fields(r, SLOW_FIELDS)
+        ecc = self._call(r, "nvmlDeviceGetEccMode")
+        if ecc:
+            r.add(m.ECC_MODE, 1 if ecc[0] else 0)
+        for link in self.static.nvlinks:
+            state = self._call(r, "nvmlDeviceGetNvLinkState", link)
+            r.add(m.NVLINK_UP, None if state is None else (1 if state else 0), link=str(link))
+            for c, name in NVLINK_COUNTERS.items():
+                r.add(m.NVLINK_ERRORS, self._call(r, "nvmlDeviceGetNvLinkErrorCounter", link, c),
+                      link=str(link), type=name)
+        return r
+
+
+def naive_read(backend: NvmlBackend, index: int, nvlinks: Sequence[int] = ()) -> int:
+    """Every value read one call at a time, each scrape (what a simple exporter does); for the
+    benchmark's baseline. Returns the number of calls that answered."""
+    answered = 0
+    calls: list[tuple[Any, ...]] = [
+        ("nvmlDeviceGetName",), ("nvmlDeviceGetSerial",), ("nvmlDeviceGetVbiosVersion",),
+        ("nvmlDeviceGetBoardPartNumber",), ("nvmlDeviceGetEccMode",),
+        *[("nvmlDeviceGetTotalEccErrors", t, c) for t in (0, 1) for c in (0, 1)],
+        ("nvmlDeviceGetRemappedRows",), ("nvmlDeviceGetRowRemapperHistogram",),
+        ("nvmlDeviceGetRetiredPages", 0), ("nvmlDeviceGetRetiredPages", 1),
+        ("nvmlDeviceGetRetiredPagesPendingStatus",),
+        ("nvmlDeviceGetTemperature", 0), *[("nvmlDeviceGetTemperatureThreshold", t) for t in range(4)],
+        ("nvmlDeviceGetMarginTemperature",), ("nvmlDeviceGetCurrentClocksEventReasons",),
+        *[("nvmlDeviceGetViolationStatus", p) for p in range(6)],
+        ("nvmlDeviceGetPowerUsage",), ("nvmlDeviceGetEnforcedPowerLimit",),
+        ("nvmlDeviceGetTotalEnergyConsumption",), ("nvmlDeviceGetUtilizationRates",),
+        ("nvmlDeviceGetMemoryInfo",), ("nvmlDeviceGetClockInfo", 1), ("nvmlDeviceGetClockInfo", 2),
+        ("nvmlDeviceGetMaxClockInfo", 1), ("nvmlDeviceGetMaxClockInfo", 2),
+        ("nvmlDeviceGetPerformanceState",),
+        ("nvmlDeviceGetPcieReplayCounter",), ("nvmlDeviceGetCurrPcieLinkGeneration",),
+        ("nvmlDeviceGetCurrPcieLinkWidth",), ("nvmlDeviceGetMaxPcieLinkGeneration",),
+        ("nvmlDeviceGetMaxPcieLinkWidth",),
+        *[("nvmlDeviceGetNvLinkState", link) for link in nvlinks],
+        *[("nvmlDeviceGetNvLinkErrorCounter", link, c) for link in nvlinks for c in range(4)],
+    ]
+    for c in calls:
+        try:
+            backend.call(index, *c)
+            answered += 1
+        except NvmlError:
+            pass
+    for fid in (82, 230):  # memory temperature and recovery action exist only as fields
+        if backend.field_values(index, [fid])[0].ret == 0:
+            answered += 1
+    return answered

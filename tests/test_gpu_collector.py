@@ -1,0 +1,426 @@
+"""The GPU collector: every metric against the H200 capture, and failure isolation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+import requests
+
+from exporter.catalog import Families, define
+from exporter.collector import Collector, Context
+from exporter.collectors import collector_classes
+from exporter.config import load
+from exporter.nvml import backend as b
+from exporter.nvml.fake import FakeBackend, field_ids
+from exporter.nvml.scenarios import FAULTY_GPU, ONSET_S
+from exporter.nvml.session import NvmlSession
+from exporter.profiles import PROFILES
+from exporter.runner import Runner
+from tests.helpers import FIXTURES, promtool_check_metrics, running_exporter, samples, scrape, value
+
+collector_classes()  # declares the config sections
+from exporter.collectors.gpu import GpuCollector  # noqa: E402
+
+CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"
+CAP = json.loads(CAPTURE.read_text())
+DEV = CAP["devices"][0]
+FV = DEV["field_values"]
+
+
+def ok(key: str):
+    return DEV[key]["ok"]
+
+
+def field(name: str):
+    return FV[name]["value"]
+
+
+def make(fake: FakeBackend | None = None, profile: str | None = None,
+         **gpu_cfg) -> tuple[Context, GpuCollector]:
+    overrides = {f"gpu.{k}": v for k, v in gpu_cfg.items()}
+    if profile:
+        overrides["node.instance_type"] = profile
+    ctx = Context(config=load(None, overrides), nvml_capture=None if fake else str(CAPTURE))
+    if fake is not None:
+        ctx.shared["nvml"] = NvmlSession(fake)
+    return ctx, GpuCollector(ctx)
+
+
+def run(c: Collector, *others: Collector, deadline: float = 5.0) -> tuple[str, dict]:
+    text = scrape(Runner([c, *others], deadline_s=deadline))
+    return text, samples(text)
+
+
+@pytest.fixture(scope="module")
+def capture_scrape() -> tuple[str, dict, Context]:
+    ctx, c = make()
+    c.refresh_slow(timeout=10)
+    text, ss = run(c)
+    return text, ss, ctx
+
+
+G0 = {"gpu": "0", "uuid": ok("nvmlDeviceGetUUID"), "pci_bus_id": ok("nvmlDeviceGetPciInfo")["busId"]}
+
+
+def test_identity_and_driver(capture_scrape):
+    _, ss, _ = capture_scrape
+    assert value(ss, "gpu_info", **G0, model=ok("nvmlDeviceGetName"), serial=ok("nvmlDeviceGetSerial"),
+                 vbios_version=ok("nvmlDeviceGetVbiosVersion"),
+                 board_part_number=ok("nvmlDeviceGetBoardPartNumber")) == 1
+    sysc = CAP["system"]
+    assert value(ss, "gpu_driver_info", driver_version=sysc["nvmlSystemGetDriverVersion"]["ok"],
+                 nvml_version=sysc["nvmlSystemGetNVMLVersion"]["ok"], cuda_driver_version="13.0") == 1
+    assert value(ss, "gpu_devices") == 1
+    assert ("gpu_devices_expected", frozenset()) not in ss  # no instance type, no config
+    assert value(ss, "gpu_lost", **G0) == 0
+    assert value(ss, "gpu_read_success", **G0) == 1
+    assert value(ss, "gpu_health_exporter_collector_success", collector="gpu") == 1
+
+
+def test_memory_health_values(capture_scrape):
+    _, ss, _ = capture_scrape
+    for et, fsbe in (("corrected", "SBE"), ("uncorrected", "DBE")):
+        for ct, short in (("volatile", "VOL"), ("aggregate", "AGG")):
+            assert value(ss, "gpu_ecc_errors_total", **G0, error_type=et, counter=ct) == \
+                ok(f"nvmlDeviceGetTotalEccErrors/{et}/{ct}") == field(f"NVML_FI_DEV_ECC_{fsbe}_{short}_TOTAL")
+    cor, unc, pending, failure = ok("nvmlDeviceGetRemappedRows")
+    assert value(ss, "gpu_remapped_rows_total", **G0, cause="correctable") == cor
+    assert value(ss, "gpu_remapped_rows_total", **G0, cause="uncorrectable") == unc
+    assert value(ss, "gpu_row_remap_pending", **G0) == pending
+    assert value(ss, "gpu_row_remap_failure", **G0) == failure
+    for k, v in ok("nvmlDeviceGetRowRemapperHistogram").items():
+        assert value(ss, "gpu_row_remapper_banks", **G0, spare_rows=k) == v
+    assert value(ss, "gpu_recovery_action", **G0) == field("NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
+    assert value(ss, "gpu_ecc_mode_enabled", **G0) == ok("nvmlDeviceGetEccMode")[0]
+    # H200: retired pages are Not Supported, so no series at all
+    assert DEV["nvmlDeviceGetRetiredPagesPendingStatus"]["code"] == b.NVML_ERROR_NOT_SUPPORTED
+    assert not [k for k in ss if k[0].startswith("gpu_retired_pages")]
+
+
+def test_thermal_and_clock_values(capture_scrape):
+    _, ss, _ = capture_scrape
+    temp = ok("nvmlDeviceGetTemperature/0")
+    assert value(ss, "gpu_temperature_celsius", **G0, sensor="gpu") == temp
+    assert value(ss, "gpu_temperature_celsius", **G0, sensor="memory") == field("NVML_FI_DEV_MEMORY_TEMP")
+    for th, name in enumerate(("shutdown", "slowdown", "memory_max", "gpu_max")):
+        assert value(ss, "gpu_temperature_threshold_celsius", **G0, threshold=name) == \
+            ok(f"nvmlDeviceGetTemperatureThreshold/{th}")
+    assert value(ss, "gpu_temperature_slowdown_margin_celsius", **G0) == \
+        ok("nvmlDeviceGetTemperatureThreshold/1") - temp
+    reasons = ok("nvmlDeviceGetCurrentClocksEventReasons")
+    for bit, name in ((0x1, "idle"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"), (0x10, "sync_boost"),
+                      (0x20, "sw_thermal"), (0x40, "hw_thermal"), (0x80, "hw_power_brake")):
+        assert value(ss, "gpu_clock_event_active", **G0, reason=name) == (1 if reasons & bit else 0)
+    assert value(ss, "gpu_clock_event_active", **G0, reason="idle") == 1  # the capture was idle
+    for clk, name in ((1, "sm"), (2, "memory")):
+        assert value(ss, "gpu_clock_hertz", **G0, clock=name) == ok(f"nvmlDeviceGetClockInfo/{clk}") * 1e6
+        assert value(ss, "gpu_clock_max_hertz", **G0, clock=name) == \
+            ok(f"nvmlDeviceGetMaxClockInfo/{clk}") * 1e6
+    assert value(ss, "gpu_performance_state", **G0) == ok("nvmlDeviceGetPerformanceState")
+    for reason, name in (("sw_power_cap", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP"),
+                         ("thermal", "NVML_FI_DEV_PERF_POLICY_THERMAL"),
+                         ("sync_boost", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST"),
+                         ("sw_thermal", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN"),
+                         ("hw_thermal", "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN"),
+                         ("hw_power_brake", "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN")):
+        assert value(ss, "gpu_throttle_seconds_total", **G0, reason=reason) == \
+            pytest.approx(field(name) * 1e-9)
+
+
+def test_power_memory_and_utilisation(capture_scrape):
+    _, ss, _ = capture_scrape
+    assert value(ss, "gpu_power_watts", **G0) == pytest.approx(ok("nvmlDeviceGetPowerUsage") / 1000)
+    assert value(ss, "gpu_power_limit_watts", **G0) == \
+        pytest.approx(ok("nvmlDeviceGetEnforcedPowerLimit") / 1000)
+    assert value(ss, "gpu_energy_joules_total", **G0) == \
+        pytest.approx(field("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION") / 1000)
+    assert field("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION") == ok("nvmlDeviceGetTotalEnergyConsumption")
+    util = ok("nvmlDeviceGetUtilizationRates")
+    assert value(ss, "gpu_utilization_ratio", **G0, resource="gpu") == util["gpu"] / 100
+    assert value(ss, "gpu_utilization_ratio", **G0, resource="memory") == util["memory"] / 100
+    mem = ok("nvmlDeviceGetMemoryInfo")
+    assert value(ss, "gpu_memory_used_bytes", **G0) == mem["used"]
+    assert value(ss, "gpu_memory_total_bytes", **G0) == mem["total"]
+
+
+def test_pcie_and_no_nvlink_on_a_pcie_gpu(capture_scrape):
+    _, ss, _ = capture_scrape
+    assert value(ss, "gpu_pcie_replays_total", **G0) == ok("nvmlDeviceGetPcieReplayCounter")
+    assert value(ss, "gpu_pcie_link_generation", **G0) == ok("nvmlDeviceGetCurrPcieLinkGeneration")
+    assert value(ss, "gpu_pcie_link_generation_max", **G0) == ok("nvmlDeviceGetMaxPcieLinkGeneration")
+    assert value(ss, "gpu_pcie_link_width", **G0) == ok("nvmlDeviceGetCurrPcieLinkWidth")
+    assert value(ss, "gpu_pcie_link_width_max", **G0) == ok("nvmlDeviceGetMaxPcieLinkWidth")
+    for t, name in (("receiver_error", "RECEIVER_ERROR"), ("bad_tlp", "BAD_TLP"), ("lane", "LANE_ERROR"),
+                    ("correctable", "CORRECTABLE_ERRORS"), ("fatal", "FATAL_ERROR")):
+        assert value(ss, "gpu_pcie_errors_total", **G0, type=t) == field(f"NVML_FI_DEV_PCIE_COUNT_{name}")
+    assert value(ss, "gpu_pcie_errors_total", **G0, type="l0_to_recovery") == \
+        field("NVML_FI_DEV_PCIE_L0_TO_RECOVERY_COUNTER")
+    assert not [k for k in ss if k[0].startswith("gpu_nvlink")]
+
+
+def test_capture_scrape_is_promtool_clean_and_publishes_health(capture_scrape):
+    text, _, ctx = capture_scrape
+    assert promtool_check_metrics(text) == ""
+    h = ctx.shared["gpu_health"]
+    assert h.count == 1 and h.nvml_error == ""
+    g = h.gpus[0]
+    assert (g.uuid, g.lost, g.row_remap_pending, g.row_remap_failure, g.recovery_action) == \
+        (G0["uuid"], False, False, False, 0)
+    assert g.ecc_uncorrected_volatile == ok("nvmlDeviceGetTotalEccErrors/uncorrected/volatile")
+
+
+def test_unsupported_reads_are_not_repeated():
+    fake = FakeBackend.from_file(CAPTURE)
+    _, c = make(fake)
+    run(c)
+    n = fake.calls_made
+    run(c)
+    per_scrape = fake.calls_made - n
+    run(c)
+    assert fake.calls_made - n == 2 * per_scrape <= 2 * 16  # 1 field batch + ~14 calls, nothing Not Supported
+
+
+# --- the simulated node -----------------------------------------------------------------------------
+def sim(scenarios=(), **gpu_cfg) -> tuple[FakeBackend, Context, GpuCollector]:
+    fake = FakeBackend.for_profile(PROFILES["p5.48xlarge"], scenarios)
+    fake.advance_to(0)
+    ctx, c = make(fake, profile="p5.48xlarge", **gpu_cfg)
+    return fake, ctx, c
+
+
+def test_simulated_p5_serves_eight_gpus_with_nvlink():
+    _, _, c = sim()
+    c.refresh_slow(timeout=10)
+    text, ss = run(c)
+    assert value(ss, "gpu_devices") == 8 and value(ss, "gpu_devices_expected") == 8
+    assert sorted(ls for (n, ls), v in ss.items() if n == "gpu_read_success" and v == 1).__len__() == 8
+    assert len({dict(ls)["uuid"] for (n, ls) in ss if n == "gpu_info"}) == 8
+    assert sum(1 for (n, _ls), v in ss.items() if n == "gpu_nvlink_up" and v == 1) == 8 * 18
+    assert value(ss, "gpu_nvlink_errors_total", gpu="7", link="17", type="crc_flit") == 0
+    assert promtool_check_metrics(text) == ""
+
+
+def test_gpu_lost_keeps_the_other_gpus(caplog):
+    fake, ctx, c = sim(["gpu-lost"])
+    _, ss = run(c)
+    assert value(ss, "gpu_lost", gpu=str(FAULTY_GPU)) == 0
+    fake.advance_to(ONSET_S + 1)
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):
+            _, ss = run(c)
+    assert value(ss, "gpu_lost", gpu=str(FAULTY_GPU)) == 1
+    assert value(ss, "gpu_read_success", gpu=str(FAULTY_GPU)) == 0
+    assert ("gpu_temperature_celsius", frozenset({("gpu", str(FAULTY_GPU))})) not in ss
+    assert not [k for k in ss if k[0] == "gpu_power_watts" and ("gpu", str(FAULTY_GPU)) in k[1]]
+    for i in set(range(8)) - {FAULTY_GPU}:
+        assert value(ss, "gpu_lost", gpu=str(i)) == 0 and value(ss, "gpu_read_success", gpu=str(i)) == 1
+        assert value(ss, "gpu_temperature_celsius", gpu=str(i), sensor="gpu") > 0
+    assert value(ss, "gpu_health_exporter_collector_success", collector="gpu") == 1
+    assert ctx.shared["gpu_health"].gpus[FAULTY_GPU].lost
+    assert ctx.shared["nvml"].lost == {FAULTY_GPU}
+    lost_logs = [r for r in caplog.records if "is lost" in r.getMessage()]
+    assert len(lost_logs) == 1  # logged when it happens, not every scrape
+    fake.restore(FAULTY_GPU)
+    _, ss = run(c)
+    assert value(ss, "gpu_lost", gpu=str(FAULTY_GPU)) == 0 and ctx.shared["nvml"].lost == set()
+
+
+def test_gpu_lost_mid_scrape():
+    fake, ctx, c = sim()
+    # the GPU falls off between the field batch and the calls of this very scrape
+    orig = fake.call
+
+    def call(index, fn, *args):
+        if index == 5 and fn == "nvmlDeviceGetMemoryInfo":
+            fake.lose(5)
+        return orig(index, fn, *args)
+
+    fake.call = call
+    _, ss = run(c)
+    assert value(ss, "gpu_lost", gpu="5") == 1 and value(ss, "gpu_read_success", gpu="5") == 0
+    assert value(ss, "gpu_read_success", gpu="4") == 1 and value(ss, "gpu_read_success", gpu="6") == 1
+    c.refresh_slow(timeout=5)  # the slow reader leaves the lost GPU alone
+    _, ss = run(c)
+    assert not [k for k in ss if k[0] == "gpu_energy_joules_total" and ("gpu", "5") in k[1]]
+    assert value(ss, "gpu_energy_joules_total", gpu="4") > 0
+
+
+RECOVERABLE = [b.NVML_ERROR_NO_PERMISSION, b.NVML_ERROR_TIMEOUT, b.NVML_ERROR_IRQ_ISSUE,
+               b.NVML_ERROR_RESET_REQUIRED, b.NVML_ERROR_UNKNOWN, b.NVML_ERROR_UNINITIALIZED]
+UNSUPPORTED = [b.NVML_ERROR_NOT_SUPPORTED, b.NVML_ERROR_FUNCTION_NOT_FOUND, b.NVML_ERROR_INVALID_ARGUMENT]
+
+
+@pytest.mark.parametrize("code", RECOVERABLE + UNSUPPORTED + [b.NVML_ERROR_GPU_IS_LOST])
+def test_one_call_raising_each_nvml_error(code):
+    fake, _, c = sim()
+    fake.fail(2, "nvmlDeviceGetPowerUsage", code)
+    _, ss = run(c)
+    power_2 = [k for k in ss if k[0] == "gpu_power_watts" and ("gpu", "2") in k[1]]
+    assert not power_2
+    if code == b.NVML_ERROR_GPU_IS_LOST:
+        assert value(ss, "gpu_lost", gpu="2") == 1 and value(ss, "gpu_read_success", gpu="2") == 0
+    else:
+        assert value(ss, "gpu_lost", gpu="2") == 0
+        assert value(ss, "gpu_read_success", gpu="2") == (1 if code in UNSUPPORTED else 0)
+        # the rest of GPU 2 is still read
+        assert value(ss, "gpu_temperature_celsius", gpu="2", sensor="gpu") > 0
+        assert value(ss, "gpu_ecc_errors_total", gpu="2", error_type="corrected", counter="volatile") == 0
+    for i in (0, 1, 3, 7):
+        assert value(ss, "gpu_read_success", gpu=str(i)) == 1
+        assert value(ss, "gpu_power_watts", gpu=str(i)) > 0
+    assert value(ss, "gpu_health_exporter_collector_success", collector="gpu") == 1
+
+
+@pytest.mark.parametrize("code", [b.NVML_ERROR_UNKNOWN, b.NVML_ERROR_GPU_IS_LOST])
+def test_field_batch_failures(code):
+    fake, _, c = sim()
+    fake.fail(6, "nvmlDeviceGetFieldValues", code)
+    fake.set_error(1, "NVML_FI_DEV_MEMORY_TEMP", b.NVML_ERROR_UNKNOWN)  # one field of a batch
+    _, ss = run(c)
+    assert value(ss, "gpu_read_success", gpu="6") == 0
+    assert value(ss, "gpu_lost", gpu="6") == (1 if code == b.NVML_ERROR_GPU_IS_LOST else 0)
+    assert value(ss, "gpu_read_success", gpu="1") == 0
+    assert value(ss, "gpu_ecc_errors_total", gpu="1", error_type="corrected", counter="volatile") == 0
+    assert value(ss, "gpu_read_success", gpu="0") == 1
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_hung_call_hits_the_per_gpu_deadline(parallel, caplog):
+    fake, _, c = sim(read_timeout_seconds=0.3, timeout_seconds=2.0, parallel=parallel)
+    run(c)
+    fake.hang(FAULTY_GPU, "nvmlDeviceGetPowerUsage", seconds=30)
+    try:
+        t = time.monotonic()
+        with caplog.at_level(logging.WARNING):
+            _, ss = run(c, deadline=2.0)
+        assert time.monotonic() - t < 1.5
+        assert value(ss, "gpu_health_exporter_collector_success", collector="gpu") == 1
+        assert value(ss, "gpu_read_success", gpu=str(FAULTY_GPU)) == 0
+        for i in set(range(8)) - {FAULTY_GPU}:
+            assert value(ss, "gpu_read_success", gpu=str(i)) == 1, i
+            assert value(ss, "gpu_power_watts", gpu=str(i)) > 0
+        # while the call is still stuck, the GPU is skipped at once
+        t = time.monotonic()
+        _, ss = run(c, deadline=2.0)
+        assert time.monotonic() - t < 0.25
+        assert value(ss, "gpu_read_success", gpu=str(FAULTY_GPU)) == 0
+        assert value(ss, "gpu_read_success", gpu="7") == 1
+        c.refresh_slow(timeout=1)  # the slow reader skips the blocked GPU and does not block
+        warnings = [r for r in caplog.records if f"GPU {FAULTY_GPU}:" in r.getMessage()]
+        assert len(warnings) == 1
+    finally:
+        fake.release()
+    time.sleep(0.05)
+    _, ss = run(c)
+    assert value(ss, "gpu_read_success", gpu=str(FAULTY_GPU)) == 1
+
+
+def test_whole_gpu_hang_in_scenario():
+    fake, _, c = sim(["gpu-nvml-hang"], read_timeout_seconds=0.2)
+    run(c)  # the exporter started before the GPU hung
+    fake.advance_to(ONSET_S + 0.5)
+    try:
+        _, ss = run(c)
+        assert value(ss, "gpu_read_success", gpu=str(FAULTY_GPU)) == 0
+        assert value(ss, "gpu_read_success", gpu=str(FAULTY_GPU + 1)) == 1
+    finally:
+        fake.release()
+
+
+class _Other(Collector):
+    name = "other_for_test"
+    SPEC = None
+
+    def collect(self, out: Families) -> None:
+        out.add(self.SPEC, 1)
+
+
+_Other.SPEC = define("gpu_health_exporter_test_other_up", "gauge", "test only", collector="test")
+
+
+def test_nvml_missing_fails_the_collector_with_one_log_line(caplog, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML at all, whatever the host has
+    ctx = Context(config=load(None, {"node.instance_type": "p5.48xlarge"}))
+    c = GpuCollector(ctx)
+    other = _Other(ctx)
+    runner = Runner([c, other], deadline_s=5)
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):
+            ss = samples(scrape(runner))
+    assert value(ss, "gpu_health_exporter_collector_success", collector="gpu") == 0
+    assert value(ss, "gpu_health_exporter_collector_success", collector="other_for_test") == 1
+    assert value(ss, "gpu_health_exporter_test_other_up") == 1
+    failed = [r for r in caplog.records if "gpu" in r.getMessage() and "NVML" in r.getMessage()]
+    assert len(failed) == 1, [r.getMessage() for r in caplog.records]
+    assert "not installed" in failed[0].getMessage() or "Library Not Found" in failed[0].getMessage()
+    h = ctx.shared["gpu_health"]
+    assert h.nvml_error and h.expected == 8 and h.count == 0
+
+
+def test_scenarios_show_in_metrics():
+    fake, ctx, c = sim(["gpu-row-remap-pending", "gpu-thermal-slowdown", "gpu-pcie-degraded",
+                        "gpu-recovery-action-reboot", "gpu-ecc-sbe-storm", "gpu-nvlink-errors"])
+    c.refresh_slow(timeout=10)
+    _, ss = run(c)
+    f = str(FAULTY_GPU)
+    assert value(ss, "gpu_row_remap_pending", gpu=f) == 1 and value(ss, "gpu_row_remap_pending", gpu="0") == 0
+    assert value(ss, "gpu_remapped_rows_total", gpu=f, cause="uncorrectable") == 1
+    assert value(ss, "gpu_clock_event_active", gpu=f, reason="hw_thermal") == 1
+    assert value(ss, "gpu_temperature_slowdown_margin_celsius", gpu=f) < 0
+    assert value(ss, "gpu_pcie_link_width", gpu=f) < value(ss, "gpu_pcie_link_width_max", gpu=f)
+    assert value(ss, "gpu_recovery_action", gpu=f) == 2
+    assert value(ss, "gpu_nvlink_up", gpu=f, link="7") == 0
+    h = ctx.shared["gpu_health"].gpus[FAULTY_GPU]
+    assert h.row_remap_pending and h.recovery_action == 2
+    sbe0 = value(ss, "gpu_ecc_errors_total", gpu=f, error_type="corrected", counter="volatile")
+    fake.advance_to(10)
+    c.refresh_slow(timeout=10)
+    _, ss = run(c)
+    assert value(ss, "gpu_ecc_errors_total", gpu=f, error_type="corrected", counter="volatile") >= sbe0 + 100
+    assert value(ss, "gpu_throttle_seconds_total", gpu=f, reason="hw_thermal") == pytest.approx(8.0)
+    assert value(ss, "gpu_nvlink_errors_total", gpu=f, link="5", type="crc_flit") == 200
+
+
+def test_field_ids_used_exist_in_the_binding():
+    from exporter.gpu.reader import FAST_FIELDS, SLOW_FIELDS
+
+    known = set(field_ids().values())
+    assert set(FAST_FIELDS) <= known and set(SLOW_FIELDS) <= known
+
+
+# --- the real exporter process --------------------------------------------------------------------
+def _get(url: str, want: str, timeout: float = 10.0) -> str:
+    """/metrics once `want` is in it (the slow reading lands shortly after start)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = requests.get(url + "/metrics", timeout=5).text
+        if want in text or time.monotonic() > deadline:
+            return text
+        time.sleep(0.2)
+
+
+def test_exporter_simulated_p5_is_promtool_clean():
+    with running_exporter("--simulate", "p5.48xlarge", "--collectors", "gpu") as url:
+        text = _get(url, "gpu_energy_joules_total{")
+    assert promtool_check_metrics(text) == ""
+    ss = samples(text)
+    assert value(ss, "gpu_devices") == 8 and value(ss, "gpu_devices_expected") == 8
+    assert sum(v for (n, _), v in ss.items() if n == "gpu_read_success") == 8
+    assert sum(1 for (n, _) in ss if n == "gpu_energy_joules_total") == 8
+    assert value(ss, "gpu_health_exporter_collector_success", collector="gpu") == 1
+
+
+def test_exporter_replays_a_capture():
+    with running_exporter("--nvml-capture", str(CAPTURE), "--collectors", "gpu") as url:
+        text = _get(url, "gpu_energy_joules_total{")
+    assert promtool_check_metrics(text) == ""
+    ss = samples(text)
+    assert value(ss, "gpu_info", model="NVIDIA H200", serial=ok("nvmlDeviceGetSerial")) == 1
+    assert value(ss, "gpu_temperature_celsius", sensor="gpu") == ok("nvmlDeviceGetTemperature/0")
+    assert value(ss, "gpu_row_remapper_banks", spare_rows="max") == \
+        ok("nvmlDeviceGetRowRemapperHistogram")["max"]
