@@ -151,7 +151,10 @@ class KmsgSimSource(SimSource):
         boot_id = self.root / "proc" / "sys" / "kernel" / "random" / "boot_id"
         if not boot_id.exists():
             boot_id.parent.mkdir(parents=True, exist_ok=True)
-            boot_id.write_text(str(uuidlib.uuid4()) + "\n")
+            # stable per profile and scenarios: `check`/`ack` runs against one simulated node with
+            # a shared --path.state-dir see the same boot
+            seed = "/".join([self.profile.instance_type, *sorted(self.all_scenarios)])
+            boot_id.write_text(str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, seed)) + "\n")
 
     def advance(self, elapsed_s: float) -> None:
         if self.fired or elapsed_s < ONSET_S:

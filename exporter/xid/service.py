@@ -49,7 +49,11 @@ class XidService:
         self.clock = KernelClock()
         self.boot_id = read_boot_id(ctx.config.paths.procfs)
         self.kmsg_path = ctx.config.paths.kmsg
-        self.state = StateFile(ctx.config.paths.state_dir, self.boot_id, self.kmsg_path)
+        sim = getattr(ctx, "simulation", None)
+        # which kernel log the state's counts came from (a simulated node's root is a temp dir)
+        simulated = sim is not None and self.kmsg_path == str(sim.root / "dev" / "kmsg")
+        source_id = "simulated:" + sim.profile.instance_type if simulated else self.kmsg_path
+        self.state = StateFile(ctx.config.paths.state_dir, self.boot_id, source_id)
         self.reader = KmsgReader(self.kmsg_path)
         self.parser = KernelLogParser()
         self.kmsg = KmsgStatus(enabled=cfg.kmsg)
@@ -64,6 +68,7 @@ class XidService:
         self._last_write = 0.0
         self._written_seq: int | None = None
         self._state_loaded = False
+        self.state_found = False
 
     # -- NVML --------------------------------------------------------------------------------------
     def session(self) -> Any:
@@ -132,6 +137,7 @@ class XidService:
         if data is not None:
             self.store.merge_state(data)
             self.skip_through = self.store.last_seq
+        self.state_found = data is not None
         self._state_loaded = True
         self._written_version = self.store.version
 
@@ -264,6 +270,20 @@ def xid_service(ctx: Any) -> XidService:
     return ctx.get_shared("xid", lambda: XidService(ctx))
 
 
+SIM_PLAY_S = 60.0
+
+
+def one_shot(ctx: Any) -> XidService:
+    """The service for a one-shot command: state loaded (read only), kernel-log backlog read. On a
+    simulated node the scenarios' onsets are played first so their records exist."""
+    if getattr(ctx, "simulation", None) is not None:
+        ctx.simulation.advance(SIM_PLAY_S)
+    svc = xid_service(ctx)
+    svc.load_state()
+    svc.read_kmsg()
+    return svc
+
+
 def evaluate(service: XidService, health: Any, expected: int | None) -> Any:
     """The node and per-GPU verdicts from the service's counts and the GPU collector's health."""
     from exporter.xid.verdict import GPU_REASONS, GpuVerdict, gpu_reasons, node_verdict, worst, xid_lines
@@ -275,6 +295,7 @@ def evaluate(service: XidService, health: Any, expected: int | None) -> Any:
             k = pci_key(h.pci_bus_id)
             if k is not None:
                 rows[k] = (str(h.index), h.uuid, h.pci_bus_id, h)
+                service.store.identify(k, h.index, h.uuid)
     elif s is not None:
         for d in s.devices:
             k = pci_key(d.pci_bus_id)

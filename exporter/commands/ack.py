@@ -1,0 +1,63 @@
+"""`gpu-health-exporter ack --gpu N [--xid X]`: record that an operator reset or repaired a GPU.
+
+The acknowledgement is stored in the state file (with the GPU's XID counts at that moment as its
+baseline); the daemon picks it up on its next scrape. XIDs counted up to now stop driving that
+GPU's verdict (all of them, or only XID X); the counters themselves never go down. NVML state
+(row remap pending/failure, recovery action, lost) is not acknowledged: it clears when the GPU's
+state does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from exporter.collector import Context
+from exporter.xid.parser import pci_key, pci_label
+from exporter.xid.service import one_shot
+from exporter.xid.store import Ack, split_key
+
+HELP = "acknowledge a GPU's XIDs after a reset or repair (clears its sticky verdict; counters stay)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", required=True, metavar="N",
+                   help="GPU index (as NVML numbers them) or PCI address (for a GPU NVML no longer lists).")
+    p.add_argument("--xid", type=int, metavar="X", help="Acknowledge only this XID (default: all).")
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    svc = one_shot(ctx)  # the backlog too: the baseline includes XIDs the daemon has not written yet
+    target = args.gpu.strip()
+    pci = index = None
+    uuid = ""
+    if ":" in target:
+        pci = pci_key(target)
+    elif target.isdigit():
+        index = int(target)
+        s = svc.session()
+        dev = next((d for d in s.devices if d.index == index), None) if s is not None else None
+        if dev is not None:
+            pci, uuid = pci_key(dev.pci_bus_id), dev.uuid
+        else:
+            pci = next((p for p, i in svc.store.identities.items() if i.index == index), None)
+    if pci is None:
+        print(f"gpu-health-exporter ack: no GPU {target!r} (give an index NVML lists or a PCI address)",
+              file=sys.stderr)
+        return 2
+    ident = svc.store.identities.get(pci)
+    if ident is not None:
+        index = ident.index if index is None else index
+        uuid = uuid or ident.uuid
+    baseline = {k: c.count for k, c in svc.store.counts.get(pci, {}).items()
+                if args.xid is None or split_key(k)[0] == args.xid}
+    svc.store.add_ack(Ack(pci, index, uuid, args.xid, time.time(), baseline))
+    if not svc.state.write(svc.store):
+        print(f"gpu-health-exporter ack: cannot write the state file {svc.state.path}: "
+              f"{svc.state.status.problem}", file=sys.stderr)
+        return 2
+    what = f"XID {args.xid}" if args.xid is not None else "all XIDs"
+    counted = ", ".join(f"{k} x{n}" for k, n in sorted(baseline.items())) or "none counted yet"
+    print(f"acknowledged {what} on GPU {index if index is not None else '-'} ({pci_label(pci)}): {counted}")
+    return 0

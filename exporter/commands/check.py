@@ -1,0 +1,125 @@
+"""`gpu-health-exporter check`: a one-shot health check that needs no running daemon.
+
+Reads NVML once (through the GPU collector), the kernel-log backlog and the daemon's state file
+(read only), then prints the verdict per GPU and for the node as a table or JSON. Exit status:
+0 healthy, 1 degraded, 2 action required (reset, reboot or replace), 3 could not check (NVML
+unusable, or neither the kernel log nor a state file for this boot could be read) unless what
+could be read already shows that action is required.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from exporter.collector import Context
+from exporter.node import expected_gpus, instance_type
+from exporter.xid.service import XidService, evaluate, one_shot
+
+HELP = ("one-shot health check without a daemon: per-GPU and node verdict; exit 0 healthy, 1 degraded, "
+        "2 action required, 3 could not check")
+
+EXIT = {"healthy": 0, "degraded": 1}
+EXIT_ACTION, EXIT_UNKNOWN = 2, 3
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+
+
+def read_gpus(ctx: Context) -> tuple[Any, str]:
+    """Run the GPU collector once; (NodeGpuHealth or None, problem)."""
+    from exporter import collectors
+    from exporter.runner import Runner
+
+    cls = collectors.collector_classes().get("gpu")
+    if cls is None:
+        return None, "the GPU collector is not available"
+    c = cls(ctx)
+    section = getattr(ctx.config, "gpu", None)
+    deadline = getattr(section, "timeout_seconds", None) or ctx.config.collector_timeout_seconds
+    runner = Runner([c], deadline)
+    try:
+        runner.collect()
+    finally:
+        runner.close()
+    st = runner.status.get(c.name)
+    health = ctx.shared.get("gpu_health")
+    if health is None:
+        return None, f"the GPU read failed: {st.error if st else 'no result'}"
+    if health.nvml_error:
+        return health, f"NVML: {health.nvml_error}"
+    return health, ""
+
+
+def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
+    svc = one_shot(ctx)
+    health, gpu_problem = read_gpus(ctx)
+    problems = [gpu_problem] if gpu_problem else []
+    if svc.kmsg.enabled and not svc.kmsg.ok:
+        problems.append(f"kernel log: {svc.kmsg.error}" + ("" if svc.state_found else
+                                                             " and no state file for this boot"))
+    return evaluate(svc, health, expected_gpus(ctx)), svc, problems
+
+
+def exit_status(verdict: str, could_not_check: bool) -> int:
+    code = EXIT.get(verdict, EXIT_ACTION)
+    if could_not_check and code != EXIT_ACTION:
+        return EXIT_UNKNOWN
+    return code
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts else ""
+
+
+def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Context) -> dict:
+    st = svc.reader.stats
+    return {
+        "node": {"verdict": nv.verdict, "reasons": nv.reasons, "exit_status": code,
+                 "instance_type": instance_type(ctx), "gpu_count": nv.gpu_count,
+                 "expected_gpus": nv.expected_gpus},
+        "gpus": [{
+            "gpu": int(g.gpu) if g.gpu.isdigit() else None, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id,
+            "verdict": g.verdict, "reasons": g.reasons,
+            "xids": [{"xid": x.xid, "count": x.count, "tier": x.tier, "last_seen": _iso(x.last_seen),
+                      "acknowledged": x.acknowledged, "meaning": x.meaning} for x in g.xids],
+        } for g in nv.gpus],
+        "sources": {
+            "kmsg": {"path": svc.kmsg_path, "ok": svc.kmsg.ok, "error": svc.kmsg.error,
+                     "records": st.records, "missed_records": st.missed, "overwrites": st.overwrites},
+            "state_file": {"path": str(svc.state.path), "found": svc.state_found,
+                           "problem": svc.state.status.problem},
+        },
+        "problems": problems,
+    }
+
+
+def table(nv: Any, problems: list[str], code: int, ctx: Context) -> str:
+    count = "?" if nv.gpu_count is None else str(nv.gpu_count)
+    expected = "?" if nv.expected_gpus is None else str(nv.expected_gpus)
+    lines = [f"node {instance_type(ctx) or '(instance type unknown)'}: {nv.verdict.upper()}"
+             f" (exit {code}); GPUs {count}/{expected}; reasons: {', '.join(nv.reasons) or 'none'}", ""]
+    rows = [("GPU", "PCI BUS ID", "UUID", "VERDICT", "REASONS", "XIDS SINCE BOOT (xid x count tier)")]
+    for g in nv.gpus:
+        xids = ", ".join(f"{x.xid} x{x.count} {x.tier}" + (" (acked)" if x.acknowledged else "")
+                         for x in g.xids) or "-"
+        rows.append((g.gpu or "-", g.pci_bus_id, g.uuid or "-", g.verdict, ",".join(g.reasons) or "-", xids))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1])
+    for p in problems:
+        lines.append(f"could not check fully: {p}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    nv, svc, problems = gather(ctx)
+    code = exit_status(nv.verdict, bool(problems))
+    if args.json:
+        print(json.dumps(to_json(nv, svc, problems, code, ctx), indent=2))
+    else:
+        print(table(nv, problems, code, ctx))
+    return code
