@@ -134,18 +134,24 @@ class _Acc:
     """Samples summed (or maxed) over the targets that share a label set."""
 
     def __init__(self) -> None:
-        self.values: dict[tuple[MetricSpec, tuple[str, ...]], float] = {}
+        self.values: dict[tuple[str, tuple[str, ...]], float] = {}  # keyed by name: cheap to hash
+        self.specs: dict[str, MetricSpec] = {}
+
+    def _key(self, spec: MetricSpec, labels: dict[str, str]) -> tuple[str, tuple[str, ...]]:
+        self.specs.setdefault(spec.name, spec)
+        return spec.name, tuple(labels[k] for k in spec.labels)
 
     def add(self, spec: MetricSpec, value: float, labels: dict[str, str]) -> None:
-        key = (spec, tuple(labels[k] for k in spec.labels))
+        key = self._key(spec, labels)
         self.values[key] = self.values.get(key, 0.0) + value
 
     def max(self, spec: MetricSpec, value: float, labels: dict[str, str]) -> None:
-        key = (spec, tuple(labels[k] for k in spec.labels))
+        key = self._key(spec, labels)
         self.values[key] = max(self.values.get(key, value), value)
 
     def emit(self, out: Families) -> None:
-        for (spec, lv), v in self.values.items():
+        for (name, lv), v in self.values.items():
+            spec = self.specs[name]
             out.add(spec, v, **dict(zip(spec.labels, lv, strict=True)))
 
 

@@ -53,7 +53,7 @@ class SourceState:
             self.problem = why
 
 
-def read_text(path: Path) -> str:
+def read_text(path: str) -> str:
     with open(path, encoding="utf-8", errors="replace") as f:
         return f.read()
 
@@ -62,10 +62,11 @@ class Tree:
     """The three Lustre trees of one node, with per-scrape source problems recorded."""
 
     def __init__(self, procfs: str, sysfs: str, debugfs: str,
-                 reader: Callable[[Path], str] = read_text) -> None:
+                 reader: Callable[[str], str] = read_text) -> None:
         self.debugfs_root = Path(debugfs)
         self.roots = {"procfs": Path(procfs) / "fs/lustre", "sysfs": Path(sysfs) / "fs/lustre",
                       "debugfs": self.debugfs_root / "lustre"}
+        self._root_str = {k: str(v) for k, v in self.roots.items()}
         self.reader = reader
         self.version: tuple[int, ...] | None = None
         self.state = {s: SourceState() for s in SOURCES}
@@ -114,9 +115,9 @@ class Tree:
         """(text, tree) of the file `kind` under `<tree>/<parts>/`, trying the version's trees
         in order; (None, None) when no tree has it. A permission or I/O error marks that tree
         failed for this scrape and the next tree is tried."""
-        rel = Path(*parts, kind) if parts else Path(kind)
+        rel = "/".join((*parts, kind))
         for src in self.order(kind):
-            path = self.roots[src] / rel
+            path = f"{self._root_str[src]}/{rel}"
             try:
                 return self.reader(path), src
             except FileNotFoundError:
