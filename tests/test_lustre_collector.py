@@ -239,18 +239,21 @@ def test_same_fsname_twice_needs_lfs(tmp_path, caplog):
 
 
 def test_hung_statvfs_does_not_block_the_collection(tmp_path):
-    tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx")]).build()
-    hung = FakeStatvfs({"/fsx": TiB}, hang_s=1.5)
-    _, r = make(tree, statvfs=hung, probe_timeout_seconds=0.1)
+    tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx"), FsSpec("fs2", "/fsy", "ffff02")]).build()
+    hung = FakeStatvfs({"/fsx": TiB, "/fsy": TiB}, hang_s=2.0)
+    _, r = make(tree, statvfs=hung, probe_timeout_seconds=0.4)
     t = time.monotonic()
     s = samples(scrape(r))
     s2 = samples(scrape(r))
-    assert time.monotonic() - t < 1.0
-    assert hung.calls == 1  # not started again while the first call is stuck
+    # Both mounts are probed in parallel within one timeout (sequentially: 0.8 s for the first
+    # scrape alone), and a stuck call is not started again on the next scrape.
+    assert time.monotonic() - t < 0.75
+    assert hung.calls == 2
     for x in (s, s2):
-        assert value(x, "lustre_client_statfs_success", mount="/fsx") == 0
+        for mnt in ("/fsx", "/fsy"):
+            assert value(x, "lustre_client_statfs_success", mount=mnt) == 0
+            assert value(x, "lustre_client_import_state", mount=mnt, component="osc", state="FULL") == 4
         assert not series(x, "lustre_client_filesystem_size_bytes")
-        assert value(x, "lustre_client_import_state", component="osc", state="FULL") == 4
 
 
 def test_damaged_files_are_counted_not_fatal(tmp_path):
@@ -305,6 +308,16 @@ def test_node_without_lustre(tmp_path):
     assert value(s, "lustre_client_mounts") == 0
     assert not series(s, "lustre_client_source_up")  # no blind-spot alert on nodes without Lustre
     assert value(s, "gpu_health_exporter_collector_success", collector="lustre") == 1
+
+
+def test_client_loaded_but_nothing_mounted(tmp_path):
+    tree = LustreTree(tmp_path, debugfs=False).build()
+    tree.write(tree.sys / "health_check", "LBUG\n")
+    _, r = make(tree)
+    s = samples(scrape(r))
+    assert value(s, "lustre_client_mounts") == 0
+    assert value(s, "lustre_client_health_status", status="lbug") == 1
+    assert not series(s, "lustre_client_source_up")
 
 
 def test_unreadable_mounts_file_fails_the_collector(tmp_path):

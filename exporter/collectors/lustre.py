@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -209,8 +210,9 @@ class LustreCollector(Collector):
             self._count_bad("version", 1)
         tree.version = parsers.version_tuple(version)
         out.add(MOUNTS, len(mounts))
-        present = bool(mounts) or version_text is not None
-        if not present:
+        if not mounts:  # nothing mounted: only the module's health, and no source is "down"
+            if version_text is not None:
+                self._health(out)
             return
         tree.check_roots()
         instances = tree.listdir("llite")
@@ -238,8 +240,7 @@ class LustreCollector(Collector):
             for k in [k for k in d if k not in live]:
                 del d[k]
         if self.do_statfs:
-            for m in mounts:
-                self._statfs(m, out)
+            self._statfs_all(mounts, out)
         self._health(out)
         self._sources(out, mounts)
         for kind, n in self._malformed.items():
@@ -402,29 +403,36 @@ class LustreCollector(Collector):
             acc.max(EVICTIONS, self._evict_total[key], labels)
             acc.max(LAST_EVICTION, self._last_evict[key], labels)
 
-    def _statfs(self, m: Mount, out: Families) -> None:
-        labels = {"fsname": m.fsname, "mount": m.mountpoint}
-        path = self._host_path(m.mountpoint)
-        subject = f"statfs {m.mountpoint}"
-        try:
-            st = self.probe.run(f"statfs {path}", lambda: self.statvfs(path))
-        except OSError as e:
-            self._report(subject, f"statvfs({path}) failed: {e.strerror or e}")
-            out.add(STATFS_OK, 0, **labels)
-            return
-        if st is TimedProbe.HUNG:
-            self._report(subject, f"statvfs({path}) did not answer within {self.probe.timeout_s:g}s "
-                         "(file system unreachable?); capacity not exported")
-            out.add(STATFS_OK, 0, **labels)
-            return
-        self._report(subject, "")
-        frsize = st.f_frsize or getattr(st, "f_bsize", 0)
-        out.add(STATFS_OK, 1, **labels)
-        out.add(FS_SIZE, st.f_blocks * frsize, **labels)
-        out.add(FS_FREE, st.f_bfree * frsize, **labels)
-        out.add(FS_AVAIL, st.f_bavail * frsize, **labels)
-        out.add(FS_INODES, st.f_files, **labels)
-        out.add(FS_INODES_FREE, st.f_ffree, **labels)
+    def _statfs_all(self, mounts: list[Mount], out: Families) -> None:
+        """statvfs of every mount in parallel, all within one probe timeout: a hung mount
+        costs the collection at most probe_timeout_seconds once, then nothing while stuck."""
+        handles = []
+        for m in mounts:
+            path = self._host_path(m.mountpoint)
+            handles.append((m, path, self.probe.start(f"statfs {path}", lambda p=path: self.statvfs(p))))
+        deadline = time.monotonic() + self.probe.timeout_s
+        for m, path, handle in handles:
+            labels = {"fsname": m.fsname, "mount": m.mountpoint}
+            subject = f"statfs {m.mountpoint}"
+            try:
+                st = self.probe.wait(handle, deadline)
+            except OSError as e:
+                self._report(subject, f"statvfs({path}) failed: {e.strerror or e}")
+                out.add(STATFS_OK, 0, **labels)
+                continue
+            if st is TimedProbe.HUNG:
+                self._report(subject, f"statvfs({path}) did not answer within {self.probe.timeout_s:g}s "
+                             "(file system unreachable?); capacity not exported")
+                out.add(STATFS_OK, 0, **labels)
+                continue
+            self._report(subject, "")
+            frsize = st.f_frsize or getattr(st, "f_bsize", 0)
+            out.add(STATFS_OK, 1, **labels)
+            out.add(FS_SIZE, st.f_blocks * frsize, **labels)
+            out.add(FS_FREE, st.f_bfree * frsize, **labels)
+            out.add(FS_AVAIL, st.f_bavail * frsize, **labels)
+            out.add(FS_INODES, st.f_files, **labels)
+            out.add(FS_INODES_FREE, st.f_ffree, **labels)
 
     def _health(self, out: Families) -> None:
         text, _ = self.tree.read("health_check")

@@ -18,6 +18,7 @@ import errno
 import json
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -170,8 +171,9 @@ class TimedProbe:
         self._stuck: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
 
-    def run(self, key: str, fn: Callable[[], Any]) -> Any:
-        """fn()'s result, HUNG, or raises fn's exception."""
+    def start(self, key: str, fn: Callable[[], Any]) -> Any:
+        """Start fn() for `key` in a thread; returns a handle for `wait`, or HUNG when the
+        previous call for `key` is still running."""
         with self._lock:
             t = self._stuck.get(key)
             if t is not None:
@@ -188,7 +190,15 @@ class TimedProbe:
 
         t = threading.Thread(target=target, name=f"lustre-probe {key}", daemon=True)
         t.start()
-        t.join(self.timeout_s)
+        return (key, t, box)
+
+    def wait(self, handle: Any, deadline: float) -> Any:
+        """The call's result, HUNG if it is still running at `deadline` (time.monotonic()),
+        or raises the call's exception."""
+        if handle is self.HUNG:
+            return self.HUNG
+        key, t, box = handle
+        t.join(max(0.0, deadline - time.monotonic()))
         if t.is_alive():
             with self._lock:
                 self._stuck[key] = t
@@ -196,6 +206,10 @@ class TimedProbe:
         if "error" in box:
             raise box["error"]
         return box["value"]
+
+    def run(self, key: str, fn: Callable[[], Any]) -> Any:
+        """fn()'s result within timeout_s, HUNG, or raises fn's exception."""
+        return self.wait(self.start(key, fn), time.monotonic() + self.timeout_s)
 
     def stuck(self) -> int:
         with self._lock:
