@@ -78,6 +78,7 @@ class KmsgReader:
         self._offset = 0
         self._ino: tuple[int, int] | None = None
         self._pending = b""  # a trailing partial line of a regular file
+        self._held = False  # _pending was already there at the end of the previous read
         self._poll: select.poll | None = None
 
     # -- opening -------------------------------------------------------------------------------
@@ -109,15 +110,17 @@ class KmsgReader:
                 self._fd = None
 
     # -- reading -------------------------------------------------------------------------------
-    def read_available(self) -> Iterator[Record]:
+    def read_available(self, final: bool = False) -> Iterator[Record]:
         """Yield the records available now, never blocking. Iterate it to the end: a file's
-        position advances by whole chunks."""
+        position advances by whole chunks. A file's last line without a newline is taken when
+        `final` (a one-shot read) or when it is still unfinished on the next call (a saved log
+        that simply ends without one), so a writer caught mid-line is not misread."""
         if self._fd is None:
             self.open()
         if self._device:
             yield from self._read_device()
         else:
-            yield from self._read_file()
+            yield from self._read_file(final)
 
     def _note(self, rec: Record) -> None:
         st = self.stats
@@ -151,7 +154,18 @@ class KmsgReader:
             self._note(rec)
             yield rec
 
-    def _read_file(self) -> Iterator[Record]:
+    def _lines(self, text: str) -> Iterator[Record]:
+        for line in text.split("\n"):
+            if not line or line[0] == " ":  # continuation line (KEY=value) or blank
+                continue
+            rec = parse_record(line)
+            if rec is None:
+                self.stats.malformed += 1
+                continue
+            self._note(rec)
+            yield rec
+
+    def _read_file(self, final: bool = False) -> Iterator[Record]:
         try:
             st = os.stat(self.path)
         except OSError:
@@ -160,10 +174,12 @@ class KmsgReader:
             # replaced (rotation) or truncated: start over; sequence numbers drop repeats
             self.close()
             self.open()
+        grew = False
         while True:
             data = os.pread(self._fd, self.chunk_bytes, self._offset)
             if not data:
-                return
+                break
+            grew = True
             self._offset += len(data)
             buf = self._pending + data
             end = buf.rfind(b"\n")
@@ -171,15 +187,12 @@ class KmsgReader:
                 self._pending = buf
                 continue
             self._pending = buf[end + 1:]
-            for line in buf[:end].decode("utf-8", "replace").split("\n"):
-                if not line or line[0] == " ":  # continuation line (KEY=value) or blank
-                    continue
-                rec = parse_record(line)
-                if rec is None:
-                    self.stats.malformed += 1
-                    continue
-                self._note(rec)
-                yield rec
+            yield from self._lines(buf[:end].decode("utf-8", "replace"))
+        if self._pending and (final or (not grew and self._held)):
+            tail, self._pending = self._pending, b""
+            self._held = False
+            yield from self._lines(tail.decode("utf-8", "replace"))
+        self._held = bool(self._pending)
 
     def wait(self, timeout_s: float) -> None:
         """Block until more records may be available (device) or for the poll interval (file)."""

@@ -166,7 +166,7 @@ class XidService:
         return False
 
     # -- kernel log --------------------------------------------------------------------------------
-    def read_kmsg(self, live: bool = False) -> int:
+    def read_kmsg(self, live: bool = False, final: bool = False) -> int:
         """Process every kernel-log record available now; returns how many were read. Errors
         (no such file, permission denied without CAP_SYSLOG) are recorded, not raised."""
         if not self.kmsg.enabled:
@@ -175,7 +175,7 @@ class XidService:
         try:
             if not self.reader.is_open:
                 self.reader.open()
-            for rec in self.reader.read_available():
+            for rec in self.reader.read_available(final):
                 if n == 0 and self.reader.stats.records == 1:
                     self._note_first(rec)
                 self.handle_record(rec, live)
@@ -280,7 +280,7 @@ def one_shot(ctx: Any) -> XidService:
         ctx.simulation.advance(SIM_PLAY_S)
     svc = xid_service(ctx)
     svc.load_state()
-    svc.read_kmsg()
+    svc.read_kmsg(final=True)
     return svc
 
 

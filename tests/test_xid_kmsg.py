@@ -1,0 +1,77 @@
+"""Reading the kernel log: a file (backlog then follow), and the /dev/kmsg device semantics
+(one record per read, EAGAIN ends the backlog, EPIPE counted and skipped)."""
+
+import errno
+import os
+
+import pytest
+
+from exporter.xid import kmsg as kmsg_mod
+from exporter.xid.kmsg import KmsgReader
+
+
+def test_file_backlog_then_follow_with_continuations_and_partial_lines(tmp_path):
+    path = tmp_path / "kmsg"
+    path.write_text("6,0,10,-;first\n SUBSYSTEM=pci\n DEVICE=+pci:0000:53:00.0\n"
+                    "4,1,20,-;second\n4,2,30,-;thi")
+    r = KmsgReader(str(path))
+    assert [x.message for x in r.read_available()] == ["first", "second"]  # partial line held back
+    with open(path, "a") as f:
+        f.write("rd\ngarbage line\n12,3,40,-;from user space\n")
+    got = list(r.read_available())
+    assert [(x.seq, x.message, x.kernel) for x in got] == [(2, "third", True), (3, "from user space", False)]
+    assert r.stats.records == 4 and r.stats.malformed == 1 and r.stats.missed == 0
+    assert list(r.read_available()) == []
+
+
+def test_a_log_ending_without_newline_is_read_on_the_next_poll_or_when_final(tmp_path):
+    path = tmp_path / "kmsg"
+    path.write_text("6,0,10,-;a\n6,1,11,-;b")
+    r = KmsgReader(str(path))
+    assert [x.message for x in r.read_available()] == ["a"]
+    assert [x.message for x in r.read_available()] == ["b"]  # still unfinished: it is the end
+    assert [x.message for x in KmsgReader(str(path)).read_available(final=True)] == ["a", "b"]
+
+
+def test_file_truncated_or_replaced_starts_over(tmp_path):
+    path = tmp_path / "kmsg"
+    path.write_text("6,0,10,-;a\n6,1,11,-;b\n")
+    r = KmsgReader(str(path))
+    assert len(list(r.read_available())) == 2
+    path.write_text("6,7,10,-;c\n")  # shorter: truncated / rotated
+    assert [x.message for x in r.read_available()] == ["c"]
+
+
+def test_missing_file_raises_for_the_caller(tmp_path):
+    with pytest.raises(OSError):
+        list(KmsgReader(str(tmp_path / "nope")).read_available())
+
+
+class FakeDevice:
+    """os.read replacement: one record per read, EPIPE where the kernel overwrote, then EAGAIN."""
+
+    def __init__(self, items):
+        self.items = list(items)
+
+    def read(self, fd, n):
+        if not self.items:
+            raise BlockingIOError(errno.EAGAIN, "again")
+        item = self.items.pop(0)
+        if isinstance(item, int):
+            raise OSError(item, os.strerror(item))
+        return item.encode()
+
+
+def test_device_semantics_eagain_epipe_and_sequence_gaps(monkeypatch):
+    dev = FakeDevice(["6,100,1,-;a\n SUBSYSTEM=x\n", errno.EPIPE, "6,105,2,-;b\n", "6,106,3,-;c\n"])
+    monkeypatch.setattr(kmsg_mod.os, "read", dev.read)
+    r = KmsgReader("/dev/kmsg")
+    r._fd, r._device = 99, True  # as if open() had found the character device
+    got = list(r.read_available())
+    assert [x.message for x in got] == ["a", "b", "c"]
+    assert r.stats.overwrites == 1
+    assert r.stats.missed == 4  # 101..104 were overwritten before we read them
+    assert list(r.read_available()) == []  # EAGAIN: nothing more now
+    dev.items.append("6,107,4,-;d\n")
+    assert [x.seq for x in r.read_available()] == [107]
+    r._fd = None

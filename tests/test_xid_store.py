@@ -1,0 +1,113 @@
+"""One count per event (window rule, any source order), bounded memory, the state file."""
+
+import json
+import os
+
+from exporter.xid.store import Ack, StateFile, XidStore
+
+PCI = "00000000:53:00"
+
+
+def test_nvml_and_kmsg_for_one_xid_count_once_in_either_order():
+    for order in (("nvml", 100.0, "kmsg", 100.4), ("kmsg", 100.4, "nvml", 100.9)):
+        s = XidStore(window_s=10)
+        assert s.report(order[0], PCI, 31, order[1], 0.0) is True
+        assert s.report(order[2], PCI, 31, order[3], 0.0) is False
+        assert s.counts[PCI]["31"].count == 1
+        assert s.merged == {order[2]: 1}
+
+
+def test_backlog_line_older_than_the_nvml_event_still_matches():
+    s = XidStore(window_s=10)
+    s.report("nvml", PCI, 79, 200.0, 0.0)
+    assert s.report("kmsg", PCI, 79, 197.0, 0.0) is False  # read later, logged earlier
+    assert s.counts[PCI]["79"].count == 1
+
+
+def test_separate_events_beyond_the_window_and_other_gpus_or_xids_count():
+    s = XidStore(window_s=10)
+    assert s.report("kmsg", PCI, 31, 0.0, 0.0)
+    assert s.report("kmsg", PCI, 31, 10.5, 0.0)  # a new event
+    assert s.report("kmsg", PCI, 43, 10.6, 0.0)  # other XID
+    assert s.report("kmsg", "00000000:64:00", 31, 10.7, 0.0)  # other GPU
+    assert s.counts[PCI]["31"].count == 2
+
+
+def test_flood_of_a_million_lines_is_one_event_with_bounded_state():
+    s = XidStore(window_s=10)
+    for i in range(200_000):
+        s.report("kmsg", PCI, 13, 50.0 + i * 1e-6, 0.0)
+    assert s.counts[PCI]["13"].count == 1
+    assert s.reports["kmsg"] == 200_000 and s.merged["kmsg"] == 199_999
+    assert sum(len(q) for q in s.open.values()) == 1
+    s.prune(1000.0)
+    assert not s.open
+
+
+def test_xid_154_counts_keep_the_action_code():
+    s = XidStore()
+    s.report("kmsg", PCI, 154, 1.0, 0.0, action=2)
+    assert set(s.counts[PCI]) == {"154/2"}
+
+
+def test_acks_subtract_a_baseline_and_counters_stay():
+    s = XidStore(window_s=1)
+    s.report("kmsg", PCI, 63, 1.0, 0.0)
+    s.report("kmsg", PCI, 31, 1.0, 0.0)
+    s.add_ack(Ack(PCI, 0, "", 63, 5.0, {"63": 1}))
+    assert set(s.unacked(PCI)) == {"31"}
+    s.report("kmsg", PCI, 63, 9.0, 0.0)  # happens again after the ack
+    assert set(s.unacked(PCI)) == {"31", "63"} and s.counts[PCI]["63"].count == 2
+
+
+def test_state_roundtrip_is_atomic_and_keyed_by_boot(tmp_path):
+    s = XidStore()
+    s.report("kmsg", PCI, 63, 1.0, 1700000000.0)
+    s.last_seq = 42
+    sf = StateFile(str(tmp_path / "state"), "boot-a", "/dev/kmsg")
+    assert sf.write(s)
+    assert not [p for p in (tmp_path / "state").iterdir() if p.name.endswith(".tmp")]
+    data = StateFile(str(tmp_path / "state"), "boot-a", "/dev/kmsg").read()
+    assert data["last_seq"] == 42 and data["counts"][PCI]["63"][0] == 1
+    assert StateFile(str(tmp_path / "state"), "boot-b", "/dev/kmsg").read() is None  # new boot
+    other = StateFile(str(tmp_path / "state"), "boot-a", "/tmp/replayed.log")
+    assert other.read() is None and other.status.problem == "other_source"
+
+
+def test_corrupt_and_unwritable_state_are_reported_not_raised(tmp_path):
+    d = tmp_path / "state"
+    d.mkdir()
+    (d / "xid-state.json").write_text('{"version": 1, "boot_id": "b", "counts": {"x": {"31": "nope"}}')
+    sf = StateFile(str(d), "b")
+    assert sf.read() is None
+    assert (sf.status.ok, sf.status.problem, sf.status.read_errors) == (False, "corrupt", 1)
+    assert (d / "xid-state.json.corrupt").exists()  # set aside for a human
+    bad_key = {"version": 1, "boot_id": "b", "counts": {PCI: {"x": [1, 0, 0]}}}
+    (d / "xid-state.json").write_text(json.dumps(bad_key))
+    assert sf.read() is None and sf.status.read_errors == 2  # a bad key is corrupt too
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    bad = StateFile(str(blocked / "sub"), "b")
+    s = XidStore()
+    s.report("kmsg", PCI, 31, 1.0, 0.0)
+    assert bad.write(s) is False
+    assert (bad.status.ok, bad.status.problem, bad.status.write_errors) == (False, "unwritable", 1)
+    assert s.counts[PCI]["31"].count == 1  # nothing lost in memory
+
+
+def test_write_merges_acks_written_by_another_process(tmp_path):
+    d = str(tmp_path)
+    daemon, ack = XidStore(), XidStore()
+    daemon.report("kmsg", PCI, 63, 1.0, 0.0)
+    StateFile(d, "b").write(daemon)
+    ack.merge_state(StateFile(d, "b").read())
+    ack.add_ack(Ack(PCI, 0, "", None, 2.0, {"63": 1}))
+    StateFile(d, "b").write(ack)
+    sf = StateFile(d, "b")
+    sf._mtime = 0.0  # the daemon's last view of the file
+    assert sf.changed_on_disk()
+    daemon.report("kmsg", PCI, 31, 30.0, 0.0)
+    sf.write(daemon)  # the daemon's next write keeps the ack
+    assert len(daemon.acks) == 1 and daemon.unacked(PCI).keys() == {"31"}
+    on_disk = json.loads(open(os.path.join(d, "xid-state.json")).read())
+    assert len(on_disk["acks"]) == 1 and on_disk["counts"][PCI]["63"][0] == 1
