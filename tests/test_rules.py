@@ -1,0 +1,208 @@
+"""The alert rules in rules/: valid for the real promtool, covered by promtool unit tests, written to
+the project's conventions, and consistent with the exporter's metric catalog and the docs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from exporter import collectors
+from exporter.catalog import all_specs
+from tests.helpers import promtool
+from tests.rules_lint import (
+    ALERTS_MD,
+    PROMETHEUS_SERIES,
+    RULES_DIR,
+    RUNBOOKS,
+    SUITES_DIR,
+    alerts,
+    all_rules,
+    github_anchors,
+    load,
+    metric_names,
+    recorded,
+    rule_files,
+    suite_cases,
+    suites,
+)
+
+SEVERITIES = {"critical", "warning", "info"}
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_there_are_rules_and_suites():
+    assert {p.name for p in rule_files()} == {"gpu.yml", "xid.yml", "efa.yml", "fsx.yml", "exporter.yml"}
+    assert len(suites()) >= 5
+    assert len(alerts()) >= 40
+
+
+@pytest.mark.parametrize("path", rule_files(), ids=lambda p: p.name)
+def test_promtool_check_rules(path):
+    r = _run("check", "rules", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout
+
+
+@pytest.mark.parametrize("path", suites(), ids=lambda p: p.name)
+def test_promtool_unit_suite(path):
+    r = _run("test", "rules", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout
+
+
+def test_promtool_suite_fails_on_a_wrong_expectation(tmp_path):
+    """The suites can fail: the same case with a wrong description is reported as a failure."""
+    suite = load(SUITES_DIR / "gpu.test.yml")
+    for group in suite["tests"]:
+        for case in group.get("alert_rule_test") or []:
+            for exp in case.get("exp_alerts") or []:
+                exp["exp_annotations"]["description"] = "something else"
+    suite["rule_files"] = [str(RULES_DIR / "gpu.yml")]
+    path = tmp_path / "wrong.test.yml"
+    path.write_text(yaml.safe_dump(suite))
+    r = _run("test", "rules", str(path))
+    assert r.returncode != 0
+    assert "FAILED" in r.stdout + r.stderr
+
+
+def test_ecc_thresholds_are_overridable_in_one_place(tmp_path):
+    """Raising the factor recording rule (and nothing else) silences the step-up case: the alert
+    reads the threshold series, not a number in its expression."""
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "tests" / "rules").mkdir(parents=True)
+    text = (RULES_DIR / "gpu.yml").read_text()
+    assert text.count("expr: vector(3)") == 1
+    (tmp_path / "rules" / "gpu.yml").write_text(text.replace("expr: vector(3)", "expr: vector(20)"))
+    shutil.copy(SUITES_DIR / "gpu_ecc.test.yml", tmp_path / "tests" / "rules")
+    r = _run("test", "rules", str(tmp_path / "tests" / "rules" / "gpu_ecc.test.yml"))
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "step up to several times the baseline fires after for" in out
+    assert "steady rate above the floor is silent" not in out
+
+
+@pytest.mark.parametrize("name", sorted(alerts()))
+def test_alert_conventions(name):
+    rule = alerts()[name]
+    assert re.fullmatch(r"[A-Z][A-Za-z0-9]+", name) and len(name) <= 40, name
+    labels, ann = rule.get("labels", {}), rule.get("annotations", {})
+    assert labels.get("severity") in SEVERITIES
+    assert "$value" not in str(labels), "a label that changes with the value resets `for`"
+    summary = ann.get("summary", "")
+    assert summary and "{{" not in summary and summary[0].isupper() and summary.endswith("."), summary
+    assert "{{" in ann.get("description", ""), "description must be templated"
+    if not name.endswith("Absent"):  # absent() has no series, hence no node, to name
+        assert "$labels.instance" in ann["description"], "description must name the node"
+    assert ann.get("runbook_url") == f"docs/runbooks.md#{name.lower()}"
+    if labels.get("node_action") == "replace":
+        assert labels["severity"] == "critical"
+
+
+def test_group_limits_and_unique_names():
+    """mixtool's limits, and group names unique across files (one PrometheusRule or AMP workspace
+    may hold all five files)."""
+    names = []
+    for path in rule_files():
+        for g in load(path)["groups"]:
+            names.append(g["name"])
+            assert len(g["name"]) <= 40 and len(g["rules"]) <= 20, g["name"]
+    assert len(names) == len(set(names))
+
+
+def test_rule_files_convert_to_prometheusrule(tmp_path):
+    """Each file is a PrometheusRule's spec as is: wrap it, unwrap it, and promtool still accepts it."""
+    for path in rule_files():
+        cr = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+              "metadata": {"name": f"gpu-health-exporter-{path.stem}", "labels": {"release": "prometheus"}},
+              "spec": load(path)}
+        back = yaml.safe_load(yaml.safe_dump(cr))["spec"]
+        out = tmp_path / path.name
+        out.write_text(yaml.safe_dump(back))
+        r = _run("check", "rules", str(out))
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_alert_fires_and_misses_in_a_suite():
+    """Every alert has a case that fires, asserting its full labels and annotations, and a case
+    where it stays silent."""
+    cases = suite_cases()
+    rules = alerts()
+    for name, rule in rules.items():
+        assert name in cases, f"{name} has no promtool test"
+        fired = [exp for _, _, exps in cases[name] for exp in exps]
+        assert fired, f"{name}: no case in which it fires"
+        assert any(not exps for _, _, exps in cases[name]), f"{name}: no near-miss case"
+        for exp in fired:
+            labels = exp.get("exp_labels", {})
+            assert labels.get("severity") == rule["labels"]["severity"]
+            for k, v in rule["labels"].items():
+                assert labels.get(k) == v, f"{name}: case does not assert label {k}"
+            if not name.endswith("Absent"):
+                assert labels.get("instance"), f"{name}: alert must carry instance (inhibition, grouping)"
+            assert set(exp.get("exp_annotations", {})) == {"summary", "description", "runbook_url"}, name
+    unknown = set(cases) - set(rules)
+    assert not unknown, f"suites test alerts that do not exist: {unknown}"
+
+
+def _catalog() -> set[str]:
+    import exporter.runner  # noqa: F401 - declares the exporter's own metrics
+
+    collectors.collector_classes()
+    return {s.name for s in all_specs()}
+
+
+def test_metric_name_extraction():
+    assert metric_names('max without (counter) (rate(gpu_ecc_errors_total{error_type="corrected"}[5m]))') \
+        == {"gpu_ecc_errors_total"}
+    assert metric_names('a:b:c > on () group_left () x_total * 1e6 unless y offset 15m') \
+        == {"a:b:c", "x_total", "y"}
+    assert metric_names('label_replace(absent(up{job=~".*e.*"}), "job", "e", "", "")') == {"up"}
+
+
+def test_every_metric_in_the_rules_exists():
+    """Every raw metric a rule reads is in the exporter's catalog (or written by Prometheus); every
+    recorded one is recorded by a rule."""
+    catalog, rec = _catalog(), recorded()
+    missing = {}
+    for path, group, rule in all_rules():
+        for name in metric_names(rule["expr"]):
+            if ":" in name:
+                ok = name in rec
+            else:
+                ok = name in catalog or name in PROMETHEUS_SERIES
+            if not ok:
+                missing.setdefault(name, []).append(f"{path.name}/{group}/{rule.get('alert') or rule['record']}")
+    assert not missing, f"metrics used in rules/ but not in the catalog: {missing}"
+
+
+def test_every_alert_has_a_runbook_section():
+    anchors = github_anchors(RUNBOOKS.read_text())
+    for name in alerts():
+        assert name.lower() in anchors, f"docs/runbooks.md has no section for {name}"
+
+
+def test_alerts_table_lists_every_alert_with_severity_and_tests():
+    text = ALERTS_MD.read_text()
+    cases = suite_cases()
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"^\|\s*\[?`?([A-Z][A-Za-z0-9]+)`?\]?[^|]*\|\s*(\w+)\s*\|(.*)\|(.*)\|\s*$", line)
+        if m:
+            rows[m.group(1)] = (m.group(2), m.group(3), m.group(4))
+    for name, rule in alerts().items():
+        assert name in rows, f"docs/alerts.md has no row for {name}"
+        severity, _, tests = rows[name]
+        assert severity == rule["labels"]["severity"], name
+        for suite, group, _ in cases[name]:
+            if group in tests:
+                break
+        else:
+            raise AssertionError(f"docs/alerts.md row for {name} names none of its test cases")
+    assert set(rows) <= set(alerts()), f"docs/alerts.md lists alerts that do not exist: {set(rows) - set(alerts())}"
