@@ -1,0 +1,88 @@
+"""`check` and `ack` as an operator (or Slurm/Kubernetes) runs them: one-shot, no daemon."""
+
+import json
+
+from exporter.cli import main
+from tests.helpers import FIXTURES
+
+REAL = (FIXTURES / "kmsg" / "kmsg_nvidia.txt").read_text()
+# A saved kernel log of a p5 node (GPU 2 at 0000:75:00, GPU 5 at 0000:a8:00) plus the real H200
+# record (0000:00:06, a GPU this node's NVML does not list).
+REPLAYED = REAL + "\n" + "".join([
+    "4,400,40000000,-;NVRM: Xid (PCI:0000:75:00): 63, pid=<unknown>, Row Remapper: New row marked for "
+    "remapping, reset gpu to activate.\n",
+    "4,401,50000000,-;NVRM: Xid (PCI:0000:a8:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+    "the bus.\n",
+    "3,402,50000100,-;NVRM: The NVIDIA GPU 0000:a8:00.0\n",
+    "3,403,50000110,-;NVRM: (PCI ID: 10de:2330) installed in this system has\n",
+    "3,404,50000120,-;NVRM: fallen off the bus and is not responding to commands.\n",
+    "4,405,60000000,-;NVRM: Xid (PCI:0000:53:00): 13, pid=7, name=python3, Graphics SM Warp Exception\n",
+    "4,406,60000001,-;NVRM: Xid (PCI:0000:53:00): 13, pid=7, name=python3, Graphics SM Global Exception\n",
+])
+
+
+def run_check(capsys, *args):
+    code = main(["check", *args])
+    out = capsys.readouterr().out
+    return code, out
+
+
+def test_check_json_on_a_simulated_node_with_a_replayed_log(tmp_path, capsys):
+    log = tmp_path / "kmsg.txt"
+    log.write_text(REPLAYED)
+    code, out = run_check(capsys, "--simulate", "p5.48xlarge", "--kmsg-file", str(log), "--json")
+    doc = json.loads(out)
+    assert code == 2 and doc["node"]["exit_status"] == 2
+    assert doc["node"]["verdict"] == "replace_required"
+    assert doc["node"]["reasons"] == ["xid_replace", "xid_reboot"]
+    assert (doc["node"]["gpu_count"], doc["node"]["expected_gpus"]) == (8, 8)
+    by = {(g["gpu"], g["pci_bus_id"]): g for g in doc["gpus"]}
+    g2 = by[(2, "00000000:75:00.0")]
+    assert g2["verdict"] == "replace_required" and g2["reasons"] == ["xid_replace"]
+    assert [(x["xid"], x["count"], x["tier"]) for x in g2["xids"]] == [(63, 1, "replace")]
+    g5 = by[(5, "00000000:A8:00.0")]
+    assert [(x["xid"], x["count"], x["tier"]) for x in g5["xids"]] == [(79, 1, "reboot")]
+    assert g5["verdict"] == "reboot_required"
+    g0 = by[(0, "00000000:53:00.0")]
+    assert [(x["xid"], x["count"], x["tier"]) for x in g0["xids"]] == [(13, 1, "application")]
+    assert g0["verdict"] == "healthy"
+    stray = by[(None, "00000000:00:06.0")]  # not an NVML GPU: reported with its PCI address
+    assert [(x["xid"], x["count"], x["tier"]) for x in stray["xids"]] == [(31, 1, "application")]
+    assert stray["uuid"] == "GPU-5d849bfd-1fd8-d42f-aa96-a7c78683d9fe"
+    assert doc["sources"]["kmsg"]["ok"] and doc["problems"] == []
+
+
+def test_exit_statuses(tmp_path, capsys):
+    log = tmp_path / "kmsg.txt"
+    log.write_text(REAL)
+    assert run_check(capsys, "--simulate", "p5.48xlarge", "--kmsg-file", str(log))[0] == 0
+    log.write_text("4,1,1000,-;NVRM: Xid (PCI:0000:53:00): 4242, a new XID\n")
+    code, out = run_check(capsys, "--simulate", "p5.48xlarge", "--kmsg-file", str(log))
+    assert code == 1 and "DEGRADED" in out and "4242 x1 unknown" in out
+    code, out = run_check(capsys, "--simulate", "p5.48xlarge", "--scenario", "gpu-row-remap-pending",
+                          "--kmsg-file", str(log))
+    assert code == 2 and "row_remap_pending" in out
+    # no kernel log and no NVML: could not check
+    missing = str(tmp_path / "missing")
+    code, out = run_check(capsys, "--kmsg-file", missing, "--nvml-capture", missing,
+                          "--path.state-dir", str(tmp_path / "st"))
+    assert code == 3 and "could not check" in out
+    # NVML unusable, but the kernel log alone shows action is needed: 2, not 3
+    log.write_text(REPLAYED)
+    code, out = run_check(capsys, "--kmsg-file", str(log), "--nvml-capture", missing, "--json",
+                          "--path.state-dir", str(tmp_path / "st"))
+    assert code == 2 and json.loads(out)["problems"]
+
+
+def test_ack_clears_the_sticky_verdict_and_keeps_the_counts(tmp_path, capsys):
+    state = str(tmp_path / "state")
+    sim = ["--simulate", "p5.48xlarge", "--scenario", "xid-63", "--path.state-dir", state]
+    code, out = run_check(capsys, *sim, "--json")
+    assert code == 2 and json.loads(out)["gpus"][2]["reasons"] == ["xid_replace"]
+    assert main(["ack", *sim, "--gpu", "2", "--xid", "63"]) == 0
+    assert "acknowledged XID 63 on GPU 2" in capsys.readouterr().out
+    code, out = run_check(capsys, *sim, "--json")
+    g2 = json.loads(out)["gpus"][2]
+    assert code == 0 and g2["verdict"] == "healthy"
+    assert g2["xids"] == [{**g2["xids"][0], "xid": 63, "count": 1, "tier": "replace", "acknowledged": True}]
+    assert main(["ack", *sim, "--gpu", "17"]) == 2  # no such GPU
