@@ -301,3 +301,43 @@ def test_driver_version_on_info(tmp_path):
     (tmp_path / "module" / "efa").mkdir(parents=True)
     (tmp_path / "module" / "efa" / "version").write_text("2.17.1g\n")
     assert value(run(collector(tmp_path)), "efa_info", device="rdmap0s0", driver_version="2.17.1g") == 1
+
+
+def test_a_read_blocked_in_the_kernel_fails_only_that_device(tmp_path):
+    """An admin command that never completes blocks the sysfs read (until the driver's timeout):
+    that device is down for the scrape, the others are served within the device deadline, and the
+    blocked read is not piled up on by later scrapes."""
+    import threading
+    import time
+
+    for i in range(4):
+        efa(tmp_path, f"rdmap{i}s0", i)
+    release = threading.Event()
+    blocked = []
+
+    def hang(path):
+        if path.endswith("rdmap2s0/ports/1/hw_counters/tx_bytes"):
+            blocked.append(path)
+            release.wait(30)
+
+    reader = FaultyReader()
+    reader.on_read = hang
+    c = collector(tmp_path, reader=reader, **{"efa.device_timeout_seconds": 0.3, "efa.read_workers": 2})
+    try:
+        t = time.monotonic()
+        ss = samples(run(c))
+        assert time.monotonic() - t < 2
+        assert value(ss, "gpu_health_exporter_collector_success", collector="efa") == 1
+        assert value(ss, "efa_device_up", device="rdmap2s0") == 0
+        assert all(value(ss, "efa_device_up", device=f"rdmap{i}s0") == 1 for i in (0, 1, 3))
+        ss = samples(run(c))  # still blocked: not read again, still down, others fine
+        assert value(ss, "efa_device_up", device="rdmap2s0") == 0
+        assert value(ss, "efa_device_up", device="rdmap3s0") == 1
+        assert len(blocked) == 1
+    finally:
+        release.set()
+    deadline = time.monotonic() + 5
+    while not c._inflight[c.discovery.discover()[2].path].done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert value(run(c), "efa_device_up", device="rdmap2s0") == 1
+    c.close()

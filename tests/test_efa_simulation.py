@@ -58,7 +58,7 @@ def test_p4d_has_no_rdma_write_files_on_its_kernel_and_p5en_reports_200g(simulat
 
 
 def test_counters_advance(simulated):
-    sim, runner = simulated("p5.48xlarge")
+    sim, runner = simulated("p5en.48xlarge")
     first = samples(scrape(runner))
     sim.advance(10.0)
     second = samples(scrape(runner))
@@ -67,37 +67,62 @@ def test_counters_advance(simulated):
         assert all(b[d] > a[d] for d in a), metric
 
 
-def test_scenario_device_missing(simulated):
-    _, runner = simulated("p5.48xlarge", "efa-device-missing")
-    ss = samples(scrape(runner))
+FAULTS = ["efa-device-missing", "efa-device-flapping", "efa-retrans-timeouts", "efa-unresponsive-remote",
+          "efa-rx-drops", "efa-rdma-errors", "efa-counters-unreadable"]
+
+
+@pytest.fixture(scope="module")
+def faulty():
+    """One simulated p5.48xlarge with every fault scenario: each touches its own device or metrics
+    (building a 32-device tree costs a second on a slow file system, so they share one)."""
+    sim = Simulation("p5.48xlarge", FAULTS).build()
+    ctx = Context(config=load(None, sim.config_overrides()), simulation=sim)
+    runner = Runner([EfaCollector(ctx)], deadline_s=10)
+    sim.advance(1.0)
+    yield sim, runner, samples(scrape(runner))
+    sim.close()
+
+
+def test_scenario_device_missing(faulty):
+    _, _, ss = faulty
     assert value(ss, "efa_devices") == 31 and value(ss, "efa_devices_expected") == 32
+    assert "rdmap201s0" not in devices(ss)  # the last of the 32
 
 
-@pytest.mark.parametrize("scenario,metrics", [
-    ("efa-retrans-timeouts", ["efa_retrans_timeout_events_total", "efa_retrans_packets_total"]),
-    ("efa-unresponsive-remote",
-     ["efa_unresponsive_remote_events_total", "efa_impaired_remote_conn_events_total"]),
-    ("efa-rx-drops", ["efa_rx_drops_total"]),
-    ("efa-rdma-errors", ["efa_rdma_read_errors_total", "efa_rdma_write_errors_total"]),
+@pytest.mark.parametrize("metrics", [
+    ["efa_retrans_timeout_events_total", "efa_retrans_packets_total", "efa_retrans_bytes_total"],
+    ["efa_unresponsive_remote_events_total", "efa_impaired_remote_conn_events_total"],
+    ["efa_rx_drops_total"],
+    ["efa_rdma_read_errors_total", "efa_rdma_write_errors_total"],
 ])
-def test_fault_scenarios_raise_the_first_device_only(simulated, scenario, metrics):
-    sim, runner = simulated("p5.48xlarge", scenario)
+def test_fault_scenarios_raise_the_first_device_only(faulty, metrics):
+    sim, runner, before = faulty
     sim.advance(20.0)
-    ss = samples(scrape(runner))
+    after = samples(scrape(runner))
+    first = "rdmap79s0"
     for m in metrics:
-        vals = devices(ss, m)
-        first = "rdmap79s0"
-        assert vals[first] > 0, m
-        assert all(v == 0 for d, v in vals.items() if d != first), m
+        a, b = devices(before, m), devices(after, m)
+        assert b[first] > a[first] > 0, m
+        assert all(v == 0 for d, v in b.items() if d != first), m
 
 
-def test_scenario_counters_unreadable(simulated):
-    sim, runner = simulated("p5.48xlarge", "efa-counters-unreadable")
-    sim.advance(5.0)
-    ss = samples(scrape(runner))
+def test_scenario_counters_unreadable(faulty):
+    _, _, ss = faulty
     up = devices(ss)
-    assert up["rdmap80s0"] == 0 and sum(up.values()) == 31
+    assert up["rdmap80s0"] == 0 and sum(up.values()) == len(up) - 1
     assert value(ss, "gpu_health_exporter_collector_success", collector="efa") == 1
+    assert "rdmap80s0" not in devices(ss, "efa_tx_bytes_total")
+
+
+def test_scenario_device_flapping(faulty):
+    sim, runner, ss = faulty
+    assert "rdmap81s0" in devices(ss)
+    sim.advance(16.0)
+    ss = samples(scrape(runner))
+    assert value(ss, "efa_devices") == 30 and "rdmap81s0" not in devices(ss)
+    sim.advance(31.0)
+    ss = samples(scrape(runner))
+    assert value(ss, "efa_devices") == 31 and devices(ss)["rdmap81s0"] == 1
 
 
 def test_scenario_old_kernel_combined_layout(simulated):
@@ -108,17 +133,6 @@ def test_scenario_old_kernel_combined_layout(simulated):
     assert "efa_rdma_write_bytes_total" not in names(text)
     assert len(devices(samples(text), "efa_admin_commands_submitted_total")) == 32
     assert promtool_check_metrics(text) == ""  # no duplicate series from the combined list
-
-
-def test_scenario_device_flapping(simulated):
-    sim, runner = simulated("p5.48xlarge", "efa-device-flapping")
-    sim.advance(1.0)
-    assert value(scrape(runner), "efa_devices") == 32
-    sim.advance(16.0)
-    ss = samples(scrape(runner))
-    assert value(ss, "efa_devices") == 31 and "rdmap81s0" not in devices(ss)
-    sim.advance(31.0)
-    assert value(scrape(runner), "efa_devices") == 32
 
 
 def test_exporter_serves_simulated_p5():

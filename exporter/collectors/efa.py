@@ -7,6 +7,9 @@ device's failure from touching the others.
 from __future__ import annotations
 
 import os
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from exporter import imds, node
 from exporter.catalog import Families, define
@@ -14,8 +17,9 @@ from exporter.collector import Collector, Context
 from exporter.config import Key, declare_section, non_negative, positive
 from exporter.efa.discovery import Discovery, EfaDevice
 from exporter.efa.naming import C
-from exporter.efa.reader import DeviceReader
+from exporter.efa.reader import DeviceReader, DeviceReading
 from exporter.efa.sysfs import SysfsReader
+from exporter.efa.workers import Workers
 
 declare_section(C, "EFA devices: counters from <paths.sysfs>/class/infiniband.", {
     "enabled": Key(bool, True, "Run the EFA collector."),
@@ -24,6 +28,12 @@ declare_section(C, "EFA devices: counters from <paths.sysfs>/class/infiniband.",
                             nullable=True, check=non_negative),
     "timeout_seconds": Key((int, float), None, "Deadline of the EFA collection; the global "
                            "collector_timeout_seconds when unset.", nullable=True, check=positive),
+    "device_timeout_seconds": Key((int, float), 2.0,
+                                  "Deadline for reading one device; a device past it (a read blocked on "
+                                  "an admin command that does not complete) is reported with "
+                                  "efa_device_up 0 while the others are served. Keep it under the "
+                                  "collector's deadline.", check=positive),
+    "read_workers": Key(int, 4, "Threads reading devices in parallel.", check=positive),
 })
 
 DEVICES = define("efa_devices", "gauge",
@@ -54,11 +64,16 @@ class EfaCollector(Collector):
         self.sysfs = ctx.config.paths.sysfs
         self.discovery = Discovery(self.sysfs, self.reader)
         self.devices = DeviceReader(self.reader)
+        self.workers = Workers(ctx.config.efa.read_workers)
+        self._inflight: dict[str, Future] = {}  # device path -> its read, which may outlive a deadline
         self._failing: dict[str, str] = {}  # device -> error, to log state changes only
         self.lookup: imds.IdentityLookup | None = None
 
     def start(self) -> None:
         self.lookup = imds.ensure_lookup(self.ctx)  # the expected count can come from the instance type
+
+    def close(self) -> None:
+        self.workers.close()
 
     def expected(self) -> int | None:
         if self.ctx.config.efa.expected_devices is not None:
@@ -81,10 +96,10 @@ class EfaCollector(Collector):
         out.declare(DEVICE_UP)
         version = self.driver_version() if devices else ""
         failing: dict[str, str] = {}
-        for dev in devices:
+        for reading in self.read_all(devices):
+            dev = reading.device
             out.add(INFO, 1, device=dev.name, pci_address=dev.pci_address, pci_device_id=dev.pci_device_id,
                     driver_version=version)
-            reading = self.devices.read(dev)
             if reading.error:
                 failing[dev.name] = reading.error
                 out.add(DEVICE_UP, 0, device=dev.name)
@@ -94,6 +109,36 @@ class EfaCollector(Collector):
                 out.add(spec, value, **labels)
         self.devices.forget_except({d.path for d in devices})
         self._log_changes(devices, failing)
+
+    def read_all(self, devices: list[EfaDevice]) -> list[DeviceReading]:
+        """Read the devices in parallel, each within device_timeout_seconds. A device whose read from
+        an earlier scrape is still blocked is not read again until that read returns."""
+        timeout = self.ctx.config.efa.device_timeout_seconds
+        futures: list[Future | str] = []
+        for dev in devices:
+            prev = self._inflight.get(dev.path)
+            if prev is not None and not prev.done():
+                futures.append(f"a read from an earlier scrape is still blocked (over {timeout:g} s)")
+                continue
+            fut = self.workers.submit(self.devices.read, dev)
+            self._inflight[dev.path] = fut
+            futures.append(fut)
+        deadline = time.monotonic() + timeout
+        out: list[DeviceReading] = []
+        for dev, fut in zip(devices, futures, strict=True):
+            if isinstance(fut, str):
+                out.append(DeviceReading(dev, error=fut))
+                continue
+            try:
+                out.append(fut.result(timeout=max(0.0, deadline - time.monotonic())))
+            except FutureTimeout:
+                out.append(DeviceReading(dev, error=f"read did not finish within {timeout:g} s"))
+            except Exception as e:  # noqa: BLE001 - a reader bug fails the device, not the collector
+                out.append(DeviceReading(dev, error=f"{type(e).__name__}: {e}"))
+        live = {d.path for d in devices}
+        for path in [p for p, f in self._inflight.items() if p not in live and f.done()]:
+            del self._inflight[path]
+        return out
 
     def _log_changes(self, devices: list[EfaDevice], failing: dict[str, str]) -> None:
         for name, err in failing.items():
