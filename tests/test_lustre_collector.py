@@ -324,3 +324,21 @@ def test_unreadable_mounts_file_fails_the_collector(tmp_path):
     _, r = make(LustreTree(tmp_path))
     s = samples(scrape(r))
     assert value(s, "gpu_health_exporter_collector_success", collector="lustre") == 0
+
+
+def test_fallbacks_state_file_and_instance_from_device_names(tmp_path):
+    """No llite directory in any tree: the instance comes from the osc/mdc names. An import file
+    that cannot be read: the state file's current_state still gives the import state."""
+    tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx", osts=2)]).build()
+    shutil.rmtree(tree.debug / "llite")
+    shutil.rmtree(tree.sys / "llite")
+    dev = "fs1-OST0001-osc-ffff8d1e4c6b9000"
+    (tree.proc / "osc" / dev / "import").unlink()
+    tree.write(tree.proc / "osc" / dev / "state", state_file([(1700000000, "DISCONN")], current="DISCONN"))
+    _, r = make(tree, per_target=True)
+    s = samples(scrape(r))
+    assert value(s, "lustre_client_info", mount="/fsx", llite="fs1-ffff8d1e4c6b9000") == 1
+    assert value(s, "lustre_client_import_state", target="OST0001", state="DISCONN") == 1
+    assert value(s, "lustre_client_import_state", target="OST0000", state="FULL") == 1
+    assert not [ls for ls in series(s, "lustre_client_rpc_timeouts_total") if ("target", "OST0001") in ls]
+    assert not series(s, "lustre_client_read_bytes_total")  # llite stats are gone with the directory

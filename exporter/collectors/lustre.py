@@ -215,9 +215,10 @@ class LustreCollector(Collector):
                 self._health(out)
             return
         tree.check_roots()
-        instances = tree.listdir("llite")
         devices = [d for d in (discovery.parse_device(n) for n in
                                {**tree.listdir("osc"), **tree.listdir("mdc")}) if d]
+        # llite directories, plus the instances the osc/mdc device names imply (same suffix).
+        instances = {**tree.listdir("llite"), **{f"{d.fsname}-{d.instance_id}": "" for d in devices}}
         mapping = self._map_instances(mounts, list(instances))
 
         live: set[tuple[str, ...]] = set()
@@ -236,6 +237,11 @@ class LustreCollector(Collector):
                 self._report(f"mount {m.mountpoint}", "")
                 acc.emit(out)
         self.evictions.retain(live_imports)
+        mounted = {m.mountpoint for m in mounts}
+        for subject in list(self._problems):  # forget problems of mounts that are gone
+            kind, _, mnt = subject.partition(" ")
+            if kind in ("mount", "map", "statfs") and mnt not in mounted:
+                del self._problems[subject]
         for d in (self._evict_total, self._last_evict):
             for k in [k for k in d if k not in live]:
                 del d[k]
@@ -370,13 +376,30 @@ class LustreCollector(Collector):
                 for name, spec in (("read_bytes", RPC_READ_BYTES), ("write_bytes", RPC_WRITE_BYTES)):
                     ctr = stats.get(name)
                     acc.add(spec, (ctr.sum or 0) if ctr else 0, labels)
-        text, _ = tree.read("import", comp, dev.name)
+        hist = None
+        text, _ = tree.read("state", comp, dev.name)
         if text is not None:
-            imp = parsers.parse_import(text)
+            hist = parsers.parse_state(text)
+            self._count_bad("state", hist.malformed)
+            key = tuple(labels[k] for k in T)
+            live.add(key)
+            live_imports.add(dev.name)
+            new, _total, last = self.evictions.update(dev.name, hist.history)
+            self._evict_total[key] = self._evict_total.get(key, 0) + new
+            self._last_evict[key] = max(self._last_evict.get(key, 0), last)
+            acc.max(EVICTIONS, self._evict_total[key], labels)
+            acc.max(LAST_EVICTION, self._last_evict[key], labels)
+        text, _ = tree.read("import", comp, dev.name)
+        imp = parsers.parse_import(text) if text is not None else None
+        if imp is not None:
             self._count_bad("import", imp.malformed)
-            state = imp.state if imp.state in IMPORT_STATES else "UNKNOWN"
+        # The import's state, else the state file's current_state (same kernel field).
+        current = (imp.state if imp else None) or (hist.current if hist else None)
+        if current is not None:
+            state = current if current in IMPORT_STATES else "UNKNOWN"
             for s in IMPORT_STATES:
                 acc.add(IMPORT_STATE, 1 if s == state else 0, {**labels, "state": s})
+        if imp is not None:
             if imp.inflight is not None:
                 acc.add(RPCS_IN_FLIGHT, imp.inflight, labels)
             if imp.timeouts is not None:
@@ -390,18 +413,6 @@ class LustreCollector(Collector):
                 self._count_bad("max_rpcs_in_flight", 1)
             else:
                 acc.add(MAX_RPCS, v, labels)
-        text, _ = tree.read("state", comp, dev.name)
-        if text is not None:
-            hist = parsers.parse_state(text)
-            self._count_bad("state", hist.malformed)
-            key = tuple(labels[k] for k in T)
-            live.add(key)
-            live_imports.add(dev.name)
-            new, _total, last = self.evictions.update(dev.name, hist.history)
-            self._evict_total[key] = self._evict_total.get(key, 0) + new
-            self._last_evict[key] = max(self._last_evict.get(key, 0), last)
-            acc.max(EVICTIONS, self._evict_total[key], labels)
-            acc.max(LAST_EVICTION, self._last_evict[key], labels)
 
     def _statfs_all(self, mounts: list[Mount], out: Families) -> None:
         """statvfs of every mount in parallel, all within one probe timeout: a hung mount

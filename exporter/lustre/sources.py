@@ -175,6 +175,8 @@ class TimedProbe:
         """Start fn() for `key` in a thread; returns a handle for `wait`, or HUNG when the
         previous call for `key` is still running."""
         with self._lock:
+            for k in [k for k, t in self._stuck.items() if not t.is_alive() and k != key]:
+                del self._stuck[k]  # calls that returned at last, for mounts maybe gone
             t = self._stuck.get(key)
             if t is not None:
                 if t.is_alive():
