@@ -84,7 +84,9 @@ def test_per_target_series(tmp_path):
     tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx", osts=4)]).build()
     _, off = make(tree)
     _, on = make(tree, per_target=True)
-    s_off, s_on = samples(scrape(off)), samples(scrape(on))
+    text_on = scrape(on)
+    assert promtool_check_metrics(text_on) == ""
+    s_off, s_on = samples(scrape(off)), samples(text_on)
     assert len(series(s_off, "lustre_client_import_state")) == 2 * len(IMPORT_STATES)
     assert len(series(s_on, "lustre_client_import_state")) == 5 * len(IMPORT_STATES)
     targets = {dict(ls)["target"] for ls in series(s_on, "lustre_client_rpcs_total")}
