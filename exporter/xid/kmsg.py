@@ -16,12 +16,12 @@ import select
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 KERNEL_FACILITY_MAX_PRIO = 7  # facility 0 (kernel): prio 0..7; user space cannot write facility 0
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
     prio: int  # the syslog prefix value: level in the low 3 bits, facility above
     seq: int
     usec: int  # microseconds since boot (kernel clock)

@@ -148,11 +148,25 @@ class KernelLogParser:
         self.max_lines = max_lines
         self._pending: str | None = None
         self._pending_left = 0
+        # Fast path for floods: the previous XID line's header ("NVRM: Xid (PCI:...): 13") and report.
+        # A line with the same header is the same GPU and XID; only those matter for counting.
+        self._header = ""
+        self._report: XidReport | None = None
 
     def feed(self, message: str) -> XidReport | GpuAt | None:
         if "NVRM" not in message:
             return None
+        h = self._header
+        if h and self._pending is None and message.startswith(h) and \
+                (len(message) == len(h) or not message[len(h)].isdigit()):
+            return self._report
         parsed = parse_message(message)
+        if isinstance(parsed, XidReport) and parsed.form == "xid" and parsed.xid != RECOVERY_ACTION_XID:
+            m = _XID_RE.search(message)
+            if m is not None and m.start() == 0:
+                self._header, self._report = message[:m.end(3)], parsed
+        elif parsed is not None:
+            self._header = ""
         if isinstance(parsed, BusLossStart):
             if parsed.complete:
                 self._pending = None

@@ -212,9 +212,8 @@ class XidService:
             if isinstance(parsed, GpuAt):
                 self.store.identify(parsed.pci, uuid=parsed.uuid)
             elif isinstance(parsed, XidReport) and (self.skip_through is None or rec.seq > self.skip_through):
-                kernel_s = rec.usec / 1e6
-                self.store.report("kmsg", parsed.pci, parsed.xid, kernel_s, self.clock.wall(kernel_s),
-                                  parsed.action)
+                self.store.report("kmsg", parsed.pci, parsed.xid, rec.usec / 1e6, None, parsed.action,
+                                  self.clock.wall)
         self.store.last_seq = rec.seq
 
     # -- background ---------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,10 +114,11 @@ class XidStore:
         self.snapshot_version = -1  # the version the last to_state() captured
 
     # -- counting --------------------------------------------------------------------------------
-    def report(self, source: str, pci: str, xid: int, kernel_s: float, wall: float,
-               action: int | None = None) -> bool:
+    def report(self, source: str, pci: str, xid: int, kernel_s: float, wall: float | None,
+               action: int | None = None, wall_of: Callable[[float], float] | None = None) -> bool:
         """One report of an XID. Returns True when it is a new event (counted), False when it
-        belongs to an event already counted."""
+        belongs to an event already counted. `wall` (or `wall_of(kernel_s)`, computed only for a
+        new event) is the event's wall-clock time."""
         with self.lock:
             self.reports[source] = self.reports.get(source, 0) + 1
             k = (pci, xid)
@@ -136,7 +138,8 @@ class XidStore:
             c = self.counts.setdefault(pci, {}).setdefault(key, Count())
             c.count += 1
             if kernel_s >= c.last_kernel_s:
-                c.last_kernel_s, c.last_wall = kernel_s, wall
+                c.last_kernel_s = kernel_s
+                c.last_wall = wall if wall is not None else (wall_of(kernel_s) if wall_of else time.time())
             self.version += 1
             self.changed.set()
             return True
