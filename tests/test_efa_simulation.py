@@ -4,6 +4,7 @@ and the real exporter process serving a simulated p5.48xlarge."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 import requests
@@ -68,7 +69,7 @@ def test_counters_advance(simulated):
 
 
 FAULTS = ["efa-device-missing", "efa-device-flapping", "efa-retrans-timeouts", "efa-unresponsive-remote",
-          "efa-rx-drops", "efa-rdma-errors", "efa-counters-unreadable"]
+          "efa-rx-drops", "efa-rdma-errors", "efa-counters-unreadable", "efa-read-hang"]
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +77,17 @@ def faulty():
     """One simulated p5.48xlarge with every fault scenario: each touches its own device or metrics
     (building a 32-device tree costs a second on a slow file system, so they share one)."""
     sim = Simulation("p5.48xlarge", FAULTS).build()
-    ctx = Context(config=load(None, sim.config_overrides()), simulation=sim)
+    ctx = Context(config=load(None, {**sim.config_overrides(), "efa.device_timeout_seconds": 0.5}),
+                  simulation=sim)
     runner = Runner([EfaCollector(ctx)], deadline_s=10)
     sim.advance(1.0)
     yield sim, runner, samples(scrape(runner))
+    efa_source(sim).release_hang()
     sim.close()
+
+
+def efa_source(sim):
+    return next(s for s in sim.sources if s.name == "efa")
 
 
 def test_scenario_device_missing(faulty):
@@ -109,9 +116,21 @@ def test_fault_scenarios_raise_the_first_device_only(faulty, metrics):
 def test_scenario_counters_unreadable(faulty):
     _, _, ss = faulty
     up = devices(ss)
-    assert up["rdmap80s0"] == 0 and sum(up.values()) == len(up) - 1
+    assert up["rdmap80s0"] == 0
+    assert all(v == 1 for d, v in up.items() if d not in ("rdmap80s0", "rdmap82s0"))  # 82: efa-read-hang
     assert value(ss, "gpu_health_exporter_collector_success", collector="efa") == 1
     assert "rdmap80s0" not in devices(ss, "efa_tx_bytes_total")
+
+
+def test_scenario_read_hang(faulty):
+    sim, runner, ss = faulty
+    assert devices(ss)["rdmap82s0"] == 0  # its read is blocked: down after the device deadline
+    assert devices(ss)["rdmap96s0"] == 1
+    t = time.monotonic()
+    ss = samples(scrape(runner))  # the blocked read is not retried while it hangs: no new wait
+    assert time.monotonic() - t < 0.5
+    assert devices(ss)["rdmap82s0"] == 0
+    assert value(ss, "gpu_health_exporter_collector_success", collector="efa") == 1
 
 
 def test_scenario_device_flapping(faulty):

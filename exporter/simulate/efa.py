@@ -15,7 +15,6 @@ kernels (p5 family 6.17 with network counters, p4d 6.1 without RDMA write or net
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from exporter.profiles import Profile
@@ -159,12 +158,15 @@ class EfaSim(SimSource):
         "efa-counters-unreadable": "The second EFA device's port counters cannot be read (as when the "
                                    "driver's admin command fails: efa_device_up 0) and an admin command "
                                    "timed out.",
+        "efa-read-hang": "Reading the fourth EFA device's port counters blocks (as when an admin command "
+                         "never completes): that device is reported down after efa.device_timeout_seconds.",
         "efa-old-kernel": "The node runs Linux 5.10: one combined counter list, no RDMA write or network "
                           "counters.",
     }
 
     def __init__(self, root: Path, profile: Profile, scenarios: set[str]) -> None:
         super().__init__(root, profile, scenarios)
+        self.hang_path: Path | None = None
         fam = FAMILIES.get(family(profile))
         self.devices: list[tuple[str, str]] = []  # (name, pci address)
         self.kernel = (5, 10)
@@ -195,6 +197,11 @@ class EfaSim(SimSource):
             bad = self.sys / "class" / "infiniband" / name / "ports" / "1" / "hw_counters" / "tx_bytes"
             bad.unlink()
             bad.mkdir()  # read() fails (EISDIR), standing in for the EIO of a failed admin command
+        if "efa-read-hang" in self.active and len(self.devices) > 3:
+            self.hang_path = self.sys / "class" / "infiniband" / self.devices[3][0] / "ports" / "1" / \
+                "hw_counters" / "rx_bytes"
+            self.hang_path.unlink()
+            os.mkfifo(self.hang_path)  # open() blocks until a writer comes: a read that never returns
         self._flapped_out = False
 
     def _values(self, i: int, t: float) -> dict[str, int]:
@@ -219,7 +226,8 @@ class EfaSim(SimSource):
                 self._flap(name, int(elapsed_s // FLAP_PERIOD_S) % 2 == 1)
             values = self._values(i, elapsed_s)
             for f, v in values.items():
-                if f not in present or (v == 0 and f not in _RATES):
+                if f not in present or (v == 0 and f not in _RATES) or (i == 3 and self.hang_path is not None
+                                                                        and f == self.hang_path.name):
                     continue
                 for where in self._where(f):
                     try:
@@ -242,12 +250,13 @@ class EfaSim(SimSource):
             link.symlink_to(self._target)
             self._flapped_out = False
 
-    def remove(self, name: str) -> None:
-        """Remove a device entirely (tests: a device unplugged between scrapes)."""
-        link = self.sys / "class" / "infiniband" / name
-        target = link.resolve()
-        link.unlink()
-        shutil.rmtree(target, ignore_errors=True)
+    def release_hang(self) -> None:
+        """Let a read blocked by efa-read-hang finish (it reads an empty file and fails)."""
+        if self.hang_path is not None:
+            try:
+                os.close(os.open(self.hang_path, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass  # nobody is blocked on it
 
 
 SOURCE = EfaSim
