@@ -41,7 +41,8 @@ def metrics_md() -> str:
     ]
     done: set[str] = set()
     for prefix, title in _GROUPS:
-        specs = [s for s in all_specs() if s.name.startswith(prefix) and s.name not in done]
+        specs = [s for s in all_specs()
+                 if s.name.startswith(prefix) and s.name not in done and s.collector != "test"]
         if not specs:
             continue
         lines += [f"## {title}", "", "| name | type | labels | help |", "|---|---|---|---|"]
