@@ -44,15 +44,20 @@ class HealthCollector(Collector):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self.service = xid_service(ctx)
+        self._used = None  # the GPU reading the previous verdict was computed from
+        self._first = True
 
     def _gpu_health(self):  # noqa: ANN202 - NodeGpuHealth or None
-        """This scrape's GPU reading when it comes within wait_for_gpu_seconds, else the last one."""
-        start = time.time()
+        """This scrape's GPU reading when it comes within wait_for_gpu_seconds, else the last one.
+        The GPU collector runs in parallel and publishes a new object per collection, so "new"
+        means "not the object the previous verdict used"."""
         deadline = time.monotonic() + self.ctx.config.health.wait_for_gpu_seconds
         h = self.ctx.shared.get("gpu_health")
-        while h is not None and h.updated < start and time.monotonic() < deadline:
-            time.sleep(0.01)
+        # None after the first collection: no GPU collector runs, do not wait for one
+        while h is self._used and (h is not None or self._first) and time.monotonic() < deadline:
+            time.sleep(0.005)
             h = self.ctx.shared.get("gpu_health")
+        self._used, self._first = h, False
         return h
 
     def collect(self, out: Families) -> None:
