@@ -116,6 +116,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scrapes", type=int, default=200)
     ap.add_argument("--node-exporter", default="/usr/bin/prometheus-node-exporter")
+    ap.add_argument("--read-workers", type=int, default=4, help="efa.read_workers for our exporter")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-efa-"))
@@ -124,7 +125,8 @@ def main() -> int:
         faithful = build_tree(tmp / "faithful", node_exporter_compat=False)
         sysfs = build_tree(tmp / "compat", node_exporter_compat=True)
         cfg = tmp / "config.yaml"
-        cfg.write_text("node: {instance_type: p5.48xlarge}\ninstance: {imds: false}\n")
+        cfg.write_text("node: {instance_type: p5.48xlarge}\ninstance: {imds: false}\n"
+                       f"efa: {{read_workers: {args.read_workers}}}\n")
 
         # collector-only, in process
         ctx = Context(config=load(cfg, {"paths.sysfs": str(sysfs)}))
@@ -204,7 +206,8 @@ def main() -> int:
         ratio_wall = statistics.median(wall["ours"]) / statistics.median(wall["ne"])
         ratio_cpu = cpu["ours"] / cpu["ne"] if cpu["ne"] else float("inf")
         print(f"# bench_efa: {args.scrapes} interleaved scrapes, 32 simulated EFA devices (p5.48xlarge, 6.17 "
-              f"counter set)\n# host: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+              f"counter set), efa.read_workers {args.read_workers}\n"
+              f"# host: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
               f"Python {platform.python_version()}")
         print(f"ours HTTP scrape:           {stats_ms(wall['ours'])}")
         print(f"node_exporter HTTP scrape:  {stats_ms(wall['ne'])}")
