@@ -6,10 +6,11 @@ through `Families`. docs/metrics.md is generated from `all_specs()` (see exporte
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 _SPECS: dict[str, MetricSpec] = {}
 
@@ -74,6 +75,14 @@ class Families:
         if len(labels) != len(spec.labels):
             raise ValueError(f"{spec.name}: labels {sorted(labels)} do not match {spec.labels}")
         fam.add_metric([str(labels[k]) for k in spec.labels], float(value))
+
+    def add_samples(self, spec: MetricSpec, samples: Iterable[Sample]) -> None:
+        """Add prepared samples (named spec.name, labels exactly spec.labels): for values served
+        many times, such as a slow-cadence reading, so a scrape does no per-sample label work."""
+        fam = self._families.get(spec.name)
+        if fam is None:
+            fam = self._families[spec.name] = spec.family()
+        fam.samples.extend(samples)
 
     def declare(self, spec: MetricSpec) -> None:
         """Emit the family even when it has no sample (so HELP/TYPE stay visible)."""
