@@ -344,3 +344,15 @@ def test_fallbacks_state_file_and_instance_from_device_names(tmp_path):
     assert value(s, "lustre_client_import_state", target="OST0000", state="FULL") == 1
     assert not [ls for ls in series(s, "lustre_client_rpc_timeouts_total") if ("target", "OST0001") in ls]
     assert not series(s, "lustre_client_read_bytes_total")  # llite stats are gone with the directory
+
+
+def test_bind_mount_in_mountinfo_is_exported_once(tmp_path):
+    tree = LustreTree(tmp_path, filesystems=[FsSpec("abcdefgh", "/fsx")]).build()
+    tree.write(tmp_path / "proc/1/mountinfo",
+               "98 22 0:52 / /fsx rw shared:60 - lustre 172.31.12.34@tcp:/abcdefgh rw,flock\n"
+               "104 22 0:52 /home /home rw shared:60 - lustre 172.31.12.34@tcp:/abcdefgh rw,flock\n")
+    _, r = make(tree)
+    s = samples(scrape(r))
+    assert value(s, "lustre_client_mounts") == 1
+    assert value(s, "lustre_client_info", mount="/fsx", llite="abcdefgh-ffff8d1e4c6b9000") == 1
+    assert not [k for k in s if ("mount", "/home") in k[1]]

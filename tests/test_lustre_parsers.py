@@ -213,6 +213,22 @@ def test_mounts():
     ]
 
 
+def test_mountinfo_folds_bind_mounts():
+    mounts, bad = discovery.parse_mountinfo(text("synth-mountinfo.txt"))
+    assert bad == 1
+    assert [(m.mountpoint, m.device, m.root) for m in mounts] == [
+        ("/fsx", "0:52", "/"), ("/home", "0:52", "/home"),
+        ("/scratch", "0:60", "/"), ("/scratch2", "0:61", "/")]
+    assert mounts[0].fsname == "abcdefgh" and mounts[2].network == "efa"
+    # /home is a bind mount of /fsx/home: one client instance, exported once (as /fsx).
+    assert [m.mountpoint for m in discovery.distinct_mounts(mounts)] == ["/fsx", "/scratch", "/scratch2"]
+
+
+def test_stacked_mounts_keep_the_visible_one():
+    mounts, _ = discovery.parse_mounts("a@tcp:/fs /fsx lustre rw 0 0\nb@tcp:/fs /fsx lustre rw 0 0\n")
+    assert [m.source for m in discovery.distinct_mounts(mounts)] == ["b@tcp:/fs"]
+
+
 def test_instance_and_device_names_split_on_the_last_dash():
     assert discovery.split_instance("scratch-fs-ffff8d1e4c6b9000") == ("scratch-fs", "ffff8d1e4c6b9000")
     assert discovery.split_instance("nodash") is None

@@ -253,18 +253,24 @@ class LustreCollector(Collector):
             out.add(MALFORMED, n, file=kind)
 
     def _mounts(self) -> list[Mount]:
-        """Lustre mounts of the host: <procfs>/1/mounts (init's namespace: right in a container
-        with the host's /proc), else <procfs>/mounts. No readable mounts file is a failure."""
+        """Lustre mounts of the host, one per client instance (bind mounts folded).
+
+        Tried in order: <procfs>/1/mountinfo and 1/mounts (init's namespace: the host's mounts
+        even in a container that bind-mounts the host's /proc, where <procfs>/mounts would be the
+        exporter's own namespace), then <procfs>/self/mountinfo, then <procfs>/mounts. mountinfo
+        tells bind mounts apart (same device); a mounts file cannot. No readable file is a failure.
+        """
         last: OSError | None = None
-        for rel in ("1/mounts", "mounts"):
+        for rel, parse in (("1/mountinfo", discovery.parse_mountinfo), ("1/mounts", discovery.parse_mounts),
+                           ("self/mountinfo", discovery.parse_mountinfo), ("mounts", discovery.parse_mounts)):
             try:
                 text = (self.procfs / rel).read_text(errors="replace")
             except OSError as e:
                 last = e
                 continue
-            mounts, bad = discovery.parse_mounts(text)
+            mounts, bad = parse(text)
             self._count_bad("mounts", bad)
-            return mounts
+            return discovery.distinct_mounts(mounts)
         raise OSError(f"cannot read the mounts file under {self.procfs}: {last}")
 
     def _map_instances(self, mounts: list[Mount], instances: list[str]) -> dict[str, str]:

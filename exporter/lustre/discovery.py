@@ -28,6 +28,8 @@ class Mount:
     fsname: str
     network: str  # LNet network type of the first NID: tcp, efa, o2ib, ... ("" if unknown)
     subdir: str = ""
+    device: str = ""  # major:minor from mountinfo: bind mounts of one mount share it
+    root: str = "/"  # the directory of the file system mounted here (mountinfo; "/" unless a bind)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,48 @@ def parse_mounts(text: str) -> tuple[list[Mount], int]:
         fsname, subdir, net = parsed
         out.append(Mount(_unescape(fields[0]), _unescape(fields[1]), fsname, net, subdir))
     return out, bad
+
+
+def parse_mountinfo(text: str) -> tuple[list[Mount], int]:
+    """Lustre mounts from a /proc/PID/mountinfo text: `id parent major:minor root mountpoint
+    options [optional...] - fstype source superoptions`."""
+    out: list[Mount] = []
+    bad = 0
+    for line in text.splitlines():
+        pre, sep, post = line.partition(" - ")
+        after = post.split()
+        if not sep or len(after) < 2 or after[0] != "lustre":
+            continue
+        fields = pre.split()
+        parsed = parse_source(_unescape(after[1]))
+        if len(fields) < 5 or parsed is None:
+            bad += 1
+            continue
+        fsname, subdir, net = parsed
+        out.append(Mount(_unescape(after[1]), _unescape(fields[4]), fsname, net, subdir,
+                         device=fields[2], root=_unescape(fields[3])))
+    return out, bad
+
+
+def distinct_mounts(mounts: list[Mount]) -> list[Mount]:
+    """One entry per mounted client instance: of bind mounts (same device in mountinfo) the one
+    with the shortest root (the original mount, root "/"), first on ties; of mounts stacked on
+    one mount point, the last (the visible one)."""
+    by_point: dict[str, Mount] = {}
+    for m in mounts:
+        by_point.pop(m.mountpoint, None)
+        by_point[m.mountpoint] = m
+    best: dict[str, Mount] = {}
+    out: list[Mount] = []
+    for m in by_point.values():
+        if not m.device:
+            out.append(m)
+            continue
+        cur = best.get(m.device)
+        if cur is None or len(m.root) < len(cur.root):
+            best[m.device] = m
+    keep = set(map(id, best.values()))
+    return [m for m in by_point.values() if not m.device or id(m) in keep]
 
 
 def split_instance(name: str) -> tuple[str, str] | None:
