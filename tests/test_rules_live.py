@@ -5,6 +5,7 @@ application-tier XID raises none."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -12,7 +13,7 @@ import time
 import requests
 import yaml
 
-from tests.helpers import free_port, running_exporter
+from tests.helpers import ROOT, free_port, running_exporter
 from tests.rules_lint import RULES_DIR, rule_files
 
 SCENARIOS = ["xid-63", "xid-13-flood", "gpu-row-remap-pending", "gpu-thermal-slowdown", "efa-device-missing",
@@ -28,6 +29,12 @@ EXPECTED = {  # alertname -> labels the alert must carry (besides instance and j
     "LustreImportNotConnected": {"component": "osc", "state": "DISCONN", "scope": "filesystem"},
     "LustreClientUnhealthy": {"status": "lbug", "node_action": "reboot"},
 }
+
+
+def dashboard_queries() -> list[str]:
+    d = json.loads((ROOT / "dashboards" / "gpu-health.json").read_text())
+    return [t["expr"].replace("$__rate_interval", "1m").replace("$instance", ".*").replace("$cluster", ".*")
+            for p in d["panels"] if p["type"] != "row" for t in p["targets"]]
 
 
 def _start_prometheus(tmp_path, target: str) -> tuple[subprocess.Popen, str]:
@@ -69,6 +76,10 @@ def test_rules_on_a_simulated_node(tmp_path):
                 assert time.monotonic() < deadline, f"missing {missing}; got {sorted(alerts)}"
                 time.sleep(0.5)
             rules = requests.get(f"{api}/rules", timeout=5).json()["data"]["groups"]
+            # The dashboard's queries run on the same series without error.
+            for expr in dashboard_queries():
+                r = requests.get(f"{api}/query", params={"query": expr}, timeout=5)
+                assert r.ok and r.json()["status"] == "success", (expr, r.text)
         finally:
             proc.terminate()
             proc.wait(timeout=10)
