@@ -341,3 +341,14 @@ def test_a_read_blocked_in_the_kernel_fails_only_that_device(tmp_path):
         time.sleep(0.01)
     assert value(run(c), "efa_device_up", device="rdmap2s0") == 1
     c.close()
+
+
+def test_unreadable_pci_identity_falls_back_to_the_driver_link(tmp_path):
+    efa(tmp_path, "rdmap0s0", 0)
+    mellanox(tmp_path, "mlx5_0", 0x30)
+    reader = FaultyReader()
+    reader.fail("/vendor", errno.EACCES)
+    ss = samples(run(collector(tmp_path, reader=reader)))
+    assert value(ss, "efa_devices") == 1
+    assert value(ss, "efa_info", device="rdmap0s0", pci_address="0000:00:00.0", pci_device_id="") == 1
+    assert value(ss, "efa_device_up", device="rdmap0s0") == 1

@@ -74,6 +74,8 @@ class EfaCollector(Collector):
 
     def close(self) -> None:
         self.workers.close()
+        if self.lookup is not None:
+            self.lookup.close()
 
     def expected(self) -> int | None:
         if self.ctx.config.efa.expected_devices is not None:

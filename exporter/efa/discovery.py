@@ -45,9 +45,8 @@ class Discovery:
                     dev = self._identify(name, path)
                 except FileNotFoundError:
                     continue  # vanished while we looked
-                except OSError:
-                    dev = None
-                    key = None  # unreadable identity: try again next scrape, do not remember
+                if dev is not None and not dev.pci_device_id:
+                    key = None  # identified by the driver link alone: read the PCI id again next time
             if key is not None:
                 live[key] = dev
             if dev is not None:
@@ -66,6 +65,8 @@ class Discovery:
         except FileNotFoundError:
             if not self.reader.exists(path):
                 raise
+        except OSError:
+            pass  # unreadable PCI identity (EACCES): the driver link still tells
         driver_link = self.reader.readlink_or_none(os.path.join(pci, "driver"))
         driver = os.path.basename(driver_link) if driver_link else None
         if not is_efa(vendor, device, driver):
