@@ -124,11 +124,6 @@ def build_plan(dev: EfaDevice, port_files: dict[str, list[str]], device_files: l
     return out
 
 
-def read_device(dev: EfaDevice, reader: SysfsReader) -> DeviceReading:
-    """One-off read of a device (no plan kept between calls)."""
-    return DeviceReader(reader).read(dev)
-
-
 def _listdir_optional(reader: SysfsReader, path: str, dev: EfaDevice) -> list[str]:
     """A directory the kernel may not have (no hw_counters on very old kernels): [] when absent,
     but an error when the device itself has gone."""
