@@ -111,3 +111,26 @@ def test_write_merges_acks_written_by_another_process(tmp_path):
     assert len(daemon.acks) == 1 and daemon.unacked(PCI).keys() == {"31"}
     on_disk = json.loads(open(os.path.join(d, "xid-state.json")).read())
     assert len(on_disk["acks"]) == 1 and on_disk["counts"][PCI]["63"][0] == 1
+
+
+def test_daemon_takes_only_acks_from_disk_so_counts_written_by_ack_are_not_added_twice(tmp_path):
+    d = str(tmp_path)
+    ack = XidStore()
+    ack.report("kmsg", PCI, 79, 5.0, 0.0)  # `ack` read a record the daemon has not reached yet
+    ack.add_ack(Ack(PCI, 0, "", None, 6.0, {"79": 1}))
+    StateFile(d, "b").write(ack, merge_counts=True)
+    daemon = XidStore()
+    sf = StateFile(d, "b")
+    assert sf.changed_on_disk()  # never read by this process yet: there is news
+    sf.write(daemon)
+    assert daemon.counts == {} and len(daemon.acks) == 1
+    daemon.report("kmsg", PCI, 79, 5.0, 0.0)  # the daemon's follower reaches the record
+    assert daemon.counts[PCI]["79"].count == 1 and daemon.unacked(PCI) == {}
+
+
+def test_cardinality_guard_refuses_new_series_beyond_the_caps():
+    s = XidStore()
+    for x in range(200):
+        s.report("kmsg", PCI, 1000 + x, float(x), 0.0)
+    assert len(s.counts[PCI]) == 128 and s.dropped == 72
+    assert s.report("kmsg", PCI, 1000, 500.0, 0.0)  # a known series still counts

@@ -70,6 +70,10 @@ MERGED = define(
     "gpu_health_exporter_xid_reports_merged_total", "counter",
     "XID reports that belonged to an event already counted (floods, the other source's report).",
     ["source"], collector="xid")
+DROPPED = define(
+    "gpu_health_exporter_xid_events_dropped_total", "counter",
+    "New XID events not counted because the GPU already has 128 XID series or 64 GPUs have series "
+    "(a guard against unbounded label cardinality from a corrupted log).", collector="xid")
 WATCHER_UP = define(
     "gpu_health_exporter_nvml_event_watcher_up", "gauge",
     "1 while the NVML event thread is waiting on an event set with at least one GPU, else 0.",
@@ -137,6 +141,7 @@ class XidCollector(Collector):
         for source in ("kmsg", "nvml"):
             out.add(REPORTS, svc.store.reports.get(source, 0), source=source)
             out.add(MERGED, svc.store.merged.get(source, 0), source=source)
+        out.add(DROPPED, svc.store.dropped)
         w = svc.watcher
         if w is not None:
             out.add(WATCHER_UP, 1 if w.alive and w.status.state == "watching" else 0)

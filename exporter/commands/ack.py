@@ -53,7 +53,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     baseline = {k: c.count for k, c in svc.store.counts.get(pci, {}).items()
                 if args.xid is None or split_key(k)[0] == args.xid}
     svc.store.add_ack(Ack(pci, index, uuid, args.xid, time.time(), baseline))
-    if not svc.state.write(svc.store):
+    if not svc.state.write(svc.store, merge_counts=True):
         print(f"gpu-health-exporter ack: cannot write the state file {svc.state.path}: "
               f"{svc.state.status.problem}", file=sys.stderr)
         return 2

@@ -147,7 +147,7 @@ class XidService:
             with self.state.locked():
                 data = self.state.read()
             if data is not None:
-                self.store.merge_state(data)
+                self.store.merge_state(data, counts=False)
 
     def flush_state(self, force: bool = False) -> bool:
         now = time.monotonic()

@@ -35,6 +35,9 @@ STATE_VERSION = 1
 STATE_NAME = "xid-state.json"
 MAX_OPEN_PER_KEY = 4
 MAX_KEYS = 4096
+# Label cardinality guards: a node has at most 8-16 GPUs and a few dozen XIDs ever happen.
+MAX_GPUS = 64
+MAX_KEYS_PER_GPU = 128
 
 
 def count_key(xid: int, action: int | None = None) -> str:
@@ -109,6 +112,7 @@ class XidStore:
         self.last_seq: int | None = None  # last kernel-log record processed
         self.reports: dict[str, int] = {}  # raw reports per source
         self.merged: dict[str, int] = {}  # reports that joined an existing event, per source
+        self.dropped = 0  # new events refused by the cardinality guards
         self.changed = threading.Event()  # set when counts change (for the state writer)
         self.version = 0  # bumps on every change worth writing (counts, identities, acks)
         self.snapshot_version = -1  # the version the last to_state() captured
@@ -134,6 +138,11 @@ class XidStore:
                     self._prune(kernel_s, force=True)
                 q = self.open[k] = deque(maxlen=MAX_OPEN_PER_KEY)
             key = count_key(xid, action)
+            per_gpu = self.counts.get(pci)
+            if (per_gpu is None and len(self.counts) >= MAX_GPUS) or \
+                    (per_gpu is not None and key not in per_gpu and len(per_gpu) >= MAX_KEYS_PER_GPU):
+                self.dropped += 1  # a garbage flood must not become unbounded series
+                return False
             q.append(OpenEvent(kernel_s, key, {source}))
             c = self.counts.setdefault(pci, {}).setdefault(key, Count())
             c.count += 1
@@ -213,11 +222,18 @@ class XidStore:
                 "acks": [a.to_json() for a in self.acks],
             }
 
-    def merge_state(self, st: dict) -> bool:
+    def merge_state(self, st: dict, counts: bool = True) -> bool:
         """Take a state file's content (same boot). Counts take the larger value per key so no
-        count already known is lost; acks are unioned. Returns True when something changed."""
+        count already known is lost; acks are unioned. With counts=False only acks and
+        identities are taken (the daemon's periodic merge: its own counts are the truth, and a
+        count `ack` wrote from records the daemon is about to read must not be added twice).
+        Returns True when something changed."""
         with self.lock:
             before = self.version
+            if not counts:
+                for a in st.get("acks") or []:
+                    self.add_ack(Ack.from_json(a))
+                return self.version != before
             for p, ks in dict(st.get("counts") or {}).items():
                 for k, v in dict(ks).items():
                     c = Count.from_json(v)
@@ -342,14 +358,15 @@ class StateFile:
             m = os.stat(self.path).st_mtime
         except OSError:
             return False
-        return self._mtime is not None and m != self._mtime
+        return m != self._mtime
 
-    def write(self, store: XidStore) -> bool:
-        """Merge what is on disk (acks written by `ack`), then write atomically."""
+    def write(self, store: XidStore, merge_counts: bool = False) -> bool:
+        """Merge what is on disk (acks written by `ack`; counts too with merge_counts), then
+        write atomically."""
         with self.locked():
             on_disk = self.read()
             if on_disk is not None:
-                store.merge_state(on_disk)
+                store.merge_state(on_disk, counts=merge_counts)
             data = store.to_state(self.boot_id)
             data["kmsg"] = self.kmsg
             tmp = self.path.with_name(f".{STATE_NAME}.{os.getpid()}.tmp")
