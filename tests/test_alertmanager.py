@@ -146,3 +146,21 @@ def test_live_alertmanager_inhibits_a_replaced_nodes_warnings(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_amp_definition_matches_and_passes_amtool(tmp_path):
+    """The AMP alert manager definition nests a config amtool accepts, with SNS receivers only, and
+    the same routes and inhibition as alertmanager.yml."""
+    amp = yaml.safe_load((CONFIG.parent / "amp-alertmanager-definition.yml").read_text())
+    assert set(amp) == {"alertmanager_config"}
+    inner = tmp_path / "amp.yml"
+    inner.write_text(amp["alertmanager_config"])
+    r = _amtool("check-config", str(inner))
+    assert r.returncode == 0, r.stdout + r.stderr
+    got, want = yaml.safe_load(amp["alertmanager_config"]), yaml.safe_load(CONFIG.read_text())
+    assert got["route"] == want["route"] and got["inhibit_rules"] == want["inhibit_rules"]
+    for rcv in got["receivers"]:
+        assert set(rcv) <= {"name", "sns_configs"}, rcv
+    r = _amtool("config", "routes", "test", f"--config.file={inner}", "--verify.receivers=pager",
+                "severity=critical", *NODE)
+    assert r.returncode == 0, r.stdout + r.stderr
