@@ -223,3 +223,39 @@ def test_a_lost_gpu_is_dropped_from_the_event_set_and_the_others_still_report(tm
         assert 5 in session.lost and w.alive
     finally:
         c.close()
+
+
+def test_nvml_xid_154_waits_for_the_kernel_line_that_names_the_action(tmp_path):
+    fake, session = fake_p5()
+    ctx = make_ctx(tmp_path, "", nvml=session, nvml_events=True, follow_poll_seconds=0.05)
+    c = XidCollector(ctx)
+    c.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not (c.service.watcher and c.service.watcher.status.state == "watching"):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        fake.queue_event(6, 154)  # NVML: no action code
+        time.sleep(0.5)
+        with open(tmp_path / "kmsg", "a") as f:
+            f.write(f"4,0,{int(time.monotonic() * 1e6)},-;NVRM: Xid (PCI:0000:b9:00): 154, GPU recovery "
+                    "action changed from 0x0 (None) to 0x2 (Node Reboot Required)\n")
+        while c.service.store.reports.get("nvml", 0) < 1:  # submitted after the 3 s grace
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        text = scrape(Runner([c], deadline_s=5))
+        assert value(text, "gpu_xid_errors_total", gpu="6", xid="154", tier="reboot") == 1
+        assert not [1 for n, ls in samples(text) if n == "gpu_xid_errors_total" and ("tier", "reset") in ls]
+    finally:
+        c.close()
+
+
+def test_unreadable_kernel_log_is_a_metric_and_nvml_state_goes_on(tmp_path):
+    ctx = make_ctx(tmp_path, None)  # no such file
+    c = XidCollector(ctx)
+    c.service.load_state()
+    assert c.service.read_kmsg() == 0
+    assert "cannot read" in c.service.kmsg.error
+    text = scrape(Runner([c], deadline_s=5))
+    assert value(text, "gpu_health_exporter_kmsg_up") == 0
+    assert value(text, "gpu_health_exporter_collector_success", collector="xid") == 1
