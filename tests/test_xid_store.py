@@ -134,3 +134,14 @@ def test_cardinality_guard_refuses_new_series_beyond_the_caps():
         s.report("kmsg", PCI, 1000 + x, float(x), 0.0)
     assert len(s.counts[PCI]) == 128 and s.dropped == 72
     assert s.report("kmsg", PCI, 1000, 500.0, 0.0)  # a known series still counts
+
+
+def test_kernel_clock_offset_follows_live_records_and_ignores_other_boots():
+    from exporter.xid.clock import KernelClock
+
+    c = KernelClock()
+    c.observe_live(100.0, mono=100.5)  # read 0.5 s late
+    c.observe_live(200.2, mono=200.3)  # read 0.1 s late: the better estimate wins
+    assert abs(c.offset_s - (-0.1)) < 1e-9
+    c.observe_live(29.0, mono=100000.0)  # a replayed record of another boot
+    assert abs(c.offset_s - (-0.1)) < 1e-9 and c.samples == 2

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+MAX_OFFSET_S = 3600.0  # drift is ppm: an offset beyond an hour means the record is not live
+
 
 class KernelClock:
     def __init__(self, offset_s: float = 0.0) -> None:
@@ -20,6 +22,8 @@ class KernelClock:
     def observe_live(self, kernel_s: float, mono: float | None = None) -> None:
         """A record with kernel time `kernel_s` was read right after it was logged."""
         sample = kernel_s - (time.monotonic() if mono is None else mono)
+        if abs(sample) > MAX_OFFSET_S:  # not the running kernel's clock (a log of another boot)
+            return
         if self.samples == 0 or sample > self.offset_s:
             self.offset_s = sample
         else:
