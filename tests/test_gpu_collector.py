@@ -203,6 +203,18 @@ def test_simulated_p5_serves_eight_gpus_with_nvlink():
     assert promtool_check_metrics(text) == ""
 
 
+def test_nvlink_errors_per_gpu_sums_the_links():
+    fake, _, c = sim(["gpu-nvlink-errors"], nvlink_errors="per_gpu")
+    fake.advance_to(10)
+    c.refresh_slow(timeout=10)
+    _, ss = run(c)
+    f = str(FAULTY_GPU)
+    per_link = sum(fake.get(FAULTY_GPU, f"nvmlDeviceGetNvLinkErrorCounter/{link}/2") for link in range(18))
+    assert value(ss, "gpu_nvlink_errors_total", gpu=f, link="all", type="crc_flit") == per_link == 200
+    assert sum(1 for (n, _) in ss if n == "gpu_nvlink_errors_total") == 8 * 4
+    assert sum(1 for (n, _) in ss if n == "gpu_nvlink_up") == 8 * 18
+
+
 def test_gpu_lost_keeps_the_other_gpus(caplog):
     fake, ctx, c = sim(["gpu-lost"])
     _, ss = run(c)
@@ -424,3 +436,23 @@ def test_exporter_replays_a_capture():
     assert value(ss, "gpu_temperature_celsius", sensor="gpu") == ok("nvmlDeviceGetTemperature/0")
     assert value(ss, "gpu_row_remapper_banks", spare_rows="max") == \
         ok("nvmlDeviceGetRowRemapperHistogram")["max"]
+
+
+@pytest.mark.parametrize("nvlink_errors", ["per_link", "per_gpu"])
+def test_reader_samples_carry_exactly_their_metrics_labels(nvlink_errors):
+    """Samples are served as prepared prometheus_client Samples (no per-sample label check at
+    scrape time), so every one must carry exactly its metric's labels."""
+    from exporter.gpu.metrics import G
+    from exporter.gpu.reader import GpuReader
+
+    fake = FakeBackend.for_profile(PROFILES["p5.48xlarge"], ["gpu-thermal-slowdown"])
+    fake.init()
+    reader = GpuReader(fake, FAULTY_GPU, nvlink_per_link=nvlink_errors == "per_link")
+    readings = [reader.read_fast(), reader.read_slow()]
+    seen = set()
+    for r in readings:
+        assert r.ok, r.errors
+        for spec, _value, extra in r.samples:
+            assert (*G, *extra) == spec.labels or set((*G, *extra)) == set(spec.labels), spec.name
+            seen.add(spec.name)
+    assert len(seen) >= 30

@@ -92,5 +92,6 @@ NVLINK_UP = _d("gpu_nvlink_up", "gauge",
                "1 if the NVLink link is active, else 0; only GPUs with NVLink. "
                + SLOW.format(cost="about 0.1 ms per link"), (*G, "link"))
 NVLINK_ERRORS = _d("gpu_nvlink_errors_total", "counter",
-                   "NVLink data-link errors by type (CRC flit, CRC data, replay, recovery); only GPUs with "
-                   "NVLink. " + SLOW.format(cost="about 0.4 ms per link"), (*G, "link", "type"))
+                   "NVLink data-link errors by type (CRC flit, CRC data, replay, recovery) per link, or "
+                   "summed over the GPU's links with link=\"all\" (gpu.nvlink_errors: per_gpu); only GPUs "
+                   "with NVLink. " + SLOW.format(cost="about 0.4 ms per link"), (*G, "link", "type"))

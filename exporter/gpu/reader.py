@@ -14,7 +14,6 @@ marks the reading failed and the other reads go on.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,10 +125,12 @@ class Static:
 class GpuReader:
     """Reads GPU `index`. Not thread-safe: the collector runs one read of a GPU at a time."""
 
-    def __init__(self, backend: NvmlBackend, index: int, nvlink: bool = True) -> None:
+    def __init__(self, backend: NvmlBackend, index: int, nvlink: bool = True,
+                 nvlink_per_link: bool = True) -> None:
         self.backend = backend
         self.index = index
         self.nvlink = nvlink
+        self.nvlink_per_link = nvlink_per_link
         self.static = Static()
         self.unsupported: set[Any] = set()
         self._probed = time.monotonic()
@@ -283,47 +284,16 @@ class GpuReader:
         ecc = self._call(r, "nvmlDeviceGetEccMode")
         if ecc:
             r.add(m.ECC_MODE, 1 if ecc[0] else 0)
+        totals: dict[str, int] = {}
         for link in self.static.nvlinks:
             state = self._call(r, "nvmlDeviceGetNvLinkState", link)
             r.add(m.NVLINK_UP, None if state is None else (1 if state else 0), link=str(link))
             for c, name in NVLINK_COUNTERS.items():
-                r.add(m.NVLINK_ERRORS, self._call(r, "nvmlDeviceGetNvLinkErrorCounter", link, c),
-                      link=str(link), type=name)
+                v = self._call(r, "nvmlDeviceGetNvLinkErrorCounter", link, c)
+                if self.nvlink_per_link:
+                    r.add(m.NVLINK_ERRORS, v, link=str(link), type=name)
+                elif v is not None:
+                    totals[name] = totals.get(name, 0) + v
+        for name, v in totals.items():
+            r.add(m.NVLINK_ERRORS, v, link="all", type=name)
         return r
-
-
-def naive_read(backend: NvmlBackend, index: int, nvlinks: Sequence[int] = ()) -> int:
-    """Every value read one call at a time, each scrape (what a simple exporter does); for the
-    benchmark's baseline. Returns the number of calls that answered."""
-    answered = 0
-    calls: list[tuple[Any, ...]] = [
-        ("nvmlDeviceGetName",), ("nvmlDeviceGetSerial",), ("nvmlDeviceGetVbiosVersion",),
-        ("nvmlDeviceGetBoardPartNumber",), ("nvmlDeviceGetEccMode",),
-        *[("nvmlDeviceGetTotalEccErrors", t, c) for t in (0, 1) for c in (0, 1)],
-        ("nvmlDeviceGetRemappedRows",), ("nvmlDeviceGetRowRemapperHistogram",),
-        ("nvmlDeviceGetRetiredPages", 0), ("nvmlDeviceGetRetiredPages", 1),
-        ("nvmlDeviceGetRetiredPagesPendingStatus",),
-        ("nvmlDeviceGetTemperature", 0), *[("nvmlDeviceGetTemperatureThreshold", t) for t in range(4)],
-        ("nvmlDeviceGetMarginTemperature",), ("nvmlDeviceGetCurrentClocksEventReasons",),
-        *[("nvmlDeviceGetViolationStatus", p) for p in range(6)],
-        ("nvmlDeviceGetPowerUsage",), ("nvmlDeviceGetEnforcedPowerLimit",),
-        ("nvmlDeviceGetTotalEnergyConsumption",), ("nvmlDeviceGetUtilizationRates",),
-        ("nvmlDeviceGetMemoryInfo",), ("nvmlDeviceGetClockInfo", 1), ("nvmlDeviceGetClockInfo", 2),
-        ("nvmlDeviceGetMaxClockInfo", 1), ("nvmlDeviceGetMaxClockInfo", 2),
-        ("nvmlDeviceGetPerformanceState",),
-        ("nvmlDeviceGetPcieReplayCounter",), ("nvmlDeviceGetCurrPcieLinkGeneration",),
-        ("nvmlDeviceGetCurrPcieLinkWidth",), ("nvmlDeviceGetMaxPcieLinkGeneration",),
-        ("nvmlDeviceGetMaxPcieLinkWidth",),
-        *[("nvmlDeviceGetNvLinkState", link) for link in nvlinks],
-        *[("nvmlDeviceGetNvLinkErrorCounter", link, c) for link in nvlinks for c in range(4)],
-    ]
-    for c in calls:
-        try:
-            backend.call(index, *c)
-            answered += 1
-        except NvmlError:
-            pass
-    for fid in (82, 230):  # memory temperature and recovery action exist only as fields
-        if backend.field_values(index, [fid])[0].ret == 0:
-            answered += 1
-    return answered

@@ -1,0 +1,258 @@
+"""Benchmark of the GPU collector (issue 2): scrape time, CPU time, naive vs batched, whole
+scrape and memory.
+
+Simulated (default): a p5.48xlarge of 8 GPUs on the fake NVML backend with the captured
+latencies on (each call's us_median from the H200 capture; each field of a batch costs what
+timing-h100/field_cost.json measured). Real (--real): the pynvml backend on this host's GPUs.
+
+    PYTHONPATH=. python3 bench/bench_gpu.py [--scrapes 1000] [--real] [--json OUT.json]
+
+Figures: median and mean wall time of one GPU collection in-process (serial and parallel
+per-GPU reads), CPU time per collection (process CPU time over the run / collections), the
+naive reading (every value one call at a time, energy and throttle counters included, every
+scrape) and the batched-every-scrape reading, the slow-cadence pass, and the exporter as a
+subprocess scraped over HTTP n times (GPU collector only, then all collectors): scrape wall
+time, the exporter's CPU time per scrape, its RSS along the way and its peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from exporter import collectors  # noqa: E402
+from exporter.collector import Context  # noqa: E402
+from exporter.config import load  # noqa: E402
+from exporter.nvml.backend import NvmlError  # noqa: E402
+from exporter.nvml.session import nvml_session  # noqa: E402
+from exporter.runner import Runner  # noqa: E402
+
+
+def ms(xs: list[float]) -> dict[str, float]:
+    xs = sorted(xs)
+    return {"median_ms": round(statistics.median(xs) * 1e3, 3),
+            "mean_ms": round(statistics.fmean(xs) * 1e3, 3),
+            "p90_ms": round(xs[int(len(xs) * 0.9)] * 1e3, 3), "n": len(xs)}
+
+
+def context(real: bool, overrides: dict | None = None, sim=None) -> Context:  # noqa: ANN001
+    collectors.collector_classes()
+    o = dict(sim.config_overrides()) if sim else {}
+    o.update(overrides or {})
+    if real:
+        return Context(config=load(None, o))
+    return Context(config=load(None, o), simulation=sim, nvml_latencies=True)
+
+
+def timed(fn, n: int) -> tuple[list[float], float]:  # noqa: ANN001
+    """Wall time of each of n calls, and process CPU seconds per call."""
+    walls = []
+    cpu0 = time.process_time()
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - t)
+    return walls, (time.process_time() - cpu0) / n
+
+
+def bench_collector(real: bool, sim, parallel: bool, n: int) -> dict:  # noqa: ANN001
+    from exporter.collectors.gpu import GpuCollector
+
+    ctx = context(real, {"gpu.parallel": parallel}, sim)
+    c = GpuCollector(ctx)
+    runner = Runner([c], deadline_s=10)
+    runner.collect()  # static values, first reads
+    t = time.perf_counter()
+    c.refresh_slow(timeout=30)
+    slow_s = time.perf_counter() - t
+    for _ in range(20):
+        runner.collect()
+    walls, cpu = timed(runner.collect, n)
+    gpus = len(c.gpus)
+    ok = sum(1 for g in ctx.shared["gpu_health"].gpus.values() if not g.lost)
+    out = {**ms(walls), "cpu_ms_per_scrape": round(cpu * 1e3, 3), "gpus": gpus, "gpus_ok": ok,
+           "slow_pass_all_gpus_ms": round(slow_s * 1e3, 2)}
+    runner.close()
+    c.close()
+    return out
+
+
+# The two per-GPU readings ../shared/tools/peer_timing.py timed on a real H100 (7.4 ms naive,
+# 4.5 ms batched-every-scrape per GPU), replayed call for call.
+BATCH_FIELDS = [3, 4, 5, 6, 82, 83, 94, 142, 143, 144, 145, 186, 75, 74, 269, 270, 271, 230]
+
+
+def naive_read(be, i: int) -> None:  # noqa: ANN001
+    """Every health value one call at a time, energy and throttle counters included."""
+    calls = [*[("nvmlDeviceGetTotalEccErrors", et, ct) for et in (0, 1) for ct in (0, 1)],
+             ("nvmlDeviceGetRemappedRows",), ("nvmlDeviceGetCurrentClocksEventReasons",),
+             ("nvmlDeviceGetUtilizationRates",), ("nvmlDeviceGetMemoryInfo",),
+             ("nvmlDeviceGetTemperature", 0),
+             *[("nvmlDeviceGetTemperatureThreshold", t) for t in (0, 1, 3)],
+             ("nvmlDeviceGetPowerUsage",), ("nvmlDeviceGetEnforcedPowerLimit",),
+             ("nvmlDeviceGetTotalEnergyConsumption",), ("nvmlDeviceGetClockInfo", 1),
+             ("nvmlDeviceGetClockInfo", 2),
+             ("nvmlDeviceGetMaxClockInfo", 1), ("nvmlDeviceGetPcieReplayCounter",),
+             ("nvmlDeviceGetCurrPcieLinkGeneration",), ("nvmlDeviceGetCurrPcieLinkWidth",),
+             ("nvmlDeviceGetPerformanceState",), ("nvmlDeviceGetViolationStatus", 0),
+             ("nvmlDeviceGetViolationStatus", 1)]
+    for c in calls:
+        try:
+            be.call(i, *c)
+        except NvmlError:
+            pass
+    be.field_values(i, [82, 230])
+
+
+def batched_every_scrape(be, i: int) -> None:  # noqa: ANN001
+    """One field batch with the expensive fields in it, plus the calls without a field."""
+    be.field_values(i, BATCH_FIELDS)
+    for c in [("nvmlDeviceGetCurrentClocksEventReasons",), ("nvmlDeviceGetUtilizationRates",),
+              ("nvmlDeviceGetMemoryInfo",), ("nvmlDeviceGetTemperature", 0), ("nvmlDeviceGetPowerUsage",),
+              ("nvmlDeviceGetClockInfo", 1), ("nvmlDeviceGetClockInfo", 2),
+              ("nvmlDeviceGetCurrPcieLinkGeneration",), ("nvmlDeviceGetCurrPcieLinkWidth",),
+              ("nvmlDeviceGetPerformanceState",)]:
+        try:
+            be.call(i, *c)
+        except NvmlError:
+            pass
+
+
+def bench_naive(real: bool, sim, n: int, read=naive_read) -> dict:  # noqa: ANN001
+    ctx = context(real, None, sim)
+    s = nvml_session(ctx)
+
+    def once() -> None:
+        for d in s.devices:
+            read(s.backend, d.index)
+
+    once()
+    walls, cpu = timed(once, n)
+    return {**ms(walls), "cpu_ms_per_scrape": round(cpu * 1e3, 3), "gpus": len(s.devices)}
+
+
+def bench_exporter(real: bool, profile: str, only: str | None, n: int) -> dict:
+    """The exporter as deployed (a subprocess serving HTTP): n scrapes of /metrics, their wall
+    time, the exporter's CPU time per scrape, its RSS along the way and its peak RSS."""
+    import socket
+    import subprocess
+
+    import requests
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{port}", "--log-level", "warning"]
+    if not real:
+        cmd += ["--simulate", profile, "--nvml-latencies"]
+    if only:
+        cmd += ["--collectors", only]
+    proc = subprocess.Popen(cmd, cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                requests.get(url, timeout=10)
+                break
+            except requests.ConnectionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    err = proc.stderr.read() if proc.stderr else ""
+                    raise RuntimeError(f"exporter did not start: {err}") from None
+                time.sleep(0.1)
+        time.sleep(1.0)  # let the first slow-cadence reading land
+        ps = psutil.Process(proc.pid)
+        session = requests.Session()
+        rss = {}
+        walls = []
+        cpu0 = sum(ps.cpu_times()[:2])
+        text = ""
+        for i in range(1, n + 1):
+            t = time.perf_counter()
+            text = session.get(url, timeout=10).text
+            walls.append(time.perf_counter() - t)
+            if i in (1, 10, 100, 500, n):
+                rss[f"after_{i}"] = round(ps.memory_info().rss / 2**20, 1)
+        cpu = (sum(ps.cpu_times()[:2]) - cpu0) / n
+        status = {}
+        for line in text.splitlines():
+            for metric in ("gpu_health_exporter_collector_success",
+                           "gpu_health_exporter_collector_duration_seconds"):
+                if line.startswith(metric + "{"):
+                    name = line.split('collector="')[1].split('"')[0]
+                    status.setdefault(name, {})[metric.rsplit("_", 1)[-1]] = float(line.rsplit(" ", 1)[1])
+        peak = None
+        try:
+            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = round(int(line.split()[1]) / 1024, 1)
+        except OSError:
+            pass
+        return {**ms(walls), "exporter_cpu_ms_per_scrape": round(cpu * 1e3, 3),
+                "collectors_last_scrape": status, "bytes": len(text), "rss_mib": rss, "peak_rss_mib": peak,
+                "command": " ".join(cmd[1:])}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scrapes", type=int, default=1000, help="scrapes per measurement (default 1000)")
+    p.add_argument("--naive-scrapes", type=int, default=50, help="scrapes of the naive reading (default 50)")
+    p.add_argument("--profile", default="p5.48xlarge")
+    p.add_argument("--real", action="store_true", help="use this host's GPUs through pynvml")
+    p.add_argument("--skip-whole", action="store_true", help="skip the whole-scrape and RSS part")
+    p.add_argument("--json", metavar="FILE", help="also write the results here")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    sim = None
+    if not args.real:
+        from exporter.simulate import Simulation
+
+        sim = Simulation(args.profile, []).build()
+    res: dict = {"mode": "real" if args.real else f"simulated {args.profile}, captured latencies",
+                 "python": platform.python_version(), "cpus": psutil.cpu_count(),
+                 "command": " ".join(sys.argv)}
+    def stage(name: str, fn) -> None:  # noqa: ANN001
+        t = time.perf_counter()
+        res[name] = fn()
+        print(f"{name}: {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
+
+    try:
+        stage("gpu_collector_serial", lambda: bench_collector(args.real, sim, False, args.scrapes))
+        stage("gpu_collector_parallel", lambda: bench_collector(args.real, sim, True, args.scrapes))
+        stage("naive_one_call_at_a_time", lambda: bench_naive(args.real, sim, args.naive_scrapes))
+        stage("batched_every_scrape_no_cadence",
+              lambda: bench_naive(args.real, sim, args.naive_scrapes, batched_every_scrape))
+        if not args.skip_whole:
+            stage("exporter_gpu_only", lambda: bench_exporter(args.real, args.profile, "gpu", args.scrapes))
+            stage("exporter_all_collectors",
+                  lambda: bench_exporter(args.real, args.profile, None, args.scrapes))
+    finally:
+        if sim is not None:
+            sim.close()
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
