@@ -65,10 +65,43 @@ def timed(fn, n: int) -> tuple[list[float], float]:  # noqa: ANN001
     return walls, (time.process_time() - cpu0) / n
 
 
+class Replicated:
+    """The real backend's GPU 0 presented as `n` GPUs (distinct UUIDs and bus ids): on a one-GPU
+    host, the cost of reading n GPUs when NVML serialises them all (the worst case)."""
+
+    def __init__(self, inner, n: int) -> None:  # noqa: ANN001
+        self.inner, self.n = inner, n
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.inner, name)
+
+    def device_count(self) -> int:
+        return self.n
+
+    def call(self, index: int, fn: str, *args: int):  # noqa: ANN201
+        v = self.inner.call(0, fn, *args)
+        if fn == "nvmlDeviceGetUUID":
+            return f"{v[:-2]}{index:02d}"
+        if fn == "nvmlDeviceGetPciInfo":
+            v["busId"] = f"00000000:{0x53 + 0x11 * index:02X}:00.0"
+        return v
+
+    def field_values(self, index: int, ids):  # noqa: ANN001, ANN201
+        return self.inner.field_values(0, ids)
+
+
+REPLICATE = 0
+
+
 def bench_collector(real: bool, sim, parallel: bool, n: int) -> dict:  # noqa: ANN001
     from exporter.collectors.gpu import GpuCollector
 
     ctx = context(real, {"gpu.parallel": parallel}, sim)
+    if real and REPLICATE:
+        from exporter.nvml.pynvml_backend import PynvmlBackend
+        from exporter.nvml.session import NvmlSession
+
+        ctx.shared["nvml"] = NvmlSession(Replicated(PynvmlBackend(), REPLICATE))
     c = GpuCollector(ctx)
     runner = Runner([c], deadline_s=10)
     runner.collect()  # static values, first reads
@@ -217,9 +250,15 @@ def main() -> int:
     p.add_argument("--naive-scrapes", type=int, default=50, help="scrapes of the naive reading (default 50)")
     p.add_argument("--profile", default="p5.48xlarge")
     p.add_argument("--real", action="store_true", help="use this host's GPUs through pynvml")
-    p.add_argument("--skip-whole", action="store_true", help="skip the whole-scrape and RSS part")
+    p.add_argument("--skip-whole", action="store_true", help="skip the exporter-process part")
+    p.add_argument("--all-scrapes", type=int, default=None,
+                   help="scrapes of the all-collectors exporter (default: --scrapes)")
+    p.add_argument("--replicate", type=int, default=0, metavar="N",
+                   help="with --real: present GPU 0 as N GPUs to the collector (one-GPU hosts)")
     p.add_argument("--json", metavar="FILE", help="also write the results here")
     args = p.parse_args()
+    global REPLICATE
+    REPLICATE = args.replicate
     logging.basicConfig(level=logging.WARNING)
     sim = None
     if not args.real:
@@ -243,7 +282,7 @@ def main() -> int:
         if not args.skip_whole:
             stage("exporter_gpu_only", lambda: bench_exporter(args.real, args.profile, "gpu", args.scrapes))
             stage("exporter_all_collectors",
-                  lambda: bench_exporter(args.real, args.profile, None, args.scrapes))
+                  lambda: bench_exporter(args.real, args.profile, None, args.all_scrapes or args.scrapes))
     finally:
         if sim is not None:
             sim.close()

@@ -19,9 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 
-from prometheus_client.samples import Sample
-
-from exporter.catalog import Families, MetricSpec
+from exporter.catalog import Families
 from exporter.collector import Collector, Context
 from exporter.config import Key, declare_section, one_of, positive
 from exporter.gpu import metrics as m
@@ -72,8 +70,6 @@ class _Gpu:
     stuck_since: float = 0.0
     slow: Reading | None = None
     slow_future: Future | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    slow_prepared: tuple[Reading, dict[MetricSpec, list[Sample]]] | None = None
 
 
 @dataclass
@@ -128,6 +124,8 @@ class GpuCollector(Collector):
                 if not self.gpus:
                     self.gpus = {d.index: _Gpu(GpuReader(s.backend, d.index, self.nvlink,
                                                                   self.nvlink_per_link)) for d in s.devices}
+                    for d in s.devices:
+                        self.gpus[d.index].reader.labels = identity_labels(d)
                     # Each GPU can hold one stuck thread at most; the rest do the work.
                     self._pool = ThreadPoolExecutor(max_workers=2 * len(self.gpus) + 2,
                                                     thread_name_prefix="gpu-read")
@@ -283,9 +281,9 @@ class GpuCollector(Collector):
             if not d.uuid:
                 d = s.refresh_identity(i)
         lost = i in s.lost
-        labels = {"gpu": str(i), "uuid": d.uuid, "pci_bus_id": d.pci_bus_id}
-        if g.labels != labels:
-            g.labels, g.slow_prepared = labels, None
+        labels = g.reader.labels
+        if labels.get("uuid") != d.uuid or labels.get("pci_bus_id") != d.pci_bus_id:
+            labels = g.reader.labels = identity_labels(d)
         st = g.reader.static
         out.add(m.INFO, 1, **labels, model=st.model or d.name, serial=st.serial,
                 vbios_version=st.vbios_version, board_part_number=st.board_part_number)
@@ -298,30 +296,20 @@ class GpuCollector(Collector):
             return
         self._log_change(i, "lost" if lost else "; ".join(r.errors) if isinstance(r, Reading) else r)
         if isinstance(r, Reading):
-            for spec, samples in prepare(r, labels).items():
+            for spec, samples in r.all_groups():
                 out.add_samples(spec, samples)
             gh.row_remap_pending, gh.row_remap_failure = r.remap_pending, r.remap_failure
             gh.recovery_action = r.recovery_action
             gh.ecc_uncorrected_volatile = r.ecc_uncorrected_volatile
             gh.ecc_uncorrected_aggregate = r.ecc_uncorrected_aggregate
         slow = g.slow
-        if slow is not None and not slow.lost:
-            if g.slow_prepared is None or g.slow_prepared[0] is not slow:
-                g.slow_prepared = (slow, prepare(slow, labels))  # built once per slow reading
-            for spec, samples in g.slow_prepared[1].items():
+        if slow is not None and not slow.lost and slow.labels is labels:
+            for spec, samples in slow.all_groups():  # the same Sample objects every scrape
                 out.add_samples(spec, samples)
 
 
-def prepare(r: Reading, labels: dict[str, str]) -> dict[MetricSpec, list[Sample]]:
-    """A reading's samples with the GPU's labels, grouped by metric (cheaper than Families.add
-    per sample: a p5 scrape serves ~1,100 GPU samples, 720 of them NVLink)."""
-    out: dict[MetricSpec, list[Sample]] = {}
-    for spec, value, extra in r.samples:
-        lst = out.get(spec)
-        if lst is None:
-            lst = out[spec] = []
-        lst.append(Sample(spec.name, {**labels, **extra} if extra else labels, value, None))
-    return out
+def identity_labels(d: DeviceIdentity) -> dict[str, str]:
+    return {"gpu": str(d.index), "uuid": d.uuid, "pci_bus_id": d.pci_bus_id}
 
 
 COLLECTOR = GpuCollector

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client.samples import Sample
+
 from exporter.catalog import MetricSpec
 from exporter.gpu import metrics as m
 from exporter.nvml.backend import (
@@ -85,9 +87,13 @@ NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}  # 
 
 @dataclass
 class Reading:
-    """The samples of one read of one GPU and how it went."""
+    """The samples of one read of one GPU and how it went. Samples are built as the
+    prometheus_client Samples the scrape serves (with the GPU's `labels`), grouped by metric, so
+    serving them costs nothing per sample."""
 
-    samples: list[tuple[MetricSpec, float, Labels]] = field(default_factory=list)
+    labels: Labels = field(default_factory=dict)
+    groups: dict[str, tuple[MetricSpec, list[Sample]]] = field(default_factory=dict)
+    static: list[tuple[MetricSpec, list[Sample]]] = field(default_factory=list)  # shared, read once
     ok: bool = True
     lost: bool = False
     errors: list[str] = field(default_factory=list)
@@ -98,9 +104,23 @@ class Reading:
     ecc_uncorrected_volatile: int | None = None
     ecc_uncorrected_aggregate: int | None = None
 
-    def add(self, spec: MetricSpec, value: float | None, **labels: str) -> None:
-        if value is not None:
-            self.samples.append((spec, float(value), labels))
+    def add(self, spec: MetricSpec, value: float | None, **extra: str) -> None:
+        if value is None:
+            return
+        group = self.groups.get(spec.name)
+        if group is None:
+            group = self.groups[spec.name] = (spec, [])
+        group[1].append(Sample(spec.name, {**self.labels, **extra} if extra else self.labels, float(value),
+                               None))
+
+    def all_groups(self) -> list[tuple[MetricSpec, list[Sample]]]:
+        return [*self.groups.values(), *self.static]
+
+    @property
+    def samples(self) -> list[tuple[MetricSpec, float, Labels]]:
+        """(metric, value, labels other than the GPU's) of every sample; for tests and tools."""
+        return [(spec, s.value, {k: v for k, v in s.labels.items() if k not in self.labels})
+                for spec, lst in self.all_groups() for s in lst]
 
     def fail(self, why: str) -> None:
         self.ok = False
@@ -132,6 +152,8 @@ class GpuReader:
         self.nvlink = nvlink
         self.nvlink_per_link = nvlink_per_link
         self.static = Static()
+        self.labels: Labels = {}  # the GPU's labels, set by the collector
+        self._static_groups: tuple[Static, Labels, list] | None = None
         self.unsupported: set[Any] = set()
         self._probed = time.monotonic()
 
@@ -213,7 +235,12 @@ class GpuReader:
         s.complete = r.ok
         self.static = s
 
-    def static_samples(self, r: Reading) -> None:
+    def static_groups(self) -> list[tuple[MetricSpec, list[Sample]]]:
+        """The samples of the static values, built once (again when identity labels change)."""
+        cached = self._static_groups
+        if cached is not None and cached[0] is self.static and cached[1] is self.labels:
+            return cached[2]
+        r = Reading(labels=self.labels)
         s = self.static
         for name, v in s.thresholds.items():
             r.add(m.THRESHOLD, v, threshold=name)
@@ -221,6 +248,9 @@ class GpuReader:
             r.add(m.CLOCK_MAX, v * 1e6, clock=name)
         r.add(m.PCIE_GEN_MAX, s.pcie_gen_max)
         r.add(m.PCIE_WIDTH_MAX, s.pcie_width_max)
+        groups = list(r.groups.values())
+        self._static_groups = (self.static, self.labels, groups)
+        return groups
 
     # --- every scrape ---------------------------------------------------------------------
     def read_fast(self) -> Reading:
@@ -228,7 +258,7 @@ class GpuReader:
         if not self.static.complete:
             self.read_static()
         self._maybe_reprobe()
-        r = Reading()
+        r = Reading(labels=self.labels)
         fv = self._fields(r, FAST_FIELDS)
         if 144 in fv:
             r.remap_pending = bool(fv[144])
@@ -273,13 +303,13 @@ class GpuReader:
                 r.add(m.REMAPPER_BANKS, hist.get(k), spare_rows=k)
         r.add(m.PCIE_GEN, self._call(r, "nvmlDeviceGetCurrPcieLinkGeneration"))
         r.add(m.PCIE_WIDTH, self._call(r, "nvmlDeviceGetCurrPcieLinkWidth"))
-        self.static_samples(r)
+        r.static = self.static_groups()
         return r
 
     # --- slow cadence ---------------------------------------------------------------------
     def read_slow(self) -> Reading:
         """Energy, throttle time, PCIe replays and errors, ECC mode, NVLink."""
-        r = Reading()
+        r = Reading(labels=self.labels)
         self._fields(r, SLOW_FIELDS)
         ecc = self._call(r, "nvmlDeviceGetEccMode")
         if ecc:

@@ -57,6 +57,7 @@ class PynvmlBackend(NvmlBackend):
         self._nvml: Any = None
         self._handles: dict[int, Any] = {}
         self._handle_to_index: dict[int, int] = {}
+        self._fns: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def _err(self, e: Exception) -> NvmlError:
@@ -77,6 +78,7 @@ class PynvmlBackend(NvmlBackend):
             raise NvmlError(NVML_ERROR_LIBRARY_NOT_FOUND, f"cannot load libnvidia-ml.so: {e}") from e
         self._nvml = pynvml
         self._handles.clear()
+        self._fns.clear()
 
     def shutdown(self) -> None:
         if self._nvml is not None:
@@ -120,10 +122,13 @@ class PynvmlBackend(NvmlBackend):
 
     def call(self, index: int, fn: str, *args: int) -> Any:
         n = self._n()
-        f = getattr(n, fn, None)
+        f = self._fns.get(fn)
         if f is None:
-            raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, f"{fn} is not in this pynvml")
-        h = self._handle(index)
+            f = getattr(n, fn, None)
+            if f is None:
+                raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, f"{fn} is not in this pynvml")
+            self._fns[fn] = f
+        h = self._handles.get(index) or self._handle(index)
         try:
             return plain(f(h, *args))
         except n.NVMLError as e:

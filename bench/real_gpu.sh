@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# One prepared run on a real GPU node (H100/H200): the real-GPU tests, the exporter against the
+# real GPU(s) for ~10 s, a /metrics scrape, the GPU bench in real mode (and the simulated bench
+# on the same quiet host), and an nvidia-smi summary. Everything lands in $OUT; every step goes
+# on when an earlier one fails; the whole run stays well under 4 minutes.
+#
+# Needs: python3 with nvidia-ml-py, prometheus-client, psutil, pyyaml, requests, pytest (no
+# network). Run from anywhere:  OUT=/tmp/out bash bench/real_gpu.sh
+set -x
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+export PYTHONPATH=.
+export OUT
+START=$(date +%s)
+step() { echo "=== $* ($(($(date +%s) - START))s)"; }
+
+step environment
+{ date -u; uname -a; python3 --version; python3 -c 'import pynvml, prometheus_client; print("nvidia-ml-py", getattr(pynvml, "__version__", "?"))';
+  nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,driver_version,memory.total,power.limit --format=csv;
+  command -v promtool; git log --oneline -1; } > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+step "real-GPU tests"
+timeout 120 python3 -m pytest -q -m real_gpu -rA -p no:cacheprovider tests/test_real_gpu.py > "$OUT/pytest_real_gpu.txt" 2>&1
+echo "pytest rc=$?" | tee -a "$OUT/pytest_real_gpu.txt"
+tail -25 "$OUT/pytest_real_gpu.txt"
+
+serve() {  # serve NAME SECONDS ARGS...: run the exporter, save a scrape, its log and timings
+  local name=$1 secs=$2; shift 2
+  local port
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  timeout $((secs + 20)) python3 -m exporter --listen "127.0.0.1:$port" --log-level info "$@" \
+    > "$OUT/exporter_$name.log" 2>&1 &
+  local pid=$!
+  timeout $((secs + 15)) python3 - "$port" "$secs" "$OUT/metrics_$name.txt" <<'EOF' > "$OUT/scrape_$name.txt" 2>&1
+import sys, time, statistics, requests
+port, secs, path = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+base = f"http://127.0.0.1:{port}"
+t0 = time.monotonic()
+while True:
+    try:  # /readyz turns 200 after the first collection, which the first scrape triggers
+        requests.get(base + "/metrics", timeout=10)
+        if requests.get(base + "/readyz", timeout=10).status_code == 200:
+            break
+    except requests.ConnectionError:
+        pass
+    if time.monotonic() - t0 > 30:
+        sys.exit("exporter not ready after 30 s")
+    time.sleep(0.2)
+print(f"ready after {time.monotonic() - t0:.2f}s")
+walls = []
+while time.monotonic() - t0 < secs:
+    t = time.perf_counter()
+    text = requests.get(base + "/metrics", timeout=10).text
+    walls.append(time.perf_counter() - t)
+    time.sleep(0.05)
+open(path, "w").write(text)
+walls.sort()
+print(f"{len(walls)} scrapes over HTTP: median {statistics.median(walls)*1e3:.2f} ms, max {walls[-1]*1e3:.2f} ms")
+for line in text.splitlines():
+    if line.startswith(("gpu_health_exporter_collector_", "gpu_devices", "gpu_read_success", "gpu_lost", "gpu_info")):
+        print(line)
+EOF
+  echo "scrape rc=$?" >> "$OUT/scrape_$name.txt"
+  kill -TERM "$pid" 2>/dev/null
+  wait "$pid"
+  echo "exporter exit=$?" >> "$OUT/scrape_$name.txt"
+  if command -v promtool >/dev/null; then
+    promtool check metrics < "$OUT/metrics_$name.txt" > "$OUT/promtool_$name.txt" 2>&1
+    echo "promtool rc=$?" >> "$OUT/promtool_$name.txt"
+  else
+    python3 -c 'from prometheus_client.parser import text_string_to_metric_families as p; import sys; n=sum(len(f.samples) for f in p(open(sys.argv[1]).read())); print("parsed", n, "samples (no promtool here)")' \
+      "$OUT/metrics_$name.txt" > "$OUT/promtool_$name.txt" 2>&1
+  fi
+  cat "$OUT/scrape_$name.txt" | head -40
+  cat "$OUT/promtool_$name.txt"
+}
+
+step "exporter, GPU collector only, real NVML (10 s)"
+serve gpu 10 --collectors gpu
+step "exporter, all collectors enabled by default (8 s)"
+serve all 8
+
+step "GPU bench, real NVML"
+timeout 60 python3 bench/bench_gpu.py --real --scrapes 300 --naive-scrapes 30 --json "$OUT/bench_real.json" \
+  > "$OUT/bench_real.txt" 2>&1
+echo "bench rc=$?" | tee -a "$OUT/bench_real.txt"
+tail -60 "$OUT/bench_real.txt"
+
+step "GPU bench, simulated p5.48xlarge with captured latencies (same host)"
+timeout 100 python3 bench/bench_gpu.py --scrapes 1000 --all-scrapes 200 --naive-scrapes 20 --json "$OUT/bench_sim.json" \
+  > "$OUT/bench_sim.txt" 2>&1
+echo "bench rc=$?" | tee -a "$OUT/bench_sim.txt"
+grep -E '"(median_ms|cpu_ms_per_scrape|exporter_cpu_ms_per_scrape|peak_rss_mib|after_1000)"|^ "' "$OUT/bench_sim.txt" | head -40
+
+step "nvidia-smi -q summary"
+nvidia-smi -q > "$OUT/nvidia_smi_q.txt" 2>&1
+grep -E "Product Name|Driver Version|CUDA Version|Bus Id|Serial Number|VBIOS|GPU Current Temp|Power Draw|Current Power Limit|Volatile|Aggregate|Remapped|Pending|Retired|Link Width|PCIe Generation|Replays" \
+  "$OUT/nvidia_smi_q.txt" | head -60
+step done
+ls -la "$OUT"
+# one file with everything, for callers that fetch only a few files
+tar -C "$OUT" -czf /tmp/real_gpu_all.tgz . && mv /tmp/real_gpu_all.tgz "$OUT/all.tgz"
