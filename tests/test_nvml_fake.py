@@ -374,3 +374,22 @@ def test_pynvml_backend_returns_plain_values(monkeypatch):
     be = PynvmlBackend()
     be.init()
     assert be.call(0, "nvmlDeviceGetPowerUsage") == 76498
+
+
+def test_pynvml_backend_converts_real_field_value_structs(monkeypatch):
+    """field_values reads pynvml's own c_nvmlFieldValue_t array (the binding's ctypes types,
+    no GPU needed): value by valueType, per-field return codes kept."""
+    import pynvml as real_pynvml
+
+    arr = (real_pynvml.c_nvmlFieldValue_t * 3)()
+    arr[0].nvmlReturn, arr[0].valueType, arr[0].value.ullVal = 0, 3, 2421458  # unsigned long long
+    arr[1].nvmlReturn, arr[1].valueType, arr[1].value.uiVal = 0, 1, 35  # unsigned int
+    arr[2].nvmlReturn = b.NVML_ERROR_NOT_SUPPORTED
+    mod = _fake_pynvml()
+    mod.nvmlDeviceGetFieldValues = lambda handle, ids: arr
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    be = PynvmlBackend()
+    be.init()
+    got = be.field_values(0, [83, 82, 29])
+    assert [(v.field_id, v.ret, v.value) for v in got] == [(83, 0, 2421458), (82, 0, 35), (29, 3, None)]
+    assert all(type(v.value) is int for v in got[:2])

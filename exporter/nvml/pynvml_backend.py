@@ -144,12 +144,13 @@ class PynvmlBackend(NvmlBackend):
         except n.NVMLError as e:
             raise self._err(e) from e
         out = []
+        get = ctypes.Structure.__getattribute__  # skips pynvml's per-attribute str conversion
         for fid, v in zip(field_ids, values, strict=False):
-            ret = int(v.nvmlReturn)
+            ret = int(get(v, "nvmlReturn"))
             value = None
             if ret == 0:
-                member = _VALUE_MEMBER.get(int(v.valueType))
-                value = getattr(v.value, member) if member else None
+                member = _VALUE_MEMBER.get(int(get(v, "valueType")))
+                value = getattr(get(v, "value"), member) if member else None
             out.append(FieldValue(int(fid), ret, value))
         return out
 
