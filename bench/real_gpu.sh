@@ -88,6 +88,14 @@ timeout 60 python3 bench/bench_gpu.py --real --scrapes 300 --naive-scrapes 30 --
 echo "bench rc=$?" | tee -a "$OUT/bench_real.txt"
 tail -60 "$OUT/bench_real.txt"
 
+if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" = "1" ]; then
+  step "GPU bench, real NVML, GPU 0 presented as 8 GPUs (all calls serialised on one GPU: worst case)"
+  timeout 40 python3 bench/bench_gpu.py --real --replicate 8 --scrapes 1000 --naive-scrapes 5 --skip-whole \
+    --json "$OUT/bench_real_x8.json" > "$OUT/bench_real_x8.txt" 2>&1
+  echo "bench rc=$?" | tee -a "$OUT/bench_real_x8.txt"
+  grep -A6 '"gpu_collector_' "$OUT/bench_real_x8.txt"
+fi
+
 step "GPU bench, simulated p5.48xlarge with captured latencies (same host)"
 timeout 100 python3 bench/bench_gpu.py --scrapes 1000 --all-scrapes 200 --naive-scrapes 20 --json "$OUT/bench_sim.json" \
   > "$OUT/bench_sim.txt" 2>&1
