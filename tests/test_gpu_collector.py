@@ -462,3 +462,28 @@ def test_reader_samples_carry_exactly_their_metrics_labels(nvlink_errors):
                                 "gpu_lost", "gpu_read_success"}
     not_on_hopper = {"gpu_retired_pages_total", "gpu_retired_pages_pending"}
     assert seen == by_collector - emitted_by_the_collector - not_on_hopper
+
+
+def test_exporter_scenario_gpu_lost_end_to_end():
+    args = ("--simulate", "p5.48xlarge", "--scenario", "gpu-lost", "--collectors", "gpu")
+    with running_exporter(*args) as url:
+        requests.get(url + "/metrics", timeout=10)  # the first scrape starts NVML (and the fault clock)
+        text = _get(url, f'gpu_lost{{gpu="{FAULTY_GPU}"', timeout=0)
+        assert value(samples(text), "gpu_lost", gpu=str(FAULTY_GPU)) == 0
+        deadline = time.monotonic() + ONSET_S + 10
+        while value(samples(text), "gpu_lost", gpu=str(FAULTY_GPU)) == 0 and time.monotonic() < deadline:
+            time.sleep(0.3)
+            text = requests.get(url + "/metrics", timeout=10).text
+    ss = samples(text)
+    assert value(ss, "gpu_lost", gpu=str(FAULTY_GPU)) == 1
+    assert sum(v for (n, _), v in ss.items() if n == "gpu_read_success") == 7
+    assert promtool_check_metrics(text) == ""
+
+
+def test_packaged_nvml_data_matches_the_test_fixtures():
+    """The simulated node and --nvml-latencies use the copies shipped in exporter/data."""
+    from exporter.nvml.fake import DATA
+
+    assert (DATA / "nvml_h200.json").read_bytes() == CAPTURE.read_bytes()
+    assert (DATA / "nvml_field_cost_h100.json").read_bytes() == \
+        (FIXTURES / "nvml" / "timing-h100" / "field_cost.json").read_bytes()
