@@ -487,3 +487,26 @@ def test_packaged_nvml_data_matches_the_test_fixtures():
     assert (DATA / "nvml_h200.json").read_bytes() == CAPTURE.read_bytes()
     assert (DATA / "nvml_field_cost_h100.json").read_bytes() == \
         (FIXTURES / "nvml" / "timing-h100" / "field_cost.json").read_bytes()
+
+
+def test_gpu_hung_at_start_does_not_hold_up_the_others():
+    fake = FakeBackend.for_profile(PROFILES["p5.48xlarge"])
+    fake.hang(2, seconds=30)
+    ctx = Context(config=load(None, {"gpu.read_timeout_seconds": 0.2, "node.instance_type": "p5.48xlarge"}))
+    ctx.shared["nvml"] = NvmlSession(fake, identity_timeout_s=0.3)
+    c = GpuCollector(ctx)
+    try:
+        t = time.monotonic()
+        _, ss = run(c, deadline=3.0)
+        assert time.monotonic() - t < 2.0
+        assert value(ss, "gpu_health_exporter_collector_success", collector="gpu") == 1
+        assert value(ss, "gpu_read_success", gpu="2", uuid="") == 0
+        assert sum(v for (n, _), v in ss.items() if n == "gpu_read_success") == 7
+    finally:
+        fake.release()
+    time.sleep(0.1)
+    _, ss = run(c)
+    assert value(ss, "gpu_read_success", gpu="2") == 1
+    uuid = fake.call(2, "nvmlDeviceGetUUID")
+    assert value(ss, "gpu_temperature_celsius", gpu="2", uuid=uuid, sensor="gpu") > 0
+    assert ctx.shared["nvml"].by_uuid(uuid).index == 2

@@ -278,12 +278,21 @@ class GpuCollector(Collector):
         elif isinstance(r, Reading) and i in s.lost:
             s.clear_lost(i)
             self.log.info("GPU %d answers again", i)
-            if not d.uuid:
-                d = s.refresh_identity(i)
+        if isinstance(r, Reading) and not r.lost and not d.uuid:  # unidentified at start
+            d = s.refresh_identity(i)
         lost = i in s.lost
         labels = g.reader.labels
         if labels.get("uuid") != d.uuid or labels.get("pci_bus_id") != d.pci_bus_id:
             labels = g.reader.labels = identity_labels(d)
+            if isinstance(r, Reading) and r.labels is not labels:  # read before the identity was known
+                relabelled = Reading(labels=labels, ok=r.ok, lost=r.lost, errors=r.errors)
+                for spec, value, extra in r.samples:
+                    relabelled.add(spec, value, **extra)
+                relabelled.remap_pending, relabelled.remap_failure = r.remap_pending, r.remap_failure
+                relabelled.recovery_action = r.recovery_action
+                relabelled.ecc_uncorrected_volatile = r.ecc_uncorrected_volatile
+                relabelled.ecc_uncorrected_aggregate = r.ecc_uncorrected_aggregate
+                r = relabelled
         st = g.reader.static
         out.add(m.INFO, 1, **labels, model=st.model or d.name, serial=st.serial,
                 vbios_version=st.vbios_version, board_part_number=st.board_part_number)

@@ -26,6 +26,7 @@ log = logging.getLogger("exporter.nvml")
 
 RETRY_FIRST_S = 10.0
 RETRY_MAX_S = 300.0
+IDENTITY_TIMEOUT_S = 3.0  # a GPU whose identity calls hang is left unidentified, not waited for
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,10 @@ def pci_key(addr: str) -> tuple[int, int, int] | None:
 class NvmlSession:
     """An NVML backend plus what every user needs: the GPUs' identities and who is lost."""
 
-    def __init__(self, backend: NvmlBackend, clock: Any = time.monotonic) -> None:
+    def __init__(self, backend: NvmlBackend, clock: Any = time.monotonic,
+                 identity_timeout_s: float = IDENTITY_TIMEOUT_S) -> None:
         self.backend = backend
+        self.identity_timeout_s = identity_timeout_s
         self.devices: list[DeviceIdentity] = []
         self.lost: set[int] = set()
         self.error = "not initialised yet"
@@ -96,7 +99,7 @@ class NvmlSession:
                 cuda = self._system("nvmlSystemGetCudaDriverVersion")
                 if isinstance(cuda, int):
                     self.cuda_driver_version = f"{cuda // 1000}.{cuda % 1000 // 10}"
-                self._set_devices([self._identity(i) for i in range(count)])
+                self._set_devices(self._identities(count))
             except NvmlError as e:
                 self.error = f"NVML could not be initialised: {e} (NVML error {e.code})"
                 self._next_try = now + self._retry_s
@@ -126,6 +129,28 @@ class NvmlSession:
         pci = read("nvmlDeviceGetPciInfo") or {}
         return DeviceIdentity(index, read("nvmlDeviceGetUUID") or "", pci.get("busId", "") or "",
                               read("nvmlDeviceGetName") or "")
+
+    def _identities(self, count: int) -> list[DeviceIdentity]:
+        """Every GPU's identity, read concurrently under one deadline: a GPU whose calls hang
+        (they cannot be interrupted) is listed with empty uuid and address, to be read again
+        once it answers (refresh_identity), instead of holding up the whole node."""
+        found: dict[int, DeviceIdentity] = {}
+
+        def read(i: int) -> None:
+            found[i] = self._identity(i)
+
+        threads = [threading.Thread(target=read, args=(i,), name=f"nvml-identity-{i}", daemon=True)
+                   for i in range(count)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + self.identity_timeout_s
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        missing = [i for i in range(count) if i not in found]
+        if missing:
+            log.warning("NVML did not answer identity calls of GPU(s) %s within %gs", missing,
+                        self.identity_timeout_s)
+        return [found.get(i) or DeviceIdentity(i, "", "", "") for i in range(count)]
 
     def _set_devices(self, devices: list[DeviceIdentity]) -> None:
         self.devices = devices
