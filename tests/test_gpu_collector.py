@@ -510,3 +510,18 @@ def test_gpu_hung_at_start_does_not_hold_up_the_others():
     uuid = fake.call(2, "nvmlDeviceGetUUID")
     assert value(ss, "gpu_temperature_celsius", gpu="2", uuid=uuid, sensor="gpu") > 0
     assert ctx.shared["nvml"].by_uuid(uuid).index == 2
+
+
+def test_many_slow_gpus_still_end_the_scrape_in_time():
+    fake, _, c = sim(read_timeout_seconds=0.5, timeout_seconds=1.0)
+    run(c)
+    for i in range(8):
+        fake.slow_down(i, 0.03)  # ~0.45 s per GPU read: each under its deadline, 8 of them are not
+    t = time.monotonic()
+    _, ss = run(c, deadline=1.0)
+    assert time.monotonic() - t < 1.2
+    assert value(ss, "gpu_health_exporter_collector_success", collector="gpu") == 1
+    assert value(ss, "gpu_read_success", gpu="0") == 1
+    assert value(ss, "gpu_read_success", gpu="7") == 0
+    for i in range(8):
+        fake.slow_down(i, 0.0)

@@ -87,7 +87,8 @@ class GpuCollector(Collector):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         cfg = ctx.config.gpu
-        self.read_timeout = min(cfg.read_timeout_seconds, cfg.timeout_seconds * 0.8)
+        self.budget = cfg.timeout_seconds * 0.8  # all GPUs' reads, so the scrape ends in time
+        self.read_timeout = min(cfg.read_timeout_seconds, self.budget)
         self.slow_interval = cfg.slow_interval_seconds
         self.parallel = cfg.parallel
         self.nvlink = cfg.nvlink
@@ -119,9 +120,9 @@ class GpuCollector(Collector):
         s = self.session
         if not s.ensure():
             return None
-        if not self.gpus:
+        if self._pool is None:
             with self._pool_lock:
-                if not self.gpus:
+                if self._pool is None:
                     self.gpus = {d.index: _Gpu(GpuReader(s.backend, d.index, self.nvlink,
                                                                   self.nvlink_per_link)) for d in s.devices}
                     for d in s.devices:
@@ -178,6 +179,7 @@ class GpuCollector(Collector):
                     self._mark_stuck(i, f, time.monotonic() - self.read_timeout)
                     results[i] = self._stuck_msg
             return results
+        end = time.monotonic() + self.budget
         while todo:
             chain = _Chain()
             out: dict[int, Reading] = {}
@@ -188,7 +190,8 @@ class GpuCollector(Collector):
                     todo = []
                     break
                 cur, since = chain.current, chain.since
-                if cur is not None and time.monotonic() - since >= self.read_timeout:
+                now = time.monotonic()
+                if cur is not None and (now - since >= self.read_timeout or now >= end):
                     chain.cancelled = True  # it stops after the GPU it is stuck on
                     self._mark_stuck(cur, fut, since)
                     results[cur] = self._stuck_msg
@@ -196,6 +199,10 @@ class GpuCollector(Collector):
                     break
             results.update(out)
             todo = [i for i in todo if i not in out]
+            if todo and time.monotonic() >= end:  # several slow GPUs used up the collector's time
+                for i in todo:
+                    results[i] = "not read: the GPUs before it used up gpu.timeout_seconds"
+                break
         return results
 
     def _chain(self, order: list[int], chain: _Chain, out: dict[int, Reading]) -> None:
