@@ -154,16 +154,3 @@ class Runner:
         st.ok, st.error, st.duration = ok, err, took
         if ok:
             st.last_success = time.time()
-
-
-class RunnerCollector:
-    """Adapter that lets a prometheus_client registry serve the runner's collection."""
-
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
-
-    def describe(self) -> list[Metric]:
-        return []  # never collect at registration
-
-    def collect(self) -> list[Metric]:
-        return self.runner.collect()

@@ -8,10 +8,9 @@ import threading
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-
 from exporter import __version__
-from exporter.runner import Runner, RunnerCollector
+from exporter.exposition import encode
+from exporter.runner import Runner
 
 log = logging.getLogger("exporter.server")
 
@@ -26,14 +25,13 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def build_app(runner: Runner):  # noqa: ANN201 - a WSGI callable
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunnerCollector(runner))
-    metrics_app = make_wsgi_app(registry)
-
     def app(environ, start_response):  # noqa: ANN001, ANN202
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
-            return metrics_app(environ, start_response)
+            body, headers = encode(runner.collect(), environ.get("HTTP_ACCEPT", ""),
+                                   environ.get("HTTP_ACCEPT_ENCODING", ""))
+            start_response("200 OK", headers)
+            return [body]
         if path == "/healthz":
             return _text(start_response, "200 OK", "ok\n")
         if path == "/readyz":

@@ -13,19 +13,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import requests
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.runner import Runner, RunnerCollector
+from exporter.exposition import render
+from exporter.runner import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
 def scrape(runner: Runner) -> str:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunnerCollector(runner))
-    return generate_latest(registry).decode()
+    """One collection rendered as /metrics serves it (text format)."""
+    return render(runner.collect()).decode()
 
 
 def samples(text: str) -> dict[tuple[str, frozenset], float]:

@@ -1,0 +1,93 @@
+"""Rendering a collection as Prometheus text (0.0.4) or OpenMetrics (1.0.0).
+
+prometheus_client's generic renderer spends ~5 µs per series (and ~8 µs in OpenMetrics, which
+Prometheus asks for by default) escaping and sorting every label of every sample on every
+scrape; a p5 node serves ~2,600 series. Our series are the same from scrape to scrape, only
+their values change, so this renderer caches each series' `name{labels} ` prefix and formats
+only the value. The output parses to the same samples as prometheus_client's (tests compare).
+Only what our collectors produce is supported: gauges and counters without timestamps or
+exemplars.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterable
+
+from prometheus_client.core import Metric
+from prometheus_client.utils import floatToGoString
+
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+_MAX_CACHED = 200_000  # series prefixes kept; cleared when exceeded (label churn stays bounded)
+_prefixes: dict[tuple, str] = {}
+
+
+def _escape_label(v: str) -> str:
+    if "\\" in v or '"' in v or "\n" in v:
+        return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return v
+
+
+def _prefix(name: str, labels: dict[str, str]) -> str:
+    # A metric's label names are fixed by its catalog entry, so the values identify the series.
+    key = (name, *labels.values())
+    p = _prefixes.get(key)
+    if p is None:
+        if len(_prefixes) >= _MAX_CACHED:
+            _prefixes.clear()
+        if labels:
+            inner = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels.items())
+            p = f"{name}{{{inner}}} "
+        else:
+            p = name + " "
+        _prefixes[key] = p
+    return p
+
+
+def render(metrics: Iterable[Metric], openmetrics: bool = False) -> bytes:
+    out: list[str] = []
+    append = out.append
+    for m in metrics:
+        if openmetrics:
+            family = m.name
+            help_ = m.documentation.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+            append(f"# TYPE {family} {m.type}\n# HELP {family} {help_}\n")
+            if m.unit:
+                append(f"# UNIT {family} {m.unit}\n")
+        else:
+            family = m.name + "_total" if m.type == "counter" else m.name
+            help_ = m.documentation.replace("\\", r"\\").replace("\n", r"\n")
+            append(f"# HELP {family} {help_}\n# TYPE {family} {m.type}\n")
+        get = _prefixes.get
+        for s in m.samples:
+            p = get((s.name, *s.labels.values())) or _prefix(s.name, s.labels)
+            v = s.value
+            # Integral values below 1e6 print as Go does ("3.0"); the rest go the general way.
+            append(f"{p}{v!r}\n" if v.__class__ is float and v.is_integer() and -1e6 < v < 1e6
+                   else p + floatToGoString(v) + "\n")
+    if openmetrics:
+        append("# EOF\n")
+    return "".join(out).encode()
+
+
+def negotiate(accept: str) -> bool:
+    """True when the Accept header asks for OpenMetrics (as Prometheus does by default)."""
+    for part in accept.split(","):
+        if part.split(";")[0].strip() == "application/openmetrics-text":
+            return True
+    return False
+
+
+def encode(metrics: Iterable[Metric], accept: str,
+           accept_encoding: str) -> tuple[bytes, list[tuple[str, str]]]:
+    """The body and headers of a /metrics response for these request headers."""
+    om = negotiate(accept)
+    body = render(metrics, openmetrics=om)
+    headers = [("Content-Type", OPENMETRICS_CONTENT_TYPE if om else TEXT_CONTENT_TYPE)]
+    if "gzip" in accept_encoding:
+        body = gzip.compress(body, compresslevel=1)
+        headers.append(("Content-Encoding", "gzip"))
+    headers.append(("Content-Length", str(len(body))))
+    return body, headers
