@@ -52,11 +52,21 @@ class FaultyReader(SysfsReader):
     def fail(self, suffix: str, err: int = errno.EIO) -> None:
         self.faults[suffix] = err
 
-    def read(self, path: str) -> str:
+    def _check(self, path: str) -> None:
         self.reads[path] = self.reads.get(path, 0) + 1
         if self.on_read is not None:
             self.on_read(path)
         for suffix, err in self.faults.items():
             if path.endswith(suffix):
                 raise OSError(err, errno.errorcode[err], path)
+
+    def read(self, path: str) -> str:
+        self._check(path)
         return super().read(path)
+
+    def read_files(self, dir_fd: int, names, paths) -> list[bytes]:
+        out = []
+        for name, path in zip(names, paths, strict=True):
+            self._check(path)
+            out += super().read_files(dir_fd, [name], [path])
+        return out

@@ -303,7 +303,8 @@ def test_driver_version_on_info(tmp_path):
     assert value(run(collector(tmp_path)), "efa_info", device="rdmap0s0", driver_version="2.17.1g") == 1
 
 
-def test_a_read_blocked_in_the_kernel_fails_only_that_device(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_read_blocked_in_the_kernel_fails_only_that_device(tmp_path, workers):
     """An admin command that never completes blocks the sysfs read (until the driver's timeout):
     that device is down for the scrape, the others are served within the device deadline, and the
     blocked read is not piled up on by later scrapes."""
@@ -322,7 +323,7 @@ def test_a_read_blocked_in_the_kernel_fails_only_that_device(tmp_path):
 
     reader = FaultyReader()
     reader.on_read = hang
-    c = collector(tmp_path, reader=reader, **{"efa.device_timeout_seconds": 0.3, "efa.read_workers": 2})
+    c = collector(tmp_path, reader=reader, **{"efa.device_timeout_seconds": 0.3, "efa.read_workers": workers})
     try:
         t = time.monotonic()
         ss = samples(run(c))
@@ -337,7 +338,7 @@ def test_a_read_blocked_in_the_kernel_fails_only_that_device(tmp_path):
     finally:
         release.set()
     deadline = time.monotonic() + 5
-    while not c._inflight[c.discovery.discover()[2].path].done() and time.monotonic() < deadline:
+    while not c._blocked[c.discovery.discover()[2].path].done.is_set() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert value(run(c), "efa_device_up", device="rdmap2s0") == 1
     c.close()
@@ -352,3 +353,39 @@ def test_unreadable_pci_identity_falls_back_to_the_driver_link(tmp_path):
     assert value(ss, "efa_devices") == 1
     assert value(ss, "efa_info", device="rdmap0s0", pci_address="0000:00:00.0", pci_device_id="") == 1
     assert value(ss, "efa_device_up", device="rdmap0s0") == 1
+
+
+def test_slow_devices_stop_at_the_collection_budget_not_the_collector(tmp_path):
+    """Each device is slow but within its own deadline: read one after another they would pass the
+    collector's deadline, so reading stops at 80% of it and the rest are reported down."""
+    import time
+
+    for i in range(4):
+        efa(tmp_path, f"rdmap{i}s0", i)
+    reader = FaultyReader()
+    reader.on_read = lambda path: time.sleep(0.3) if path.endswith("/ports/1/hw_counters/tx_bytes") else None
+    c = collector(tmp_path, reader=reader, **{"efa.timeout_seconds": 1.0, "efa.device_timeout_seconds": 0.5})
+    t = time.monotonic()
+    ss = samples(run(c))  # devices 0 and 1 by 0.6 s; 2 cannot end before 0.9 s, past the 0.8 s budget
+    assert time.monotonic() - t < 1.0
+    assert value(ss, "gpu_health_exporter_collector_success", collector="efa") == 1
+    assert [value(ss, "efa_device_up", device=f"rdmap{i}s0") for i in range(4)] == [1, 1, 0, 0]
+    assert value(ss, "efa_tx_bytes_total", device="rdmap1s0", port="1") == 0
+    c.close()
+
+
+def test_samples_carry_exactly_their_metrics_labels(tmp_path):
+    from exporter.catalog import all_specs
+
+    efa(tmp_path, "rdmap0s0", 0, kernel=(5, 10))
+    dev = efa(tmp_path, "rdmap1s0", 1)
+    (dev / "hw_counters" / "future_thing").write_text("9\n")
+    specs = {s.name: s for s in all_specs()}
+    out = collect(collector(tmp_path))
+    n = 0
+    for fam in out:
+        for s in fam.samples:
+            assert tuple(s.labels) == specs[s.name].labels, s
+            assert isinstance(s.value, float), s
+            n += 1
+    assert n > 2 * 30

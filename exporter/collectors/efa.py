@@ -7,19 +7,20 @@ device's failure from touching the others.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+
+from prometheus_client.samples import Sample
 
 from exporter import imds, node
-from exporter.catalog import Families, define
+from exporter.catalog import Families, MetricSpec, define
 from exporter.collector import Collector, Context
 from exporter.config import Key, declare_section, non_negative, positive
 from exporter.efa.discovery import Discovery, EfaDevice
 from exporter.efa.naming import C
 from exporter.efa.reader import DeviceReader, DeviceReading
 from exporter.efa.sysfs import SysfsReader
-from exporter.efa.workers import Workers
+from exporter.efa.workers import Chain, Pool
 
 declare_section(C, "EFA devices: counters from <paths.sysfs>/class/infiniband.", {
     "enabled": Key(bool, True, "Run the EFA collector."),
@@ -29,11 +30,13 @@ declare_section(C, "EFA devices: counters from <paths.sysfs>/class/infiniband.",
     "timeout_seconds": Key((int, float), None, "Deadline of the EFA collection; the global "
                            "collector_timeout_seconds when unset.", nullable=True, check=positive),
     "device_timeout_seconds": Key((int, float), 2.0,
-                                  "Deadline for reading one device; a device past it (a read blocked on "
-                                  "an admin command that does not complete) is reported with "
-                                  "efa_device_up 0 while the others are served. Keep it under the "
-                                  "collector's deadline.", check=positive),
-    "read_workers": Key(int, 4, "Threads reading devices in parallel.", check=positive),
+                                  "Deadline for reading one device, from the start of its read; a device "
+                                  "past it (a read blocked on an admin command that does not complete) is "
+                                  "reported with efa_device_up 0 while the others are served. Keep it "
+                                  "under the collector's deadline.", check=positive),
+    "read_workers": Key(int, 1, "Threads reading devices at once, each reading its share of the devices "
+                        "one after another. 1 costs the least CPU; more only shorten the collection "
+                        "when reads wait on the devices.", check=positive),
 })
 
 DEVICES = define("efa_devices", "gauge",
@@ -60,12 +63,18 @@ class EfaCollector(Collector):
 
     def __init__(self, ctx: Context, reader: SysfsReader | None = None) -> None:
         super().__init__(ctx)
+        cfg = ctx.config.efa
         self.reader = reader or SysfsReader()
         self.sysfs = ctx.config.paths.sysfs
         self.discovery = Discovery(self.sysfs, self.reader)
         self.devices = DeviceReader(self.reader)
-        self.workers = Workers(ctx.config.efa.read_workers)
-        self._inflight: dict[str, Future] = {}  # device path -> its read, which may outlive a deadline
+        self.pool = Pool("efa-read")
+        self.workers = cfg.read_workers
+        deadline = cfg.timeout_seconds or ctx.config.collector_timeout_seconds
+        self.budget = deadline * 0.8  # all devices' reads, so the collection ends within its deadline
+        self.device_timeout = min(cfg.device_timeout_seconds, self.budget)
+        self._blocked: dict[str, Chain] = {}  # device path -> the chain stuck reading it
+        self._fixed: dict[str, tuple[tuple[str, str, str], Sample, Sample, Sample]] = {}  # info, up 1, up 0
         self._failing: dict[str, str] = {}  # device -> error, to log state changes only
         self.lookup: imds.IdentityLookup | None = None
 
@@ -73,7 +82,7 @@ class EfaCollector(Collector):
         self.lookup = imds.ensure_lookup(self.ctx)  # the expected count can come from the instance type
 
     def close(self) -> None:
-        self.workers.close()
+        self.pool.close()
         if self.lookup is not None:
             self.lookup.close()
 
@@ -98,49 +107,119 @@ class EfaCollector(Collector):
         out.declare(DEVICE_UP)
         version = self.driver_version() if devices else ""
         failing: dict[str, str] = {}
+        info: list[Sample] = []
+        up: list[Sample] = []
+        groups: dict[str, list[Sample]] = {}
+        specs: list[MetricSpec] = []
         for reading in self.read_all(devices):
             dev = reading.device
-            out.add(INFO, 1, device=dev.name, pci_address=dev.pci_address, pci_device_id=dev.pci_device_id,
-                    driver_version=version)
+            info_sample, up1, up0 = self._fixed_samples(dev, version)
+            info.append(info_sample)
             if reading.error:
                 failing[dev.name] = reading.error
-                out.add(DEVICE_UP, 0, device=dev.name)
+                up.append(up0)
                 continue
-            out.add(DEVICE_UP, 1, device=dev.name)
-            for spec, value, labels in reading.samples:
-                out.add(spec, value, **labels)
-        self.devices.forget_except({d.path for d in devices})
+            up.append(up1)
+            for spec, sample in zip(reading.specs, reading.samples, strict=True):
+                g = groups.get(spec.name)
+                if g is None:
+                    g = groups[spec.name] = []
+                    specs.append(spec)
+                g.append(sample)
+        out.add_samples(DEVICE_UP, up)
+        if info:
+            out.add_samples(INFO, info)
+        for spec in specs:
+            out.add_samples(spec, groups[spec.name])
+        live = {d.path for d in devices}
+        self.devices.forget_except(live)
+        for name in self._fixed.keys() - {d.name for d in devices}:
+            del self._fixed[name]
         self._log_changes(devices, failing)
 
+    def _fixed_samples(self, dev: EfaDevice, version: str) -> tuple[Sample, Sample, Sample]:
+        """efa_info and efa_device_up 1/0 of a device: the same Sample objects every scrape."""
+        key = (dev.pci_address, dev.pci_device_id, version)
+        cached = self._fixed.get(dev.name)
+        if cached is None or cached[0] != key:
+            up_labels = {"device": dev.name}
+            cached = self._fixed[dev.name] = (
+                key,
+                Sample(INFO.name, {"device": dev.name, "pci_address": dev.pci_address,
+                                   "pci_device_id": dev.pci_device_id, "driver_version": version}, 1.0),
+                Sample(DEVICE_UP.name, up_labels, 1.0),
+                Sample(DEVICE_UP.name, up_labels, 0.0))
+        return cached[1], cached[2], cached[3]
+
     def read_all(self, devices: list[EfaDevice]) -> list[DeviceReading]:
-        """Read the devices in parallel, each within device_timeout_seconds. A device whose read from
-        an earlier scrape is still blocked is not read again until that read returns."""
-        timeout = self.ctx.config.efa.device_timeout_seconds
-        futures: list[Future | str] = []
-        for dev in devices:
-            prev = self._inflight.get(dev.path)
-            if prev is not None and not prev.done():
-                futures.append(f"a read from an earlier scrape is still blocked (over {timeout:g} s)")
-                continue
-            fut = self.workers.submit(self.devices.read, dev)
-            self._inflight[dev.path] = fut
-            futures.append(fut)
-        deadline = time.monotonic() + timeout
-        out: list[DeviceReading] = []
-        for dev, fut in zip(devices, futures, strict=True):
-            if isinstance(fut, str):
-                out.append(DeviceReading(dev, error=fut))
-                continue
-            try:
-                out.append(fut.result(timeout=max(0.0, deadline - time.monotonic())))
-            except FutureTimeout:
-                out.append(DeviceReading(dev, error=f"read did not finish within {timeout:g} s"))
-            except Exception as e:  # noqa: BLE001 - a reader bug fails the device, not the collector
-                out.append(DeviceReading(dev, error=f"{type(e).__name__}: {e}"))
+        """Read the devices in efa.read_workers chains (one by default), each device within
+        device_timeout_seconds of the start of its read, all within 80% of the collector's deadline.
+        A device whose read from an earlier scrape is still blocked is not read again until that
+        read returns."""
+        timeout = self.device_timeout
+        end = time.monotonic() + self.budget
+        results: list[DeviceReading | None] = [None] * len(devices)
+        todo: list[int] = []
+        for i, dev in enumerate(devices):
+            stuck = self._blocked.get(dev.path)
+            if stuck is not None and not stuck.done.is_set():
+                results[i] = DeviceReading(
+                    dev, error=f"a read from an earlier scrape is still blocked (over {timeout:g} s)")
+            else:
+                todo.append(i)
         live = {d.path for d in devices}
-        for path in [p for p, f in self._inflight.items() if p not in live and f.done()]:
-            del self._inflight[path]
-        return out
+        for path in [p for p, ch in self._blocked.items() if ch.done.is_set() or p not in live]:
+            del self._blocked[path]
+        wake = threading.Event()
+        n = min(self.workers, len(todo))
+        active: list[tuple[Chain, list[int]]] = []
+        for k in range(n):
+            part = todo[k * len(todo) // n:(k + 1) * len(todo) // n]
+            active.append(self._start([devices[i] for i in part], part, wake))
+        while active:
+            wake.clear()
+            now = time.monotonic()
+            still: list[tuple[Chain, list[int]]] = []
+            for chain, idx in active:
+                if chain.done.is_set():
+                    for j, r in chain.results.items():
+                        results[idx[j]] = r
+                    continue
+                cur = chain.cancel_if_stuck(timeout, now, hard_stop=now >= end)
+                if cur is None:
+                    still.append((chain, idx))
+                    continue
+                for j, r in list(chain.results.items()):
+                    results[idx[j]] = r
+                dev = devices[idx[cur]]
+                self._blocked[dev.path] = chain
+                why = "the collection's deadline" if now >= end else f"{timeout:g} s"
+                results[idx[cur]] = DeviceReading(dev, error=f"read did not finish within {why}")
+                rest = idx[cur + 1:]
+                if rest and now < end:
+                    still.append(self._start([devices[i] for i in rest], rest, wake))
+                for i in rest if now >= end else ():
+                    results[i] = DeviceReading(
+                        devices[i], error="not read: the devices before it used up the collection's deadline")
+            active = still
+            if active:
+                now = time.monotonic()
+                wait = min([ch.next_deadline(timeout) for ch, _ in active] + [end]) - now
+                wake.wait(max(wait, 0.001))
+        return [r if r is not None else DeviceReading(devices[i], error="not read")
+                for i, r in enumerate(results)]
+
+    def _start(self, items: list[EfaDevice], idx: list[int],
+               wake: threading.Event) -> tuple[Chain, list[int]]:
+        chain = Chain(items, self._read_one, wake)
+        self.pool.submit(chain)
+        return chain, idx
+
+    def _read_one(self, dev: EfaDevice) -> DeviceReading:
+        try:
+            return self.devices.read(dev)
+        except Exception as e:  # noqa: BLE001 - a reader bug fails the device, not the collector
+            return DeviceReading(dev, error=f"{type(e).__name__}: {e}")
 
     def _log_changes(self, devices: list[EfaDevice], failing: dict[str, str]) -> None:
         for name, err in failing.items():

@@ -15,12 +15,18 @@ EFA_DRIVER = "efa"
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
 
 
-def parse_counter(text: str) -> int:
+def parse_counter(text: str | bytes) -> int:
     """A hw_counters file: one unsigned 64-bit decimal and a newline (sysfs_emit "%llu\\n")."""
     s = text.strip()
     if not s.isdigit():
-        raise ValueError(f"not an unsigned decimal counter: {text[:40]!r}")
+        raise ValueError(counter_error(text))
     return int(s)
+
+
+def counter_error(text: str | bytes) -> str:
+    if isinstance(text, bytes):
+        text = text.decode("ascii", "replace")
+    return f"not an unsigned decimal counter: {text[:40]!r}"
 
 
 def parse_lifespan_seconds(text: str) -> float:
@@ -70,7 +76,7 @@ def plan_reads(port_files: dict[str, list[str]], device_files: list[str]) -> lis
     """
     out: list[FileRead] = []
     seen: set[str] = set()
-    for port in sorted(port_files, key=_port_key):
+    for port in sorted(port_files, key=port_key):
         for f in sorted(port_files[port]):
             if f in seen and f != LIFESPAN_FILE and lookup(f, PORT).scope == DEVICE:
                 continue
@@ -82,5 +88,5 @@ def plan_reads(port_files: dict[str, list[str]], device_files: list[str]) -> lis
     return out
 
 
-def _port_key(p: str) -> tuple[int, str]:
+def port_key(p: str) -> tuple[int, str]:
     return (int(p), p) if p.isdigit() else (1 << 30, p)

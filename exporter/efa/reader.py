@@ -1,14 +1,30 @@
-"""Read one EFA device's counters and port facts into samples; any read failure fails the device."""
+"""Read one EFA device's counters and port facts into samples; any read failure fails the device.
+
+Hot path (1,152 files a scrape on a p5): per device, its directory is opened once and every
+counter file is read relative to it; what to read, and each sample's name and label dict, come
+from a plan cached per device and rebuilt only when a directory listing changes. The samples are
+prometheus_client Samples whose label dicts are shared by every scrape (never mutated), so a
+scrape does no label work.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from prometheus_client.samples import Sample
 
 from exporter.catalog import MetricSpec, define
 from exporter.efa import naming
 from exporter.efa.discovery import EfaDevice
 from exporter.efa.naming import LIFESPAN_FILE, PORT
-from exporter.efa.parse import parse_counter, parse_lifespan_seconds, parse_rate_bytes_per_second, plan_reads
+from exporter.efa.parse import (
+    counter_error,
+    parse_lifespan_seconds,
+    parse_rate_bytes_per_second,
+    plan_reads,
+    port_key,
+)
 from exporter.efa.sysfs import SysfsReader
 
 PORT_RATE = define(
@@ -23,25 +39,45 @@ LIFESPAN = define(
     "reads within this window return one snapshot. A setting, not a counter.",
     ("device", "port"), unit="seconds", collector=naming.C)
 
-Sample = tuple[MetricSpec, float, dict[str, str]]
-_PARSERS = {"counter": parse_counter, "lifespan": parse_lifespan_seconds, "rate": parse_rate_bytes_per_second}
+Parser = Callable[[str], float]
 
 
 @dataclass
 class DeviceReading:
+    """One device's reading: `samples[i]` belongs to metric `specs[i]` (all or nothing)."""
     device: EfaDevice
     samples: list[Sample] = field(default_factory=list)
+    specs: list[MetricSpec] = field(default_factory=list)
     error: str = ""  # why the reading failed ("" when it succeeded)
     files_read: int = 0
 
 
-@dataclass(frozen=True)
-class _Entry:
-    path: str
-    kind: str  # key of _PARSERS
-    spec: MetricSpec
-    labels: dict[str, str]
-    optional: bool = False  # a file that may be absent (rate) rather than listed
+@dataclass
+class _Group:
+    """The files to read in one hw_counters directory, with what each becomes."""
+    rel: str  # the directory, relative to the device's: ports/<p>/hw_counters or hw_counters
+    names: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # full paths, for error messages and the test seam
+    parsers: list[Parser | None] = field(default_factory=list)  # None: a counter (the fast path)
+    sample_names: list[str] = field(default_factory=list)
+    labels: list[dict[str, str]] = field(default_factory=list)
+    specs: list[MetricSpec] = field(default_factory=list)
+
+    def add(self, file: str, path: str, parser: Parser | None, spec: MetricSpec,
+            labels: dict[str, str]) -> None:
+        self.names.append(file)
+        self.paths.append(path)
+        self.parsers.append(parser)
+        self.sample_names.append(spec.name)
+        self.labels.append(labels)
+        self.specs.append(spec)
+
+
+@dataclass
+class _Plan:
+    listings: tuple  # (ports, hw_counters listing per port, device hw_counters listing) it was built from
+    groups: list[_Group]
+    rates: list[tuple[str, str, dict[str, str]]]  # (path relative to ports/, full path, labels)
 
 
 class DeviceReader:
@@ -50,7 +86,7 @@ class DeviceReader:
 
     def __init__(self, reader: SysfsReader) -> None:
         self.reader = reader
-        self._plans: dict[str, tuple[tuple, list[_Entry]]] = {}
+        self._plans: dict[str, _Plan] = {}
 
     def forget_except(self, paths: set[str]) -> None:
         for p in self._plans.keys() - paths:
@@ -65,51 +101,101 @@ class DeviceReader:
         """
         r = DeviceReading(dev)
         reader = self.reader
+        fds: list[int] = []
         try:
-            plan = self._plan(dev)
-            samples = r.samples
-            for e in plan:
+            dev_fd = reader.open_dir(dev.path)
+            fds.append(dev_fd)
+            ports_fd, ports = self._open_listed(dev_fd, "ports", dev, fds)
+            dirs: dict[str, int | None] = {}
+            port_lists = []
+            for p in ports:
+                rel = f"ports/{p}/hw_counters"
+                dirs[rel], names = self._open_listed(dev_fd, rel, dev, fds)
+                port_lists.append(names)
+            dirs["hw_counters"], device_list = self._open_listed(dev_fd, "hw_counters", dev, fds)
+            listings = (ports, port_lists, device_list)
+            plan = self._plans.get(dev.path)
+            if plan is None or plan.listings != listings:
+                plan = self._plans[dev.path] = build_plan(dev, listings)
+            samples, specs = r.samples, r.specs
+            append = samples.append
+            for g in plan.groups:
+                fd = dirs[g.rel]
+                assert fd is not None  # a group exists only for a directory that was listed
+                start = len(samples)
+                datas = reader.read_files(fd, g.names, g.paths)
                 try:
-                    text = reader.read(e.path)
-                except FileNotFoundError:
-                    if e.optional and reader.exists(dev.path):
-                        continue
-                    raise
-                try:
-                    v = _PARSERS[e.kind](text)
+                    for data, parser, name, labels in zip(datas, g.parsers, g.sample_names, g.labels,
+                                                          strict=True):
+                        if parser is None:
+                            s = data.strip()
+                            if not s.isdigit():
+                                raise ValueError(counter_error(data))
+                            append(Sample(name, labels, float(s)))
+                        else:
+                            append(Sample(name, labels, parser(data.decode("ascii", "replace"))))
                 except ValueError as err:
-                    raise ValueError(f"{e.path}: {err}") from None
-                samples.append((e.spec, v, e.labels))
-            r.files_read = len(plan)
+                    raise ValueError(f"{g.paths[len(samples) - start]}: {err}") from None
+                specs.extend(g.specs)
+                r.files_read += len(datas)
+            for rel, path, labels in plan.rates:
+                assert ports_fd is not None
+                try:
+                    data = reader.read_files(ports_fd, (rel,), (path,))[0]
+                except FileNotFoundError:
+                    if reader.exists(dev.path):
+                        continue  # no rate file: not an error
+                    raise
+                r.files_read += 1
+                try:
+                    v = parse_rate_bytes_per_second(data.decode("ascii", "replace"))
+                except ValueError as err:
+                    raise ValueError(f"{path}: {err}") from None
+                samples.append(Sample(PORT_RATE.name, labels, v))
+                specs.append(PORT_RATE)
         except (OSError, ValueError) as e:
-            r.samples = []
+            r.samples, r.specs, r.files_read = [], [], 0
             r.error = _describe(e, dev, reader)
+        finally:
+            for fd in fds:
+                reader.close(fd)
         return r
 
-    def _plan(self, dev: EfaDevice) -> list[_Entry]:
-        base = dev.path
-        ports = tuple(sorted(_listdir_optional(self.reader, base + "/ports", dev)))
-        port_files = {p: _listdir_optional(self.reader, f"{base}/ports/{p}/hw_counters", dev) for p in ports}
-        device_files = _listdir_optional(self.reader, base + "/hw_counters", dev)
-        key = (ports, tuple(tuple(sorted(port_files[p])) for p in ports), tuple(sorted(device_files)))
-        cached = self._plans.get(base)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        plan = build_plan(dev, port_files, device_files)
-        self._plans[base] = (key, plan)
-        return plan
+    def _open_listed(self, dev_fd: int, rel: str, dev: EfaDevice,
+                     fds: list[int]) -> tuple[int | None, list[str]]:
+        """Open and list a directory the kernel may not have (no hw_counters on very old kernels):
+        (None, []) when absent, but an error when the device itself has gone."""
+        reader = self.reader
+        try:
+            fd = reader.open_dir(rel, dev_fd)
+        except FileNotFoundError:
+            if not reader.exists(dev.path):
+                raise
+            return None, []
+        except OSError as e:
+            e.filename = f"{dev.path}/{rel}"
+            raise
+        fds.append(fd)
+        try:
+            return fd, reader.listdir_fd(fd)
+        except OSError as e:
+            e.filename = f"{dev.path}/{rel}"
+            raise
 
 
-def build_plan(dev: EfaDevice, port_files: dict[str, list[str]], device_files: list[str]) -> list[_Entry]:
+def build_plan(dev: EfaDevice, listings: tuple) -> _Plan:
+    ports, port_lists, device_files = listings
+    port_files = dict(zip(ports, port_lists, strict=True))
     base, name = dev.path, dev.name
-    out: list[_Entry] = []
+    groups: dict[str, _Group] = {}
     for fr in plan_reads(port_files, device_files):
-        if fr.where == PORT:
-            path = f"{base}/ports/{fr.port}/hw_counters/{fr.file}"
-        else:
-            path = f"{base}/hw_counters/{fr.file}"
+        rel = f"ports/{fr.port}/hw_counters" if fr.where == PORT else "hw_counters"
+        g = groups.get(rel)
+        if g is None:
+            g = groups[rel] = _Group(rel)
+        path = f"{base}/{rel}/{fr.file}"
         if fr.file == LIFESPAN_FILE:
-            out.append(_Entry(path, "lifespan", LIFESPAN, {"device": name, "port": fr.port}))
+            g.add(fr.file, path, parse_lifespan_seconds, LIFESPAN, {"device": name, "port": fr.port})
             continue
         m = naming.lookup(fr.file, fr.where)
         if m.scope == PORT:
@@ -117,22 +203,10 @@ def build_plan(dev: EfaDevice, port_files: dict[str, list[str]], device_files: l
         else:
             labels = {"device": name}
         labels.update(m.extra)
-        out.append(_Entry(path, "counter", m.spec, labels))
-    for p in sorted(port_files):
-        out.append(_Entry(f"{base}/ports/{p}/rate", "rate", PORT_RATE, {"device": name, "port": p},
-                          optional=True))
-    return out
-
-
-def _listdir_optional(reader: SysfsReader, path: str, dev: EfaDevice) -> list[str]:
-    """A directory the kernel may not have (no hw_counters on very old kernels): [] when absent,
-    but an error when the device itself has gone."""
-    try:
-        return reader.listdir(path)
-    except FileNotFoundError:
-        if not reader.exists(dev.path):
-            raise
-        return []
+        g.add(fr.file, path, None, m.spec, labels)
+    rates = [(f"{p}/rate", f"{base}/ports/{p}/rate", {"device": name, "port": p})
+             for p in sorted(port_files, key=port_key)]
+    return _Plan(listings, list(groups.values()), rates)
 
 
 def _describe(e: Exception, dev: EfaDevice, reader: SysfsReader) -> str:

@@ -1,57 +1,107 @@
-"""A few daemon threads that read devices in parallel.
+"""Devices read one after another on a worker thread, each under its own deadline.
 
-Why: a sysfs read of EFA port counters sends admin commands to the device, and an admin command
-that never completes blocks the read until the driver's timeout (seconds). Read serially, one
-such device would hold up every other device and miss the collector's deadline; in parallel with
-a per-device deadline only that device is reported down. Daemon threads, because a read stuck in
-the kernel must never stop the exporter from exiting.
+Why a thread at all: a sysfs read of EFA port counters sends admin commands to the device, and an
+admin command that never completes blocks the read until the driver's timeout (seconds). Read in
+the collector's own thread, one such device would hold up every other device and miss the
+collector's deadline. So a `Chain` of devices is read on a worker while the collector watches the
+device in progress: past its deadline the chain is cancelled (its thread stays blocked in the
+kernel and stops once the read returns) and the devices after it go to a fresh chain.
+
+Why one thread rather than one per device: the reads are short system calls, each of which
+releases the GIL; several threads reading at once hand the GIL back and forth on every call,
+which on a 2-CPU node cost more than the reads themselves (see docs/perf/efa.md). Threads are
+daemons, because a read stuck in the kernel must never stop the exporter from exiting.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
-from concurrent.futures import Future
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
-class Workers:
-    def __init__(self, n: int, name: str = "efa-read") -> None:
-        self.n = n
-        self.name = name
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
+class Chain:
+    """Reads `items` in order with `fn` on a worker; `results[i]` is items[i]'s result."""
+
+    def __init__(self, items: Sequence[Any], fn: Callable[[Any], Any], wake: threading.Event) -> None:
+        self.items = items
+        self.fn = fn
+        self.results: dict[int, Any] = {}
+        self.current: int | None = None  # index being read (None before the first and when done)
+        self.since = 0.0  # monotonic time the current read started
+        self.cancelled = False
+        self.done = threading.Event()  # set when the worker has left the chain (finished or cancelled)
+        self._wake = wake
         self._lock = threading.Lock()
 
-    def submit(self, fn: Callable[[Any], Any], arg: Any) -> Future:
-        self._ensure_started()
-        fut: Future = Future()
-        self._q.put((fut, fn, arg))
-        return fut
+    def run(self) -> None:
+        try:
+            with self._lock:
+                if self.cancelled or not self.items:
+                    return
+                self.current, self.since = 0, time.monotonic()
+            for i, item in enumerate(self.items):
+                r = self.fn(item)
+                with self._lock:
+                    if self.cancelled:
+                        return  # written off while this read was blocked: its result is stale
+                    self.results[i] = r
+                    if i + 1 < len(self.items):
+                        self.current, self.since = i + 1, time.monotonic()
+                    else:
+                        self.current = None
+        finally:
+            self.done.set()
+            self._wake.set()
+
+    def cancel_if_stuck(self, timeout: float, now: float, hard_stop: bool) -> int | None:
+        """Cancel the chain when its current read has run `timeout` (or at once with `hard_stop`);
+        returns the index it is stuck on, whose read is abandoned. Items after it are not read."""
+        with self._lock:
+            if self.done.is_set() or self.current is None:
+                return None
+            if not hard_stop and now - self.since < timeout:
+                return None
+            self.cancelled = True
+            return self.current
+
+    def next_deadline(self, timeout: float) -> float:
+        return self.since + timeout
+
+
+class Pool:
+    """Daemon threads running chains; a thread whose chain is blocked in the kernel stays with it,
+    and a new thread is started when no idle one is left."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self.threads = 0
+
+    def submit(self, chain: Chain) -> None:
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1
+            else:
+                self.threads += 1
+                threading.Thread(target=self._loop, name=f"{self.name}-{self.threads}", daemon=True).start()
+        self._q.put(chain)
 
     def close(self) -> None:
-        for _ in self._threads:
-            self._q.put(None)
-
-    def _ensure_started(self) -> None:
-        if len(self._threads) >= self.n:
-            return
         with self._lock:
-            while len(self._threads) < self.n:
-                t = threading.Thread(target=self._loop, name=f"{self.name}-{len(self._threads)}", daemon=True)
-                t.start()
-                self._threads.append(t)
+            n = self.threads
+        for _ in range(n):
+            self._q.put(None)
 
     def _loop(self) -> None:
         while True:
-            item = self._q.get()
-            if item is None:
+            chain = self._q.get()
+            if chain is None:
                 return
-            fut, fn, arg = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn(arg))
-            except BaseException as e:  # noqa: BLE001 - handed to the waiting collector
-                fut.set_exception(e)
+            chain.run()
+            with self._lock:
+                self._idle += 1
