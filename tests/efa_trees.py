@@ -47,6 +47,7 @@ class FaultyReader(SysfsReader):
     def __init__(self) -> None:
         self.faults: dict[str, int] = {}
         self.reads: dict[str, int] = {}
+        self.listings = 0  # directory listings taken
         self.on_read = None  # optional callback(path) run before each read
 
     def fail(self, suffix: str, err: int = errno.EIO) -> None:
@@ -59,6 +60,10 @@ class FaultyReader(SysfsReader):
         for suffix, err in self.faults.items():
             if path.endswith(suffix):
                 raise OSError(err, errno.errorcode[err], path)
+
+    def listdir_fd(self, fd: int) -> list[str]:
+        self.listings += 1
+        return super().listdir_fd(fd)
 
     def read(self, path: str) -> str:
         self._check(path)

@@ -389,3 +389,52 @@ def test_samples_carry_exactly_their_metrics_labels(tmp_path):
             assert isinstance(s.value, float), s
             n += 1
     assert n > 2 * 30
+
+
+def test_directories_are_listed_again_only_when_they_change(tmp_path, monkeypatch):
+    import time
+
+    from exporter.efa import reader as efa_reader
+
+    dev = efa(tmp_path, "rdmap0s0", 0)
+    reader = FaultyReader()
+    c = collector(tmp_path, reader=reader)
+    collect(c)
+    assert reader.listings == 3  # ports/, ports/1/hw_counters, hw_counters
+    collect(c)
+    assert reader.listings == 6  # just written: racily clean, so listed again
+    monkeypatch.setattr(efa_reader, "RACY_NS", 0)
+    collect(c)
+    before = reader.listings
+    for _ in range(3):
+        collect(c)
+    assert reader.listings == before  # unchanged directories: stat, no listing
+    time.sleep(0.05)  # past the file system's timestamp tick
+    (dev / "ports" / "1" / "hw_counters" / "future_pkts").write_text("42\n")
+    ss = samples(run(c))
+    assert value(ss, "efa_port_driver_stat_total", device="rdmap0s0", port="1", stat="future_pkts") == 42
+    assert reader.listings > before
+    monkeypatch.setattr(efa_reader, "RELIST_S", 0.0)  # and at least every RELIST_S whatever the stat says
+    before = reader.listings
+    collect(c)
+    assert reader.listings == before + 3
+
+
+def test_a_listed_file_that_vanishes_fails_the_device_once_then_is_absent(tmp_path, monkeypatch):
+    """If a file goes away without its directory's stat changing, the read fails that scrape
+    (as when it goes between listing and reading) and the next scrape lists again."""
+    from exporter.efa import reader as efa_reader
+
+    monkeypatch.setattr(efa_reader, "RACY_NS", 0)
+    efa(tmp_path, "rdmap0s0", 0)
+    reader = FaultyReader()
+    c = collector(tmp_path, reader=reader)
+    collect(c)
+    reader.fail("ports/1/hw_counters/rx_drops", errno.ENOENT)
+    ss = samples(run(c))
+    assert value(ss, "efa_device_up", device="rdmap0s0") == 0
+    before = reader.listings
+    reader.faults.clear()
+    ss = samples(run(c))
+    assert value(ss, "efa_device_up", device="rdmap0s0") == 1
+    assert reader.listings == before + 3

@@ -9,6 +9,8 @@ scrape does no label work.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -73,16 +75,40 @@ class _Group:
         self.specs.append(spec)
 
 
+RELIST_S = 60.0  # directory listings are taken again at least this often, whatever their stat says
+# A directory changed this recently when listed may change again within the same timestamp tick
+# (file systems stamp from a coarse clock), so its stat is not trusted until it is older (as git
+# treats "racily clean" files).
+RACY_NS = 2_000_000_000
+
+DirKey = tuple[int, int, int] | None  # (inode, mtime, ctime) of a directory; None when it is absent
+
+
 @dataclass
 class _Plan:
     listings: tuple  # (ports, hw_counters listing per port, device hw_counters listing) it was built from
     groups: list[_Group]
-    rates: list[tuple[str, str, dict[str, str]]]  # (path relative to ports/, full path, labels)
+    rates: list[tuple[str, str, dict[str, str]]]  # (path relative to the device, full path, labels)
+    keys: list[DirKey] = field(default_factory=list)  # of ports/ and each hw_counters dir when listed
+    listed_at: float = 0.0
+    racy: bool = True  # a directory had changed within RACY_NS of the listing: list again next time
+
+
+def _key(st: os.stat_result) -> DirKey:
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class DeviceReader:
-    """Reads devices, keeping per device the plan of what to read (paths, metric, labels): it is
-    rebuilt only when the directory listings change, which are taken on every read."""
+    """Reads devices, keeping per device the plan of what to read (paths, metric, labels).
+
+    The directories are listed again, and the plan rebuilt if the listings differ, when the
+    inode, mtime or ctime of `ports/` or of a hw_counters directory changes (on sysfs a
+    hw_counters directory is created and removed whole with its device or port, which gives it a
+    new inode; on other file systems adding or removing a file moves the directory's mtime), when
+    a listed file turns out to be missing, while a directory was changed less than RACY_NS
+    before it was listed, and at least every RELIST_S. In between, a scrape stats the
+    directories instead of listing them.
+    """
 
     def __init__(self, reader: SysfsReader) -> None:
         self.reader = reader
@@ -105,18 +131,20 @@ class DeviceReader:
         try:
             dev_fd = reader.open_dir(dev.path)
             fds.append(dev_fd)
-            ports_fd, ports = self._open_listed(dev_fd, "ports", dev, fds)
-            dirs: dict[str, int | None] = {}
-            port_lists = []
-            for p in ports:
-                rel = f"ports/{p}/hw_counters"
-                dirs[rel], names = self._open_listed(dev_fd, rel, dev, fds)
-                port_lists.append(names)
-            dirs["hw_counters"], device_list = self._open_listed(dev_fd, "hw_counters", dev, fds)
-            listings = (ports, port_lists, device_list)
             plan = self._plans.get(dev.path)
-            if plan is None or plan.listings != listings:
-                plan = self._plans[dev.path] = build_plan(dev, listings)
+            trusted = plan is not None and not plan.racy and time.monotonic() - plan.listed_at < RELIST_S
+            keys = [self._stat_key(dev_fd, "ports", dev)]
+            if trusted and plan is not None and keys[0] == plan.keys[0]:
+                ports = plan.listings[0]
+            else:
+                trusted = False
+                ports = self._listed(dev_fd, "ports", dev, fds)[1] if keys[0] is not None else []
+            dirs: dict[str, int | None] = {}
+            for rel in [f"ports/{p}/hw_counters" for p in ports] + ["hw_counters"]:
+                fd = dirs[rel] = self._open_optional(dev_fd, rel, dev, fds)
+                keys.append(None if fd is None else _key(reader.fstat(fd)))
+            if not trusted or plan is None or keys != plan.keys:
+                plan = self._relist(dev, ports, dirs, keys, plan)
             samples, specs = r.samples, r.specs
             append = samples.append
             for g in plan.groups:
@@ -139,9 +167,8 @@ class DeviceReader:
                 specs.extend(g.specs)
                 r.files_read += len(datas)
             for rel, path, labels in plan.rates:
-                assert ports_fd is not None
                 try:
-                    data = reader.read_files(ports_fd, (rel,), (path,))[0]
+                    data = reader.read_files(dev_fd, (rel,), (path,))[0]
                 except FileNotFoundError:
                     if reader.exists(dev.path):
                         continue  # no rate file: not an error
@@ -156,31 +183,63 @@ class DeviceReader:
         except (OSError, ValueError) as e:
             r.samples, r.specs, r.files_read = [], [], 0
             r.error = _describe(e, dev, reader)
+            if isinstance(e, FileNotFoundError):
+                self._plans.pop(dev.path, None)  # a listed file went away: list again next time
         finally:
             for fd in fds:
                 reader.close(fd)
         return r
 
-    def _open_listed(self, dev_fd: int, rel: str, dev: EfaDevice,
-                     fds: list[int]) -> tuple[int | None, list[str]]:
-        """Open and list a directory the kernel may not have (no hw_counters on very old kernels):
-        (None, []) when absent, but an error when the device itself has gone."""
+    def _relist(self, dev: EfaDevice, ports: list[str], dirs: dict[str, int | None], keys: list[DirKey],
+                old: _Plan | None) -> _Plan:
+        listings = (ports, [self._list(dirs[f"ports/{p}/hw_counters"], dev) for p in ports],
+                    self._list(dirs["hw_counters"], dev))
+        plan = old if old is not None and old.listings == listings else build_plan(dev, listings)
+        plan.keys, plan.listed_at = keys, time.monotonic()
+        recent = time.time_ns() - RACY_NS
+        plan.racy = any(k is not None and (k[1] >= recent or k[2] >= recent) for k in keys)
+        self._plans[dev.path] = plan
+        return plan
+
+    def _list(self, fd: int | None, dev: EfaDevice) -> list[str]:
+        if fd is None:
+            return []
+        try:
+            return self.reader.listdir_fd(fd)
+        except OSError as e:
+            e.filename = e.filename or dev.path
+            raise
+
+    def _stat_key(self, dev_fd: int, rel: str, dev: EfaDevice) -> DirKey:
+        try:
+            return _key(self.reader.stat(rel, dev_fd))
+        except FileNotFoundError:
+            if not self.reader.exists(dev.path):
+                raise
+            return None
+        except OSError as e:
+            e.filename = f"{dev.path}/{rel}"
+            raise
+
+    def _listed(self, dev_fd: int, rel: str, dev: EfaDevice, fds: list[int]) -> tuple[int | None, list[str]]:
+        fd = self._open_optional(dev_fd, rel, dev, fds)
+        return fd, self._list(fd, dev)
+
+    def _open_optional(self, dev_fd: int, rel: str, dev: EfaDevice, fds: list[int]) -> int | None:
+        """Open a directory the kernel may not have (no hw_counters on very old kernels): None
+        when absent, but an error when the device itself has gone."""
         reader = self.reader
         try:
             fd = reader.open_dir(rel, dev_fd)
         except FileNotFoundError:
             if not reader.exists(dev.path):
                 raise
-            return None, []
+            return None
         except OSError as e:
             e.filename = f"{dev.path}/{rel}"
             raise
         fds.append(fd)
-        try:
-            return fd, reader.listdir_fd(fd)
-        except OSError as e:
-            e.filename = f"{dev.path}/{rel}"
-            raise
+        return fd
 
 
 def build_plan(dev: EfaDevice, listings: tuple) -> _Plan:
@@ -204,7 +263,7 @@ def build_plan(dev: EfaDevice, listings: tuple) -> _Plan:
             labels = {"device": name}
         labels.update(m.extra)
         g.add(fr.file, path, None, m.spec, labels)
-    rates = [(f"{p}/rate", f"{base}/ports/{p}/rate", {"device": name, "port": p})
+    rates = [(f"ports/{p}/rate", f"{base}/ports/{p}/rate", {"device": name, "port": p})
              for p in sorted(port_files, key=port_key)]
     return _Plan(listings, list(groups.values()), rates)
 

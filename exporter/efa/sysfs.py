@@ -37,6 +37,12 @@ class SysfsReader:
     def listdir_fd(self, fd: int) -> list[str]:
         return os.listdir(fd)
 
+    def stat(self, path: str, dir_fd: int | None = None) -> os.stat_result:
+        return os.stat(path, dir_fd=dir_fd)
+
+    def fstat(self, fd: int) -> os.stat_result:
+        return os.fstat(fd)
+
     def close(self, fd: int) -> None:
         os.close(fd)
 
