@@ -1,14 +1,19 @@
-"""The rules on a real Prometheus scraping the real exporter on a simulated node with faults: every
-rule evaluates without error on the exporter's actual series, the faults raise the alerts meant for
-them (pending or firing, with the labels the rules and Alertmanager rely on), and an
-application-tier XID raises none."""
+"""The whole path on one simulated node with the real programs: the exporter serves a simulated p5
+with faults, the real Prometheus scrapes it and evaluates rules/, and the real Alertmanager routes
+the firing alerts with deploy/alertmanager/alertmanager.yml to webhooks (a small HTTP server on
+127.0.0.1 standing in for the pager and the ticket system). Every rule evaluates without error on
+the exporter's actual series, the faults raise the alerts meant for them (pending or firing, with
+the labels the rules and Alertmanager rely on), an application-tier XID raises none, and the
+critical ones reach the pager."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import requests
 import yaml
@@ -29,6 +34,43 @@ EXPECTED = {  # alertname -> labels the alert must carry (besides instance and j
     "LustreImportNotConnected": {"component": "osc", "state": "DISCONN", "scope": "filesystem"},
     "LustreClientUnhealthy": {"status": "lbug", "node_action": "reboot"},
 }
+PAGED = {("GpuXidReplaceNow", "2"), ("GpuNodeReplaceRequired", None), ("LustreClientUnhealthy", None)}
+
+
+class _Webhook(BaseHTTPRequestHandler):
+    received: list[tuple[str, dict]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        _Webhook.received.append((self.path, json.loads(body)))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def _start_alertmanager(tmp_path, hook_url: str) -> tuple[subprocess.Popen, str]:
+    """The shipped Alertmanager config, its receivers pointed at `hook_url`/<receiver>."""
+    cfg = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
+    cfg["route"]["group_wait"] = "1s"
+    for r in cfg["receivers"]:
+        for w in r.get("webhook_configs", []):
+            w["url"] = f"{hook_url}/{r['name']}"
+    (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(cfg))
+    port = free_port()
+    proc = subprocess.Popen(
+        [shutil.which("prometheus-alertmanager") or "prometheus-alertmanager",
+         f"--config.file={tmp_path / 'alertmanager.yml'}", f"--storage.path={tmp_path / 'am-data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, f"127.0.0.1:{port}"
+
+
+def _paged() -> set[tuple[str, str | None]]:
+    return {(a["labels"]["alertname"], a["labels"].get("gpu"))
+            for path, body in _Webhook.received if path == "/pager"
+            for a in body["alerts"] if a["status"] == "firing"}
 
 
 def dashboard_queries() -> list[str]:
@@ -37,12 +79,14 @@ def dashboard_queries() -> list[str]:
             for p in d["panels"] if p["type"] != "row" for t in p["targets"]]
 
 
-def _start_prometheus(tmp_path, target: str) -> tuple[subprocess.Popen, str]:
+def _start_prometheus(tmp_path, target: str, alertmanager: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     rules = tmp_path / "rules"
     shutil.copytree(RULES_DIR, rules)
-    cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+    cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s",
+                      "external_labels": {"cluster": "e2e"}},
            "rule_files": [str(rules / "*.yml")],
+           "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
            "scrape_configs": [{"job_name": "gpu-health-exporter", "static_configs": [{"targets": [target]}]}]}
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen(
@@ -55,9 +99,14 @@ def _start_prometheus(tmp_path, target: str) -> tuple[subprocess.Popen, str]:
 
 def test_rules_on_a_simulated_node(tmp_path):
     assert shutil.which("prometheus"), "prometheus is missing: install Debian's 'prometheus' package"
+    assert shutil.which("prometheus-alertmanager"), "install Debian's 'prometheus-alertmanager' package"
+    _Webhook.received = []
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), _Webhook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    am, am_addr = _start_alertmanager(tmp_path, f"http://127.0.0.1:{hook.server_port}")
     args = ["--simulate", "p5.48xlarge"] + [a for s in SCENARIOS for a in ("--scenario", s)]
     with running_exporter(*args, "--path.state-dir", str(tmp_path / "state")) as url:
-        proc, api = _start_prometheus(tmp_path, url.removeprefix("http://"))
+        proc, api = _start_prometheus(tmp_path, url.removeprefix("http://"), am_addr)
         try:
             deadline = time.monotonic() + 40
             alerts: dict[str, list[dict]] = {}
@@ -80,9 +129,18 @@ def test_rules_on_a_simulated_node(tmp_path):
             for expr in dashboard_queries():
                 r = requests.get(f"{api}/query", params={"query": expr}, timeout=5)
                 assert r.ok and r.json()["status"] == "success", (expr, r.text)
+            # Alertmanager routes the critical alerts to the pager, through the shipped config.
+            deadline = time.monotonic() + 30
+            while not PAGED <= _paged():
+                assert time.monotonic() < deadline, f"pager got {_paged()}, wanted {PAGED}"
+                time.sleep(0.5)
         finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+            for p in (proc, am):
+                p.terminate()
+                p.wait(timeout=10)
+            hook.shutdown()
+
+    assert all(path in ("/pager", "/ticket") for path, _ in _Webhook.received)  # info is never sent
 
     # Every rule of every file was loaded and evaluates without error on the exporter's series.
     loaded = {r["name"] for g in rules for r in g["rules"]}
