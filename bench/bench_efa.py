@@ -14,6 +14,15 @@ fails and exports nothing. To measure it doing work, the benchmark tree also get
 (empty) entries per device; our collector ignores them. The faithful-tree result is reported too.
 
 Usage: python bench/bench_efa.py [--scrapes 200] [--node-exporter /usr/bin/prometheus-node-exporter]
+                                 [--read-workers N] [--baseline-checkout DIR]
+
+--baseline-checkout DIR also serves the same tree from another checkout of this repository (e.g.
+a `git worktree` of an older commit), scraped in the same interleaved loop, for before/after
+figures from one run.
+
+--whole-node: instead, serve `--simulate p5.48xlarge` with every collector (the EFA collector then
+runs beside the others, sharing the GIL) from this checkout and, with --baseline-checkout, the
+other one, interleaved; reports the whole scrape and the EFA collector's duration metric.
 """
 
 from __future__ import annotations
@@ -105,6 +114,19 @@ def sample(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
+def checkout_version(path: Path) -> str:
+    """The commit a checkout is at, and the last commits of the EFA collector and the server."""
+    def log(*paths: str) -> str:
+        r = subprocess.run(["git", "-C", str(path), "log", "-1", "--format=%h %s", "--", *paths],
+                           capture_output=True, text=True)
+        return r.stdout.strip()[:90] or "?"
+    dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--", "exporter"],
+                           capture_output=True, text=True).stdout.strip()
+    return (f"{log()}{' (exporter/ modified)' if dirty else ''}"
+            f"; EFA: {log('exporter/efa', 'exporter/collectors/efa.py')}"
+            f"; server: {log('exporter/server.py', 'exporter/exposition.py')}")
+
+
 def stats_ms(xs: list[float]) -> str:
     xs = sorted(xs)
     p90 = xs[int(len(xs) * 0.9) - 1]
@@ -116,8 +138,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scrapes", type=int, default=200)
     ap.add_argument("--node-exporter", default="/usr/bin/prometheus-node-exporter")
-    ap.add_argument("--read-workers", type=int, default=4, help="efa.read_workers for our exporter")
+    ap.add_argument("--read-workers", type=int, default=None,
+                    help="efa.read_workers for our exporter (default: the config default)")
+    ap.add_argument("--baseline-checkout", type=Path, default=None,
+                    help="another checkout of this repository to serve the same tree, for before/after")
+    ap.add_argument("--whole-node", action="store_true",
+                    help="scrape the whole simulated p5 (every collector) instead; see the module docstring")
     args = ap.parse_args()
+    if args.whole_node:
+        return whole_node(args)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-efa-"))
     procs: list[subprocess.Popen] = []
@@ -126,7 +155,7 @@ def main() -> int:
         sysfs = build_tree(tmp / "compat", node_exporter_compat=True)
         cfg = tmp / "config.yaml"
         cfg.write_text("node: {instance_type: p5.48xlarge}\ninstance: {imds: false}\n"
-                       f"efa: {{read_workers: {args.read_workers}}}\n")
+                       + (f"efa: {{read_workers: {args.read_workers}}}\n" if args.read_workers else ""))
 
         # collector-only, in process
         ctx = Context(config=load(cfg, {"paths.sysfs": str(sysfs)}))
@@ -141,12 +170,22 @@ def main() -> int:
         files_read = sum(col.devices.read(d).files_read for d in col.discovery.discover())
 
         ours_port, ne_port = free_port(), free_port()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_HEALTH_EXPORTER_IMDS": "off"}
-        ours = subprocess.Popen([sys.executable, "-m", "exporter", "--config", str(cfg),
-                                 "--collectors", "efa", "--path.sysfs", str(sysfs),
-                                 "--listen", f"127.0.0.1:{ours_port}", "--log-level", "warning"],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        procs.append(ours)
+
+        def exporter(checkout: Path, port: int) -> subprocess.Popen:
+            env = {**os.environ, "PYTHONPATH": str(checkout), "GPU_HEALTH_EXPORTER_IMDS": "off"}
+            p = subprocess.Popen([sys.executable, "-m", "exporter", "--config", str(cfg),
+                                  "--collectors", "efa", "--path.sysfs", str(sysfs),
+                                  "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
+                                 cwd=checkout, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 text=True)
+            procs.append(p)
+            return p
+
+        ours = exporter(ROOT, ours_port)
+        servers = {"ours": (ours, ours_port)}
+        if args.baseline_checkout:
+            base_port = free_port()
+            servers["base"] = (exporter(args.baseline_checkout.resolve(), base_port), base_port)
 
         def node_exporter(tree: Path, port: int) -> subprocess.Popen:
             p = subprocess.Popen([args.node_exporter, "--collector.disable-defaults",
@@ -157,37 +196,42 @@ def main() -> int:
             return p
 
         ne = node_exporter(sysfs, ne_port)
-        wait_ready(ours_port, ours)
-        wait_ready(ne_port, ne)
+        servers["ne"] = (ne, ne_port)
+        for proc, port in servers.values():
+            wait_ready(port, proc)
 
-        conns = {n: http.client.HTTPConnection("127.0.0.1", p, timeout=30)
-                 for n, p in (("ours", ours_port), ("ne", ne_port))}
-        pids = {"ours": ours.pid, "ne": ne.pid}
+        conns = {n: http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                 for n, (_, port) in servers.items()}
+        pids = {n: proc.pid for n, (proc, _) in servers.items()}
 
         def get(name: str) -> str:
             c = conns[name]
             c.request("GET", "/metrics")
             return c.getresponse().read().decode()
 
+        names = list(servers)
         for _ in range(10):
-            get("ours")
-            get("ne")
-        wall: dict[str, list[float]] = {"ours": [], "ne": []}
+            for name in names:
+                get(name)
+        wall: dict[str, list[float]] = {n: [] for n in names}
         cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
-        coll: dict[str, list[float]] = {"ours": [], "ne": []}
+        coll: dict[str, list[float]] = {n: [] for n in names}
         texts = {}
         for i in range(args.scrapes):
-            for name in (("ours", "ne") if i % 2 == 0 else ("ne", "ours")):
+            for name in names[i % len(names):] + names[:i % len(names)]:
                 t = time.perf_counter()
                 texts[name] = get(name)
                 wall[name].append(time.perf_counter() - t)
-                if name == "ours":
-                    coll[name].append(sample(texts[name], "gpu_health_exporter_collector_duration_seconds",
-                                             collector="efa") or 0.0)
-                else:
-                    coll[name].append(sample(texts[name], "node_scrape_collector_duration_seconds",
-                                             collector="infiniband") or 0.0)
         cpu = {n: (cpu_seconds(p) - cpu0[n]) / args.scrapes for n, p in pids.items()}
+        for name in names:  # the servers' own collector durations, from 20 more scrapes each
+            for _ in range(20):
+                text = get(name)
+                if name == "ne":
+                    coll[name].append(sample(text, "node_scrape_collector_duration_seconds",
+                                             collector="infiniband") or 0.0)
+                else:
+                    coll[name].append(sample(text, "gpu_health_exporter_collector_duration_seconds",
+                                             collector="efa") or 0.0)
 
         # node_exporter on the faithful tree
         ne2_port = free_port()
@@ -206,9 +250,11 @@ def main() -> int:
         ratio_wall = statistics.median(wall["ours"]) / statistics.median(wall["ne"])
         ratio_cpu = cpu["ours"] / cpu["ne"] if cpu["ne"] else float("inf")
         print(f"# bench_efa: {args.scrapes} interleaved scrapes, 32 simulated EFA devices (p5.48xlarge, 6.17 "
-              f"counter set), efa.read_workers {args.read_workers}\n"
+              f"counter set), efa.read_workers {args.read_workers or 'default'}\n"
               f"# host: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-              f"Python {platform.python_version()}")
+              f"Python {platform.python_version()}\n# ours: {checkout_version(ROOT)}")
+        if "base" in names:
+            print(f"# baseline: {checkout_version(args.baseline_checkout)}")
         print(f"ours HTTP scrape:           {stats_ms(wall['ours'])}")
         print(f"node_exporter HTTP scrape:  {stats_ms(wall['ne'])}")
         print(f"ratio ours/node_exporter (median HTTP scrape): {ratio_wall:.2f}")
@@ -217,6 +263,11 @@ def main() -> int:
         print(f"ours collector-only in process: {stats_ms(inproc)}; {files_read} files read per scrape "
               f"({statistics.median(inproc) / files_read * 1e6:.1f} us per file incl. parsing)")
         print(f"ours collector duration metric: {stats_ms(coll['ours'])}")
+        if "base" in names:
+            print(f"baseline HTTP scrape:       {stats_ms(wall['base'])} (ratio to node_exporter "
+                  f"{statistics.median(wall['base']) / statistics.median(wall['ne']):.2f})")
+            print(f"baseline server CPU per scrape: {cpu['base'] * 1e3:.2f} ms; "
+                  f"collector duration metric: {stats_ms(coll['base'])}")
         print(f"node_exporter infiniband collector duration metric: {stats_ms(coll['ne'])}")
         print(f"ours exports {sum(ours_series.values())} efa_* series in {len(ours_series)} metrics "
               f"({sum(v for k, v in ours_series.items() if k.endswith('_total'))} counter series)")
@@ -236,6 +287,62 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def whole_node(args: argparse.Namespace) -> int:
+    checkouts = {"ours": ROOT}
+    if args.baseline_checkout:
+        checkouts["base"] = args.baseline_checkout.resolve()
+    procs: dict[str, subprocess.Popen] = {}
+    ports: dict[str, int] = {}
+    try:
+        for name, ck in checkouts.items():
+            ports[name] = free_port()
+            env = {**os.environ, "PYTHONPATH": str(ck), "GPU_HEALTH_EXPORTER_IMDS": "off"}
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--listen",
+                 f"127.0.0.1:{ports[name]}", "--log-level", "error"],
+                cwd=ck, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for name in checkouts:
+            wait_ready(ports[name], procs[name], timeout=60)
+        conns = {n: http.client.HTTPConnection("127.0.0.1", ports[n], timeout=30) for n in checkouts}
+
+        def get(name: str) -> str:
+            conns[name].request("GET", "/metrics")
+            return conns[name].getresponse().read().decode()
+
+        names = list(checkouts)
+        for _ in range(10):
+            for name in names:
+                get(name)
+        wall: dict[str, list[float]] = {n: [] for n in names}
+        efa: dict[str, list[float]] = {n: [] for n in names}
+        series_count: dict[str, int] = {}
+        for i in range(args.scrapes):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                t = time.perf_counter()
+                text = get(name)
+                wall[name].append(time.perf_counter() - t)
+                efa[name].append(sample(text, "gpu_health_exporter_collector_duration_seconds",
+                                        collector="efa") or 0.0)
+                series_count[name] = sum(1 for line in text.splitlines() if line and line[0] != "#")
+                time.sleep(0.02)  # a little idle time between scrapes, as a real scraper leaves
+        print(f"# bench_efa --whole-node: {args.scrapes} interleaved scrapes of the simulated p5.48xlarge, "
+              f"every collector\n# host: {platform.processor() or platform.machine()}, "
+              f"{os.cpu_count()} CPUs, Python {platform.python_version()}")
+        for name in names:
+            print(f"# {name}: {checkout_version(checkouts[name])}")
+            print(f"{name}: whole scrape {stats_ms(wall[name])}; EFA collector {stats_ms(efa[name])}; "
+                  f"{series_count[name]} series")
+    finally:
+        for p in procs.values():
+            p.terminate()
+        for p in procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
     return 0
 
 
