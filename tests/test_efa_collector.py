@@ -335,6 +335,7 @@ def test_a_read_blocked_in_the_kernel_fails_only_that_device(tmp_path, workers):
         assert value(ss, "efa_device_up", device="rdmap2s0") == 0
         assert value(ss, "efa_device_up", device="rdmap3s0") == 1
         assert len(blocked) == 1
+        assert c.pool.threads <= workers + 1  # one thread left with the blocked read, no pile-up
     finally:
         release.set()
     deadline = time.monotonic() + 5
