@@ -64,9 +64,9 @@ def render(metrics: Iterable[Metric], openmetrics: bool = False) -> bytes:
         for s in m.samples:
             p = get((s.name, *s.labels.values())) or _prefix(s.name, s.labels)
             v = s.value
-            # Integral values below 1e6 print as Go does ("3.0"); the rest go the general way.
-            append(f"{p}{v!r}\n" if v.__class__ is float and v.is_integer() and -1e6 < v < 1e6
-                   else p + floatToGoString(v) + "\n")
+            # Finite floats print as Python's repr ("3.0", "1234567.0", "1e-05"), which both formats
+            # accept; infinities and NaN need Go's spelling ("+Inf", "NaN").
+            append(f"{p}{v!r}\n" if v.__class__ is float and v - v == 0 else p + floatToGoString(v) + "\n")
     if openmetrics:
         append("# EOF\n")
     return "".join(out).encode()
