@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import signal
 import sys
@@ -74,6 +75,27 @@ def _commands() -> dict[str, Any]:
     return out
 
 
+def limit_malloc_arenas(arenas: int = 1) -> None:
+    """Keep glibc from giving each collector thread its own malloc arena.
+
+    Every thread that allocates gets an arena of its own (up to 8 per core), and each keeps freed
+    memory: with the collector, reader and HTTP threads that grew RSS from 37 to 47 MiB over
+    1,800 scrapes of a simulated p5, against 36 to 38 MiB with one arena (docs/performance.md).
+    Our threads mostly wait on I/O, so one arena costs no measurable time. mallopt(M_ARENA_MAX)
+    must run before the threads start; where it is not glibc this does nothing.
+    """
+    import ctypes
+    import ctypes.util
+
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return  # the operator chose
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-8, arenas)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass
+
+
 def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper()), stream=sys.stderr,
@@ -134,6 +156,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     cfg = ctx.config
     setup_logging(cfg.log_level)
+    limit_malloc_arenas()
     built = collectors.build(ctx, only)
     deadlines = {c.name: getattr(cfg, c.name).timeout_seconds for c in built
                  if getattr(getattr(cfg, c.name, None), "timeout_seconds", None)}
