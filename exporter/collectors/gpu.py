@@ -49,7 +49,7 @@ declare_section("gpu", "GPU health from NVML (the real library, a capture, or th
     "parallel": Key(
         bool, False,
         "Read the GPUs concurrently (one task per GPU) instead of one after another; see "
-        "docs/perf/gpu.md for why the default is off."),
+        "docs/performance.md for why the default is off."),
     "nvlink": Key(bool, True, "Read NVLink link state and error counters (slow cadence)."),
     "nvlink_errors": Key(
         str, "per_link",

@@ -9,7 +9,7 @@ kernel and stops once the read returns) and the devices after it go to a fresh c
 
 Why one thread rather than one per device: the reads are short system calls, each of which
 releases the GIL; several threads reading at once hand the GIL back and forth on every call,
-which on a 2-CPU node cost more than the reads themselves (see docs/perf/efa.md). Threads are
+which on a 2-CPU node cost more than the reads themselves (see docs/performance.md). Threads are
 daemons, because a read stuck in the kernel must never stop the exporter from exiting.
 """
 
