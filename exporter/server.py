@@ -17,6 +17,9 @@ log = logging.getLogger("exporter.server")
 
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    # socketserver's default listen backlog of 5 drops the rest of a burst of connections, whose
+    # clients then retry a second later: 20 concurrent scrapes arrived in two waves.
+    request_queue_size = 128
 
 
 class _QuietHandler(WSGIRequestHandler):

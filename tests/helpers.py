@@ -91,7 +91,9 @@ def running_exporter(*args: str, timeout: float = 30.0):
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            rc = proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
+    # SIGTERM shuts the exporter down cleanly (checked only when the body did not fail first).
+    assert rc == 0, f"exporter exited {rc} on SIGTERM: {proc.stderr.read()[-2000:]}"
