@@ -67,7 +67,6 @@ class _Gpu:
     reader: GpuReader
     lock: threading.Lock = field(default_factory=threading.Lock)
     stuck: Future | None = None  # a read that overran its deadline and may still be in NVML
-    stuck_since: float = 0.0
     slow: Reading | None = None
     slow_future: Future | None = None
 
@@ -176,7 +175,7 @@ class GpuCollector(Collector):
                 if f.done():
                     results[i] = f.result()
                 else:
-                    self._mark_stuck(i, f, time.monotonic() - self.read_timeout)
+                    self.gpus[i].stuck = f
                     results[i] = self._stuck_msg
             return results
         end = time.monotonic() + self.budget
@@ -193,7 +192,7 @@ class GpuCollector(Collector):
                 now = time.monotonic()
                 if cur is not None and (now - since >= self.read_timeout or now >= end):
                     chain.cancelled = True  # it stops after the GPU it is stuck on
-                    self._mark_stuck(cur, fut, since)
+                    self.gpus[cur].stuck = fut
                     results[cur] = self._stuck_msg
                     todo = todo[todo.index(cur) + 1:]
                     break
@@ -215,10 +214,6 @@ class GpuCollector(Collector):
                 return
             out[i] = r
         chain.current = None
-
-    def _mark_stuck(self, i: int, fut: Future, since: float) -> None:
-        g = self.gpus[i]
-        g.stuck, g.stuck_since = fut, since
 
     # --- slow cadence -----------------------------------------------------------------------
     def refresh_slow(self, timeout: float | None = None) -> None:
@@ -266,9 +261,7 @@ class GpuCollector(Collector):
     def _log_change(self, i: int, problem: str) -> None:
         """Log a GPU's read problem when it appears or changes, and when it clears."""
         prev = self._problems.get(i, "")
-        if problem == "lost":
-            pass  # logged once above with the GPU's identity
-        elif problem and problem != prev:
+        if problem and problem != prev:
             self.log.warning("GPU %d: %s", i, problem)
         elif prev and not problem:
             self.log.info("GPU %d reads fine again", i)
@@ -310,7 +303,7 @@ class GpuCollector(Collector):
         health.gpus[i] = gh
         if lost:
             return
-        self._log_change(i, "lost" if lost else "; ".join(r.errors) if isinstance(r, Reading) else r)
+        self._log_change(i, "; ".join(r.errors) if isinstance(r, Reading) else r)
         if isinstance(r, Reading):
             for spec, samples in r.all_groups():
                 out.add_samples(spec, samples)
