@@ -107,10 +107,8 @@ def distinct_mounts(mounts: list[Mount]) -> list[Mount]:
         by_point.pop(m.mountpoint, None)
         by_point[m.mountpoint] = m
     best: dict[str, Mount] = {}
-    out: list[Mount] = []
     for m in by_point.values():
         if not m.device:
-            out.append(m)
             continue
         cur = best.get(m.device)
         if cur is None or len(m.root) < len(cur.root):
