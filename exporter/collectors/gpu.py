@@ -17,7 +17,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from exporter.catalog import Families
 from exporter.collector import Collector, Context
@@ -285,13 +285,9 @@ class GpuCollector(Collector):
         if labels.get("uuid") != d.uuid or labels.get("pci_bus_id") != d.pci_bus_id:
             labels = g.reader.labels = identity_labels(d)
             if isinstance(r, Reading) and r.labels is not labels:  # read before the identity was known
-                relabelled = Reading(labels=labels, ok=r.ok, lost=r.lost, errors=r.errors)
+                relabelled = replace(r, labels=labels, groups={}, static=[])
                 for spec, value, extra in r.samples:
                     relabelled.add(spec, value, **extra)
-                relabelled.remap_pending, relabelled.remap_failure = r.remap_pending, r.remap_failure
-                relabelled.recovery_action = r.recovery_action
-                relabelled.ecc_uncorrected_volatile = r.ecc_uncorrected_volatile
-                relabelled.ecc_uncorrected_aggregate = r.ecc_uncorrected_aggregate
                 r = relabelled
         st = g.reader.static
         out.add(m.INFO, 1, **labels, model=st.model or d.name, serial=st.serial,
