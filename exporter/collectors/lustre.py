@@ -13,7 +13,6 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from exporter.catalog import Families, MetricSpec, define
 from exporter.collector import Collector, Context
@@ -21,11 +20,9 @@ from exporter.config import Key, declare_section, positive
 from exporter.lustre import discovery, parsers
 from exporter.lustre.discovery import Device, Mount
 from exporter.lustre.evictions import EvictionTracker
-from exporter.lustre.sources import SOURCES, TimedProbe, Tree, statvfs_from_file
+from exporter.lustre.sources import SIM_STATVFS_FILE, SOURCES, StatvfsFn, TimedProbe, Tree, statvfs_from_file
 
 NAME = "lustre"
-# Where the simulated node keeps the statvfs answers of its fake mounts (see docs/lustre.md).
-SIM_STATVFS_FILE = "sim/lustre-statvfs.json"
 
 declare_section(NAME, "FSx for Lustre client statistics (docs/lustre.md).", {
     "enabled": Key(bool, True, "Run the Lustre client collector."),
@@ -127,8 +124,6 @@ FILE_KINDS = ("mounts", "llite_stats", "osc_stats", "mdc_stats", "import", "stat
 _IO_COUNTERS = {"read_bytes", "write_bytes"}
 MAX_OPERATIONS = 100  # bound on distinct llite counter names per mount (the client has ~45)
 MiB = 1 << 20
-
-StatvfsFn = Callable[[str], Any]
 
 
 class _Acc:

@@ -24,8 +24,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from exporter.lustre.parsers import version_tuple
-
 SOURCES = ("procfs", "sysfs", "debugfs")
 
 # file kind -> (trees for clients < 2.12, trees for clients >= 2.12 or unknown)
@@ -141,6 +139,9 @@ def _has_entries(path: Path) -> bool:
 
 
 StatvfsFn = Callable[[str], Any]
+# Where the simulated node keeps the statvfs answers of its fake mounts, under the simulation root
+# (written by exporter.simulate.lustre, read through statvfs_from_file; see docs/lustre.md).
+SIM_STATVFS_FILE = "sim/lustre-statvfs.json"
 
 
 def statvfs_from_file(path: Path) -> StatvfsFn:
@@ -213,9 +214,5 @@ class TimedProbe:
         """fn()'s result within timeout_s, HUNG, or raises fn's exception."""
         return self.wait(self.start(key, fn), time.monotonic() + self.timeout_s)
 
-    def stuck(self) -> int:
-        with self._lock:
-            return sum(1 for t in self._stuck.values() if t.is_alive())
 
-
-__all__ = ["SOURCES", "Tree", "TimedProbe", "read_text", "statvfs_from_file", "version_tuple"]
+__all__ = ["SIM_STATVFS_FILE", "SOURCES", "StatvfsFn", "Tree", "TimedProbe", "read_text", "statvfs_from_file"]

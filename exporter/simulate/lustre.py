@@ -17,6 +17,7 @@ import os
 import time
 from pathlib import Path
 
+from exporter.lustre.sources import SIM_STATVFS_FILE
 from exporter.simulate import SimSource
 
 FSNAME = "abcdefgh"
@@ -32,7 +33,6 @@ EVICT_AT_S = 5.0  # lustre-eviction: the eviction happens this many seconds afte
 CAPACITY_BYTES = 4_800 * 1024**3  # a 4.8 TiB persistent SSD file system
 INODES = 3_000_000_000
 MiB = 1 << 20
-STATVFS_FILE = "sim/lustre-statvfs.json"  # read by the collector's statvfs seam (docs/lustre.md)
 
 SCENARIOS = {
     "lustre-eviction": f"OST{EVICTED_OST:04X} of the FSx mount is evicted {EVICT_AT_S:g} s after the start "
@@ -260,7 +260,7 @@ class LustreSim(SimSource):
             bfree = bavail = int(blocks * 0.62)
         data = {MOUNTPOINT: {"f_bsize": bsize, "f_frsize": bsize, "f_blocks": blocks, "f_bfree": bfree,
                              "f_bavail": bavail, "f_files": INODES, "f_ffree": INODES - 41_000_000}}
-        path = self.root / STATVFS_FILE
+        path = self.root / SIM_STATVFS_FILE
         if not path.exists():
             _write(path, json.dumps(data, indent=1) + "\n")
 
