@@ -179,13 +179,13 @@ class LustreCollector(Collector):
         self._problems: dict[str, str] = {}  # what was last logged per subject, to log changes once
 
     # -- logging on change -------------------------------------------------------------------
-    def _report(self, subject: str, problem: str, level: str = "warning") -> None:
+    def _report(self, subject: str, problem: str) -> None:
         """Log `problem` for `subject` when it differs from what was last logged; '' = fixed."""
         old = self._problems.get(subject, "")
         if problem == old:
             return
         if problem:
-            getattr(self.log, level)("%s", problem)
+            self.log.warning("%s", problem)
             self._problems[subject] = problem
         else:
             self.log.info("%s: recovered", subject)
@@ -199,7 +199,7 @@ class LustreCollector(Collector):
         mounts = self._mounts()
         tree = self.tree
         tree.begin()
-        version_text, _ = tree.read("version")
+        version_text = tree.read("version")
         version = parsers.parse_version(version_text) if version_text else None
         if version_text is not None and version is None:
             self._count_bad("version", 1)
@@ -320,10 +320,10 @@ class LustreCollector(Collector):
         if inst is None:
             return
         tree = self.tree
-        text, _ = tree.read("stats", "llite", inst)
+        text = tree.read("stats", "llite", inst)
         if text is not None:
             self._llite_stats(parsers.parse_stats(text), base, acc)
-        text, _ = tree.read("max_cached_mb", "llite", inst)
+        text = tree.read("max_cached_mb", "llite", inst)
         if text is not None:
             cache = parsers.parse_max_cached_mb(text)
             self._count_bad("max_cached_mb", cache.malformed)
@@ -366,7 +366,7 @@ class LustreCollector(Collector):
                 live_imports: set[str]) -> None:
         tree = self.tree
         comp = dev.component
-        text, _ = tree.read("stats", comp, dev.name)
+        text = tree.read("stats", comp, dev.name)
         if text is not None:
             stats = parsers.parse_stats(text)
             self._count_bad(f"{comp}_stats", stats.malformed)
@@ -378,7 +378,7 @@ class LustreCollector(Collector):
                     ctr = stats.get(name)
                     acc.add(spec, (ctr.sum or 0) if ctr else 0, labels)
         hist = None
-        text, _ = tree.read("state", comp, dev.name)
+        text = tree.read("state", comp, dev.name)
         if text is not None:
             hist = parsers.parse_state(text)
             self._count_bad("state", hist.malformed)
@@ -390,7 +390,7 @@ class LustreCollector(Collector):
             self._last_evict[key] = max(self._last_evict.get(key, 0), last)
             acc.max(EVICTIONS, self._evict_total[key], labels)
             acc.max(LAST_EVICTION, self._last_evict[key], labels)
-        text, _ = tree.read("import", comp, dev.name)
+        text = tree.read("import", comp, dev.name)
         imp = parsers.parse_import(text) if text is not None else None
         if imp is not None:
             self._count_bad("import", imp.malformed)
@@ -407,7 +407,7 @@ class LustreCollector(Collector):
                 acc.add(RPC_TIMEOUTS, imp.timeouts, labels)
             if imp.connection_attempts is not None:
                 acc.add(CONN_ATTEMPTS, imp.connection_attempts, labels)
-        text, _ = tree.read("max_rpcs_in_flight", comp, dev.name)
+        text = tree.read("max_rpcs_in_flight", comp, dev.name)
         if text is not None:
             v = parsers.parse_int(text)
             if v is None:
@@ -447,7 +447,7 @@ class LustreCollector(Collector):
             out.add(FS_INODES_FREE, st.f_ffree, **labels)
 
     def _health(self, out: Families) -> None:
-        text, _ = self.tree.read("health_check")
+        text = self.tree.read("health_check")
         if text is None:
             return
         status = parsers.parse_health_check(text)

@@ -110,25 +110,23 @@ class Tree:
                 out.setdefault(n, src)
         return out
 
-    def read(self, kind: str, *parts: str) -> tuple[str | None, str | None]:
-        """(text, tree) of the file `kind` under `<tree>/<parts>/`, trying the version's trees
-        in order; (None, None) when no tree has it. A permission or I/O error marks that tree
-        failed for this scrape and the next tree is tried."""
+    def read(self, kind: str, *parts: str) -> str | None:
+        """The text of the file `kind` under `<tree>/<parts>/`, trying the version's trees in
+        order; None when no tree has it. A permission or I/O error marks that tree failed for
+        this scrape and the next tree is tried."""
         rel = "/".join((*parts, kind))
         for src in self.order(kind):
             path = f"{self._root_str[src]}/{rel}"
             try:
-                return self.reader(path), src
-            except FileNotFoundError:
-                continue
-            except NotADirectoryError:
+                return self.reader(path)
+            except (FileNotFoundError, NotADirectoryError):
                 continue
             except PermissionError:
                 self.state[src].fail(f"{path} is not readable (permission denied)")
             except OSError as e:
-                if e.errno not in (errno.ENODEV, errno.ENOENT):
+                if e.errno != errno.ENODEV:
                     self.state[src].fail(f"{path}: {e.strerror or e}")
-        return None, None
+        return None
 
 
 def _has_entries(path: Path) -> bool:
