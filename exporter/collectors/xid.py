@@ -9,6 +9,7 @@ from exporter.collector import Collector, Context
 from exporter.config import Key, declare_section, positive
 from exporter.xid.policy import check_policy
 from exporter.xid.service import xid_service
+from exporter.xid.verdict import xid_lines
 
 G = ("gpu", "uuid", "pci_bus_id")
 
@@ -113,21 +114,13 @@ class XidCollector(Collector):
 
     def collect(self, out: Families) -> None:
         svc = self.service
-        svc.refresh_acks()
         out.declare(XID_ERRORS)
         for pci, counts in sorted(svc.store.snapshot().items()):
             gpu, uuid, bus_id = svc.gpu_labels(pci)
-            grouped: dict[tuple[int, str], list[float]] = {}
-            for key, c in counts.items():
-                xid, _, action = key.partition("/")
-                tier = svc.policy.tier(int(xid), int(action) if action else None)
-                g = grouped.setdefault((int(xid), tier), [0, 0.0])
-                g[0] += c.count
-                g[1] = max(g[1], c.last_wall)
-            for (xid, tier), (n, last) in sorted(grouped.items()):
-                labels = dict(gpu=gpu, uuid=uuid, pci_bus_id=bus_id, xid=str(xid), tier=tier)
-                out.add(XID_ERRORS, n, **labels)
-                out.add(XID_LAST_SEEN, last, **labels)
+            for line in xid_lines(counts, {}, svc.policy):  # acks matter to the verdict only
+                labels = dict(gpu=gpu, uuid=uuid, pci_bus_id=bus_id, xid=str(line.xid), tier=line.tier)
+                out.add(XID_ERRORS, line.count, **labels)
+                out.add(XID_LAST_SEEN, line.last_seen, **labels)
         for (pci, etype), n in sorted(dict(svc.nvml_events).items()):
             gpu, uuid, bus_id = svc.gpu_labels(pci)
             out.add(NVML_EVENTS, n, gpu=gpu, uuid=uuid, pci_bus_id=bus_id, event_type=etype)
