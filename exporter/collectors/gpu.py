@@ -145,8 +145,6 @@ class GpuCollector(Collector):
         g = self.gpus[i]
         with g.lock:
             try:
-                if not g.reader.static.complete:
-                    g.reader.read_static()
                 g.slow = g.reader.read_slow()
             except NvmlError as e:
                 g.slow = Reading(ok=False, lost=e.gpu_lost, errors=[str(e)])

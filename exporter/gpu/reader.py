@@ -235,6 +235,10 @@ class GpuReader:
         s.complete = r.ok
         self.static = s
 
+    def _ensure_static(self) -> None:
+        if not self.static.complete:
+            self.read_static()
+
     def static_groups(self) -> list[tuple[MetricSpec, list[Sample]]]:
         """The samples of the static values, built once (again when identity labels change)."""
         cached = self._static_groups
@@ -255,8 +259,7 @@ class GpuReader:
     # --- every scrape ---------------------------------------------------------------------
     def read_fast(self) -> Reading:
         """The health-critical values; raises NvmlError(GPU_IS_LOST) when the GPU is lost."""
-        if not self.static.complete:
-            self.read_static()
+        self._ensure_static()
         self._maybe_reprobe()
         r = Reading(labels=self.labels)
         fv = self._fields(r, FAST_FIELDS)
@@ -309,6 +312,7 @@ class GpuReader:
     # --- slow cadence ---------------------------------------------------------------------
     def read_slow(self) -> Reading:
         """Energy, throttle time, PCIe replays and errors, ECC mode, NVLink."""
+        self._ensure_static()  # the links to read
         r = Reading(labels=self.labels)
         self._fields(r, SLOW_FIELDS)
         ecc = self._call(r, "nvmlDeviceGetEccMode")
