@@ -66,10 +66,11 @@ def _stat(name: str, count: int, unit: str, lo: int | None = None, hi: int | Non
     return line + "\n"
 
 
-def _usecs(name: str, count: int, avg_us: float) -> str:
+def _usec(name: str, count: int, avg_us: float) -> str:
+    """A latency counter as 2.15.6 prints it: `[usec]` (the plural `[usecs]` came in 2.15.52)."""
     count = int(count)
     total = int(count * avg_us)
-    return _stat(name, count, "usecs", max(1, int(avg_us / 3)), int(avg_us * 8) + 1, total,
+    return _stat(name, count, "usec", max(1, int(avg_us / 3)), int(avg_us * 8) + 1, total,
                  int(count * avg_us * avg_us * 1.5))
 
 
@@ -134,16 +135,16 @@ class LustreSim(SimSource):
         s = self._header(t)
         s += _stat("read_bytes", reads, "bytes", 4096, 4 * MiB, reads * MiB, reads * MiB * MiB)
         s += _stat("write_bytes", writes, "bytes", 4096, 4 * MiB, writes * 4 * MiB, writes * 16 * MiB * MiB)
-        s += _usecs("read", reads, 900)
-        s += _usecs("write", writes, 2500)
+        s += _usec("read", reads, 900)
+        s += _usec("write", writes, 2500)
         s += _stat("ioctl", int(40 + t), "reqs")
-        s += _usecs("open", 3_000 + 20 * t, 180)
-        s += _usecs("close", 2_990 + 20 * t, 120)
-        s += _usecs("getattr", 9_000 + 100 * t, 60)
-        s += _usecs("setattr", 100 + t, 400)
-        s += _usecs("fsync", 50 + t / 10, 4000)
-        s += _usecs("statfs", 20, 300)
-        s += _usecs("inode_permission", 40_000 + 400 * t, 1)
+        s += _usec("open", 3_000 + 20 * t, 180)
+        s += _usec("close", 2_990 + 20 * t, 120)
+        s += _usec("getattr", 9_000 + 100 * t, 60)
+        s += _usec("setattr", 100 + t, 400)
+        s += _usec("fsync", 50 + t / 10, 4000)
+        s += _usec("statfs", 20, 300)
+        s += _usec("inode_permission", 40_000 + 400 * t, 1)
         s += _stat("opencount", int(3_000 + 20 * t), "reqs", 1, 2, int(3_100 + 20 * t), int(3_300 + 20 * t))
         return s
 
@@ -161,13 +162,13 @@ class LustreSim(SimSource):
             rate = 60.0
             n = int(20_000 + rate * t)
             wait = self._mdc_wait_us(n, t, rate)
-            s += _stat("req_waittime", n, "usecs", 90, max(132_365, int(wait / max(n, 1)) * 3), wait,
+            s += _stat("req_waittime", n, "usec", 90, max(132_365, int(wait / max(n, 1)) * 3), wait,
                        wait * 400)
             s += _stat("req_active", n, "reqs", 1, 9, int(n * 1.4), int(n * 2.5))
-            s += _usecs("mds_getattr", 200 + t, 300)
-            s += _usecs("mds_close", 3_000 + 20 * t, 250)
-            s += _usecs("mds_statfs", 20, 400)
-            s += _usecs("obd_ping", 3_000 + t / 25, 150)
+            s += _usec("mds_getattr", 200 + t, 300)
+            s += _usec("mds_close", 3_000 + 20 * t, 250)
+            s += _usec("mds_statfs", 20, 400)
+            s += _usec("obd_ping", 3_000 + t / 25, 150)
             s += _stat("ldlm_ibits_enqueue", int(12_000 + 30 * t), "reqs", 1, 1, int(12_000 + 30 * t),
                        int(12_000 + 30 * t))
             return s
@@ -175,14 +176,14 @@ class LustreSim(SimSource):
                                                  in self.active)
         rate = 30.0 if active else 0.0
         n = int(8_000 + rate * t)
-        s += _stat("req_waittime", n, "usecs", 120, 90_000, n * 800, n * 800 * 1200)
+        s += _stat("req_waittime", n, "usec", 120, 90_000, n * 800, n * 800 * 1200)
         s += _stat("req_active", n, "reqs", 1, 32, n * 6, n * 60)
         reads, writes = int(3_000 + rate * 0.6 * t), int(1_000 + rate * 0.3 * t)
         s += _stat("read_bytes", reads, "bytes", 4096, 4 * MiB, reads * 4 * MiB, reads * 16 * MiB * MiB)
         s += _stat("write_bytes", writes, "bytes", 4096, 4 * MiB, writes * 4 * MiB, writes * 16 * MiB * MiB)
-        s += _usecs("ost_read", reads, 2_000)
-        s += _usecs("ost_write", writes, 5_000)
-        s += _usecs("obd_ping", 3_000 + t / 25, 150)
+        s += _usec("ost_read", reads, 2_000)
+        s += _usec("ost_write", writes, 5_000)
+        s += _usec("obd_ping", 3_000 + t / 25, 150)
         return s
 
     def _import_state(self, comp: str, idx: int, t: float) -> str:
@@ -227,7 +228,7 @@ class LustreSim(SimSource):
             f"       inflight: {inflight}\n"
             "       unregistering: 0\n"
             f"       timeouts: {timeouts}\n"
-            "       avg_waittime: 800 usecs\n"
+            "       avg_waittime: 800 usec\n"
             "    service_estimates:\n"
             "       services: 1 sec\n"
             "       network: 1 sec\n"
