@@ -97,7 +97,6 @@ class Reading:
     ok: bool = True
     lost: bool = False
     errors: list[str] = field(default_factory=list)
-    taken: float = field(default_factory=time.time)
     remap_pending: bool | None = None
     remap_failure: bool | None = None
     recovery_action: int | None = None
