@@ -18,11 +18,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from exporter.nvml.session import pci_key as session_pci_key
+
 BUS_LOSS_XID = 79
 RECOVERY_ACTION_XID = 154
 
 _PCI = r"[0-9a-fA-F]{1,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
-_PCI_RE = re.compile(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})")
 _XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(" + _PCI + r")(?:\s+GPU-I:(\d+))?[^)]*\):\s*(\d+)(.*)$")
 _PID_RE = re.compile(r",\s*pid=('?[^,']*'?)")
@@ -37,11 +38,9 @@ _FALLEN = "fallen off the bus"
 
 def pci_key(addr: str) -> str | None:
     """Canonical key for a PCI address in any form the kernel or NVML writes
-    (`0000:3b:00`, `0000:3b:00.0`, `00000000:3B:00.0`): `0000003b`-style domain, lowercase."""
-    m = _PCI_RE.search(addr)
-    if not m:
-        return None
-    return f"{int(m.group(1), 16):08x}:{int(m.group(2), 16):02x}:{int(m.group(3), 16):02x}"
+    (`0000:3b:00`, `0000:3b:00.0`, `00000000:3B:00.0`): 8-digit domain, lowercase."""
+    k = session_pci_key(addr)
+    return None if k is None else f"{k[0]:08x}:{k[1]:02x}:{k[2]:02x}"
 
 
 def pci_label(key: str) -> str:
