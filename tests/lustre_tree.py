@@ -26,26 +26,47 @@ class FsSpec:
         return out + [("osc", f"{self.fsname}-OST{i:04x}-osc-{self.inst_id}", i) for i in range(self.osts)]
 
 
+STATS_START_TIME = 1699645000  # start_time of the generated stats files on clients 2.15.2+
+
+
+def stats_header(version: tuple[int, ...]) -> str:
+    """The stats header the client version prints (reference: lustre.md section 3.1): one wall-clock
+    `snapshot_time` line before 2.14.56; three lines after, with `snapshot_time` in seconds since
+    boot and `start_time` 0 on 2.15.0-2.15.1, wall clock from 2.15.2."""
+    if version < (2, 14, 56):
+        return "snapshot_time             1700000000.000000001 secs.nsecs\n"
+    if version < (2, 15, 2):
+        return ("snapshot_time             354817.102938475 secs.nsecs\n"
+                "start_time                0.000000000 secs.nsecs\n"
+                "elapsed_time              354817.102938475 secs.nsecs\n")
+    return ("snapshot_time             1700000000.000000001 secs.nsecs\n"
+            f"start_time                {STATS_START_TIME}.000000001 secs.nsecs\n"
+            f"elapsed_time              {1700000000 - STATS_START_TIME}.000000000 secs.nsecs\n")
+
+
+def usec_unit(version: tuple[int, ...]) -> str:
+    return "usecs" if version >= (2, 15, 52) else "usec"
+
+
 def llite_stats(version: tuple[int, ...], reads: int = 10, read_bytes: int = 40960, opens: int = 5) -> str:
     if version < (2, 13):
-        return ("snapshot_time             1700000000.000000001 secs.nsecs\n"
+        return (stats_header(version) +
                 f"read_bytes                {reads} samples [bytes] 4096 4096 {read_bytes}\n"
                 "write_bytes               2 samples [bytes] 4096 4096 8192\n"
                 f"open                      {opens} samples [regs]\n"
                 "getattr                   7 samples [regs]\n")
-    unit = "usecs" if version >= (2, 15, 52) else "usec"
-    return ("snapshot_time             354817.102938475 secs.nsecs\n"
-            "start_time                0.000000000 secs.nsecs\n"
-            "elapsed_time              354817.102938475 secs.nsecs\n"
+    unit = usec_unit(version)
+    return (stats_header(version) +
             f"read_bytes                {reads} samples [bytes] 4096 4096 {read_bytes} 1\n"
             "write_bytes               2 samples [bytes] 4096 4096 8192 1\n"
             f"open                      {opens} samples [{unit}] 10 100 {opens * 100} 1\n"
             f"getattr                   7 samples [{unit}] 1 10 70 700\n")
 
 
-def rpc_stats(count: int = 100, wait_us: int = 50000, read_bytes: int = 0) -> str:
-    s = ("snapshot_time             1700000000.000000001 secs.nsecs\n"
-         f"req_waittime              {count} samples [usec] 100 900 {wait_us} 1\n"
+def rpc_stats(count: int = 100, wait_us: int = 50000, read_bytes: int = 0,
+              version: tuple[int, ...] = (2, 15, 6)) -> str:
+    s = (stats_header(version) +
+         f"req_waittime              {count} samples [{usec_unit(version)}] 100 900 {wait_us} 1\n"
          f"req_active                {count} samples [reqs] 1 8 {count} {count}\n")
     if read_bytes:
         s += f"read_bytes                4 samples [bytes] 4096 4194304 {read_bytes} 1\n"
@@ -137,7 +158,7 @@ class LustreTree:
         for comp, dev, _i in fs.devices():
             if old or self.debugfs:
                 self.write(stats / comp / dev / "stats",
-                           rpc_stats(read_bytes=4096 * 1024 if comp == "osc" else 0))
+                           rpc_stats(read_bytes=4096 * 1024 if comp == "osc" else 0, version=self.vt))
             self.write(self.proc / comp / dev / "import", import_file(dev))
             self.write(self.proc / comp / dev / "state", state_file([(1700000000, "CONNECTING"),
                                                                      (1700000000, "FULL")]))

@@ -14,7 +14,15 @@ from exporter.config import load
 from exporter.lustre.evictions import EvictionTracker, appended
 from exporter.runner import Runner
 from tests.helpers import promtool_check_metrics, samples, scrape, value
-from tests.lustre_tree import FakeStatvfs, FsSpec, LustreTree, import_file, llite_stats, state_file
+from tests.lustre_tree import (
+    STATS_START_TIME,
+    FakeStatvfs,
+    FsSpec,
+    LustreTree,
+    import_file,
+    llite_stats,
+    state_file,
+)
 
 TiB = 1024**4
 
@@ -31,7 +39,7 @@ def series(s, name):
     return {ls: v for (n, ls), v in s.items() if n == name}
 
 
-@pytest.mark.parametrize("version", ["2.10.1", "2.12.9", "2.15.6", "2.16.0"])
+@pytest.mark.parametrize("version", ["2.10.1", "2.12.9", "2.15.0", "2.15.6", "2.16.0"])
 def test_each_client_layout(tmp_path, version):
     tree = LustreTree(tmp_path, version, filesystems=[FsSpec("scratch-fs", "/scratch", osts=4)]).build()
     if tree.vt >= (2, 12):  # stats only in debugfs, tunables only in sysfs
@@ -78,6 +86,12 @@ def test_each_client_layout(tmp_path, version):
     want = {"procfs": 1, "sysfs": 1} if tree.vt < (2, 12) else {"procfs": 1, "sysfs": 1, "debugfs": 1}
     assert ups == want
     assert value(s, "lustre_client_malformed_lines_total", file="llite_stats") == 0
+    reset = series(s, "lustre_client_stats_reset_timestamp_seconds")
+    if tree.vt >= (2, 15, 2):  # start_time is wall clock
+        assert list(reset.values()) == [STATS_START_TIME]
+        assert value(s, "lustre_client_stats_reset_timestamp_seconds", **fs) == STATS_START_TIME
+    else:  # no start_time line before 2.14.56; 0 on 2.15.0-2.15.1
+        assert reset == {}
 
 
 def test_per_target_series(tmp_path):
