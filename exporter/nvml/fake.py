@@ -115,16 +115,10 @@ class _EventSet:
 class FakeBackend(NvmlBackend):
     """Replays `capture` (the parsed JSON of nvml_capture.py) for all its devices."""
 
-    def __init__(self, capture: dict[str, Any], latencies: bool = False,
-                 field_cost_us: dict[str, float] | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
-        self.capture = capture
+    def __init__(self, capture: dict[str, Any], latencies: bool = False) -> None:
         self.latencies = latencies
         self._ids = field_ids()
-        self._names_by_id: dict[int, str] = {}
-        for name, fid in self._ids.items():
-            self._names_by_id.setdefault(fid, name)
-        cost = field_cost_us if field_cost_us is not None else (load_field_cost() if latencies else {})
+        cost = load_field_cost() if latencies else {}
         self._field_cost: dict[int, float] = {self._ids[n]: us for n, us in cost.items() if n in self._ids}
         self.system_calls: dict[str, dict] = copy.deepcopy(capture.get("system", {}))
         self.devices: list[dict[str, dict]] = []
@@ -156,7 +150,6 @@ class FakeBackend(NvmlBackend):
         self._event_sets: list[_EventSet] = []
         self._event_cv = threading.Condition(self._state)
         self._t0 = time.monotonic()
-        self._clock = clock
         self._manual_t: float | None = None
         self.calls_made = 0
 
@@ -181,8 +174,6 @@ class FakeBackend(NvmlBackend):
         """Seconds since the fake was created (or the time set by `advance_to`)."""
         if self._manual_t is not None:
             return self._manual_t
-        if self._clock is not None:
-            return self._clock()
         return time.monotonic() - self._t0
 
     def advance_to(self, t: float) -> None:
@@ -259,9 +250,6 @@ class FakeBackend(NvmlBackend):
         """Make every call of `fn` (a name, or a full capture key) on GPU `index` raise `code`;
         fn "nvmlDeviceGetFieldValues" fails whole field batches."""
         self._failures[(index, fn)] = code
-
-    def clear_failures(self) -> None:
-        self._failures.clear()
 
     def grow(self, index: int, key: str, rate: float, accel: float = 0.0, start_s: float = 0.0,
              step: float = 1.0) -> None:
