@@ -132,9 +132,6 @@ class Config(types.SimpleNamespace):
 
     source: str
 
-    def section(self, name: str) -> types.SimpleNamespace:
-        return getattr(self, name)
-
 
 def defaults() -> dict[str, Any]:
     out: dict[str, Any] = {k: key.default for k, key in TOP.items()}
