@@ -138,7 +138,8 @@ class DeviceReader:
                 ports = plan.listings[0]
             else:
                 trusted = False
-                ports = self._listed(dev_fd, "ports", dev, fds)[1] if keys[0] is not None else []
+                ports_fd = self._open_optional(dev_fd, "ports", dev, fds) if keys[0] is not None else None
+                ports = self._list(ports_fd, dev)
             dirs: dict[str, int | None] = {}
             for rel in [f"ports/{p}/hw_counters" for p in ports] + ["hw_counters"]:
                 fd = dirs[rel] = self._open_optional(dev_fd, rel, dev, fds)
@@ -220,10 +221,6 @@ class DeviceReader:
         except OSError as e:
             e.filename = f"{dev.path}/{rel}"
             raise
-
-    def _listed(self, dev_fd: int, rel: str, dev: EfaDevice, fds: list[int]) -> tuple[int | None, list[str]]:
-        fd = self._open_optional(dev_fd, rel, dev, fds)
-        return fd, self._list(fd, dev)
 
     def _open_optional(self, dev_fd: int, rel: str, dev: EfaDevice, fds: list[int]) -> int | None:
         """Open a directory the kernel may not have (no hw_counters on very old kernels): None
