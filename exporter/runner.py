@@ -106,18 +106,19 @@ class Runner:
         pending: dict[str, tuple[Future | None, Families, float]] = {}
         for c in self.collectors:
             out = Families()
+            deadline = self.deadlines.get(c.name, self.deadline_s)
             prev = self._running.get(c.name)
             if prev is not None and not prev.done():
-                pending[c.name] = (None, out, 0.0)  # still stuck in an earlier collection
+                pending[c.name] = (None, out, deadline)  # still stuck in an earlier collection
                 continue
             fut = self._pool.submit(self._timed, c, out)
             self._running[c.name] = fut
-            pending[c.name] = (fut, out, self.deadlines.get(c.name, self.deadline_s))
+            pending[c.name] = (fut, out, deadline)
         metrics: list[Metric] = []
         own = Families()
         for name, (fut, out, deadline) in pending.items():
             if fut is None:
-                ok, err, took = False, "still running past its deadline from an earlier collection", 0.0
+                ok, err, took = False, "still running past its deadline from an earlier collection", deadline
             else:
                 remaining = max(0.0, start + deadline - time.monotonic())
                 try:

@@ -47,6 +47,7 @@ def test_failing_and_hanging_collectors_do_not_take_others_down(caplog):
     s2 = samples(scrape(r))
     assert hung.calls == 1
     assert value(s2, "gpu_health_exporter_collector_success", collector="hung") == 0
+    assert value(s2, "gpu_health_exporter_collector_duration_seconds", collector="hung") == 0.3
     hung.release.set()
     time.sleep(0.05)
     s3 = samples(scrape(r))
