@@ -14,6 +14,7 @@ import errno
 import os
 import select
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -55,7 +56,6 @@ class ReaderStats:
     overwrites: int = 0  # EPIPE: the kernel overwrote records before we read them
     missed: int = 0  # records we know we never saw (sequence-number gaps on the device)
     errors: int = 0
-    last_error: str = ""
     first_seq: int | None = None
     last_seq: int | None = None
 
@@ -199,6 +199,4 @@ class KmsgReader:
         if self._device and self._poll is not None:
             self._poll.poll(max(0, int(timeout_s * 1000)))
         else:
-            import time
-
             time.sleep(timeout_s)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,16 +19,13 @@ from exporter.nvml.backend import Event, NvmlError
 
 log = logging.getLogger("exporter.xid.nvml")
 
-EVENT_SINGLE_BIT_ECC = 0x1
 EVENT_DOUBLE_BIT_ECC = 0x2
 EVENT_XID = 0x8
-EVENT_CLOCK = 0x10
 EVENT_GPU_UNAVAILABLE = 0x4000
 EVENT_RECOVERY_ACTION = 0x8000
 OPTIONAL_EVENTS = EVENT_DOUBLE_BIT_ECC | EVENT_GPU_UNAVAILABLE | EVENT_RECOVERY_ACTION
 EVENT_NAMES = {EVENT_XID: "xid", EVENT_DOUBLE_BIT_ECC: "double_bit_ecc",
                EVENT_GPU_UNAVAILABLE: "gpu_unavailable", EVENT_RECOVERY_ACTION: "recovery_action"}
-UNKNOWN_XID = 999  # eventData when NVML cannot say which XID
 
 
 @dataclass
@@ -41,7 +37,6 @@ class WatcherStatus:
     errors: int = 0
     events: int = 0
     last_error: str = ""
-    last_wait: float = 0.0  # monotonic time of the last wait return (liveness)
 
 
 class NvmlEventWatcher:
@@ -58,6 +53,7 @@ class NvmlEventWatcher:
         self._thread: threading.Thread | None = None
         self._set = None
         self._backend = None
+        self._registered: set[int] = set()  # GPUs in the current event set
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
@@ -102,7 +98,7 @@ class NvmlEventWatcher:
         self._backend = backend
         self._set = backend.event_set_create()
         registered = excluded = 0
-        self._registered: set[int] = set()
+        self._registered = set()
         for dev in list(session.devices):
             i = dev.index
             if i in session.lost:
@@ -138,7 +134,7 @@ class NvmlEventWatcher:
         return registered > 0
 
     def _find_lost(self, session) -> list[int]:  # noqa: ANN001
-        lost = [i for i in getattr(self, "_registered", ()) if i in session.lost]
+        lost = [i for i in self._registered if i in session.lost]
         for dev in list(session.devices):
             if dev.index in session.lost:
                 continue
@@ -166,7 +162,6 @@ class NvmlEventWatcher:
             try:
                 ev = session.backend.event_wait(self._set, self.wait_ms)
             except NvmlError as e:
-                self.status.last_wait = time.monotonic()
                 if e.code == 10:  # NVML_ERROR_TIMEOUT: nothing happened
                     continue
                 if e.gpu_lost:
@@ -182,7 +177,6 @@ class NvmlEventWatcher:
                         return
                     continue
                 raise
-            self.status.last_wait = time.monotonic()
             self.status.events += 1
             if ev.event_type & EVENT_GPU_UNAVAILABLE:
                 session.mark_lost(ev.index)

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 TIERS = ("replace", "reboot", "reset", "application", "ignore")
-ALL_TIERS = TIERS + ("unknown",)
 
 DEFAULT_POLICY: dict[str, list[int]] = {
     # The set operators page on to replace the node: memory errors (row remap recorded/failed,

@@ -113,7 +113,6 @@ class XidStore:
         self.reports: dict[str, int] = {}  # raw reports per source
         self.merged: dict[str, int] = {}  # reports that joined an existing event, per source
         self.dropped = 0  # new events refused by the cardinality guards
-        self.changed = threading.Event()  # set when counts change (for the state writer)
         self.version = 0  # bumps on every change worth writing (counts, identities, acks)
         self.snapshot_version = -1  # the version the last to_state() captured
 
@@ -150,7 +149,6 @@ class XidStore:
                 c.last_kernel_s = kernel_s
                 c.last_wall = wall if wall is not None else (wall_of(kernel_s) if wall_of else time.time())
             self.version += 1
-            self.changed.set()
             return True
 
     def _prune(self, now_s: float, force: bool = False) -> None:
@@ -275,7 +273,6 @@ class StateStatus:
     read_errors: int = 0
     write_errors: int = 0
     writes: int = 0
-    last_write: float = 0.0
 
 
 class StateFile:
@@ -393,5 +390,4 @@ class StateFile:
         self.status.ok = True
         self.status.problem = ""
         self.status.writes += 1
-        self.status.last_write = time.time()
         return True
