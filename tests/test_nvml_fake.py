@@ -249,7 +249,7 @@ def test_scenarios_declared_to_the_simulation():
 # --- session ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("addr", ["0000:00:06", "PCI:0000:00:06", "00000000:00:06.0", "0000:00:06.0",
                                   "pci:0000:00:06", " 00:06.0 "])
-def test_session_by_pci_accepts_kernel_and_nvml_forms(fake, addr):
+def test_session_by_pci_accepts_kernel_and_nvml_forms(addr):
     s = NvmlSession(FakeBackend.from_file(CAPTURE))
     assert s.ensure()
     d = s.by_pci(addr)
