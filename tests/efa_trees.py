@@ -42,7 +42,9 @@ def collect(c: EfaCollector) -> Families:
 
 
 class FaultyReader(SysfsReader):
-    """Raises `err` (an errno) when reading any path ending in one of `paths`; counts reads."""
+    """A SysfsReader that raises OSError(errno) when reading a path ending in a suffix given to
+    `fail`, counts reads per path (`reads`) and directory listings (`listings`), and runs
+    `on_read(path)` before each read."""
 
     def __init__(self) -> None:
         self.faults: dict[str, int] = {}

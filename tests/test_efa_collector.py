@@ -97,7 +97,7 @@ def test_each_counter_file_read_once_per_scrape(tmp_path):
         files = {p.rsplit("/", 1)[1] for p in counter_reads}
         port, device, _ = kernel_files(kernel)
         assert files == set(port) | set(device) | {"lifespan"}
-        assert len(counter_reads) == len(files) + 0  # no file name read from two directories
+        assert len(counter_reads) == len(files)  # no file name read from two directories
 
 
 def test_kernel_without_network_or_write_counters_has_no_such_series(tmp_path):
