@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import statistics
 import sys
@@ -93,15 +94,20 @@ class Replicated:
 REPLICATE = 0
 
 
+def use_replicated(ctx: Context, n: int) -> None:
+    """Make `ctx`'s NVML session the real GPU 0 presented as `n` GPUs."""
+    from exporter.nvml.pynvml_backend import PynvmlBackend
+    from exporter.nvml.session import NvmlSession
+
+    ctx.shared["nvml"] = NvmlSession(Replicated(PynvmlBackend(), n))
+
+
 def bench_collector(real: bool, sim, parallel: bool, n: int) -> dict:  # noqa: ANN001
     from exporter.collectors.gpu import GpuCollector
 
     ctx = context(real, {"gpu.parallel": parallel}, sim)
     if real and REPLICATE:
-        from exporter.nvml.pynvml_backend import PynvmlBackend
-        from exporter.nvml.session import NvmlSession
-
-        ctx.shared["nvml"] = NvmlSession(Replicated(PynvmlBackend(), REPLICATE))
+        use_replicated(ctx, REPLICATE)
     c = GpuCollector(ctx)
     runner = Runner([c], deadline_s=10)
     runner.collect()  # static values, first reads
@@ -191,7 +197,7 @@ def bench_exporter(real: bool, profile: str, only: str | None, n: int) -> dict:
         cmd += ["--simulate", profile, "--nvml-latencies"]
     if only:
         cmd += ["--collectors", only]
-    proc = subprocess.Popen(cmd, cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)},
+    proc = subprocess.Popen(cmd, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
     try:

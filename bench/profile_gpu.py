@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_gpu  # noqa: E402
 
+from exporter.catalog import Families  # noqa: E402
 from exporter.runner import Runner  # noqa: E402
 
 
@@ -35,10 +36,7 @@ def main() -> int:
 
     ctx = bench_gpu.context(args.real, None, sim)
     if args.real and args.replicate:
-        from exporter.nvml.pynvml_backend import PynvmlBackend
-        from exporter.nvml.session import NvmlSession
-
-        ctx.shared["nvml"] = NvmlSession(bench_gpu.Replicated(PynvmlBackend(), args.replicate))
+        bench_gpu.use_replicated(ctx, args.replicate)
     c = GpuCollector(ctx)
     runner = Runner([c], deadline_s=10)
     # read inline so that cProfile (this thread only) sees the NVML reads too
@@ -48,7 +46,7 @@ def main() -> int:
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(args.scrapes):
-        c.collect(__import__("exporter.catalog", fromlist=["Families"]).Families())
+        c.collect(Families())
     prof.disable()
     pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
     runner.close()
