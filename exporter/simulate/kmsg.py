@@ -67,17 +67,16 @@ def xid13_flood(index: int, sms: int = SMS, pid: int = 4242) -> list[str]:
     return out
 
 
-# scenario -> (description, records to append at the onset: [(gpu, message)])
 def _scenario_lines(name: str) -> list[str]:
+    """The driver's messages a scenario appends at its onset (none for scenarios of other sources)."""
     from exporter.nvml.scenarios import FAULTY_GPU as F
 
     return {
-        "xid-63": [xid_line(2, 63, "pid=<unknown>, Row Remapper: New row (0x0000000000ab12c0) marked for "
-                            "remapping, reset gpu to activate.")],
+        "xid-63": [xid_line(2, 63, "Row Remapper: New row (0x0000000000ab12c0) marked for remapping, reset "
+                            "gpu to activate.", pid="'<unknown>'", name="<unknown>")],
         "xid-79-bus-loss": bus_loss_lines(5),
         "xid-13-flood": xid13_flood(0),
-        "xid-94": ["NVRM: Xid (PCI:" + gpu_pci(1) + "): 94, pid=7194, name=python3, Contained: "
-                   "CE User Channel (0x9). RST: No, D-RST: No"],
+        "xid-94": [xid_line(1, 94, "Contained: CE User Channel (0x9). RST: No, D-RST: No", 7194, "python3")],
         "xid-154": [xid_line(6, 154, "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot "
                              "Required)")],
         # the kernel lines of the NVML scenarios (exporter/nvml/scenarios.py) that raise an XID
@@ -115,8 +114,10 @@ class KmsgSimSource(SimSource):
         self.seq = 0
         self.fired = False
 
-    def _record(self, message: str, usec: int, prio: int = 4) -> str:
-        rec = f"{prio},{self.seq},{usec},-;{message}\n"
+    def _record(self, message: str, usec: int, prio: int = 4, flags: str = "-") -> str:
+        """One record. The driver's lines after the module load carry flag `c` (a fragment), as in
+        the real H200 capture (tests/fixtures/kmsg/kmsg_nvidia.txt)."""
+        rec = f"{prio},{self.seq},{usec},{flags};{message}\n"
         self.seq += 1
         return rec
 
@@ -136,16 +137,17 @@ class KmsgSimSource(SimSource):
         ]
         for i in range(self.profile.gpus):
             t = boot_us + 1_000_000 + i * 1000
-            lines.append(self._record(f"NVRM: GPU at PCI:{gpu_pci(i)}: {gpu_uuid(self.profile, i)}", t, 4))
+            at = f"NVRM: GPU at PCI:{gpu_pci(i)}: {gpu_uuid(self.profile, i)}"
+            lines.append(self._record(at, t, 4, "c"))
             serial = 1653924043000 + 17 * (i + 1)
-            lines.append(self._record(f"NVRM: GPU Board Serial Number: {serial}", t + 5, 4))
+            lines.append(self._record(f"NVRM: GPU Board Serial Number: {serial}", t + 5, 4, "c"))
         lines.append(self._record("systemd[1]: Started nvidia-persistenced.service - NVIDIA Persistence "
                                   "Daemon.", boot_us + 9_000_000, 30))
         if "xid-31-backlog" in self.active:
             lines.append(self._record(
                 xid_line(4, 31, "channel 0x0000000a, intr 00000000. MMU Fault: ENGINE GRAPHICS GPC1 "
                          "GPCCLIENT_T1_4 faulted @ 0xde_ad000000. Fault is of type FAULT_PDE "
-                         "ACCESS_TYPE_VIRT_WRITE", 446, "python3"), boot_us + 60_000_000, 4))
+                         "ACCESS_TYPE_VIRT_WRITE", 446, "python3"), boot_us + 60_000_000, 4, "c"))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("".join(lines))
         boot_id = self.root / "proc" / "sys" / "kernel" / "random" / "boot_id"
@@ -164,7 +166,7 @@ class KmsgSimSource(SimSource):
         if not msgs:
             return
         now_us = int(time.monotonic() * 1e6)
-        data = "".join(self._record(m, now_us + i) for i, m in enumerate(msgs))
+        data = "".join(self._record(m, now_us + i, flags="c") for i, m in enumerate(msgs))
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
             os.write(fd, data.encode())
