@@ -53,11 +53,10 @@ def run(osts: int, per_target: bool, iterations: int) -> dict[str, float]:
             times.append(time.perf_counter() - t)
             cpu.append(time.process_time() - tc)
         series = sum(len(m.samples) for m in out)
-        lustre_series = sum(len(m.samples) for m in out if m.name.startswith("lustre_client"))
     times.sort()
     return {"cpu_ms": statistics.median(cpu) * 1e3, "min_ms": times[0] * 1e3,
             "median_ms": statistics.median(times) * 1e3,
-            "p95_ms": times[int(len(times) * 0.95)] * 1e3, "series": series, "lustre_series": lustre_series}
+            "p95_ms": times[int(len(times) * 0.95)] * 1e3, "series": series}
 
 
 def main() -> int:
