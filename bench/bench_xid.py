@@ -30,9 +30,8 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from exporter.nvml.synth import P5_BUSES as BUSES  # noqa: E402 - the simulated p5's GPU buses
 from tests.helpers import free_port, samples  # noqa: E402
-
-BUSES = (0x53, 0x64, 0x75, 0x86, 0x97, 0xA8, 0xB9, 0xCA)
 
 
 def busy_log(n: int, path: Path) -> int:
