@@ -49,7 +49,7 @@ def main() -> int:
     from exporter.config import load
     from exporter.runner import Runner
     from exporter.xid.kmsg import KmsgReader
-    from exporter.xid.service import XidService
+    from exporter.xid.service import one_shot
     from tests.helpers import scrape
 
     # 1. the device itself
@@ -126,9 +126,7 @@ def main() -> int:
 
     # 3. restart within the boot: nothing counted again
     ctx2 = Context(config=load(None, {"paths.state_dir": str(state)}))
-    svc2 = XidService(ctx2)
-    svc2.load_state()
-    svc2.read_kmsg(final=True)
+    svc2 = one_shot(ctx2)
     again = {f"{p}/{k}": v.count for p, ks in svc2.store.snapshot().items() for k, v in ks.items()}
     rep["restart"] = {"counts": again, "same_as_before_restart": again == now,
                       "state_found": svc2.state_found, "skip_through": svc2.skip_through}
