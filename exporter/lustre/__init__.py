@@ -1,5 +1,6 @@
 """FSx for Lustre client sources: mount discovery, per-version file locations and pure parsers.
 
-The collector (exporter.collectors.lustre) ties them together; nothing here keeps state except
-the eviction tracker, which is owned by the collector.
+The collector (exporter.collectors.lustre) ties them together and owns every stateful object
+here: the eviction tracker, the `Tree` (client version, this scrape's source problems) and the
+`TimedProbe` (calls still stuck on a hung mount).
 """
