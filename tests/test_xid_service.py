@@ -15,7 +15,7 @@ from exporter.nvml.session import NvmlSession
 from exporter.nvml.synth import node_capture
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
-from exporter.xid.service import XidService
+from exporter.xid.service import one_shot
 from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, value
 
 KMSG = FIXTURES / "kmsg"
@@ -48,22 +48,14 @@ def fake_p5():
     return fake, session
 
 
-def one_shot(ctx):
-    svc = XidService(ctx)
-    svc.load_state()
-    svc.read_kmsg(final=True)
-    return svc
-
-
 def counts(svc):
     return {(p, k): c.count for p, ks in svc.store.snapshot().items() for k, c in ks.items()}
 
 
 def test_real_capture_replay_counts_the_one_xid_31(tmp_path):
     ctx = make_ctx(tmp_path, (KMSG / "kmsg_nvidia.txt").read_text())
-    c = XidCollector(ctx)
-    c.service.load_state()
-    c.service.read_kmsg(final=True)
+    one_shot(ctx)
+    c = XidCollector(ctx)  # the service one_shot loaded (ctx.shared["xid"])
     text = scrape(Runner([c], deadline_s=5))
     assert promtool_check_metrics(text) == ""
     # NVML does not list 0000:00:06 here: counted with its address, uuid from the NVRM GPU at line
@@ -82,7 +74,6 @@ def test_every_variant_counts_once_with_its_tier(tmp_path):
         ("00000018:01:00", "149"): 1, ("00000000:b9:00", "154/2"): 1, ("00000000:ca:00", "154/1"): 1,
         ("00000000:a8:00", "79"): 1, ("00000000:86:00", "79"): 1, ("00000000:9b:00", "119"): 1,
     }  # the prio-12 "XID 79" written from user space is not counted
-    ctx.shared["xid"] = svc
     text = scrape(Runner([XidCollector(ctx)], deadline_s=5))
     tiers = {(dict(ls)["pci_bus_id"], dict(ls)["xid"]): dict(ls)["tier"]
              for (n, ls), _ in samples(text).items() if n == "gpu_xid_errors_total"}
@@ -143,9 +134,8 @@ def test_corrupt_state_file_does_not_crash_and_is_a_metric(tmp_path):
     (tmp_path / "state").mkdir()
     (tmp_path / "state/xid-state.json").write_text("{not json")
     ctx = make_ctx(tmp_path, _xid_record(0, 1_000_000))
-    c = XidCollector(ctx)
-    c.service.load_state()
-    c.service.read_kmsg(final=True)
+    one_shot(ctx)
+    c = XidCollector(ctx)  # the service one_shot loaded (ctx.shared["xid"])
     text = scrape(Runner([c], deadline_s=5))
     assert value(text, "gpu_health_exporter_state_file_ok") == 0
     assert value(text, "gpu_health_exporter_state_file_errors_total", operation="read") == 1
@@ -157,9 +147,8 @@ def test_corrupt_state_file_does_not_crash_and_is_a_metric(tmp_path):
 def test_policy_from_config_moves_xids_between_tiers(tmp_path):
     log = _xid_record(0, 1_000_000, xid=63) + _xid_record(1, 2_000_000, xid=94)
     ctx = make_ctx(tmp_path, log, policy={"reset": [63], "application": [94]})
-    c = XidCollector(ctx)
-    c.service.load_state()
-    c.service.read_kmsg(final=True)
+    one_shot(ctx)
+    c = XidCollector(ctx)  # the service one_shot loaded (ctx.shared["xid"])
     text = scrape(Runner([c], deadline_s=5))
     assert value(text, "gpu_xid_errors_total", xid="63", tier="reset") == 1
     assert value(text, "gpu_xid_errors_total", xid="94", tier="application") == 1
