@@ -33,7 +33,7 @@ def test_separate_events_beyond_the_window_and_other_gpus_or_xids_count():
     assert s.counts[PCI]["31"].count == 2
 
 
-def test_flood_of_a_million_lines_is_one_event_with_bounded_state():
+def test_flood_of_200k_lines_is_one_event_with_bounded_state():
     s = XidStore(window_s=10)
     for i in range(200_000):
         s.report("kmsg", PCI, 13, 50.0 + i * 1e-6, 0.0)
