@@ -7,7 +7,6 @@ collection; the XID/verdict code reads it rather than calling NVML a second time
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 
@@ -30,4 +29,3 @@ class NodeGpuHealth:
     count: int = 0  # GPUs NVML enumerates
     expected: int | None = None  # GPUs the node should have (config or instance type)
     nvml_error: str = ""  # NVML could not be used at all (no driver, no library)
-    updated: float = field(default_factory=time.time)
