@@ -167,17 +167,14 @@ class EfaSim(SimSource):
     def __init__(self, root: Path, profile: Profile, scenarios: set[str]) -> None:
         super().__init__(root, profile, scenarios)
         self.hang_path: Path | None = None
-        fam = FAMILIES.get(family(profile))
-        self.devices: list[tuple[str, str]] = []  # (name, pci address)
-        self.kernel = (5, 10)
-        self.device_id, self.gbps = "0xefa2", 100
-        if fam is None:
-            return
-        self.device_id, self.gbps, self.kernel, buses = fam
+        # A family without a layout here gets no devices (but a complete object).
+        no_layout: tuple[str, int, tuple[int, int], list[tuple[int, int]]] = ("0xefa2", 100, (6, 17), [])
+        self.device_id, self.gbps, self.kernel, buses = FAMILIES.get(family(profile), no_layout)
         if "efa-old-kernel" in self.active:
             self.kernel = (5, 10)
-        for bus, slot in buses[: profile.efa_devices]:
-            self.devices.append((f"rdmap{bus}s{slot}", f"0000:{bus:02x}:{slot:02x}.0"))
+        self.devices: list[tuple[str, str]] = [  # (name, pci address)
+            (f"rdmap{bus}s{slot}", f"0000:{bus:02x}:{slot:02x}.0")
+            for bus, slot in buses[: profile.efa_devices]]
         if "efa-device-missing" in self.active and self.devices:
             self.devices.pop()
         self.sys = root / "sys"
