@@ -99,6 +99,7 @@ class LustreSim(SimSource):
             _write(self.sys / comp / dev / "active", "1\n")
         if "lustre-debugfs-missing" not in self.active:
             _write(self.debug / "health_check", "LBUG\n" if "lustre-lbug" in self.active else "healthy\n")
+        self._statvfs()
         self.advance(0.0)
 
     def _devices(self) -> list[tuple[str, str]]:
@@ -109,7 +110,6 @@ class LustreSim(SimSource):
     # -- per-tick content ---------------------------------------------------------------------
     def advance(self, elapsed_s: float) -> None:
         t = max(0.0, elapsed_s)
-        self._statvfs()
         debugfs = "lustre-debugfs-missing" not in self.active
         if debugfs:
             _write(self.debug / "llite" / INSTANCE / "stats", self._llite_stats(t))
@@ -253,6 +253,7 @@ class LustreSim(SimSource):
         return f"current_state: {current}\nstate_history:\n{lines}"
 
     def _statvfs(self) -> None:
+        """Written once, at build time: later ticks leave it alone, so it can be edited by hand."""
         bsize = 4096
         blocks = CAPACITY_BYTES // bsize
         if "lustre-fs-full" in self.active:
@@ -261,9 +262,7 @@ class LustreSim(SimSource):
             bfree = bavail = int(blocks * 0.62)
         data = {MOUNTPOINT: {"f_bsize": bsize, "f_frsize": bsize, "f_blocks": blocks, "f_bfree": bfree,
                              "f_bavail": bavail, "f_files": INODES, "f_ffree": INODES - 41_000_000}}
-        path = self.root / SIM_STATVFS_FILE
-        if not path.exists():
-            _write(path, json.dumps(data, indent=1) + "\n")
+        _write(self.root / SIM_STATVFS_FILE, json.dumps(data, indent=1) + "\n")
 
 
 SOURCE = LustreSim
