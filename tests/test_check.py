@@ -86,3 +86,20 @@ def test_ack_clears_the_sticky_verdict_and_keeps_the_counts(tmp_path, capsys):
     assert code == 0 and g2["verdict"] == "healthy"
     assert g2["xids"] == [{**g2["xids"][0], "xid": 63, "count": 1, "tier": "replace", "acknowledged": True}]
     assert main(["ack", *sim, "--gpu", "17"]) == 2  # no such GPU
+
+
+def test_unreadable_kernel_log_with_this_boots_state_file_is_still_a_check(tmp_path, capsys):
+    state = str(tmp_path / "state")
+    log = tmp_path / "kmsg.txt"
+    log.write_text(REPLAYED)
+    args = ["--simulate", "p5.48xlarge", "--kmsg-file", str(log), "--path.state-dir", state]
+    assert main(["ack", *args, "--gpu", "0"]) == 0  # writes this boot's state, counts included
+    capsys.readouterr()
+    log.unlink()  # e.g. no CAP_SYSLOG for the check: the daemon's state still has the counts
+    code, out = run_check(capsys, *args, "--json")
+    doc = json.loads(out)
+    assert not doc["sources"]["kmsg"]["ok"] and doc["sources"]["state_file"]["found"]
+    assert doc["problems"] == [] and code == 2 and doc["node"]["verdict"] == "replace_required"
+    # neither the kernel log nor a state file for this boot: could not check
+    code, out = run_check(capsys, *args[:-2], "--path.state-dir", str(tmp_path / "empty"), "--json")
+    assert code == 3 and json.loads(out)["problems"]

@@ -58,9 +58,8 @@ def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
     svc = one_shot(ctx)
     health, gpu_problem = read_gpus(ctx)
     problems = [gpu_problem] if gpu_problem else []
-    if svc.kmsg.enabled and not svc.kmsg.ok:
-        problems.append(f"kernel log: {svc.kmsg.error}" + ("" if svc.state_found else
-                                                             " and no state file for this boot"))
+    if svc.kmsg.enabled and not svc.kmsg.ok and not svc.state_found:  # the state alone has the counts
+        problems.append(f"kernel log: {svc.kmsg.error} and no state file for this boot")
     return evaluate(svc, health, expected_gpus(ctx)), svc, problems
 
 
