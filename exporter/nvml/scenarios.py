@@ -32,22 +32,29 @@ def _sbe_storm(f: FakeBackend, p: Any) -> None:
         f.grow(FAULTY_GPU, key, rate=1.0, accel=2.0)
 
 
+def _remap_one_row(f: FakeBackend) -> None:
+    """An uncorrectable error remaps a row, pending until reset: NVML counts it in the
+    uncorrectable remapped rows at once and one bank has one spare row fewer."""
+    key = "NVML_FI_DEV_REMAPPED_UNC"
+    f.set_value(FAULTY_GPU, key, (f.get(FAULTY_GPU, key) or 0) + 1)
+    f.set_value(FAULTY_GPU, "NVML_FI_DEV_REMAPPED_PENDING", 1)
+    hist = f.get(FAULTY_GPU, "nvmlDeviceGetRowRemapperHistogram")
+    hist.update(max=hist["max"] - 1, high=hist["high"] + 1)
+    f.set_value(FAULTY_GPU, "nvmlDeviceGetRowRemapperHistogram", hist)
+
+
 def _dbe(f: FakeBackend, p: Any) -> None:
     def hit() -> None:
         for key in ("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", "NVML_FI_DEV_ECC_DBE_AGG_TOTAL"):
             f.set_value(FAULTY_GPU, key, (f.get(FAULTY_GPU, key) or 0) + 1)
-        f.set_value(FAULTY_GPU, "NVML_FI_DEV_REMAPPED_PENDING", 1)
+        _remap_one_row(f)
         f.set_value(FAULTY_GPU, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 1)
     f.at(ONSET_S, hit)
     f.queue_event(FAULTY_GPU, 48, at_s=ONSET_S)
 
 
 def _remap_pending(f: FakeBackend, p: Any) -> None:
-    f.set_value(FAULTY_GPU, "NVML_FI_DEV_REMAPPED_UNC", 1)
-    f.set_value(FAULTY_GPU, "NVML_FI_DEV_REMAPPED_PENDING", 1)
-    hist = f.get(FAULTY_GPU, "nvmlDeviceGetRowRemapperHistogram")
-    hist.update(max=hist["max"] - 1, high=hist["high"] + 1)
-    f.set_value(FAULTY_GPU, "nvmlDeviceGetRowRemapperHistogram", hist)
+    _remap_one_row(f)
     f.queue_event(FAULTY_GPU, 63, at_s=ONSET_S)
 
 
@@ -114,7 +121,7 @@ SCENARIOS: dict[str, tuple[str, Callable[[FakeBackend, Any], None]]] = {
     "gpu-ecc-sbe-storm": (f"GPU {FAULTY_GPU}'s corrected ECC errors grow at an accelerating rate",
                           _sbe_storm),
     "gpu-ecc-dbe": (f"GPU {FAULTY_GPU} gets an uncorrected ECC error after {ONSET_S:g}s (XID 48 event, "
-                    "remap pending, recovery action reset)", _dbe),
+                    "a row remapped pending reset, recovery action reset)", _dbe),
     "gpu-row-remap-pending": (f"GPU {FAULTY_GPU} has an uncorrectable remapped row pending a reset "
                               "(XID 63 event)", _remap_pending),
     "gpu-row-remap-failure": (f"GPU {FAULTY_GPU}'s row remapping failed (XID 64 event)", _remap_failure),
