@@ -5,7 +5,8 @@ widths), health-critical values every scrape (one nvmlDeviceGetFieldValues batch
 calls that have no field, all a few microseconds each), and expensive counters on a slow
 cadence (energy ~3 ms, throttle time ~0.65 ms per reason, PCIe replay ~0.18 ms, NVLink).
 
-Not Supported (and Function Not Found) is remembered per GPU and the read skipped afterwards
+Not Supported, Function Not Found and Invalid Argument (a link or sensor the part lacks, a binding
+of another signature) are remembered per GPU and the read skipped afterwards
 (re-probed every REPROBE_S, since some answers change, e.g. remapped rows under MIG);
 GPU is lost propagates as NvmlError so the caller marks the GPU lost; any other NVML error
 marks the reading failed and the other reads go on.
