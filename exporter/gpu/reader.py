@@ -1,4 +1,5 @@
-"""Reading one GPU through the NVML backend into samples (no threads, no Prometheus objects).
+"""Reading one GPU through the NVML backend into the prometheus_client Samples a scrape serves
+(no threads: the collector runs the reads).
 
 Three kinds of reads: static values once (identity, thresholds, maximum clocks and link
 widths), health-critical values every scrape (one nvmlDeviceGetFieldValues batch plus the
