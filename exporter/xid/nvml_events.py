@@ -93,45 +93,39 @@ class NvmlEventWatcher:
 
     def _build(self, session) -> bool:  # noqa: ANN001
         """Create an event set with every GPU that is not lost; False when none could be added."""
-        backend = session.backend
         self._free()
-        self._backend = backend
-        self._set = backend.event_set_create()
-        registered = excluded = 0
-        self._registered = set()
-        for dev in list(session.devices):
-            i = dev.index
-            if i in session.lost:
-                excluded += 1
-                continue
-            try:
-                supported = int(backend.call(i, "nvmlDeviceGetSupportedEventTypes") or 0)
-            except NvmlError as e:
-                if e.gpu_lost:
-                    session.mark_lost(i)
-                    excluded += 1
-                    continue
-                supported = EVENT_XID
-            mask = EVENT_XID | (supported & OPTIONAL_EVENTS)
+        self._backend = session.backend
+        self._set = session.backend.event_set_create()
+        devices = list(session.devices)
+        self._registered = {d.index for d in devices
+                            if d.index not in session.lost and self._register(session, d.index)}
+        self.status.registered = len(self._registered)
+        self.status.excluded = len(devices) - len(self._registered)
+        return bool(self._registered)
+
+    def _register(self, session, i: int) -> bool:  # noqa: ANN001
+        """Add GPU i to the set: XIDs plus the optional types it supports, else XIDs alone (a type
+        NVML refused). False when it cannot be added; a lost GPU is marked lost."""
+        backend = session.backend
+        try:
+            supported = int(backend.call(i, "nvmlDeviceGetSupportedEventTypes") or 0)
+        except NvmlError as e:
+            if e.gpu_lost:
+                session.mark_lost(i)
+                return False
+            supported = EVENT_XID
+        err = None
+        for mask in dict.fromkeys((EVENT_XID | (supported & OPTIONAL_EVENTS), EVENT_XID)):
             try:
                 backend.register_events(i, mask, self._set)
+                return True
             except NvmlError as e:
                 if e.gpu_lost:
                     session.mark_lost(i)
-                    excluded += 1
-                    continue
-                try:  # a type NVML refused: fall back to XIDs alone
-                    backend.register_events(i, EVENT_XID, self._set)
-                except NvmlError as e2:
-                    if e2.gpu_lost:
-                        session.mark_lost(i)
-                    excluded += 1
-                    log.warning("GPU %d: cannot register NVML XID events: %s", i, e2)
-                    continue
-            registered += 1
-            self._registered.add(i)
-        self.status.registered, self.status.excluded = registered, excluded
-        return registered > 0
+                    return False
+                err = e
+        log.warning("GPU %d: cannot register NVML XID events: %s", i, err)
+        return False
 
     def _find_lost(self, session) -> list[int]:  # noqa: ANN001
         lost = [i for i in self._registered if i in session.lost]
