@@ -21,6 +21,15 @@ from exporter.xid.nvml_events import EVENT_NAMES, EVENT_XID, NvmlEventWatcher
 from exporter.xid.parser import GpuAt, KernelLogParser, XidReport, pci_key, pci_label
 from exporter.xid.policy import Policy
 from exporter.xid.store import StateFile, XidStore, read_boot_id
+from exporter.xid.verdict import (
+    GPU_REASONS,
+    GpuVerdict,
+    NodeVerdict,
+    gpu_reasons,
+    node_verdict,
+    worst,
+    xid_lines,
+)
 
 log = logging.getLogger("exporter.xid")
 
@@ -283,10 +292,8 @@ def one_shot(ctx: Any) -> XidService:
     return svc
 
 
-def evaluate(service: XidService, health: Any, expected: int | None) -> Any:
+def evaluate(service: XidService, health: Any, expected: int | None) -> NodeVerdict:
     """The node and per-GPU verdicts from the service's counts and the GPU collector's health."""
-    from exporter.xid.verdict import GPU_REASONS, GpuVerdict, gpu_reasons, node_verdict, worst, xid_lines
-
     rows: dict[str, tuple[str, str, str, Any]] = {}
     s = service.session()
     if health is not None and health.gpus:
