@@ -98,19 +98,12 @@ def parse_xid(message: str) -> XidReport | None:
             rest = rest[nm.end():]
     text = rest.lstrip(", ").strip()
     action = None
-    if xid == RECOVERY_ACTION_XID:
-        am = _ACTION_RE.search(text) or _last(_ANY_HEX_RE.finditer(text))
-        if am:
-            action = int(am.group(1), 16)
+    if xid == RECOVERY_ACTION_XID:  # the code after "to", else the line's last hex code
+        code = _ACTION_RE.findall(text)[:1] or _ANY_HEX_RE.findall(text)[-1:]
+        if code:
+            action = int(code[0], 16)
     gi = int(m.group(2)) if m.group(2) else None
     return XidReport(key, xid, pid or None, name or None, gi, action, text[:200])
-
-
-def _last(it):  # noqa: ANN001, ANN202 - the last match of an iterator, or None
-    last = None
-    for last in it:  # noqa: B007
-        pass
-    return last
 
 
 def parse_message(message: str) -> XidReport | GpuAt | BusLossStart | None:
