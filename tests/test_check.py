@@ -9,15 +9,17 @@ REAL = (FIXTURES / "kmsg" / "kmsg_nvidia.txt").read_text()
 # A saved kernel log of a p5 node (GPU 2 at 0000:75:00, GPU 5 at 0000:a8:00) plus the real H200
 # record (0000:00:06, a GPU this node's NVML does not list).
 REPLAYED = REAL + "\n" + "".join([
-    "4,400,40000000,-;NVRM: Xid (PCI:0000:75:00): 63, pid=<unknown>, Row Remapper: New row marked for "
-    "remapping, reset gpu to activate.\n",
+    "4,400,40000000,-;NVRM: Xid (PCI:0000:75:00): 63, pid='<unknown>', name=<unknown>, Row Remapper: New row "
+    "(0x00000000001f0a40) marked for remapping, reset gpu to activate.\n",
     "4,401,50000000,-;NVRM: Xid (PCI:0000:a8:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
     "the bus.\n",
     "3,402,50000100,-;NVRM: The NVIDIA GPU 0000:a8:00.0\n",
     "3,403,50000110,-;NVRM: (PCI ID: 10de:2330) installed in this system has\n",
     "3,404,50000120,-;NVRM: fallen off the bus and is not responding to commands.\n",
-    "4,405,60000000,-;NVRM: Xid (PCI:0000:53:00): 13, pid=7, name=python3, Graphics SM Warp Exception\n",
-    "4,406,60000001,-;NVRM: Xid (PCI:0000:53:00): 13, pid=7, name=python3, Graphics SM Global Exception\n",
+    "4,405,60000000,-;NVRM: Xid (PCI:0000:53:00): 13, pid=7, name=python3, Graphics SM Warp Exception on "
+    "(GPC 0, TPC 0, SM 0): Out Of Range Address\n",
+    "4,406,60000001,-;NVRM: Xid (PCI:0000:53:00): 13, pid=7, name=python3, Graphics SM Global Exception on "
+    "(GPC 0, TPC 0, SM 0): Multiple Warp Errors\n",
 ])
 
 

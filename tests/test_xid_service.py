@@ -170,7 +170,9 @@ def test_nvml_event_and_kernel_line_for_one_xid_count_once_live(tmp_path):
         fake.queue_event(2, 63)  # NVML first ...
         now_us = int(time.monotonic() * 1e6)
         with open(tmp_path / "kmsg", "a") as f:  # ... then the driver's kernel line
-            f.write(f"4,0,{now_us},-;NVRM: Xid (PCI:0000:75:00): 63, Row Remapper: New row marked\n")
+            f.write(f"4,0,{now_us},-;NVRM: Xid (PCI:0000:75:00): 63, pid='<unknown>', name=<unknown>, "
+                    "Row Remapper: New row (0x00000000001f0a40) marked for remapping, reset gpu to "
+                    "activate.\n")
         deadline = time.monotonic() + 5
         while c.service.store.reports.get("kmsg", 0) < 1 or c.service.store.reports.get("nvml", 0) < 1:
             assert time.monotonic() < deadline
