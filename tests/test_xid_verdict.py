@@ -48,6 +48,10 @@ def test_nvml_state_reasons():
     assert gpu_reasons(h, [], False) == ["recovery_action_reboot", "row_remap_pending", "uncorrected_ecc"]
     assert gpu_reasons(GpuHealth(0, "u", "p", row_remap_failure=True), [], False) == ["row_remap_failure"]
     assert gpu_reasons(GpuHealth(0, "u", "p", recovery_action=3), [], False) == ["recovery_action_drain"]
+    # The preview-only codes map as XID 154's action codes do.
+    assert gpu_reasons(GpuHealth(0, "u", "p", recovery_action=6), [], False) == ["recovery_action_reset"]
+    assert gpu_reasons(GpuHealth(0, "u", "p", recovery_action=7), [], False) == ["recovery_action_reboot"]
+    assert gpu_reasons(GpuHealth(0, "u", "p", recovery_action=5), [], False) == ["recovery_action_other"]
     assert gpu_reasons(GpuHealth(0, "u", "p", recovery_action=5), [], False) == ["recovery_action_other"]
     assert gpu_reasons(GpuHealth(0, "u", "p"), [], True) == ["gpu_lost"]
 

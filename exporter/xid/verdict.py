@@ -41,8 +41,10 @@ NODE_REASONS: dict[str, str] = {
 ALL_REASONS = {**GPU_REASONS, **NODE_REASONS}
 TIER_REASON = {"replace": "xid_replace", "reboot": "xid_reboot", "reset": "xid_reset",
                "unknown": "xid_unknown"}
+# NVML field 230 -> reason. 6 (bus reset) and 7 (system reboot) exist only in cuda-python preview
+# headers; they map as XID 154's action codes do (exporter.xid.policy.ACTION_TIERS).
 RECOVERY_REASON = {1: "recovery_action_reset", 2: "recovery_action_reboot", 3: "recovery_action_drain",
-                   4: "recovery_action_reset"}
+                   4: "recovery_action_reset", 6: "recovery_action_reset", 7: "recovery_action_reboot"}
 
 
 def worst(verdicts: list[str]) -> str:
