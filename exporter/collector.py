@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,3 +57,29 @@ class Collector(ABC):
     @abstractmethod
     def collect(self, out: Families) -> None:
         """Add this source's samples to `out`; raise to report the source as failed."""
+
+
+class ProblemLog:
+    """Logs a subject's problem (a GPU, a device, a mount) when it appears or changes, and once
+    when it clears, so a problem that lasts is one log line, not one per scrape."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self._problems: dict[str, str] = {}
+
+    def report(self, subject: str, problem: str) -> None:
+        """`problem` is what is wrong with `subject` this scrape, '' when it is fine."""
+        old = self._problems.get(subject, "")
+        if problem == old:
+            return
+        if problem:
+            self.log.warning("%s: %s", subject, problem)
+            self._problems[subject] = problem
+        else:
+            self.log.info("%s: fine again", subject)
+            del self._problems[subject]
+
+    def forget(self, gone: Callable[[str], bool]) -> None:
+        """Drop, without logging, the problems of subjects that no longer exist."""
+        for subject in [s for s in self._problems if gone(s)]:
+            del self._problems[subject]

@@ -98,3 +98,20 @@ def test_ready_after_first_collection():
     scrape(r)
     assert r.ready.is_set()
     r.close()
+
+
+def test_problem_log_says_each_change_once(caplog):
+    from exporter.collector import ProblemLog
+
+    caplog.set_level(logging.INFO)
+    p = ProblemLog(logging.getLogger("test.problems"))
+    for _ in range(3):
+        p.report("GPU 3", "Timeout")
+    p.report("GPU 3", "GPU is lost")
+    p.report("GPU 3", "")
+    p.report("GPU 3", "")
+    p.report("mount /fsx", "statvfs failed")
+    p.forget(lambda subject: subject.startswith("mount "))
+    p.report("mount /fsx", "")  # forgotten: nothing to clear, nothing logged
+    assert [r.getMessage() for r in caplog.records if r.name == "test.problems"] == [
+        "GPU 3: Timeout", "GPU 3: GPU is lost", "GPU 3: fine again", "mount /fsx: statvfs failed"]

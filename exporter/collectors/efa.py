@@ -14,7 +14,7 @@ from prometheus_client.samples import Sample
 
 from exporter import imds, node
 from exporter.catalog import Families, MetricSpec, define
-from exporter.collector import Collector, Context
+from exporter.collector import Collector, Context, ProblemLog
 from exporter.config import Key, declare_section, non_negative, positive
 from exporter.efa.discovery import Discovery, EfaDevice
 from exporter.efa.naming import C
@@ -75,7 +75,7 @@ class EfaCollector(Collector):
         self.device_timeout = min(cfg.device_timeout_seconds, self.budget)
         self._blocked: dict[str, Chain] = {}  # device path -> the chain stuck reading it
         self._fixed: dict[str, tuple[tuple[str, str, str], Sample, Sample, Sample]] = {}  # info, up 1, up 0
-        self._failing: dict[str, str] = {}  # device -> error, to log state changes only
+        self.problems = ProblemLog(self.log)
         self.lookup: imds.IdentityLookup | None = None
 
     def start(self) -> None:
@@ -135,7 +135,10 @@ class EfaCollector(Collector):
         self.devices.forget_except(live)
         for name in self._fixed.keys() - {d.name for d in devices}:
             del self._fixed[name]
-        self._log_changes(devices, failing)
+        names = {d.name for d in devices}
+        self.problems.forget(lambda subject: subject.removeprefix("EFA device ") not in names)
+        for name in names:
+            self.problems.report(f"EFA device {name}", failing.get(name, ""))
 
     def _fixed_samples(self, dev: EfaDevice, version: str) -> tuple[Sample, Sample, Sample]:
         """efa_info and efa_device_up 1/0 of a device: the same Sample objects every scrape."""
@@ -221,14 +224,6 @@ class EfaCollector(Collector):
         except Exception as e:  # noqa: BLE001 - a reader bug fails the device, not the collector
             return DeviceReading(dev, error=f"{type(e).__name__}: {e}")
 
-    def _log_changes(self, devices: list[EfaDevice], failing: dict[str, str]) -> None:
-        for name, err in failing.items():
-            if self._failing.get(name) != err:
-                self.log.warning("EFA device %s unreadable this scrape: %s", name, err)
-        for name in self._failing.keys() - failing.keys():
-            if any(d.name == name for d in devices):
-                self.log.info("EFA device %s readable again", name)
-        self._failing = failing
 
 
 COLLECTOR = EfaCollector

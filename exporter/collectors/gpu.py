@@ -20,7 +20,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
 
 from exporter.catalog import Families
-from exporter.collector import Collector, Context
+from exporter.collector import Collector, Context, ProblemLog
 from exporter.config import Key, declare_section, one_of, positive
 from exporter.gpu import metrics as m
 from exporter.gpu.reader import GpuReader, Reading
@@ -98,7 +98,7 @@ class GpuCollector(Collector):
         self._pool_lock = threading.Lock()
         self._stop = threading.Event()
         self._slow_thread: threading.Thread | None = None
-        self._problems: dict[int, str] = {}
+        self.problems = ProblemLog(self.log)
         self._stuck_msg = (f"NVML did not answer within {self.read_timeout:g}s; the GPU is not read again "
                            "until that call returns, the other GPUs are served")
 
@@ -256,15 +256,6 @@ class GpuCollector(Collector):
             self._emit(out, s, d, results.get(d.index, "not read"), health)
         self.ctx.shared["gpu_health"] = health
 
-    def _log_change(self, i: int, problem: str) -> None:
-        """Log a GPU's read problem when it appears or changes, and when it clears."""
-        prev = self._problems.get(i, "")
-        if problem and problem != prev:
-            self.log.warning("GPU %d: %s", i, problem)
-        elif prev and not problem:
-            self.log.info("GPU %d reads fine again", i)
-        self._problems[i] = problem
-
     def _emit(self, out: Families, s: NvmlSession, d: DeviceIdentity, r: Reading | str,
               health: NodeGpuHealth) -> None:
         i = d.index
@@ -297,7 +288,7 @@ class GpuCollector(Collector):
         health.gpus[i] = gh
         if lost:
             return
-        self._log_change(i, "; ".join(r.errors) if isinstance(r, Reading) else r)
+        self.problems.report(f"GPU {i}", "; ".join(r.errors) if isinstance(r, Reading) else r)
         if isinstance(r, Reading):
             for spec, samples in r.all_groups():
                 out.add_samples(spec, samples)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from exporter.catalog import Families, MetricSpec, define
-from exporter.collector import Collector, Context
+from exporter.collector import Collector, Context, ProblemLog
 from exporter.config import Key, declare_section, positive
 from exporter.lustre import discovery, parsers
 from exporter.lustre.discovery import Device, Mount
@@ -176,21 +176,9 @@ class LustreCollector(Collector):
         self._last_evict: dict[tuple[str, ...], int] = {}
         self._instances: dict[tuple[str, str], str] = {}  # (mountpoint, source) -> llite instance
         self._malformed = dict.fromkeys(FILE_KINDS, 0)
-        self._problems: dict[str, str] = {}  # what was last logged per subject, to log changes once
+        self.problems = ProblemLog(self.log)
 
     # -- logging on change -------------------------------------------------------------------
-    def _report(self, subject: str, problem: str) -> None:
-        """Log `problem` for `subject` when it differs from what was last logged; '' = fixed."""
-        old = self._problems.get(subject, "")
-        if problem == old:
-            return
-        if problem:
-            self.log.warning("%s", problem)
-            self._problems[subject] = problem
-        else:
-            self.log.info("%s: recovered", subject)
-            self._problems.pop(subject, None)
-
     def _count_bad(self, kind: str, n: int) -> None:
         self._malformed[kind] += n
 
@@ -226,17 +214,15 @@ class LustreCollector(Collector):
             try:
                 self._collect_mount(m, inst, devices, acc, live, live_imports)
             except Exception as e:  # noqa: BLE001 - one broken mount must not hide the others
-                self._report(f"mount {m.mountpoint}", f"mount {m.mountpoint}: collection failed: "
-                             f"{type(e).__name__}: {e}")
+                self.problems.report(f"mount {m.mountpoint}",
+                                     f"collection failed: {type(e).__name__}: {e}")
             else:
-                self._report(f"mount {m.mountpoint}", "")
+                self.problems.report(f"mount {m.mountpoint}", "")
                 acc.emit(out)
         self.evictions.retain(live_imports)
         mounted = {m.mountpoint for m in mounts}
-        for subject in list(self._problems):  # forget problems of mounts that are gone
-            kind, _, mnt = subject.partition(" ")
-            if kind in ("mount", "map", "statfs") and mnt not in mounted:
-                del self._problems[subject]
+        self.problems.forget(lambda subject: subject.partition(" ")[0] in ("mount", "map", "statfs")
+                             and subject.partition(" ")[2] not in mounted)
         for d in (self._evict_total, self._last_evict):
             for k in [k for k in d if k not in live]:
                 del d[k]
@@ -284,11 +270,11 @@ class LustreCollector(Collector):
                 if inst is not None:
                     self._instances[key] = inst
             if inst is None:
-                self._report(f"map {m.mountpoint}",
-                             f"mount {m.mountpoint} ({m.fsname}): cannot find its llite instance (no lfs, "
-                             "ioctl failed, fsname not unique); only capacity is exported")
+                self.problems.report(f"map {m.mountpoint}",
+                                     f"{m.fsname}: cannot find its llite instance (no lfs, ioctl failed, "
+                                     "fsname not unique); only capacity is exported")
                 continue
-            self._report(f"map {m.mountpoint}", "")
+            self.problems.report(f"map {m.mountpoint}", "")
             out[m.mountpoint] = inst
         return out
 
@@ -429,15 +415,16 @@ class LustreCollector(Collector):
             try:
                 st = self.probe.wait(handle, deadline)
             except OSError as e:
-                self._report(subject, f"statvfs({path}) failed: {e.strerror or e}")
+                self.problems.report(subject, f"statvfs({path}) failed: {e.strerror or e}")
                 out.add(STATFS_OK, 0, **labels)
                 continue
             if st is TimedProbe.HUNG:
-                self._report(subject, f"statvfs({path}) did not answer within {self.probe.timeout_s:g}s "
-                             "(file system unreachable?); capacity not exported")
+                self.problems.report(subject, f"statvfs({path}) did not answer within "
+                                     f"{self.probe.timeout_s:g}s (file system unreachable?); "
+                                     "capacity not exported")
                 out.add(STATFS_OK, 0, **labels)
                 continue
-            self._report(subject, "")
+            self.problems.report(subject, "")
             frsize = st.f_frsize or getattr(st, "f_bsize", 0)
             out.add(STATFS_OK, 1, **labels)
             out.add(FS_SIZE, st.f_blocks * frsize, **labels)
@@ -466,9 +453,7 @@ class LustreCollector(Collector):
             if problem and src == "debugfs":
                 problem += ("; llite/osc/mdc stats and max_cached_mb (2.12+ clients keep them in debugfs) "
                             "are not exported: mount debugfs and run as root or with CAP_SYS_ADMIN")
-            elif problem:
-                problem = f"{src} source: {problem}"
-            self._report(f"source {src}", problem)
+            self.problems.report(f"source {src}", problem)
 
 
 COLLECTOR = LustreCollector
