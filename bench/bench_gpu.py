@@ -126,7 +126,7 @@ def bench_collector(real: bool, sim, parallel: bool, n: int) -> dict:  # noqa: A
     return out
 
 
-# The two per-GPU readings ../shared/tools/peer_timing.py timed on a real H100 (7.4 ms naive,
+# The two per-GPU readings the team's peer_timing.py timed on a real H100 (7.4 ms naive,
 # 4.5 ms batched-every-scrape per GPU), replayed call for call.
 BATCH_FIELDS = [3, 4, 5, 6, 82, 83, 94, 142, 143, 144, 145, 186, 75, 74, 269, 270, 271, 230]
 

@@ -1,7 +1,7 @@
 """What each supported EC2 instance type has: GPUs, their model, and EFA devices.
 
 Used for the expected counts on a real node (when config leaves them unset) and for the
-simulated nodes. Sources: AWS instance type pages and ../shared/reference/efa.md.
+simulated nodes. Sources: AWS instance type pages and the EFA reference (docs/efa.md).
 """
 
 from __future__ import annotations

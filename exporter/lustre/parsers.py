@@ -1,7 +1,7 @@
 """Pure parsers for the Lustre client files. Each takes the file's text and returns plain data;
 a line that does not fit is skipped and counted in `malformed`, never fatal.
 
-Formats: ../shared/reference/lustre.md §3-4 (kept in docs/lustre.md for this project).
+Formats: docs/lustre.md (from the Lustre client sources and the fixtures in tests/fixtures/lustre).
 """
 
 from __future__ import annotations
