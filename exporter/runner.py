@@ -46,7 +46,6 @@ class CollectorStatus:
     ok: bool | None = None  # None until the first collection
     error: str = ""
     duration: float = 0.0
-    last_success: float = 0.0
 
 
 class Runner:
@@ -153,5 +152,3 @@ class Runner:
         elif ok and st.ok is False:
             log.info("collector %s recovered", name)
         st.ok, st.error, st.duration = ok, err, took
-        if ok:
-            st.last_success = time.time()
