@@ -90,6 +90,3 @@ class Families:
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._families.values())
-
-    def __len__(self) -> int:
-        return len(self._families)
