@@ -50,16 +50,9 @@ from exporter.collectors.efa import EfaCollector  # noqa: E402
 from exporter.config import load  # noqa: E402
 from exporter.profiles import PROFILES  # noqa: E402
 from exporter.simulate.efa import EfaSim, kernel_files  # noqa: E402
+from tests.helpers import free_port, wait_until_serving  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_tree(root: Path, node_exporter_compat: bool) -> Path:
@@ -78,23 +71,6 @@ def build_tree(root: Path, node_exporter_compat: bool) -> Path:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read() if proc.stderr else ""
-            raise RuntimeError(f"server exited {proc.returncode}: {err}")
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            c.request("GET", "/metrics")
-            c.getresponse().read()
-            c.close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("server did not start")
 
 
 def series(text: str, prefix: str) -> dict[str, int]:
@@ -198,7 +174,7 @@ def main() -> int:
         ne = node_exporter(sysfs, ne_port)
         servers["ne"] = (ne, ne_port)
         for proc, port in servers.values():
-            wait_ready(port, proc)
+            wait_until_serving(f"http://127.0.0.1:{port}/metrics", proc)
 
         conns = {n: http.client.HTTPConnection("127.0.0.1", port, timeout=30)
                  for n, (_, port) in servers.items()}
@@ -236,7 +212,7 @@ def main() -> int:
         # node_exporter on the faithful tree
         ne2_port = free_port()
         ne2 = node_exporter(faithful, ne2_port)
-        wait_ready(ne2_port, ne2)
+        wait_until_serving(f"http://127.0.0.1:{ne2_port}/metrics", ne2)
         c = http.client.HTTPConnection("127.0.0.1", ne2_port, timeout=30)
         c.request("GET", "/metrics")
         faithful_text = c.getresponse().read().decode()
@@ -305,7 +281,7 @@ def whole_node(args: argparse.Namespace) -> int:
                  f"127.0.0.1:{ports[name]}", "--log-level", "error"],
                 cwd=ck, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for name in checkouts:
-            wait_ready(ports[name], procs[name], timeout=60)
+            wait_until_serving(f"http://127.0.0.1:{ports[name]}/metrics", procs[name], 60)
         conns = {n: http.client.HTTPConnection("127.0.0.1", ports[n], timeout=30) for n in checkouts}
 
         def get(name: str) -> str:

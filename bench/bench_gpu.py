@@ -37,6 +37,7 @@ from exporter.config import load  # noqa: E402
 from exporter.nvml.backend import NvmlError  # noqa: E402
 from exporter.nvml.session import nvml_session  # noqa: E402
 from exporter.runner import Runner  # noqa: E402
+from tests.helpers import free_port, wait_until_serving  # noqa: E402
 
 
 def ms(xs: list[float]) -> dict[str, float]:
@@ -183,14 +184,11 @@ def bench_naive(real: bool, sim, n: int, read=naive_read) -> dict:  # noqa: ANN0
 def bench_exporter(real: bool, profile: str, only: str | None, n: int) -> dict:
     """The exporter as deployed (a subprocess serving HTTP): n scrapes of /metrics, their wall
     time, the exporter's CPU time per scrape, its RSS along the way and its peak RSS."""
-    import socket
     import subprocess
 
     import requests
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     root = Path(__file__).resolve().parent.parent
     cmd = [sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{port}", "--log-level", "warning"]
     if not real:
@@ -201,16 +199,7 @@ def bench_exporter(real: bool, profile: str, only: str | None, n: int) -> dict:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                requests.get(url, timeout=10)
-                break
-            except requests.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    err = proc.stderr.read() if proc.stderr else ""
-                    raise RuntimeError(f"exporter did not start: {err}") from None
-                time.sleep(0.1)
+        wait_until_serving(url, proc, 30, "exporter")
         time.sleep(1.0)  # let the first slow-cadence reading land
         ps = psutil.Process(proc.pid)
         session = requests.Session()

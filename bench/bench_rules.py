@@ -15,15 +15,18 @@ from __future__ import annotations
 import argparse
 import random
 import shutil
-import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import requests
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.helpers import free_port, wait_until_serving  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HOURS = 7
@@ -55,12 +58,6 @@ def write_openmetrics(path: Path, nodes: int, interval: int, end: int) -> int:
     return n
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=100)
@@ -84,15 +81,7 @@ def main() -> None:
                                  f"--web.listen-address=127.0.0.1:{port}", "--log.level=error"])
         api = f"http://127.0.0.1:{port}/api/v1"
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if requests.get(f"{api}/status/tsdb", timeout=2).ok:
-                        break
-                except requests.ConnectionError:
-                    pass
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+            wait_until_serving(f"{api}/status/tsdb", proc, 60, "prometheus")
             print(f"{args.nodes} nodes, {args.nodes * 8 * 4} series, {samples:,} samples "
                   f"({HOURS} h at {args.interval} s); generated in {gen_s:.1f} s, "
                   f"imported in {import_s:.1f} s")

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from exporter.nvml.synth import P5_BUSES as BUSES  # noqa: E402 - the simulated p5's GPU buses
-from tests.helpers import free_port, samples  # noqa: E402
+from tests.helpers import free_port, samples, wait_until_serving  # noqa: E402
 
 
 def busy_log(n: int, path: Path) -> int:
@@ -114,12 +114,7 @@ def latency(samples_n: int) -> dict:
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}/metrics"
         try:
-            for _ in range(300):
-                try:
-                    requests.get(url, timeout=2)
-                    break
-                except requests.ConnectionError:
-                    time.sleep(0.05)
+            wait_until_serving(url, proc, 15, "exporter")
             out = []
             for i in range(samples_n):
                 bus = BUSES[i % 8]

@@ -68,6 +68,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_serving(url: str, proc: subprocess.Popen | None = None, timeout: float = 30.0,
+                       what: str = "server") -> None:
+    """Poll `url` until it answers 200; fail at once if `proc` exits, or after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            out = proc.stderr or proc.stdout
+            raise RuntimeError(f"{what} exited {proc.returncode}: {out.read() if out else ''}")
+        try:
+            if requests.get(url, timeout=5).ok:
+                return
+        except requests.ConnectionError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not answer {url} within {timeout:g} s")
+        time.sleep(0.1)
+
+
 @contextmanager
 def running_exporter(*args: str, timeout: float = 30.0):
     """Start `python -m exporter ARGS --listen 127.0.0.1:PORT`; yields the base URL once /readyz
@@ -78,15 +96,7 @@ def running_exporter(*args: str, timeout: float = 30.0):
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            assert proc.poll() is None, f"exporter exited {proc.returncode}: {proc.stderr.read()}"
-            try:
-                requests.get(url + "/metrics", timeout=5)
-                break
-            except requests.ConnectionError:
-                assert time.monotonic() < deadline, "exporter did not start listening"
-                time.sleep(0.1)
+        wait_until_serving(url + "/metrics", proc, timeout, "exporter")
         yield url
     finally:
         proc.terminate()

@@ -13,7 +13,7 @@ import pytest
 import requests
 import yaml
 
-from tests.helpers import ROOT, free_port
+from tests.helpers import ROOT, free_port, wait_until_serving
 from tests.rules_lint import alerts
 
 CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
@@ -104,16 +104,7 @@ def test_live_alertmanager_inhibits_a_replaced_nodes_warnings(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}/api/v2"
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if requests.get(f"{url}/status", timeout=1).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "alertmanager did not start"
-            time.sleep(0.1)
+        wait_until_serving(f"{url}/status", proc, 10, "alertmanager")
         posted = [
             _alert("GpuXidReplaceNow", "critical", "gpu-node-1", node_action="replace", gpu="3", xid="95"),
             _alert("GpuRowRemapPending", "warning", "gpu-node-1", gpu="5"),
