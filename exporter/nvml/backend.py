@@ -48,6 +48,14 @@ ERROR_STRINGS = {
 }
 
 
+# NVML event types (nvml.h nvmlEventType*) the exporter registers for. Never the clock-change
+# event (0x10): it fires every ~100 ms on an idle GPU.
+EVENT_DOUBLE_BIT_ECC = 0x2
+EVENT_XID = 0x8  # XID critical error; Event.data is the XID
+EVENT_GPU_UNAVAILABLE = 0x4000
+EVENT_RECOVERY_ACTION = 0x8000
+
+
 class NvmlError(Exception):
     """An NVML call failed with return code `code` (nvml.h)."""
 

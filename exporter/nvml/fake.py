@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.nvml.backend import (
+    EVENT_XID,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_INVALID_ARGUMENT,
@@ -42,7 +43,6 @@ from exporter.nvml.backend import (
 
 DATA = Path(__file__).resolve().parent.parent / "data"  # shipped as package data
 DEFAULT_FIELD_US = 2.7  # a cheap field, per field_cost.json
-EVENT_XID = 8  # nvmlEventTypeXidCriticalError
 
 # Capture keys of calls whose arguments are enums recorded by name.
 _ECC_TYPE = ("corrected", "uncorrected")

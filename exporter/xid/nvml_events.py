@@ -15,14 +15,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from exporter.nvml.backend import Event, NvmlError
+from exporter.nvml.backend import (
+    EVENT_DOUBLE_BIT_ECC,
+    EVENT_GPU_UNAVAILABLE,
+    EVENT_RECOVERY_ACTION,
+    EVENT_XID,
+    Event,
+    NvmlError,
+)
 
 log = logging.getLogger("exporter.xid.nvml")
 
-EVENT_DOUBLE_BIT_ECC = 0x2
-EVENT_XID = 0x8
-EVENT_GPU_UNAVAILABLE = 0x4000
-EVENT_RECOVERY_ACTION = 0x8000
 OPTIONAL_EVENTS = EVENT_DOUBLE_BIT_ECC | EVENT_GPU_UNAVAILABLE | EVENT_RECOVERY_ACTION
 EVENT_NAMES = {EVENT_XID: "xid", EVENT_DOUBLE_BIT_ECC: "double_bit_ecc",
                EVENT_GPU_UNAVAILABLE: "gpu_unavailable", EVENT_RECOVERY_ACTION: "recovery_action"}

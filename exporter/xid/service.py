@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.nvml.backend import Event
+from exporter.nvml.backend import EVENT_XID, Event
 from exporter.xid.clock import KernelClock
 from exporter.xid.kmsg import KmsgReader, Record
-from exporter.xid.nvml_events import EVENT_NAMES, EVENT_XID, NvmlEventWatcher
+from exporter.xid.nvml_events import EVENT_NAMES, NvmlEventWatcher
 from exporter.xid.parser import GpuAt, KernelLogParser, XidReport, pci_key, pci_label
 from exporter.xid.policy import Policy
 from exporter.xid.store import StateFile, XidStore, read_boot_id
