@@ -158,9 +158,7 @@ def serve(args: argparse.Namespace) -> int:
     setup_logging(cfg.log_level)
     limit_malloc_arenas()
     built = collectors.build(ctx, only)
-    deadlines = {c.name: getattr(cfg, c.name).timeout_seconds for c in built
-                 if getattr(getattr(cfg, c.name, None), "timeout_seconds", None)}
-    runner = Runner(built, cfg.collector_timeout_seconds, deadlines)
+    runner = Runner.from_config(built, cfg)
     host, _, port = cfg.listen.rpartition(":")
     try:
         server = Server(runner, host.strip("[]"), int(port))

@@ -17,6 +17,7 @@ from prometheus_client.core import Metric
 from exporter import __version__
 from exporter.catalog import Families, define
 from exporter.collector import Collector
+from exporter.config import Config
 
 log = logging.getLogger("exporter.runner")
 
@@ -65,6 +66,15 @@ class Runner:
         self.scrapes = 0
         self.collections = 0
         self.ready = threading.Event()
+
+    @classmethod
+    def from_config(cls, collectors: Iterable[Collector], cfg: Config) -> Runner:
+        """Each collector's deadline is its section's `timeout_seconds` where it has one, else
+        the top-level `collector_timeout_seconds`."""
+        collectors = list(collectors)
+        deadlines = {c.name: getattr(cfg, c.name).timeout_seconds for c in collectors
+                     if getattr(getattr(cfg, c.name, None), "timeout_seconds", None)}
+        return cls(collectors, cfg.collector_timeout_seconds, deadlines)
 
     def start(self) -> None:
         for c in self.collectors:

@@ -38,9 +38,7 @@ def read_gpus(ctx: Context) -> tuple[Any, str]:
     if cls is None:
         return None, "the GPU collector is not available"
     c = cls(ctx)
-    section = getattr(ctx.config, "gpu", None)
-    deadline = getattr(section, "timeout_seconds", None) or ctx.config.collector_timeout_seconds
-    runner = Runner([c], deadline)
+    runner = Runner.from_config([c], ctx.config)
     try:
         runner.collect()
     finally:
