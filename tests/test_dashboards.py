@@ -1,6 +1,9 @@
-"""dashboards/gpu-health.json: valid Grafana dashboard JSON following grafana/dashboard-linter's main
-rules, whose every query is valid PromQL (checked by the real promtool) reading only metrics the
-exporter exports or the rules in rules/ record."""
+"""The dashboards (dashboards/*.py, rendered to dashboards/*.json): the committed JSON is what the code
+renders, and every dashboard follows grafana/dashboard-linter's main rules plus this project's: a
+templated datasource, `cluster` and `instance` matchers on every selector of every query, a unit, a
+description that states the panel's series bound, `$__rate_interval` in every rate, no raw counter
+outside rate/increase unless listed below. Every query is valid PromQL for the real promtool and
+reads only metrics the exporter exports, rules/ records, or Prometheus itself writes."""
 
 from __future__ import annotations
 
@@ -11,74 +14,156 @@ import subprocess
 import pytest
 import yaml
 
+from dashboards import build
+from dashboards.lib import TAG, UIDS
 from tests.helpers import ROOT, promtool
 from tests.rules_lint import PROMETHEUS_SERIES, metric_names, recorded
 from tests.test_rules import _catalog
 
-DASHBOARD = ROOT / "dashboards" / "gpu-health.json"
 DS = {"type": "prometheus", "uid": "${datasource}"}
-# Counters shown as values on purpose (lint exception): XIDs since boot are the point of that table.
-RAW_COUNTERS = {"gpu_xid_errors_total"}
+# Series Prometheus writes besides the per-target ones.
+PROMETHEUS_OWN = PROMETHEUS_SERIES | {"ALERTS"}
+# Counters shown as values on purpose (the lint's exceptions), and why.
+RAW_COUNTERS = {
+    "gpu_xid_errors_total": "XIDs since boot per GPU are the point of the XID tables",
+    "gpu_ecc_errors_total": "lifetime (aggregate) uncorrected ECC counts are what an RMA asks for",
+    "gpu_remapped_rows_total": "remapped rows are InfoROM entries: the count is the state",
+    "lustre_client_import_evictions_total": "evictions seen per target, shown as counts in a table",
+}
+SUBSTITUTIONS = {"$__rate_interval": "5m", "$__range": "1h", "$cluster": ".*", "$instance": ".+",
+                 "$gpu": ".*"}
+_RATE = re.compile(r"\b(?:rate|irate|increase)\(\s*$")  # directly the argument of a rate
+
+MODELS = build.dashboards()
 
 
-def _load() -> dict:
-    return json.loads(DASHBOARD.read_text())
+def _concrete(expr: str) -> str:
+    for k, v in SUBSTITUTIONS.items():
+        expr = expr.replace(k, v)
+    return expr
 
 
 def _panels(d: dict) -> list[dict]:
     return [p for p in d["panels"] if p["type"] != "row"]
 
 
-def _targets(d: dict) -> list[str]:
-    return [t["expr"] for p in _panels(d) for t in p["targets"]]
+ALL_PANELS = [(name, p) for name, d in MODELS.items() for p in _panels(d)]
 
 
-def _concrete(expr: str) -> str:
-    return (expr.replace("$__rate_interval", "5m").replace("$instance", ".*").replace("$cluster", ".*"))
+def _selectors(expr: str, name: str) -> list[str]:
+    """The label selector after each occurrence of metric `name` ('' where it has none)."""
+    out = []
+    for m in re.finditer(rf'(?<![\w:"]){re.escape(name)}(?![\w:])', expr):
+        rest = expr[m.end():]
+        out.append(rest[:rest.index("}") + 1] if rest.startswith("{") else "")
+    return out
 
 
-def test_dashboard_model():
-    d = _load()
+def test_json_matches_code():
+    """dashboards/*.json is exactly what the code renders (regenerate: python -m dashboards.build)."""
+    on_disk = {p.stem for p in (ROOT / "dashboards").glob("*.json")}
+    assert on_disk == set(MODELS), "dashboards/*.json and dashboards.build.BUILDERS list different files"
+    for name, model in MODELS.items():
+        text = (ROOT / "dashboards" / f"{name}.json").read_text()
+        assert text == build.render(model), f"{name}.json is stale: run python -m dashboards.build"
+    assert build.main(["--check"]) == 0
+
+
+def test_drift_check_fails_on_a_hand_edit(tmp_path, monkeypatch):
+    """The check can fail: a committed file edited by hand is reported."""
+    for name, model in MODELS.items():
+        (tmp_path / f"{name}.json").write_text(build.render(model))
+    monkeypatch.setattr(build, "OUT", tmp_path)
+    assert build.main(["--check"]) == 0
+    path = tmp_path / f"{next(iter(MODELS))}.json"
+    path.write_text(path.read_text().replace('"title"', '"title" ', 1))
+    assert build.main(["--check"]) == 1
+
+
+def test_stable_uids_tags_and_links():
+    uids = [d["uid"] for d in MODELS.values()]
+    assert len(uids) == len(set(uids)) and set(uids) <= set(UIDS.values())
+    for d in MODELS.values():
+        assert TAG in d["tags"]
+        link = [x for x in d["links"] if x["type"] == "dashboards"]
+        assert link and link[0]["tags"] == [TAG] and link[0]["includeVars"] and link[0]["keepTime"]
+    # Every data link into another dashboard names one of ours.
+    text = json.dumps(list(MODELS.values()))
+    targets = set(re.findall(r"/d/([\w-]+)/", text))
+    assert targets and targets <= set(UIDS.values())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_dashboard_model(name):
+    d = MODELS[name]
     assert d["id"] is None and re.fullmatch(r"[a-z0-9-]{8,40}", d["uid"])
     assert d["schemaVersion"] >= 36 and not d["editable"]
     assert "__inputs" not in d and "__requires" not in d, "provisioning cannot resolve ${DS_...} inputs"
     variables = {v["name"]: v for v in d["templating"]["list"]}
     assert [v["name"] for v in d["templating"]["list"] if v["type"] == "datasource"] == ["datasource"]
+    assert variables["datasource"]["query"] == "prometheus"
+    for var in ("cluster", "instance"):
+        v = variables[var]
+        assert v["type"] == "query" and v["datasource"] == DS and v["refresh"] == 2
+    assert variables["cluster"]["includeAll"] and variables["cluster"]["allValue"] == ".*"
     inst = variables["instance"]
-    assert inst["multi"] and inst["includeAll"] and inst["allValue"] == ".+" and inst["refresh"] == 2
-    assert inst["datasource"] == DS
+    if name == "gpu-health-node":  # one node; its GPUs are the multi-select
+        assert not inst.get("multi") and not inst.get("includeAll")
+        assert variables["gpu"]["multi"] and variables["gpu"]["includeAll"]
+    else:
+        assert inst["multi"] and inst["includeAll"] and inst["allValue"] == ".+"
     ids = [p["id"] for p in d["panels"]]
     assert len(ids) == len(set(ids))
 
 
-@pytest.mark.parametrize("panel", _panels(_load()), ids=lambda p: p["title"])
-def test_panel_lint(panel):
+@pytest.mark.parametrize("name,panel", ALL_PANELS, ids=[f"{n}:{p['title']}" for n, p in ALL_PANELS])
+def test_panel_lint(name, panel):
     assert panel["title"] and panel.get("description"), "title and description"
+    bound = re.search(r"Bound: ([^.]+)\.", panel["description"])
+    assert bound, "the description states the panel's series bound"
     assert panel["datasource"] == DS, "panels use the templated datasource"
     assert panel["fieldConfig"]["defaults"].get("unit"), "every panel has a unit"
+    if panel["type"] in ("stat", "gauge", "bargauge"):
+        assert panel["fieldConfig"]["defaults"].get("thresholds"), "stats are coloured by thresholds"
     assert panel["targets"], "at least one query"
+    topk = re.match(r"top (\d+)", bound.group(1))
     for t in panel["targets"]:
         assert t["datasource"] == DS
         expr = t["expr"]
-        assert 'instance=~"$instance"' in expr or 'cluster=~"$cluster"' in expr, expr
+        if topk:
+            assert re.search(rf"\b(?:topk|bottomk)\({topk.group(1)},", expr), f"bound says top-k: {expr}"
         for window in re.findall(r"\b(?:rate|irate|increase)\([^\[]*\[([^\]]+)\]", expr):
             assert window == "$__rate_interval", expr
-        for name in metric_names(_concrete(expr)):
-            if name.endswith("_total") and name not in RAW_COUNTERS:
-                assert re.search(rf"\b(?:rate|irate|increase)\(\s*{name}\b", expr), \
-                    f"counter {name} outside rate/increase: {expr}"
+        for metric in metric_names(_concrete(expr)):
+            for s in _selectors(expr, metric):
+                assert 'cluster=~"$cluster"' in s and 'instance=~"$instance"' in s, \
+                    f"{metric} without the cluster and instance matchers: {expr}"
+            if metric.endswith("_total") and metric not in RAW_COUNTERS:
+                for m in re.finditer(rf'(?<![\w:"]){metric}\b', expr):
+                    assert _RATE.search(expr[:m.start()]), f"counter {metric} outside rate/increase: {expr}"
+
+
+def test_lint_catches_a_selector_without_cluster():
+    """The selector check can fail: a query filtering on instance only is caught."""
+    expr = 'rate(x_total{instance=~"$instance"}[5m]) / y'
+    assert _selectors(expr, "x_total") == ['{instance=~"$instance"}']
+    assert _selectors("sum(y)", "y") == [""]
+
+
+def _all_queries() -> list[str]:
+    exprs = [t["expr"] for _, p in ALL_PANELS for t in p["targets"]]
+    for d in MODELS.values():
+        for v in d["templating"]["list"]:
+            if v["type"] == "query":
+                exprs.append(re.fullmatch(r"label_values\((.*), \w+\)", v["query"]).group(1))
+    return exprs
 
 
 def test_every_query_is_valid_promql_on_existing_metrics(tmp_path):
-    d = _load()
     catalog, rec = _catalog(), recorded()
-    exprs = _targets(d) + [_concrete(v["definition"]).removeprefix("label_values(").rsplit(",", 1)[0]
-                           for v in d["templating"]["list"] if v["type"] == "query"]
-    missing = set()
-    for expr in exprs:
-        for name in metric_names(_concrete(expr)):
-            if not (name in catalog or name in rec or name in PROMETHEUS_SERIES):
-                missing.add(name)
+    exprs = _all_queries()
+    missing = {name for e in exprs for name in metric_names(_concrete(e))
+               if not (name in catalog or name in rec or name in PROMETHEUS_OWN)}
     assert not missing, f"dashboard queries metrics nobody exports or records: {missing}"
     rules = {"groups": [{"name": "dashboard", "rules": [
         {"record": f"dashboard:query:{i}", "expr": _concrete(e)} for i, e in enumerate(exprs)]}]}

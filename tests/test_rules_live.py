@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import requests
 import yaml
 
+from dashboards.build import dashboards
 from tests.helpers import ROOT, free_port, running_exporter
 from tests.rules_lint import RULES_DIR, rule_files
 
@@ -77,9 +78,9 @@ def _paged() -> set[tuple[str, str | None]]:
 
 
 def dashboard_queries() -> list[str]:
-    d = json.loads((ROOT / "dashboards" / "gpu-health.json").read_text())
     return [t["expr"].replace("$__rate_interval", "1m").replace("$instance", ".*").replace("$cluster", ".*")
-            for p in d["panels"] if p["type"] != "row" for t in p["targets"]]
+            .replace("$gpu", ".*")
+            for d in dashboards().values() for p in d["panels"] if p["type"] != "row" for t in p["targets"]]
 
 
 def _start_prometheus(tmp_path, target: str, alertmanager: str) -> tuple[subprocess.Popen, str]:

@@ -1,0 +1,199 @@
+"""Fleet GPU health: what needs action now, across the nodes of the selected clusters."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+
+from dashboards.lib import (
+    JOB,
+    NEUTRAL,
+    OK_RED,
+    VERDICT_COLOURS,
+    colour,
+    coloured_cells,
+    dashboard,
+    instant,
+    override,
+    query,
+    sel,
+    stat_panel,
+    steps,
+    table_panel,
+    timeseries_panel,
+    value_text,
+)
+from dashboards.runbooks import alert_regex, runbook_properties
+
+RECOVERY_ACTIONS = {
+    "1": ("GPU reset", "orange"),
+    "2": ("node reboot", "red"),
+    "3": ("drain peer-to-peer", "orange"),
+    "4": ("drain and reset", "orange"),
+    "5": ("recover the IMEX domain", "orange"),
+}
+
+
+def _since(expr: str) -> str:
+    """When `expr` (a filter, 1 while active) became true within the last day, in ms for Grafana's
+    dateTimeFromNow; a condition newer than the subquery's last minute step shows as now."""
+    return f"min_over_time(timestamp({expr})[1d:1m]) * 1000 or timestamp({expr}) * 1000"
+
+
+def overview() -> list:
+    verdicts = stat_panel(
+        "Nodes by verdict",
+        "Nodes of the selection per GPU health verdict (the worst of each node's GPUs and its own): "
+        "anything but healthy needs someone. reset, reboot and replace page through the node alerts.",
+        "none", "one value per verdict (5)",
+        query(f"count by (verdict) (gpu_node_health_verdict{sel()} == 1)", "{{verdict}}"),
+        thresholds=NEUTRAL, width=8, text_mode=cm.BigValueTextMode.VALUE_AND_NAME,
+        overrides=[colour(v, c) for v, c in VERDICT_COLOURS.items()])
+    coverage = stat_panel(
+        "Exporter coverage",
+        "Targets scraped successfully, targets Prometheus knows, and nodes that reported in the last "
+        "day but are not scraped now (gone from service discovery or down). A node without a working "
+        "exporter is a node whose GPUs nobody watches.",
+        "none", "three values",
+        query(f"count(up{sel(JOB)} == 1) or vector(0)", "exporters up"),
+        query(f"count(up{sel(JOB)}) or vector(0)", "targets"),
+        query(f"count(group by (cluster, instance) (max_over_time(up{sel(JOB)}[1d])) "
+              f"unless on (cluster, instance) (up{sel(JOB)} == 1)) or vector(0)", "not reporting (1 d)"),
+        thresholds=NEUTRAL, width=8,
+        overrides=[colour("not reporting (1 d)", "red"), colour("exporters up", "green")])
+    missing = table_panel(
+        "Lost and missing GPUs",
+        "GPUs that fell off the bus (gpu_lost, the GpuLost alert's condition: reboot the node) and "
+        "nodes enumerating fewer GPUs than expected (instance:gpu_missing:count from rules/gpu.yml, "
+        "the series GpuCountBelowExpected reads). Empty is healthy.",
+        "none", "one row per lost GPU and per node short of GPUs",
+        instant(f"gpu_lost{sel()} == 1", "lost"),
+        instant(f"instance:gpu_missing:count{sel()} > 0", "missing"),
+        width=8, height=6, thresholds=OK_RED)
+    return [verdicts, coverage, missing]
+
+
+def action() -> list:
+    needing = table_panel(
+        "Nodes needing action",
+        "Every active reason behind a non-healthy verdict: node, GPU (empty for a node-level reason), "
+        "reason and since when (first minute of the last day it was active). Click a node for its "
+        "dashboard, scoped to that GPU. Reasons: docs/xid.md.",
+        "dateTimeFromNow", "one row per active reason (a healthy fleet shows none)",
+        instant(_since(f"gpu_health_reason{sel()} == 1"), "since"),
+        instant(_since(f"gpu_node_health_reason{sel()} == 1"), "since (node)"),
+        width=12, height=8, gpu_link=True)
+    firing = sel('alertstate="firing"', f'alertname=~"{alert_regex()}"')
+    alerts = table_panel(
+        "Firing alerts",
+        "Alerts of this project firing now (Prometheus' ALERTS series), with severity and the node; the "
+        "runbook column opens the alert's runbook. The runbook links come from rules/ at build time.",
+        "none", "one row per firing alert",
+        instant(f'label_replace(ALERTS{firing}, "runbook", "$1", "alertname", "(.+)")', "firing"),
+        width=12, height=8, hide=("alertstate", "Value"),
+        overrides=[db.DashboardFieldConfigSourceOverrides()
+                   .matcher(dm.MatcherConfig(id_val="byName", options="runbook"))
+                   .properties(runbook_properties())])
+    tiers = sel('tier=~"replace|reboot"')
+    xids = table_panel(
+        "Replace-now and reboot XIDs",
+        "GPUs with XIDs of the replace and reboot tiers since the node booted (count and last seen). "
+        "A replace-tier XID means drain and replace the node; reboot-tier means drain and reboot. "
+        "Acknowledged XIDs (gpu-health-exporter ack) still count here; the verdict forgets them.",
+        "none", "one row per GPU and XID of those tiers",
+        instant(f"gpu_xid_errors_total{tiers} > 0", "XIDs since boot"),
+        instant(f"gpu_xid_last_seen_timestamp_seconds{tiers} * 1000",
+                "last seen"),
+        width=12, height=8, gpu_link=True,
+        overrides=[override("last seen", unit="dateTimeFromNow")])
+    by_code = timeseries_panel(
+        "XIDs by code",
+        "New XID events per code across the selection, per rate interval. A code appearing on many "
+        "nodes at once points at software (driver, job) rather than hardware. A GPU's first event of a "
+        "code creates its series, which increase() cannot see: the replace/reboot table and the node "
+        "dashboard show those.",
+        "none", "top 20 XID codes",
+        query(f"topk(20, sum by (xid, tier) (increase(gpu_xid_errors_total{sel()}[$__rate_interval])))",
+              "XID {{xid}} ({{tier}})"),
+        bars=True, width=12)
+    return [needing, alerts, xids, by_code]
+
+
+def memory() -> list:
+    ecc = table_panel(
+        "Top GPUs by corrected ECC rate",
+        "The 10 GPUs correcting the most single-bit ECC errors per second (5 m), their own 6-hour "
+        "baseline and the acceleration (rate / baseline). An accelerating GPU is an early sign of "
+        "failing HBM; the GpuEccCorrectedRateAccelerating alert judges it. Empty baseline: the GPU has "
+        "less than 6 hours of history.",
+        "none", "top 10 GPUs",
+        instant(f"topk(10, gpu:gpu_ecc_corrected_errors:rate5m{sel()})", "errors/s"),
+        instant(f"topk(10, gpu:gpu_ecc_corrected_errors:rate5m{sel()}) "
+                f"/ gpu:gpu_ecc_corrected_errors:rate6h_offset5m{sel()}", "acceleration ×"),
+        instant(f"gpu:gpu_ecc_corrected_errors:rate6h_offset5m{sel()} "
+                f"and topk(10, gpu:gpu_ecc_corrected_errors:rate5m{sel()})", "baseline errors/s"),
+        width=12, height=8, gpu_link=True,
+        overrides=[coloured_cells("acceleration ×", steps((None, "green"), (3, "red")))])
+    ecc_ts = timeseries_panel(
+        "Corrected ECC rate, top GPUs",
+        "Single-bit ECC errors corrected per second by the 10 worst GPUs at each point in time.",
+        "short", "top 10 GPUs per point",
+        query(f"topk(10, gpu:gpu_ecc_corrected_errors:rate5m{sel()})", "{{instance}} GPU {{gpu}}"),
+        width=12)
+    remaps = table_panel(
+        "Row remaps pending and failed",
+        "GPUs with a row remap pending (takes effect at the next GPU reset: reset at the next "
+        "opportunity) or failed (no spare row left: NVIDIA's RMA criterion, replace the node).",
+        "none", "one row per GPU with a pending or failed remap",
+        instant(f'label_replace(gpu_row_remap_pending{sel()} == 1, "state", "pending", "", "")', "pending"),
+        instant(f'label_replace(gpu_row_remap_failure{sel()} == 1, "state", "failed", "", "")', "failed"),
+        width=12, height=6, gpu_link=True, thresholds=OK_RED)
+    recovery = table_panel(
+        "Recovery actions",
+        "GPUs whose NVML recovery action is not none: what the driver asks for before the GPU accepts "
+        "new work (1 GPU reset, 2 node reboot, 3 drain peer-to-peer, 4 drain and reset, 5 recover the "
+        "IMEX domain).",
+        "none", "one row per GPU with an action",
+        instant(f"gpu_recovery_action{sel()} > 0", "action"),
+        width=12, height=6, gpu_link=True, mappings=value_text(RECOVERY_ACTIONS))
+    return [ecc, ecc_ts, remaps, recovery]
+
+
+def exporter() -> list:
+    failing = table_panel(
+        "Collectors and sources failing",
+        "Everything the exporter could not read on a node: a whole collector, or part of one (an EFA "
+        "device, a Lustre tree, a Lustre mount's statfs, a GPU's NVML reads, the kernel log, NVML "
+        "events, the XID state file). Metrics of the failing part are missing or stale.",
+        "none", "one row per failing collector or source",
+        instant(" or ".join([
+            _problem(f"gpu_health_exporter_collector_success{sel()} == 0", "collector failing", "collector"),
+            _problem(f"efa_device_up{sel()} == 0", "EFA device unreadable", "device"),
+            _problem(f"lustre_client_source_up{sel()} == 0", "Lustre source unreadable", "source"),
+            _problem(f"lustre_client_statfs_success{sel()} == 0", "Lustre mount not answering", "mount"),
+            _problem(f"gpu_read_success{sel()} == 0", "GPU unreadable", "gpu"),
+            _problem(f"gpu_health_exporter_kmsg_up{sel()} == 0", "kernel log unread", ""),
+            _problem(f"gpu_health_exporter_nvml_event_watcher_up{sel()} == 0", "NVML events unread", ""),
+            _problem(f"gpu_health_exporter_state_file_ok{sel()} == 0", "XID state file failing", ""),
+        ]), "failing"),
+        width=24, height=8, hide=("Value", "collector", "device", "source", "mount", "gpu"))
+    return [failing]
+
+
+def _problem(expr: str, problem: str, item_label: str) -> str:
+    """A failing source as a row with `problem` and `item` labels (item: which one)."""
+    inner = f'label_replace({expr}, "problem", "{problem}", "", "")'
+    if item_label:
+        return f'label_replace({inner}, "item", "$1", "{item_label}", "(.*)")'
+    return inner
+
+
+def build() -> db.Dashboard:
+    d = dashboard("fleet", "Fleet GPU health: what needs action now, and whether every node is watched.")
+    for title, panels in (("Overview", overview()), ("Needs action", action()),
+                          ("GPU memory and recovery", memory()), ("Exporter", exporter())):
+        d = d.with_row(db.Row(title))
+        for p in panels:
+            d = d.with_panel(p)
+    return d
