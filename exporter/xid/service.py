@@ -21,6 +21,8 @@ from exporter.xid.nvml_events import EVENT_NAMES, NvmlEventWatcher
 from exporter.xid.parser import GpuAt, KernelLogParser, XidReport, pci_key, pci_label
 from exporter.xid.policy import Policy
 from exporter.xid.store import StateFile, XidStore, read_boot_id
+from exporter.xid.sxid import SxidReport, parse_sxid
+from exporter.xid.sxid_store import SxidStateFile, SxidStore
 from exporter.xid.verdict import (
     GPU_REASONS,
     GpuVerdict,
@@ -63,6 +65,12 @@ class XidService:
         simulated = sim is not None and self.kmsg_path == str(sim.root / "dev" / "kmsg")
         source_id = "simulated:" + sim.profile.instance_type if simulated else self.kmsg_path
         self.state = StateFile(ctx.config.paths.state_dir, self.boot_id, source_id)
+        # NVSwitch SXids: the same kernel-log records, their own counts and state file
+        self.sxids = SxidStore()
+        self.sxid_state = SxidStateFile(ctx.config.paths.state_dir, self.boot_id, source_id)
+        self.sxid_skip: int | None = None  # records up to this seq had their SXids counted before
+        self._sxid_written = 0
+        self._sxid_last_write = 0.0
         self.reader = KmsgReader(self.kmsg_path)
         self.parser = KernelLogParser()
         self.kmsg = KmsgStatus(enabled=cfg.kmsg)
@@ -147,6 +155,11 @@ class XidService:
             self.store.merge_state(data)
             self.skip_through = self.store.last_seq
         self.state_found = data is not None
+        sx = self.sxid_state.read()
+        if sx is not None:
+            self.sxids.load(sx)
+            self.sxid_skip = self.sxids.last_seq
+        self._sxid_written = self.sxids.version
         self._state_loaded = True
         self._written_version = self.store.version
 
@@ -158,8 +171,19 @@ class XidService:
             if data is not None:
                 self.store.merge_state(data, counts=False)
 
+    def _flush_sxids(self, now: float, force: bool) -> None:
+        if self.sxids.version == self._sxid_written and not (force and self.sxids.last_seq is not None):
+            return
+        if not force and now - self._sxid_last_write < STATE_WRITE_MIN_S:
+            return
+        self._sxid_last_write = now
+        version = self.sxids.version
+        if self.sxid_state.write(self.sxids):
+            self._sxid_written = version
+
     def flush_state(self, force: bool = False) -> bool:
         now = time.monotonic()
+        self._flush_sxids(now, force)
         dirty = self.store.version != self._written_version
         seq_moved = self.store.last_seq != self._written_seq
         idle_due = seq_moved and now - self._last_write >= STATE_WRITE_IDLE_S
@@ -214,8 +238,10 @@ class XidService:
         if live:
             self.clock.observe_live(rec.usec / 1e6)
         if not rec.kernel:  # prio >= 8: written from user space, not the driver
-            self.store.last_seq = rec.seq
+            self.store.last_seq = self.sxids.last_seq = rec.seq
             return
+        if "SXid" in rec.message:
+            self._handle_sxid(rec)
         parsed = self.parser.feed(rec.message)
         if parsed is not None:
             if isinstance(parsed, GpuAt):
@@ -223,7 +249,13 @@ class XidService:
             elif isinstance(parsed, XidReport) and (self.skip_through is None or rec.seq > self.skip_through):
                 self.store.report("kmsg", parsed.pci, parsed.xid, rec.usec / 1e6, None, parsed.action,
                                   self.clock.wall)
-        self.store.last_seq = rec.seq
+        self.store.last_seq = self.sxids.last_seq = rec.seq
+
+    def _handle_sxid(self, rec: Record) -> None:
+        parsed = parse_sxid(rec.message)
+        if isinstance(parsed, SxidReport) and (self.sxid_skip is None or rec.seq > self.sxid_skip):
+            self.sxids.report(parsed.pci, parsed.switch, parsed.sxid, parsed.severity,
+                              self.clock.wall(rec.usec / 1e6))
 
     # -- background ---------------------------------------------------------------------------------
     def start(self) -> None:

@@ -1,0 +1,66 @@
+"""NVSwitch collector: SXid counts since boot per switch, code and severity (docs/fabric.md).
+
+The kernel log is read by the XID service's follower (one reader for XIDs and SXids); this
+collector only reads the SXid counts it keeps."""
+
+from __future__ import annotations
+
+from exporter.catalog import Families, define
+from exporter.collector import Collector, Context
+from exporter.config import Key, declare_section
+from exporter.xid.parser import pci_label
+from exporter.xid.service import xid_service
+from exporter.xid.sxid_catalog import SxidPolicy, check_fatal_tier, check_policy
+
+declare_section("nvswitch", "NVSwitch SXid errors from the kernel log, counted since boot "
+                "(docs/fabric.md).", {
+    "enabled": Key(bool, True, "Export SXid counts and let them drive the node verdict."),
+    "fatal_tier": Key(str, "reboot", "Tier of an SXid the driver reports as Fatal: reboot or replace.",
+                      check=check_fatal_tier, expected="reboot or replace"),
+    "policy": Key(dict, {}, "Tier overrides: {tier: [sxid, ...]} with tiers replace, reboot, ignore. Listed "
+                            "SXids take that tier whatever their severity; the rest follow the severity "
+                            "(docs/fabric.md).", check=check_policy,
+                  expected="a mapping of tier to a list of SXids"),
+})
+
+SXID_ERRORS = define(
+    "gpu_nvswitch_sxid_errors_total", "counter",
+    "NVSwitch SXid reports since the node booted, per switch (driver index nvidia-nvswitch<N> and PCI "
+    "address), SXid code and severity on the line (fatal, non_fatal, correctable, unknown); kept across "
+    "exporter restarts. tier is the policy tier (reboot, replace, ignore, unknown).",
+    ("switch", "pci_bus_id", "sxid", "severity", "tier"), collector="nvswitch")
+SXID_DROPPED = define(
+    "gpu_health_exporter_sxid_reports_dropped_total", "counter",
+    "SXid reports not counted: a code outside 10000-99999 or more than 256 series (a guard against a "
+    "corrupted log).", collector="nvswitch")
+
+
+def sxid_policy(ctx: Context) -> SxidPolicy:
+    sec = getattr(ctx.config, "nvswitch", None)
+    if sec is None:
+        return SxidPolicy()
+    return SxidPolicy(sec.policy, sec.fatal_tier)
+
+
+class NvswitchCollector(Collector):
+    name = "nvswitch"
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.service = xid_service(ctx)
+        self.policy = sxid_policy(ctx)
+
+    def start(self) -> None:
+        self.service.start()  # idempotent: the xid collector starts the same follower
+
+    def collect(self, out: Families) -> None:
+        svc = self.service
+        out.declare(SXID_ERRORS)
+        for (pci, sxid, severity), c in sorted(svc.sxids.snapshot().items()):
+            out.add(SXID_ERRORS, c.count, switch=str(svc.sxids.switches.get(pci, "")),
+                    pci_bus_id=pci_label(pci), sxid=str(sxid), severity=severity,
+                    tier=self.policy.tier(sxid, severity))
+        out.add(SXID_DROPPED, svc.sxids.dropped)
+
+
+COLLECTOR = NvswitchCollector
