@@ -21,6 +21,9 @@ class GpuHealth:
     recovery_action: int | None = None  # NVML field 230: 0 none, 1 reset, 2 reboot, 3 drain P2P, ...
     ecc_uncorrected_volatile: int | None = None
     ecc_uncorrected_aggregate: int | None = None
+    fabric_state: str | None = None  # exporter.gpu.fabric.STATES; None: not supported / not read
+    fabric_status: int | None = None  # NVML return code once completed
+    fabric_problems: tuple[str, ...] = ()  # health-mask problems reported present
 
 
 @dataclass

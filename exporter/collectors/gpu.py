@@ -296,6 +296,9 @@ class GpuCollector(Collector):
             gh.recovery_action = r.recovery_action
             gh.ecc_uncorrected_volatile = r.ecc_uncorrected_volatile
             gh.ecc_uncorrected_aggregate = r.ecc_uncorrected_aggregate
+            if r.fabric is not None:
+                gh.fabric_state, gh.fabric_status = r.fabric.state, r.fabric.status
+                gh.fabric_problems = tuple(p for p, present in r.fabric.health.items() if present)
         slow = g.slow
         if slow is not None and not slow.lost and slow.labels is labels:
             for spec, samples in slow.all_groups():  # the same Sample objects every scrape

@@ -23,7 +23,9 @@ from prometheus_client.samples import Sample
 
 from exporter.catalog import MetricSpec
 from exporter.gpu import metrics as m
+from exporter.gpu.fabric import EXPORTED_STATES, FabricInfo, decode
 from exporter.nvml.backend import (
+    FABRIC_INFO,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_INVALID_ARGUMENT,
@@ -104,6 +106,7 @@ class Reading:
     recovery_action: int | None = None
     ecc_uncorrected_volatile: int | None = None
     ecc_uncorrected_aggregate: int | None = None
+    fabric: FabricInfo | None = None  # None: not read or not supported
 
     def add(self, spec: MetricSpec, value: float | None, **extra: str) -> None:
         if value is None:
@@ -307,8 +310,25 @@ class GpuReader:
                 r.add(m.REMAPPER_BANKS, hist.get(k), spare_rows=k)
         r.add(m.PCIE_GEN, self._call(r, "nvmlDeviceGetCurrPcieLinkGeneration"))
         r.add(m.PCIE_WIDTH, self._call(r, "nvmlDeviceGetCurrPcieLinkWidth"))
+        self._read_fabric(r)
         r.static = self.static_groups()
         return r
+
+    def _read_fabric(self, r: Reading) -> None:
+        """Fabric registration: absent when Not Supported (no call, or state 0)."""
+        raw = self._call(r, FABRIC_INFO)
+        if not isinstance(raw, dict):
+            return
+        f = decode(raw)
+        if not f.supported:
+            return
+        r.fabric = f
+        for state in EXPORTED_STATES:
+            r.add(m.FABRIC_STATE, 1 if f.state == state else 0, state=state)
+        r.add(m.FABRIC_STATUS, f.status)
+        r.add(m.FABRIC_INFO, 1, clique_id=str(f.clique_id), cluster_uuid=f.cluster_uuid)
+        for problem, present in f.health.items():
+            r.add(m.FABRIC_HEALTH, 1 if present else 0, problem=problem)
 
     # --- slow cadence ---------------------------------------------------------------------
     def read_slow(self) -> Reading:

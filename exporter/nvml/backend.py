@@ -29,6 +29,7 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 NVML_ERROR_UNKNOWN = 999
 
 ERROR_STRINGS = {
@@ -44,6 +45,7 @@ ERROR_STRINGS = {
     NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
     NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
     NVML_ERROR_UNKNOWN: "Unknown Error",
 }
 
@@ -54,6 +56,14 @@ EVENT_DOUBLE_BIT_ECC = 0x2
 EVENT_XID = 0x8  # XID critical error; Event.data is the XID
 EVENT_GPU_UNAVAILABLE = 0x4000
 EVENT_RECOVERY_ACTION = 0x8000
+
+
+# GPU fabric state: call(index, FABRIC_INFO) answers a dict {api (v3, v2 or v1), state, status,
+# cliqueId, clusterUuid (hex), healthMask, healthSummary} the way the capture records it. The
+# real backend picks the versioned struct (nvmlDeviceGetGpuFabricInfoV needs one allocated by
+# the caller); the fake replays the capture's entry of that name. NOT_SUPPORTED where the GPU
+# has no fabric support; SUCCESS with state 0 is the same answer on drivers that say so.
+FABRIC_INFO = "nvmlDeviceGetGpuFabricInfoV"
 
 
 class NvmlError(Exception):

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from exporter.nvml.backend import (
+    FABRIC_INFO,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_LIBRARY_NOT_FOUND,
@@ -129,12 +131,41 @@ class PynvmlBackend(NvmlBackend):
                 raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, f"{fn} is not in this pynvml")
             self._fns[fn] = f
         h = self._handles.get(index) or self._handle(index)
+        if fn == FABRIC_INFO:
+            return self._fabric_info(n, h)
         try:
             return plain(f(h, *args))
         except n.NVMLError as e:
             raise self._err(e) from e
         except TypeError as e:  # the binding's signature differs (older/newer nvidia-ml-py)
             raise NvmlError(NVML_ERROR_INVALID_ARGUMENT, f"{fn}: {e}") from e
+
+    def _fabric_info(self, n: Any, h: Any) -> dict[str, Any]:
+        """nvmlDeviceGetGpuFabricInfoV with the newest struct this binding and driver agree on
+        (v3, then v2), else the deprecated v1 call. The binding allocates nothing: the caller
+        builds the versioned struct and passes a pointer (a bare struct would go by value)."""
+        for cls_name in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t"):
+            cls = getattr(n, cls_name, None)
+            if cls is None:
+                continue
+            info = cls()  # its __init__ sets .version
+            try:
+                n.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info))
+            except n.NVMLError as e:
+                if getattr(e, "value", None) in (NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+                                                 NVML_ERROR_FUNCTION_NOT_FOUND):
+                    continue  # an older driver: try the older struct or call
+                raise self._err(e) from e
+            return _fabric_dict(info, cls_name[len("c_nvmlGpuFabricInfo_"):-2])
+        cls = getattr(n, "c_nvmlGpuFabricInfo_t", None)
+        if cls is None:
+            raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, "no GPU fabric info in this pynvml")
+        info = cls()
+        try:
+            n.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))
+        except n.NVMLError as e:
+            raise self._err(e) from e
+        return _fabric_dict(info, "v1")
 
     def field_values(self, index: int, field_ids: Sequence[int]) -> list[FieldValue]:
         n = self._n()
@@ -197,3 +228,12 @@ class PynvmlBackend(NvmlBackend):
             n.nvmlEventSetFree(event_set)
         except n.NVMLError as e:
             raise self._err(e) from e
+
+
+def _fabric_dict(info: Any, api: str) -> dict[str, Any]:
+    """A fabric info struct as the capture records it; `state` masked to the C type's one byte
+    (pynvml declares it c_uint, the three bytes after it are padding)."""
+    return {"api": api, "state": int(info.state) & 0xFF, "status": int(info.status),
+            "cliqueId": int(info.cliqueId), "clusterUuid": bytes(info.clusterUuid).hex(),
+            "healthMask": int(getattr(info, "healthMask", 0)),
+            "healthSummary": int(getattr(info, "healthSummary", 0))}

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from exporter.nvml.backend import FABRIC_INFO, NVML_ERROR_UNKNOWN
 from exporter.nvml.fake import FakeBackend
+from exporter.nvml.synth import fabric_entry
 
 ONSET_S = 3.0
 FAULTY_GPU = 3
@@ -101,6 +103,21 @@ def _recovery_reboot(f: FakeBackend, p: Any) -> None:
     f.queue_event(FAULTY_GPU, 154, at_s=ONSET_S)
 
 
+def _has_fabric(f: FakeBackend, index: int) -> bool:
+    return "ok" in f.devices[index].get(FABRIC_INFO, {})  # Not Supported on pre-Hopper parts
+
+
+def _fabric_manager_down(f: FakeBackend, p: Any) -> None:
+    for i in range(len(f.devices)):  # no Fabric Manager: no GPU ever finishes registering
+        if _has_fabric(f, i):
+            f.set_value(i, FABRIC_INFO, fabric_entry(2)["ok"])
+
+
+def _fabric_status_error(f: FakeBackend, p: Any) -> None:
+    if _has_fabric(f, FAULTY_GPU):
+        f.set_value(FAULTY_GPU, FABRIC_INFO, fabric_entry(3, NVML_ERROR_UNKNOWN)["ok"])
+
+
 def _hang(f: FakeBackend, p: Any) -> None:
     f.hang(FAULTY_GPU, seconds=600.0, at_s=ONSET_S)
 
@@ -133,6 +150,11 @@ SCENARIOS: dict[str, tuple[str, Callable[[FakeBackend, Any], None]]] = {
                           "(SXM profiles; XID 74 event)", _nvlink),
     "gpu-recovery-action-reboot": (f"GPU {FAULTY_GPU}'s NVML recovery action (field 230) is 2, node reboot "
                                    "(XID 154 event)", _recovery_reboot),
+    "gpu-fabric-manager-down": ("the Fabric Manager is not running: every GPU's fabric registration stays in "
+                            "progress (SXM Hopper profiles; CUDA would fail with error 802)",
+                            _fabric_manager_down),
+    "gpu-fabric-status-error": (f"GPU {FAULTY_GPU}'s fabric registration completed with an error status "
+                            "(SXM Hopper profiles)", _fabric_status_error),
     "gpu-nvml-hang": (f"every NVML call on GPU {FAULTY_GPU} blocks for 600s from {ONSET_S:g}s", _hang),
     "gpu-nvml-slow": (f"every NVML call on GPU {FAULTY_GPU} takes 50 ms longer from {ONSET_S:g}s", _slow),
     **{f"gpu-xid-event-{x}": (f"NVML delivers an XID {x} event for GPU {FAULTY_GPU} after {ONSET_S:g}s "

@@ -4,7 +4,9 @@ Every GPU starts as a copy of the captured H200 (same calls, same errors for wha
 not support, same latencies) and then gets the profile's identity: model name, memory, power
 limit and clocks of that part, distinct UUIDs and serials, the PCI bus ids of a real p5
 (53:00 ... ca:00), and, on SXM parts, NVLink links that are up with zero error counters (the
-capture has none: it came from a PCIe VM).
+capture has none: it came from a PCIe VM). Hopper SXM GPUs (behind NVSwitches) report a completed
+fabric registration with success and no health mask, as H100 does (docs/fabric.md); other parts
+answer Not Supported.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from exporter.nvml.backend import FABRIC_INFO, NVML_ERROR_NOT_SUPPORTED
 from exporter.nvml.fake import new_uuid
 
 MiB = 1024**2
@@ -39,10 +42,17 @@ MODELS: dict[str, dict[str, Any]] = {
 NVLINK_STATE_US = 10.0  # a guess: the capture has only the Not Supported path (6-25 us)
 NVLINK_COUNTER_US = 6.0
 NVLINK_COUNTERS = 5  # replay, recovery, crc flit, crc data, ecc data
+FABRIC_US = 8.7  # the capture's v1 fabric call (it failed in the binding; the V call costs the same)
 
 
 def _ok(v: Any, us: float) -> dict[str, Any]:
     return {"ok": v, "us_median": us}
+
+
+def fabric_entry(state: int, status: int = 0) -> dict[str, Any]:
+    """A fabric info answer as the real backend returns it (no cluster, health not reported)."""
+    return _ok({"api": "v3", "state": state, "status": status, "cliqueId": 0, "clusterUuid": "00" * 16,
+                "healthMask": 0, "healthSummary": 0}, FABRIC_US)
 
 
 def node_capture(profile: Any, capture: dict[str, Any]) -> dict[str, Any]:
@@ -102,5 +112,10 @@ def node_capture(profile: Any, capture: dict[str, Any]) -> dict[str, Any]:
             for link in range(18):
                 d[f"nvmlDeviceGetNvLinkState/{link}"] = {"error": "Not Supported", "code": 3,
                                                          "us_median": 25.0}
+        if profile.nvlinks and model.get("arch", 0) >= 9:
+            d[FABRIC_INFO] = fabric_entry(3)
+        else:
+            d[FABRIC_INFO] = {"error": "Not Supported", "code": NVML_ERROR_NOT_SUPPORTED,
+                              "us_median": FABRIC_US}
         out["devices"].append(d)
     return out
