@@ -14,7 +14,7 @@ from prometheus_client.samples import Sample
 
 _SPECS: dict[str, MetricSpec] = {}
 
-DOMAIN_PREFIXES = ("gpu_health_exporter_", "gpu_", "efa_", "lustre_client_")
+DOMAIN_PREFIXES = ("gpu_health_exporter_", "gpu_", "efa_", "lustre_client_", "ec2_")
 
 
 @dataclass(frozen=True)

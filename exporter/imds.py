@@ -20,6 +20,8 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Generic, TypeVar
 
 from exporter.collector import Context
 from exporter.config import Key, declare_section, positive
@@ -31,6 +33,8 @@ ENV_SWITCH = "GPU_HEALTH_EXPORTER_IMDS"
 SHARED_KEY = "instance_identity"
 LOOKUP_KEY = "instance_identity_lookup"
 TOKEN_TTL_S = 21600
+EVENTS_PATH = "events/maintenance/scheduled"
+T = TypeVar("T")
 
 declare_section(SECTION, "Instance identity: EC2 instance id and availability zone (the instance type is "
                 "node.instance_type), from config or the instance metadata service (IMDSv2).", {
@@ -42,6 +46,12 @@ declare_section(SECTION, "Instance identity: EC2 instance id and availability zo
     "imds_retry_max_seconds": Key((int, float), 600.0,
                                   "Longest wait between IMDS retries (back-off starts at 5 s and doubles).",
                                   check=positive),
+    "scheduled_events": Key(bool, True, "Poll IMDSv2 events/maintenance/scheduled in the background and "
+                            "export each active EC2 scheduled event (same conditions as `imds`)."),
+    "scheduled_events_interval_seconds": Key((int, float), 300.0,
+                                             "How often scheduled events are polled once a poll worked "
+                                             "(failures back off as the identity lookup does).",
+                                             check=positive),
     "instance_id": Key(str, None, "EC2 instance id; from IMDS when unset.", nullable=True),
     "availability_zone": Key(str, None, "Availability zone; from IMDS when unset.", nullable=True),
 })
@@ -54,6 +64,65 @@ class InstanceIdentity:
     availability_zone: str | None = None
 
 
+@dataclass(frozen=True)
+class ScheduledEvent:
+    """One EC2 scheduled maintenance event (IMDS events/maintenance/scheduled)."""
+
+    code: str  # instance-reboot, system-reboot, system-maintenance, instance-retirement, instance-stop
+    event_id: str
+    state: str  # active (completed and canceled ones are not this path's business)
+    not_before: float  # unix time the event may start
+    not_after: float | None = None  # latest end; absent for instance-stop
+    description: str = ""
+
+
+EVENT_CODES = ("instance-reboot", "system-reboot", "system-maintenance", "instance-retirement",
+               "instance-stop")
+
+
+def _imds_time(v: object, where: str) -> float:
+    """`21 Jan 2019 09:00:43 GMT` (day not zero-padded either) as unix time."""
+    if not isinstance(v, str):
+        raise ValueError(f"{where} is {v!r}; expected a date like '21 Jan 2019 09:00:43 GMT'")
+    try:
+        return parsedate_to_datetime(v).timestamp()
+    except (TypeError, ValueError, IndexError) as e:
+        raise ValueError(f"{where} is {v!r}; expected a date like '21 Jan 2019 09:00:43 GMT'") from e
+
+
+def parse_scheduled_events(text: str) -> list[ScheduledEvent]:
+    """The active events of an events/maintenance/scheduled answer (a JSON array, `[]` when none).
+    Completed or canceled entries are left out. Raises ValueError naming the entry and key for an
+    answer out of shape (the poller logs it and retries; the last good answer is kept)."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{EVENTS_PATH}: not JSON ({e})") from e
+    if not isinstance(data, list):
+        raise ValueError(f"{EVENTS_PATH}: expected a JSON array, got {type(data).__name__}")
+    out = []
+    for i, ev in enumerate(data):
+        where = f"{EVENTS_PATH}[{i}]"
+        if not isinstance(ev, dict):
+            raise ValueError(f"{where} is not an object")
+        state = str(ev.get("State", "")).lower()
+        desc = str(ev.get("Description", ""))
+        if state != "active" or desc.startswith(("[Completed]", "[Canceled]")):
+            continue
+        code, event_id = ev.get("Code"), ev.get("EventId")
+        if not isinstance(code, str) or not code:
+            raise ValueError(f"{where}: Code is {code!r}; expected one of {', '.join(EVENT_CODES)}")
+        if not isinstance(event_id, str) or not event_id:
+            raise ValueError(f"{where}: EventId is {event_id!r}; expected instance-event-<id>")
+        not_before = _imds_time(ev.get("NotBefore"), f"{where}: NotBefore")
+        not_after = _imds_time(ev["NotAfter"], f"{where}: NotAfter") if ev.get("NotAfter") else None
+        # an unknown code is kept (EC2 may add codes): the few events a node has bound the labels
+        out.append(ScheduledEvent(code, event_id[:64], state, not_before, not_after, desc[:200]))
+    return out
+
+
 class ImdsError(Exception):
     """IMDS did not give an answer (unreachable, timed out, refused the token, bad status)."""
 
@@ -63,7 +132,8 @@ class ImdsClient:
         self.endpoint = endpoint.rstrip("/")
         self.timeout_s = timeout_s
 
-    def fetch(self) -> InstanceIdentity:
+    def get(self, *paths: str) -> list[str]:
+        """A token, then meta-data/<path> for each path: their bodies."""
         import requests  # here, not at module level: ~13 MiB RSS that nodes without IMDS never need
 
         with requests.Session() as s:
@@ -74,37 +144,51 @@ class ImdsClient:
                 if r.status_code != 200 or not r.text:
                     raise ImdsError(f"token request answered HTTP {r.status_code}")
                 headers = {"X-aws-ec2-metadata-token": r.text}
-                values = {}
-                for key, path in (("instance_type", "instance-type"), ("instance_id", "instance-id"),
-                                  ("availability_zone", "placement/availability-zone")):
+                bodies = []
+                for path in paths:
                     g = s.get(f"{self.endpoint}/latest/meta-data/{path}", headers=headers,
                               timeout=self.timeout_s)
                     if g.status_code != 200:
                         raise ImdsError(f"meta-data/{path} answered HTTP {g.status_code}")
-                    values[key] = g.text.strip()
+                    bodies.append(g.text)
             except requests.RequestException as e:
                 raise ImdsError(f"{type(e).__name__}: {e}") from e
-        return InstanceIdentity(**values)
+        return bodies
+
+    def fetch(self) -> InstanceIdentity:
+        values = self.get("instance-type", "instance-id", "placement/availability-zone")
+        return InstanceIdentity(*(v.strip() for v in values))
+
+    def fetch_events(self) -> list[ScheduledEvent]:
+        """The active scheduled maintenance events (meta-data/events/maintenance/scheduled)."""
+        return parse_scheduled_events(self.get(EVENTS_PATH)[0])
 
 
-class IdentityLookup:
-    """Background IMDS lookup with back-off; `publish` receives the identity once it succeeds."""
+class ImdsPoller(Generic[T]):
+    """A background IMDS lookup with back-off: `fetch` until it succeeds (capped exponential
+    back-off with jitter, so a fleet restarted together does not retry in step), `publish` each
+    result; then stop, or (`refresh_s`) look again every refresh_s seconds, backing off again
+    while it fails. `ok` is whether the last attempt succeeded."""
 
-    def __init__(self, client: ImdsClient, publish: Callable[[InstanceIdentity], None],
-                 first_retry_s: float = 5.0, max_retry_s: float = 600.0) -> None:
-        self.client = client
+    def __init__(self, fetch: Callable[[], T], publish: Callable[[T], None], what: str,
+                 first_retry_s: float = 5.0, max_retry_s: float = 600.0,
+                 refresh_s: float | None = None) -> None:
+        self.fetch = fetch
         self.publish = publish
+        self.what = what
         self.first_retry_s = first_retry_s
         self.max_retry_s = max_retry_s
+        self.refresh_s = refresh_s
         self.attempts = 0
         self.last_error = ""
+        self.ok = False
         self.succeeded = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="imds", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=f"imds-{self.what}", daemon=True)
             self._thread.start()
 
     def close(self) -> None:
@@ -115,21 +199,34 @@ class IdentityLookup:
         while not self._stop.is_set():
             self.attempts += 1
             try:
-                ident = self.client.fetch()
-            except ImdsError as e:
+                found = self.fetch()
+            except (ImdsError, ValueError) as e:
                 if self.attempts == 1 or str(e) != self.last_error:
-                    log.warning("instance metadata lookup failed (retrying in %.0f s): %s", wait, e)
-                self.last_error = str(e)
+                    log.warning("%s lookup from IMDS failed (retrying in %.0f s): %s", self.what, wait, e)
+                self.last_error, self.ok = str(e), False
             else:
-                self.last_error = ""
-                self.publish(ident)
+                if self.last_error or not self.succeeded.is_set():
+                    log.info("%s from IMDS: %s", self.what, found)
+                self.last_error, self.ok = "", True
+                self.publish(found)
                 self.succeeded.set()
-                log.info("instance identity from IMDS: %s %s %s", ident.instance_type, ident.instance_id,
-                         ident.availability_zone)
-                return
+                if self.refresh_s is None:
+                    return
+                wait = self.first_retry_s
+                if self._stop.wait(self.refresh_s * random.uniform(0.9, 1.1)):
+                    return
+                continue
             if self._stop.wait(wait * random.uniform(0.8, 1.2)):
                 return
             wait = min(wait * 2, self.max_retry_s)
+
+
+class IdentityLookup(ImdsPoller[InstanceIdentity]):
+    """The instance identity, looked up once (retried until it succeeds)."""
+
+    def __init__(self, client: ImdsClient, publish: Callable[[InstanceIdentity], None],
+                 first_retry_s: float = 5.0, max_retry_s: float = 600.0) -> None:
+        super().__init__(client.fetch, publish, "instance identity", first_retry_s, max_retry_s)
 
 
 def imds_allowed(ctx: Context) -> bool:
@@ -175,3 +272,16 @@ def ensure_lookup(ctx: Context) -> IdentityLookup | None:
     lookup = ctx.get_shared(LOOKUP_KEY, make)
     lookup.start()
     return lookup
+
+
+def events_poller(ctx: Context, publish: Callable[[list[ScheduledEvent]], None]) -> ImdsPoller | None:
+    """A started poller of the scheduled events, or None when IMDS or the events are off."""
+    sec = getattr(ctx.config, SECTION)
+    if not imds_allowed(ctx) or not sec.scheduled_events:
+        return None
+    client = ImdsClient(sec.imds_endpoint, sec.imds_timeout_seconds)
+    poller = ImdsPoller(client.fetch_events, publish, "scheduled events",
+                        max_retry_s=sec.imds_retry_max_seconds,
+                        refresh_s=sec.scheduled_events_interval_seconds)
+    poller.start()
+    return poller

@@ -29,6 +29,7 @@ class FakeImds:
         self.delay_s = 0.0
         self.token_status = 200
         self.requests: list[tuple[str, str]] = []
+        self.meta = dict(META)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -59,9 +60,9 @@ class FakeImds:
                 if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
                     return self._send(401)
                 key = self.path.removeprefix("/latest/meta-data/")
-                if key not in META:
+                if key not in fake.meta:
                     return self._send(404)
-                self._send(200, META[key])
+                self._send(200, fake.meta[key])
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -138,7 +139,8 @@ def test_lookup_publishes_identity_and_metrics(fake):
     assert value(ss, "gpu_health_exporter_imds_lookup_success") == 1
     assert value(ss, "efa_devices_expected") == 32
     assert promtool_check_metrics(text) == ""
-    assert sum(1 for m, _ in fake.requests if m == "PUT") == 1
+    identity_gets = [p for m, p in fake.requests if m == "GET" and "/events/" not in p]
+    assert sorted(identity_gets) == sorted(f"/latest/meta-data/{k}" for k in META)  # looked up once
 
 
 def test_config_wins_over_imds(fake):
