@@ -18,9 +18,12 @@ _GROUPS = [
     ("gpu_health_exporter_", "Exporter"),
     ("gpu_xid_", "XIDs"),
     ("gpu_health_", "GPU and node health verdicts"),
+    ("gpu_nvswitch_", "NVSwitch SXids"),
+    ("gpu_fabric_", "GPU NVLink fabric"),
     ("gpu_", "GPU (NVML)"),
     ("efa_", "EFA"),
     ("lustre_client_", "FSx for Lustre client"),
+    ("ec2_", "EC2 scheduled events"),
 ]
 
 
