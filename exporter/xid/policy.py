@@ -30,23 +30,28 @@ ACTION_TIERS = {0: "ignore", 1: "reset", 2: "reboot", 3: "reset", 4: "reset", 5:
                 7: "reboot"}
 
 
-def check_policy(value: Any) -> str | None:
-    """Config check for `xid.policy`: {tier: [xid, ...]} with known tiers, integer XIDs, no XID
-    in two tiers. Returns a description of what is expected, or None when fine."""
+def check_tiers(value: Any, tiers: tuple[str, ...], noun: str) -> str | None:
+    """Config check of a policy {tier: [code, ...]}: known tiers, integer codes, no code in two
+    tiers. Returns a description of what is expected, or None when fine."""
     if not isinstance(value, Mapping):
-        return "a mapping of tier to a list of XIDs"
+        return f"a mapping of tier to a list of {noun}s"
     seen: dict[int, str] = {}
-    for tier, xids in value.items():
-        if tier not in TIERS:
-            return f"tiers among {', '.join(TIERS)} (got {tier!r})"
-        if not isinstance(xids, list) or not all(isinstance(x, int) and not isinstance(x, bool)
-                                                 and 0 < x < 100000 for x in xids):
-            return f"a list of XID numbers under {tier!r}"
-        for x in xids:
+    for tier, codes in value.items():
+        if tier not in tiers:
+            return f"tiers among {', '.join(tiers)} (got {tier!r})"
+        if not isinstance(codes, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                  and 0 < x < 100000 for x in codes):
+            return f"a list of {noun} numbers under {tier!r}"
+        for x in codes:
             if x in seen and seen[x] != tier:
-                return f"each XID in one tier (XID {x} is under {seen[x]!r} and {tier!r})"
+                return f"each {noun} in one tier ({noun} {x} is under {seen[x]!r} and {tier!r})"
             seen[x] = tier
     return None
+
+
+def check_policy(value: Any) -> str | None:
+    """Config check for `xid.policy`."""
+    return check_tiers(value, TIERS, "XID")
 
 
 class Policy:

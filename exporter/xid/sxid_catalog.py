@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.xid.policy import check_tiers
+
 TIERS = ("replace", "reboot", "ignore")
 
 
@@ -125,21 +127,8 @@ SEVERITY_TIER = {"non_fatal": "ignore", "correctable": "ignore", "unknown": "unk
 
 
 def check_policy(value: Any) -> str | None:
-    """Config check for `sxid.policy`: {tier: [sxid, ...]}, known tiers, no code in two tiers."""
-    if not isinstance(value, Mapping):
-        return "a mapping of tier to a list of SXids"
-    seen: dict[int, str] = {}
-    for tier, codes in value.items():
-        if tier not in TIERS:
-            return f"tiers among {', '.join(TIERS)} (got {tier!r})"
-        if not isinstance(codes, list) or not all(isinstance(c, int) and not isinstance(c, bool)
-                                                  and 0 < c < 100000 for c in codes):
-            return f"a list of SXid numbers under {tier!r}"
-        for c in codes:
-            if c in seen and seen[c] != tier:
-                return f"each SXid in one tier (SXid {c} is under {seen[c]!r} and {tier!r})"
-            seen[c] = tier
-    return None
+    """Config check for `nvswitch.policy`."""
+    return check_tiers(value, TIERS, "SXid")
 
 
 def check_fatal_tier(value: Any) -> str | None:
