@@ -3,14 +3,14 @@
 `python -m exporter.deploygen` rewrites
 - deploy/kubernetes/components/prometheus-operator/prometheusrules.yaml: one PrometheusRule per
   rules/*.yml, its `spec` the file's `groups` unchanged;
-- deploy/kubernetes/components/grafana-dashboards/: one ConfigMap per dashboards/*.json, labelled
-  for Grafana's dashboard sidecar, and the component's kustomization.yaml listing them.
+- deploy/kubernetes/components/grafana-dashboards/: one ConfigMap per dashboard of dashboards/build.py
+  (the code dashboards/*.json is generated from), labelled for Grafana's dashboard sidecar, and
+  the component's kustomization.yaml listing them.
 tests/test_deploy.py fails when the files drift from their sources and names this command.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -18,7 +18,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules"
-DASHBOARDS = ROOT / "dashboards"
 K8S = ROOT / "deploy" / "kubernetes" / "components"
 RULES_OUT = K8S / "prometheus-operator" / "prometheusrules.yaml"
 DASHBOARDS_OUT = K8S / "grafana-dashboards"
@@ -65,24 +64,20 @@ def prometheus_rules(rules_dir: Path = RULES) -> str:
     return HEADER.format(source="rules/*.yml") + _dump(docs)
 
 
-def dashboard_sources(dashboards_dir: Path = DASHBOARDS) -> dict[str, str]:
-    """Dashboard file name -> its JSON text, as committed in dashboards/ (the dashboards-as-code
-    output; its own drift test keeps the JSON equal to the code)."""
-    out = {}
-    for f in sorted(dashboards_dir.glob("*.json")):
-        text = f.read_text()
-        try:
-            json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{f}: not valid JSON: {e}") from e
-        out[f.name] = text if text.endswith("\n") else text + "\n"
-    return out
+def dashboard_sources() -> dict[str, str]:
+    """Dashboard file name -> its JSON text, from the dashboards-as-code entry point
+    (dashboards/build.py `dashboards()`): the same text dashboards/*.json holds."""
+    if str(ROOT) not in sys.path:  # the dashboards package lives beside exporter/, not installed
+        sys.path.insert(0, str(ROOT))
+    from dashboards import build
+
+    return {f"{name}.json": build.render(model) for name, model in sorted(build.dashboards().items())}
 
 
-def dashboard_configmaps(dashboards_dir: Path = DASHBOARDS) -> dict[str, str]:
+def dashboard_configmaps() -> dict[str, str]:
     """Output file name -> content: one ConfigMap per dashboard and the component's kustomization."""
     files: dict[str, str] = {}
-    for name, text in dashboard_sources(dashboards_dir).items():
+    for name, text in dashboard_sources().items():
         stem = name.removesuffix(".json")
         cm = {
             "apiVersion": "v1",
