@@ -58,9 +58,9 @@ def test_exit_statuses(tmp_path, capsys):
     log = tmp_path / "kmsg.txt"
     log.write_text(REAL)
     assert run_check(capsys, "--simulate", "p5.48xlarge", "--kmsg-file", str(log))[0] == 0
-    log.write_text("4,1,1000,-;NVRM: Xid (PCI:0000:53:00): 4242, a new XID\n")
+    log.write_text("4,1,1000,-;NVRM: Xid (PCI:0000:53:00): 242, a new XID\n")
     code, out = run_check(capsys, "--simulate", "p5.48xlarge", "--kmsg-file", str(log))
-    assert code == 1 and "DEGRADED" in out and "4242 x1 unknown" in out
+    assert code == 1 and "DEGRADED" in out and "242 x1 unknown" in out
     code, out = run_check(capsys, "--simulate", "p5.48xlarge", "--scenario", "gpu-row-remap-pending",
                           "--kmsg-file", str(log))
     assert code == 2 and "row_remap_pending" in out
@@ -105,3 +105,17 @@ def test_unreadable_kernel_log_with_this_boots_state_file_is_still_a_check(tmp_p
     # neither the kernel log nor a state file for this boot: could not check
     code, out = run_check(capsys, *args[:-2], "--path.state-dir", str(tmp_path / "empty"), "--json")
     assert code == 3 and json.loads(out)["problems"]
+
+
+def test_a_non_utf8_state_file_is_exit_3_and_left_for_the_daemon(tmp_path, capsys):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "xid-state.json").write_bytes(b'{"version": 1, "boot_id": "\xff\xfe"}')
+    log = tmp_path / "kmsg.txt"
+    log.write_text(REAL)
+    code, out = run_check(capsys, "--simulate", "p5.48xlarge", "--kmsg-file", str(log),
+                          "--path.state-dir", str(state), "--json")
+    doc = json.loads(out)
+    assert code == 3 and doc["sources"]["state_file"]["problem"] == "corrupt"
+    assert any("state file" in p for p in doc["problems"])
+    assert (state / "xid-state.json").exists()  # the daemon sets it aside and counts the recovery

@@ -192,6 +192,18 @@ def test_malformed_counter_fails_the_device_with_a_clear_error(tmp_path):
     assert "cmds_err" in err and "garbage" in err
 
 
+def test_a_counter_of_absurd_length_is_a_bad_read_never_inf(tmp_path):
+    dev = efa(tmp_path, "rdmap0s0", 0)
+    efa(tmp_path, "rdmap1s0", 1)
+    (dev / "ports/1/hw_counters" / "tx_bytes").write_text("9" * 320 + "\n")  # float() of it is +Inf
+    c = collector(tmp_path)
+    ss = samples(run(c))
+    assert value(ss, "efa_device_up", device="rdmap0s0") == 0
+    assert value(ss, "efa_device_up", device="rdmap1s0") == 1  # the other device is unaffected
+    assert all(v != float("inf") for v in ss.values())
+    assert "tx_bytes" in c.devices.read(c.discovery.discover()[0]).error
+
+
 def test_device_removed_mid_scrape(tmp_path):
     efa(tmp_path, "rdmap0s0", 0)
     dev1 = efa(tmp_path, "rdmap1s0", 1)

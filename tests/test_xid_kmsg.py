@@ -75,3 +75,48 @@ def test_device_semantics_eagain_epipe_and_sequence_gaps(monkeypatch):
     dev.items.append("6,107,4,-;d\n")
     assert [x.seq for x in r.read_available()] == [107]
     r._fd = None
+
+
+def test_malformed_records_are_counted_exported_and_logged_when_the_count_grows(tmp_path, caplog):
+    from exporter.collector import Context
+    from exporter.collectors.xid import XidCollector
+    from exporter.config import load
+    from exporter.runner import Runner
+    from tests.helpers import scrape, value
+
+    log = tmp_path / "kmsg"
+    log.write_text("4,0,10,-;NVRM: fine\nno semicolon here\n4,x,20,-;bad seq\n-1,2,30,-;negative prio\n"
+                   "4,3,1_000,-;underscores\n4,4,40,-;NVRM: Xid (PCI:0000:53:00): 31, pid=1, name=p, ok\n")
+    ctx = Context(config=load(None, {"paths.kmsg": str(log), "paths.state_dir": str(tmp_path / "st"),
+                                     "xid.nvml_events": False}))
+    c = XidCollector(ctx)
+    c.service.read_kmsg(final=True)
+    assert c.service.reader.stats.malformed == 4 and c.service.reader.stats.records == 2
+    assert "4 malformed kernel-log record(s) skipped" in caplog.text and "underscores" in caplog.text
+    text = scrape(Runner([c], deadline_s=5))
+    assert value(text, "gpu_health_exporter_kmsg_malformed_records_total") == 4
+    assert value(text, "gpu_xid_errors_total", xid="31") == 1
+
+
+def test_a_fifo_as_the_kernel_log_is_a_clear_error_not_a_silent_hang(tmp_path, caplog):
+    from exporter.collector import Context
+    from exporter.config import load
+    from exporter.xid.service import XidService
+
+    fifo = tmp_path / "kmsg"
+    os.mkfifo(fifo)  # opening a FIFO without a writer blocks forever
+    with pytest.raises(OSError, match="a FIFO, not the kernel log device"):
+        KmsgReader(str(fifo)).open()
+    ctx = Context(config=load(None, {"paths.kmsg": str(fifo), "paths.state_dir": str(tmp_path / "st"),
+                                     "xid.nvml_events": False}))
+    svc = XidService(ctx)
+    assert svc.read_kmsg() == 0 and not svc.kmsg.ok
+    assert f"cannot read {fifo}: a FIFO, not the kernel log device" in caplog.text
+
+
+def test_xid_numbers_out_of_range_are_not_reports():
+    from exporter.xid.parser import parse_xid
+
+    assert parse_xid("NVRM: Xid (PCI:0000:53:00): 99999999999999999999999, pid=1, name=p, x") is None
+    assert parse_xid("NVRM: Xid (PCI:0000:53:00): 0, pid=1, name=p, x") is None
+    assert parse_xid("NVRM: Xid (PCI:0000:53:00): 999, pid=1, name=p, x").xid == 999

@@ -144,6 +144,40 @@ def test_corrupt_state_file_does_not_crash_and_is_a_metric(tmp_path):
     assert value(scrape(Runner([c], deadline_s=5)), "gpu_health_exporter_state_file_ok") == 1
 
 
+def test_non_utf8_state_file_at_start_is_recovered_and_the_recovery_lasts(tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state/xid-state.json").write_bytes(b'{"version": 1, "boot_id": "\xff\xfe\x00"}')
+    ctx = make_ctx(tmp_path, _xid_record(0, 1_000_000))
+    c = XidCollector(ctx)
+    c.service.load_state()  # the daemon's start-up: used to raise UnicodeDecodeError
+    c.service.read_kmsg()
+    assert c.service.flush_state(force=True)
+    text = scrape(Runner([c], deadline_s=5))
+    assert value(text, "gpu_health_exporter_state_file_ok") == 1
+    assert value(text, "gpu_health_exporter_state_file_recoveries_total") == 1
+    assert value(text, "gpu_xid_errors_total", xid="31") == 1
+    restarted = make_ctx(tmp_path, _xid_record(0, 1_000_000))
+    one_shot(restarted)
+    text = scrape(Runner([XidCollector(restarted)], deadline_s=5))
+    assert value(text, "gpu_health_exporter_state_file_recoveries_total") == 1  # after a restart too
+
+
+def test_unknown_pci_addresses_never_crowd_out_an_nvml_gpu_also_after_a_restart(tmp_path):
+    garbage = "".join(f"4,{i},{1_000_000 + i},-;NVRM: Xid (PCI:0000:{i + 16:02x}:1f): 31, pid=1, name=p, x\n"
+                      for i in range(70))
+    log = garbage + "4,70,2000000,-;NVRM: Xid (PCI:0000:53:00): 94, pid=1, name=p, Contained ECC error\n"
+    for restart in (False, True):
+        _, session = fake_p5()
+        ctx = make_ctx(tmp_path, log, nvml=session)
+        svc = one_shot(ctx)
+        text = scrape(Runner([XidCollector(ctx)], deadline_s=5))
+        assert value(text, "gpu_xid_errors_total", gpu="0", xid="94", tier="replace") == 1, restart
+        assert value(text, "gpu_xid_errors_total", gpu="", uuid="", pci_bus_id="other", xid="31",
+                     tier="application") == 70 - 16
+        assert value(text, "gpu_health_exporter_xid_events_dropped_total") == 0
+        svc.flush_state(force=True)
+
+
 def test_policy_from_config_moves_xids_between_tiers(tmp_path):
     log = _xid_record(0, 1_000_000, xid=63) + _xid_record(1, 2_000_000, xid=94)
     ctx = make_ctx(tmp_path, log, policy={"reset": [63], "application": [94]})

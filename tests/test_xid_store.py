@@ -3,7 +3,7 @@
 import json
 import os
 
-from exporter.xid.store import Ack, StateFile, XidStore
+from exporter.xid.store import MAX_UNKNOWN_GPUS, OTHER, Ack, StateFile, XidStore
 
 PCI = "00000000:53:00"
 
@@ -81,7 +81,7 @@ def test_corrupt_and_unwritable_state_are_reported_not_raised(tmp_path):
     sf = StateFile(str(d), "b")
     assert sf.read() is None
     assert (sf.status.ok, sf.status.problem, sf.status.read_errors) == (False, "corrupt", 1)
-    assert (d / "xid-state.json.corrupt").exists()  # set aside for a human
+    assert len(list(d.glob("xid-state.json.corrupt-*"))) == 1  # set aside for a human
     bad_key = {"version": 1, "boot_id": "b", "counts": {PCI: {"x": [1, 0, 0]}}}
     (d / "xid-state.json").write_text(json.dumps(bad_key))
     assert sf.read() is None and sf.status.read_errors == 2  # a bad key is corrupt too
@@ -131,9 +131,104 @@ def test_daemon_takes_only_acks_from_disk_so_counts_written_by_ack_are_not_added
 def test_cardinality_guard_refuses_new_series_beyond_the_caps():
     s = XidStore()
     for x in range(200):
-        s.report("kmsg", PCI, 1000 + x, float(x), 0.0)
+        s.report("kmsg", PCI, 800 + x, float(x), 0.0)  # XIDs outside the catalog
     assert len(s.counts[PCI]) == 128 and s.dropped == 72
-    assert s.report("kmsg", PCI, 1000, 500.0, 0.0)  # a known series still counts
+    assert s.report("kmsg", PCI, 800, 500.0, 0.0)  # a known series still counts
+    s.report("kmsg", PCI, 99999999999999999999999, 600.0, 0.0)  # out of range: never a series
+    assert s.dropped == 73 and len(s.counts[PCI]) == 128
+
+
+def test_unknown_addresses_share_a_bucket_and_never_crowd_out_a_listed_gpu():
+    listed = {PCI}
+    s = XidStore()
+    s.is_listed = lambda pci: pci in listed
+    for i in range(70):  # garbage addresses first (defect: the 64-GPU cap was then full)
+        s.report("kmsg", f"0000{i:04x}:ee:00", 31, float(i), 0.0)
+    unknown = [p for p in s.counts if p not in (PCI, OTHER)]
+    assert len(unknown) == MAX_UNKNOWN_GPUS and s.counts[OTHER]["31"].count == 70 - MAX_UNKNOWN_GPUS
+    assert s.report("kmsg", PCI, 94, 100.0, 0.0)  # GPU 0's XID 94 is counted
+    assert s.counts[PCI]["94"].count == 1
+    # a listed GPU whose per-GPU cap is full of garbage XIDs still gets its catalog XIDs
+    for x in range(128):
+        s.report("kmsg", PCI, 800 + x, 200.0 + x, 0.0)
+    assert s.report("kmsg", PCI, 95, 400.0, 0.0) and s.counts[PCI]["95"].count == 1
+    # after a restart (state file) the same holds
+    st = s.to_state("b")
+    s2 = XidStore()
+    s2.is_listed = lambda pci: pci in listed
+    s2.merge_state(st)
+    assert s2.report("kmsg", PCI, 48, 500.0, 0.0) and s2.counts[PCI]["48"].count == 1
+    s2.report("kmsg", "0000ffff:ee:00", 31, 500.0, 0.0)
+    assert s2.counts[OTHER]["31"].count == 70 - MAX_UNKNOWN_GPUS + 1
+    assert len([p for p in s2.counts if p not in (PCI, OTHER)]) == MAX_UNKNOWN_GPUS
+
+
+def _state(tmp_path, doc, raw=None):
+    d = tmp_path / "state"
+    d.mkdir(exist_ok=True)
+    (d / "xid-state.json").write_bytes(raw if raw is not None else json.dumps(doc).encode())
+    return d
+
+
+def test_non_utf8_state_file_is_set_aside_not_a_crash(tmp_path, caplog):
+    d = _state(tmp_path, None, raw=b'{"version": 1, "boot_id": "b\xff\xfe", "counts": {}}')
+    sf = StateFile(str(d), "b")
+    assert sf.read() is None and sf.status.problem == "corrupt" and sf.recovered == 1
+    assert not (d / "xid-state.json").exists() and len(list(d.glob("xid-state.json.corrupt-*"))) == 1
+    assert "UnicodeDecodeError" in caplog.text
+
+
+def test_state_file_values_out_of_range_are_rejected_naming_the_field(tmp_path, caplog):
+    good = {"version": 1, "boot_id": "b", "counts": {PCI: {"31": [1, 1.0, 2.0]}}}
+    assert StateFile(str(_state(tmp_path, good)), "b").read() is not None
+    bad_cases = [
+        ({PCI: {"31": [-5, 1.0, 2.0]}}, f"counts[{PCI}][31] count is -5"),
+        ({PCI: {"31": [1e308, 1.0, 2.0]}}, f"counts[{PCI}][31] count is 1e+308"),
+        ({PCI: {"31": [10**12, 1.0, 2.0]}}, "expected an integer from 0 to 1000000000"),
+        ({PCI: {"31": [True, 1.0, 2.0]}}, "count is True"),
+        ({PCI: {"31": [1, float("nan"), 2.0]}}, "kernel time is nan"),
+        ({PCI: {"31": [1, 1.0, float("inf")]}}, "unix time is inf"),
+        ({PCI: {"99999999999999999999999": [1, 1.0, 2.0]}}, "count key '99999999999999999999999'"),
+        ({PCI: {"0": [1, 1.0, 2.0]}}, "XID is 0"),
+        ({"not-a-pci": {"31": [1, 1.0, 2.0]}}, "'not-a-pci' is not a PCI address key"),
+    ]
+    for counts, message in bad_cases:
+        caplog.clear()
+        sf = StateFile(str(_state(tmp_path, {**good, "counts": counts})), "b")
+        assert sf.read() is None, counts
+        assert sf.status.problem == "corrupt" and message in caplog.text, (message, caplog.text)
+    caplog.clear()
+    sf = StateFile(str(_state(tmp_path, {**good, "last_seq": -1})), "b")
+    assert sf.read() is None and "last_seq is -1" in caplog.text
+    assert len(list((tmp_path / "state").glob("xid-state.json.corrupt-*"))) == 5  # the last 5 kept
+
+
+def test_temp_file_never_follows_a_planted_symlink_and_stale_temps_are_removed(tmp_path):
+    d = tmp_path / "state"
+    d.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (d / f".xid-state.json.{os.getpid()}.tmp").symlink_to(victim)  # planted at our temp name
+    (d / ".xid-state.json.999999.tmp").write_text('{"half a wri')  # a writer SIGKILLed mid-write
+    s = XidStore()
+    s.report("kmsg", PCI, 31, 1.0, 0.0)
+    assert StateFile(str(d), "b").write(s)
+    assert victim.read_text() == "precious"
+    assert sorted(p.name for p in d.iterdir()) == ["xid-state.json", "xid-state.json.lock"]
+    assert StateFile(str(d), "b").read()["counts"][PCI]["31"][0] == 1
+
+
+def test_a_recovery_is_a_lasting_signal_kept_in_the_new_state_file(tmp_path):
+    d = _state(tmp_path, None, raw=b"{truncated")
+    sf = StateFile(str(d), "b")
+    s = XidStore()
+    assert sf.read() is None
+    s.report("kmsg", PCI, 31, 1.0, 0.0)
+    assert sf.write(s) and sf.status.ok  # ok again after the next write ...
+    assert s.recoveries == 1
+    s2 = XidStore()  # ... but a restart still knows this boot recovered from a corrupt file
+    s2.merge_state(StateFile(str(d), "b").read())
+    assert s2.recoveries == 1
 
 
 def test_kernel_clock_offset_follows_live_records_and_ignores_other_boots():

@@ -71,10 +71,16 @@ MERGED = define(
     "gpu_health_exporter_xid_reports_merged_total", "counter",
     "XID reports that belonged to an event already counted (floods, the other source's report).",
     ["source"], collector="xid")
+KMSG_MALFORMED = define(
+    "gpu_health_exporter_kmsg_malformed_records_total", "counter",
+    "Kernel-log records that are not `prio,seq,usec,flags;message` and were skipped (logged when the "
+    "count grows).", collector="xid")
 DROPPED = define(
     "gpu_health_exporter_xid_events_dropped_total", "counter",
-    "New XID events not counted because the GPU already has 128 XID series or 64 GPUs have series "
-    "(a guard against unbounded label cardinality from a corrupted log).", collector="xid")
+    "New XID events not counted: an XID number out of range (1-999), or a new XID outside the catalog "
+    "on a GPU that already has 128 XID series (guards against unbounded label cardinality from a "
+    "corrupted log). Catalog XIDs of GPUs NVML lists are never dropped; addresses NVML does not list "
+    "get 16 series of their own, then share pci_bus_id=\"other\".", collector="xid")
 WATCHER_UP = define(
     "gpu_health_exporter_nvml_event_watcher_up", "gauge",
     "1 while the NVML event thread is waiting on an event set with at least one GPU, else 0.",
@@ -93,6 +99,11 @@ STATE_OK = define(
     "gpu_health_exporter_state_file_ok", "gauge",
     "1 if the XID state file was last read and written without trouble, 0 if it is corrupt, unreadable "
     "or unwritable (counts are kept in memory and from the kernel log).", collector="xid")
+STATE_RECOVERIES = define(
+    "gpu_health_exporter_state_file_recoveries_total", "counter",
+    "Corrupt XID state files set aside this boot (kept across restarts in the new state file). Counts "
+    "were rebuilt from the kernel log: an XID recorded only in the old file may be missing; the old "
+    "file is kept beside the state file as xid-state.json.corrupt-<time>.", collector="xid")
 STATE_ERRORS = define(
     "gpu_health_exporter_state_file_errors_total", "counter",
     "State file failures by operation (read: corrupt or unreadable; write).", ["operation"],
@@ -129,6 +140,7 @@ class XidCollector(Collector):
         out.add(KMSG_RECORDS, st.records)
         out.add(KMSG_OVERWRITES, st.overwrites)
         out.add(KMSG_MISSED, st.missed)
+        out.add(KMSG_MALFORMED, st.malformed)
         if svc.store.last_seq is not None:
             out.add(KMSG_SEQ, svc.store.last_seq)
         for source in ("kmsg", "nvml"):
@@ -144,6 +156,7 @@ class XidCollector(Collector):
             out.add(WATCHER_ERRORS, w.status.errors)
         ss = svc.state.status
         out.add(STATE_OK, 1 if ss.ok else 0)
+        out.add(STATE_RECOVERIES, svc.store.recoveries)
         out.add(STATE_ERRORS, ss.read_errors, operation="read")
         out.add(STATE_ERRORS, ss.write_errors, operation="write")
 

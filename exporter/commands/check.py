@@ -53,9 +53,12 @@ def read_gpus(ctx: Context) -> tuple[Any, str]:
 
 
 def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
-    svc = one_shot(ctx)
+    svc = one_shot(ctx, read_only=True)
     health, gpu_problem = read_gpus(ctx)
     problems = [gpu_problem] if gpu_problem else []
+    if svc.state.status.problem in ("corrupt", "unreadable"):
+        problems.append(f"state file {svc.state.path} is {svc.state.status.problem}: XID counts come from "
+                        "the kernel log alone and may be incomplete")
     if svc.kmsg.enabled and not svc.kmsg.ok and not svc.state_found:  # the state alone has the counts
         problems.append(f"kernel log: {svc.kmsg.error} and no state file for this boot")
     return evaluate(svc, health, expected_gpus(ctx)), svc, problems

@@ -12,13 +12,16 @@ AMAZON_VENDOR = 0x1D0F
 EFA_DEVICE_IDS = frozenset({0xEFA0, 0xEFA1, 0xEFA2, 0xEFA3})
 EFA_DRIVER = "efa"
 
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
+_RATE = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,9})?)\s*Gb/sec", re.ASCII)
+
+
+U64_DIGITS = 20  # 2**64 - 1 has 20 digits; a longer "counter" is a bad read, not a number
 
 
 def parse_counter(text: str | bytes) -> int:
     """A hw_counters file: one unsigned 64-bit decimal and a newline (sysfs_emit "%llu\\n")."""
     s = text.strip()
-    if not s.isdigit():
+    if not (s.isascii() and s.isdigit()) or len(s) > U64_DIGITS:
         raise ValueError(counter_error(text))
     return int(s)
 
@@ -32,7 +35,7 @@ def counter_error(text: str | bytes) -> str:
 def parse_lifespan_seconds(text: str) -> float:
     """`lifespan`: the stats cache lifetime in milliseconds ("%d\\n")."""
     s = text.strip()
-    if not s.lstrip("-").isdigit():
+    if not (s.isascii() and s.lstrip("-").isdigit()) or len(s) > 11:  # an int, as "%d" prints it
         raise ValueError(f"not a lifespan in milliseconds: {text[:40]!r}")
     return int(s) / 1000.0
 

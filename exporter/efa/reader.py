@@ -21,6 +21,7 @@ from exporter.efa import naming
 from exporter.efa.discovery import EfaDevice
 from exporter.efa.naming import LIFESPAN_FILE, PORT
 from exporter.efa.parse import (
+    U64_DIGITS,
     counter_error,
     parse_lifespan_seconds,
     parse_rate_bytes_per_second,
@@ -158,7 +159,7 @@ class DeviceReader:
                                                           strict=True):
                         if parser is None:
                             s = data.strip()
-                            if not s.isdigit():
+                            if not s.isdigit() or len(s) > U64_DIGITS:  # 310 digits would be +Inf
                                 raise ValueError(counter_error(data))
                             append(Sample(name, labels, float(s)))
                         else:

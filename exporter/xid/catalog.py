@@ -82,6 +82,14 @@ _ENTRIES = [
 
 CATALOG: dict[int, XidInfo] = {e.xid: e for e in _ENTRIES}
 
+# NVIDIA numbers XIDs from 1 to about 200; a number past 3 digits is a corrupted line, and would
+# be an unbounded label value.
+XID_MIN, XID_MAX = 1, 999
+
+
+def valid_xid(xid: int) -> bool:
+    return XID_MIN <= xid <= XID_MAX
+
 
 def lookup(xid: int) -> XidInfo | None:
     return CATALOG.get(xid)

@@ -41,12 +41,9 @@ def parse_record(text: str) -> Record | None:
     if not sep:
         return None
     parts = head.split(",", 4)
-    if len(parts) < 4:
-        return None
-    try:
-        return Record(int(parts[0]), int(parts[1]), int(parts[2]), parts[3], message.rstrip("\n"))
-    except ValueError:
-        return None
+    if len(parts) < 4 or not all(p.isascii() and p.isdigit() for p in parts[:3]):
+        return None  # the three numbers are plain non-negative decimals
+    return Record(int(parts[0]), int(parts[1]), int(parts[2]), parts[3], message.rstrip("\n"))
 
 
 @dataclass
@@ -56,6 +53,7 @@ class ReaderStats:
     overwrites: int = 0  # EPIPE: the kernel overwrote records before we read them
     missed: int = 0  # records we know we never saw (sequence-number gaps on the device)
     errors: int = 0
+    last_malformed: str = ""  # the last malformed record (truncated), for the log
     first_seq: int | None = None
     last_seq: int | None = None
 
@@ -84,6 +82,12 @@ class KmsgReader:
     # -- opening -------------------------------------------------------------------------------
     def open(self) -> None:
         st = os.stat(self.path)
+        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            # A FIFO would block the open until a writer comes; a directory or socket never reads.
+            kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) \
+                else "not a regular file"
+            raise OSError(errno.EINVAL, f"{kind}, not the kernel log device or a file of /dev/kmsg records",
+                          self.path)
         self._device = stat.S_ISCHR(st.st_mode)
         flags = os.O_RDONLY | (os.O_NONBLOCK if self._device else 0)
         self._fd = os.open(self.path, flags)
@@ -122,6 +126,10 @@ class KmsgReader:
         else:
             yield from self._read_file(final)
 
+    def _malformed(self, text: str) -> None:
+        self.stats.malformed += 1
+        self.stats.last_malformed = text[:120]
+
     def _note(self, rec: Record) -> None:
         st = self.stats
         st.records += 1
@@ -149,7 +157,7 @@ class KmsgReader:
             text = data.decode("utf-8", "replace")
             rec = parse_record(text.split("\n", 1)[0])
             if rec is None:
-                self.stats.malformed += 1
+                self._malformed(text)
                 continue
             self._note(rec)
             yield rec
@@ -160,7 +168,7 @@ class KmsgReader:
                 continue
             rec = parse_record(line)
             if rec is None:
-                self.stats.malformed += 1
+                self._malformed(line)
                 continue
             self._note(rec)
             yield rec

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 from exporter.nvml.session import pci_key as session_pci_key
+from exporter.xid.catalog import valid_xid
 
 BUS_LOSS_XID = 79
 RECOVERY_ACTION_XID = 154
@@ -85,7 +86,9 @@ def parse_xid(message: str) -> XidReport | None:
     key = pci_key(m.group(1))
     if key is None:
         return None
-    xid = int(m.group(3))
+    xid = int(m.group(3)) if len(m.group(3)) <= 3 else 0
+    if not valid_xid(xid):
+        return None  # not an XID the driver writes: a corrupted line
     rest = m.group(4)
     pid = name = None
     pm = _PID_RE.match(rest)

@@ -20,7 +20,7 @@ from exporter.xid.kmsg import KmsgReader, Record
 from exporter.xid.nvml_events import EVENT_NAMES, NvmlEventWatcher
 from exporter.xid.parser import GpuAt, KernelLogParser, XidReport, pci_key, pci_label
 from exporter.xid.policy import Policy
-from exporter.xid.store import StateFile, XidStore, read_boot_id
+from exporter.xid.store import OTHER, StateFile, XidStore, read_boot_id
 from exporter.xid.sxid import SxidReport, parse_sxid
 from exporter.xid.sxid_store import SxidStateFile, SxidStore
 from exporter.xid.verdict import (
@@ -40,6 +40,7 @@ NVML_154_GRACE_S = 3.0  # hold NVML's XID 154 (no action code) so the kernel lin
 STATE_WRITE_MIN_S = 1.0
 STATE_WRITE_IDLE_S = 60.0  # write the sequence number now and then even without new events
 KMSG_RETRY_S = 10.0
+MALFORMED_LOG_S = 60.0
 
 
 @dataclass
@@ -51,7 +52,7 @@ class KmsgStatus:
 
 
 class XidService:
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Any, read_only: bool = False) -> None:
         self.ctx = ctx
         cfg = ctx.config.xid
         self.cfg = cfg
@@ -64,7 +65,9 @@ class XidService:
         # which kernel log the state's counts came from (a simulated node's root is a temp dir)
         simulated = sim is not None and self.kmsg_path == str(sim.root / "dev" / "kmsg")
         source_id = "simulated:" + sim.profile.instance_type if simulated else self.kmsg_path
-        self.state = StateFile(ctx.config.paths.state_dir, self.boot_id, source_id)
+        self.state = StateFile(ctx.config.paths.state_dir, self.boot_id, source_id, read_only=read_only)
+        self.store.is_listed = self.is_listed
+        self._listed_session: Any = None  # the NVML session whose GPUs were last recorded
         # NVSwitch SXids: the same kernel-log records, their own counts and state file
         self.sxids = SxidStore()
         self.sxid_state = SxidStateFile(ctx.config.paths.state_dir, self.boot_id, source_id)
@@ -85,6 +88,8 @@ class XidService:
         self._last_write = 0.0
         self._written_seq: int | None = None
         self._state_loaded = False
+        self._malformed_logged = 0
+        self._malformed_at = -MALFORMED_LOG_S
         self.state_found = False
 
     # -- NVML --------------------------------------------------------------------------------------
@@ -97,11 +102,34 @@ class XidService:
         except Exception as e:  # noqa: BLE001 - NVML problems never take the XID counts down
             log.debug("NVML session unavailable: %s", e)
             return None
-        return s if s.ok else None
+        if not s.ok:
+            return None
+        self._note_listed(s)
+        return s
+
+    def _note_listed(self, s: Any) -> None:
+        """Record the GPUs an initialised NVML session lists, for the cardinality guard."""
+        if s.ok and self._listed_session is not s:
+            self._listed_session = s
+            for d in s.devices:
+                k = pci_key(d.pci_bus_id)
+                if k is not None:
+                    self.store.identify(k, d.index, d.uuid)
+
+    def is_listed(self, pci: str) -> bool:
+        """Whether a GPU sits at `pci`: NVML lists it (now, or earlier this boot, as kept in the
+        state file) or the driver named it in a `GPU at PCI` line. Never blocks on NVML."""
+        ident = self.store.identities.get(pci)
+        if ident is not None and (ident.index is not None or ident.uuid):
+            return True
+        s = self._listed_session
+        return s is not None and s.by_pci(pci) is not None
 
     def gpu_labels(self, pci: str) -> tuple[str, str, str]:
         """(gpu, uuid, pci_bus_id) for a PCI key: from NVML when it lists the GPU, else from what
         this boot saw of it before (state file, `GPU at PCI` lines), else just the address."""
+        if pci == OTHER:
+            return "", "", OTHER
         s = self.session()
         dev = s.by_pci(pci) if s is not None else None
         if dev is not None:
@@ -151,6 +179,7 @@ class XidService:
     def load_state(self) -> None:
         with self.state.locked():
             data = self.state.read()
+        self.state.take_recoveries(self.store)
         if data is not None:
             self.store.merge_state(data)
             self.skip_through = self.store.last_seq
@@ -168,6 +197,7 @@ class XidService:
         if self.state.changed_on_disk():
             with self.state.locked():
                 data = self.state.read()
+            self.state.take_recoveries(self.store)
             if data is not None:
                 self.store.merge_state(data, counts=False)
 
@@ -224,7 +254,17 @@ class XidService:
             self.reader.stats.errors += 1
             return n
         self.kmsg.ok, self.kmsg.error = True, ""
+        self._log_malformed()
         return n
+
+    def _log_malformed(self) -> None:
+        """Log when malformed records were skipped since the last line (at most once a minute)."""
+        st = self.reader.stats
+        now = time.monotonic()
+        if st.malformed > self._malformed_logged and now - self._malformed_at >= MALFORMED_LOG_S:
+            log.warning("%s: %d malformed kernel-log record(s) skipped (%d in all), last: %r", self.kmsg_path,
+                        st.malformed - self._malformed_logged, st.malformed, st.last_malformed)
+            self._malformed_logged, self._malformed_at = st.malformed, now
 
     def _note_first(self, rec: Record) -> None:
         """Records we can prove we never saw: the ring wrapped before we (first) read it."""
@@ -272,7 +312,9 @@ class XidService:
     def _session_for_watcher(self) -> Any:
         from exporter.nvml.session import nvml_session
 
-        return nvml_session(self.ctx)
+        s = nvml_session(self.ctx)
+        self._note_listed(s)  # the watcher starts with the follower: tell the guard early
+        return s
 
     def _follow(self) -> None:
         poll = self.cfg.follow_poll_seconds
@@ -306,19 +348,21 @@ class XidService:
         return self._thread is not None and self._thread.is_alive()
 
 
-def xid_service(ctx: Any) -> XidService:
-    return ctx.get_shared("xid", lambda: XidService(ctx))
+def xid_service(ctx: Any, read_only: bool = False) -> XidService:
+    return ctx.get_shared("xid", lambda: XidService(ctx, read_only))
 
 
 SIM_PLAY_S = 60.0
 
 
-def one_shot(ctx: Any) -> XidService:
-    """The service for a one-shot command: state loaded (read only), kernel-log backlog read. On a
-    simulated node the scenarios' onsets are played first so their records exist."""
+def one_shot(ctx: Any, read_only: bool = False) -> XidService:
+    """The service for a one-shot command: state loaded, kernel-log backlog read (`read_only`:
+    a corrupt state file is left for the daemon to set aside). On a simulated node the
+    scenarios' onsets are played first so their records exist."""
     if getattr(ctx, "simulation", None) is not None:
         ctx.simulation.advance(SIM_PLAY_S)
-    svc = xid_service(ctx)
+    svc = xid_service(ctx, read_only)
+    svc.session()  # the GPUs NVML lists, before counting (the cardinality guard spares them)
     svc.load_state()
     svc.read_kmsg(final=True)
     return svc

@@ -20,7 +20,9 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
+import re
 import threading
 import time
 from collections import deque
@@ -29,15 +31,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exporter.xid.catalog import XID_MAX, XID_MIN, lookup, valid_xid
+
 log = logging.getLogger("exporter.xid.store")
 
 STATE_VERSION = 1
 STATE_NAME = "xid-state.json"
+TMP_PREFIX = f".{STATE_NAME}."  # temporary files: .xid-state.json.<pid>.tmp
+CORRUPT_KEEP = 5  # corrupt state files set aside that are kept for a human (oldest removed)
 MAX_OPEN_PER_KEY = 4
 MAX_KEYS = 4096
-# Label cardinality guards: a node has at most 8-16 GPUs and a few dozen XIDs ever happen.
-MAX_GPUS = 64
-MAX_KEYS_PER_GPU = 128
+# Label cardinality guards. A GPU NVML lists is never subject to them for a catalog XID (its
+# series are bounded by the catalog); addresses NVML does not list (a GPU lost before start, or
+# a corrupted log) get MAX_UNKNOWN_GPUS series of their own, then share the OTHER bucket.
+MAX_UNKNOWN_GPUS = 16
+MAX_KEYS_PER_GPU = 128  # per GPU (or the bucket): XIDs outside the catalog beyond this are dropped
+OTHER = "other"  # the shared bucket of PCI addresses beyond MAX_UNKNOWN_GPUS
+# Bounds of a sane state file: an XID a second for 30 years is under 1e9.
+MAX_COUNT = 10**9
+MAX_ACTION = 255
+_PCI_KEY_RE = re.compile(r"[0-9a-f]{8}:[0-9a-f]{2}:[0-9a-f]{2}")
 
 
 def count_key(xid: int, action: int | None = None) -> str:
@@ -48,6 +61,103 @@ def count_key(xid: int, action: int | None = None) -> str:
 def split_key(key: str) -> tuple[int, int | None]:
     xid, _, action = key.partition("/")
     return int(xid), (int(action) if action else None)
+
+
+class StateError(ValueError):
+    """A state file field out of shape or range; the message names the field."""
+
+
+def _int(v: Any, where: str, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise StateError(f"{where} is {v!r}; expected an integer from {lo} to {hi}")
+    return v
+
+
+def _time(v: Any, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise StateError(f"{where} is {v!r}; expected a finite time of 0 or more")
+    return float(v)
+
+
+def _pci(p: Any, where: str) -> str:
+    if not isinstance(p, str) or not (p == OTHER or _PCI_KEY_RE.fullmatch(p)):
+        raise StateError(f"{where}: {p!r} is not a PCI address key (dddddddd:bb:dd)")
+    return p
+
+
+def _key(k: Any, where: str) -> str:
+    """A count key: XID in range, optional recovery action code."""
+    if not isinstance(k, str) or not re.fullmatch(r"\d{1,3}(/\d{1,3})?", k):
+        raise StateError(f"{where}: count key {k!r} is not XID[/ACTION]")
+    xid, action = split_key(k)
+    _int(xid, f"{where}: XID", XID_MIN, XID_MAX)
+    if action is not None:
+        _int(action, f"{where}: recovery action", 0, MAX_ACTION)
+    return k
+
+
+def validate_state(st: Any) -> None:
+    """Raise StateError naming the first field of a state document that is out of shape or range
+    (negative, huge or non-finite counts and times, XIDs out of range, bad PCI keys)."""
+    if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
+        raise StateError(f"not a version-{STATE_VERSION} state document")
+    if not isinstance(st.get("boot_id", ""), str):
+        raise StateError("boot_id is not a string")
+    if st.get("last_seq") is not None:
+        _int(st["last_seq"], "last_seq", 0, 2**63 - 1)
+    _int(st.get("recoveries", 0), "recoveries", 0, MAX_COUNT)
+    counts = st.get("counts") or {}
+    if not isinstance(counts, dict):
+        raise StateError("counts is not a mapping")
+    for p, ks in counts.items():
+        _pci(p, "counts")
+        if not isinstance(ks, dict):
+            raise StateError(f"counts[{p}] is not a mapping")
+        for k, v in ks.items():
+            where = f"counts[{p}][{k}]"
+            _key(k, f"counts[{p}]")
+            if not isinstance(v, list) or len(v) != 3:
+                raise StateError(f"{where} is {v!r}; expected [count, kernel seconds, unix time]")
+            _int(v[0], f"{where} count", 0, MAX_COUNT)
+            _time(v[1], f"{where} kernel time")
+            _time(v[2], f"{where} unix time")
+    for i, ev in enumerate(st.get("open") or []):
+        if not isinstance(ev, list) or len(ev) != 5 or not isinstance(ev[4], list) \
+                or not all(isinstance(x, str) for x in ev[4]):
+            raise StateError(f"open[{i}] is {ev!r}; expected [pci, xid, key, start, [sources]]")
+        _pci(ev[0], f"open[{i}]")
+        _int(ev[1], f"open[{i}] XID", XID_MIN, XID_MAX)
+        _key(ev[2], f"open[{i}]")
+        _time(ev[3], f"open[{i}] start")
+    gpus = st.get("gpus") or {}
+    if not isinstance(gpus, dict):
+        raise StateError("gpus is not a mapping")
+    for p, ident in gpus.items():
+        _pci(p, "gpus")
+        if not isinstance(ident, dict) or not isinstance(ident.get("uuid") or "", str):
+            raise StateError(f"gpus[{p}] is {ident!r}; expected {{index, uuid}}")
+        if ident.get("index") is not None:
+            _int(ident["index"], f"gpus[{p}].index", 0, 1023)
+    acks = st.get("acks") or []
+    if not isinstance(acks, list):
+        raise StateError("acks is not a list")
+    for i, a in enumerate(acks):
+        if not isinstance(a, dict):
+            raise StateError(f"acks[{i}] is not a mapping")
+        _pci(a.get("pci"), f"acks[{i}].pci")
+        if a.get("index") is not None:
+            _int(a["index"], f"acks[{i}].index", 0, 1023)
+        if a.get("xid") is not None:
+            _int(a["xid"], f"acks[{i}].xid", XID_MIN, XID_MAX)
+        if not isinstance(a.get("uuid") or "", str):
+            raise StateError(f"acks[{i}].uuid is not a string")
+        _time(a.get("time"), f"acks[{i}].time")
+        base = a.get("baseline") or {}
+        if not isinstance(base, dict):
+            raise StateError(f"acks[{i}].baseline is not a mapping")
+        for k, v in base.items():
+            _key(k, f"acks[{i}].baseline")
+            _int(v, f"acks[{i}].baseline[{k}]", 0, MAX_COUNT)
 
 
 @dataclass
@@ -113,6 +223,10 @@ class XidStore:
         self.reports: dict[str, int] = {}  # raw reports per source
         self.merged: dict[str, int] = {}  # reports that joined an existing event, per source
         self.dropped = 0  # new events refused by the cardinality guards
+        self.recoveries = 0  # corrupt state files set aside this boot (kept in the state file)
+        # Whether NVML lists the GPU at a PCI key (set by the service); such a GPU's catalog XIDs
+        # are never refused by the cardinality guards.
+        self.is_listed: Callable[[str], bool] = lambda pci: False
         self.version = 0  # bumps on every change worth writing (counts, identities, acks)
         self.snapshot_version = -1  # the version the last to_state() captured
 
@@ -132,16 +246,20 @@ class XidStore:
                         ev.sources.add(source)
                         self.merged[source] = self.merged.get(source, 0) + 1
                         return False
-            else:
+            if not valid_xid(xid) or (action is not None and not 0 <= action <= MAX_ACTION):
+                self.dropped += 1  # not an XID the driver writes: a corrupted line or event
+                return False
+            key = count_key(xid, action)
+            pci = self._series_pci(pci)
+            per_gpu = self.counts.get(pci)
+            if per_gpu is not None and key not in per_gpu and len(per_gpu) >= MAX_KEYS_PER_GPU and \
+                    not (lookup(xid) is not None and self.is_listed(pci)):
+                self.dropped += 1  # a garbage flood must not become unbounded series
+                return False
+            if q is None:
                 if len(self.open) >= MAX_KEYS:
                     self._prune(kernel_s, force=True)
                 q = self.open[k] = deque(maxlen=MAX_OPEN_PER_KEY)
-            key = count_key(xid, action)
-            per_gpu = self.counts.get(pci)
-            if (per_gpu is None and len(self.counts) >= MAX_GPUS) or \
-                    (per_gpu is not None and key not in per_gpu and len(per_gpu) >= MAX_KEYS_PER_GPU):
-                self.dropped += 1  # a garbage flood must not become unbounded series
-                return False
             q.append(OpenEvent(kernel_s, key, {source}))
             c = self.counts.setdefault(pci, {}).setdefault(key, Count())
             c.count += 1
@@ -150,6 +268,14 @@ class XidStore:
                 c.last_wall = wall if wall is not None else (wall_of(kernel_s) if wall_of else time.time())
             self.version += 1
             return True
+
+    def _series_pci(self, pci: str) -> str:
+        """The PCI key an event is counted under: its own, unless it is a new address NVML does
+        not list and MAX_UNKNOWN_GPUS such addresses already have series (then OTHER)."""
+        if pci in self.counts or self.is_listed(pci):
+            return pci
+        unknown = sum(1 for p in self.counts if p != OTHER and not self.is_listed(p))
+        return pci if unknown < MAX_UNKNOWN_GPUS else OTHER
 
     def _prune(self, now_s: float, force: bool = False) -> None:
         horizon = now_s - 2 * self.window_s
@@ -218,6 +344,7 @@ class XidStore:
                          for (p, x), q in self.open.items() for ev in q],
                 "gpus": {p: {"index": i.index, "uuid": i.uuid} for p, i in self.identities.items()},
                 "acks": [a.to_json() for a in self.acks],
+                "recoveries": self.recoveries,
             }
 
     def merge_state(self, st: dict, counts: bool = True) -> bool:
@@ -226,8 +353,12 @@ class XidStore:
         identities are taken (the daemon's periodic merge: its own counts are the truth, and a
         count `ack` wrote from records the daemon is about to read must not be added twice).
         Returns True when something changed."""
+        validate_state(st)
         with self.lock:
             before = self.version
+            if st.get("recoveries", 0) > self.recoveries:
+                self.recoveries = st["recoveries"]
+                self.version += 1
             if not counts:
                 for a in st.get("acks") or []:
                     self.add_ack(Ack.from_json(a))
@@ -235,7 +366,6 @@ class XidStore:
             for p, ks in dict(st.get("counts") or {}).items():
                 for k, v in dict(ks).items():
                     c = Count.from_json(v)
-                    split_key(k)  # validates the key
                     cur = self.counts.setdefault(str(p), {}).get(k)
                     if cur is None or c.count > cur.count:
                         self.counts[str(p)][k] = c
@@ -251,8 +381,6 @@ class XidStore:
             for a in st.get("acks") or []:
                 self.add_ack(Ack.from_json(a))
             seq = st.get("last_seq")
-            if seq is not None and not isinstance(seq, int):
-                raise ValueError("last_seq is not an integer")
             if seq is not None and (self.last_seq is None or seq > self.last_seq):
                 self.last_seq = seq
             return self.version != before
@@ -279,12 +407,16 @@ class StateFile:
     """The state file in `state_dir`. Never raises: problems are logged once and recorded in
     `status` (exported as metrics)."""
 
-    def __init__(self, state_dir: str, boot_id: str, kmsg: str = "") -> None:
+    def __init__(self, state_dir: str, boot_id: str, kmsg: str = "", read_only: bool = False) -> None:
         self.kmsg = kmsg  # the kernel log the counts came from; a state of another log is not ours
         self.dir = Path(state_dir)
         self.path = self.dir / STATE_NAME
         self.boot_id = boot_id
+        # read_only (`check`): a corrupt file is reported but left in place for the daemon, which
+        # sets it aside and records the recovery.
+        self.read_only = read_only
         self.status = StateStatus()
+        self.recovered = 0  # corrupt files this process set aside, not yet added to a store
         self._mtime: float | None = None
         self._logged: set[str] = set()
 
@@ -298,6 +430,14 @@ class StateFile:
         if kind not in self._logged:
             self._logged.add(kind)
             log.warning("state file %s: %s", self.path, msg)
+
+    def take_recoveries(self, store: XidStore) -> None:
+        """Add the corrupt files this process set aside to the store's count (kept in the file)."""
+        if self.recovered:
+            with store.lock:
+                store.recoveries += self.recovered
+                store.version += 1
+            self.recovered = 0
 
     @contextlib.contextmanager
     def locked(self):  # noqa: ANN201 - an advisory lock shared by the daemon, check and ack
@@ -319,7 +459,7 @@ class StateFile:
         """The state for this boot, or None (missing, corrupt, another boot)."""
         try:
             st = os.stat(self.path)
-            text = self.path.read_text()
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             self.status.problem = "missing"
             return None
@@ -328,15 +468,10 @@ class StateFile:
             return None
         self._mtime = st.st_mtime
         try:
-            data = json.loads(text)
-            if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
-                raise ValueError("not a version-1 state document")
-            XidStore().merge_state(data)  # validate every field before anyone uses it
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
-            self._problem("corrupt", f"corrupt, set aside as {STATE_NAME}.corrupt (counts start from "
-                          f"the kernel log): {e}", write=False)
-            with contextlib.suppress(OSError):
-                os.replace(self.path, self.path.with_name(STATE_NAME + ".corrupt"))
+            data = json.loads(raw.decode("utf-8"))
+            validate_state(data)  # every field, before anyone uses it
+        except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError included
+            self._corrupt(e)
             return None
         if not self.boot_id:
             self.status.problem = "no_boot_id"
@@ -348,6 +483,55 @@ class StateFile:
             self.status.problem = "other_source"  # counts of another kernel log (a replay)
             return None
         return data
+
+    def _corrupt(self, e: Exception) -> None:
+        why = str(e) if isinstance(e, StateError) else f"{type(e).__name__}: {e}"
+        if self.read_only:
+            self._problem("corrupt", f"corrupt ({why[:300]}); left in place for the daemon", write=False)
+            return
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = next(p for n in range(1000) if not (p := self.path.with_name(
+            f"{STATE_NAME}.corrupt-{stamp}" + (f".{n}" if n else ""))).exists())
+        try:
+            os.replace(self.path, aside)
+        except OSError as err:
+            self._problem("corrupt", f"corrupt ({why[:300]}) and cannot be set aside: {err.strerror or err}",
+                          write=False)
+            return
+        self.recovered += 1
+        self.status.ok, self.status.problem = False, "corrupt"
+        self.status.read_errors += 1
+        # Always logged (not once per kind): each recovery may have lost counts.
+        log.error("state file %s: corrupt (%s); set aside as %s. XID counts are rebuilt from the "
+                  "kernel log: an XID recorded only in the old file (ring buffer wrapped since) is lost; "
+                  "inspect %s (gpu_health_exporter_state_file_recoveries_total counts these)",
+                  self.path, why[:300], aside.name, aside)
+        old = sorted(self.dir.glob(f"{STATE_NAME}.corrupt*"))
+        for p in old[:-CORRUPT_KEEP]:
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+    def _remove_stale_temps(self) -> None:
+        """Temporary files left by a writer killed mid-write. Only called under the lock, which
+        every writer holds from creating its temporary file to renaming it, so any found are stale."""
+        try:
+            names = [n for n in os.listdir(self.dir) if n.startswith(TMP_PREFIX) and n.endswith(".tmp")]
+        except OSError:
+            return
+        for n in names:
+            with contextlib.suppress(OSError):
+                os.unlink(self.dir / n)  # a symlink is removed, never followed
+                log.info("state file: removed stale temporary file %s (a write was interrupted)",
+                         self.dir / n)
+
+    def _open_temp(self, tmp: Path) -> int:
+        """Create the temporary file, never following a symlink planted at its name."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        try:
+            return os.open(tmp, flags, 0o644)
+        except FileExistsError:
+            os.unlink(tmp)  # ours from an earlier pid with our number, or planted: remove the name
+            return os.open(tmp, flags, 0o644)
 
     def changed_on_disk(self) -> bool:
         """True when someone else (ack) wrote the file since we last read or wrote it."""
@@ -364,12 +548,14 @@ class StateFile:
             on_disk = self.read()
             if on_disk is not None:
                 store.merge_state(on_disk, counts=merge_counts)
+            self.take_recoveries(store)
             data = store.to_state(self.boot_id)
             data["kmsg"] = self.kmsg
-            tmp = self.path.with_name(f".{STATE_NAME}.{os.getpid()}.tmp")
+            tmp = self.path.with_name(f"{TMP_PREFIX}{os.getpid()}.tmp")
             try:
                 self.dir.mkdir(parents=True, exist_ok=True)
-                with open(tmp, "w") as f:
+                self._remove_stale_temps()
+                with os.fdopen(self._open_temp(tmp), "w") as f:
                     json.dump(data, f, separators=(",", ":"))
                     f.flush()
                     os.fsync(f.fileno())
