@@ -150,11 +150,11 @@ def test_counted_once_across_restarts_and_again_after_a_new_boot(tmp_path):
 
 @pytest.mark.parametrize("content", [
     "{not json", json.dumps({"version": 1, "counts": [["x", 5, "fatal", 1, 0]]}),
-    json.dumps({"version": 1, "counts": [], "last_seq": -4})])
+    json.dumps({"version": 1, "counts": [], "last_seq": -4}), b'{"version": 1, "boot_id": "\xff"}'])
 def test_a_corrupt_state_file_counts_from_the_kernel_log(tmp_path, content, caplog):
     state = tmp_path / "state"
     state.mkdir()
-    (state / STATE_NAME).write_text(content)
+    (state / STATE_NAME).write_bytes(content if isinstance(content, bytes) else content.encode())
     ctx = make_ctx(tmp_path, kmsg(RECORDS[3:4]))
     svc = one_shot(ctx)
     assert sxid_counts(svc) == {("00000000:06:00", 20034, "fatal"): 1}
@@ -168,3 +168,17 @@ def test_garbage_codes_do_not_become_series(tmp_path):
     lines.append("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 00042, Fatal, Link 01 x")
     svc = one_shot(make_ctx(tmp_path, kmsg(lines)))
     assert len(sxid_counts(svc)) == 256 and svc.sxids.dropped == 145
+
+
+def test_the_state_file_write_never_follows_a_planted_symlink(tmp_path):
+    import os
+
+    state = tmp_path / "state"
+    state.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (state / f".{STATE_NAME}.{os.getpid()}.tmp").symlink_to(victim)
+    (state / f".{STATE_NAME}.1.tmp").write_text("{half")  # a writer killed mid-write
+    svc = one_shot(make_ctx(tmp_path, kmsg(RECORDS[3:4])))
+    assert svc.sxid_state.write(svc.sxids)
+    assert victim.read_text() == "precious" and not list(state.glob(".*.tmp"))

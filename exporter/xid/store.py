@@ -37,7 +37,6 @@ log = logging.getLogger("exporter.xid.store")
 
 STATE_VERSION = 1
 STATE_NAME = "xid-state.json"
-TMP_PREFIX = f".{STATE_NAME}."  # temporary files: .xid-state.json.<pid>.tmp
 CORRUPT_KEEP = 5  # corrupt state files set aside that are kept for a human (oldest removed)
 MAX_OPEN_PER_KEY = 4
 MAX_KEYS = 4096
@@ -61,6 +60,54 @@ def count_key(xid: int, action: int | None = None) -> str:
 def split_key(key: str) -> tuple[int, int | None]:
     xid, _, action = key.partition("/")
     return int(xid), (int(action) if action else None)
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Temporary files of `path` left by a writer killed mid-write. Writers of a state file are
+    serialised (the lock, or one daemon), so any found before writing are stale."""
+    prefix = f".{path.name}."
+    try:
+        names = [n for n in os.listdir(path.parent) if n.startswith(prefix) and n.endswith(".tmp")]
+    except OSError:
+        return
+    for n in names:
+        with contextlib.suppress(OSError):
+            os.unlink(path.parent / n)  # a symlink is removed, never followed
+            log.info("removed stale temporary file %s (a write was interrupted)", path.parent / n)
+
+
+def _open_temp(tmp: Path) -> int:
+    """Create the temporary file, never following a symlink planted at its name."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(tmp, flags, 0o644)
+    except FileExistsError:
+        os.unlink(tmp)  # planted, or left by an earlier process with our pid: remove the name
+        return os.open(tmp, flags, 0o644)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write `data` as JSON to `path` atomically: a temporary file created O_EXCL|O_NOFOLLOW,
+    fsync, rename, fsync of the directory; stale temporary files removed first. Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with os.fdopen(_open_temp(tmp), "w") as f:
+            json.dump(data, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
 
 class StateError(ValueError):
@@ -511,28 +558,6 @@ class StateFile:
             with contextlib.suppress(OSError):
                 p.unlink()
 
-    def _remove_stale_temps(self) -> None:
-        """Temporary files left by a writer killed mid-write. Only called under the lock, which
-        every writer holds from creating its temporary file to renaming it, so any found are stale."""
-        try:
-            names = [n for n in os.listdir(self.dir) if n.startswith(TMP_PREFIX) and n.endswith(".tmp")]
-        except OSError:
-            return
-        for n in names:
-            with contextlib.suppress(OSError):
-                os.unlink(self.dir / n)  # a symlink is removed, never followed
-                log.info("state file: removed stale temporary file %s (a write was interrupted)",
-                         self.dir / n)
-
-    def _open_temp(self, tmp: Path) -> int:
-        """Create the temporary file, never following a symlink planted at its name."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-        try:
-            return os.open(tmp, flags, 0o644)
-        except FileExistsError:
-            os.unlink(tmp)  # ours from an earlier pid with our number, or planted: remove the name
-            return os.open(tmp, flags, 0o644)
-
     def changed_on_disk(self) -> bool:
         """True when someone else (ack) wrote the file since we last read or wrote it."""
         try:
@@ -551,25 +576,10 @@ class StateFile:
             self.take_recoveries(store)
             data = store.to_state(self.boot_id)
             data["kmsg"] = self.kmsg
-            tmp = self.path.with_name(f"{TMP_PREFIX}{os.getpid()}.tmp")
             try:
-                self.dir.mkdir(parents=True, exist_ok=True)
-                self._remove_stale_temps()
-                with os.fdopen(self._open_temp(tmp), "w") as f:
-                    json.dump(data, f, separators=(",", ":"))
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
-                with contextlib.suppress(OSError):
-                    dfd = os.open(self.dir, os.O_RDONLY)
-                    try:
-                        os.fsync(dfd)
-                    finally:
-                        os.close(dfd)
+                write_json_atomic(self.path, data)
                 self._mtime = os.stat(self.path).st_mtime
             except OSError as e:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
                 self._problem("unwritable", f"cannot write (counts kept in memory): {e.strerror or e}",
                               write=True)
                 return False

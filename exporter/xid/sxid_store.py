@@ -11,15 +11,14 @@ file of an older exporter without SXids simply leaves them to be counted from th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exporter.xid.store import write_json_atomic
 from exporter.xid.sxid import SEVERITIES
 
 log = logging.getLogger("exporter.xid.sxid")
@@ -135,16 +134,16 @@ class SxidStateFile:
 
     def read(self) -> dict | None:
         try:
-            text = self.path.read_text()
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as e:
             self._fail("unreadable", f"cannot read: {e.strerror or e}")
             return None
         try:
-            st = json.loads(text)
+            st = json.loads(raw.decode("utf-8"))  # not UTF-8 is corrupt too, never a crash
             validate_state(st)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             self._fail("corrupt", f"corrupt, ignored (SXids are counted from the kernel log): {e}")
             return None
         if not self.boot_id or st.get("boot_id") != self.boot_id or st.get("kmsg") != self.source:
@@ -154,17 +153,9 @@ class SxidStateFile:
 
     def write(self, store: SxidStore) -> bool:
         data = store.to_state(self.boot_id, self.source)
-        tmp = self.path.with_name(f".{STATE_NAME}.{os.getpid()}.tmp")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w") as f:
-                json.dump(data, f, separators=(",", ":"))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            write_json_atomic(self.path, data)  # only the daemon writes it
         except OSError as e:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             self._fail("unwritable", f"cannot write (counts kept in memory): {e.strerror or e}")
             return False
         self.problem = ""
