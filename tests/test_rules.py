@@ -38,7 +38,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_there_are_rules_and_suites():
-    assert {p.name for p in rule_files()} == {"gpu.yml", "xid.yml", "efa.yml", "fsx.yml", "exporter.yml"}
+    assert {p.name for p in rule_files()} == {"gpu.yml", "xid.yml", "efa.yml", "fsx.yml", "exporter.yml",
+                                              "fabric.yml", "ec2.yml"}
     assert len(suites()) >= 5
     assert len(alerts()) >= 40
 

@@ -109,11 +109,11 @@ def test_fixture_counts_each_report_once_and_never_a_continuation(tmp_path):
     text = scrape(Runner([NvswitchCollector(ctx)], deadline_s=5))
     assert promtool_check_metrics(text) == ""
     assert value(text, "gpu_nvswitch_sxid_errors_total", switch="1", pci_bus_id="00000000:06:00.0",
-                 sxid="20034", severity="fatal", tier="reboot") == 1
+                 sxid="20034", sxid_severity="fatal", tier="reboot") == 1
     # the fixture's lines come from several machines: 0000:05:00.0 was nvswitch3 on one and
     # nvswitch0 on another; the switch label is the index last seen at the address
     assert value(text, "gpu_nvswitch_sxid_errors_total", switch="0", pci_bus_id="00000000:05:00.0",
-                 sxid="12028", severity="non_fatal", tier="reboot") == 1
+                 sxid="12028", sxid_severity="non_fatal", tier="reboot") == 1
     tiers = {dict(ls)["tier"] for (n, ls), _ in samples(text).items()
              if n == "gpu_nvswitch_sxid_errors_total"}
     assert tiers == {"reboot", "ignore", "unknown"}

@@ -26,9 +26,10 @@ declare_section("nvswitch", "NVSwitch SXid errors from the kernel log, counted s
 SXID_ERRORS = define(
     "gpu_nvswitch_sxid_errors_total", "counter",
     "NVSwitch SXid reports since the node booted, per switch (driver index nvidia-nvswitch<N> and PCI "
-    "address), SXid code and severity on the line (fatal, non_fatal, correctable, unknown); kept across "
-    "exporter restarts. tier is the policy tier (reboot, replace, ignore, unknown).",
-    ("switch", "pci_bus_id", "sxid", "severity", "tier"), collector="nvswitch")
+    "address), SXid code and the severity on the line (sxid_severity: fatal, non_fatal, correctable, "
+    "unknown; not `severity`, which alerts use for routing); kept across exporter restarts. tier is the "
+    "policy tier (reboot, replace, ignore, unknown).",
+    ("switch", "pci_bus_id", "sxid", "sxid_severity", "tier"), collector="nvswitch")
 SXID_DROPPED = define(
     "gpu_health_exporter_sxid_reports_dropped_total", "counter",
     "SXid reports not counted: a code outside 10000-99999 or more than 256 series (a guard against a "
@@ -58,7 +59,7 @@ class NvswitchCollector(Collector):
         out.declare(SXID_ERRORS)
         for (pci, sxid, severity), c in sorted(svc.sxids.snapshot().items()):
             out.add(SXID_ERRORS, c.count, switch=str(svc.sxids.switches.get(pci, "")),
-                    pci_bus_id=pci_label(pci), sxid=str(sxid), severity=severity,
+                    pci_bus_id=pci_label(pci), sxid=str(sxid), sxid_severity=severity,
                     tier=self.policy.tier(sxid, severity))
         out.add(SXID_DROPPED, svc.sxids.dropped)
 
