@@ -18,13 +18,16 @@ time, the exporter's CPU time per scrape, its RSS along the way and its peak RSS
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -35,7 +38,6 @@ from exporter import collectors  # noqa: E402
 from exporter.collector import Context  # noqa: E402
 from exporter.config import load  # noqa: E402
 from exporter.nvml.backend import NvmlError  # noqa: E402
-from exporter.nvml.session import nvml_session  # noqa: E402
 from exporter.runner import Runner  # noqa: E402
 from tests.helpers import free_port, wait_until_serving  # noqa: E402
 
@@ -100,7 +102,7 @@ def use_replicated(ctx: Context, n: int) -> None:
     from exporter.nvml.pynvml_backend import PynvmlBackend
     from exporter.nvml.session import NvmlSession
 
-    ctx.shared["nvml"] = NvmlSession(Replicated(PynvmlBackend(), n))
+    ctx.nvml = NvmlSession(Replicated(PynvmlBackend(), n))
 
 
 def bench_collector(real: bool, sim, parallel: bool, n: int) -> dict:  # noqa: ANN001
@@ -119,7 +121,7 @@ def bench_collector(real: bool, sim, parallel: bool, n: int) -> dict:  # noqa: A
         runner.collect()
     walls, cpu = timed(runner.collect, n)
     gpus = len(c.gpus)
-    ok = sum(1 for g in ctx.shared["gpu_health"].gpus.values() if not g.lost)
+    ok = sum(1 for g in runner.readings["gpu"].gpus.values() if not g.lost)
     out = {**ms(walls), "cpu_ms_per_scrape": round(cpu * 1e3, 3), "gpus": gpus, "gpus_ok": ok,
            "slow_pass_all_gpus_ms": round(slow_s * 1e3, 2)}
     runner.close()
@@ -170,7 +172,8 @@ def batched_every_scrape(be, i: int) -> None:  # noqa: ANN001
 
 def bench_naive(real: bool, sim, n: int, read=naive_read) -> dict:  # noqa: ANN001
     ctx = context(real, None, sim)
-    s = nvml_session(ctx)
+    s = ctx.nvml
+    s.ensure()
 
     def once() -> None:
         for d in s.devices:
@@ -181,13 +184,11 @@ def bench_naive(real: bool, sim, n: int, read=naive_read) -> dict:  # noqa: ANN0
     return {**ms(walls), "cpu_ms_per_scrape": round(cpu * 1e3, 3), "gpus": len(s.devices)}
 
 
-def bench_exporter(real: bool, profile: str, only: str | None, n: int) -> dict:
-    """The exporter as deployed (a subprocess serving HTTP): n scrapes of /metrics, their wall
-    time, the exporter's CPU time per scrape, its RSS along the way and its peak RSS."""
-    import subprocess
-
-    import requests
-
+@contextlib.contextmanager
+def exporter_process(real: bool, profile: str,
+                     only: str | None) -> Iterator[tuple[subprocess.Popen, str, list[str]]]:
+    """The exporter as deployed (a subprocess serving HTTP), simulated unless `real`; yields the
+    process, its /metrics URL and its command line once it has served a first scrape."""
     port = free_port()
     root = Path(__file__).resolve().parent.parent
     cmd = [sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{port}", "--log-level", "warning"]
@@ -199,7 +200,22 @@ def bench_exporter(real: bool, profile: str, only: str | None, n: int) -> dict:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
-        wait_until_serving(url, proc, 30, "exporter")
+        wait_until_serving(url, proc, 60, "exporter")
+        yield proc, url, cmd
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def bench_exporter(real: bool, profile: str, only: str | None, n: int) -> dict:
+    """n scrapes of /metrics of one exporter process: their wall time, the exporter's CPU time
+    per scrape, its RSS along the way and its peak RSS."""
+    import requests
+
+    with exporter_process(real, profile, only) as (proc, url, cmd):
         time.sleep(1.0)  # let the first slow-cadence reading land
         ps = psutil.Process(proc.pid)
         session = requests.Session()
@@ -231,12 +247,36 @@ def bench_exporter(real: bool, profile: str, only: str | None, n: int) -> dict:
         return {**ms(walls), "exporter_cpu_ms_per_scrape": round(cpu * 1e3, 3),
                 "collectors_last_scrape": status, "bytes": len(text), "rss_mib": rss, "peak_rss_mib": peak,
                 "command": " ".join(cmd[1:])}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+
+
+def bench_whole_vs_single(real: bool, profile: str, n: int) -> dict:
+    """Whole scrape against each collector alone: one exporter per collector plus one with all,
+    running side by side and scraped round-robin (so load on the host hits all alike); the
+    median HTTP scrape of each, and the whole scrape over the slowest single collector's. Goal
+    (issue 14): at most 1.2, i.e. the collectors overlap and the verdict waits for nothing but
+    the GPU reading it uses."""
+    import requests
+
+    setups = [*collectors.collector_classes(), None]  # None: every enabled collector
+    walls: dict[str, list[float]] = {name or "all": [] for name in setups}
+    with contextlib.ExitStack() as stack:
+        urls = {name or "all": stack.enter_context(exporter_process(real, profile, name))[1]
+                for name in setups}
+        time.sleep(1.0)  # first slow-cadence readings land
+        session = requests.Session()
+        for _ in range(10):  # warm up
+            for url in urls.values():
+                session.get(url, timeout=10)
+        for _ in range(n):
+            for key, url in urls.items():
+                t = time.perf_counter()
+                session.get(url, timeout=10)
+                walls[key].append(time.perf_counter() - t)
+    medians = {k: round(statistics.median(v) * 1e3, 3) for k, v in walls.items()}
+    single = {k: v for k, v in medians.items() if k != "all"}
+    slowest = max(single, key=single.get)
+    return {"median_ms": medians, "slowest_single": slowest,
+            "whole_over_slowest": round(medians["all"] / single[slowest], 3), "n": n}
 
 
 def main() -> int:
@@ -248,6 +288,10 @@ def main() -> int:
     p.add_argument("--skip-whole", action="store_true", help="skip the exporter-process part")
     p.add_argument("--all-scrapes", type=int, default=None,
                    help="scrapes of the all-collectors exporter (default: --scrapes)")
+    p.add_argument("--whole-scrapes", type=int, default=300,
+                   help="round-robin scrapes of the whole-vs-single comparison (default 300)")
+    p.add_argument("--only-whole", action="store_true",
+                   help="only the whole-scrape vs slowest-single-collector comparison")
     p.add_argument("--replicate", type=int, default=0, metavar="N",
                    help="with --real: present GPU 0 as N GPUs to the collector (one-GPU hosts)")
     p.add_argument("--json", metavar="FILE", help="also write the results here")
@@ -269,15 +313,19 @@ def main() -> int:
         print(f"{name}: {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
 
     try:
-        stage("gpu_collector_serial", lambda: bench_collector(args.real, sim, False, args.scrapes))
-        stage("gpu_collector_parallel", lambda: bench_collector(args.real, sim, True, args.scrapes))
-        stage("naive_one_call_at_a_time", lambda: bench_naive(args.real, sim, args.naive_scrapes))
-        stage("batched_every_scrape_no_cadence",
-              lambda: bench_naive(args.real, sim, args.naive_scrapes, batched_every_scrape))
-        if not args.skip_whole:
+        if not args.only_whole:
+            stage("gpu_collector_serial", lambda: bench_collector(args.real, sim, False, args.scrapes))
+            stage("gpu_collector_parallel", lambda: bench_collector(args.real, sim, True, args.scrapes))
+            stage("naive_one_call_at_a_time", lambda: bench_naive(args.real, sim, args.naive_scrapes))
+            stage("batched_every_scrape_no_cadence",
+                  lambda: bench_naive(args.real, sim, args.naive_scrapes, batched_every_scrape))
+        if not args.skip_whole and not args.only_whole:
             stage("exporter_gpu_only", lambda: bench_exporter(args.real, args.profile, "gpu", args.scrapes))
             stage("exporter_all_collectors",
                   lambda: bench_exporter(args.real, args.profile, None, args.all_scrapes or args.scrapes))
+        if not args.skip_whole:
+            stage("whole_scrape_vs_slowest_single_collector",
+                  lambda: bench_whole_vs_single(args.real, args.profile, args.whole_scrapes))
     finally:
         if sim is not None:
             sim.close()

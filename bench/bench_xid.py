@@ -77,7 +77,6 @@ import exporter.collectors.xid  # noqa: F401 - declares the xid config section
 from exporter.xid.service import XidService
 ctx = Context(config=load(None, {"paths.kmsg": sys.argv[2], "paths.state_dir": sys.argv[3],
                                  "paths.procfs": sys.argv[3], "xid.nvml_events": False}))
-ctx.shared["nvml"] = None
 svc = XidService(ctx)
 svc.session = lambda: None
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

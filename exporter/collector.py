@@ -4,23 +4,32 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from exporter.catalog import Families
 
 if TYPE_CHECKING:
     from exporter.config import Config
+    from exporter.imds import IdentitySource
+    from exporter.nvml.session import NvmlSession
     from exporter.simulate import Simulation
+    from exporter.xid.service import XidService
 
 
 @dataclass
 class Context:
-    """What collectors share: the validated config and objects owned by the process.
+    """What collectors are built from: the validated config, where the sources are, and the
+    process-wide objects several collectors use. The composition root (exporter.cli, a test)
+    makes one Context per process; each object is created once, here, and handed over:
 
-    `shared` holds lazily created objects that several collectors use (for example the one
-    NVML session the GPU and XID collectors both talk to), keyed by name.
+    - `nvml`: the one NVML session (GPU collector, XID events, verdict). Creating it costs
+      nothing; the backend (pynvml, a capture) is loaded on its first `ensure()`.
+    - `identity`: the instance identity (config, then the background IMDS lookup).
+    - `xid`: the XID service (xid and health collectors, `check`, `ack`), built on first use
+      so a node without them never loads the XID machinery.
     """
 
     config: Config
@@ -30,17 +39,33 @@ class Context:
     simulation: Simulation | None = None
     scenarios: tuple[str, ...] = ()
     nvml_latencies: bool = False
-    shared: dict[str, Any] = field(default_factory=dict)
+    nvml: NvmlSession | None = None  # None: made from the fields above
+    identity: IdentitySource | None = None  # None: made from the config
 
-    def get_shared(self, key: str, factory):  # noqa: ANN001 - any zero-argument callable
-        if key not in self.shared:
-            self.shared[key] = factory()
-        return self.shared[key]
+    def __post_init__(self) -> None:
+        from exporter.imds import IdentitySource
+        from exporter.nvml.session import NvmlSession
+
+        if self.nvml is None:
+            self.nvml = NvmlSession.for_source(self.nvml_capture, self.simulation, self.scenarios,
+                                               self.nvml_latencies)
+        if self.identity is None:
+            self.identity = IdentitySource(self.config, simulated=self.simulation is not None
+                                           or bool(self.nvml_capture))
+
+    @cached_property
+    def xid(self) -> XidService:
+        from exporter.xid.service import XidService
+
+        return XidService(self)
 
 
 class Collector(ABC):
     """One source. `collect` fills `out` or raises; the runner turns a raise (or a deadline
-    miss) into collector_success 0 for that scrape and keeps serving the other collectors."""
+    miss) into collector_success 0 for that scrape and keeps serving the other collectors.
+
+    What `collect` returns is its reading: the runner hands it to the collectors that depend on
+    this one (`Derived`), in the same collection. Most collectors return None."""
 
     name: str = ""
 
@@ -55,8 +80,42 @@ class Collector(ABC):
         """Stop background work. Called once at shutdown."""
 
     @abstractmethod
-    def collect(self, out: Families) -> None:
-        """Add this source's samples to `out`; raise to report the source as failed."""
+    def collect(self, out: Families) -> Any:
+        """Add this source's samples to `out`; raise to report the source as failed. Returns the
+        reading dependants get (None when no collector depends on this one)."""
+
+
+class Derived(Collector):
+    """A collector computed from other collectors' readings of the same collection (the verdict
+    from the GPU collector's reading). The runner starts `derive` as soon as every collector in
+    `depends_on` has finished (or missed its deadline) and passes `inputs[name]` for each:
+
+    - the reading that collector returned in this collection, or handed over with `Failed`;
+    - None when it raised anything else, missed its deadline, is still stuck in an earlier
+      collection, or does not run (disabled, or not built). Never an older reading: a verdict
+      from a stale GPU reading would show a GPU lost since as present.
+
+    To give a derived collector a new input: add the collector's name to `depends_on`, return
+    the reading from that collector's `collect`, and read `inputs[name]` in `derive`."""
+
+    depends_on: tuple[str, ...] = ()
+
+    def collect(self, out: Families) -> Any:
+        """Run alone (no runner): every input is missing."""
+        return self.derive(out, dict.fromkeys(self.depends_on))
+
+    @abstractmethod
+    def derive(self, out: Families, inputs: Mapping[str, Any]) -> Any:
+        """Like `collect`, from the inputs described in the class docstring."""
+
+
+class Failed(Exception):  # noqa: N818 - reads as `raise Failed(...)`
+    """Raised by a collector whose source failed but that still has a reading for its dependants
+    (the GPU collector when NVML cannot be used: the verdict reports nvml_unavailable)."""
+
+    def __init__(self, message: str, reading: Any) -> None:
+        super().__init__(message)
+        self.reading = reading
 
 
 class ProblemLog:

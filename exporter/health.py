@@ -1,8 +1,8 @@
 """The per-GPU health facts the GPU collector reads each scrape and the verdict consumes.
 
-The GPU collector publishes a `NodeGpuHealth` in `ctx.shared["gpu_health"]` after every
-collection; the XID/verdict code reads it rather than calling NVML a second time. The one-shot
-`check` command runs the GPU collector once to fill it.
+The GPU collector returns a `NodeGpuHealth` from every collection; the runner hands it to the
+health collector (the verdict) of the same collection, which reads it rather than calling NVML
+a second time. The one-shot `check` command runs both collectors once the same way.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ IMDSv2: PUT /latest/api/token, then GETs with the token, each with a short timeo
 runs on a background thread started once per process: the first try at start-up, then retries
 with capped exponential back-off (and jitter, so a fleet restarted together does not retry in
 step) until it succeeds. Start-up and scrapes never wait for it; until it succeeds the identity
-comes from config alone. The result is published as ctx.shared["instance_identity"]
-(exporter.node reads `instance_type` from it).
+comes from config alone. `IdentitySource` (Context.identity, one per process) holds config and
+what IMDS found; exporter.node reads the instance type from it.
 
 IMDS is never consulted under --simulate or --nvml-capture (not a real node), when
 `instance.imds` is false, or when the environment sets GPU_HEALTH_EXPORTER_IMDS=off (tests).
@@ -21,17 +21,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from exporter.collector import Context
 from exporter.config import Key, declare_section, positive
+
+if TYPE_CHECKING:
+    from exporter.config import Config
 
 log = logging.getLogger("exporter.imds")
 
 SECTION = "instance"
 ENV_SWITCH = "GPU_HEALTH_EXPORTER_IMDS"
-SHARED_KEY = "instance_identity"
-LOOKUP_KEY = "instance_identity_lookup"
 TOKEN_TTL_S = 21600
 EVENTS_PATH = "events/maintenance/scheduled"
 T = TypeVar("T")
@@ -229,55 +229,58 @@ class IdentityLookup(ImdsPoller[InstanceIdentity]):
         super().__init__(client.fetch, publish, "instance identity", first_retry_s, max_retry_s)
 
 
-def imds_allowed(ctx: Context) -> bool:
-    if ctx.simulation is not None or ctx.nvml_capture:
+def imds_allowed(config: Config, simulated: bool) -> bool:
+    """IMDS is never asked for a simulated node or a capture, nor when config or the environment
+    turn it off."""
+    if simulated or os.environ.get(ENV_SWITCH, "").lower() in ("off", "0", "false", "no"):
         return False
-    if os.environ.get(ENV_SWITCH, "").lower() in ("off", "0", "false", "no"):
-        return False
-    return bool(getattr(ctx.config, SECTION).imds)
+    return bool(getattr(config, SECTION).imds)
 
 
-def configured_identity(ctx: Context) -> InstanceIdentity:
-    sec = getattr(ctx.config, SECTION)
-    return InstanceIdentity(ctx.config.node.instance_type, sec.instance_id, sec.availability_zone)
+class IdentitySource:
+    """The process's instance identity: config values first, then what IMDS found."""
+
+    def __init__(self, config: Config, simulated: bool = False) -> None:
+        sec = getattr(config, SECTION, None)  # None: loaded before this module declared the section
+        self.config = config
+        self.imds_allowed = sec is not None and imds_allowed(config, simulated)
+        self.configured = InstanceIdentity(config.node.instance_type, getattr(sec, "instance_id", None),
+                                           getattr(sec, "availability_zone", None))
+        self.found: InstanceIdentity | None = None  # set once by the lookup thread
+        self.lookup: IdentityLookup | None = None
+        self._lock = threading.Lock()
+
+    def current(self) -> InstanceIdentity:
+        conf, found = self.configured, self.found
+        if found is None:
+            return conf
+        return InstanceIdentity(conf.instance_type or found.instance_type,
+                                conf.instance_id or found.instance_id,
+                                conf.availability_zone or found.availability_zone)
+
+    def publish(self, ident: InstanceIdentity) -> None:
+        self.found = ident
+
+    def start_lookup(self) -> IdentityLookup | None:
+        """Start the background IMDS lookup once (any collector that needs the identity calls this
+        from its start()). None when IMDS is off or config already gives every field."""
+        conf = self.configured
+        if not self.imds_allowed or (conf.instance_type and conf.instance_id and conf.availability_zone):
+            return None
+        with self._lock:
+            if self.lookup is None:
+                sec = getattr(self.config, SECTION)
+                client = ImdsClient(sec.imds_endpoint, sec.imds_timeout_seconds)
+                self.lookup = IdentityLookup(client, self.publish, max_retry_s=sec.imds_retry_max_seconds)
+                self.lookup.start()
+        return self.lookup
 
 
-def identity(ctx: Context) -> InstanceIdentity:
-    """Config values first, then what IMDS found (fields config leaves unset)."""
-    conf = configured_identity(ctx)
-    found = ctx.shared.get(SHARED_KEY)
-    if found is None:
-        return conf
-    return InstanceIdentity(conf.instance_type or found.instance_type, conf.instance_id or found.instance_id,
-                            conf.availability_zone or found.availability_zone)
-
-
-def ensure_lookup(ctx: Context) -> IdentityLookup | None:
-    """Start the process-wide IMDS lookup once (any collector that needs the identity calls this
-    from its start()). None when IMDS is off or config already gives every field."""
-    if not imds_allowed(ctx):
-        return None
-    conf = configured_identity(ctx)
-    if conf.instance_type and conf.instance_id and conf.availability_zone:
-        return None
-    sec = getattr(ctx.config, SECTION)
-
-    def make() -> IdentityLookup:
-        def publish(ident: InstanceIdentity) -> None:
-            ctx.shared[SHARED_KEY] = ident
-
-        return IdentityLookup(ImdsClient(sec.imds_endpoint, sec.imds_timeout_seconds), publish,
-                              max_retry_s=sec.imds_retry_max_seconds)
-
-    lookup = ctx.get_shared(LOOKUP_KEY, make)
-    lookup.start()
-    return lookup
-
-
-def events_poller(ctx: Context, publish: Callable[[list[ScheduledEvent]], None]) -> ImdsPoller | None:
+def events_poller(identity: IdentitySource,
+                  publish: Callable[[list[ScheduledEvent]], None]) -> ImdsPoller | None:
     """A started poller of the scheduled events, or None when IMDS or the events are off."""
-    sec = getattr(ctx.config, SECTION)
-    if not imds_allowed(ctx) or not sec.scheduled_events:
+    sec = getattr(identity.config, SECTION)
+    if not identity.imds_allowed or not sec.scheduled_events:
         return None
     client = ImdsClient(sec.imds_endpoint, sec.imds_timeout_seconds)
     poller = ImdsPoller(client.fetch_events, publish, "scheduled events",

@@ -7,12 +7,9 @@ from exporter.profiles import Profile, lookup
 
 
 def instance_type(ctx: Context) -> str | None:
-    """The instance type from config, else from instance metadata (filled in the background by
-    the EFA/instance collector under ctx.shared["instance_identity"])."""
-    if ctx.config.node.instance_type:
-        return ctx.config.node.instance_type
-    ident = ctx.shared.get("instance_identity")
-    return getattr(ident, "instance_type", None) if ident else None
+    """The instance type from config, else from instance metadata (looked up in the background
+    once the EFA or instance collector starts)."""
+    return ctx.identity.current().instance_type
 
 
 def profile(ctx: Context) -> Profile | None:

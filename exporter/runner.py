@@ -1,5 +1,8 @@
 """Runs the collectors for a scrape: one shared in-flight collection, per-collector deadlines,
-per-collector success and duration metrics, and errors logged when a source's state changes."""
+per-collector success and duration metrics, and errors logged when a source's state changes.
+
+Derived collectors (exporter.collector.Derived, the verdict) start when the collectors they
+depend on finish in the same collection, and get their readings; see Derived for the rule."""
 
 from __future__ import annotations
 
@@ -7,16 +10,17 @@ import logging
 import platform
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.core import Metric
 
 from exporter import __version__
 from exporter.catalog import Families, define
-from exporter.collector import Collector
+from exporter.collector import Collector, Derived, Failed
 from exporter.config import Config
 
 log = logging.getLogger("exporter.runner")
@@ -49,6 +53,16 @@ class CollectorStatus:
     duration: float = 0.0
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """One collector's result in one collection."""
+
+    ok: bool
+    error: str
+    took: float
+    reading: Any = None
+
+
 class Runner:
     """Collects all collectors on demand. Concurrent callers share the collection in flight."""
 
@@ -63,6 +77,7 @@ class Runner:
         self._running: dict[str, Future] = {}  # a collector's future that may outlive a deadline
         self._lock = threading.Lock()
         self._inflight: Future | None = None
+        self.readings: dict[str, Any] = {}  # the last collection's readings (what dependants got)
         self.scrapes = 0
         self.collections = 0
         self.ready = threading.Event()
@@ -113,49 +128,76 @@ class Runner:
         self.collections += 1
         start = time.monotonic()
         pending: dict[str, tuple[Future | None, Families, float]] = {}
-        for c in self.collectors:
+        # sources first, so a derived collector's dependencies are submitted before it
+        for c in sorted(self.collectors, key=lambda c: isinstance(c, Derived)):
             out = Families()
             deadline = self.deadlines.get(c.name, self.deadline_s)
             prev = self._running.get(c.name)
             if prev is not None and not prev.done():
                 pending[c.name] = (None, out, deadline)  # still stuck in an earlier collection
                 continue
-            fut = self._pool.submit(self._timed, c, out)
+            if isinstance(c, Derived):
+                deps = {d: (pending[d][0], start + min(pending[d][2], deadline))
+                        for d in c.depends_on if d in pending}
+                fut = self._pool.submit(self._derive, c, out, deps)
+            else:
+                fut = self._pool.submit(self._timed, c, out)
             self._running[c.name] = fut
             pending[c.name] = (fut, out, deadline)
         metrics: list[Metric] = []
         own = Families()
-        for name, (fut, out, deadline) in pending.items():
+        readings: dict[str, Any] = {}
+        for c in self.collectors:
+            fut, out, deadline = pending[c.name]
             if fut is None:
-                ok, err, took = False, "still running past its deadline from an earlier collection", deadline
+                res = Outcome(False, "still running past its deadline from an earlier collection", deadline)
             else:
                 remaining = max(0.0, start + deadline - time.monotonic())
                 try:
-                    ok, err, took = fut.result(timeout=remaining)
+                    res = fut.result(timeout=remaining)
                 except FutureTimeout:
-                    ok, err, took = False, f"missed its {deadline:g}s deadline", deadline
-            self._record(name, ok, err, took)
-            own.add(COLLECTOR_SUCCESS, 1 if ok else 0, collector=name)
-            own.add(COLLECTOR_DURATION, took, collector=name)
-            if ok:
+                    res = Outcome(False, f"missed its {deadline:g}s deadline", deadline)
+            self._record(c.name, res)
+            readings[c.name] = res.reading
+            own.add(COLLECTOR_SUCCESS, 1 if res.ok else 0, collector=c.name)
+            own.add(COLLECTOR_DURATION, res.took, collector=c.name)
+            if res.ok:
                 metrics.extend(out)
         own.add(BUILD_INFO, 1, version=__version__, python_version=platform.python_version())
         own.add(SCRAPES, self.scrapes)
         own.add(COLLECTIONS, self.collections)
         metrics.extend(own)
+        self.readings = readings
         self.ready.set()
         return metrics
 
+    def _derive(self, c: Derived, out: Families, deps: Mapping[str, tuple[Future | None, float]]) -> Outcome:
+        """Wait for each dependency of this collection (until its deadline, never past the derived
+        collector's own), then derive from what they handed over (None for a missing one)."""
+        inputs: dict[str, Any] = dict.fromkeys(c.depends_on)
+        for name, (fut, until) in deps.items():
+            if fut is None:
+                continue  # stuck in an earlier collection
+            try:
+                inputs[name] = fut.result(timeout=max(0.0, until - time.monotonic())).reading
+            except FutureTimeout:
+                pass
+        return self._timed(c, out, inputs)
+
     @staticmethod
-    def _timed(c: Collector, out: Families) -> tuple[bool, str, float]:
+    def _timed(c: Collector, out: Families, inputs: Mapping[str, Any] | None = None) -> Outcome:
+        """Run one collector (a derived one with its `inputs`) and catch what it raises."""
         t = time.monotonic()
         try:
-            c.collect(out)
-            return True, "", time.monotonic() - t
+            reading = c.derive(out, inputs) if isinstance(c, Derived) else c.collect(out)
+            return Outcome(True, "", time.monotonic() - t, reading)
+        except Failed as e:
+            return Outcome(False, f"{e}", time.monotonic() - t, e.reading)
         except Exception as e:  # noqa: BLE001 - one broken source must not take the others down
-            return False, f"{type(e).__name__}: {e}", time.monotonic() - t
+            return Outcome(False, f"{type(e).__name__}: {e}", time.monotonic() - t)
 
-    def _record(self, name: str, ok: bool, err: str, took: float) -> None:
+    def _record(self, name: str, res: Outcome) -> None:
+        ok, err, took = res.ok, res.error, res.took
         st = self.status[name]
         if not ok and (st.ok is not False or st.error != err):
             log.error("collector %s failed: %s", name, err)

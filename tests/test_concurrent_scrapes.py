@@ -7,7 +7,6 @@ import requests
 
 from exporter import collectors
 from exporter.cli import build_context, build_parser
-from exporter.nvml.session import nvml_session
 from exporter.runner import Runner
 from exporter.server import Server
 from tests.helpers import value
@@ -21,7 +20,7 @@ def test_twenty_concurrent_scrapes_make_one_set_of_nvml_calls():
     url = f"http://127.0.0.1:{srv.port}/metrics"
     try:
         requests.get(url, timeout=10)  # first collection: static values read once
-        fake = nvml_session(ctx).backend
+        fake = ctx.nvml.backend
         fake.slow_down(3, 0.03)  # every call on GPU 3 takes 30 ms longer: a collection takes ~0.4 s
         before = fake.calls_made
         requests.get(url, timeout=10)

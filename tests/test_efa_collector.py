@@ -274,10 +274,10 @@ def test_expected_devices_config_wins_and_unknown_is_absent(tmp_path):
 
 
 def test_expected_devices_from_imds_identity(tmp_path):
-    from exporter.imds import SHARED_KEY, InstanceIdentity
+    from exporter.imds import InstanceIdentity
 
     c = collector(tmp_path)
-    c.ctx.shared[SHARED_KEY] = InstanceIdentity("p4d.24xlarge", "i-0abc", "us-east-1a")
+    c.ctx.identity.publish(InstanceIdentity("p4d.24xlarge", "i-0abc", "us-east-1a"))
     assert value(run(c), "efa_devices_expected") == 4
 
 

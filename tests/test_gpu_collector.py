@@ -13,6 +13,7 @@ from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
 from exporter.collectors import collector_classes
 from exporter.config import load
+from exporter.health import NodeGpuHealth
 from exporter.nvml import backend as b
 from exporter.nvml.fake import FakeBackend, field_ids
 from exporter.nvml.scenarios import FAULTY_GPU, ONSET_S
@@ -43,9 +44,8 @@ def make(fake: FakeBackend | None = None, profile: str | None = None,
     overrides = {f"gpu.{k}": v for k, v in gpu_cfg.items()}
     if profile:
         overrides["node.instance_type"] = profile
-    ctx = Context(config=load(None, overrides), nvml_capture=None if fake else str(CAPTURE))
-    if fake is not None:
-        ctx.shared["nvml"] = NvmlSession(fake)
+    ctx = Context(config=load(None, overrides), nvml_capture=None if fake else str(CAPTURE),
+                  nvml=NvmlSession(fake) if fake is not None else None)
     return ctx, GpuCollector(ctx)
 
 
@@ -54,12 +54,20 @@ def run(c: Collector, *others: Collector, deadline: float = 5.0) -> tuple[str, d
     return text, samples(text)
 
 
+def reading(c: GpuCollector) -> NodeGpuHealth:
+    """What the GPU collector hands the verdict from one collection."""
+    runner = Runner([c], deadline_s=5.0)
+    runner.collect()
+    return runner.readings[c.name]
+
+
 @pytest.fixture(scope="module")
-def capture_scrape() -> tuple[str, dict, Context]:
-    ctx, c = make()
+def capture_scrape() -> tuple[str, dict, NodeGpuHealth]:
+    _, c = make()
     c.refresh_slow(timeout=10)
-    text, ss = run(c)
-    return text, ss, ctx
+    runner = Runner([c], deadline_s=5.0)
+    text = scrape(runner)
+    return text, samples(text), runner.readings[c.name]
 
 
 G0 = {"gpu": "0", "uuid": ok("nvmlDeviceGetUUID"), "pci_bus_id": ok("nvmlDeviceGetPciInfo")["busId"]}
@@ -162,9 +170,8 @@ def test_pcie_and_no_nvlink_on_a_pcie_gpu(capture_scrape):
 
 
 def test_capture_scrape_is_promtool_clean_and_publishes_health(capture_scrape):
-    text, _, ctx = capture_scrape
+    text, _, h = capture_scrape
     assert promtool_check_metrics(text) == ""
-    h = ctx.shared["gpu_health"]
     assert h.count == 1 and h.nvml_error == ""
     g = h.gpus[0]
     assert (g.uuid, g.lost, g.row_remap_pending, g.row_remap_failure, g.recovery_action) == \
@@ -237,13 +244,13 @@ def test_gpu_lost_keeps_the_other_gpus(caplog):
         assert value(ss, "gpu_lost", gpu=str(i)) == 0 and value(ss, "gpu_read_success", gpu=str(i)) == 1
         assert value(ss, "gpu_temperature_celsius", gpu=str(i), sensor="gpu") > 0
     assert value(ss, "gpu_health_exporter_collector_success", collector="gpu") == 1
-    assert ctx.shared["gpu_health"].gpus[FAULTY_GPU].lost
-    assert ctx.shared["nvml"].lost == {FAULTY_GPU}
+    assert reading(c).gpus[FAULTY_GPU].lost
+    assert ctx.nvml.lost == {FAULTY_GPU}
     lost_logs = [r for r in caplog.records if "is lost" in r.getMessage()]
     assert len(lost_logs) == 1  # logged when it happens, not every scrape
     fake.restore(FAULTY_GPU)
     _, ss = run(c)
-    assert value(ss, "gpu_lost", gpu=str(FAULTY_GPU)) == 0 and ctx.shared["nvml"].lost == set()
+    assert value(ss, "gpu_lost", gpu=str(FAULTY_GPU)) == 0 and ctx.nvml.lost == set()
 
 
 def test_gpu_lost_mid_scrape():
@@ -370,13 +377,13 @@ def test_nvml_missing_fails_the_collector_with_one_log_line(caplog, monkeypatch)
     with caplog.at_level(logging.INFO):
         for _ in range(3):
             ss = samples(scrape(runner))
+    h = runner.readings["gpu"]  # handed over with the failure, for the verdict
     assert value(ss, "gpu_health_exporter_collector_success", collector="gpu") == 0
     assert value(ss, "gpu_health_exporter_collector_success", collector="other_for_test") == 1
     assert value(ss, "gpu_health_exporter_test_other_up") == 1
     failed = [r for r in caplog.records if "gpu" in r.getMessage() and "NVML" in r.getMessage()]
     assert len(failed) == 1, [r.getMessage() for r in caplog.records]
     assert "not installed" in failed[0].getMessage() or "Library Not Found" in failed[0].getMessage()
-    h = ctx.shared["gpu_health"]
     assert h.nvml_error and h.expected == 8 and h.count == 0
 
 
@@ -393,7 +400,7 @@ def test_scenarios_show_in_metrics():
     assert value(ss, "gpu_pcie_link_width", gpu=f) < value(ss, "gpu_pcie_link_width_max", gpu=f)
     assert value(ss, "gpu_recovery_action", gpu=f) == 2
     assert value(ss, "gpu_nvlink_up", gpu=f, link="7") == 0
-    h = ctx.shared["gpu_health"].gpus[FAULTY_GPU]
+    h = reading(c).gpus[FAULTY_GPU]
     assert h.row_remap_pending and h.recovery_action == 2
     sbe0 = value(ss, "gpu_ecc_errors_total", gpu=f, error_type="corrected", counter="volatile")
     fake.advance_to(10)
@@ -499,8 +506,8 @@ def test_packaged_nvml_data_matches_the_test_fixtures():
 def test_gpu_hung_at_start_does_not_hold_up_the_others():
     fake = FakeBackend.for_profile(PROFILES["p5.48xlarge"])
     fake.hang(2, seconds=30)
-    ctx = Context(config=load(None, {"gpu.read_timeout_seconds": 0.2, "node.instance_type": "p5.48xlarge"}))
-    ctx.shared["nvml"] = NvmlSession(fake, identity_timeout_s=0.3)
+    ctx = Context(config=load(None, {"gpu.read_timeout_seconds": 0.2, "node.instance_type": "p5.48xlarge"}),
+                  nvml=NvmlSession(fake, identity_timeout_s=0.3))
     c = GpuCollector(ctx)
     try:
         t = time.monotonic()
@@ -516,7 +523,7 @@ def test_gpu_hung_at_start_does_not_hold_up_the_others():
     assert value(ss, "gpu_read_success", gpu="2") == 1
     uuid = fake.call(2, "nvmlDeviceGetUUID")
     assert value(ss, "gpu_temperature_celsius", gpu="2", uuid=uuid, sensor="gpu") > 0
-    assert ctx.shared["nvml"].by_uuid(uuid).index == 2
+    assert ctx.nvml.by_uuid(uuid).index == 2
 
 
 def test_many_slow_gpus_still_end_the_scrape_in_time():

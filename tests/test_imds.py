@@ -200,18 +200,18 @@ def test_imds_off_in_simulation_env_and_config(fake, monkeypatch):
     sim = Simulation("p4d.24xlarge")
     try:
         ctx = Context(config=load(None, {"instance.imds_endpoint": fake.url}), simulation=sim)
-        assert imds.ensure_lookup(ctx) is None
+        assert ctx.identity.start_lookup() is None
     finally:
         sim.close()
-    assert imds.ensure_lookup(Context(config=load(None, {"instance.imds_endpoint": fake.url}),
-                                      nvml_capture="x.json")) is None
-    assert imds.ensure_lookup(ctx_for(fake.url, **{"instance.imds": False})) is None
+    assert Context(config=load(None, {"instance.imds_endpoint": fake.url}),
+                   nvml_capture="x.json").identity.start_lookup() is None
+    assert ctx_for(fake.url, **{"instance.imds": False}).identity.start_lookup() is None
     monkeypatch.setenv(imds.ENV_SWITCH, "off")
-    assert imds.ensure_lookup(ctx_for(fake.url)) is None
+    assert ctx_for(fake.url).identity.start_lookup() is None
     monkeypatch.delenv(imds.ENV_SWITCH)
     full = ctx_for(fake.url, **{"node.instance_type": "p5.48xlarge", "instance.instance_id": "i-1",
                                 "instance.availability_zone": "us-east-2a"})
-    assert imds.ensure_lookup(full) is None  # config already says everything
+    assert full.identity.start_lookup() is None  # config already says everything
     assert fake.requests == []
     # nothing known and IMDS off: no info metric at all
     ctx = ctx_for(fake.url, **{"instance.imds": False})

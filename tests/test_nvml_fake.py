@@ -293,17 +293,16 @@ def test_session_gpu_lost_at_start_is_marked():
     assert s.refresh_identity(2).uuid.startswith("GPU-")
 
 
-def test_nvml_session_uses_the_context_and_is_shared(tmp_path):
+def test_the_context_s_nvml_session_loads_its_backend_on_first_use(tmp_path):
     from exporter.collector import Context
     from exporter.config import load
-    from exporter.nvml.session import nvml_session
 
     ctx = Context(config=load(None), nvml_capture=str(CAPTURE))
-    s = nvml_session(ctx)
-    assert nvml_session(ctx) is s and isinstance(s.backend, FakeBackend) and s.ok
-    bad = Context(config=load(None), nvml_capture=str(tmp_path / "missing.json"))
-    s = nvml_session(bad)
-    assert not s.ok and "missing.json" in s.error
+    s = ctx.nvml
+    assert not isinstance(s.backend, FakeBackend)  # nothing loaded until someone uses NVML
+    assert s.ensure() and isinstance(s.backend, FakeBackend) and ctx.nvml is s
+    bad = Context(config=load(None), nvml_capture=str(tmp_path / "missing.json")).nvml
+    assert not bad.ensure() and "missing.json" in bad.error
 
 
 # --- the pynvml backend without a GPU -----------------------------------------------------------

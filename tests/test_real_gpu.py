@@ -198,7 +198,7 @@ def test_collector_serves_the_real_gpus(real):
     else:  # GPU nodes seldom have promtool: the scrape is saved to $OUT for checking elsewhere
         names = [f.name for f in text_string_to_metric_families(text)]
         assert len(names) == len(set(names)) > 25
-    h = ctx.shared["gpu_health"]
+    h = runner.readings["gpu"]
     assert h.count == n and not any(g.lost for g in h.gpus.values())
     runner.close()
     c.close()

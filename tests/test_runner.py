@@ -5,7 +5,7 @@ import threading
 import time
 
 from exporter.catalog import define
-from exporter.collector import Collector, Context
+from exporter.collector import Collector, Context, Derived, Failed
 from exporter.config import load
 from exporter.runner import Runner
 from tests.helpers import samples, scrape, value
@@ -115,3 +115,73 @@ def test_problem_log_says_each_change_once(caplog):
     p.report("mount /fsx", "")  # forgotten: nothing to clear, nothing logged
     assert [r.getMessage() for r in caplog.records if r.name == "test.problems"] == [
         "GPU 3: Timeout", "GPU 3: GPU is lost", "GPU 3: fine again", "mount /fsx: statvfs failed"]
+
+
+# --- derived collectors: explicit dependencies within one collection ----------------------------
+class Source(Probe):
+    """A probe that returns a reading: which collection of its own it is."""
+
+    def collect(self, out):
+        super().collect(out)
+        if self.behaviour == "fail-with-reading":
+            raise Failed("source unusable", f"failure reading {self.calls}")
+        return f"reading {self.calls}"
+
+
+class Verdict(Derived):
+    depends_on = ("src",)
+
+    def __init__(self, name="verdict"):
+        self.name = name
+        super().__init__(Context(config=load(None)))
+        self.seen, self.started = [], []
+
+    def derive(self, out, inputs):
+        self.started.append(time.monotonic())
+        self.seen.append(inputs["src"])
+        out.add(PROBE, 1, source=self.name)
+        return f"verdict from {inputs['src']}"
+
+
+def test_derived_collector_gets_its_dependency_s_reading_of_the_same_collection():
+    src, v = Source("src", delay=0.2), Verdict()
+    r = Runner([v, src], deadline_s=2)  # listed first: the runner still waits for its input
+    for _ in range(3):
+        t = time.monotonic()
+        s = samples(scrape(r))
+        assert value(s, "gpu_health_exporter_collector_success", collector="verdict") == 1
+        # started once the source was done, not after a poll or a timer
+        assert 0.2 <= v.started[-1] - t < 0.2 + 0.5
+    assert v.seen == ["reading 1", "reading 2", "reading 3"]
+    assert r.readings == {"src": "reading 3", "verdict": "verdict from reading 3"}
+    r.close()
+
+
+def test_derived_collector_inputs_when_the_dependency_fails_hangs_or_is_absent():
+    # raised: None; raised with Failed(reading): that reading
+    src, v = Source("src", "raise"), Verdict()
+    r = Runner([src, v], deadline_s=2)
+    s = samples(scrape(r))
+    assert v.seen == [None] and value(s, "gpu_health_exporter_collector_success", collector="verdict") == 1
+    src.behaviour = "fail-with-reading"
+    s = samples(scrape(r))
+    assert v.seen[-1] == "failure reading 2"
+    assert value(s, "gpu_health_exporter_collector_success", collector="src") == 0
+    r.close()
+    # missed its deadline: None, and the verdict is still served within its own deadline
+    hung, v = Source("src", "hang"), Verdict()
+    r = Runner([hung, v], deadline_s=3, deadlines={"src": 0.3})
+    t = time.monotonic()
+    s = samples(scrape(r))
+    assert time.monotonic() - t < 2.0
+    assert v.seen == [None] and value(s, "gpu_health_exporter_collector_success", collector="verdict") == 1
+    s = samples(scrape(r))  # still stuck from the first collection: None at once, not an old reading
+    assert v.seen == [None, None] and hung.calls == 1
+    hung.release.set()
+    r.close()
+    # not enabled (not built): None
+    v = Verdict()
+    r = Runner([v], deadline_s=1)
+    scrape(r)
+    assert v.seen == [None]
+    r.close()

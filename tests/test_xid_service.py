@@ -32,13 +32,10 @@ def make_ctx(tmp_path, kmsg_text, boot_id="boot-1", nvml=None, **xid):
     overrides = {"paths.procfs": str(proc), "paths.kmsg": str(log),
                  "paths.state_dir": str(tmp_path / "state"), "xid.nvml_events": False}
     overrides.update({f"xid.{k}": v for k, v in xid.items()})
-    ctx = Context(config=load(None, overrides))
-    if nvml is not None:
-        ctx.shared["nvml"] = nvml
-    else:
-        ctx.shared["nvml"] = NvmlSession(FakeBackend({"system": {}, "devices": []}))
-        ctx.shared["nvml"].backend.fail_init(12, "no NVML in this test")
-    return ctx
+    if nvml is None:
+        nvml = NvmlSession(FakeBackend({"system": {}, "devices": []}))
+        nvml.backend.fail_init(12, "no NVML in this test")
+    return Context(config=load(None, overrides), nvml=nvml)
 
 
 def fake_p5():
@@ -55,7 +52,7 @@ def counts(svc):
 def test_real_capture_replay_counts_the_one_xid_31(tmp_path):
     ctx = make_ctx(tmp_path, (KMSG / "kmsg_nvidia.txt").read_text())
     one_shot(ctx)
-    c = XidCollector(ctx)  # the service one_shot loaded (ctx.shared["xid"])
+    c = XidCollector(ctx)  # the service one_shot loaded (ctx.xid)
     text = scrape(Runner([c], deadline_s=5))
     assert promtool_check_metrics(text) == ""
     # NVML does not list 0000:00:06 here: counted with its address, uuid from the NVRM GPU at line
@@ -135,7 +132,7 @@ def test_corrupt_state_file_does_not_crash_and_is_a_metric(tmp_path):
     (tmp_path / "state/xid-state.json").write_text("{not json")
     ctx = make_ctx(tmp_path, _xid_record(0, 1_000_000))
     one_shot(ctx)
-    c = XidCollector(ctx)  # the service one_shot loaded (ctx.shared["xid"])
+    c = XidCollector(ctx)  # the service one_shot loaded (ctx.xid)
     text = scrape(Runner([c], deadline_s=5))
     assert value(text, "gpu_health_exporter_state_file_ok") == 0
     assert value(text, "gpu_health_exporter_state_file_errors_total", operation="read") == 1
@@ -182,7 +179,7 @@ def test_policy_from_config_moves_xids_between_tiers(tmp_path):
     log = _xid_record(0, 1_000_000, xid=63) + _xid_record(1, 2_000_000, xid=94)
     ctx = make_ctx(tmp_path, log, policy={"reset": [63], "application": [94]})
     one_shot(ctx)
-    c = XidCollector(ctx)  # the service one_shot loaded (ctx.shared["xid"])
+    c = XidCollector(ctx)  # the service one_shot loaded (ctx.xid)
     text = scrape(Runner([c], deadline_s=5))
     assert value(text, "gpu_xid_errors_total", xid="63", tier="reset") == 1
     assert value(text, "gpu_xid_errors_total", xid="94", tier="application") == 1

@@ -79,7 +79,7 @@ class EfaCollector(Collector):
         self.lookup: imds.IdentityLookup | None = None
 
     def start(self) -> None:
-        self.lookup = imds.ensure_lookup(self.ctx)  # the expected count can come from the instance type
+        self.lookup = self.ctx.identity.start_lookup()  # the expected count can come from the instance type
 
     def close(self) -> None:
         self.pool.close()

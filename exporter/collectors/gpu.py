@@ -20,14 +20,14 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
 
 from exporter.catalog import Families
-from exporter.collector import Collector, Context, ProblemLog
+from exporter.collector import Collector, Context, Failed, ProblemLog
 from exporter.config import Key, declare_section, one_of, positive
 from exporter.gpu import metrics as m
 from exporter.gpu.reader import GpuReader, Reading
 from exporter.health import GpuHealth, NodeGpuHealth
 from exporter.node import expected_gpus
 from exporter.nvml.backend import NvmlError
-from exporter.nvml.session import DeviceIdentity, NvmlSession, nvml_session
+from exporter.nvml.session import DeviceIdentity, NvmlSession
 
 declare_section("gpu", "GPU health from NVML (the real library, a capture, or the simulated node).", {
     "enabled": Key(bool, True, "Run the GPU collector."),
@@ -92,7 +92,7 @@ class GpuCollector(Collector):
         self.parallel = cfg.parallel
         self.nvlink = cfg.nvlink
         self.nvlink_per_link = cfg.nvlink_errors == "per_link"
-        self.session: NvmlSession | None = None
+        self.session: NvmlSession = ctx.nvml
         self.gpus: dict[int, _Gpu] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
@@ -114,8 +114,6 @@ class GpuCollector(Collector):
 
     def _ready(self) -> NvmlSession | None:
         """The NVML session when usable, with a reader per GPU; None when NVML is unavailable."""
-        if self.session is None:
-            self.session = nvml_session(self.ctx)
         s = self.session
         if not s.ensure():
             return None
@@ -238,13 +236,13 @@ class GpuCollector(Collector):
             self._stop.wait(self.slow_interval)
 
     # --- the scrape ---------------------------------------------------------------------------
-    def collect(self, out: Families) -> None:
+    def collect(self, out: Families) -> NodeGpuHealth:
+        """Returns the GPUs' health facts, the verdict's input (also when NVML is unusable)."""
         expected = expected_gpus(self.ctx)
         s = self._ready()
         if s is None:
-            err = self.session.error if self.session else "NVML session missing"
-            self.ctx.shared["gpu_health"] = NodeGpuHealth(expected=expected, nvml_error=err)
-            raise RuntimeError(err)
+            err = self.session.error
+            raise Failed(err, NodeGpuHealth(expected=expected, nvml_error=err))
         out.add(m.DRIVER_INFO, 1, driver_version=s.driver_version, nvml_version=s.nvml_version,
                 cuda_driver_version=s.cuda_driver_version)
         out.add(m.COUNT, len(s.devices))
@@ -254,7 +252,7 @@ class GpuCollector(Collector):
         results = self._read_all()
         for d in s.devices:
             self._emit(out, s, d, results.get(d.index, "not read"), health)
-        self.ctx.shared["gpu_health"] = health
+        return health
 
     def _emit(self, out: Families, s: NvmlSession, d: DeviceIdentity, r: Reading | str,
               health: NodeGpuHealth) -> None:

@@ -1,24 +1,25 @@
 """Health verdict collector: per-GPU and node verdicts with their reasons, from the XIDs since
-boot (less acknowledgements) and the GPU collector's NVML state (exporter.health)."""
+boot (less acknowledgements) and the GPU collector's reading of the same collection
+(exporter.health). It is a derived collector: the runner starts it when the GPU collector has
+finished and hands it that reading (exporter.collector.Derived says what it gets when the GPU
+collector failed, missed its deadline or is not enabled)."""
 
 from __future__ import annotations
 
-import time
+from collections.abc import Mapping
+from typing import Any
 
 from exporter.catalog import Families, define
-from exporter.collector import Collector, Context
-from exporter.config import Key, declare_section, non_negative
+from exporter.collector import Context, Derived
+from exporter.config import Key, declare_section
 from exporter.node import expected_gpus
-from exporter.xid.service import evaluate, xid_service
-from exporter.xid.verdict import VERDICTS
+from exporter.xid.service import evaluate
+from exporter.xid.verdict import VERDICTS, NodeVerdict
 
 G = ("gpu", "uuid", "pci_bus_id")
 
 declare_section("health", "The per-GPU and node health verdict (docs/xid.md).", {
     "enabled": Key(bool, True, "Export the verdict."),
-    "wait_for_gpu_seconds": Key((int, float), 1.0,
-                                "How long a collection waits for the GPU collector's reading of the same "
-                                "scrape before using its previous one.", check=non_negative),
 })
 
 VERDICT = define(
@@ -38,31 +39,20 @@ NODE_REASON = define(
     "1 per active reason behind the node's verdict.", ["reason"], collector="health")
 
 
-class HealthCollector(Collector):
+class HealthCollector(Derived):
     name = "health"
+    # Inputs, by collector name: "gpu" -> NodeGpuHealth (None when the GPU collector did not
+    # hand one over in this collection).
+    depends_on = ("gpu",)
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.service = xid_service(ctx)
-        self._used = None  # the GPU reading the previous verdict was computed from
-        self._first = True
+        self.service = ctx.xid
 
-    def _gpu_health(self):  # noqa: ANN202 - NodeGpuHealth or None
-        """This scrape's GPU reading when it comes within wait_for_gpu_seconds, else the last one.
-        The GPU collector runs in parallel and publishes a new object per collection, so "new"
-        means "not the object the previous verdict used"."""
-        deadline = time.monotonic() + self.ctx.config.health.wait_for_gpu_seconds
-        h = self.ctx.shared.get("gpu_health")
-        # None after the first collection: no GPU collector runs, do not wait for one
-        while h is self._used and (h is not None or self._first) and time.monotonic() < deadline:
-            time.sleep(0.005)
-            h = self.ctx.shared.get("gpu_health")
-        self._used, self._first = h, False
-        return h
-
-    def collect(self, out: Families) -> None:
+    def derive(self, out: Families, inputs: Mapping[str, Any]) -> NodeVerdict:
+        """Returns the verdict it exported (`check` prints it)."""
         self.service.refresh_acks()
-        nv = evaluate(self.service, self._gpu_health(), expected_gpus(self.ctx))
+        nv = evaluate(self.service, inputs["gpu"], expected_gpus(self.ctx))
         for g in nv.gpus:
             labels = dict(gpu=g.gpu, uuid=g.uuid, pci_bus_id=g.pci_bus_id)
             for v in VERDICTS:
@@ -75,6 +65,7 @@ class HealthCollector(Collector):
         out.declare(NODE_REASON)
         for r in nv.reasons:
             out.add(NODE_REASON, 1, reason=r)
+        return nv
 
 
 COLLECTOR = HealthCollector

@@ -46,8 +46,8 @@ class InstanceCollector(Collector):
         self.events: list[imds.ScheduledEvent] = []  # the last good answer
 
     def start(self) -> None:
-        self.lookup = imds.ensure_lookup(self.ctx)
-        self.poller = imds.events_poller(self.ctx, self._publish_events)
+        self.lookup = self.ctx.identity.start_lookup()
+        self.poller = imds.events_poller(self.ctx.identity, self._publish_events)
 
     def _publish_events(self, events: list[imds.ScheduledEvent]) -> None:
         self.events = events  # replaced whole: a scrape sees one answer or the next
@@ -59,7 +59,7 @@ class InstanceCollector(Collector):
             self.poller.close()
 
     def collect(self, out: Families) -> None:
-        ident = imds.identity(self.ctx)
+        ident = self.ctx.identity.current()
         if ident.instance_type or ident.instance_id or ident.availability_zone:
             out.add(INSTANCE_INFO, 1, instance_type=ident.instance_type or "",
                     instance_id=ident.instance_id or "", availability_zone=ident.availability_zone or "")

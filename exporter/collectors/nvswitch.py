@@ -9,7 +9,6 @@ from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
 from exporter.config import Key, declare_section
 from exporter.xid.parser import pci_label
-from exporter.xid.service import xid_service
 from exporter.xid.sxid_catalog import SxidPolicy, check_fatal_tier, check_policy
 
 declare_section("nvswitch", "NVSwitch SXid errors from the kernel log, counted since boot "
@@ -48,7 +47,7 @@ class NvswitchCollector(Collector):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.service = xid_service(ctx)
+        self.service = ctx.xid
         self.policy = sxid_policy(ctx)
 
     def start(self) -> None:

@@ -8,7 +8,6 @@ from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
 from exporter.config import Key, declare_section, positive
 from exporter.xid.policy import check_policy
-from exporter.xid.service import xid_service
 from exporter.xid.verdict import xid_lines
 
 G = ("gpu", "uuid", "pci_bus_id")
@@ -115,7 +114,7 @@ class XidCollector(Collector):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.service = xid_service(ctx)
+        self.service = ctx.xid
 
     def start(self) -> None:
         self.service.start()

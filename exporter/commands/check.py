@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
 from exporter.collector import Context
-from exporter.node import expected_gpus, instance_type
-from exporter.xid.service import XidService, evaluate, one_shot
+from exporter.node import instance_type
+from exporter.xid.service import XidService, one_shot
 
 HELP = ("one-shot health check without a daemon: per-GPU and node verdict; exit 0 healthy, 1 degraded, "
         "2 action required, 3 could not check")
@@ -29,39 +30,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
 
 
-def read_gpus(ctx: Context) -> tuple[Any, str]:
-    """Run the GPU collector once; (NodeGpuHealth or None, problem)."""
+def verdict(ctx: Context) -> tuple[Any, list[str]]:
+    """Run the GPU and health collectors once, as the daemon does (the runner hands the GPU
+    reading to the verdict); (NodeVerdict or None, problems)."""
     from exporter import collectors
     from exporter.runner import Runner
 
-    cls = collectors.collector_classes().get("gpu")
-    if cls is None:
-        return None, "the GPU collector is not available"
-    c = cls(ctx)
-    runner = Runner.from_config([c], ctx.config)
+    runner = Runner.from_config(collectors.build(ctx, only=["gpu", "health"]), ctx.config)
     try:
         runner.collect()
     finally:
         runner.close()
-    st = runner.status.get(c.name)
-    health = ctx.shared.get("gpu_health")
-    if health is None:
-        return None, f"the GPU read failed: {st.error if st else 'no result'}"
-    if health.nvml_error:
-        return health, f"NVML: {health.nvml_error}"
-    return health, ""
+    problems = []
+    gpu = runner.status.get("gpu")
+    health = runner.readings.get("gpu")
+    if gpu is None:
+        problems.append("the GPU collector is not available")
+    elif health is None:
+        problems.append(f"the GPU read failed: {gpu.error}")
+    elif health.nvml_error:
+        problems.append(f"NVML: {health.nvml_error}")
+    nv = runner.readings.get("health")
+    if nv is None:
+        problems.append(f"the verdict failed: {runner.status['health'].error}")
+    return nv, problems
 
 
 def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
     svc = one_shot(ctx, read_only=True)
-    health, gpu_problem = read_gpus(ctx)
-    problems = [gpu_problem] if gpu_problem else []
+    nv, problems = verdict(ctx)
     if svc.state.status.problem in ("corrupt", "unreadable"):
         problems.append(f"state file {svc.state.path} is {svc.state.status.problem}: XID counts come from "
                         "the kernel log alone and may be incomplete")
     if svc.kmsg.enabled and not svc.kmsg.ok and not svc.state_found:  # the state alone has the counts
         problems.append(f"kernel log: {svc.kmsg.error} and no state file for this boot")
-    return evaluate(svc, health, expected_gpus(ctx)), svc, problems
+    return nv, svc, problems
 
 
 def exit_status(verdict: str, could_not_check: bool) -> int:
@@ -117,6 +120,9 @@ def table(nv: Any, problems: list[str], code: int, ctx: Context) -> str:
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     nv, svc, problems = gather(ctx)
+    if nv is None:
+        print("gpu-health-exporter check: could not check: " + "; ".join(problems), file=sys.stderr)
+        return EXIT_UNKNOWN
     code = exit_status(nv.verdict, bool(problems))
     if args.json:
         print(json.dumps(to_json(nv, svc, problems, code, ctx), indent=2))

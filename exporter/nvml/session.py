@@ -1,10 +1,12 @@
 """The one NVML session of the process, shared by the GPU collector and the XID/event code.
 
-`nvml_session(ctx)` creates it once (in ctx.shared["nvml"]) with the backend the context asks
-for: a capture to replay, a simulated node, or the real library. It initialises NVML and reads
-each GPU's identity once. When NVML cannot be initialised (no driver, no library) the session
-still exists with `.error` saying why, so callers can report the reason; `ensure()` retries the
-initialisation on later scrapes with exponential back-off.
+The composition root creates it once (Context.nvml, `NvmlSession.for_source`) for the backend
+the process asks for: a capture to replay, a simulated node, or the real library; the backend is
+only loaded (pynvml imported, a capture read) on the first `ensure()`, so a process that never
+uses NVML never pays for it. `ensure()` initialises NVML and reads each GPU's identity once.
+When NVML cannot be initialised (no driver, no library) the session still exists with `.error`
+saying why, so callers can report the reason; `ensure()` retries the initialisation on later
+scrapes with exponential back-off.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,9 +62,12 @@ def pci_key(addr: str) -> tuple[int, int, int] | None:
 class NvmlSession:
     """An NVML backend plus what every user needs: the GPUs' identities and who is lost."""
 
-    def __init__(self, backend: NvmlBackend, clock: Any = time.monotonic,
-                 identity_timeout_s: float = IDENTITY_TIMEOUT_S) -> None:
-        self.backend = backend
+    def __init__(self, backend: NvmlBackend | None = None, clock: Any = time.monotonic,
+                 identity_timeout_s: float = IDENTITY_TIMEOUT_S,
+                 make: Callable[[], NvmlBackend] | None = None) -> None:
+        """Give the backend, or `make`, which makes it on the first ensure()."""
+        self._make = make
+        self.backend: NvmlBackend = backend if backend is not None else UnavailableBackend("not loaded yet")
         self.identity_timeout_s = identity_timeout_s
         self.devices: list[DeviceIdentity] = []
         self.lost: set[int] = set()
@@ -77,6 +83,17 @@ class NvmlSession:
         self._by_pci: dict[tuple[int, int, int], DeviceIdentity] = {}
         self._by_uuid: dict[str, DeviceIdentity] = {}
 
+    @classmethod
+    def for_source(cls, capture: str | None, simulation: Any, scenarios: tuple[str, ...] = (),
+                   latencies: bool = False) -> NvmlSession:
+        """The session for a capture file, a simulated node, or (both None) the real library."""
+        def make() -> NvmlBackend:
+            try:
+                return make_backend(capture, simulation, scenarios, latencies)
+            except (OSError, ValueError, KeyError) as e:
+                return UnavailableBackend(f"cannot load NVML capture {capture}: {e}")
+        return cls(make=make)
+
     @property
     def ok(self) -> bool:
         return self._ok
@@ -91,6 +108,8 @@ class NvmlSession:
             now = self._clock()
             if now < self._next_try:
                 return False
+            if self._make is not None:
+                self.backend, self._make = self._make(), None
             try:
                 self.backend.init()
                 count = self.backend.device_count()
@@ -187,16 +206,17 @@ class NvmlSession:
             self._ok = False
 
 
-def make_backend(ctx: Any) -> NvmlBackend:
-    """The backend the context asks for: a capture, a simulated node, or the real library."""
-    if ctx.nvml_capture:
+def make_backend(capture: str | None, simulation: Any, scenarios: tuple[str, ...] = (),
+                 latencies: bool = False) -> NvmlBackend:
+    """A capture's fake, a simulated node's fake, or (both None) the real library."""
+    if capture:
         from exporter.nvml.fake import FakeBackend
 
-        return FakeBackend.from_file(ctx.nvml_capture, latencies=ctx.nvml_latencies)
-    if ctx.simulation is not None:
+        return FakeBackend.from_file(capture, latencies=latencies)
+    if simulation is not None:
         from exporter.nvml.fake import FakeBackend
 
-        return FakeBackend.for_profile(ctx.simulation.profile, ctx.scenarios, latencies=ctx.nvml_latencies)
+        return FakeBackend.for_profile(simulation.profile, scenarios, latencies=latencies)
     from exporter.nvml.pynvml_backend import PynvmlBackend
 
     return PynvmlBackend()
@@ -218,20 +238,3 @@ class UnavailableBackend(NvmlBackend):
 
     system = device_count = call = field_values = _fail
     event_set_create = register_events = event_wait = event_set_free = _fail
-
-
-_create_lock = threading.Lock()
-
-
-def nvml_session(ctx: Any) -> NvmlSession:
-    """The process's NVML session (created on first use, then shared); tries to initialise it."""
-    def create() -> NvmlSession:
-        try:
-            backend = make_backend(ctx)
-        except (OSError, ValueError, KeyError) as e:
-            backend = UnavailableBackend(f"cannot load NVML capture {ctx.nvml_capture}: {e}")
-        return NvmlSession(backend)
-    with _create_lock:
-        session: NvmlSession = ctx.get_shared("nvml", create)
-    session.ensure()
-    return session

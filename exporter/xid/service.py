@@ -1,5 +1,5 @@
-"""The XID service: one per process (ctx.shared["xid"]), shared by the xid and health collectors
-and used synchronously by `check` and `ack`.
+"""The XID service: one per process (Context.xid), used by the xid and health collectors and
+synchronously by `check` and `ack`.
 
 It owns the count store, the state file, the kernel-log reader and parser, and the NVML event
 watcher. In the daemon two background threads feed the store (kernel-log follower, NVML
@@ -94,15 +94,13 @@ class XidService:
 
     # -- NVML --------------------------------------------------------------------------------------
     def session(self) -> Any:
-        """The shared NVML session, or None when NVML is not usable."""
-        from exporter.nvml.session import nvml_session
-
+        """The process's NVML session, or None when NVML is not usable."""
+        s = self.ctx.nvml
         try:
-            s = nvml_session(self.ctx)
+            if not s.ensure():
+                return None
         except Exception as e:  # noqa: BLE001 - NVML problems never take the XID counts down
             log.debug("NVML session unavailable: %s", e)
-            return None
-        if not s.ok:
             return None
         self._note_listed(s)
         return s
@@ -310,9 +308,8 @@ class XidService:
             self.watcher.start()
 
     def _session_for_watcher(self) -> Any:
-        from exporter.nvml.session import nvml_session
-
-        s = nvml_session(self.ctx)
+        s = self.ctx.nvml
+        s.ensure()
         self._note_listed(s)  # the watcher starts with the follower: tell the guard early
         return s
 
@@ -348,10 +345,6 @@ class XidService:
         return self._thread is not None and self._thread.is_alive()
 
 
-def xid_service(ctx: Any, read_only: bool = False) -> XidService:
-    return ctx.get_shared("xid", lambda: XidService(ctx, read_only))
-
-
 SIM_PLAY_S = 60.0
 
 
@@ -361,7 +354,8 @@ def one_shot(ctx: Any, read_only: bool = False) -> XidService:
     scenarios' onsets are played first so their records exist."""
     if getattr(ctx, "simulation", None) is not None:
         ctx.simulation.advance(SIM_PLAY_S)
-    svc = xid_service(ctx, read_only)
+    svc = ctx.xid
+    svc.state.read_only = read_only
     svc.session()  # the GPUs NVML lists, before counting (the cardinality guard spares them)
     svc.load_state()
     svc.read_kmsg(final=True)
