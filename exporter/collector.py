@@ -10,11 +10,11 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from exporter.catalog import Families
+from exporter.imds import IdentitySource
+from exporter.nvml.session import NvmlSession
 
 if TYPE_CHECKING:
     from exporter.config import Config
-    from exporter.imds import IdentitySource
-    from exporter.nvml.session import NvmlSession
     from exporter.simulate import Simulation
     from exporter.xid.service import XidService
 
@@ -43,9 +43,6 @@ class Context:
     identity: IdentitySource | None = None  # None: made from the config
 
     def __post_init__(self) -> None:
-        from exporter.imds import IdentitySource
-        from exporter.nvml.session import NvmlSession
-
         if self.nvml is None:
             self.nvml = NvmlSession.for_source(self.nvml_capture, self.simulation, self.scenarios,
                                                self.nvml_latencies)

@@ -76,7 +76,7 @@ def configuration_md() -> str:
     ]
     for k, key in config.TOP.items():
         lines.append(_row(k, key))
-    for name, (doc, keys) in config.SECTIONS.items():
+    for name, (doc, keys) in sorted(config.SECTIONS.items()):  # not import order: that varies
         lines += ["", f"## `{name}`", "", doc, "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for k, key in keys.items():
             lines.append(_row(f"{name}.{k}", key))
