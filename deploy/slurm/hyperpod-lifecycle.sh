@@ -1,0 +1,41 @@
+#!/bin/bash
+# SageMaker HyperPod Slurm lifecycle-script snippet: install gpu-health-exporter on every node and its
+# Slurm health check on the compute nodes. Call it from the cluster's on_create.sh (after the base
+# config has set up Slurm), with this repository's deploy/ and a wheel of the exporter next to it in the
+# lifecycle-script S3 prefix, e.g.:
+#   bash ./gpu-health-exporter/hyperpod-lifecycle.sh ./gpu-health-exporter
+# What it does (docs/deploy.md, "HyperPod Slurm"):
+#   1. a venv at /opt/gpu-health-exporter with the wheel; the systemd unit; the config;
+#   2. the health check at /opt/gpu-health-exporter/slurm/gpu-health-check.sh (HyperPod mode is
+#      detected from /opt/ml/config/resource_config.json: drains become state FAIL with the reason
+#      Action:Replace / Action:Reboot that HyperPod's auto-resume acts on);
+#   3. on the controller only: HealthCheckProgram/Interval in slurm.conf unless one is set already,
+#      then `scontrol reconfigure`.
+set -euo pipefail
+src=${1:?usage: hyperpod-lifecycle.sh DIR (holding the wheel, gpu-health-exporter.service, gpu-health-check.sh, config.yaml)}
+prefix=/opt/gpu-health-exporter
+slurm_conf=${SLURM_CONF:-/opt/slurm/etc/slurm.conf}
+
+python3 -m venv "$prefix"
+"$prefix/bin/pip" install -q "$src"/gpu_health_exporter-*.whl
+install -d -m 0755 /etc/gpu-health-exporter "$prefix/slurm"
+[ -e /etc/gpu-health-exporter/config.yaml ] || install -m 0644 "$src/config.yaml" /etc/gpu-health-exporter/
+install -m 0755 "$src/gpu-health-check.sh" "$prefix/slurm/gpu-health-check.sh"
+install -m 0644 "$src/gpu-health-exporter.service" /etc/systemd/system/
+systemctl daemon-reload
+systemctl enable --now gpu-health-exporter
+
+# The controller owns slurm.conf (shared with the compute nodes); never replace an existing health check.
+if systemctl is-active --quiet slurmctld 2>/dev/null && [ -w "$slurm_conf" ]; then
+  if grep -qiE '^[[:space:]]*HealthCheckProgram=' "$slurm_conf"; then
+    echo "slurm.conf already has a HealthCheckProgram; add $prefix/slurm/gpu-health-check.sh to it by hand" >&2
+  else
+    cat >>"$slurm_conf" <<EOF
+# gpu-health-exporter: drain nodes whose GPUs need a reset, reboot or replacement (docs/deploy.md).
+HealthCheckProgram=$prefix/slurm/gpu-health-check.sh
+HealthCheckInterval=300
+HealthCheckNodeState=ANY,CYCLE
+EOF
+    scontrol reconfigure
+  fi
+fi
