@@ -7,6 +7,7 @@ slurmd also runs the script itself as its HealthCheckProgram, every 5 s."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -232,6 +233,16 @@ def test_prolog_requeues_and_an_existing_reason_is_kept(cluster):
     assert cluster.node()["Reason"] == "maintenance by admin"
     cluster.reset()
     assert cluster.check(SIM, False, "--prolog").returncode == 0
+
+
+def test_prometheus_targets_from_sinfo(cluster, tmp_path):
+    """deploy/prometheus/slurm-targets.sh: one file_sd target per node, `instance` the Slurm name."""
+    out = tmp_path / "slurm.json"
+    r = subprocess.run([str(ROOT / "deploy" / "prometheus" / "slurm-targets.sh"), str(out)], env=cluster.env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text()) == [{"targets": ["127.0.0.1:9858"], "labels": {"instance": NODE}}]
+    assert [p.name for p in tmp_path.iterdir()] == ["slurm.json"]  # no temporary file left
 
 
 @pytest.mark.parametrize("script", ["gpu-health-check.sh", "hyperpod-lifecycle.sh"])

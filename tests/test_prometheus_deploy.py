@@ -1,0 +1,130 @@
+"""deploy/prometheus and deploy/amp: the configs pass the real promtool, the scrape job puts `cluster` and
+a node-name `instance` on the stored series of a real Prometheus scraping a simulated node, and the AMP
+rule upload creates one rule groups namespace per rule file, then replaces it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+
+import pytest
+import requests
+import yaml
+
+from tests.helpers import ROOT, free_port, promtool, running_exporter
+
+PROM = ROOT / "deploy" / "prometheus"
+UPLOAD = ROOT / "deploy" / "amp" / "upload-rules.sh"
+RULE_FILES = sorted((ROOT / "rules").glob("*.yml"))
+
+
+@pytest.mark.parametrize("name", ["scrape.yml", "remote-write-amp.yml"])
+def test_promtool_check_config(name):
+    r = subprocess.run([promtool(), "check", "config", str(PROM / name)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+
+
+def test_scrape_config_has_alerting_region_and_cluster_relabel():
+    cfg = yaml.safe_load((PROM / "scrape.yml").read_text())
+    assert cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"]
+    (job,) = cfg["scrape_configs"]
+    assert all(sd.get("region") for sd in job["ec2_sd_configs"])  # never a metadata lookup at start
+    assert {"target_label": "cluster", "replacement": "my-training-cluster"} in job["relabel_configs"]
+
+
+def test_remote_write_to_amp_is_sigv4_signed():
+    (rw,) = yaml.safe_load((PROM / "remote-write-amp.yml").read_text())["remote_write"]
+    assert rw["url"].startswith("https://aps-workspaces.") and rw["url"].endswith("/api/v1/remote_write")
+    assert rw["sigv4"]["region"] in rw["url"]
+
+
+def _query(api: str, q: str) -> list[dict]:
+    r = requests.get(f"{api}/query", params={"query": q}, timeout=10)
+    r.raise_for_status()
+    return r.json()["data"]["result"]
+
+
+@pytest.mark.slow
+def test_stored_series_carry_cluster_and_node_name(tmp_path):
+    """The shipped job, its EC2 discovery left out (it would call AWS), against a file target the way
+    slurm-targets.sh writes it: every stored series has cluster and instance = the node name."""
+    assert shutil.which("prometheus"), "prometheus is missing: install Debian's 'prometheus' package"
+    cfg = yaml.safe_load((PROM / "scrape.yml").read_text())
+    (job,) = cfg["scrape_configs"]
+    del job["ec2_sd_configs"]
+    job.update({"scrape_interval": "1s", "scrape_timeout": "1s"})
+    job["file_sd_configs"] = [{"files": [str(tmp_path / "targets" / "*.json")], "refresh_interval": "1s"}]
+    cfg["global"].update({"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"})
+    cfg["rule_files"] = []
+    cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{free_port()}"]
+    (tmp_path / "targets").mkdir()
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    with running_exporter("--simulate", "p5.48xlarge") as url:
+        target = url.removeprefix("http://")
+        (tmp_path / "targets" / "slurm.json").write_text(json.dumps(
+            [{"targets": [target], "labels": {"instance": "gpunode1"}}]))
+        port = free_port()
+        proc = subprocess.Popen(
+            [shutil.which("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+             "--log.level=warn"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        api = f"http://127.0.0.1:{port}/api/v1"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, proc.stdout.read()
+                try:
+                    up = _query(api, 'up{job="gpu-health-exporter"}')
+                    gpus = _query(api, 'count by (cluster, instance) (gpu_info)')
+                    if up and gpus:
+                        break
+                except requests.ConnectionError:
+                    pass
+                assert time.monotonic() < deadline, "Prometheus stored no scrape of the exporter in 60 s"
+                time.sleep(0.5)
+            unlabelled = _query(api, '{job="gpu-health-exporter", cluster=""}')
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    assert [s["metric"] for s in up] == [{"__name__": "up", "job": "gpu-health-exporter",
+                                          "cluster": "my-training-cluster", "instance": "gpunode1"}]
+    assert [(s["metric"], s["value"][1]) for s in gpus] == [
+        ({"cluster": "my-training-cluster", "instance": "gpunode1"}, "8")]
+    assert unlabelled == []
+
+
+def _fake_aws(tmp_path, namespaces_exist: bool):
+    """An `aws` stand-in (the real CLI would call AWS) that records its arguments; describe answers
+    as AMP does for an existing or a missing namespace."""
+    log = tmp_path / "aws.log"
+    aws = tmp_path / "aws"
+    aws.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n"
+                   f"case \"$2\" in describe-*) exit {0 if namespaces_exist else 254};; esac\n")
+    aws.chmod(0o755)
+    return aws, log
+
+
+@pytest.mark.parametrize("exists,verb", [(False, "create-rule-groups-namespace"),
+                                         (True, "put-rule-groups-namespace")])
+def test_amp_upload_one_namespace_per_rule_file(tmp_path, exists, verb):
+    aws, log = _fake_aws(tmp_path, exists)
+    r = subprocess.run([str(UPLOAD), "ws-1234", "us-west-2"], env={"AWS": str(aws), "PATH": "/usr/bin:/bin"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    calls = [c.split() for c in log.read_text().splitlines() if f" {verb} " in f" {c} "]
+    assert sorted(c[c.index("--name") + 1] for c in calls) == sorted(
+        f"gpu-health-exporter-{f.stem}" for f in RULE_FILES)
+    for c in calls:
+        assert c[c.index("--region") + 1] == "us-west-2" and c[c.index("--workspace-id") + 1] == "ws-1234"
+        data = c[c.index("--data") + 1]
+        assert data.startswith("fileb://") and data.removeprefix("fileb://") in map(str, RULE_FILES)
+
+
+def test_amp_accepts_the_rule_files_as_they_are():
+    """AMP's rule groups namespace takes a plain Prometheus rule file: what promtool checks."""
+    r = subprocess.run([promtool(), "check", "rules", *map(str, RULE_FILES)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
