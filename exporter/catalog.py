@@ -14,7 +14,8 @@ from prometheus_client.samples import Sample
 
 _SPECS: dict[str, MetricSpec] = {}
 
-DOMAIN_PREFIXES = ("gpu_health_exporter_", "gpu_", "efa_", "lustre_client_", "ec2_")
+# process_: the exporter's own process metrics, under the names every Prometheus exporter uses.
+DOMAIN_PREFIXES = ("gpu_health_exporter_", "gpu_", "efa_", "lustre_client_", "ec2_", "process_")
 
 
 @dataclass(frozen=True)

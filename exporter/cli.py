@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--listen", metavar="HOST:PORT",
                    help=f"Address to serve on (default 0.0.0.0:{DEFAULT_PORT}).")
+    p.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
+                   help="Web config file (exporter-toolkit format: TLS, basic auth); "
+                        "see docs/configuration.md.")
     p.add_argument("--list-scenarios", action="store_true",
                    help="List the simulation's fault scenarios and exit.")
     add_source_options(p)
@@ -117,6 +120,8 @@ def build_context(args: argparse.Namespace) -> Context:
         raise ConfigError("command line: --scenario needs --simulate PROFILE")
     if getattr(args, "listen", None):
         overrides["listen"] = args.listen
+    if getattr(args, "web_config_file", None):
+        overrides["web.config_file"] = args.web_config_file
     if args.log_level:
         overrides["log_level"] = args.log_level
     for name in PATH_FLAGS:
@@ -146,11 +151,13 @@ def selected(args: argparse.Namespace) -> list[str] | None:
 
 def serve(args: argparse.Namespace) -> int:
     from exporter.runner import Runner
-    from exporter.server import Server
+    from exporter.server import Server, limits_from_config
+    from exporter.webconfig import load_web_config
 
     try:
         ctx = build_context(args)
         only = selected(args)
+        web = load_web_config(ctx.config.web.config_file)
     except (ConfigError, ValueError) as e:
         print(f"gpu-health-exporter: {e}", file=sys.stderr)
         return 2
@@ -161,7 +168,7 @@ def serve(args: argparse.Namespace) -> int:
     runner = Runner.from_config(built, cfg)
     host, _, port = cfg.listen.rpartition(":")
     try:
-        server = Server(runner, host.strip("[]"), int(port))
+        server = Server(runner, host.strip("[]"), int(port), web, limits_from_config(cfg))
     except OSError as e:
         print(f"gpu-health-exporter: cannot listen on {cfg.listen}: {e.strerror or e}", file=sys.stderr)
         return 2
@@ -172,7 +179,8 @@ def serve(args: argparse.Namespace) -> int:
         ctx.simulation.start()
     runner.start()
     server.start()
-    log.info("serving http://%s:%d/metrics with collectors %s%s", host, server.port,
+    log.info("serving %s://%s:%d/metrics%s with collectors %s%s", "https" if server.tls else "http", host,
+             server.port, " (basic auth)" if web.users else "",
              ",".join(c.name for c in built),
              f" (simulated {ctx.simulation.profile.instance_type} under {ctx.simulation.root})"
              if ctx.simulation else "")

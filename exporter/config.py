@@ -85,6 +85,23 @@ SECTIONS: dict[str, tuple[str, dict[str, Key]]] = {
         "kmsg": Key(str, "/dev/kmsg", "Kernel log device (or a file of /dev/kmsg records)."),
         "state_dir": Key(str, "/var/lib/gpu-health-exporter", "Directory for the exporter's state file."),
     }),
+    "web": ("The HTTP endpoint: TLS and basic auth from a web config file, and the server's limits "
+            "(see 'The web config file' below and docs/design.md).", {
+        "config_file": Key(str, None, "Web config file in the Prometheus exporter-toolkit format (TLS, "
+                           "basic auth); --web.config.file overrides. Unset: plain HTTP, no auth.",
+                           nullable=True),
+        "max_connections": Key(
+            int, 512, "Connections held at once (idle, slow or busy). At the limit a new connection "
+            "replaces the longest-idle one; lowered to fit the open-file limit.", check=positive),
+        "read_header_timeout_seconds": Key((int, float), 10.0, "Time a new connection has for its TLS "
+                                           "handshake and first request head.", check=positive),
+        "idle_timeout_seconds": Key((int, float), 60.0, "Time a kept-alive connection may wait for its next "
+                                    "request.", check=positive),
+        "write_timeout_seconds": Key((int, float), 10.0, "Time a client has to take a response.",
+                                     check=positive),
+        "workers": Key(int, 4, "Threads serving requests; more requests wait for one without a thread of "
+                       "their own (concurrent scrapes share one collection).", check=positive),
+    }),
     "node": ("What the node is and what it should have.", {
         "instance_type": Key(str, None, "EC2 instance type; looked up from instance metadata when unset.",
                              nullable=True),

@@ -5,11 +5,12 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
 
-from exporter import collectors, config
+from exporter import collectors, config, webconfig
 from exporter.catalog import all_specs
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -24,10 +25,12 @@ _GROUPS = [
     ("efa_", "EFA"),
     ("lustre_client_", "FSx for Lustre client"),
     ("ec2_", "EC2 scheduled events"),
+    ("process_", "The exporter's process"),
 ]
 
 
 def _load_everything() -> None:
+    import exporter.process  # noqa: F401 - declares the process_* metrics
     import exporter.runner  # noqa: F401 - declares the exporter's own metrics
 
     collectors.collector_classes()
@@ -80,7 +83,8 @@ def configuration_md() -> str:
         lines += ["", f"## `{name}`", "", doc, "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for k, key in keys.items():
             lines.append(_row(f"{name}.{k}", key))
-    lines.append("")
+    lines += ["", "## The web config file (`web.config_file`, `--web.config.file`)", "",
+              inspect.cleandoc(webconfig.__doc__.split("\n", 2)[2]), ""]
     return "\n".join(lines)
 
 

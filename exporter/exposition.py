@@ -80,13 +80,40 @@ def negotiate(accept: str) -> bool:
     return False
 
 
+def choose_encoding(accept_encoding: str) -> str | None:
+    """'gzip' or 'identity' for an Accept-Encoding header (RFC 9110 12.5.3: q-values, `*`, q=0
+    excludes), None when the client accepts neither. gzip wins a tie: it is what Prometheus asks for."""
+    q: dict[str, float] = {}
+    for part in accept_encoding.split(","):
+        coding, *params = (x.strip() for x in part.split(";"))
+        if not coding:
+            continue
+        weight = 1.0
+        for prm in params:
+            k, _, v = prm.partition("=")
+            if k.strip().lower() == "q":
+                try:
+                    weight = min(1.0, max(0.0, float(v)))
+                except ValueError:
+                    weight = 0.0
+        q[coding.lower()] = weight
+    star = q.get("*")
+    gz = q.get("gzip", q.get("x-gzip", star if star is not None else 0.0))
+    ident = q.get("identity", star if star is not None else 1.0)
+    if gz > 0 and gz >= ident:
+        return "gzip"
+    return "identity" if ident > 0 else None
+
+
 def encode(metrics: Iterable[Metric], accept: str,
            accept_encoding: str) -> tuple[bytes, list[tuple[str, str]]]:
-    """The body and headers of a /metrics response for these request headers."""
+    """The body and headers of a /metrics response for these request headers (identity when the
+    client accepts no encoding we have: the caller answers 406 first if it wants to)."""
     om = negotiate(accept)
     body = render(metrics, openmetrics=om)
-    headers = [("Content-Type", OPENMETRICS_CONTENT_TYPE if om else TEXT_CONTENT_TYPE)]
-    if "gzip" in accept_encoding:
+    headers = [("Content-Type", OPENMETRICS_CONTENT_TYPE if om else TEXT_CONTENT_TYPE),
+               ("Vary", "Accept-Encoding")]
+    if choose_encoding(accept_encoding) == "gzip":
         body = gzip.compress(body, compresslevel=1)
         headers.append(("Content-Encoding", "gzip"))
     headers.append(("Content-Length", str(len(body))))

@@ -78,6 +78,7 @@ class Runner:
         self._lock = threading.Lock()
         self._inflight: Future | None = None
         self.readings: dict[str, Any] = {}  # the last collection's readings (what dependants got)
+        self._last: tuple[float, float, list[Metric]] | None = None  # (started, finished, result)
         self.scrapes = 0
         self.collections = 0
         self.ready = threading.Event()
@@ -103,25 +104,34 @@ class Runner:
                 log.exception("closing collector %s", c.name)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def collect(self) -> list[Metric]:
-        """Return one complete collection; joins the one in flight when there is one."""
+    def collect(self, scrape: bool = True, arrived: float | None = None) -> list[Metric]:
+        """Return one complete collection; joins the one in flight when there is one. A caller
+        that `arrived` (time.monotonic()) while the last collection was in flight gets that one:
+        a server queueing requests for a few workers shares as a thread per request would.
+        `scrape` False: not a /metrics scrape (the server's start-up collection)."""
         with self._lock:
-            self.scrapes += 1
+            self.scrapes += scrape
+            last = self._last
+            if arrived is not None and last is not None and last[0] <= arrived <= last[1]:
+                return last[2]
             fut = self._inflight
             owner = fut is None
             if owner:
                 fut = self._inflight = Future()
         if not owner:
             return fut.result()
+        start = time.monotonic()
         try:
             result = self._collect_all()
             fut.set_result(result)
         except BaseException as e:  # pragma: no cover - _collect_all catches collector errors
             fut.set_exception(e)
-            raise
-        finally:
             with self._lock:
                 self._inflight = None
+            raise
+        with self._lock:
+            self._inflight = None
+            self._last = (start, time.monotonic(), result)
         return result
 
     def _collect_all(self) -> list[Metric]:

@@ -1,90 +1,101 @@
-"""The HTTP endpoint: /metrics, a landing page, /healthz and /readyz."""
+"""The HTTP endpoint: /metrics, the landing page, /healthz and /readyz, on exporter.httpd.
+
+- /metrics: one collection (shared with concurrent scrapes) plus the process_* metrics, in the
+  format and encoding the client asks for (406 when it accepts no encoding we have).
+- /: the node verdict, GPUs needing action and each source's problems, from the last collection.
+- /healthz: 200 while the process serves. /readyz: 200 once the first collection is done; the
+  server runs one in the background at start, so a pod becomes Ready without waiting for
+  Prometheus. Both answer without credentials (they carry no data) so probes need no secret.
+- Basic auth (when the web config has users) guards everything else; TLS is the transport's.
+"""
 
 from __future__ import annotations
 
-import html
 import logging
 import threading
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+import time
 
-from exporter import __version__
-from exporter.exposition import encode
+from prometheus_client.core import Metric
+
+from exporter.config import Config
+from exporter.exposition import choose_encoding, encode
+from exporter.httpd import HttpServer, Limits, Request, Response
+from exporter.landing import render_page
+from exporter.process import process_metrics
 from exporter.runner import Runner
+from exporter.webconfig import BasicAuth, WebConfig
 
 log = logging.getLogger("exporter.server")
 
-
-class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    # socketserver's default listen backlog of 5 drops the rest of a burst of connections, whose
-    # clients then retry a second later: 20 concurrent scrapes arrived in two waves.
-    request_queue_size = 128
+_OPEN_PATHS = ("/healthz", "/readyz")
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
-        log.debug("%s %s", self.address_string(), format % args)
+class App:
+    """Routes a request; remembers the last collection for the landing page."""
+
+    def __init__(self, runner: Runner, web: WebConfig | None = None) -> None:
+        self.runner = runner
+        self.auth = BasicAuth(web.users) if web and web.users else None
+        self.last: list[Metric] | None = None
+        self.last_at: float | None = None
+
+    def collect(self, scrape: bool = True, arrived: float | None = None) -> list[Metric]:
+        metrics = self.runner.collect(scrape, arrived)
+        self.last, self.last_at = metrics, time.time()
+        return metrics
+
+    def __call__(self, req: Request) -> Response:
+        if self.auth is not None and req.path not in _OPEN_PATHS \
+                and not self.auth.check(req.headers.get("authorization", "")):
+            return Response(401, b"unauthorized\n",
+                            [("WWW-Authenticate", 'Basic realm="gpu-health-exporter"')])
+        if req.path == "/metrics":
+            coding = choose_encoding(req.headers.get("accept-encoding", ""))
+            if coding is None:
+                return Response(406, b"no acceptable content coding; gzip and identity are offered\n")
+            metrics = self.collect(arrived=req.received) + process_metrics()
+            body, headers = encode(metrics, req.headers.get("accept", ""), coding)
+            return Response(200, body, [h for h in headers if h[0] != "Content-Length"])
+        if req.path == "/healthz":
+            return Response(200, b"ok\n")
+        if req.path == "/readyz":
+            if self.runner.ready.is_set():
+                return Response(200, b"ready\n")
+            return Response(503, b"first collection not done yet\n")
+        if req.path in ("/", "/index.html"):
+            page = render_page(self.last, self.runner.status, self.last_at)
+            return Response(200, page.encode(), [("Content-Type", "text/html; charset=utf-8")])
+        return Response(404, b"not found; see /metrics\n")
 
 
-def build_app(runner: Runner):  # noqa: ANN201 - a WSGI callable
-    def app(environ, start_response):  # noqa: ANN001, ANN202
-        path = environ.get("PATH_INFO", "/")
-        if path == "/metrics":
-            body, headers = encode(runner.collect(), environ.get("HTTP_ACCEPT", ""),
-                                   environ.get("HTTP_ACCEPT_ENCODING", ""))
-            start_response("200 OK", headers)
-            return [body]
-        if path == "/healthz":
-            return _text(start_response, "200 OK", "ok\n")
-        if path == "/readyz":
-            if runner.ready.is_set():
-                return _text(start_response, "200 OK", "ready\n")
-            return _text(start_response, "503 Service Unavailable", "first collection not done yet\n")
-        if path in ("/", "/index.html"):
-            body = _landing(runner).encode()
-            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"),
-                                      ("Content-Length", str(len(body)))])
-            return [body]
-        return _text(start_response, "404 Not Found", "not found; see /metrics\n")
-
-    return app
-
-
-def _text(start_response, status: str, body: str) -> list[bytes]:  # noqa: ANN001
-    data = body.encode()
-    start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
-                            ("Content-Length", str(len(data)))])
-    return [data]
-
-
-def _landing(runner: Runner) -> str:
-    rows = []
-    for name, st in runner.status.items():
-        state = "not collected yet" if st.ok is None else ("ok" if st.ok else "failed: " + st.error)
-        rows.append(f"<tr><td>{html.escape(name)}</td><td>{html.escape(state)}</td>"
-                    f"<td>{st.duration * 1000:.1f} ms</td></tr>")
-    return (
-        "<!doctype html><html><head><title>gpu-health-exporter</title></head><body>"
-        f"<h1>gpu-health-exporter {html.escape(__version__)}</h1>"
-        '<p><a href="/metrics">Metrics</a> &middot; <a href="/healthz">healthz</a> &middot; '
-        '<a href="/readyz">readyz</a></p>'
-        "<table border=1 cellpadding=4><tr><th>collector</th><th>last status</th><th>duration</th></tr>"
-        + "".join(rows) + "</table></body></html>\n"
-    )
+def limits_from_config(cfg: Config) -> Limits:
+    w = cfg.web
+    return Limits(max_connections=w.max_connections, read_header_timeout=w.read_header_timeout_seconds,
+                  idle_timeout=w.idle_timeout_seconds, write_timeout=w.write_timeout_seconds,
+                  workers=w.workers)
 
 
 class Server:
-    """A threaded HTTP server on a background thread; `shutdown` stops it cleanly."""
+    """The endpoint on a background thread; `start` also runs the first collection in the
+    background, `shutdown` stops serving within about two seconds."""
 
-    def __init__(self, runner: Runner, host: str, port: int) -> None:
-        self.httpd = make_server(host, port, build_app(runner), _ThreadingWSGIServer, _QuietHandler)
-        self.port = self.httpd.server_port
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
+    def __init__(self, runner: Runner, host: str, port: int, web: WebConfig | None = None,
+                 limits: Limits | None = None) -> None:
+        self.app = App(runner, web)
+        web = web or WebConfig()
+        self.httpd = HttpServer(self.app, host, port, limits or Limits(), web.ssl_context, web.headers)
+        self.port = self.httpd.port
+        self.tls = web.ssl_context is not None
 
     def start(self) -> None:
-        self._thread.start()
+        self.httpd.start()
+        threading.Thread(target=self._first_collection, name="first-collection", daemon=True).start()
+
+    def _first_collection(self) -> None:
+        try:
+            self.app.collect(scrape=False)
+        except Exception:  # noqa: BLE001 - the runner isolates collectors; this is a last resort
+            log.exception("first collection failed")
 
     def shutdown(self) -> None:
         self.httpd.shutdown()
-        self.httpd.server_close()

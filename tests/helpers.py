@@ -69,15 +69,16 @@ def free_port() -> int:
 
 
 def wait_until_serving(url: str, proc: subprocess.Popen | None = None, timeout: float = 30.0,
-                       what: str = "server") -> None:
-    """Poll `url` until it answers 200; fail at once if `proc` exits, or after `timeout` s."""
+                       what: str = "server", **get_kw) -> None:
+    """Poll `url` until it answers 200; fail at once if `proc` exits, or after `timeout` s.
+    `get_kw` goes to requests.get (verify= for HTTPS)."""
     deadline = time.monotonic() + timeout
     while True:
         if proc is not None and proc.poll() is not None:
             out = proc.stderr or proc.stdout
             raise RuntimeError(f"{what} exited {proc.returncode}: {out.read() if out else ''}")
         try:
-            if requests.get(url, timeout=5).ok:
+            if requests.get(url, timeout=5, **get_kw).ok:
                 return
         except requests.ConnectionError:
             pass

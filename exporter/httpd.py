@@ -1,0 +1,303 @@
+"""A small HTTP/1.1 server with hard limits, for an endpoint that must stay up for its scraper.
+
+Connections are held by one asyncio event loop (an idle or slow connection costs a file
+descriptor and a few KiB, never a thread); only complete requests reach the bounded worker pool
+that runs the handler. The limits:
+
+- `max_connections`: connections held at once, counted from accept (TLS handshakes included).
+  At the limit a new connection replaces the longest-idle one (one not being served), so a pile
+  of idle or slow clients can never lock a scraper out; when every connection is busy the new
+  one is closed. The limit is also kept below the process's open-file limit.
+- `read_header_timeout`: a new connection must deliver its TLS handshake and first request head
+  within it (a slow-header client is dropped after it).
+- `idle_timeout`: a kept-alive connection must deliver its next request head within it.
+- `write_timeout`: a client must take the response within it.
+- `workers`: threads running the handler; requests beyond them wait in the loop, not in threads.
+
+Only GET and HEAD requests without a body are served; anything else gets 405 (with Allow) or
+400 and the connection is closed. No HTTP/2, no chunked request bodies, no pipelining beyond
+serving requests one after another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import resource
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+log = logging.getLogger("exporter.httpd")
+
+MAX_HEAD_BYTES = 16 * 1024  # request line and headers; larger heads get 431
+ALLOWED_METHODS = ("GET", "HEAD")
+FD_RESERVE = 64  # descriptors kept free of connections: state file, sysfs reads, NVML, logs
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_connections: int = 512
+    read_header_timeout: float = 10.0
+    idle_timeout: float = 60.0
+    write_timeout: float = 10.0
+    workers: int = 4
+
+
+@dataclass
+class Request:
+    method: str
+    path: str  # without the query string
+    query: str
+    headers: dict[str, str]  # names in lower case; repeated headers joined with ", "
+    peer: str
+    version: str = "HTTP/1.1"
+    received: float = field(default_factory=time.monotonic)  # when its head was read
+    peer_cert: dict | None = None  # the verified TLS client certificate, when one was given
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+Handler = Callable[[Request], Response]
+
+
+@dataclass
+class _Conn:
+    """One accepted connection, tracked from accept to close."""
+
+    close: Callable[[], object]  # cancels its task, which closes the socket
+    busy: bool = False  # a request of it is being served
+    since: float = field(default_factory=time.monotonic)
+
+
+def connection_limit(wanted: int) -> int:
+    """`wanted`, lowered to fit the process's open-file limit (less a reserve for everything else)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft - FD_RESERVE))
+
+
+class HttpServer:
+    """Serves `handler` on host:port from a background thread; `shutdown` stops it."""
+
+    def __init__(self, handler: Handler, host: str, port: int, limits: Limits = Limits(),
+                 ssl_context: ssl.SSLContext | None = None,
+                 extra_headers: list[tuple[str, str]] | None = None) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.max_connections = connection_limit(limits.max_connections)
+        if self.max_connections < limits.max_connections:
+            log.warning("max_connections lowered from %d to %d to fit the open-file limit",
+                        limits.max_connections, self.max_connections)
+        self.ssl_context = ssl_context
+        self.extra_headers = list(extra_headers or [])
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.create_server((host, port), family=family, backlog=128, reuse_port=False)
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+        self._pool = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="http-worker")
+        self._conns: dict[int, _Conn] = {}
+        self._ids = itertools.count()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
+        self._stopped = asyncio.Event()
+        self.evicted = 0  # idle connections closed to admit new ones
+        self.refused = 0  # new connections closed because every held one was busy
+
+    @property
+    def connections(self) -> int:
+        return len(self._conns)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 2.0) -> None:
+        """Stop accepting, close every connection, and return within about `timeout` seconds."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stopped.set)
+            self._thread.join(timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.sock.close()
+
+    # -- event loop -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._main())
+        finally:
+            self._loop.close()
+
+    async def _main(self) -> None:
+        acceptor = asyncio.ensure_future(self._accept_loop())
+        await self._stopped.wait()
+        acceptor.cancel()
+        for conn in list(self._conns.values()):
+            conn.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, addr = await loop.sock_accept(self.sock)
+            except OSError as e:  # EMFILE and friends: free an idle slot, back off, go on
+                log.warning("accept failed: %s", e)
+                self._evict_idle()
+                await asyncio.sleep(0.1)
+                continue
+            if len(self._conns) >= self.max_connections and not self._evict_idle():
+                self.refused += 1
+                sock.close()
+                continue
+            cid = next(self._ids)
+            peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+            task = asyncio.ensure_future(self._connection(cid, sock, peer))
+            self._conns[cid] = _Conn(close=task.cancel)
+
+    def _evict_idle(self) -> bool:
+        idle = [(c.since, cid) for cid, c in self._conns.items() if not c.busy]
+        if not idle:
+            return False
+        _, cid = min(idle)
+        self._conns.pop(cid).close()
+        self.evicted += 1
+        return True
+
+    async def _connection(self, cid: int, sock: socket.socket, peer: str) -> None:
+        loop = asyncio.get_running_loop()
+        writer = None
+        clean = False
+        try:
+            conn = self._conns[cid]
+            reader = asyncio.StreamReader(limit=MAX_HEAD_BYTES, loop=loop)
+            protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+            transport, _ = await asyncio.wait_for(loop.connect_accepted_socket(
+                lambda: protocol, sock, ssl=self.ssl_context,
+                ssl_handshake_timeout=self.limits.read_header_timeout if self.ssl_context else None),
+                self.limits.read_header_timeout)
+            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+            cert = transport.get_extra_info("peercert") if self.ssl_context else None
+            timeout = self.limits.read_header_timeout
+            while await self._one_request(reader, writer, conn, peer, cert, timeout):
+                conn.busy, conn.since = False, time.monotonic()
+                timeout = self.limits.idle_timeout
+            clean = True
+        except (asyncio.TimeoutError, ConnectionError, ssl.SSLError, OSError, asyncio.IncompleteReadError,
+                asyncio.CancelledError, KeyError):
+            pass  # a client that is slow, gone, evicted or speaks no TLS costs only its own connection
+        finally:
+            self._conns.pop(cid, None)
+            if writer is None:
+                sock.close()
+            elif clean:  # flush what is buffered (a response), then close
+                writer.close()
+                try:
+                    await asyncio.wait_for(writer.wait_closed(), self.limits.write_timeout)
+                except (asyncio.TimeoutError, ConnectionError, ssl.SSLError, OSError, asyncio.CancelledError):
+                    writer.transport.abort()
+            else:
+                writer.transport.abort()
+
+    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           conn: _Conn, peer: str, cert: dict | None, timeout: float) -> bool:
+        """Read, serve and answer one request; True when the connection may carry another."""
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+        except asyncio.IncompleteReadError:
+            return False  # closed between requests
+        except asyncio.LimitOverrunError:
+            await self._send(writer, "GET", Response(431, b"request head too large\n"), False)
+            return False
+        conn.busy = True
+        req, problem = _parse_head(head, peer, cert)
+        if req is None:
+            await self._send(writer, "GET", Response(problem[0], problem[1].encode() + b"\n"), False)
+            return False
+        keep = _keep_alive(req)
+        if "content-length" in req.headers and req.headers["content-length"].strip() != "0" \
+                or "transfer-encoding" in req.headers:
+            keep = False  # we read no request bodies: the rest of the stream is not a request
+        if req.method not in ALLOWED_METHODS:
+            resp = Response(405, b"method not allowed; use GET or HEAD\n",
+                            [("Allow", ", ".join(ALLOWED_METHODS))])
+            await self._send(writer, req.method, resp, False)
+            return False
+        loop = asyncio.get_running_loop()
+        try:
+            resp = await loop.run_in_executor(self._pool, self.handler, req)
+        except Exception:  # noqa: BLE001 - a handler bug answers 500, the server goes on
+            log.exception("handling %s %s", req.method, req.path)
+            resp = Response(500, b"internal error; see the exporter's log\n")
+        await self._send(writer, req.method, resp, keep, http10=req.version == "HTTP/1.0")
+        return keep
+
+    async def _send(self, writer: asyncio.StreamWriter, method: str, resp: Response, keep: bool,
+                    http10: bool = False) -> None:
+        names = {k.lower() for k, _ in resp.headers}
+        headers = list(resp.headers) + self.extra_headers
+        if "content-type" not in names:
+            headers.append(("Content-Type", "text/plain; charset=utf-8"))
+        headers.append(("Content-Length", str(len(resp.body))))
+        if not keep:
+            headers.append(("Connection", "close"))
+        elif http10:
+            headers.append(("Connection", "keep-alive"))
+        try:
+            reason = HTTPStatus(resp.status).phrase
+        except ValueError:
+            reason = ""
+        lines = [f"HTTP/1.1 {resp.status} {reason}"] + [f"{k}: {v}" for k, v in headers]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        if method != "HEAD":  # HEAD: the GET's headers, Content-Length included, and no body
+            writer.write(resp.body)
+        await asyncio.wait_for(writer.drain(), self.limits.write_timeout)
+
+
+def _parse_head(head: bytes, peer: str, cert: dict | None) -> tuple[Request | None, tuple[int, str]]:
+    try:
+        text = head.decode("latin-1")
+    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
+        return None, (400, "bad request")
+    lines = text.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        return None, (400, "bad request line")
+    method, target, version = parts
+    if version not in ("HTTP/1.0", "HTTP/1.1"):
+        return None, (505, "HTTP version not supported; use HTTP/1.1")
+    if not method.isalpha() or not method.isupper():
+        return None, (400, "bad method")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, val = line.partition(":")
+        if not sep or not name or name != name.strip():
+            return None, (400, "bad header line")
+        key = name.lower()
+        headers[key] = f"{headers[key]}, {val.strip()}" if key in headers else val.strip()
+    path, _, query = target.partition("?")
+    return Request(method, path, query, headers, peer, version, peer_cert=cert), (200, "")
+
+
+def _keep_alive(req: Request) -> bool:
+    tokens = {t.strip().lower() for t in req.headers.get("connection", "").split(",")}
+    if req.version == "HTTP/1.0":
+        return "keep-alive" in tokens
+    return "close" not in tokens

@@ -1,0 +1,235 @@
+"""TLS and basic authentication from a web configuration file in the Prometheus exporter-toolkit
+format (`--web.config.file`), so the file users write for node_exporter works here.
+
+Supported (the rest of the format is refused with an error naming the key, never ignored):
+
+    tls_server_config:
+      cert_file: server.crt        # with key_file: serve HTTPS
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert   # or VerifyClientCertIfGiven, NoClientCert
+      client_ca_file: ca.crt       # needed by the two verifying client_auth_types
+      min_version: TLS12           # TLS10..TLS13 (default TLS12, as the toolkit)
+      max_version: TLS13
+    http_server_config:
+      http2: true                  # accepted; this server speaks HTTP/1.1 (Prometheus does too)
+      headers: {Strict-Transport-Security: max-age=31536000}   # added to every response
+    basic_auth_users:
+      prometheus: $2b$12$...       # bcrypt hash (htpasswd -nBC 12 '' | tr -d ':\\n')
+
+Refused: `cipher_suites`, `curve_preferences` (Go's names, no faithful mapping to OpenSSL),
+`client_allowed_sans`, inline `cert`/`key`, `RequestClientCert` and `RequireAnyClientCert`
+(Python's ssl cannot ask for a certificate without verifying it). Relative file names are
+relative to the web config file, as in the toolkit. Read once at start-up; a bad file stops
+the start with exit status 2 and a message naming the file and the key.
+
+Basic auth guards every path but /healthz and /readyz, which carry no data, so liveness and
+readiness probes need no secret. A verified user and password is cached in memory (as an HMAC),
+so a scrape pays bcrypt's cost once, not every 15 s. With client certificates required, probes
+need one too (use an exec or TCP probe, or VerifyClientCertIfGiven).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import re
+import ssl
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from exporter.config import ConfigError
+
+_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
+             "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+_CLIENT_AUTH = {"": ssl.CERT_NONE, "NoClientCert": ssl.CERT_NONE,
+                "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+                "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
+_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
+             "prefer_server_cipher_suites"}
+_TLS_REFUSED = {"cipher_suites", "curve_preferences", "client_allowed_sans", "cert", "key"}
+# The response headers the toolkit lets a web config set.
+_HEADERS = {"Strict-Transport-Security", "X-Content-Type-Options", "X-Frame-Options", "X-XSS-Protection",
+            "Content-Security-Policy"}
+_BCRYPT = re.compile(r"^\$2[aby]?\$\d\d\$[./A-Za-z0-9]{53}$")
+
+
+@dataclass
+class WebConfig:
+    source: str = ""
+    ssl_context: ssl.SSLContext | None = None
+    users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+def load_web_config(path: str | Path | None) -> WebConfig:
+    """Parse and check the file; a bad file raises ConfigError naming the file and the key."""
+    if path is None:
+        return WebConfig()
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read the web config file: {e.strerror or e}") from e
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from e
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level is {type(data).__name__}; expected a mapping")
+    out = WebConfig(source=str(p))
+    for key, val in data.items():
+        if key == "tls_server_config":
+            out.ssl_context = _tls(p, _mapping(p, key, val))
+        elif key == "basic_auth_users":
+            out.users = _users(p, _mapping(p, key, val))
+        elif key == "http_server_config":
+            out.headers = _http(p, _mapping(p, key, val))
+        else:
+            raise ConfigError(f"{p}: unknown key '{key}'; expected tls_server_config, http_server_config "
+                              "or basic_auth_users")
+    return out
+
+
+def _mapping(p: Path, key: str, val: Any) -> dict:
+    if val is None:
+        return {}
+    if not isinstance(val, dict):
+        raise ConfigError(f"{p}: key '{key}' is {type(val).__name__}; expected a mapping")
+    return val
+
+
+def _string(p: Path, key: str, val: Any) -> str:
+    if not isinstance(val, str):
+        raise ConfigError(f"{p}: key '{key}' is {type(val).__name__} {val!r}; expected a string")
+    return val
+
+
+def _tls(p: Path, c: dict) -> ssl.SSLContext | None:
+    for k in c:
+        if k in _TLS_REFUSED:
+            raise ConfigError(f"{p}: key 'tls_server_config.{k}' is not supported by gpu-health-exporter "
+                              "(see docs/configuration.md, web config)")
+        if k not in _TLS_KEYS:
+            raise ConfigError(f"{p}: unknown key 'tls_server_config.{k}'; expected one of "
+                              + ", ".join(sorted(_TLS_KEYS)))
+    s = {k: _string(p, f"tls_server_config.{k}", v) for k, v in c.items()
+         if k != "prefer_server_cipher_suites"}  # a no-op in Go's TLS too
+    if not s:
+        return None
+    if not s.get("cert_file") or not s.get("key_file"):
+        raise ConfigError(f"{p}: tls_server_config needs both cert_file and key_file")
+    auth = s.get("client_auth_type", "")
+    if auth not in _CLIENT_AUTH:
+        raise ConfigError(f"{p}: key 'tls_server_config.client_auth_type' is {auth!r}; expected one of "
+                          "NoClientCert, VerifyClientCertIfGiven, RequireAndVerifyClientCert")
+    ca = s.get("client_ca_file", "")
+    if ca and _CLIENT_AUTH[auth] == ssl.CERT_NONE:
+        raise ConfigError(f"{p}: tls_server_config.client_ca_file is set without a verifying "
+                          "client_auth_type (as the exporter-toolkit, this is refused)")
+    if _CLIENT_AUTH[auth] != ssl.CERT_NONE and not ca:
+        raise ConfigError(f"{p}: tls_server_config.client_auth_type {auth} needs client_ca_file")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    for k, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
+        v = s.get(k, default)
+        if v not in _VERSIONS:
+            raise ConfigError(f"{p}: key 'tls_server_config.{k}' is {v!r}; expected one of "
+                              + ", ".join(_VERSIONS))
+        try:
+            setattr(ctx, k, _VERSIONS[v])
+        except (ValueError, ssl.SSLError) as e:
+            raise ConfigError(f"{p}: tls_server_config.{k} {v}: {e}") from e
+    base = p.parent
+    cert, key = base / s["cert_file"], base / s["key_file"]
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"{p}: tls_server_config cert_file {cert} / key_file {key}: {e}") from e
+    if ca:
+        try:
+            ctx.load_verify_locations(base / ca)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"{p}: tls_server_config.client_ca_file {base / ca}: {e}") from e
+    ctx.verify_mode = _CLIENT_AUTH[auth]
+    return ctx
+
+
+def _users(p: Path, c: dict) -> dict[str, bytes]:
+    out = {}
+    for user, h in c.items():
+        if not isinstance(user, str) or not user or ":" in user:
+            raise ConfigError(f"{p}: basic_auth_users key {user!r} is not a user name")
+        h = _string(p, f"basic_auth_users.{user}", h)
+        if not _BCRYPT.match(h):
+            raise ConfigError(f"{p}: basic_auth_users.{user} is not a bcrypt hash ($2y$, $2b$ or $2a$, "
+                              "60 characters; make one with htpasswd -nBC 12 '' or Python's bcrypt)")
+        out[user] = h.encode()
+    return out
+
+
+def _http(p: Path, c: dict) -> list[tuple[str, str]]:
+    headers = []
+    for k, v in c.items():
+        if k == "http2":
+            if not isinstance(v, bool):
+                raise ConfigError(f"{p}: key 'http_server_config.http2' is {v!r}; expected a boolean")
+        elif k == "headers":
+            for name, val in _mapping(p, "http_server_config.headers", v).items():
+                if name not in _HEADERS:
+                    raise ConfigError(f"{p}: http_server_config.headers.{name} cannot be set; expected one "
+                                      "of "
+                                      + ", ".join(sorted(_HEADERS)))
+                headers.append((name, _string(p, f"http_server_config.headers.{name}", val)))
+        else:
+            raise ConfigError(f"{p}: unknown key 'http_server_config.{k}'; expected http2 or headers")
+    return headers
+
+
+class BasicAuth:
+    """Checks `Authorization: Basic` against bcrypt hashes. A verified user:password is cached
+    (as an HMAC under a per-process key, never the password) so a scrape every 15 s does not pay
+    bcrypt's ~0.2 s each time; an unknown user costs one bcrypt against a dummy hash, so timing does not tell
+    which users exist."""
+
+    _MAX_CACHED = 64
+
+    def __init__(self, users: dict[str, bytes]) -> None:
+        import bcrypt  # only needed when basic auth is configured
+
+        self._bcrypt = bcrypt
+        self.users = users
+        self._dummy = bcrypt.hashpw(b"not a password", bcrypt.gensalt(4))
+        self._key = os.urandom(32)
+        self._ok: set[bytes] = set()
+        self._lock = threading.Lock()
+        self.bcrypt_checks = 0  # how many times bcrypt ran (tests check the cache)
+
+    def check(self, authorization: str) -> bool:
+        import base64
+        import binascii
+
+        scheme, _, cred = authorization.strip().partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, sep, password = base64.b64decode(cred.strip(), validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        if not sep:
+            return False
+        stored = self.users.get(user)
+        token = hmac.digest(self._key, user.encode() + b"\0" + password.encode(), "sha256")
+        with self._lock:
+            if stored is not None and token in self._ok:
+                return True
+        self.bcrypt_checks += 1
+        ok = self._bcrypt.checkpw(password.encode(), stored or self._dummy)
+        ok = ok and stored is not None
+        if ok:
+            with self._lock:
+                if len(self._ok) >= self._MAX_CACHED:
+                    self._ok.clear()
+                self._ok.add(token)
+        return ok
