@@ -18,12 +18,15 @@ from pathlib import Path
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from dashboards import fleet
+from dashboards import efa, fleet, fsx, node
 
 OUT = Path(__file__).resolve().parent
 # File stem -> builder. Add a dashboard here; add a panel in its module.
 BUILDERS: dict[str, Callable[[], db.Dashboard]] = {
     "gpu-health-fleet": fleet.build,
+    "gpu-health-node": node.build,
+    "gpu-health-efa": efa.build,
+    "gpu-health-fsx": fsx.build,
 }
 
 

@@ -151,7 +151,7 @@ def timeseries_panel(title: str, description: str, unit: str, bound: str, *queri
     if bars:
         p = p.draw_style(cm.GraphDrawStyle.BARS).fill_opacity(80)
     if thresholds is not None:
-        p = p.thresholds(thresholds).threshold_style(
+        p = p.thresholds(thresholds).thresholds_style(
             cb.GraphThresholdsStyleConfig().mode(cm.GraphThresholdsStyleMode.LINE))
     if minimum is not None:
         p = p.min(minimum)

@@ -82,7 +82,7 @@ def test_drift_check_fails_on_a_hand_edit(tmp_path, monkeypatch):
 
 def test_stable_uids_tags_and_links():
     uids = [d["uid"] for d in MODELS.values()]
-    assert len(uids) == len(set(uids)) and set(uids) <= set(UIDS.values())
+    assert len(uids) == len(set(uids)) and set(uids) == set(UIDS.values())
     for d in MODELS.values():
         assert TAG in d["tags"]
         link = [x for x in d["links"] if x["type"] == "dashboards"]

@@ -1,0 +1,170 @@
+"""EFA fabric: the fleet's EFA devices, outliers first (top-k per panel), never every device."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+
+from dashboards.lib import (
+    NEUTRAL,
+    OK_RED,
+    colour,
+    dashboard,
+    instant,
+    query,
+    sel,
+    stat_panel,
+    steps,
+    table_panel,
+    timeseries_panel,
+)
+
+K = 10
+TOP = f"top {K} devices per point"
+DEVICE = "{{instance}} {{device}}"
+
+
+def _device_rate(metric: str) -> str:
+    """Per-device rate of an EFA port counter (ports summed: EFA devices have one)."""
+    return f"sum by (cluster, instance, device) (rate({metric}{sel()}[$__rate_interval]))"
+
+
+def _top(metric: str) -> str:
+    return f"topk({K}, {_device_rate(metric)})"
+
+
+def _fleet(metric: str) -> str:
+    return f"sum(rate({metric}{sel()}[$__rate_interval]))"
+
+
+def inventory() -> list:
+    found = stat_panel(
+        "Devices found against expected",
+        "EFA devices found across the selected nodes, the number their instance types should have, and "
+        "devices whose counters could not be read in the last scrape.",
+        "none", "three values",
+        query(f"sum(efa_devices{sel()})", "found"),
+        query(f"sum(efa_devices_expected{sel()})", "expected"),
+        query(f"count(efa_device_up{sel()} == 0) or vector(0)", "unreadable"),
+        thresholds=NEUTRAL, width=8, height=6, overrides=[colour("unreadable", "red")])
+    short = table_panel(
+        "Nodes short of devices or with unreadable devices",
+        "Nodes enumerating fewer EFA devices than expected (a device failed to probe: "
+        "EfaDevicesBelowExpected), and devices whose counters could not be read (an admin command "
+        "failed or hung: EfaDeviceUnreadable). Click a node for its dashboard.",
+        "none", "one row per short node and per unreadable device",
+        instant(f"efa_devices_expected{sel()} - efa_devices{sel()} > 0", "devices missing"),
+        instant(f"efa_device_up{sel()} == 0", "unreadable"),
+        width=16, height=6, thresholds=OK_RED)
+    return [found, short]
+
+
+def traffic() -> list:
+    totals = timeseries_panel(
+        "Fleet EFA throughput",
+        "Bytes sent and received per second over all EFA devices of the selection (received negative).",
+        "Bps", "2 series",
+        query(_fleet("efa_tx_bytes_total"), "sent"),
+        query("-" + _fleet("efa_rx_bytes_total"), "received"),
+        width=8)
+    top_bytes = timeseries_panel(
+        "Top devices by bytes sent",
+        "The EFA devices sending the most bytes per second. During collective communication all ranks "
+        "send alike: a device far below its peers is a straggler or a failed path.",
+        "Bps", TOP,
+        query(_top("efa_tx_bytes_total"), DEVICE),
+        width=8)
+    low_bytes = timeseries_panel(
+        "Least-sending devices",
+        "The EFA devices sending the fewest bytes per second (idle nodes included): compare with the top.",
+        "Bps", f"bottom {K} devices per point",
+        query(f"bottomk({K}, {_device_rate('efa_tx_bytes_total')})", DEVICE),
+        width=8)
+    packets = timeseries_panel(
+        "Top devices by packets",
+        "Packets sent and received per second by the busiest EFA devices.",
+        "pps", f"top {K} devices per point, twice",
+        query(_top("efa_tx_packets_total"), DEVICE + " tx"),
+        query(_top("efa_rx_packets_total"), DEVICE + " rx"),
+        width=12)
+    per_node = timeseries_panel(
+        "Top nodes by EFA throughput",
+        "Bytes per second sent and received per node (all its devices), from the recording rules in "
+        "rules/efa.yml.",
+        "Bps", f"top {K} nodes per point, twice",
+        query(f"topk({K}, instance:efa_tx_bytes:rate5m{sel()})", "{{instance}} tx"),
+        query(f"topk({K}, instance:efa_rx_bytes:rate5m{sel()})", "{{instance}} rx"),
+        width=12)
+    return [totals, top_bytes, low_bytes, packets, per_node]
+
+
+def retransmits() -> list:
+    share = timeseries_panel(
+        "Retransmitted share, worst devices",
+        "Share of sent packets the device had to retransmit (10 m, rules/efa.yml). Above 1% with real "
+        "traffic raises EfaRetransmitRatioHigh: congestion or a failing path.",
+        "percentunit", TOP,
+        query(f"topk({K}, device:efa_retrans_packets:ratio_rate10m{sel()})", DEVICE),
+        thresholds=steps((None, "green"), (0.01, "red")), width=12)
+    retrans = timeseries_panel(
+        "Retransmitted packets, worst devices",
+        "SRD packets retransmitted per second.",
+        "pps", TOP,
+        query(_top("efa_retrans_packets_total"), DEVICE),
+        width=12)
+    timeouts = timeseries_panel(
+        "Retransmit timeouts, worst devices",
+        "SRD timeouts that changed the network path, per second. Sustained (more than 100 in 10 minutes) "
+        "raises EfaRetransmitTimeouts.",
+        "short", TOP,
+        query(_top("efa_retrans_timeout_events_total"), DEVICE),
+        thresholds=steps((None, "green"), (100 / 600, "red")), width=12)
+    remotes = timeseries_panel(
+        "Unresponsive and impaired remotes, worst devices",
+        "SRD remote connections found unresponsive, and connections entering the impaired (rate-limited) "
+        "state, per second. Many devices at once points at the remote side or the fabric, one device at "
+        "its own node.",
+        "short", f"top {K} devices per point, twice",
+        query(_top("efa_unresponsive_remote_events_total"), DEVICE + " unresponsive"),
+        query(_top("efa_impaired_remote_conn_events_total"), DEVICE + " impaired"),
+        width=12)
+    return [share, retrans, timeouts, remotes]
+
+
+def errors() -> list:
+    drops = timeseries_panel(
+        "Receive drops, worst devices",
+        "Received packets dropped per second.",
+        "pps", TOP,
+        query(_top("efa_rx_drops_total"), DEVICE),
+        width=8)
+    rdma = timeseries_panel(
+        "RDMA work-request errors, worst devices",
+        "RDMA read and write work requests completed with an error, per second (EfaWorkRequestErrors).",
+        "short", f"top {K} devices per point, twice",
+        query(_top("efa_rdma_read_errors_total"), DEVICE + " read"),
+        query(_top("efa_rdma_write_errors_total"), DEVICE + " write"),
+        width=8)
+    fleet = timeseries_panel(
+        "Fleet EFA problems",
+        "Each problem counter summed over the selection, per second: the fabric's overall health at a "
+        "glance.",
+        "short", "6 series",
+        query(_fleet("efa_retrans_timeout_events_total"), "retransmit timeouts"),
+        query(_fleet("efa_unresponsive_remote_events_total"), "unresponsive remotes"),
+        query(_fleet("efa_impaired_remote_conn_events_total"), "impaired remotes"),
+        query(_fleet("efa_rx_drops_total"), "rx drops"),
+        query(_fleet("efa_rdma_read_errors_total"), "RDMA read errors"),
+        query(_fleet("efa_rdma_write_errors_total"), "RDMA write errors"),
+        width=8)
+    return [drops, rdma, fleet]
+
+
+def build() -> db.Dashboard:
+    d = dashboard("efa", "EFA fabric: devices found against expected, throughput and problems, "
+                         "outliers first.")
+    for title, panels in (("Devices", inventory()), ("Traffic", traffic()),
+                          ("Retransmits and remotes", retransmits()), ("Drops and errors", errors())):
+        d = d.with_row(db.Row(title))
+        for p in panels:
+            d = d.with_panel(p)
+    return d

@@ -1,0 +1,331 @@
+"""Node: one instance, each of its GPUs (the `gpu` variable narrows to one), its EFA devices and FSx
+mounts, and the exporter's own health on it."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+
+from dashboards.lib import (
+    JOB,
+    NEUTRAL,
+    OK_RED,
+    UIDS,
+    UP_DOWN,
+    VERDICT_COLOURS,
+    bargauge_panel,
+    colour,
+    dashboard,
+    instant,
+    override,
+    query,
+    sel,
+    stat_panel,
+    steps,
+    table_panel,
+    timeseries_panel,
+    value_text,
+)
+
+
+def gsel(*matchers: str) -> str:
+    """A GPU metric's selector on this node, narrowed to the selected GPUs."""
+    return sel('gpu=~"$gpu"', *matchers)
+
+
+G = gsel()
+GPU_LEGEND = "GPU {{gpu}}"
+GPUS = "the node's GPUs (8 on P4d/P5/P6)"
+# Clicking a GPU narrows this dashboard to it (the second click from the fleet).
+GPU_URL = (f"/d/{UIDS['node']}/?var-datasource=${{datasource}}&var-cluster=${{cluster}}"
+           "&var-instance=${instance}&var-gpu=${__data.fields.gpu}&${__url_time_range}")
+VERDICT_TEXT = {v: (v.replace("_", " "), c) for v, c in VERDICT_COLOURS.items()}
+
+
+def _gpu_link():
+    return override("gpu", links=[{"title": "Show this GPU only", "url": GPU_URL}])
+
+
+def verdict() -> list:
+    node_verdict = stat_panel(
+        "Node verdict",
+        "The exporter's verdict for the node: the worst of its GPUs' and its own (healthy, degraded, "
+        "reset, reboot or replace required). What to do for each: docs/runbooks.md.",
+        "none", "one value",
+        query(f"gpu_node_health_verdict{sel()} == 1", "{{verdict}}"),
+        thresholds=NEUTRAL, width=6, height=5, overrides=[colour(v, c) for v, c in VERDICT_COLOURS.items()])
+    reasons = table_panel(
+        "Node reasons",
+        "Every active reason behind the node's verdict (node-level ones such as fewer GPUs than "
+        "expected, and those of its GPUs). Reasons are explained in docs/xid.md.",
+        "none", "one row per active reason",
+        instant(f"gpu_node_health_reason{sel()} == 1", "active"),
+        width=6, height=5, node_link=False, hide=("Value",))
+    gpus = table_panel(
+        "GPU verdicts and reasons",
+        "Per GPU: its verdict, and one row per active reason behind it. Click a GPU to narrow the "
+        "dashboard to it.",
+        "none", "the node's GPUs and their active reasons",
+        instant(f"gpu_health_verdict{G} == 1", "verdict"),
+        instant(f"gpu_health_reason{G} == 1", "reason"),
+        width=12, height=8, node_link=False, hide=("Value #A", "Value #B"),
+        overrides=[_gpu_link(), override("verdict", mappings=value_text(VERDICT_TEXT))])
+    return [node_verdict, reasons, gpus]
+
+
+def xids() -> list:
+    table = table_panel(
+        "XIDs since boot",
+        "Every XID each GPU logged since the node booted, by code and tier (replace, reboot, reset, "
+        "application, ignore, unknown), and when last seen. Counts survive exporter restarts.",
+        "none", "one row per GPU and XID code seen",
+        instant(f"gpu_xid_errors_total{G}", "events"),
+        instant(f"gpu_xid_last_seen_timestamp_seconds{G} * 1000", "last seen"),
+        width=12, height=8, node_link=False,
+        overrides=[_gpu_link(), override("last seen", unit="dateTimeFromNow")])
+    over_time = timeseries_panel(
+        "XIDs over time",
+        "New XID events per GPU and code per rate interval (a GPU's first event of a code creates the "
+        "series and shows in the table, not here).",
+        "none", "one series per GPU and XID code seen",
+        query(f"sum by (gpu, xid) (increase(gpu_xid_errors_total{G}[$__rate_interval]))",
+              "GPU {{gpu}} XID {{xid}}"),
+        bars=True)
+    return [table, over_time]
+
+
+def memory() -> list:
+    corrected = timeseries_panel(
+        "Corrected ECC errors per second",
+        "Single-bit ECC errors corrected per second per GPU (5 m rate, rules/gpu.yml) and the GPU's own "
+        "6-hour baseline. A rate several times its baseline is an early sign of failing HBM.",
+        "short", f"{GPUS}, twice",
+        query(f"gpu:gpu_ecc_corrected_errors:rate5m{G}", GPU_LEGEND),
+        query(f"gpu:gpu_ecc_corrected_errors:rate6h_offset5m{G}", "GPU {{gpu}} baseline"),
+        width=8)
+    uncorrected = timeseries_panel(
+        "Uncorrected ECC errors",
+        "New uncorrectable (double-bit) ECC errors per GPU per rate interval. Any is critical: the work "
+        "on that GPU was killed and a row remap follows.",
+        "none", GPUS,
+        query("max without (counter) (increase(gpu_ecc_errors_total"
+              + gsel('error_type="uncorrected"') + "[$__rate_interval]))", GPU_LEGEND),
+        thresholds=OK_RED, bars=True, width=8)
+    no_yes = {"0": ("no", "green"), "1": ("yes", "red")}
+    remap = table_panel(
+        "Row remapping",
+        "Per GPU: a remap pending a reset (reset the GPU at the next opportunity), a remap failure (no "
+        "spare row: NVIDIA's RMA criterion), the uncorrectable ECC errors of its life, and the rows "
+        "remapped for correctable and uncorrectable errors (InfoROM entries).",
+        "none", "the node's GPUs, five values each",
+        instant(f"gpu_row_remap_pending{G}", "remap pending"),
+        instant(f"gpu_row_remap_failure{G}", "remap failed"),
+        instant("gpu_ecc_errors_total" + gsel('error_type="uncorrected"', 'counter="aggregate"'),
+                "uncorrected ECC (life)"),
+        instant("gpu_remapped_rows_total" + gsel('cause="correctable"'), "rows remapped (correctable)"),
+        instant("gpu_remapped_rows_total" + gsel('cause="uncorrectable"'), "rows remapped (uncorrectable)"),
+        width=8, node_link=False,
+        overrides=[_gpu_link(), override("remap pending", mappings=value_text(no_yes)),
+                   override("remap failed", mappings=value_text(no_yes))])
+    spare = bargauge_panel(
+        "Spare rows left (row-remapper histogram)",
+        "Memory banks per GPU by how many spare rows they have left. Banks with none or one spare row "
+        "left mean the next remaps there may fail.",
+        "none", "the node's GPUs × the histogram's buckets (5)",
+        query(f"sum by (gpu, spare_rows) (gpu_row_remapper_banks{G})", "GPU {{gpu}}: {{spare_rows}} spare"),
+        width=24, height=8)
+    return [corrected, uncorrected, remap, spare]
+
+
+def thermal_power() -> list:
+    temps = timeseries_panel(
+        "Temperatures against thresholds",
+        "GPU die and HBM temperature per GPU, with the slowdown and memory-max thresholds NVML reports "
+        "(the lowest over the node's GPUs). Above slowdown the GPU halves its clocks.",
+        "celsius", f"{GPUS} × 2 sensors, plus 2 thresholds",
+        query(f"gpu_temperature_celsius{G}", "GPU {{gpu}} {{sensor}}"),
+        query("min by (threshold) (gpu_temperature_threshold_celsius"
+              + gsel('threshold=~"slowdown|memory_max"') + ")",
+              "threshold {{threshold}}"),
+        width=12)
+    margin = timeseries_panel(
+        "Margin to slowdown",
+        "Degrees below each GPU's slowdown temperature. Under 5 °C for 10 minutes raises "
+        "GpuTemperatureNearSlowdown.",
+        "celsius", GPUS,
+        query(f"gpu_temperature_slowdown_margin_celsius{G}", GPU_LEGEND),
+        thresholds=steps((None, "red"), (5, "orange"), (10, "green")), width=12)
+    throttle = timeseries_panel(
+        "Throttle reasons active",
+        "Clock event (throttle) reasons active now per GPU. Hardware slowdown, hardware thermal and "
+        "power brake cut clocks hard; sw_power_cap and idle are normal.",
+        "none", f"{GPUS} × active reasons (at most 8)",
+        query(f"gpu_clock_event_active{G} == 1", "GPU {{gpu}} {{reason}}"),
+        bars=True, width=12)
+    throttle_time = timeseries_panel(
+        "Time throttled",
+        "Share of time each GPU's clocks were held back per reason (seconds per second).",
+        "percentunit", f"{GPUS} × reasons with time",
+        query(f"rate(gpu_throttle_seconds_total{G}[$__rate_interval]) > 0", "GPU {{gpu}} {{reason}}"),
+        minimum=0, maximum=1, width=12)
+    power = timeseries_panel(
+        "Power against limit",
+        "Power draw per GPU and the enforced power limit (the lowest over the node's GPUs).",
+        "watt", f"{GPUS}, plus 1 limit",
+        query(f"gpu_power_watts{G}", GPU_LEGEND),
+        query(f"min(gpu_power_limit_watts{G})", "power limit"),
+        width=12)
+    util = timeseries_panel(
+        "Utilisation",
+        "Fraction of time each GPU ran kernels. A GPU idle while its peers are busy is often a "
+        "stuck or failed rank.",
+        "percentunit", GPUS,
+        query("gpu_utilization_ratio" + gsel('resource="gpu"'), GPU_LEGEND),
+        minimum=0, maximum=1, width=12)
+    return [temps, margin, throttle, throttle_time, power, util]
+
+
+def interconnect() -> list:
+    pcie = table_panel(
+        "PCIe link",
+        "Per GPU: the PCIe link's width and generation against their maxima. A width below maximum is "
+        "a degraded link (GpuPcieLinkWidthDegraded); the generation drops at idle on purpose.",
+        "none", "the node's GPUs, four values each",
+        instant(f"gpu_pcie_link_width{G}", "width"),
+        instant(f"gpu_pcie_link_width_max{G}", "max width"),
+        instant(f"gpu_pcie_link_generation{G}", "generation"),
+        instant(f"gpu_pcie_link_generation_max{G}", "max generation"),
+        width=8, node_link=False, overrides=[_gpu_link()])
+    replays = timeseries_panel(
+        "PCIe replays and errors per second",
+        "PCIe replays (link-level retransmissions; DCGM's limit is 8 a minute) and the PCIe error "
+        "counters NVML exposes, per GPU.",
+        "short", f"{GPUS} × (1 + error types with errors)",
+        query(f"rate(gpu_pcie_replays_total{G}[$__rate_interval])", "GPU {{gpu}} replays"),
+        query(f"rate(gpu_pcie_errors_total{G}[$__rate_interval]) > 0", "GPU {{gpu}} {{type}}"),
+        width=8)
+    nvlink_down = stat_panel(
+        "NVLinks down",
+        "NVLinks not active, per GPU. Any down link cuts GPU-to-GPU bandwidth and may fail NCCL "
+        "(GpuNvlinkDown).",
+        "none", "the node's GPUs with NVLink",
+        query(f"count by (gpu) (gpu_nvlink_up{G} == 0) or sum by (gpu) (gpu_nvlink_up{G} * 0)", GPU_LEGEND),
+        width=8, height=8)
+    nvlink_errors = timeseries_panel(
+        "NVLink errors per second",
+        "NVLink data-link errors per GPU by type (CRC flit, CRC data, replay, recovery), summed over "
+        "the GPU's links. Recovery errors on a healthy link are rare; rising CRC errors mark a "
+        "marginal link.",
+        "short", f"{GPUS} × 4 types",
+        query(f"sum by (gpu, type) (rate(gpu_nvlink_errors_total{G}[$__rate_interval]))",
+              "GPU {{gpu}} {{type}}"),
+        width=24)
+    return [pcie, replays, nvlink_down, nvlink_errors]
+
+
+STATFS = value_text({"0": ("NO", "red"), "1": ("yes", "green")})
+
+
+def efa_fsx() -> list:
+    devices = stat_panel(
+        "EFA devices",
+        "EFA devices found on the node against the number its instance type should have, and devices "
+        "whose counters could not be read. Fewer than expected: a device failed to probe.",
+        "none", "three values",
+        query(f"sum(efa_devices{sel()})", "found"),
+        query(f"sum(efa_devices_expected{sel()})", "expected"),
+        query(f"count(efa_device_up{sel()} == 0) or vector(0)", "unreadable"),
+        thresholds=NEUTRAL, width=6, height=6, overrides=[colour("unreadable", "red")])
+    efa_bytes = timeseries_panel(
+        "EFA throughput per device",
+        "Bytes sent (positive) and received (negative) per second per EFA device.",
+        "Bps", "the node's EFA devices (up to 32) × 2",
+        query(f"sum by (device) (rate(efa_tx_bytes_total{sel()}[$__rate_interval]))", "{{device}} tx"),
+        query(f"-sum by (device) (rate(efa_rx_bytes_total{sel()}[$__rate_interval]))", "{{device}} rx"),
+        width=9, height=6)
+    efa_errors = timeseries_panel(
+        "EFA problems per second",
+        "Per EFA device: retransmit timeouts, unresponsive and impaired remotes, receive drops and RDMA "
+        "work-request errors, where non-zero. The EFA fabric dashboard compares them across the fleet.",
+        "short", "the node's EFA devices with problems × 6 counters",
+        *[query(f"sum by (device) (rate({m}{sel()}[$__rate_interval])) > 0", f"{{{{device}}}} {label}")
+          for m, label in (("efa_retrans_timeout_events_total", "retransmit timeouts"),
+                           ("efa_unresponsive_remote_events_total", "unresponsive remotes"),
+                           ("efa_impaired_remote_conn_events_total", "impaired remotes"),
+                           ("efa_rx_drops_total", "rx drops"),
+                           ("efa_rdma_read_errors_total", "RDMA read errors"),
+                           ("efa_rdma_write_errors_total", "RDMA write errors"))],
+        width=9, height=6)
+    mounts = table_panel(
+        "FSx mounts",
+        "Each Lustre mount: whether statfs answers, the share of space and inodes free, and targets "
+        "whose import is not FULL or IDLE (disconnected, evicted, recovering).",
+        "percentunit", "the node's Lustre mounts",
+        instant(f"lustre_client_statfs_success{sel()}", "statfs ok"),
+        instant(f"mount:lustre_client_filesystem_available:ratio{sel()}", "space free"),
+        instant(f"mount:lustre_client_filesystem_inodes_free:ratio{sel()}", "inodes free"),
+        instant("sum by (cluster, instance, fsname, mount) (lustre_client_import_state"
+                + sel('state!~"FULL|IDLE"') + ")",
+                "imports not FULL"),
+        width=12, height=6, node_link=False,
+        overrides=[override("statfs ok", unit="none", mappings=STATFS),
+                   override("imports not FULL", unit="none")])
+    health = stat_panel(
+        "Lustre client health",
+        "The Lustre client's health_check (healthy, not healthy, LBUG; an LBUG needs a reboot) and the "
+        "procfs, sysfs and debugfs trees the exporter reads its statistics from.",
+        "none", "one value, plus one per source (3)",
+        query(f"lustre_client_health_status{sel()} == 1", "{{status}}"),
+        query(f"lustre_client_source_up{sel()}", "{{source}}"),
+        thresholds=NEUTRAL, width=12, height=6,
+        overrides=[colour("healthy", "green"), colour("not_healthy", "red"), colour("lbug", "dark-red")],
+        mappings=value_text({"0": ("unreadable", "red"), "1": ("ok", "green")}))
+    return [devices, efa_bytes, efa_errors, mounts, health]
+
+
+def exporter() -> list:
+    sources = stat_panel(
+        "Exporter sources",
+        "The exporter's own sources on this node: kernel log (XIDs since boot), NVML events, the XID "
+        "state file (counts across restarts), and each collector's last run. Red means part of the "
+        "node's health is not being read; the exporter's log says why.",
+        "none", "3 sources + one per collector (6)",
+        query(f"gpu_health_exporter_kmsg_up{sel()}", "kernel log"),
+        query(f"gpu_health_exporter_nvml_event_watcher_up{sel()}", "NVML events"),
+        query(f"gpu_health_exporter_state_file_ok{sel()}", "state file"),
+        query(f"gpu_health_exporter_collector_success{sel()}", "{{collector}}"),
+        thresholds=UP_DOWN, width=12, height=6,
+        mappings=value_text({"0": ("failing", "red"), "1": ("ok", "green")}))
+    kmsg = timeseries_panel(
+        "Kernel log and NVML events",
+        "Kernel-log records read and missed (overwritten before they were read: XIDs may have been lost) "
+        "and NVML events received, per second.",
+        "short", "4 series",
+        query(f"rate(gpu_health_exporter_kmsg_records_total{sel()}[$__rate_interval])", "kmsg records read"),
+        query(f"rate(gpu_health_exporter_kmsg_missed_records_total{sel()}[$__rate_interval])",
+              "kmsg records missed"),
+        query(f"sum(rate(gpu_nvml_events_total{sel()}[$__rate_interval]))", "NVML events"),
+        query(f"rate(gpu_health_exporter_state_file_errors_total{sel()}[$__rate_interval])",
+              "state file errors ({{operation}})"),
+        width=12, height=6)
+    timing = timeseries_panel(
+        "Scrape and collector duration",
+        "How long Prometheus' scrape of the node took and each collector's last run. Collectors have a "
+        "5 s deadline; a slow GPU collector usually means NVML hangs on a failing GPU.",
+        "s", "1 + one per collector (6)",
+        query(f"scrape_duration_seconds{sel(JOB)}", "scrape"),
+        query(f"gpu_health_exporter_collector_duration_seconds{sel()}", "{{collector}}"),
+        thresholds=steps((None, "green"), (5, "red")), width=24, height=6)
+    return [sources, kmsg, timing]
+
+
+def build() -> db.Dashboard:
+    d = dashboard("node", "One node: each GPU's verdict, errors and state, its EFA devices and FSx mounts, "
+                          "and the exporter's health on it.", node=True)
+    for title, panels in (("Verdict", verdict()), ("XIDs", xids()), ("GPU memory", memory()),
+                          ("Thermal, power and utilisation", thermal_power()),
+                          ("PCIe and NVLink", interconnect()), ("EFA and FSx", efa_fsx()),
+                          ("Exporter on this node", exporter())):
+        d = d.with_row(db.Row(title))
+        for p in panels:
+            d = d.with_panel(p)
+    return d
