@@ -1,0 +1,234 @@
+"""Every panel proven against the real Prometheus: two simulated clusters, a healthy one and a faulty
+one, scraped at 1 s with rules/ loaded and `cluster` and `instance` (the node name) attached by
+relabelling as a shipped scrape config does. Each panel's queries run with the dashboard variables
+substituted per cluster, as Grafana would run them:
+
+- on the faulty cluster every panel returns data, except the few listed in EMPTY_ON_PURPOSE;
+- on the healthy cluster no panel shows a series of the faulty cluster, a cluster that does not
+  exist shows nothing at all (a selector without the cluster matcher would leak), and one node
+  selected shows no other node;
+- the lost GPU is in the lost/missing panel within one scrape of Prometheus first seeing it.
+
+Prints, per dashboard, the panels with data on the faulty cluster / panels."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+import yaml
+
+from dashboards.build import dashboards
+from tests.helpers import ROOT, free_port, wait_until_serving
+from tests.rules_lint import RULES_DIR
+
+pytestmark = pytest.mark.slow
+
+SCRAPE_S = 1
+NODES = {  # node name -> (cluster, simulated fault scenarios)
+    "healthy-node-1": ("healthy", []),
+    "faulty-node-1": ("faulty", ["xid-94", "gpu-lost", "efa-retrans-timeouts", "efa-counters-unreadable",
+                                 "lustre-eviction"]),
+    "faulty-node-2": ("faulty", ["gpu-row-remap-pending", "gpu-recovery-action-reboot", "gpu-ecc-sbe-storm",
+                                 "lustre-debugfs-missing"]),
+}
+LOST = ("faulty-node-1", "3")  # gpu-lost: GPU 3 falls off the bus
+# (dashboard, panel title) -> why it may be empty on the faulty cluster.
+EMPTY_ON_PURPOSE = {
+    ("gpu-health-fsx", "Imports not connected"):
+        "the FSx eviction's import recovers to FULL, and no listed fault keeps one disconnected",
+    ("gpu-health-node", "Time throttled"):
+        "it draws only reasons with throttle time, and no listed fault throttles a GPU",
+}
+# Grafana's $__rate_interval at a 1 s scrape is 4 s; 10 s leaves room for a loaded CI.
+RATE_INTERVAL = "10s"
+
+
+def _start_exporters(tmp_path) -> dict[str, tuple[subprocess.Popen, str]]:
+    """Every simulated node at once (each startup imports and builds its node: slow in series)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = {}
+    for name, (_, scenarios) in NODES.items():
+        port = free_port()
+        args = [sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge",
+                "--path.state-dir", str(tmp_path / name), "--listen", f"127.0.0.1:{port}"]
+        args += [a for s in scenarios for a in ("--scenario", s)]
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        out[name] = (proc, f"127.0.0.1:{port}")
+    for name, (proc, addr) in out.items():
+        wait_until_serving(f"http://{addr}/metrics", proc, 60, f"exporter {name}")
+    return out
+
+
+def _start_prometheus(tmp_path, targets: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    rules = tmp_path / "rules"
+    shutil.copytree(RULES_DIR, rules)
+    cfg = {
+        "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s"},
+        "rule_files": [str(rules / "*.yml")],
+        "scrape_configs": [{
+            "job_name": "gpu-health-exporter",
+            # Per target: its cluster, and its node name in a hidden label that relabelling makes
+            # `instance` (as service discovery's node name does in the shipped configs).
+            "static_configs": [
+                {"targets": [addr], "labels": {"cluster": NODES[name][0], "__node_name": name}}
+                for name, addr in targets.items()],
+            "relabel_configs": [{"source_labels": ["__node_name"], "target_label": "instance"}],
+        }],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    port = free_port()
+    proc = subprocess.Popen(
+        [shutil.which("prometheus") or "prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+         "--log.level=warn"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_until_serving(url + "/-/ready", proc, 60, "prometheus")
+    return proc, url + "/api/v1"
+
+
+def _instant(api: str, expr: str, at: float | None = None) -> list[dict]:
+    params = {"query": expr}
+    if at is not None:
+        params["time"] = f"{at:.3f}"
+    r = requests.get(f"{api}/query", params=params, timeout=10)
+    body = r.json()
+    assert body["status"] == "success", (expr, body)
+    return body["data"]["result"]
+
+
+def _range(api: str, expr: str, end: float) -> list[dict]:
+    r = requests.get(f"{api}/query_range", timeout=10,
+                     params={"query": expr, "start": end - 30, "end": end, "step": SCRAPE_S})
+    body = r.json()
+    assert body["status"] == "success", (expr, body)
+    return body["data"]["result"]
+
+
+def _substitute(expr: str, cluster: str, instance: str) -> str:
+    return (expr.replace("$__rate_interval", RATE_INTERVAL).replace("$cluster", cluster)
+            .replace("$instance", instance).replace("$gpu", ".*"))
+
+
+def _panels(model: dict) -> list[dict]:
+    return [p for p in model["panels"] if p["type"] != "row"]
+
+
+def _run_panel(api: str, panel: dict, cluster: str, instance: str, now: float) -> list[dict]:
+    """Every series the panel's queries return, as Grafana would ask (instant or range)."""
+    out = []
+    for t in panel["targets"]:
+        expr = _substitute(t["expr"], cluster, instance)
+        out += _instant(api, expr, now) if t.get("instant") else _range(api, expr, now)
+    return out
+
+
+def _instances(cluster: str) -> list[str]:
+    return [n for n, (c, _) in NODES.items() if c == cluster]
+
+
+def _selections(name: str, cluster: str) -> list[str]:
+    """The `instance` values to try: All for the fleet-wide dashboards, each node for the node one."""
+    return _instances(cluster) if name == "gpu-health-node" else [".+"]
+
+
+def _wait_for_faults(api: str) -> None:
+    """Until Prometheus has every injected fault and a few rate intervals of samples."""
+    wanted = {
+        "targets up": 'count(up{job="gpu-health-exporter"} == 1) == 3',
+        "GPU lost": 'gpu_lost{instance="faulty-node-1"} == 1',
+        "XID 94": 'gpu_xid_errors_total{instance="faulty-node-1", xid="94"}',
+        "remap pending": 'gpu_row_remap_pending{instance="faulty-node-2"} == 1',
+        "recovery action": 'gpu_recovery_action{instance="faulty-node-2"} == 2',
+        "corrected ECC rising": "gpu:gpu_ecc_corrected_errors:rate5m"
+                                '{instance="faulty-node-2"} > 0',
+        "EFA retransmit timeouts":
+            'rate(efa_retrans_timeout_events_total{instance="faulty-node-1"}[10s]) > 0',
+        "EFA device down": 'efa_device_up{instance="faulty-node-1"} == 0',
+        "FSx eviction": 'lustre_client_import_evictions_total{instance="faulty-node-1"} > 0',
+        "Lustre source down": 'lustre_client_source_up{instance="faulty-node-2"} == 0',
+        "alerts firing": 'ALERTS{alertstate="firing", cluster="faulty"}',
+        f"{RATE_INTERVAL} of samples":
+            f'count_over_time(up{{instance="faulty-node-2"}}[{RATE_INTERVAL}]) >= 8',
+    }
+    deadline = time.monotonic() + 90
+    while True:
+        missing = [k for k, e in wanted.items() if not _instant(api, e)]
+        if not missing:
+            return
+        assert time.monotonic() < deadline, f"faults not seen by Prometheus: {missing}"
+        time.sleep(0.5)
+
+
+def _lost_gpu_within_one_scrape(api: str, lost_panel: dict) -> None:
+    """The first sample in which Prometheus saw the GPU lost, and the panel evaluated one scrape
+    interval later (as Grafana would on its next refresh): the GPU is in it."""
+    node, gpu = LOST
+    samples = _instant(api, f'gpu_lost{{instance="{node}", gpu="{gpu}"}}[5m]')[0]["values"]
+    t0 = min(float(t) for t, v in samples if float(v) == 1)
+    rows = _run_panel(api, lost_panel, "faulty", ".+", t0 + SCRAPE_S)
+    assert any(r["metric"].get("instance") == node and r["metric"].get("gpu") == gpu for r in rows), rows
+
+
+def test_every_panel_on_two_clusters(tmp_path, capsys):
+    assert shutil.which("prometheus"), "prometheus is missing: install Debian's 'prometheus' package"
+    models = dashboards()
+    exporters = _start_exporters(tmp_path)
+    prom = None
+    try:
+        prom, api = _start_prometheus(tmp_path, {n: addr for n, (_, addr) in exporters.items()})
+        _wait_for_faults(api)
+        now = time.time()
+
+        empty: dict[tuple[str, str], None] = {}
+        lines = []
+        for name, model in models.items():
+            panels = _panels(model)
+            with_data = 0
+            for panel in panels:
+                series = [s for inst in _selections(name, "faulty")
+                          for s in _run_panel(api, panel, "faulty", inst, now)]
+                if series:
+                    with_data += 1
+                else:
+                    empty[(name, panel["title"])] = None
+                # Healthy cluster: nothing of the faulty one.
+                for inst in _selections(name, "healthy"):
+                    for s in _run_panel(api, panel, "healthy", inst, now):
+                        labels = s["metric"]
+                        assert labels.get("cluster", "healthy") == "healthy", (name, panel["title"], labels)
+                        assert labels.get("instance", "healthy-node-1") in _instances("healthy"), \
+                            (name, panel["title"], labels)
+                # A cluster that does not exist: nothing but constant fallbacks (`or vector(0)`).
+                for s in _run_panel(api, panel, "no-such-cluster", ".+", now):
+                    values = s.get("values") or [s["value"]]
+                    assert not s["metric"] and all(float(v) == 0 for _, v in values), \
+                        (name, panel["title"], s)
+                # One node of the faulty cluster selected: no other node's series.
+                for s in _run_panel(api, panel, "faulty", "faulty-node-2", now):
+                    assert s["metric"].get("instance", "faulty-node-2") == "faulty-node-2", \
+                        (name, panel["title"], s["metric"])
+            lines.append(f"{name}: {with_data}/{len(panels)} panels with data on the faulty cluster")
+        with capsys.disabled():
+            print("\n" + "\n".join(lines))
+            for key in empty:
+                print(f"  empty on the faulty cluster: {key[0]} / {key[1]}: {EMPTY_ON_PURPOSE.get(key, '?')}")
+        assert set(empty) == set(EMPTY_ON_PURPOSE), f"empty panels on the faulty cluster: {sorted(empty)}"
+
+        fleet = next(p for p in _panels(models["gpu-health-fleet"]) if p["title"] == "Lost and missing GPUs")
+        _lost_gpu_within_one_scrape(api, fleet)
+    finally:
+        procs = [p for p, _ in exporters.values()] + ([prom] if prom else [])
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
