@@ -272,6 +272,40 @@ def test_hung_statvfs_does_not_block_the_collection(tmp_path):
         assert not series(x, "lustre_client_filesystem_size_bytes")
 
 
+def test_a_blocking_stats_file_costs_only_its_own_series(tmp_path):
+    import os
+
+    tree = LustreTree(tmp_path, version="2.12.9",
+                      filesystems=[FsSpec("fs1", "/fsx"), FsSpec("fs2", "/fsy", "ffff02")]).build()
+    fs = tree.filesystems[0]
+    stats = tree.debug / "llite" / fs.instance / "stats"
+    stats.unlink()
+    os.mkfifo(stats)  # opening a FIFO with no writer blocks in the kernel, like a hung client's read
+    _, r = make(tree, file_timeout_seconds=0.5)
+    t = time.monotonic()
+    s = samples(scrape(r))
+    s2 = samples(scrape(r))
+    assert time.monotonic() - t < 3.0  # the deadline once, not per scrape, never the collector's 5 s
+    for x in (s, s2):
+        assert value(x, "gpu_health_exporter_collector_success", collector="lustre") == 1
+        assert not series(x, "lustre_client_read_bytes_total").get(
+            frozenset({("fsname", "fs1"), ("mount", "/fsx")}))  # the blocked file's series only
+        assert value(x, "lustre_client_read_bytes_total", mount="/fsy") == 40960
+        assert value(x, "lustre_client_import_state", mount="/fsx", component="osc", state="FULL") == 4
+        assert value(x, "lustre_client_source_up", source="debugfs") == 0
+    w = os.open(stats, os.O_WRONLY)  # a writer: the blocked open returns ...
+    fixed = tmp_path / "stats.new"
+    fixed.write_text(llite_stats((2, 12)))
+    os.replace(fixed, stats)  # ... and the client answers again: the file is read on a later scrape
+    os.close(w)
+    deadline = time.monotonic() + 5
+    while True:
+        x = samples(scrape(r))
+        if value(x, "lustre_client_source_up", source="debugfs") == 1 or time.monotonic() > deadline:
+            break
+    assert value(x, "lustre_client_source_up", source="debugfs") == 1
+
+
 def test_damaged_files_are_counted_not_fatal(tmp_path):
     tree = LustreTree(tmp_path, version="2.12.9", filesystems=[FsSpec("fs1", "/fsx")]).build()
     fs = tree.filesystems[0]

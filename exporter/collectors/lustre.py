@@ -20,7 +20,15 @@ from exporter.config import Key, declare_section, positive
 from exporter.lustre import discovery, parsers
 from exporter.lustre.discovery import Device, Mount
 from exporter.lustre.evictions import EvictionTracker
-from exporter.lustre.sources import SIM_STATVFS_FILE, SOURCES, StatvfsFn, TimedProbe, Tree, statvfs_from_file
+from exporter.lustre.sources import (
+    SIM_STATVFS_FILE,
+    SOURCES,
+    DeadlineReader,
+    StatvfsFn,
+    TimedProbe,
+    Tree,
+    statvfs_from_file,
+)
 
 NAME = "lustre"
 
@@ -34,6 +42,11 @@ declare_section(NAME, "FSx for Lustre client statistics (docs/lustre.md).", {
                                  "Longest wait for a statvfs or ioctl on a mount; a mount whose servers are "
                                  "unreachable can hang such calls, and the rest of the collection goes on.",
                                  check=positive),
+    "file_timeout_seconds": Key((int, float), 1.0,
+                                "Longest wait for one Lustre file read (a stats file of a client waiting on "
+                                "its servers can block); past it only that file's series are left out of "
+                                "the scrape, and the file is not read again until the blocked read returns.",
+                                check=positive),
     "lfs_command": Key(str, "lfs", "`lfs` used to map a mount to its llite instance (`lfs getname`); "
                                    "empty to skip it."),
     "use_ioctl": Key(bool, True, "Map mounts to llite instances with the OBD_IOC_GETMDNAME ioctl when "
@@ -122,6 +135,7 @@ FILE_KINDS = ("mounts", "llite_stats", "osc_stats", "mdc_stats", "import", "stat
               "max_rpcs_in_flight", "health_check", "version")
 # llite counters exported as read/write calls and bytes rather than as operations.
 _IO_COUNTERS = {"read_bytes", "write_bytes"}
+_DEVICE_FILES = ("stats", "state", "import", "max_rpcs_in_flight")  # read per osc/mdc device
 MAX_OPERATIONS = 100  # bound on distinct llite counter names per mount (the client has ~45)
 MiB = 1 << 20
 
@@ -159,7 +173,8 @@ class LustreCollector(Collector):
         cfg = ctx.config.lustre
         paths = ctx.config.paths
         self.procfs = Path(paths.procfs)
-        self.tree = Tree(paths.procfs, paths.sysfs, paths.debugfs)
+        self.read = DeadlineReader(cfg.file_timeout_seconds)
+        self.tree = Tree(paths.procfs, paths.sysfs, paths.debugfs, reader=self.read)
         self.per_target: bool = cfg.per_target
         self.do_statfs: bool = cfg.statfs
         self.rootfs: str = cfg.rootfs
@@ -245,7 +260,7 @@ class LustreCollector(Collector):
         for rel, parse in (("1/mountinfo", discovery.parse_mountinfo), ("1/mounts", discovery.parse_mounts),
                            ("self/mountinfo", discovery.parse_mountinfo), ("mounts", discovery.parse_mounts)):
             try:
-                text = (self.procfs / rel).read_text(errors="replace")
+                text = self.read(str(self.procfs / rel))
             except OSError as e:
                 last = e
                 continue
@@ -305,11 +320,17 @@ class LustreCollector(Collector):
         base = {"fsname": m.fsname, "mount": m.mountpoint}
         if inst is None:
             return
-        tree = self.tree
-        text = tree.read("stats", "llite", inst)
+        inst_id = (discovery.split_instance(inst) or ("", ""))[1]
+        mine = sorted((d for d in devices if d.fsname == m.fsname and d.instance_id == inst_id),
+                      key=lambda d: d.name)
+        # every file of the mount in one batch (one hand-over to the reader thread)
+        reqs = [("stats", "llite", inst), ("max_cached_mb", "llite", inst)] + \
+            [(kind, d.component, d.name) for d in mine for kind in _DEVICE_FILES]
+        texts = dict(zip(reqs, self.tree.read_many(reqs), strict=True))
+        text = texts[("stats", "llite", inst)]
         if text is not None:
             self._llite_stats(parsers.parse_stats(text), base, acc)
-        text = tree.read("max_cached_mb", "llite", inst)
+        text = texts[("max_cached_mb", "llite", inst)]
         if text is not None:
             cache = parsers.parse_max_cached_mb(text)
             self._count_bad("max_cached_mb", cache.malformed)
@@ -317,14 +338,12 @@ class LustreCollector(Collector):
                 acc.add(CACHE_USED, cache.used_mb * MiB, base)
             if cache.max_mb is not None:
                 acc.add(CACHE_LIMIT, cache.max_mb * MiB, base)
-        inst_id = (discovery.split_instance(inst) or ("", ""))[1]
-        mine = sorted((d for d in devices if d.fsname == m.fsname and d.instance_id == inst_id),
-                      key=lambda d: d.name)
         for comp in ("mdc", "osc"):
             acc.add(TARGETS, sum(1 for d in mine if d.component == comp), {**base, "component": comp})
         for dev in mine:
             labels = {**base, "component": dev.component, "target": dev.target if self.per_target else ""}
-            self._device(dev, labels, acc, live, live_imports)
+            self._device(dev, labels, acc, live, live_imports,
+                         {kind: texts[(kind, dev.component, dev.name)] for kind in _DEVICE_FILES})
 
     def _llite_stats(self, stats: parsers.Stats, base: dict[str, str], acc: _Acc) -> None:
         self._count_bad("llite_stats", stats.malformed)
@@ -349,10 +368,9 @@ class LustreCollector(Collector):
             acc.max(STATS_RESET, reset, base)
 
     def _device(self, dev: Device, labels: dict[str, str], acc: _Acc, live: set[tuple[str, ...]],
-                live_imports: set[str]) -> None:
-        tree = self.tree
+                live_imports: set[str], texts: dict[str, str | None]) -> None:
         comp = dev.component
-        text = tree.read("stats", comp, dev.name)
+        text = texts["stats"]
         if text is not None:
             stats = parsers.parse_stats(text)
             self._count_bad(f"{comp}_stats", stats.malformed)
@@ -364,7 +382,7 @@ class LustreCollector(Collector):
                     ctr = stats.get(name)
                     acc.add(spec, (ctr.sum or 0) if ctr else 0, labels)
         hist = None
-        text = tree.read("state", comp, dev.name)
+        text = texts["state"]
         if text is not None:
             hist = parsers.parse_state(text)
             self._count_bad("state", hist.malformed)
@@ -376,7 +394,7 @@ class LustreCollector(Collector):
             self._last_evict[key] = max(self._last_evict.get(key, 0), last)
             acc.max(EVICTIONS, self._evict_total[key], labels)
             acc.max(LAST_EVICTION, self._last_evict[key], labels)
-        text = tree.read("import", comp, dev.name)
+        text = texts["import"]
         imp = parsers.parse_import(text) if text is not None else None
         if imp is not None:
             self._count_bad("import", imp.malformed)
@@ -393,7 +411,7 @@ class LustreCollector(Collector):
                 acc.add(RPC_TIMEOUTS, imp.timeouts, labels)
             if imp.connection_attempts is not None:
                 acc.add(CONN_ATTEMPTS, imp.connection_attempts, labels)
-        text = tree.read("max_rpcs_in_flight", comp, dev.name)
+        text = texts["max_rpcs_in_flight"]
         if text is not None:
             v = parsers.parse_int(text)
             if v is None:
@@ -450,7 +468,7 @@ class LustreCollector(Collector):
             problem = self.tree.state[src].problem if src in needed else ""
             if src in needed:
                 out.add(SOURCE_UP, 0 if problem else 1, source=src)
-            if problem and src == "debugfs":
+            if problem and src == "debugfs" and not self.tree.state[src].hung:
                 problem += ("; llite/osc/mdc stats and max_cached_mb (2.12+ clients keep them in debugfs) "
                             "are not exported: mount debugfs and run as root or with CAP_SYS_ADMIN")
             self.problems.report(f"source {src}", problem)

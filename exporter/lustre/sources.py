@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -46,15 +47,125 @@ class SourceState:
 
     def __init__(self) -> None:
         self.problem = ""
+        self.hung = False  # the problem is a read past its deadline, not the tree's access
 
-    def fail(self, why: str) -> None:
+    def fail(self, why: str, hung: bool = False) -> None:
         if not self.problem:
-            self.problem = why
+            self.problem, self.hung = why, hung
 
 
 def read_text(path: str) -> str:
     with open(path, encoding="utf-8", errors="replace") as f:
         return f.read()
+
+
+class DeadlineReader:
+    """Reads files on a worker thread, each read under its own deadline (`timeout_s`).
+
+    A Lustre client's stats file can block in the kernel (a client waiting on a server), and a
+    blocked read cannot be interrupted. Read in the collector's thread, one such file would lose
+    every Lustre series. Here the collector waits at most `timeout_s` per file: past it that
+    file's read fails with TimeoutError (only its series are missing), the worker is left blocked
+    in the kernel and a fresh one reads the rest. While that read is still blocked the same path
+    is not read again (it fails at once), so a hung file costs its deadline once. Files are
+    handed over in batches (`read_many`), one hand-over per mount rather than per file, which
+    keeps the cost of the extra thread small. Workers are daemon threads: a read stuck in the
+    kernel never holds up the exporter's exit.
+    """
+
+    def __init__(self, timeout_s: float, read: Callable[[str], str] = read_text) -> None:
+        self.timeout_s = timeout_s
+        self._read = read
+        self._worker: _Worker | None = None
+        self._stuck: dict[str, _Worker] = {}  # path -> the worker blocked reading it
+        self.abandoned = 0  # workers left blocked in a read, ever
+
+    def __call__(self, path: str) -> str:
+        r = self.read_many([path])[0]
+        if isinstance(r, BaseException):
+            raise r
+        return r
+
+    def read_many(self, paths: list[str]) -> list[str | BaseException]:
+        """Each path's text, or the exception its read raised (TimeoutError past the deadline)."""
+        out: list[str | BaseException | None] = [None] * len(paths)
+        todo = []
+        for i, p in enumerate(paths):
+            w = self._stuck.get(p)
+            if w is not None and w.busy_with == p:
+                out[i] = TimeoutError(errno.ETIMEDOUT, "an earlier read is still blocked", p)
+                continue
+            self._stuck.pop(p, None)
+            todo.append(i)
+        while todo:
+            w = self._worker
+            if w is None:
+                w = self._worker = _Worker(self._read)
+            job = w.submit([paths[i] for i in todo])
+            while not job.done.wait(max(0.0, job.since + self.timeout_s - time.monotonic())):
+                cur = job.current
+                if time.monotonic() - job.since < self.timeout_s:
+                    continue  # the worker moved on to the next file meanwhile
+                # abandon the worker to its blocked read; the files after it go to a fresh one
+                job.cancelled = True
+                self._stuck[paths[todo[cur]]] = w
+                self._worker = None
+                self.abandoned += 1
+                w.retire()
+                for j, r in enumerate(job.results):
+                    out[todo[j]] = r
+                why = f"read did not finish within {self.timeout_s:g}s"
+                out[todo[cur]] = TimeoutError(errno.ETIMEDOUT, why, paths[todo[cur]])
+                todo = todo[cur + 1:]
+                break
+            else:
+                for j, r in enumerate(job.results):
+                    out[todo[j]] = r
+                todo = []
+        return out  # type: ignore[return-value]
+
+
+class _Job:
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+        self.results: list[str | BaseException] = []
+        self.current = 0
+        self.since = time.monotonic()
+        self.cancelled = False
+        self.done = threading.Event()
+
+
+class _Worker:
+    def __init__(self, read: Callable[[str], str]) -> None:
+        self._read = read
+        self._q: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.busy_with: str | None = None
+        threading.Thread(target=self._loop, name="lustre-read", daemon=True).start()
+
+    def submit(self, paths: list[str]) -> _Job:
+        job = _Job(paths)
+        self._q.put(job)
+        return job
+
+    def retire(self) -> None:
+        self._q.put(None)  # it exits once its blocked read returns
+
+    def _loop(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                return
+            for i, p in enumerate(job.paths):
+                job.current, job.since, self.busy_with = i, time.monotonic(), p
+                try:
+                    r: str | BaseException = self._read(p)
+                except Exception as e:  # noqa: BLE001 - handed to the caller
+                    r = e
+                self.busy_with = None
+                if job.cancelled:
+                    break
+                job.results.append(r)
+            job.done.set()
 
 
 class Tree:
@@ -114,19 +225,47 @@ class Tree:
         """The text of the file `kind` under `<tree>/<parts>/`, trying the version's trees in
         order; None when no tree has it. A permission or I/O error marks that tree failed for
         this scrape and the next tree is tried."""
-        rel = "/".join((*parts, kind))
-        for src in self.order(kind):
-            path = f"{self._root_str[src]}/{rel}"
-            try:
-                return self.reader(path)
-            except (FileNotFoundError, NotADirectoryError):
+        return self.read_many([(kind, *parts)])[0]
+
+    def read_many(self, requests: list[tuple[str, ...]]) -> list[str | None]:
+        """`read` of each (kind, *parts), the files read in one batch (every candidate tree's
+        path at once; a missing path costs one failed open)."""
+        cands = [(src, f"{self._root_str[src]}/{'/'.join((*req[1:], req[0]))}")
+                 for req in requests for src in self.order(req[0])]
+        read_many = getattr(self.reader, "read_many", None)
+        texts = read_many([p for _, p in cands]) if read_many else [_call(self.reader, p) for _, p in cands]
+        out: list[str | None] = []
+        k = 0
+        for req in requests:
+            n = len(self.order(req[0]))
+            out.append(self._first(cands[k:k + n], texts[k:k + n]))
+            k += n
+        return out
+
+    def _first(self, cands: list[tuple[str, str]], texts: list[str | BaseException]) -> str | None:
+        for (src, path), r in zip(cands, texts, strict=True):
+            if not isinstance(r, BaseException):
+                return r
+            if isinstance(r, (FileNotFoundError, NotADirectoryError)):
                 continue
-            except PermissionError:
+            if isinstance(r, PermissionError):
                 self.state[src].fail(f"{path} is not readable (permission denied)")
-            except OSError as e:
-                if e.errno != errno.ENODEV:
-                    self.state[src].fail(f"{path}: {e.strerror or e}")
+            elif isinstance(r, TimeoutError):
+                self.state[src].fail(f"{path}: {r.strerror or r} (Lustre client hung?); its series are "
+                                     "left out", hung=True)
+            elif isinstance(r, OSError):
+                if r.errno != errno.ENODEV:
+                    self.state[src].fail(f"{path}: {r.strerror or r}")
+            else:
+                raise r
         return None
+
+
+def _call(fn: Callable[[str], str], path: str) -> str | BaseException:
+    try:
+        return fn(path)
+    except Exception as e:  # noqa: BLE001 - sorted out by Tree._first
+        return e
 
 
 def _has_entries(path: Path) -> bool:
@@ -213,4 +352,5 @@ class TimedProbe:
         return self.wait(self.start(key, fn), time.monotonic() + self.timeout_s)
 
 
-__all__ = ["SIM_STATVFS_FILE", "SOURCES", "StatvfsFn", "Tree", "TimedProbe", "read_text", "statvfs_from_file"]
+__all__ = ["SIM_STATVFS_FILE", "SOURCES", "DeadlineReader", "StatvfsFn", "Tree", "TimedProbe", "read_text",
+           "statvfs_from_file"]
