@@ -451,3 +451,20 @@ def test_a_listed_file_that_vanishes_fails_the_device_once_then_is_absent(tmp_pa
     ss = samples(run(c))
     assert value(ss, "efa_device_up", device="rdmap0s0") == 1
     assert reader.listings == before + 3
+
+
+def test_a_scrape_after_the_pool_closed_ends_within_its_budget(tmp_path):
+    """Shutdown closes the read pool while a scrape may still come: its devices must come back
+    down within the collection budget, not wait on a batch no thread will ever run."""
+    import threading
+
+    efa(tmp_path, "rdmap0s0", 0)
+    c = collector(tmp_path, **{"efa.timeout_seconds": 1.0})
+    run(c)  # one thread started, then idle
+    c.close()
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("ss", samples(run(c))), daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive(), "read_all waited on a batch no thread will run"
+    assert value(box["ss"], "efa_device_up", device="rdmap0s0") == 0

@@ -60,7 +60,12 @@ class Chain:
         """Cancel the chain when its current read has run `timeout` (or at once with `hard_stop`);
         returns the index it is stuck on, whose read is abandoned. Items after it are not read."""
         with self._lock:
-            if self.done.is_set() or self.current is None:
+            if self.done.is_set():
+                return None
+            if self.current is None:
+                if hard_stop:  # no thread ever took it (a closed pool): give up, nothing was read
+                    self.cancelled = True
+                    self.done.set()
                 return None
             if not hard_stop and now - self.since < timeout:
                 return None
@@ -81,9 +86,13 @@ class Pool:
         self._lock = threading.Lock()
         self._idle = 0
         self.threads = 0
+        self.closed = False
 
     def submit(self, chain: Chain) -> None:
         with self._lock:
+            if self.closed:  # shutting down: no thread will run it
+                chain.cancel_if_stuck(0.0, 0.0, hard_stop=True)
+                return
             if self._idle > 0:
                 self._idle -= 1
             else:
@@ -93,6 +102,8 @@ class Pool:
 
     def close(self) -> None:
         with self._lock:
+            self.closed = True
+            self._idle = 0
             n = self.threads
         for _ in range(n):
             self._q.put(None)
