@@ -11,6 +11,10 @@ if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q -e .
+# Install once (editable: later code changes need no reinstall); again only when pyproject.toml changes.
+if [ ! -x .venv/bin/gpu-health-exporter ] || [ pyproject.toml -nt .venv/.quickstart-installed ]; then
+  .venv/bin/python -m pip install -q -e .
+  touch .venv/.quickstart-installed
+fi
 echo "serving a simulated p5.48xlarge on http://localhost:9858/metrics (Ctrl-C stops it)" >&2
 exec .venv/bin/gpu-health-exporter --simulate p5.48xlarge "$@"

@@ -1,3 +1,3 @@
-from exporter.cli import main
+from exporter.cli import console_main
 
-raise SystemExit(main())
+console_main()

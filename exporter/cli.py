@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -10,6 +11,7 @@ import pkgutil
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from exporter import __version__, collectors, commands
@@ -118,6 +120,16 @@ def build_context(args: argparse.Namespace) -> Context:
         overrides.update(simulation.config_overrides())
     elif args.scenario:
         raise ConfigError("command line: --scenario needs --simulate PROFILE")
+    cfg = load(args.config, {**overrides, **cli_overrides(args)})
+    if simulation is not None:
+        simulation.build()
+    return Context(config=cfg, nvml_capture=args.nvml_capture, simulation=simulation,
+                   scenarios=tuple(args.scenario), nvml_latencies=args.nvml_latencies)
+
+
+def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Config keys set by command-line flags (they win over the file)."""
+    overrides: dict[str, Any] = {}
     if getattr(args, "listen", None):
         overrides["listen"] = args.listen
     if getattr(args, "web_config_file", None):
@@ -130,11 +142,7 @@ def build_context(args: argparse.Namespace) -> Context:
             overrides[f"paths.{name.replace('-', '_')}"] = v
     if args.kmsg_file:
         overrides["paths.kmsg"] = args.kmsg_file
-    cfg = load(args.config, overrides)
-    if simulation is not None:
-        simulation.build()
-    return Context(config=cfg, nvml_capture=args.nvml_capture, simulation=simulation,
-                   scenarios=tuple(args.scenario), nvml_latencies=args.nvml_latencies)
+    return overrides
 
 
 def selected(args: argparse.Namespace) -> list[str] | None:
@@ -172,9 +180,7 @@ def serve(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"gpu-health-exporter: cannot listen on {cfg.listen}: {e.strerror or e}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    signals = Signals()
     if ctx.simulation is not None:
         ctx.simulation.start()
     runner.start()
@@ -184,13 +190,102 @@ def serve(args: argparse.Namespace) -> int:
              ",".join(c.name for c in built),
              f" (simulated {ctx.simulation.profile.instance_type} under {ctx.simulation.root})"
              if ctx.simulation else "")
-    stop.wait()
-    log.info("shutting down")
+    reload = False
+    while True:
+        sig = signals.wait()
+        if sig != signal.SIGHUP:
+            break
+        try:  # validate before giving anything up: a bad edit must not take the exporter down
+            load(args.config, cli_overrides(args))
+        except (ConfigError, ValueError) as e:
+            log.error("SIGHUP: not reloading, the configuration is invalid (still serving the running "
+                      "one): %s", e)
+            continue
+        reload = True
+        break
+    timeout = cfg.shutdown_timeout_seconds
+    if reload:
+        log.info("SIGHUP: the configuration is valid; restarting in place (same pid) to apply it, "
+                 "after flushing state (at most %gs)", timeout)
+    else:
+        log.info("%s: shutting down, state file first (at most %gs)", signal.Signals(sig).name, timeout)
+    shutdown(ctx, server, runner, timeout, then=_reexec if reload else None)
+    return 0
+
+
+class Signals:
+    """SIGTERM and SIGINT stop the exporter; SIGHUP asks it to reload its configuration."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._last = signal.SIGTERM
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum: int, _frame: Any) -> None:
+        self._last = signal.Signals(signum)
+        self._event.set()
+
+    def wait(self) -> signal.Signals:
+        self._event.wait()
+        self._event.clear()
+        return self._last
+
+
+def shutdown(ctx: Context, server: Any, runner: Any, timeout_s: float, then: Any = None) -> None:
+    """Stop within `timeout_s` whatever a source is doing: the XID state file is flushed first,
+    then the server and collectors are stopped. A watchdog ends the process at the deadline if a
+    step is stuck (a read blocked in NVML or the kernel cannot be interrupted); then() runs at the
+    end either way (re-exec on reload). The process exits through exit_now(), never through the
+    interpreter's exit, which would join pool threads stuck in such reads."""
+    done = threading.Event()
+
+    def watchdog() -> None:
+        if done.wait(timeout_s):
+            return
+        stuck = sorted({t.name.rstrip("0123456789_-") for t in threading.enumerate()
+                        if t is not threading.current_thread() and t.is_alive()})
+        log.error("shutdown did not finish within %gs (threads still busy: %s); exiting now",
+                  timeout_s, ", ".join(stuck) or "none")
+        (then or exit_now)()
+
+    threading.Thread(target=watchdog, name="shutdown-watchdog", daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    if "xid" in vars(ctx):  # built: flush its counts before anything else can hang
+        ctx.xid.stop(max(0.1, (deadline - time.monotonic()) * 0.5))
     server.shutdown()
     runner.close()
     if ctx.simulation is not None:
         ctx.simulation.close()
-    return 0
+    done.set()
+    log.info("shut down cleanly")
+    if then is not None:
+        then()
+
+
+def exit_now(code: int = 0) -> None:
+    """Flush output and leave without the interpreter's exit handlers (which join every pool
+    thread, also one blocked in an NVML call or a kernel read for minutes)."""
+    logging.shutdown()
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+    os._exit(code)
+
+
+def _reexec() -> None:
+    """Start again in this process (same pid, for systemd and the kubelet) with the same
+    arguments, so the new configuration is read the one way it is read at start."""
+    logging.shutdown()
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "exporter", *sys.argv[1:]])
+
+
+def console_main() -> None:
+    """The `gpu-health-exporter` command: main(), then exit_now() (see there)."""
+    exit_now(main())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,6 +76,11 @@ TOP: dict[str, Key] = {
         "Deadline for each collector in one collection; a collector past it reports failure "
         "for that scrape while the others are served. Keep it under Prometheus' scrape timeout.",
         check=positive),
+    "shutdown_timeout_seconds": Key(
+        (int, float), 5.0,
+        "After SIGTERM (or a SIGHUP reload) the process exits within this many seconds, the XID state "
+        "file flushed first, whatever a source is doing (a read blocked in NVML or the kernel is "
+        "abandoned).", check=positive),
 }
 SECTIONS: dict[str, tuple[str, dict[str, Key]]] = {
     "paths": ("Where each file source is read from (node_exporter's --path.* style).", {

@@ -1,9 +1,12 @@
 """`check` and `ack` as an operator (or Slurm/Kubernetes) runs them: one-shot, no daemon."""
 
 import json
+import os
+
+import pytest
 
 from exporter.cli import main
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, free_port
 
 REAL = (FIXTURES / "kmsg" / "kmsg_nvidia.txt").read_text()
 # A saved kernel log of a p5 node (GPU 2 at 0000:75:00, GPU 5 at 0000:a8:00) plus the real H200
@@ -119,3 +122,43 @@ def test_a_non_utf8_state_file_is_exit_3_and_left_for_the_daemon(tmp_path, capsy
     assert code == 3 and doc["sources"]["state_file"]["problem"] == "corrupt"
     assert any("state file" in p for p in doc["problems"])
     assert (state / "xid-state.json").exists()  # the daemon sets it aside and counts the recovery
+
+
+@pytest.mark.slow
+def test_check_gives_the_daemons_reasons_in_simulation(tmp_path):
+    """`check --simulate` plays the scenario's onset on the fake NVML too, so it sees what the
+    daemon sees a few seconds in (it used to read NVML before the fault happened)."""
+    import subprocess
+    import sys
+    import time
+
+    import requests
+
+    from tests.helpers import ROOT, samples, wait_until_serving
+
+    scenarios = ["gpu-ecc-dbe", "gpu-lost", "gpu-nvml-hang"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    daemons = {}
+    try:
+        for s in scenarios:
+            port = free_port()
+            daemons[s] = (subprocess.Popen(
+                [sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--scenario", s, "--listen",
+                 f"127.0.0.1:{port}", "--path.state-dir", str(tmp_path / f"d-{s}")], env=env,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}/metrics")
+        for proc, url in daemons.values():
+            wait_until_serving(url, proc, 60, "exporter")
+        time.sleep(5)  # past the scenarios' onset (3 s)
+        for s in scenarios:
+            got = samples(requests.get(daemons[s][1], timeout=30).text)
+            daemon = sorted(dict(ls)["reason"] for (n, ls), v in got.items()
+                            if n == "gpu_node_health_reason" and v)
+            r = subprocess.run([sys.executable, "-m", "exporter", "check", "--simulate", "p5.48xlarge",
+                                "--scenario", s, "--json", "--path.state-dir", str(tmp_path / f"c-{s}")],
+                               env=env, capture_output=True, text=True, timeout=120)
+            assert sorted(json.loads(r.stdout)["node"]["reasons"]) == daemon, s
+            assert daemon or s == "gpu-nvml-hang"
+    finally:
+        for proc, _ in daemons.values():
+            proc.terminate()
+            proc.wait(30)

@@ -332,12 +332,19 @@ class XidService:
                 self._stop.wait(1.0)
         self.flush_state(force=True)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the threads and flush the state file within about `timeout_s`. The NVML event
+        thread may be blocked in NVML: it is given a short while, then left (a daemon thread)."""
+        if self._stop.is_set():
+            return
+        deadline = time.monotonic() + timeout_s
         self._stop.set()
         if self.watcher is not None:
-            self.watcher.stop()
+            self.watcher.stop(min(1.0, timeout_s / 4))
         if self._thread is not None:
-            self._thread.join(5.0)
+            self._thread.join(max(0.0, deadline - time.monotonic()))  # it flushes as it ends
+        if self._thread is not None and self._thread.is_alive():
+            self.flush_state(force=True)  # the follower did not end in time: write from here
         self.reader.close()
 
     @property
@@ -356,7 +363,10 @@ def one_shot(ctx: Any, read_only: bool = False) -> XidService:
         ctx.simulation.advance(SIM_PLAY_S)
     svc = ctx.xid
     svc.state.read_only = read_only
-    svc.session()  # the GPUs NVML lists, before counting (the cardinality guard spares them)
+    s = svc.session()  # the GPUs NVML lists, before counting (the cardinality guard spares them)
+    advance = getattr(s.backend, "advance_to", None) if s is not None else None
+    if getattr(ctx, "simulation", None) is not None and advance is not None:
+        advance(SIM_PLAY_S)  # the simulated GPUs' faults too, as the daemon sees them by then
     svc.load_state()
     svc.read_kmsg(final=True)
     return svc
