@@ -298,10 +298,16 @@ def main(argv: list[str] | None = None) -> int:
         mod.add_arguments(p)
         args = p.parse_args(argv[1:])
         try:
+            selected(args)  # a usage error, as for the daemon
+        except ConfigError as e:
+            print(f"gpu-health-exporter: {e}", file=sys.stderr)
+            return 2
+        try:
             ctx = build_context(args)
         except (ConfigError, ValueError) as e:
             print(f"gpu-health-exporter: {e}", file=sys.stderr)
-            return 2 if argv[0] != "check" else 3
+            could_not_start = getattr(mod, "could_not_start", None)
+            return could_not_start(args, str(e)) if could_not_start else 2
         setup_logging(args.log_level or "warning")
         try:
             return mod.run(args, ctx)

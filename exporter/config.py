@@ -128,6 +128,16 @@ def declare_section(name: str, doc: str, keys: dict[str, Key]) -> None:
         SECTIONS[name] = (doc, dict(keys))
 
 
+# Checks across the keys of one section: section -> [fn(values) -> problem or None].
+SECTION_CHECKS: dict[str, list[Callable[[dict[str, Any]], str | None]]] = {}
+
+
+def declare_check(section: str, check: Callable[[dict[str, Any]], str | None]) -> None:
+    """A check of a section's values together (one key bounded by another); the problem it
+    returns names the keys."""
+    SECTION_CHECKS.setdefault(section, []).append(check)
+
+
 def _check_value(where: str, key_name: str, key: Key, value: Any) -> Any:
     if value is None:
         if key.nullable:
@@ -192,6 +202,11 @@ def validate(data: Any, source: str = "<defaults>", overrides: dict[str, Any] | 
             merged[section][sk] = _check_value("command line", dotted, SECTIONS[section][1][sk], v)
         else:
             merged[section] = _check_value("command line", dotted, TOP[section], v)
+    for section, checks in SECTION_CHECKS.items():
+        for check in checks:
+            problem = check(merged.get(section, {}))
+            if problem:
+                raise ConfigError(f"{source}: {problem}")
     cfg = Config(**{k: (_namespace(v) if k in SECTIONS else v) for k, v in merged.items()})
     cfg.source = source
     return cfg
@@ -203,11 +218,29 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Co
         return validate({}, overrides=overrides)
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_bytes().decode("utf-8")
     except OSError as e:
         raise ConfigError(f"{p}: cannot read the config file: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})") from e
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {e}") from e
     return validate(data, str(p), overrides)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML says keys are unique; the
+    plain loader silently keeps the last one, so an edit could be ignored unnoticed)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found duplicate key {key!r} (first at line {seen[key].line + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)

@@ -162,3 +162,30 @@ def test_check_gives_the_daemons_reasons_in_simulation(tmp_path):
         for proc, _ in daemons.values():
             proc.terminate()
             proc.wait(30)
+
+
+def test_command_line_and_config_errors_of_check_and_ack(tmp_path, capsys):
+    assert main(["check", "--collectors", "nope"]) == 2  # as the daemon
+    assert "unknown collector 'nope'" in capsys.readouterr().err
+    bad = tmp_path / "config.yaml"
+    bad.write_bytes(b"gpu:\n  parallel: yes please\n\xff\n")
+    code, out = run_check(capsys, "--config", str(bad), "--json")
+    doc = json.loads(out)  # a config error is still a JSON document under --json
+    assert code == 3 and doc["node"]["exit_status"] == 3 and str(bad) in doc["problems"][0]
+    state = str(tmp_path / "state")
+    sim = ["--simulate", "p5.48xlarge", "--scenario", "xid-63", "--path.state-dir", state]
+    assert main(["ack", *sim, "--gpu", "2", "--xid", "999"]) == 2  # not in the catalog, never counted
+    assert "XID 999 is not in the XID catalog" in capsys.readouterr().err
+    assert main(["ack", *sim, "--gpu", "2", "--xid", "99999999999"]) == 2
+
+
+def test_an_ack_in_simulation_holds_whatever_the_scenario_flags(tmp_path, capsys):
+    state = str(tmp_path / "state")
+    base = ["--simulate", "p5.48xlarge", "--path.state-dir", state]
+    assert main(["ack", *base, "--scenario", "xid-63", "--gpu", "2", "--xid", "63"]) == 0
+    capsys.readouterr()
+    for flags in (["--scenario", "xid-63", "--scenario", "gpu-thermal-slowdown"], ["--scenario", "xid-63"]):
+        code, out = run_check(capsys, *base, *flags, "--json")
+        g2 = json.loads(out)["gpus"][2]
+        assert g2["xids"][0]["xid"] == 63 and g2["xids"][0]["acknowledged"], flags
+        assert "xid_replace" not in g2["reasons"]

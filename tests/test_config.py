@@ -63,3 +63,32 @@ def test_unknown_key_exits_2_naming_the_key(tmp_path):
     assert r.returncode == 2
     assert "gpu_frobnicate" in r.stderr and str(p) in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_duplicate_keys_are_refused_naming_the_file_and_key(tmp_path):
+    import exporter.collectors.gpu  # noqa: F401 - declares the gpu section
+
+    p = write(tmp_path, "gpu:\n  parallel: true\n  nvlink: false\n  parallel: false\n")
+    with pytest.raises(ConfigError, match=r"config.yaml: not valid YAML: [\s\S]*duplicate key 'parallel' "
+                                          r"\(first at line 2\)"):
+        load(p)
+    p = write(tmp_path, "log_level: debug\nlog_level: info\n")
+    with pytest.raises(ConfigError, match="duplicate key 'log_level'"):
+        load(p)
+
+
+def test_a_non_utf8_config_file_names_the_file(tmp_path):
+    p = tmp_path / "config.yaml"
+    p.write_bytes(b"log_level: info\n# caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"config.yaml: not UTF-8 text \(byte 21"):
+        load(p)
+
+
+def test_gpu_read_timeout_above_its_share_of_the_timeout_is_an_error(tmp_path):
+    import exporter.collectors.gpu  # noqa: F401 - declares the gpu section
+
+    p = write(tmp_path, "gpu:\n  timeout_seconds: 2\n  read_timeout_seconds: 3\n")
+    with pytest.raises(ConfigError, match=r"config.yaml: key 'gpu.read_timeout_seconds' is 3; expected at "
+                                          r"most 0.8 x gpu.timeout_seconds \(1.6\)"):
+        load(p)
+    assert load(write(tmp_path, "gpu:\n  timeout_seconds: 2\n  read_timeout_seconds: 1.6\n")) is not None

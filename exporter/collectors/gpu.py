@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from exporter.catalog import Families
 from exporter.collector import Collector, Context, Failed, ProblemLog
-from exporter.config import Key, declare_section, one_of, positive
+from exporter.config import Key, declare_check, declare_section, one_of, positive
 from exporter.gpu import metrics as m
 from exporter.gpu.reader import GpuReader, Reading
 from exporter.health import GpuHealth, NodeGpuHealth
@@ -38,8 +38,8 @@ declare_section("gpu", "GPU health from NVML (the real library, a capture, or th
     "read_timeout_seconds": Key(
         (int, float), 1.0,
         "How long one scrape waits for one GPU's NVML reads. A GPU that takes longer (a hung GPU) "
-        "gets gpu_read_success 0 for that scrape and the other GPUs are served. Kept below "
-        "timeout_seconds.",
+        "gets gpu_read_success 0 for that scrape and the other GPUs are served. At most 0.8 x "
+        "timeout_seconds (a config error otherwise).",
         check=positive),
     "slow_interval_seconds": Key(
         (int, float), 15.0,
@@ -58,6 +58,20 @@ declare_section("gpu", "GPU health from NVML (the real library, a capture, or th
         "that cardinality matters. The link is named in the XID 74 log line either way.",
         check=one_of("per_link", "per_gpu")),
 })
+
+
+GPU_READ_SHARE = 0.8  # of gpu.timeout_seconds: all GPUs' reads, so the collection ends in time
+
+
+def _read_within_budget(v: dict) -> str | None:
+    if v["read_timeout_seconds"] > v["timeout_seconds"] * GPU_READ_SHARE:
+        return (f"key 'gpu.read_timeout_seconds' is {v['read_timeout_seconds']!r}; expected at most "
+                f"{GPU_READ_SHARE:g} x gpu.timeout_seconds ({v['timeout_seconds'] * GPU_READ_SHARE:g}), the "
+                "share of the collection the GPU reads get")
+    return None
+
+
+declare_check("gpu", _read_within_budget)
 
 
 @dataclass
@@ -86,8 +100,8 @@ class GpuCollector(Collector):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         cfg = ctx.config.gpu
-        self.budget = cfg.timeout_seconds * 0.8  # all GPUs' reads, so the scrape ends in time
-        self.read_timeout = min(cfg.read_timeout_seconds, self.budget)
+        self.budget = cfg.timeout_seconds * GPU_READ_SHARE
+        self.read_timeout = cfg.read_timeout_seconds  # at most the budget (the config checks it)
         self.slow_interval = cfg.slow_interval_seconds
         self.parallel = cfg.parallel
         self.nvlink = cfg.nvlink

@@ -14,6 +14,7 @@ import sys
 import time
 
 from exporter.collector import Context
+from exporter.xid.catalog import CATALOG, valid_xid
 from exporter.xid.parser import pci_key, pci_label
 from exporter.xid.service import one_shot
 from exporter.xid.store import Ack, split_key
@@ -46,6 +47,12 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print(f"gpu-health-exporter ack: no GPU {target!r} (give an index NVML lists or a PCI address)",
               file=sys.stderr)
         return 2
+    if args.xid is not None:
+        counted = {split_key(k)[0] for k in svc.store.counts.get(pci, {})}
+        if not valid_xid(args.xid) or (args.xid not in CATALOG and args.xid not in counted):
+            print(f"gpu-health-exporter ack: XID {args.xid} is not in the XID catalog (docs/xid.md) nor "
+                  f"counted on GPU {target}; nothing to acknowledge", file=sys.stderr)
+            return 2
     ident = svc.store.identities.get(pci)
     if ident is not None:
         index = ident.index if index is None else index

@@ -118,6 +118,17 @@ def table(nv: Any, problems: list[str], code: int, ctx: Context) -> str:
     return "\n".join(lines)
 
 
+def could_not_start(args: argparse.Namespace, problem: str) -> int:
+    """A bad configuration or command line: exit 3 (could not check), with the JSON document
+    under --json so a caller parsing it gets the reason."""
+    if args.json:
+        print(json.dumps({
+            "node": {"verdict": "unknown", "reasons": [], "exit_status": EXIT_UNKNOWN},
+            "gpus": [], "sources": {}, "problems": [problem],
+        }, indent=2))
+    return EXIT_UNKNOWN
+
+
 def run(args: argparse.Namespace, ctx: Context) -> int:
     nv, svc, problems = gather(ctx)
     if nv is None:

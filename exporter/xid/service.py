@@ -64,8 +64,11 @@ class XidService:
         sim = getattr(ctx, "simulation", None)
         # which kernel log the state's counts came from (a simulated node's root is a temp dir)
         simulated = sim is not None and self.kmsg_path == str(sim.root / "dev" / "kmsg")
-        source_id = "simulated:" + sim.profile.instance_type if simulated else self.kmsg_path
+        # (each set of scenario flags is its own kernel log, whose counts are kept apart)
+        source_id = (f"simulated:{sim.profile.instance_type}:{','.join(sorted(sim.scenarios))}" if simulated
+                     else self.kmsg_path)
         self.state = StateFile(ctx.config.paths.state_dir, self.boot_id, source_id, read_only=read_only)
+        self.state.shared_acks = simulated
         self.store.is_listed = self.is_listed
         self._listed_session: Any = None  # the NVML session whose GPUs were last recorded
         # NVSwitch SXids: the same kernel-log records, their own counts and state file
@@ -178,6 +181,7 @@ class XidService:
         with self.state.locked():
             data = self.state.read()
         self.state.take_recoveries(self.store)
+        self.state.take_foreign_acks(self.store)
         if data is not None:
             self.store.merge_state(data)
             self.skip_through = self.store.last_seq

@@ -464,6 +464,10 @@ class StateFile:
         self.read_only = read_only
         self.status = StateStatus()
         self.recovered = 0  # corrupt files this process set aside, not yet added to a store
+        # The simulated node: runs with other scenario flags read other kernel logs (their counts
+        # are kept apart) of the same node, whose acknowledgements must not be lost.
+        self.shared_acks = False
+        self.foreign: dict | None = None
         self._mtime: float | None = None
         self._logged: set[str] = set()
 
@@ -528,8 +532,16 @@ class StateFile:
             return None
         if self.kmsg and data.get("kmsg") not in (None, self.kmsg):
             self.status.problem = "other_source"  # counts of another kernel log (a replay)
+            if self.shared_acks:
+                self.foreign = data  # its acknowledgements still apply (see shared_acks)
             return None
         return data
+
+    def take_foreign_acks(self, store: XidStore) -> None:
+        """Acks read from a state file of another kernel log of this node (shared_acks)."""
+        if self.foreign is not None:
+            store.merge_state(self.foreign, counts=False)
+            self.foreign = None
 
     def _corrupt(self, e: Exception) -> None:
         why = str(e) if isinstance(e, StateError) else f"{type(e).__name__}: {e}"
@@ -573,6 +585,7 @@ class StateFile:
             on_disk = self.read()
             if on_disk is not None:
                 store.merge_state(on_disk, counts=merge_counts)
+            self.take_foreign_acks(store)
             self.take_recoveries(store)
             data = store.to_state(self.boot_id)
             data["kmsg"] = self.kmsg
