@@ -175,7 +175,8 @@ def test_probes_and_resources(rendered, overlay):
     c = exporter_container(rendered[overlay])
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert c["startupProbe"]["httpGet"]["path"] == "/readyz"
+    # /readyz turns ready after the first collection: the startup probe must make one (a scrape does).
+    assert c["startupProbe"]["httpGet"]["path"] == "/metrics"
     # Measured RSS on real 8-GPU nodes is 61-65 MiB: the request must cover it, the limit leave room.
     mib = {"Mi": 1, "Gi": 1024}
     req, lim = (int(c["resources"][k]["memory"][:-2]) * mib[c["resources"][k]["memory"][-2:]]

@@ -1,0 +1,93 @@
+"""deploy/Dockerfile: multi-stage, base pinned by digest, non-root, OCI labels; and the exporter runs on a
+read-only root filesystem with only a tmpfs at /tmp writable (bubblewrap gives it one here: no container
+engine runs on this machine, so the image itself is not built by the tests)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.helpers import ROOT, free_port, samples, wait_until_serving
+
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_multi_stage_from_a_base_pinned_by_digest():
+    ins = instructions()
+    args = dict(a.split("=", 1) for w, a in ins if w == "ARG" and "=" in a)
+    froms = [a for w, a in ins if w == "FROM"]
+    assert len(froms) == 2 and froms[0].endswith(" AS build")
+    for f in froms:
+        image = f.split()[0]
+        image = args.get(image.strip("${}"), image)
+        assert re.fullmatch(r"[\w./:-]+@sha256:[0-9a-f]{64}", image), f"{image} is not pinned by digest"
+    assert any(w == "COPY" and a.startswith("--from=build ") for w, a in ins)
+
+
+def test_runs_as_non_root_with_oci_labels():
+    ins = instructions()
+    (user,) = [a for w, a in ins if w == "USER"]
+    assert user.split(":")[0] not in ("0", "root")
+    labels = " ".join(a for w, a in ins if w == "LABEL")
+    for key in ("title", "description", "version", "revision", "source", "licenses", "base.name"):
+        assert f"org.opencontainers.image.{key}=" in labels, key
+    assert ("ENTRYPOINT", '["gpu-health-exporter"]') in ins
+
+
+def test_build_context_paths_exist():
+    for w, a in instructions():
+        if w == "COPY" and not a.startswith("--from"):
+            for src in a.split()[:-1]:
+                assert (ROOT / src).exists(), src
+
+
+def test_smoke_script_parses():
+    r = subprocess.run(["bash", "-n", str(ROOT / "deploy" / "container-smoke.sh")], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.slow
+def test_simulated_node_on_a_read_only_root(tmp_path):
+    """What the image's read-only root gives the process: / read-only, /tmp a tmpfs. Every collector
+    still succeeds and the XID state file is written (under the simulation root in /tmp)."""
+    bwrap = shutil.which("bwrap")
+    assert bwrap, "bwrap is missing: install Debian's bubblewrap (.ci/run does)"
+    exe = Path(sys.executable).parent / "gpu-health-exporter"
+    port = free_port()
+    proc = subprocess.Popen(
+        [bwrap, "--ro-bind", "/", "/", "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev",
+         "--die-with-parent", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+         str(exe), "--simulate", "p5.48xlarge", "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until_serving(f"http://127.0.0.1:{port}/metrics", proc, 60, "exporter under bwrap")
+        ss = samples(requests.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text)
+        written = subprocess.run([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "touch", "/probe"],
+                                 capture_output=True, text=True, timeout=30)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert written.returncode != 0 and "Read-only" in written.stderr  # the root really is read-only
+    success = {dict(k)["collector"]: v for (n, k), v in ss.items()
+               if n == "gpu_health_exporter_collector_success"}
+    assert success and all(v == 1 for v in success.values()), success
+    assert ss[("gpu_health_exporter_state_file_ok", frozenset())] == 1
