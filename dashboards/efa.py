@@ -36,16 +36,21 @@ def _fleet(metric: str) -> str:
     return f"sum(rate({metric}{sel()}[$__rate_interval]))"
 
 
-def inventory() -> list:
-    found = stat_panel(
-        "Devices found against expected",
-        "EFA devices found across the selected nodes, the number their instance types should have, and "
-        "devices whose counters could not be read in the last scrape.",
+def devices_stat(title: str, where: str, width: int):
+    """EFA devices found, expected and unreadable (the fleet's here, one node's on the node dashboard)."""
+    return stat_panel(
+        title,
+        f"EFA devices found {where}, the number the instance type should have, and devices whose "
+        "counters could not be read in the last scrape. Fewer than expected: a device failed to probe.",
         "none", "three values",
         query(f"sum(efa_devices{sel()})", "found"),
         query(f"sum(efa_devices_expected{sel()})", "expected"),
         query(f"count(efa_device_up{sel()} == 0) or vector(0)", "unreadable"),
-        thresholds=NEUTRAL, width=8, height=6, overrides=[colour("unreadable", "red")])
+        thresholds=NEUTRAL, width=width, height=6, overrides=[colour("unreadable", "red")])
+
+
+def inventory() -> list:
+    found = devices_stat("Devices found against expected", "across the selected nodes", width=8)
     short = table_panel(
         "Nodes short of devices or with unreadable devices",
         "Nodes enumerating fewer EFA devices than expected (a device failed to probe: "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as db
 
+from dashboards.efa import devices_stat
 from dashboards.lib import (
     JOB,
     NEUTRAL,
@@ -226,15 +227,7 @@ STATFS = value_text({"0": ("NO", "red"), "1": ("yes", "green")})
 
 
 def efa_fsx() -> list:
-    devices = stat_panel(
-        "EFA devices",
-        "EFA devices found on the node against the number its instance type should have, and devices "
-        "whose counters could not be read. Fewer than expected: a device failed to probe.",
-        "none", "three values",
-        query(f"sum(efa_devices{sel()})", "found"),
-        query(f"sum(efa_devices_expected{sel()})", "expected"),
-        query(f"count(efa_device_up{sel()} == 0) or vector(0)", "unreadable"),
-        thresholds=NEUTRAL, width=6, height=6, overrides=[colour("unreadable", "red")])
+    devices = devices_stat("EFA devices", "on the node", width=6)
     efa_bytes = timeseries_panel(
         "EFA throughput per device",
         "Bytes sent (positive) and received (negative) per second per EFA device.",

@@ -93,6 +93,24 @@ def test_stable_uids_tags_and_links():
     assert targets and targets <= set(UIDS.values())
 
 
+def test_links_use_only_defined_variables():
+    """${var} in a link is a variable of the dashboard or one of Grafana's own."""
+    for d in MODELS.values():
+        defined = {v["name"] for v in d["templating"]["list"]}
+        used = set(re.findall(r"\$\{(\w+)", json.dumps(d)))
+        assert used - {"__data", "__value", "__url_time_range"} <= defined, d["uid"]
+
+
+def test_file_provider():
+    """deploy/grafana/dashboards.yaml: a file provider Grafana accepts, read-only in the UI."""
+    cfg = yaml.safe_load((ROOT / "deploy" / "grafana" / "dashboards.yaml").read_text())
+    assert cfg["apiVersion"] == 1
+    [provider] = cfg["providers"]
+    assert provider["type"] == "file" and provider["allowUiUpdates"] is False
+    assert provider["options"]["path"].startswith("/") and provider["folder"]
+    assert provider["options"]["path"] in (ROOT / "docs" / "dashboards.md").read_text()
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_dashboard_model(name):
     d = MODELS[name]
