@@ -189,3 +189,50 @@ def test_an_ack_in_simulation_holds_whatever_the_scenario_flags(tmp_path, capsys
         g2 = json.loads(out)["gpus"][2]
         assert g2["xids"][0]["xid"] == 63 and g2["xids"][0]["acknowledged"], flags
         assert "xid_replace" not in g2["reasons"]
+
+
+def test_check_fatal_sxid_exits_2_with_the_node_reboot(tmp_path, capsys):
+    """A fatal SXid makes the node reboot_required (exit 2) whatever the GPUs say; non-fatal ones
+    are listed and leave it healthy; a policy can make it replace."""
+    from tests.test_sxid import RECORDS, kmsg
+
+    log = tmp_path / "kmsg.txt"
+    log.write_text(REAL + kmsg(RECORDS[9:10] + RECORDS[3:6], start_seq=500))  # 20009 non-fatal, 20034 fatal
+    code, out = run_check(capsys, "--simulate", "p5.48xlarge", "--kmsg-file", str(log), "--json")
+    doc = json.loads(out)
+    assert code == 2 and doc["node"]["verdict"] == "reboot_required"
+    assert doc["node"]["reasons"] == ["sxid_reboot"]
+    assert all(g["verdict"] == "healthy" for g in doc["gpus"] if g["gpu"] is not None)
+    got = {(x["switch"], x["sxid"], x["severity"], x["tier"], x["count"]) for x in doc["nvswitch_sxids"]}
+    assert got == {
+        (1, 20009, "non_fatal", "ignore", 1), (1, 20034, "fatal", "reboot", 1)}  # one switch at 06:00.0
+    assert all(g["fabric_state"] == "completed" for g in doc["gpus"] if g["gpu"] is not None)
+    code, out = run_check(capsys, "--simulate", "p5.48xlarge", "--kmsg-file", str(log))
+    assert code == 2 and "NVSwitch SXids since boot" in out and "20034 x1 fatal reboot" in out
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("nvswitch:\n  fatal_tier: replace\n")
+    code, out = run_check(capsys, "--simulate", "p5.48xlarge", "--kmsg-file", str(log), "--config", str(cfg),
+                          "--json")
+    assert code == 2 and json.loads(out)["node"]["reasons"] == ["sxid_replace"]
+    log.write_text(REAL + kmsg(RECORDS[9:10], start_seq=500))
+    assert run_check(capsys, "--simulate", "p5.48xlarge", "--kmsg-file", str(log))[0] == 0
+
+
+def test_check_fabric_manager_down_and_status_error(tmp_path, capsys):
+    log = tmp_path / "kmsg.txt"
+    log.write_text(REAL)
+    code, out = run_check(capsys, "--simulate", "p5.48xlarge", "--scenario", "gpu-fabric-manager-down",
+                          "--kmsg-file", str(log), "--json")
+    doc = json.loads(out)
+    assert code == 2 and doc["node"]["reasons"] == ["fabric_not_completed"]
+    assert {g["fabric_state"] for g in doc["gpus"] if g["gpu"] is not None} == {"in_progress"}
+    code, out = run_check(capsys, "--simulate", "p5.48xlarge", "--scenario", "gpu-fabric-status-error",
+                          "--kmsg-file", str(log), "--json")
+    doc = json.loads(out)
+    assert code == 2 and doc["node"]["reasons"] == ["fabric_status_error"]
+    assert [g["gpu"] for g in doc["gpus"] if g["reasons"]] == [3]
+    # A100 (p4d): no fabric registration; Not Supported is not a fault
+    code, out = run_check(capsys, "--simulate", "p4d.24xlarge", "--scenario", "gpu-fabric-manager-down",
+                          "--kmsg-file", str(log), "--json")
+    doc = json.loads(out)
+    assert code == 0 and {g["fabric_state"] for g in doc["gpus"]} == {None}

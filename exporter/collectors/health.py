@@ -11,7 +11,7 @@ from typing import Any
 
 from exporter.catalog import Families, define
 from exporter.collector import Context, Derived
-from exporter.config import Key, declare_section
+from exporter.config import Key, declare_section, non_negative
 from exporter.node import expected_gpus
 from exporter.xid.service import evaluate
 from exporter.xid.verdict import VERDICTS, NodeVerdict
@@ -20,6 +20,9 @@ G = ("gpu", "uuid", "pci_bus_id")
 
 declare_section("health", "The per-GPU and node health verdict (docs/xid.md).", {
     "enabled": Key(bool, True, "Export the verdict."),
+    "fabric_grace_seconds": Key((int, float), 300.0,
+                                "Seconds after boot before a GPU whose NVLink fabric registration has not "
+                                "completed counts against the verdict (docs/fabric.md).", check=non_negative),
 })
 
 VERDICT = define(
@@ -52,7 +55,8 @@ class HealthCollector(Derived):
     def derive(self, out: Families, inputs: Mapping[str, Any]) -> NodeVerdict:
         """Returns the verdict it exported (`check` prints it)."""
         self.service.refresh_acks()
-        nv = evaluate(self.service, inputs["gpu"], expected_gpus(self.ctx))
+        nv = evaluate(self.service, inputs["gpu"], expected_gpus(self.ctx),
+                      self.ctx.config.health.fabric_grace_seconds)
         for g in nv.gpus:
             labels = dict(gpu=g.gpu, uuid=g.uuid, pci_bus_id=g.pci_bus_id)
             for v in VERDICTS:

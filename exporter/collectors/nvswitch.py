@@ -8,8 +8,8 @@ from __future__ import annotations
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
 from exporter.config import Key, declare_section
-from exporter.xid.parser import pci_label
-from exporter.xid.sxid_catalog import SxidPolicy, check_fatal_tier, check_policy
+from exporter.xid.service import sxid_lines
+from exporter.xid.sxid_catalog import check_fatal_tier, check_policy
 
 declare_section("nvswitch", "NVSwitch SXid errors from the kernel log, counted since boot "
                 "(docs/fabric.md).", {
@@ -35,20 +35,12 @@ SXID_DROPPED = define(
     "corrupted log).", collector="nvswitch")
 
 
-def sxid_policy(ctx: Context) -> SxidPolicy:
-    sec = getattr(ctx.config, "nvswitch", None)
-    if sec is None:
-        return SxidPolicy()
-    return SxidPolicy(sec.policy, sec.fatal_tier)
-
-
 class NvswitchCollector(Collector):
     name = "nvswitch"
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self.service = ctx.xid
-        self.policy = sxid_policy(ctx)
 
     def start(self) -> None:
         self.service.start()  # idempotent: the xid collector starts the same follower
@@ -56,10 +48,9 @@ class NvswitchCollector(Collector):
     def collect(self, out: Families) -> None:
         svc = self.service
         out.declare(SXID_ERRORS)
-        for (pci, sxid, severity), c in sorted(svc.sxids.snapshot().items()):
-            out.add(SXID_ERRORS, c.count, switch=str(svc.sxids.switches.get(pci, "")),
-                    pci_bus_id=pci_label(pci), sxid=str(sxid), sxid_severity=severity,
-                    tier=self.policy.tier(sxid, severity))
+        for x in sxid_lines(svc):
+            out.add(SXID_ERRORS, x.count, switch=x.switch, pci_bus_id=x.pci_bus_id, sxid=str(x.sxid),
+                    sxid_severity=x.severity, tier=x.tier)
         out.add(SXID_DROPPED, svc.sxids.dropped)
 
 

@@ -86,10 +86,14 @@ def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Conte
                  "expected_gpus": nv.expected_gpus},
         "gpus": [{
             "gpu": int(g.gpu) if g.gpu.isdigit() else None, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id,
-            "verdict": g.verdict, "reasons": g.reasons,
+            "verdict": g.verdict, "reasons": g.reasons, "fabric_state": g.fabric_state,
             "xids": [{"xid": x.xid, "count": x.count, "tier": x.tier, "last_seen": _iso(x.last_seen),
                       "acknowledged": x.acknowledged, "meaning": x.meaning} for x in g.xids],
         } for g in nv.gpus],
+        "nvswitch_sxids": [{"switch": int(x.switch) if x.switch.isdigit() else None,
+                            "pci_bus_id": x.pci_bus_id, "sxid": x.sxid, "severity": x.severity,
+                            "tier": x.tier, "count": x.count, "last_seen": _iso(x.last_seen),
+                            "meaning": x.meaning} for x in nv.sxids],
         "sources": {
             "kmsg": {"path": svc.kmsg_path, "ok": svc.kmsg.ok, "error": svc.kmsg.error,
                      "records": st.records, "missed_records": st.missed, "overwrites": st.overwrites},
@@ -113,6 +117,10 @@ def table(nv: Any, problems: list[str], code: int, ctx: Context) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1])
+    if nv.sxids:
+        lines.append("")
+        lines.append("NVSwitch SXids since boot (switch pci sxid x count severity tier): " + ", ".join(
+            f"{x.switch or '?'} {x.pci_bus_id} {x.sxid} x{x.count} {x.severity} {x.tier}" for x in nv.sxids))
     for p in problems:
         lines.append(f"could not check fully: {p}")
     return "\n".join(lines)

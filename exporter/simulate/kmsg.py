@@ -67,6 +67,42 @@ def xid13_flood(index: int, sms: int = SMS, pid: int = 4242) -> list[str]:
     return out
 
 
+# NVSwitch PCI buses of an HGX H100 baseboard (Fabric Manager user guide's lspci example: four
+# bridges 07:00.0 ... 0a:00.0); used for every profile's switches.
+NVSWITCH_BUSES = (0x07, 0x08, 0x09, 0x0A)
+
+
+def sxid_line(switch: int, sxid: int, body: str) -> str:
+    """One NVSwitch SXid line as the driver prints it (NVSWITCH_PRINT_SXID)."""
+    bus = NVSWITCH_BUSES[switch % len(NVSWITCH_BUSES)]
+    return f"nvidia-nvswitch{switch}: SXid (PCI:0000:{bus:02x}:00.0): {sxid:05d}, {body}"
+
+
+def sxid_nonfatal_burst(switch: int = 2, count: int = 24) -> list[str]:
+    """TX replays on a few links of one switch, each with its error-log dump (one report each)."""
+    out = []
+    for i in range(count):
+        link = (8, 9, 26, 27)[i % 4]
+        first = " (First)" if i == 0 else ""
+        out.append(sxid_line(switch, 20001, f"Non-fatal, Link {link:02d} TX Replay Error{first}"))
+        out.append(sxid_line(switch, 20001, f"Severity 0 Engine instance {link:02d} Sub-engine instance 00"))
+        out.append(sxid_line(switch, 20001, "Data {0x00000001, 0x00000000, 0x00000000, 0x00000000, "
+                                            "0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000}"))
+    return out
+
+
+def sxid_fatal(gpu: int) -> list[str]:
+    """A link going down on switch 1 (LTSSM fault up) with its dump, and the NVLink XID the fatal
+    error propagates to on the GPU behind that access port (Fabric Manager guide)."""
+    return [
+        sxid_line(1, 20034, "Fatal, Link 48 LTSSM Fault Up (First)"),
+        sxid_line(1, 20034, "Severity 1 Engine instance 48 Sub-engine instance 00"),
+        sxid_line(1, 20034, "Data {0x10000000, 0x10000000, 0x00000000, 0x10000000, 0x00000000, 0x00000000, "
+                            "0x00000000, 0x00000000, 0x00000000}"),
+        xid_line(gpu, 74, "NVLink: fatal error detected on link 4(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"),
+    ]
+
+
 def _scenario_lines(name: str) -> list[str]:
     """The driver's messages a scenario appends at its onset (none for scenarios of other sources)."""
     from exporter.nvml.scenarios import FAULTY_GPU as F
@@ -77,6 +113,8 @@ def _scenario_lines(name: str) -> list[str]:
         "xid-79-bus-loss": bus_loss_lines(5),
         "xid-13-flood": xid13_flood(0),
         "xid-94": [xid_line(1, 94, "Contained: CE User Channel (0x9). RST: No, D-RST: No", 7194, "python3")],
+        "sxid-nonfatal-burst": sxid_nonfatal_burst(),
+        "sxid-fatal": sxid_fatal(F),
         "xid-154": [xid_line(6, 154, "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot "
                              "Required)")],
         # the kernel lines of the NVML scenarios (exporter/nvml/scenarios.py) that raise an XID
@@ -105,6 +143,11 @@ class KmsgSimSource(SimSource):
         "xid-94": f"GPU 1 logs XID 94 (contained uncorrectable ECC) after {ONSET_S:g}s",
         "xid-154": f"GPU 6 logs XID 154, recovery action changed to 0x2 (node reboot), after {ONSET_S:g}s",
         "xid-31-backlog": "GPU 4 logged an XID 31 (application page fault) before the exporter started",
+        "sxid-nonfatal-burst": f"NVSwitch 2 logs 24 non-fatal SXid 20001 (TX replay) reports on four links, "
+                               f"each with its Severity and Data lines, after {ONSET_S:g}s: 24 counts, "
+                               "ignore tier",
+        "sxid-fatal": f"NVSwitch 1 logs fatal SXid 20034 (LTSSM fault up, link 48) with its dump after "
+                      f"{ONSET_S:g}s, and GPU 3 the NVLink XID 74 it propagates to: node reboot_required",
     }
 
     def __init__(self, root: Path, profile: Profile, scenarios: set[str]) -> None:

@@ -22,11 +22,14 @@ from exporter.xid.parser import GpuAt, KernelLogParser, XidReport, pci_key, pci_
 from exporter.xid.policy import Policy
 from exporter.xid.store import OTHER, StateFile, XidStore, read_boot_id
 from exporter.xid.sxid import SxidReport, parse_sxid
+from exporter.xid.sxid_catalog import SxidPolicy, describe
 from exporter.xid.sxid_store import SxidStateFile, SxidStore
 from exporter.xid.verdict import (
+    FABRIC_GRACE_S,
     GPU_REASONS,
     GpuVerdict,
     NodeVerdict,
+    SxidLine,
     gpu_reasons,
     node_verdict,
     worst,
@@ -73,6 +76,9 @@ class XidService:
         self._listed_session: Any = None  # the NVML session whose GPUs were last recorded
         # NVSwitch SXids: the same kernel-log records, their own counts and state file
         self.sxids = SxidStore()
+        nvswitch = getattr(ctx.config, "nvswitch", None)  # the section the nvswitch collector declares
+        self.sxid_enabled = nvswitch is None or nvswitch.enabled
+        self.sxid_policy = SxidPolicy(nvswitch.policy, nvswitch.fatal_tier) if nvswitch else SxidPolicy()
         self.sxid_state = SxidStateFile(ctx.config.paths.state_dir, self.boot_id, source_id)
         self.sxid_skip: int | None = None  # records up to this seq had their SXids counted before
         self._sxid_written = 0
@@ -376,8 +382,20 @@ def one_shot(ctx: Any, read_only: bool = False) -> XidService:
     return svc
 
 
-def evaluate(service: XidService, health: Any, expected: int | None) -> NodeVerdict:
-    """The node and per-GPU verdicts from the service's counts and the GPU collector's health."""
+def sxid_lines(service: XidService) -> list[SxidLine]:
+    """The SXid counts since boot with their policy tier, as exported and judged."""
+    out = []
+    for (pci, sxid, severity), c in sorted(service.sxids.snapshot().items()):
+        switch = service.sxids.switches.get(pci)
+        out.append(SxidLine("" if switch is None else str(switch), pci_label(pci), sxid, severity,
+                            service.sxid_policy.tier(sxid, severity), c.count, c.last_wall, describe(sxid)))
+    return out
+
+
+def evaluate(service: XidService, health: Any, expected: int | None,
+             fabric_grace_s: float = FABRIC_GRACE_S) -> NodeVerdict:
+    """The node and per-GPU verdicts from the service's XID and SXid counts and the GPU
+    collector's health (fabric registration judged once `fabric_grace_s` of uptime have passed)."""
     rows: dict[str, tuple[str, str, str, Any]] = {}
     s = service.session()
     if health is not None and health.gpus:
@@ -399,7 +417,8 @@ def evaluate(service: XidService, health: Any, expected: int | None) -> NodeVerd
     for k, (gpu, uuid, bus_id, h) in rows.items():
         lines = xid_lines(counts.get(k, {}), service.store.unacked(k), service.policy)
         lost = s is not None and gpu.isdigit() and int(gpu) in s.lost
-        reasons = gpu_reasons(h, lines, lost)
-        gpus.append(GpuVerdict(gpu, uuid, bus_id, worst([GPU_REASONS[r] for r in reasons]), reasons, lines))
+        reasons = gpu_reasons(h, lines, lost, service.clock.now(), fabric_grace_s)
+        gpus.append(GpuVerdict(gpu, uuid, bus_id, worst([GPU_REASONS[r] for r in reasons]), reasons, lines,
+                               h.fabric_state if h is not None else None))
     gpus.sort(key=lambda g: (not g.gpu.isdigit(), int(g.gpu) if g.gpu.isdigit() else 0, g.pci_bus_id))
-    return node_verdict(gpus, health, expected)
+    return node_verdict(gpus, health, expected, sxid_lines(service) if service.sxid_enabled else [])

@@ -33,11 +33,21 @@ GPU_REASONS: dict[str, str] = {
     "recovery_action_drain": "degraded",
     "recovery_action_other": "degraded",
     "xid_unknown": "degraded",
+    # NVLink fabric registration (exporter.gpu.fabric): CUDA cannot start on the GPU
+    "fabric_not_completed": "reboot_required",
+    "fabric_status_error": "reboot_required",
+    "fabric_health": "degraded",
 }
 NODE_REASONS: dict[str, str] = {
     "gpu_count_below_expected": "reboot_required",
     "nvml_unavailable": "degraded",
+    # NVSwitch SXids: one switch in trouble fails NVLink for every GPU, so they are the node's
+    "sxid_replace": "replace_required",
+    "sxid_reboot": "reboot_required",
+    "sxid_unknown": "degraded",
 }
+SXID_TIER_REASON = {"replace": "sxid_replace", "reboot": "sxid_reboot", "unknown": "sxid_unknown"}
+FABRIC_GRACE_S = 300.0  # registration normally completes within a minute of the Fabric Manager starting
 ALL_REASONS = {**GPU_REASONS, **NODE_REASONS}
 TIER_REASON = {"replace": "xid_replace", "reboot": "xid_reboot", "reset": "xid_reset",
                "unknown": "xid_unknown"}
@@ -62,6 +72,22 @@ class XidLine:
 
 
 @dataclass
+class SxidLine:
+    switch: str  # nvidia-nvswitch<N> index, "" when unknown
+    pci_bus_id: str
+    sxid: int
+    severity: str
+    tier: str
+    count: int
+    last_seen: float  # wall time
+    meaning: str
+
+
+def sxid_reasons(lines: list[SxidLine]) -> set[str]:
+    return {SXID_TIER_REASON[x.tier] for x in lines if x.tier in SXID_TIER_REASON}
+
+
+@dataclass
 class GpuVerdict:
     gpu: str  # index, "" when NVML does not list it
     uuid: str
@@ -69,6 +95,7 @@ class GpuVerdict:
     verdict: str = "healthy"
     reasons: list[str] = field(default_factory=list)
     xids: list[XidLine] = field(default_factory=list)
+    fabric_state: str | None = None  # NVLink fabric registration; None when not supported or not read
 
 
 @dataclass
@@ -78,6 +105,7 @@ class NodeVerdict:
     gpus: list[GpuVerdict]
     gpu_count: int | None
     expected_gpus: int | None
+    sxids: list[SxidLine] = field(default_factory=list)
 
 
 def xid_lines(counts: dict[str, Count], unacked: dict[str, Count], policy: Policy) -> list[XidLine]:
@@ -97,7 +125,21 @@ def xid_lines(counts: dict[str, Count], unacked: dict[str, Count], policy: Polic
     return sorted(grouped.values(), key=lambda x: (x.xid, x.tier))
 
 
-def gpu_reasons(h: GpuHealth | None, lines: list[XidLine], lost: bool) -> list[str]:
+def fabric_reasons(h: GpuHealth, uptime_s: float | None, grace_s: float = FABRIC_GRACE_S) -> set[str]:
+    """Fabric registration not completed once the boot grace has passed (uptime unknown: at
+    once), completed with an error status, or a health-mask problem. Not supported: nothing."""
+    out = set()
+    if h.fabric_state in ("not_started", "in_progress") and (uptime_s is None or uptime_s >= grace_s):
+        out.add("fabric_not_completed")
+    if h.fabric_state == "completed" and h.fabric_status:
+        out.add("fabric_status_error")
+    if h.fabric_problems:
+        out.add("fabric_health")
+    return out
+
+
+def gpu_reasons(h: GpuHealth | None, lines: list[XidLine], lost: bool, uptime_s: float | None = None,
+                fabric_grace_s: float = FABRIC_GRACE_S) -> list[str]:
     reasons: set[str] = set()
     for line in lines:
         if not line.acknowledged and line.tier in TIER_REASON:
@@ -113,11 +155,13 @@ def gpu_reasons(h: GpuHealth | None, lines: list[XidLine], lost: bool) -> list[s
             reasons.add(RECOVERY_REASON.get(h.recovery_action, "recovery_action_other"))
         if h.ecc_uncorrected_volatile:
             reasons.add("uncorrected_ecc")
+        reasons |= fabric_reasons(h, uptime_s, fabric_grace_s)
     return sorted(reasons, key=lambda r: (-LEVEL[GPU_REASONS[r]], r))
 
 
-def node_verdict(gpus: list[GpuVerdict], health: NodeGpuHealth | None, expected: int | None) -> NodeVerdict:
-    reasons: set[str] = set()
+def node_verdict(gpus: list[GpuVerdict], health: NodeGpuHealth | None, expected: int | None,
+                 sxids: list[SxidLine] | None = None) -> NodeVerdict:
+    reasons: set[str] = sxid_reasons(sxids or [])
     for g in gpus:
         reasons.update(g.reasons)
     count = None
@@ -132,4 +176,4 @@ def node_verdict(gpus: list[GpuVerdict], health: NodeGpuHealth | None, expected:
                 reasons.add("gpu_count_below_expected")
     verdict = worst([ALL_REASONS[r] for r in reasons])
     ordered = sorted(reasons, key=lambda r: (-LEVEL[ALL_REASONS[r]], r))
-    return NodeVerdict(verdict, ordered, gpus, count, expected)
+    return NodeVerdict(verdict, ordered, gpus, count, expected, list(sxids or []))
