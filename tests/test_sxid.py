@@ -3,6 +3,7 @@ policy, and counting through the XID service: once per report, continuations nev
 restart within a boot, again after a new boot, from a corrupt state file."""
 
 import json
+import time
 
 import pytest
 
@@ -182,3 +183,29 @@ def test_the_state_file_write_never_follows_a_planted_symlink(tmp_path):
     svc = one_shot(make_ctx(tmp_path, kmsg(RECORDS[3:4])))
     assert svc.sxid_state.write(svc.sxids)
     assert victim.read_text() == "precious" and not list(state.glob(".*.tmp"))
+
+
+def test_simulated_p5_sxid_scenarios_end_to_end():
+    """The simulated p5 with both NVSwitch scenarios: the burst counts 24 (its Severity and Data
+    lines never), the fatal SXid once, and the node verdict turns reboot_required with sxid_reboot."""
+    import requests
+
+    from tests.helpers import running_exporter
+
+    args = ("--simulate", "p5.48xlarge", "--scenario", "sxid-nonfatal-burst", "--scenario", "sxid-fatal")
+    with running_exporter(*args) as url:
+        deadline = time.monotonic() + 20
+        text = requests.get(url + "/metrics", timeout=10).text
+        while 'sxid="20034"' not in text and time.monotonic() < deadline:
+            time.sleep(0.3)
+            text = requests.get(url + "/metrics", timeout=10).text
+    assert promtool_check_metrics(text) == ""
+    sxids = "gpu_nvswitch_sxid_errors_total"
+    assert value(text, sxids, switch="2", pci_bus_id="00000000:09:00.0", sxid="20001", sxid_severity="non_fatal",
+                 tier="ignore") == 24
+    assert value(text, sxids, switch="1", pci_bus_id="00000000:08:00.0", sxid="20034", sxid_severity="fatal",
+                 tier="reboot") == 1
+    assert value(text, "gpu_node_health_verdict", verdict="reboot_required") == 1
+    assert value(text, "gpu_node_health_reason", reason="sxid_reboot") == 1
+    assert value(text, "gpu_xid_errors_total", xid="74", tier="reset") == 1  # the propagated NVLink XID
+    assert value(text, "gpu_fabric_state", gpu="0", state="completed") == 1
