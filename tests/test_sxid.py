@@ -201,7 +201,8 @@ def test_simulated_p5_sxid_scenarios_end_to_end():
             text = requests.get(url + "/metrics", timeout=10).text
     assert promtool_check_metrics(text) == ""
     sxids = "gpu_nvswitch_sxid_errors_total"
-    assert value(text, sxids, switch="2", pci_bus_id="00000000:09:00.0", sxid="20001", sxid_severity="non_fatal",
+    assert value(text, sxids, switch="2", pci_bus_id="00000000:09:00.0", sxid="20001",
+                 sxid_severity="non_fatal",
                  tier="ignore") == 24
     assert value(text, sxids, switch="1", pci_bus_id="00000000:08:00.0", sxid="20034", sxid_severity="fatal",
                  tier="reboot") == 1
