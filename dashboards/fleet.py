@@ -88,7 +88,8 @@ def action() -> list:
     alerts = table_panel(
         "Firing alerts",
         "Alerts of this project firing now (Prometheus' ALERTS series), with severity and the node; the "
-        "runbook column opens the alert's runbook. The runbook links come from rules/ at build time.",
+        "runbook column opens the alert's runbook (links from rules/ at build time). Alerts without a "
+        "node (GpuHealthExporterAbsent: no target at all) are in Alertmanager, not here.",
         "none", "one row per firing alert",
         instant(f'label_replace(ALERTS{firing}, "runbook", "$1", "alertname", "(.+)")', "firing"),
         width=12, height=8, hide=("alertstate", "Value"),

@@ -38,7 +38,8 @@ NODES = {  # node name -> (cluster, simulated fault scenarios)
                                  "lustre-debugfs-missing"]),
 }
 LOST = ("faulty-node-1", "3")  # gpu-lost: GPU 3 falls off the bus
-# (dashboard, panel title) -> why it may be empty on the faulty cluster.
+# (dashboard, panel title) -> why it may be empty on the faulty cluster. A new panel gets data by
+# adding the scenario of its fault to a faulty node above, or is listed here with the reason.
 EMPTY_ON_PURPOSE = {
     ("gpu-health-fsx", "Imports not connected"):
         "the FSx eviction's import recovers to FULL, and no listed fault keeps one disconnected",
