@@ -47,8 +47,9 @@ class Context:
             self.nvml = NvmlSession.for_source(self.nvml_capture, self.simulation, self.scenarios,
                                                self.nvml_latencies)
         if self.identity is None:
+            sim_imds = self.simulation.imds_url if self.simulation is not None else None
             self.identity = IdentitySource(self.config, simulated=self.simulation is not None
-                                           or bool(self.nvml_capture))
+                                           or bool(self.nvml_capture), simulated_imds=sim_imds)
 
     @cached_property
     def xid(self) -> XidService:

@@ -8,7 +8,9 @@ comes from config alone. `IdentitySource` (Context.identity, one per process) ho
 what IMDS found; exporter.node reads the instance type from it.
 
 IMDS is never consulted under --simulate or --nvml-capture (not a real node), when
-`instance.imds` is false, or when the environment sets GPU_HEALTH_EXPORTER_IMDS=off (tests).
+`instance.imds` is false, or when the environment sets GPU_HEALTH_EXPORTER_IMDS=off (tests); a
+simulated node with scenario ec2-scheduled-reboot asks only its own fake IMDS on 127.0.0.1
+(exporter/simulate/imds.py).
 In a container, IMDSv2 needs the instance's metadata hop limit at 2 or more.
 """
 
@@ -240,10 +242,13 @@ def imds_allowed(config: Config, simulated: bool) -> bool:
 class IdentitySource:
     """The process's instance identity: config values first, then what IMDS found."""
 
-    def __init__(self, config: Config, simulated: bool = False) -> None:
+    def __init__(self, config: Config, simulated: bool = False, simulated_imds: str | None = None) -> None:
         sec = getattr(config, SECTION, None)  # None: loaded before this module declared the section
         self.config = config
-        self.imds_allowed = sec is not None and imds_allowed(config, simulated)
+        # a simulated node's own fake IMDS on 127.0.0.1 (exporter/simulate/imds.py), else config's
+        self.endpoint = simulated_imds or getattr(sec, "imds_endpoint", "")
+        self.imds_allowed = sec is not None and (simulated_imds is not None
+                                                 or imds_allowed(config, simulated))
         self.configured = InstanceIdentity(config.node.instance_type, getattr(sec, "instance_id", None),
                                            getattr(sec, "availability_zone", None))
         self.found: InstanceIdentity | None = None  # set once by the lookup thread
@@ -270,7 +275,7 @@ class IdentitySource:
         with self._lock:
             if self.lookup is None:
                 sec = getattr(self.config, SECTION)
-                client = ImdsClient(sec.imds_endpoint, sec.imds_timeout_seconds)
+                client = ImdsClient(self.endpoint, sec.imds_timeout_seconds)
                 self.lookup = IdentityLookup(client, self.publish, max_retry_s=sec.imds_retry_max_seconds)
                 self.lookup.start()
         return self.lookup
@@ -282,7 +287,7 @@ def events_poller(identity: IdentitySource,
     sec = getattr(identity.config, SECTION)
     if not identity.imds_allowed or not sec.scheduled_events:
         return None
-    client = ImdsClient(sec.imds_endpoint, sec.imds_timeout_seconds)
+    client = ImdsClient(identity.endpoint, sec.imds_timeout_seconds)
     poller = ImdsPoller(client.fetch_events, publish, "scheduled events",
                         max_retry_s=sec.imds_retry_max_seconds,
                         refresh_s=sec.scheduled_events_interval_seconds)

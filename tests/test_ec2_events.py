@@ -134,3 +134,33 @@ def test_events_poll_never_blocks_a_scrape_and_can_be_off(fake):  # noqa: F811
         assert "gpu_health_exporter_imds_events_lookup_success" not in names(text)
     finally:
         off.close()
+
+
+def test_simulated_node_scheduled_reboot_end_to_end():
+    """`--scenario ec2-scheduled-reboot`: the simulation's own IMDSv2 on 127.0.0.1 (the suite keeps
+    IMDS off otherwise) announces a reboot in 20 h and maintenance in 5 days; the exporter serves
+    both active events and not the completed one."""
+    import requests
+
+    from exporter.simulate.imds import MAINTENANCE_IN_S, REBOOT_IN_S
+    from tests.helpers import running_exporter
+
+    t0 = time.time()
+    with running_exporter("--simulate", "p5.48xlarge", "--scenario", "ec2-scheduled-reboot",
+                          "--collectors", "instance") as url:
+        deadline = time.monotonic() + 20
+        text = requests.get(url + "/metrics", timeout=10).text
+        while "ec2_scheduled_event_start_timestamp_seconds{" not in text and time.monotonic() < deadline:
+            time.sleep(0.3)
+            text = requests.get(url + "/metrics", timeout=10).text
+    assert promtool_check_metrics(text) == ""
+    got = event_series(text)
+    start = "ec2_scheduled_event_start_timestamp_seconds"
+    reboot = ("system-reboot", "instance-event-0d59937288b749b32")
+    maintenance = ("system-maintenance", "instance-event-0a1b2c3d4e5f60718")
+    assert {(c, e) for n, c, e in got if n == start} == {reboot, maintenance}
+    assert abs(got[(start, *reboot)] - (t0 + REBOOT_IN_S)) < 60
+    assert abs(got[(start, *maintenance)] - (t0 + MAINTENANCE_IN_S)) < 60
+    assert value(text, "gpu_health_exporter_imds_events_lookup_success") == 1
+    assert value(text, "gpu_health_exporter_instance_info", instance_type="p5.48xlarge",
+                 instance_id="i-0simulated0000000") == 1

@@ -37,6 +37,9 @@ class SimSource(ABC):
     def advance(self, elapsed_s: float) -> None:
         """Move the source's counters forward to `elapsed_s` seconds since the start."""
 
+    def close(self) -> None:
+        """Stop what build() started (a server)."""
+
 
 def source_classes() -> list[type[SimSource]]:
     out = []
@@ -107,7 +110,14 @@ class Simulation:
         self._thread = threading.Thread(target=loop, name="simulation", daemon=True)
         self._thread.start()
 
+    @property
+    def imds_url(self) -> str | None:
+        """The simulated IMDS (scenario ec2-scheduled-reboot) on 127.0.0.1, else None: IMDS off."""
+        return next((s.url for s in self.sources if getattr(s, "url", None)), None)
+
     def close(self) -> None:
         self._stop.set()
+        for s in self.sources:
+            s.close()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)

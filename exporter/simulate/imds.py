@@ -1,0 +1,100 @@
+"""The simulated node's instance metadata service: an IMDSv2 on 127.0.0.1 (never the real address)
+serving the profile's identity and, with scenario `ec2-scheduled-reboot`, scheduled maintenance
+events in the documented JSON shape. It runs only while that scenario is active; otherwise a
+simulated node asks no IMDS at all."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from exporter.profiles import Profile
+from exporter.simulate import SimSource
+
+TOKEN = "AQAEAsimulatedToken=="
+REBOOT_IN_S = 20 * 3600.0  # inside the 24-hour page
+MAINTENANCE_IN_S = 5 * 86400.0  # inside the 7-day ticket only
+
+
+def imds_date(t: float) -> str:
+    """`21 Jan 2019 09:00:43 GMT`, IMDS's form (day not zero-padded)."""
+    s = formatdate(t, usegmt=True)  # 'Mon, 21 Jan 2019 09:00:43 GMT'
+    return s.split(", ", 1)[1].lstrip("0")
+
+
+def scheduled_events(now: float) -> list[dict]:
+    return [
+        {"Code": "system-reboot", "Description": "scheduled reboot",
+         "EventId": "instance-event-0d59937288b749b32", "NotBefore": imds_date(now + REBOOT_IN_S),
+         "NotAfter": imds_date(now + REBOOT_IN_S + 1800), "State": "active"},
+        {"Code": "system-maintenance", "Description": "scheduled network maintenance",
+         "EventId": "instance-event-0a1b2c3d4e5f60718", "NotBefore": imds_date(now + MAINTENANCE_IN_S),
+         "NotAfter": imds_date(now + MAINTENANCE_IN_S + 3600), "State": "active"},
+        {"Code": "system-reboot", "Description": "[Completed] scheduled reboot",
+         "EventId": "instance-event-00000000000000001", "NotBefore": imds_date(now - 86400 * 20),
+         "State": "completed"},
+    ]
+
+
+class ImdsSimSource(SimSource):
+    name = "imds"
+    scenarios = {
+        "ec2-scheduled-reboot": "a fake IMDSv2 on 127.0.0.1 announces a system-reboot starting 20 h after "
+                                "start (pages) and a system-maintenance in 5 days (tickets)",
+    }
+
+    def __init__(self, root: Path, profile: Profile, scenarios: set[str]) -> None:
+        super().__init__(root, profile, scenarios)
+        self.server: ThreadingHTTPServer | None = None
+        self.url: str | None = None
+        if self.active:  # bound now: the config needs the address before the node is built
+            self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+            self.server.daemon_threads = True
+            self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self.meta = {"instance-type": profile.instance_type, "instance-id": "i-0simulated0000000",
+                     "placement/availability-zone": "us-east-2b",
+                     "events/maintenance/scheduled": json.dumps(scheduled_events(time.time()), indent=1)}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        source = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: object) -> None:
+                pass
+
+            def _send(self, status: int, body: str = "") -> None:
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self) -> None:  # noqa: N802
+                ok = self.path == "/latest/api/token" and \
+                    self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+                self._send(200 if ok else 400, TOKEN if ok else "")
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
+                    return self._send(401)
+                body = source.meta.get(self.path.removeprefix("/latest/meta-data/"))
+                self._send(404) if body is None else self._send(200, body)
+
+        return Handler
+
+    def build(self) -> None:
+        if self.server is not None:
+            threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
+                             name="sim-imds", daemon=True).start()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+SOURCE = ImdsSimSource
