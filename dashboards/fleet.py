@@ -161,6 +161,45 @@ def memory() -> list:
     return [ecc, ecc_ts, remaps, recovery]
 
 
+def fabric() -> list:
+    """NVSwitch SXids, NVLink fabric registration and EC2 scheduled maintenance (docs/fabric.md)."""
+    acted_on, ignored = sel('tier=~"replace|reboot|unknown"'), sel('tier="ignore"')
+    not_completed = sel('state!="completed"')
+    sxids = table_panel(
+        "Fatal and unknown SXids",
+        "NVSwitch SXids since the node booted that the policy puts in the replace or reboot tier (a "
+        "Fatal SXid by default: drain and reboot, replace if it returns) or that carry no severity "
+        "(SOE, thermal, IO failure). On a P5 one switch in trouble stops NVLink for all 8 GPUs.",
+        "none", "one row per switch and SXid code of those tiers",
+        instant(f"gpu_nvswitch_sxid_errors_total{acted_on} > 0", "SXids since boot"),
+        width=12, height=8)
+    non_fatal = timeseries_panel(
+        "Non-fatal SXids, top nodes",
+        "Non-fatal and correctable NVSwitch SXids per node per rate interval (corrected ECC, link "
+        "replays, CRC). More than 10 an hour opens a ticket (NvswitchSxidNonFatalRateHigh).",
+        "none", "top 10 nodes",
+        query(f"topk(10, sum by (cluster, instance) (increase(gpu_nvswitch_sxid_errors_total{ignored}"
+              "[$__rate_interval])))", "{{instance}}"),
+        bars=True, width=12)
+    registration = table_panel(
+        "Fabric registration not completed",
+        "GPUs whose NVLink fabric registration has not completed (Fabric Manager down, failed or not "
+        "matching the driver: every CUDA job on the node fails with error 802) or completed with an "
+        "error status. GPUs without a fabric (A100, PCIe, a single passthrough GPU) never show.",
+        "none", "one row per GPU not registered or registered with an error",
+        instant(f"gpu_fabric_state{not_completed} == 1", "state"),
+        instant(f"gpu_fabric_status{sel()} != 0", "status"),
+        width=12, height=8, gpu_link=True, hide=("Value #A",))
+    events = table_panel(
+        "EC2 scheduled events",
+        "Active EC2 maintenance events of the nodes (IMDSv2): reboots, stops and retirements page a "
+        "day ahead so the job can checkpoint and the node be drained; every event tickets a week ahead.",
+        "dateTimeFromNow", "one row per active event (usually none)",
+        instant(f"ec2_scheduled_event_start_timestamp_seconds{sel()} * 1000", "starts"),
+        width=12, height=8)
+    return [sxids, non_fatal, registration, events]
+
+
 def exporter() -> list:
     failing = table_panel(
         "Collectors and sources failing",
@@ -200,7 +239,8 @@ def build() -> db.Dashboard:
             .description("Prefix of the relative runbook_url annotations of rules/ (the repository's "
                          "docs as you browse them)."))
     for title, panels in (("Overview", overview()), ("Needs action", action()),
-                          ("GPU memory and recovery", memory()), ("Exporter", exporter())):
+                          ("GPU memory and recovery", memory()),
+                          ("NVSwitch, fabric and EC2 events", fabric()), ("Exporter", exporter())):
         d = d.with_row(db.Row(title))
         for p in panels:
             d = d.with_panel(p)

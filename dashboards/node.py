@@ -94,6 +94,39 @@ def xids() -> list:
     return [table, over_time]
 
 
+COMPLETED = gsel('state="completed"')
+
+
+def fabric() -> list:
+    """The node's NVSwitches, its GPUs' fabric registration and EC2 scheduled events (docs/fabric.md)."""
+    sxids = table_panel(
+        "NVSwitch SXids since boot",
+        "Every SXid the node's NVSwitches logged since boot: switch (driver index and PCI address), code, "
+        "severity on the line and policy tier (reboot or replace: the node needs it; ignore: counted). "
+        "Counts survive exporter restarts.",
+        "none", "one row per switch, code and severity seen",
+        instant(f"gpu_nvswitch_sxid_errors_total{sel()}", "reports"),
+        width=12, height=8, node_link=False)
+    state = stat_panel(
+        "Fabric registration",
+        "Each GPU's NVLink fabric registration with the Fabric Manager: completed is healthy; not "
+        "started or in progress past a few minutes after boot means every CUDA job fails (error 802). "
+        "Empty where the GPUs have no fabric (A100, PCIe, a single passthrough GPU).",
+        "none", GPUS,
+        query(f"gpu_fabric_state{COMPLETED} and on (gpu) (gpu_fabric_status{G} == 0)"
+              f" or gpu_fabric_state{COMPLETED} * 0", GPU_LEGEND),
+        thresholds=UP_DOWN, width=6, height=8,
+        mappings=value_text({"1": ("completed", "green"), "0": ("not registered", "red")}))
+    events = table_panel(
+        "EC2 scheduled events",
+        "Active EC2 maintenance events for this instance (IMDSv2) and when each may start. A reboot, "
+        "stop or retirement within a day pages: checkpoint and drain before it.",
+        "dateTimeFromNow", "one row per active event (usually none)",
+        instant(f"ec2_scheduled_event_start_timestamp_seconds{sel()} * 1000", "starts"),
+        width=6, height=8, node_link=False)
+    return [sxids, state, events]
+
+
 def memory() -> list:
     corrected = timeseries_panel(
         "Corrected ECC errors per second",
@@ -316,7 +349,8 @@ def build() -> db.Dashboard:
                           "and the exporter's health on it.", node=True)
     for title, panels in (("Verdict", verdict()), ("XIDs", xids()), ("GPU memory", memory()),
                           ("Thermal, power and utilisation", thermal_power()),
-                          ("PCIe and NVLink", interconnect()), ("EFA and FSx", efa_fsx()),
+                          ("PCIe and NVLink", interconnect()),
+                          ("NVSwitch, fabric and EC2 events", fabric()), ("EFA and FSx", efa_fsx()),
                           ("Exporter on this node", exporter())):
         d = d.with_row(db.Row(title))
         for p in panels:

@@ -29,6 +29,7 @@ RAW_COUNTERS = {
     "gpu_ecc_errors_total": "lifetime (aggregate) uncorrected ECC counts are what an RMA asks for",
     "gpu_remapped_rows_total": "remapped rows are InfoROM entries: the count is the state",
     "lustre_client_import_evictions_total": "evictions seen per target, shown as counts in a table",
+    "gpu_nvswitch_sxid_errors_total": "SXids since boot per switch and code are the point of the SXid tables",
 }
 SUBSTITUTIONS = {"$__rate_interval": "5m", "$__range": "1h", "$cluster": ".*", "$instance": ".+",
                  "$gpu": ".*"}

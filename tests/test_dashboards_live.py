@@ -33,9 +33,10 @@ SCRAPE_S = 1
 NODES = {  # node name -> (cluster, simulated fault scenarios)
     "healthy-node-1": ("healthy", []),
     "faulty-node-1": ("faulty", ["xid-94", "gpu-lost", "efa-retrans-timeouts", "efa-counters-unreadable",
-                                 "lustre-eviction"]),
+                                 "lustre-eviction", "sxid-fatal"]),
     "faulty-node-2": ("faulty", ["gpu-row-remap-pending", "gpu-recovery-action-reboot", "gpu-ecc-sbe-storm",
-                                 "lustre-debugfs-missing"]),
+                                 "lustre-debugfs-missing", "sxid-nonfatal-burst", "gpu-fabric-manager-down",
+                                 "ec2-scheduled-reboot"]),
 }
 LOST = ("faulty-node-1", "3")  # gpu-lost: GPU 3 falls off the bus
 # (dashboard, panel title) -> why it may be empty on the faulty cluster. A new panel gets data by
@@ -154,6 +155,10 @@ def _wait_for_faults(api: str) -> None:
         "EFA device down": 'efa_device_up{instance="faulty-node-1"} == 0',
         "FSx eviction": 'lustre_client_import_evictions_total{instance="faulty-node-1"} > 0',
         "Lustre source down": 'lustre_client_source_up{instance="faulty-node-2"} == 0',
+        "fatal SXid": 'gpu_nvswitch_sxid_errors_total{instance="faulty-node-1", tier="reboot"}',
+        "non-fatal SXids": 'gpu_nvswitch_sxid_errors_total{instance="faulty-node-2", tier="ignore"}',
+        "fabric not registered": 'gpu_fabric_state{instance="faulty-node-2", state="in_progress"} == 1',
+        "EC2 event": 'ec2_scheduled_event_start_timestamp_seconds{instance="faulty-node-2"}',
         "alerts firing": 'ALERTS{alertstate="firing", cluster="faulty"}',
         f"{RATE_INTERVAL} of samples":
             f'count_over_time(up{{instance="faulty-node-2"}}[{RATE_INTERVAL}]) >= 8',
