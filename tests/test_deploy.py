@@ -238,6 +238,14 @@ def test_one_dashboard_configmap_per_dashboard(rendered):
     assert got == {f.name: json.loads(f.read_text()) for f in dashboards}
 
 
+def test_every_object_fits_client_side_apply(rendered):
+    """`kubectl apply` (client side) stores each object in an annotation limited to 256 KiB: a dashboard
+    ConfigMap growing past it would fail to apply (server-side apply would be needed)."""
+    for docs in rendered.values():
+        for d in docs:
+            assert len(json.dumps(d)) < 256 * 1024, f"{d['kind']}/{d['metadata']['name']} is too large"
+
+
 def test_generator_names_a_broken_rule_file(tmp_path):
     (tmp_path / "bad.yml").write_text("rules: []\n")
     with pytest.raises(ValueError, match="bad.yml"):
