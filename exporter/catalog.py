@@ -26,6 +26,7 @@ class MetricSpec:
     labels: tuple[str, ...]
     unit: str
     collector: str
+    detail: str = "default"  # which setting exports it (docs/metrics.md); "default": the default config
 
     def family(self) -> Metric:
         if self.type == "counter":
@@ -40,6 +41,7 @@ def define(
     labels: tuple[str, ...] | list[str] = (),
     unit: str = "",
     collector: str = "",
+    detail: str = "default",
 ) -> MetricSpec:
     """Declare a metric. Names are checked against the project's conventions at declaration."""
     if name in _SPECS:
@@ -54,7 +56,7 @@ def define(
         raise ValueError(f"metric {name} must start with one of {DOMAIN_PREFIXES}")
     if unit and unit not in name:
         raise ValueError(f"metric {name} must carry its unit {unit!r} in its name")
-    spec = MetricSpec(name, type, help, tuple(labels), unit, collector)
+    spec = MetricSpec(name, type, help, tuple(labels), unit, collector, detail)
     _SPECS[name] = spec
     return spec
 

@@ -43,6 +43,8 @@ def metrics_md() -> str:
         "",
         "Generated from the metric catalog by `python -m exporter.docs`; do not edit by hand.",
         "Every series of a GPU metric carries `gpu` (index), `uuid` and `pci_bus_id` unless said otherwise.",
+        "\"exported by\" says which detail level exports the metric: `default` (the default config), or "
+        "the setting that adds it (docs/configuration.md: `efa.counters`, `gpu.detail`).",
         "",
     ]
     done: set[str] = set()
@@ -51,11 +53,11 @@ def metrics_md() -> str:
                  if s.name.startswith(prefix) and s.name not in done and s.collector != "test"]
         if not specs:
             continue
-        lines += [f"## {title}", "", "| name | type | labels | help |", "|---|---|---|---|"]
+        lines += [f"## {title}", "", "| name | type | labels | exported by | help |", "|---|---|---|---|---|"]
         for s in specs:
             done.add(s.name)
             labels = ", ".join(f"`{lbl}`" for lbl in s.labels) or "none"
-            lines.append(f"| `{s.name}` | {s.type} | {labels} | {_cell(s.help)} |")
+            lines.append(f"| `{s.name}` | {s.type} | {labels} | {_cell(s.detail)} | {_cell(s.help)} |")
         lines.append("")
     return "\n".join(lines)
 

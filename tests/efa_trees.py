@@ -26,7 +26,8 @@ def mellanox(sys_root: Path, name: str = "mlx5_0", bus: int = 0x30) -> Path:
 
 
 def collector(sys_root: Path, reader: SysfsReader | None = None, **overrides) -> EfaCollector:
-    cfg = load(None, {"paths.sysfs": str(sys_root), **overrides})
+    # every counter unless a test asks otherwise: most tests check how each file is read
+    cfg = load(None, {"paths.sysfs": str(sys_root), "efa.counters": "all", **overrides})
     return EfaCollector(Context(config=cfg), reader=reader)
 
 

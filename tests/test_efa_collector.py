@@ -100,6 +100,36 @@ def test_each_counter_file_read_once_per_scrape(tmp_path):
         assert len(counter_reads) == len(files)  # no file name read from two directories
 
 
+@pytest.mark.parametrize(("setting", "want"), [
+    ("default", None),
+    (["tx_bytes", "rdma_read_bytes", "keep_alive_rcvd", "rate"],
+     {"tx_bytes", "rdma_read_bytes", "keep_alive_rcvd"}),
+])
+def test_a_counter_set_reads_and_exports_only_its_files(tmp_path, setting, want):
+    from exporter.efa.naming import DEFAULT_COUNTERS, lookup
+
+    want = DEFAULT_COUNTERS if want is None else want
+    efa(tmp_path, "rdmap16s0", 16, kernel=(6, 17))
+    reader = FaultyReader()
+    c = collector(tmp_path, reader=reader, **{"efa.counters": setting})
+    collect(c)
+    reader.reads.clear()
+    text = run(c)
+    read = {p.rsplit("/", 1)[1] for p in reader.reads if "/hw_counters/" in p}
+    assert read == set(want)
+    exported = {n for n in names(text) if n.startswith("efa_") and n.endswith("_total")}
+    assert exported == {lookup(f, "port").spec.name for f in want}
+    assert ("efa_port_rate_bytes_per_second" in names(text)) == (setting != "default")
+    assert "efa_info" not in names(text) and value(text, "efa_device_up", device="rdmap16s0") == 1
+
+
+def test_an_unknown_counter_name_in_the_list_is_a_config_error(tmp_path):
+    from exporter.config import ConfigError
+
+    with pytest.raises(ConfigError, match="efa.counters.*tx_byte"):
+        collector(tmp_path, **{"efa.counters": ["tx_byte"]})
+
+
 def test_kernel_without_network_or_write_counters_has_no_such_series(tmp_path):
     efa(tmp_path, "rdmap16s27", 16, kernel=(6, 1))
     text = run(collector(tmp_path))

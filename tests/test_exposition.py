@@ -52,8 +52,10 @@ def test_same_samples_as_prometheus_client_on_edge_cases():
         _samples(om_parse(_oracle(metrics, openmetrics=True)))
 
 
-def test_same_samples_as_prometheus_client_on_a_simulated_p5():
-    ctx = build_context(build_parser().parse_args(["--simulate", "p5.48xlarge"]))
+def test_same_samples_as_prometheus_client_on_a_simulated_p5(tmp_path):
+    every = tmp_path / "all.yml"
+    every.write_text("efa:\n  counters: all\ngpu:\n  detail: all\n")
+    ctx = build_context(build_parser().parse_args(["--simulate", "p5.48xlarge", "--config", str(every)]))
     runner = Runner(collectors.build(ctx), 5.0)
     try:
         metrics = runner.collect()

@@ -41,6 +41,7 @@ def field(name: str):
 
 def make(fake: FakeBackend | None = None, profile: str | None = None,
          **gpu_cfg) -> tuple[Context, GpuCollector]:
+    gpu_cfg.setdefault("detail", "all")  # most tests check every series; the default is tested below
     overrides = {f"gpu.{k}": v for k, v in gpu_cfg.items()}
     if profile:
         overrides["node.instance_type"] = profile
@@ -216,8 +217,8 @@ def test_simulated_p5_serves_eight_gpus_with_nvlink():
     assert promtool_check_metrics(text) == ""
 
 
-def test_nvlink_errors_per_gpu_sums_the_links():
-    fake, _, c = sim(["gpu-nvlink-errors"], nvlink_errors="per_gpu")
+def test_nvlink_per_gpu_by_default_sums_the_links():
+    fake, _, c = sim(["gpu-nvlink-errors"], detail=[])
     fake.advance_to(10)
     c.refresh_slow(timeout=10)
     _, ss = run(c)
@@ -225,7 +226,19 @@ def test_nvlink_errors_per_gpu_sums_the_links():
     per_link = sum(fake.get(FAULTY_GPU, f"nvmlDeviceGetNvLinkErrorCounter/{link}/2") for link in range(18))
     assert value(ss, "gpu_nvlink_errors_total", gpu=f, link="all", type="crc_flit") == per_link == 200
     assert sum(1 for (n, _) in ss if n == "gpu_nvlink_errors_total") == 8 * 4
-    assert sum(1 for (n, _) in ss if n == "gpu_nvlink_up") == 8 * 18
+    # link 7 of the faulty GPU is down: its GPU's link="all" says so, the others' are up
+    assert value(ss, "gpu_nvlink_up", gpu=f, link="all") == 0
+    assert sum(v for (n, _), v in ss.items() if n == "gpu_nvlink_up") == 7
+    assert sum(1 for (n, _) in ss if n == "gpu_nvlink_up") == 8
+    # the opt-in detail is neither exported nor read
+    for name in ("gpu_pcie_errors_total", "gpu_throttle_seconds_total", "gpu_temperature_threshold_celsius",
+                 "gpu_clock_max_hertz"):
+        assert not [k for k in ss if k[0] == name], name
+    assert {dict(ls)["reason"] for (n, ls) in ss if n == "gpu_clock_event_active"} == {
+        "sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}
+    not_read = {field_ids()[f]
+                for f in ("NVML_FI_DEV_PERF_POLICY_THERMAL", "NVML_FI_DEV_PCIE_COUNT_LANE_ERROR")}
+    assert not not_read & set(c.gpus[0].reader.slow_fields)
 
 
 def test_gpu_lost_keeps_the_other_gpus(caplog):
@@ -451,8 +464,9 @@ def test_exporter_replays_a_capture():
         ok("nvmlDeviceGetRowRemapperHistogram")["max"]
 
 
-@pytest.mark.parametrize("nvlink_errors", ["per_link", "per_gpu"])
-def test_reader_samples_carry_exactly_their_metrics_labels(nvlink_errors):
+@pytest.mark.parametrize("detail", [frozenset(), frozenset(["nvlink_per_link", "limits", "pcie_errors",
+                                                              "throttle_time", "routine_clock_events"])])
+def test_reader_samples_carry_exactly_their_metrics_labels(detail):
     """Samples are served as prepared prometheus_client Samples (no per-sample label check at
     scrape time), so every one must carry exactly its metric's labels."""
     from exporter.gpu.metrics import G
@@ -460,7 +474,7 @@ def test_reader_samples_carry_exactly_their_metrics_labels(nvlink_errors):
 
     fake = FakeBackend.for_profile(PROFILES["p5.48xlarge"], ["gpu-thermal-slowdown"])
     fake.init()
-    reader = GpuReader(fake, FAULTY_GPU, nvlink_per_link=nvlink_errors == "per_link")
+    reader = GpuReader(fake, FAULTY_GPU, detail=detail)
     readings = [reader.read_fast(), reader.read_slow()]
     seen = set()
     for r in readings:
@@ -475,7 +489,8 @@ def test_reader_samples_carry_exactly_their_metrics_labels(nvlink_errors):
                                 "gpu_lost", "gpu_read_success"}
     not_on_hopper = {"gpu_retired_pages_total", "gpu_retired_pages_pending",
                      "gpu_fabric_health_problem"}  # H100 reports no fabric health mask
-    assert seen == by_collector - emitted_by_the_collector - not_on_hopper
+    opt_in = {s.name for s in all_specs() if s.collector == "gpu" and s.detail.startswith("`gpu.detail`")}
+    assert seen == by_collector - emitted_by_the_collector - not_on_hopper - (opt_in if not detail else set())
 
 
 def test_exporter_scenario_gpu_lost_end_to_end():

@@ -17,7 +17,8 @@ from exporter.catalog import Families, MetricSpec, define
 from exporter.collector import Collector, Context, ProblemLog
 from exporter.config import Key, declare_section, non_negative, positive
 from exporter.efa.discovery import Discovery, EfaDevice
-from exporter.efa.naming import C
+from exporter.efa.naming import INFO as INFO_ITEM
+from exporter.efa.naming import OPT_IN, C, check_counters, counter_set
 from exporter.efa.reader import DeviceReader, DeviceReading
 from exporter.efa.sysfs import SysfsReader
 from exporter.efa.workers import Chain, Pool
@@ -34,6 +35,13 @@ declare_section(C, "EFA devices: counters from <paths.sysfs>/class/infiniband.",
                                   "past it (a read blocked on an admin command that does not complete) is "
                                   "reported with efa_device_up 0 while the others are served. Keep it "
                                   "under the collector's deadline.", check=positive),
+    "counters": Key((str, list), "default",
+                    "Which counter files to read and export: default (what the shipped rules and "
+                    "dashboards use and what locates a fault on a device; docs/efa.md lists them), all "
+                    "(every file the driver has, names this exporter does not know included), or a "
+                    "list of file names (for example [tx_bytes, rx_bytes, rdma_read_bytes]; rate, "
+                    "lifespan and info (efa_info) too). Files not selected are not read.",
+                    check=check_counters, expected="default, all, or a list of counter file names"),
     "read_workers": Key(int, 1, "Threads reading devices at once, each reading its share of the devices "
                         "one after another. 1 costs the least CPU; more only shorten the collection "
                         "when reads wait on the devices.", check=positive),
@@ -55,7 +63,7 @@ INFO = define(
     "efa_info", "gauge",
     "Always 1 per EFA device: its PCI address and PCI device id, and the efa driver version "
     "(/sys/module/efa/version; empty for the in-tree driver, which has none).",
-    ("device", "pci_address", "pci_device_id", "driver_version"), collector=C)
+    ("device", "pci_address", "pci_device_id", "driver_version"), collector=C, detail=OPT_IN)
 
 
 class EfaCollector(Collector):
@@ -67,7 +75,9 @@ class EfaCollector(Collector):
         self.reader = reader or SysfsReader()
         self.sysfs = ctx.config.paths.sysfs
         self.discovery = Discovery(self.sysfs, self.reader)
-        self.devices = DeviceReader(self.reader)
+        wanted = counter_set(cfg.counters)
+        self.devices = DeviceReader(self.reader, wanted)
+        self.info = wanted is None or INFO_ITEM in wanted
         self.pool = Pool("efa-read")
         self.workers = cfg.read_workers
         deadline = cfg.timeout_seconds or ctx.config.collector_timeout_seconds
@@ -105,7 +115,7 @@ class EfaCollector(Collector):
         if expected is not None:
             out.add(DEVICES_EXPECTED, expected)
         out.declare(DEVICE_UP)
-        version = self.driver_version() if devices else ""
+        version = self.driver_version() if devices and self.info else ""
         failing: dict[str, str] = {}
         info: list[Sample] = []
         up: list[Sample] = []
@@ -114,7 +124,8 @@ class EfaCollector(Collector):
         for reading in self.read_all(devices):
             dev = reading.device
             info_sample, up1, up0 = self._fixed_samples(dev, version)
-            info.append(info_sample)
+            if self.info:
+                info.append(info_sample)
             if reading.error:
                 failing[dev.name] = reading.error
                 up.append(up0)

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field, replace
 
 from exporter.catalog import Families
 from exporter.collector import Collector, Context, Failed, ProblemLog
-from exporter.config import Key, declare_check, declare_section, one_of, positive
+from exporter.config import Key, declare_check, declare_section, positive
 from exporter.gpu import metrics as m
-from exporter.gpu.reader import GpuReader, Reading
+from exporter.gpu.reader import DETAIL, GpuReader, Reading, check_detail
 from exporter.health import GpuHealth, NodeGpuHealth
 from exporter.node import expected_gpus
 from exporter.nvml.backend import NvmlError
@@ -51,12 +51,13 @@ declare_section("gpu", "GPU health from NVML (the real library, a capture, or th
         "Read the GPUs concurrently (one task per GPU) instead of one after another; see "
         "docs/performance.md for why the default is off."),
     "nvlink": Key(bool, True, "Read NVLink link state and error counters (slow cadence)."),
-    "nvlink_errors": Key(
-        str, "per_link",
-        "per_link: gpu_nvlink_errors_total for every link (8 GPUs x 18 links x 4 types = 576 series on "
-        "a p5); per_gpu: summed over the GPU's links with link=\"all\" (32 series), for fleets where "
-        "that cardinality matters. The link is named in the XID 74 log line either way.",
-        check=one_of("per_link", "per_gpu")),
+    "detail": Key(
+        (str, list), [],
+        "Opt-in series beyond the default (which has what the rules, dashboards, runbooks and the "
+        "verdict use): a list of " + "; ".join(f"{k}: {v}" for k, v in DETAIL.items())
+        + "; or all. nvlink_per_link costs 680 series on a p5 (8 GPUs x 18 links x 5); the link "
+        "is named in the XID 74 log line either way.",
+        check=check_detail, expected="a list of detail names, or all"),
 })
 
 
@@ -105,7 +106,7 @@ class GpuCollector(Collector):
         self.slow_interval = cfg.slow_interval_seconds
         self.parallel = cfg.parallel
         self.nvlink = cfg.nvlink
-        self.nvlink_per_link = cfg.nvlink_errors == "per_link"
+        self.detail = frozenset(DETAIL) if cfg.detail == "all" else frozenset(cfg.detail)
         self.session: NvmlSession = ctx.nvml
         self.gpus: dict[int, _Gpu] = {}
         self._pool: ThreadPoolExecutor | None = None
@@ -135,7 +136,7 @@ class GpuCollector(Collector):
             with self._pool_lock:
                 if self._pool is None:
                     self.gpus = {d.index: _Gpu(GpuReader(s.backend, d.index, self.nvlink,
-                                                                  self.nvlink_per_link)) for d in s.devices}
+                                                                  self.detail)) for d in s.devices}
                     for d in s.devices:
                         self.gpus[d.index].reader.labels = identity_labels(d)
                     # Each GPU can hold one stuck thread at most; the rest do the work.

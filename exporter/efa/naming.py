@@ -19,6 +19,25 @@ PORT = "port"
 DEVICE = "device"
 
 
+# efa.counters: default. What the shipped rules, dashboards and runbooks use, plus what locates a
+# fault on one device: traffic (bytes, packets), SRD retransmits and their timeouts, unresponsive
+# and impaired remotes, receive drops, RDMA work-request errors, admin commands lost. The rest
+# (received packets, work-request and send/recv volumes, RDMA byte counts, admin command and
+# keep-alive counts, verbs errors, port rate, stats lifespan, efa_info, unknown driver stats) is
+# `all` or a list (docs/efa.md says why).
+DEFAULT_COUNTERS = frozenset({
+    "tx_bytes", "rx_bytes", "tx_pkts", "rx_drops",
+    "retrans_pkts", "retrans_timeout_events", "unresponsive_remote_events", "impaired_remote_conn_events",
+    "rdma_read_wr_err", "rdma_write_wr_err", "no_completion_cmds",
+})
+OPT_IN = "`efa.counters`: all or listed"
+
+
+def exported_by(file: str) -> str:
+    """Which efa.counters setting exports the metric of `file` (for docs/metrics.md)."""
+    return "default" if file in DEFAULT_COUNTERS else OPT_IN
+
+
 @dataclass(frozen=True)
 class Mapping:
     spec: MetricSpec
@@ -28,13 +47,13 @@ class Mapping:
 
 def _port(file: str, name: str, unit: str, help: str, since: str) -> tuple[str, Mapping]:
     spec = define(name, "counter", f"{help} (port hw_counters/{file}; Linux {since}+).",
-                  PORT_LABELS, unit=unit, collector=C)
+                  PORT_LABELS, unit=unit, collector=C, detail=exported_by(file))
     return file, Mapping(spec, PORT)
 
 
 def _dev(file: str, name: str, help: str, since: str) -> tuple[str, Mapping]:
     spec = define(name, "counter", f"{help} (device hw_counters/{file}; Linux {since}+).",
-                  DEVICE_LABELS, collector=C)
+                  DEVICE_LABELS, collector=C, detail=exported_by(file))
     return file, Mapping(spec, DEVICE)
 
 
@@ -80,7 +99,7 @@ VERBS_ERRORS = define(
     "efa_verbs_errors_total", "counter",
     "Failed verbs operations by operation (device hw_counters/<op>_err: alloc_pd, create_qp, create_cq, "
     "reg_mr, alloc_ucontext, create_ah, mmap; alloc_mr and get_dma_mr from the out-of-tree driver).",
-    ("device", "op"), collector=C)
+    ("device", "op"), collector=C, detail=OPT_IN)
 
 # Device-level counters: software counters kept by the driver (reading them sends no command).
 DEVICE_COUNTERS: dict[str, Mapping] = dict([
@@ -100,16 +119,44 @@ DEVICE_COUNTERS: dict[str, Mapping] = dict([
 OTHER_PORT = define(
     "efa_port_driver_stat_total", "counter",
     "A port hw_counters file this exporter has no name for (a newer driver); stat = the file name, "
-    "value as the driver reports it.", ("device", "port", "stat"), collector=C)
+    "value as the driver reports it.", ("device", "port", "stat"), collector=C, detail=OPT_IN)
 OTHER_DEVICE = define(
     "efa_device_driver_stat_total", "counter",
     "A device hw_counters file this exporter has no name for (a newer driver); stat = the file name, "
-    "value as the driver reports it.", ("device", "stat"), collector=C)
+    "value as the driver reports it.", ("device", "stat"), collector=C, detail=OPT_IN)
 
 VERBS_OPS = frozenset({"alloc_pd", "create_qp", "create_cq", "reg_mr", "alloc_ucontext", "create_ah", "mmap",
                        "alloc_mr", "get_dma_mr"})
 
 LIFESPAN_FILE = "lifespan"  # a setting of the ib core's stats cache (ms), not a counter
+RATE_FILE = "rate"  # ports/<p>/rate, beside hw_counters
+INFO = "info"  # not a file: efa_info (PCI address, driver version), in `all` or when listed
+
+KNOWN_FILES = frozenset({*PORT_COUNTERS, *DEVICE_COUNTERS, *(f"{op}_err" for op in VERBS_OPS), LIFESPAN_FILE,
+                         RATE_FILE, INFO})
+
+
+def counter_set(setting: str | list[str]) -> frozenset[str] | None:
+    """The files efa.counters selects; None for `all` (every file, names we do not know too)."""
+    if setting == "all":
+        return None
+    if setting == "default":
+        return DEFAULT_COUNTERS
+    return frozenset(setting)
+
+
+def check_counters(v: object) -> str | None:
+    """efa.counters: default, all, or a list of counter file names."""
+    if v in ("default", "all"):
+        return None
+    if isinstance(v, list) and v and all(isinstance(f, str) for f in v):
+        unknown = sorted(set(v) - KNOWN_FILES)
+        if not unknown:
+            return None
+        return f"known counter file names (not {', '.join(unknown)}): " + ", ".join(sorted(KNOWN_FILES))
+    return "default, all, or a list of counter file names"
+
+
 
 
 def lookup(file: str, where: str) -> Mapping:

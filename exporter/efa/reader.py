@@ -19,7 +19,7 @@ from prometheus_client.samples import Sample
 from exporter.catalog import MetricSpec, define
 from exporter.efa import naming
 from exporter.efa.discovery import EfaDevice
-from exporter.efa.naming import LIFESPAN_FILE, PORT
+from exporter.efa.naming import LIFESPAN_FILE, PORT, RATE_FILE
 from exporter.efa.parse import (
     U64_DIGITS,
     counter_error,
@@ -35,12 +35,12 @@ PORT_RATE = define(
     "Port rate from ports/<p>/rate in bytes per second (100 Gb/sec = 1.25e10). Kernels before 6.13 "
     "(amzn-drivers before r2.13.0) always report 100 Gb/sec whatever the link is; later ones report "
     "the device's maximum link speed.",
-    ("device", "port"), unit="bytes_per_second", collector=naming.C)
+    ("device", "port"), unit="bytes_per_second", collector=naming.C, detail=naming.OPT_IN)
 LIFESPAN = define(
     "efa_stats_lifespan_seconds", "gauge",
     "How long the kernel caches the port's hardware counters (ports/<p>/hw_counters/lifespan); "
     "reads within this window return one snapshot. A setting, not a counter.",
-    ("device", "port"), unit="seconds", collector=naming.C)
+    ("device", "port"), unit="seconds", collector=naming.C, detail=naming.OPT_IN)
 
 Parser = Callable[[str], float]
 
@@ -111,8 +111,10 @@ class DeviceReader:
     directories instead of listing them.
     """
 
-    def __init__(self, reader: SysfsReader) -> None:
+    def __init__(self, reader: SysfsReader, wanted: frozenset[str] | None = None) -> None:
+        """`wanted`: the counter files to read (efa.counters); None reads every file."""
         self.reader = reader
+        self.wanted = wanted
         self._plans: dict[str, _Plan] = {}
 
     def forget_except(self, paths: set[str]) -> None:
@@ -196,7 +198,7 @@ class DeviceReader:
                 old: _Plan | None) -> _Plan:
         listings = (ports, [self._list(dirs[f"ports/{p}/hw_counters"], dev) for p in ports],
                     self._list(dirs["hw_counters"], dev))
-        plan = old if old is not None and old.listings == listings else build_plan(dev, listings)
+        plan = old if old is not None and old.listings == listings else build_plan(dev, listings, self.wanted)
         plan.keys, plan.listed_at = keys, time.monotonic()
         recent = time.time_ns() - RACY_NS
         plan.racy = any(k is not None and (k[1] >= recent or k[2] >= recent) for k in keys)
@@ -240,12 +242,16 @@ class DeviceReader:
         return fd
 
 
-def build_plan(dev: EfaDevice, listings: tuple) -> _Plan:
+def build_plan(dev: EfaDevice, listings: tuple, wanted: frozenset[str] | None = None) -> _Plan:
+    """What to read of a device: every file listed, or (`wanted`) only those; a file not read
+    costs nothing."""
     ports, port_lists, device_files = listings
     port_files = dict(zip(ports, port_lists, strict=True))
     base, name = dev.path, dev.name
     groups: dict[str, _Group] = {}
     for fr in plan_reads(port_files, device_files):
+        if wanted is not None and fr.file not in wanted:
+            continue
         rel = f"ports/{fr.port}/hw_counters" if fr.where == PORT else "hw_counters"
         g = groups.get(rel)
         if g is None:
@@ -262,7 +268,7 @@ def build_plan(dev: EfaDevice, listings: tuple) -> _Plan:
         labels.update(m.extra)
         g.add(fr.file, path, None, m.spec, labels)
     rates = [(f"ports/{p}/rate", f"{base}/ports/{p}/rate", {"device": name, "port": p})
-             for p in sorted(port_files, key=port_key)]
+             for p in sorted(port_files, key=port_key) if wanted is None or RATE_FILE in wanted]
     return _Plan(listings, list(groups.values()), rates)
 
 

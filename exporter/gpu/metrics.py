@@ -9,8 +9,9 @@ SLOW = ("Read in the background every gpu.slow_interval_seconds (default 15 s) b
         "{cost} per GPU for it, and served from the last reading.")
 
 
-def _d(name: str, type_: str, help_: str, labels: tuple[str, ...] = G, unit: str = ""):  # noqa: ANN202
-    return define(name, type_, help_, labels, unit=unit, collector="gpu")
+def _d(name: str, type_: str, help_: str, labels: tuple[str, ...] = G, unit: str = "",  # noqa: ANN202
+       detail: str = "default"):
+    return define(name, type_, help_, labels, unit=unit, collector="gpu", detail=detail)
 
 
 INFO = _d("gpu_info", "gauge", "Always 1; the GPU's model, serial, VBIOS and board part number.",
@@ -54,16 +55,18 @@ TEMPERATURE = _d("gpu_temperature_celsius", "gauge", "GPU die and HBM memory tem
                  (*G, "sensor"), unit="celsius")
 THRESHOLD = _d("gpu_temperature_threshold_celsius", "gauge",
                "Temperature thresholds (read once): shutdown, slowdown, memory_max and gpu_max "
-               "(max operating).", (*G, "threshold"), unit="celsius")
+               "(max operating).", (*G, "threshold"), unit="celsius", detail="`gpu.detail`: limits")
 SLOWDOWN_MARGIN = _d("gpu_temperature_slowdown_margin_celsius", "gauge",
                      "Slowdown threshold minus GPU temperature: how far the GPU is from HW slowdown.",
                      unit="celsius")
 CLOCK_EVENT = _d("gpu_clock_event_active", "gauge",
                  "1 if the clock event (throttle) reason is active now, else 0; only reasons the GPU "
-                 "supports.", (*G, "reason"))
+                 "supports.", (*G, "reason"),
+                 detail="default (idle and sync_boost: `gpu.detail`: routine_clock_events)")
 THROTTLE = _d("gpu_throttle_seconds_total", "counter",
               "Time clocks were held back for the reason (thermal = any thermal policy). "
-              + SLOW.format(cost="0.65 ms per reason"), (*G, "reason"), unit="seconds")
+              + SLOW.format(cost="0.65 ms per reason"), (*G, "reason"), unit="seconds",
+              detail="`gpu.detail`: throttle_time")
 POWER = _d("gpu_power_watts", "gauge", "Power draw (NVML power usage).", unit="watts")
 POWER_LIMIT = _d("gpu_power_limit_watts", "gauge", "Enforced power limit.", unit="watts")
 ENERGY = _d("gpu_energy_joules_total", "counter",
@@ -75,7 +78,7 @@ MEMORY_USED = _d("gpu_memory_used_bytes", "gauge", "Frame buffer memory used.", 
 MEMORY_TOTAL = _d("gpu_memory_total_bytes", "gauge", "Frame buffer memory total.", unit="bytes")
 CLOCK = _d("gpu_clock_hertz", "gauge", "Current SM and memory clock.", (*G, "clock"), unit="hertz")
 CLOCK_MAX = _d("gpu_clock_max_hertz", "gauge", "Maximum SM and memory clock (read once).", (*G, "clock"),
-               unit="hertz")
+               unit="hertz", detail="`gpu.detail`: limits")
 PSTATE = _d("gpu_performance_state", "gauge", "Performance state: 0 (P0, maximum) to 15 (P15, minimum).")
 PCIE_REPLAYS = _d("gpu_pcie_replays_total", "counter",
                   "PCIe replays (link-level retransmissions). " + SLOW.format(cost="0.18 ms"))
@@ -87,14 +90,17 @@ PCIE_WIDTH = _d("gpu_pcie_link_width", "gauge", "Current PCIe link width (lanes)
 PCIE_WIDTH_MAX = _d("gpu_pcie_link_width_max", "gauge", "Maximum PCIe link width (read once).")
 PCIE_ERRORS = _d("gpu_pcie_errors_total", "counter",
                  "PCIe error counters NVML exposes as fields, by type. "
-                 + SLOW.format(cost="up to 0.2 ms"), (*G, "type"))
+                 + SLOW.format(cost="up to 0.2 ms"), (*G, "type"), detail="`gpu.detail`: pcie_errors")
 NVLINK_UP = _d("gpu_nvlink_up", "gauge",
-               "1 if the NVLink link is active, else 0; only GPUs with NVLink. "
-               + SLOW.format(cost="about 0.1 ms per link"), (*G, "link"))
+               "1 if the NVLink link is active, else 0, per link (gpu.detail: nvlink_per_link); by default "
+               "link=\"all\": 1 if every link of the GPU is active, 0 if any is not. Only GPUs with NVLink. "
+               + SLOW.format(cost="about 0.1 ms per link"), (*G, "link"),
+               detail="default per GPU; per link: `gpu.detail`: nvlink_per_link")
 NVLINK_ERRORS = _d("gpu_nvlink_errors_total", "counter",
-                   "NVLink data-link errors by type (CRC flit, CRC data, replay, recovery) per link, or "
-                   "summed over the GPU's links with link=\"all\" (gpu.nvlink_errors: per_gpu); only GPUs "
-                   "with NVLink. " + SLOW.format(cost="about 0.4 ms per link"), (*G, "link", "type"))
+                   "NVLink data-link errors by type (CRC flit, CRC data, replay, recovery), summed over "
+                   "the GPU's links with link=\"all\", or per link (gpu.detail: nvlink_per_link); only "
+                   "GPUs with NVLink. " + SLOW.format(cost="about 0.4 ms per link"), (*G, "link", "type"),
+                   detail="default per GPU; per link: `gpu.detail`: nvlink_per_link")
 
 FABRIC_STATE = _d("gpu_fabric_state", "gauge",
                   "1 for the GPU's NVLink fabric registration state with the Fabric Manager (not_started, "

@@ -88,6 +88,29 @@ CLOCK_REASONS = {0x1: "idle", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sy
 THRESHOLDS = {0: "shutdown", 1: "slowdown", 2: "memory_max", 3: "gpu_max"}
 NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}  # nvmlNvLinkErrorCounter_t
 
+# gpu.detail: opt-in series beyond the default (what rules, dashboards, runbooks and the verdict
+# use). Each names what it adds; a value not selected is not read either, where it has its own call.
+DETAIL = {
+    "nvlink_per_link": "gpu_nvlink_up and gpu_nvlink_errors_total per link (default: per GPU, link=\"all\")",
+    "pcie_errors": "gpu_pcie_errors_total by type (12 per GPU)",
+    "throttle_time": "gpu_throttle_seconds_total by reason",
+    "limits": "gpu_temperature_threshold_celsius and gpu_clock_max_hertz (static; the slowdown margin "
+              "is default)",
+    "routine_clock_events": "gpu_clock_event_active for idle and sync_boost (the reasons that indicate "
+                            "a power or thermal limit are default)",
+}
+ROUTINE_CLOCK_REASONS = 0x1 | 0x10  # idle, sync_boost
+
+
+def check_detail(v: object) -> str | None:
+    """gpu.detail: all, or a list of DETAIL names."""
+    if v == "all" or (isinstance(v, list) and all(d in DETAIL for d in v)):
+        return None
+    return "all, or a list of: " + ", ".join(DETAIL)
+
+
+DETAIL_METRICS = {"pcie_errors": m.PCIE_ERRORS, "throttle_time": m.THROTTLE}
+
 
 @dataclass
 class Reading:
@@ -150,11 +173,17 @@ class GpuReader:
     """Reads GPU `index`. Not thread-safe: the collector runs one read of a GPU at a time."""
 
     def __init__(self, backend: NvmlBackend, index: int, nvlink: bool = True,
-                 nvlink_per_link: bool = True) -> None:
+                 detail: frozenset[str] = frozenset()) -> None:
+        """`detail`: the gpu.detail extras (DETAIL) to read and export."""
         self.backend = backend
         self.index = index
         self.nvlink = nvlink
-        self.nvlink_per_link = nvlink_per_link
+        self.nvlink_per_link = "nvlink_per_link" in detail
+        self.limits = "limits" in detail
+        self.clock_reasons = {bit: name for bit, name in CLOCK_REASONS.items()
+                              if "routine_clock_events" in detail or not bit & ROUTINE_CLOCK_REASONS}
+        left_out = {DETAIL_METRICS[d].name for d in DETAIL_METRICS if d not in detail}
+        self.slow_fields = {f: v for f, v in SLOW_FIELDS.items() if v[0].name not in left_out}
         self.static = Static()
         self.labels: Labels = {}  # the GPU's labels, set by the collector
         self._static_groups: tuple[Static, Labels, list] | None = None
@@ -250,10 +279,11 @@ class GpuReader:
             return cached[2]
         r = Reading(labels=self.labels)
         s = self.static
-        for name, v in s.thresholds.items():
-            r.add(m.THRESHOLD, v, threshold=name)
-        for name, v in s.clock_max_mhz.items():
-            r.add(m.CLOCK_MAX, v * 1e6, clock=name)
+        if self.limits:
+            for name, v in s.thresholds.items():
+                r.add(m.THRESHOLD, v, threshold=name)
+            for name, v in s.clock_max_mhz.items():
+                r.add(m.CLOCK_MAX, v * 1e6, clock=name)
         r.add(m.PCIE_GEN_MAX, s.pcie_gen_max)
         r.add(m.PCIE_WIDTH_MAX, s.pcie_width_max)
         groups = list(r.groups.values())
@@ -284,7 +314,7 @@ class GpuReader:
             r.add(m.SLOWDOWN_MARGIN, slowdown - temp)
         reasons = self._call(r, "nvmlDeviceGetCurrentClocksEventReasons")
         if reasons is not None:
-            for bit, name in CLOCK_REASONS.items():
+            for bit, name in self.clock_reasons.items():
                 if self.static.supported_reasons & bit:
                     r.add(m.CLOCK_EVENT, 1 if reasons & bit else 0, reason=name)
         power = self._call(r, "nvmlDeviceGetPowerUsage")
@@ -335,20 +365,27 @@ class GpuReader:
         """Energy, throttle time, PCIe replays and errors, ECC mode, NVLink."""
         self._ensure_static()  # the links to read
         r = Reading(labels=self.labels)
-        self._fields(r, SLOW_FIELDS)
+        self._fields(r, self.slow_fields)
         ecc = self._call(r, "nvmlDeviceGetEccMode")
         if ecc:
             r.add(m.ECC_MODE, 1 if ecc[0] else 0)
         totals: dict[str, int] = {}
+        states: list[int] = []
         for link in self.static.nvlinks:
             state = self._call(r, "nvmlDeviceGetNvLinkState", link)
-            r.add(m.NVLINK_UP, None if state is None else (1 if state else 0), link=str(link))
+            up = None if state is None else (1 if state else 0)
             for c, name in NVLINK_COUNTERS.items():
                 v = self._call(r, "nvmlDeviceGetNvLinkErrorCounter", link, c)
                 if self.nvlink_per_link:
                     r.add(m.NVLINK_ERRORS, v, link=str(link), type=name)
                 elif v is not None:
                     totals[name] = totals.get(name, 0) + v
+            if self.nvlink_per_link:
+                r.add(m.NVLINK_UP, up, link=str(link))
+            elif up is not None:
+                states.append(up)
+        if states:
+            r.add(m.NVLINK_UP, min(states), link="all")
         for name, v in totals.items():
             r.add(m.NVLINK_ERRORS, v, link="all", type=name)
         return r
