@@ -85,11 +85,11 @@ def traffic() -> list:
         query(f"bottomk({K}, {_device_rate('efa_tx_bytes_total')})", DEVICE),
         width=8)
     packets = timeseries_panel(
-        "Top devices by packets",
-        "Packets sent and received per second by the busiest EFA devices.",
-        "pps", f"top {K} devices per point, twice",
+        "Top devices by packets sent",
+        "Packets sent per second by the busiest EFA devices (received packets are opt-in: "
+        "efa.counters).",
+        "pps", f"top {K} devices per point",
         query(_top("efa_tx_packets_total"), DEVICE + " tx"),
-        query(_top("efa_rx_packets_total"), DEVICE + " rx"),
         width=12)
     per_node = timeseries_panel(
         "Top nodes by EFA throughput",

@@ -197,9 +197,11 @@ def thermal_power() -> list:
         bars=True, width=12)
     throttle_time = timeseries_panel(
         "Time throttled",
-        "Share of time each GPU's clocks were held back per reason (seconds per second).",
-        "percentunit", f"{GPUS} × reasons with time",
-        query(f"rate(gpu_throttle_seconds_total{G}[$__rate_interval]) > 0", "GPU {{gpu}} {{reason}}"),
+        "Share of scrapes in which each GPU's clocks were held back, per reason (from "
+        "gpu_clock_event_active; NVML's exact throttle time per reason is opt-in, gpu.detail: "
+        "throttle_time).",
+        "percentunit", f"{GPUS} × reasons active",
+        query(f"avg_over_time(gpu_clock_event_active{G}[$__rate_interval]) > 0", "GPU {{gpu}} {{reason}}"),
         minimum=0, maximum=1, width=12)
     power = timeseries_panel(
         "Power against limit",
@@ -230,12 +232,11 @@ def interconnect() -> list:
         instant(f"gpu_pcie_link_generation_max{G}", "max generation"),
         width=8, node_link=False, overrides=[_gpu_link()])
     replays = timeseries_panel(
-        "PCIe replays and errors per second",
-        "PCIe replays (link-level retransmissions; DCGM's limit is 8 a minute) and the PCIe error "
-        "counters NVML exposes, per GPU.",
-        "short", f"{GPUS} × (1 + error types with errors)",
+        "PCIe replays per second",
+        "PCIe replays (link-level retransmissions; DCGM's limit is 8 a minute) per GPU. The PCIe "
+        "error counters by type are opt-in (gpu.detail: pcie_errors).",
+        "short", GPUS,
         query(f"rate(gpu_pcie_replays_total{G}[$__rate_interval])", "GPU {{gpu}} replays"),
-        query(f"rate(gpu_pcie_errors_total{G}[$__rate_interval]) > 0", "GPU {{gpu}} {{type}}"),
         width=8)
     nvlink_down = stat_panel(
         "NVLinks down",

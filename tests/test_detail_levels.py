@@ -19,6 +19,7 @@ from exporter import collectors
 from exporter.catalog import DOMAIN_PREFIXES, all_specs
 from exporter.cli import build_context, build_parser
 from exporter.exposition import render
+from exporter.process import process_metrics
 from exporter.runner import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,10 +108,10 @@ def scrape_simulated(config: Path | None = None) -> str:
             if hasattr(c, "refresh_slow"):
                 c.refresh_slow(timeout=10)
         deadline = time.monotonic() + 10
-        text = render(runner.collect()).decode()
+        text = ""
         while "gpu_xid_errors_total{" not in text and time.monotonic() < deadline:
             time.sleep(0.1)  # the kernel-log follower reads the backlog in the background
-            text = render(runner.collect()).decode()
+            text = render(runner.collect() + process_metrics()).decode()  # what /metrics serves
         return text
     finally:
         runner.close()
@@ -178,7 +179,9 @@ def test_all_exports_every_counter(tmp_path, default_scrape):
     assert everything["efa_verbs_errors_total"] == 32 * 7
     assert everything["gpu_nvlink_errors_total"] == 8 * 18 * 4
     assert everything["gpu_nvlink_up"] == 8 * 18
-    for name in ("gpu_pcie_errors_total", "gpu_throttle_seconds_total", "gpu_temperature_threshold_celsius",
-                 "gpu_clock_max_hertz", "efa_info", "efa_port_rate_bytes_per_second"):
+    for name in ("gpu_pcie_errors_total", "gpu_throttle_seconds_total", "gpu_clock_max_hertz", "efa_info",
+                 "efa_port_rate_bytes_per_second"):
         assert everything.get(name, 0) > 0 and name not in default_scrape, name
+    thresholds = "gpu_temperature_threshold_celsius"  # slowdown and memory_max by default, 4 with limits
+    assert everything[thresholds] == 2 * default_scrape[thresholds]
     assert sum(everything.values()) > 2 * sum(default_scrape.values())

@@ -231,11 +231,12 @@ def test_nvlink_per_gpu_by_default_sums_the_links():
     assert sum(v for (n, _), v in ss.items() if n == "gpu_nvlink_up") == 7
     assert sum(1 for (n, _) in ss if n == "gpu_nvlink_up") == 8
     # the opt-in detail is neither exported nor read
-    for name in ("gpu_pcie_errors_total", "gpu_throttle_seconds_total", "gpu_temperature_threshold_celsius",
-                 "gpu_clock_max_hertz"):
+    for name in ("gpu_pcie_errors_total", "gpu_throttle_seconds_total", "gpu_clock_max_hertz"):
         assert not [k for k in ss if k[0] == name], name
     assert {dict(ls)["reason"] for (n, ls) in ss if n == "gpu_clock_event_active"} == {
-        "sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}
+        "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}
+    assert {dict(ls)["threshold"] for (n, ls) in ss if n == "gpu_temperature_threshold_celsius"} == {
+        "slowdown", "memory_max"}
     not_read = {field_ids()[f]
                 for f in ("NVML_FI_DEV_PERF_POLICY_THERMAL", "NVML_FI_DEV_PCIE_COUNT_LANE_ERROR")}
     assert not not_read & set(c.gpus[0].reader.slow_fields)

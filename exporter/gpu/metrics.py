@@ -55,14 +55,15 @@ TEMPERATURE = _d("gpu_temperature_celsius", "gauge", "GPU die and HBM memory tem
                  (*G, "sensor"), unit="celsius")
 THRESHOLD = _d("gpu_temperature_threshold_celsius", "gauge",
                "Temperature thresholds (read once): shutdown, slowdown, memory_max and gpu_max "
-               "(max operating).", (*G, "threshold"), unit="celsius", detail="`gpu.detail`: limits")
+               "(max operating).", (*G, "threshold"), unit="celsius",
+               detail="default: slowdown, memory_max; the others: `gpu.detail`: limits")
 SLOWDOWN_MARGIN = _d("gpu_temperature_slowdown_margin_celsius", "gauge",
                      "Slowdown threshold minus GPU temperature: how far the GPU is from HW slowdown.",
                      unit="celsius")
 CLOCK_EVENT = _d("gpu_clock_event_active", "gauge",
                  "1 if the clock event (throttle) reason is active now, else 0; only reasons the GPU "
                  "supports.", (*G, "reason"),
-                 detail="default (idle and sync_boost: `gpu.detail`: routine_clock_events)")
+                 detail="default (idle, sync_boost, sw_power_cap: `gpu.detail`: routine_clock_events)")
 THROTTLE = _d("gpu_throttle_seconds_total", "counter",
               "Time clocks were held back for the reason (thermal = any thermal policy). "
               + SLOW.format(cost="0.65 ms per reason"), (*G, "reason"), unit="seconds",

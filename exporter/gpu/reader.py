@@ -94,12 +94,13 @@ DETAIL = {
     "nvlink_per_link": "gpu_nvlink_up and gpu_nvlink_errors_total per link (default: per GPU, link=\"all\")",
     "pcie_errors": "gpu_pcie_errors_total by type (12 per GPU)",
     "throttle_time": "gpu_throttle_seconds_total by reason",
-    "limits": "gpu_temperature_threshold_celsius and gpu_clock_max_hertz (static; the slowdown margin "
-              "is default)",
-    "routine_clock_events": "gpu_clock_event_active for idle and sync_boost (the reasons that indicate "
-                            "a power or thermal limit are default)",
+    "limits": "the shutdown and gpu_max temperature thresholds and gpu_clock_max_hertz (static; slowdown "
+              "and memory_max, which the node dashboard draws, are default)",
+    "routine_clock_events": "gpu_clock_event_active for idle, sync_boost and sw_power_cap (normal under "
+                            "load; the thermal, slowdown and power-brake reasons are default)",
 }
-ROUTINE_CLOCK_REASONS = 0x1 | 0x10  # idle, sync_boost
+ROUTINE_CLOCK_REASONS = 0x1 | 0x4 | 0x10  # idle, sw_power_cap, sync_boost
+DEFAULT_THRESHOLDS = ("slowdown", "memory_max")
 
 
 def check_detail(v: object) -> str | None:
@@ -279,9 +280,10 @@ class GpuReader:
             return cached[2]
         r = Reading(labels=self.labels)
         s = self.static
-        if self.limits:
-            for name, v in s.thresholds.items():
+        for name, v in s.thresholds.items():
+            if self.limits or name in DEFAULT_THRESHOLDS:
                 r.add(m.THRESHOLD, v, threshold=name)
+        if self.limits:
             for name, v in s.clock_max_mhz.items():
                 r.add(m.CLOCK_MAX, v * 1e6, clock=name)
         r.add(m.PCIE_GEN_MAX, s.pcie_gen_max)
