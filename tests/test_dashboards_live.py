@@ -36,7 +36,7 @@ NODES = {  # node name -> (cluster, simulated fault scenarios)
                                  "lustre-eviction", "sxid-fatal"]),
     "faulty-node-2": ("faulty", ["gpu-row-remap-pending", "gpu-recovery-action-reboot", "gpu-ecc-sbe-storm",
                                  "lustre-debugfs-missing", "sxid-nonfatal-burst", "gpu-fabric-manager-down",
-                                 "ec2-scheduled-reboot"]),
+                                 "ec2-scheduled-reboot", "gpu-thermal-slowdown"]),
 }
 LOST = ("faulty-node-1", "3")  # gpu-lost: GPU 3 falls off the bus
 # (dashboard, panel title) -> why it may be empty on the faulty cluster. A new panel gets data by
@@ -44,8 +44,6 @@ LOST = ("faulty-node-1", "3")  # gpu-lost: GPU 3 falls off the bus
 EMPTY_ON_PURPOSE = {
     ("gpu-health-fsx", "Imports not connected"):
         "the FSx eviction's import recovers to FULL, and no listed fault keeps one disconnected",
-    ("gpu-health-node", "Time throttled"):
-        "it draws only reasons with throttle time, and no listed fault throttles a GPU",
 }
 # Grafana's $__rate_interval at a 1 s scrape is 4 s; 10 s leaves room for a loaded CI.
 RATE_INTERVAL = "10s"
