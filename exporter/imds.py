@@ -136,26 +136,32 @@ class ImdsClient:
 
     def get(self, *paths: str) -> list[str]:
         """A token, then meta-data/<path> for each path: their bodies."""
-        import requests  # here, not at module level: ~13 MiB RSS that nodes without IMDS never need
+        # The standard library's client, imported here: nodes that never ask IMDS (config gives the
+        # identity, simulation, tests) load no HTTP client at all, and requests (~9 MiB RSS with
+        # urllib3, idna, charset_normalizer) is no runtime dependency for four small GETs.
+        import urllib.error
+        import urllib.request
 
-        with requests.Session() as s:
-            s.trust_env = False  # never send metadata requests through an HTTP(S)_PROXY
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via HTTP(S)_PROXY
+
+        def call(method: str, path: str, headers: dict[str, str]) -> str:
+            req = urllib.request.Request(f"{self.endpoint}/latest/{path}", method=method, headers=headers)
             try:
-                r = s.put(f"{self.endpoint}/latest/api/token", timeout=self.timeout_s,
-                          headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)})
-                if r.status_code != 200 or not r.text:
-                    raise ImdsError(f"token request answered HTTP {r.status_code}")
-                headers = {"X-aws-ec2-metadata-token": r.text}
-                bodies = []
-                for path in paths:
-                    g = s.get(f"{self.endpoint}/latest/meta-data/{path}", headers=headers,
-                              timeout=self.timeout_s)
-                    if g.status_code != 200:
-                        raise ImdsError(f"meta-data/{path} answered HTTP {g.status_code}")
-                    bodies.append(g.text)
-            except requests.RequestException as e:
+                with opener.open(req, timeout=self.timeout_s) as resp:
+                    status, body = resp.status, resp.read().decode("utf-8", "replace")
+            except urllib.error.HTTPError as e:
+                status, body = e.code, ""
+            except urllib.error.URLError as e:
+                reason = e.reason
+                raise ImdsError(f"{type(reason).__name__}: {reason}") from e
+            except OSError as e:  # a timeout or reset while reading
                 raise ImdsError(f"{type(e).__name__}: {e}") from e
-        return bodies
+            if status != 200 or not body:
+                raise ImdsError(f"{path} answered HTTP {status}")
+            return body
+
+        token = call("PUT", "api/token", {"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)})
+        return [call("GET", f"meta-data/{p}", {"X-aws-ec2-metadata-token": token}) for p in paths]
 
     def fetch(self) -> InstanceIdentity:
         values = self.get("instance-type", "instance-id", "placement/availability-zone")
