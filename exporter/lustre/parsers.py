@@ -53,11 +53,15 @@ class Stats:
         return self.start_time if self.start_time and self.start_time > 1e9 else None
 
 
+# Numbers are 64-bit in the kernel: at most 20 digits. A longer one is a bad line, not a value
+# (past 310 digits it would not even be a float).
 _STAT_LINE = re.compile(
-    r"^(?P<name>[A-Za-z_][\w.\-]*)\s+(?P<count>\d+)\s+samples\s+\[(?P<unit>[A-Za-z_]+)\]"
-    r"(?:\s+(?P<min>-?\d+)\s+(?P<max>-?\d+)\s+(?P<sum>-?\d+)(?:\s+(?P<sumsq>\d+))?)?\s*$")
+    r"^(?P<name>[A-Za-z_][\w.\-]*)\s+(?P<count>\d{1,20})\s+samples\s+\[(?P<unit>[A-Za-z_]+)\]"
+    r"(?:\s+(?P<min>-?\d{1,20})\s+(?P<max>-?\d{1,20})\s+(?P<sum>-?\d{1,20})(?:\s+(?P<sumsq>\d{1,40}))?)?\s*$",
+    re.ASCII)
 _HEADER = re.compile(
-    r"^(?P<name>snapshot_time|start_time|elapsed_time)\s*:?\s+(?P<value>\d+(?:\.\d+)?)\s*(?:\(?secs\.nsecs\)?)?\s*$")
+    r"^(?P<name>snapshot_time|start_time|elapsed_time)\s*:?\s+(?P<value>\d{1,20}(?:\.\d{1,9})?)\s*"
+    r"(?:\(?secs\.nsecs\)?)?\s*$", re.ASCII)
 _PARAM = re.compile(r"^[\w.\-*]+=\s*$")
 
 
@@ -104,7 +108,7 @@ class Import:
 
 
 _KV = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w\-]*)\s*:\s*(?P<value>.*?)\s*$")
-_INT_PREFIX = re.compile(r"^(-?\d+)")
+_INT_PREFIX = re.compile(r"^(-?\d{1,20})(?!\d)", re.ASCII)  # a 64-bit value; longer is no value
 
 
 def _int(value: str | None) -> int | None:
@@ -155,7 +159,7 @@ class StateHistory:
     malformed: int = 0
 
 
-_HIST = re.compile(r"^\s*-\s*\[\s*(?P<ts>\d+)\s*,\s*(?P<state>[A-Za-z_]+)\s*\]\s*$")
+_HIST = re.compile(r"^\s*-\s*\[\s*(?P<ts>\d{1,20})\s*,\s*(?P<state>[A-Za-z_]+)\s*\]\s*$")
 
 
 def parse_state(text: str) -> StateHistory:
@@ -234,7 +238,7 @@ def parse_max_cached_mb(text: str) -> CacheInfo:
     `reclaim_count:` (2.15 adds read-ahead lines). Very old clients print one number."""
     out = CacheInfo()
     stripped = text.strip()
-    if stripped.isdigit():
+    if stripped.isascii() and stripped.isdigit() and len(stripped) <= 20:
         out.max_mb = int(stripped)
         return out
     for raw in text.splitlines():
