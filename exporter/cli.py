@@ -42,11 +42,12 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
                    help="Inject a fault scenario into the simulated node (repeatable); "
                         "--list-scenarios shows them.")
     p.add_argument("--nvml-capture", metavar="FILE",
-                   help="Use the fake NVML backend replaying this capture (made by nvml_capture.py).")
+                   help="Use the fake NVML backend replaying this capture (made by `capture`).")
     p.add_argument("--nvml-latencies", action="store_true",
                    help="With the fake backend: sleep each call's captured latency, to model real NVML cost.")
     p.add_argument("--kmsg-file", metavar="FILE",
-                   help="Replay a file of /dev/kmsg records (a saved log) instead of the device.")
+                   help="Replay a file of /dev/kmsg records (a saved log), or a capture's kernel-log "
+                        "records, instead of the device.")
     for name, doc in PATH_FLAGS.items():
         p.add_argument(f"--path.{name}", dest=f"path_{name.replace('-', '_')}", metavar="PATH", help=doc)
     p.add_argument("--collectors", metavar="LIST",
@@ -141,8 +142,28 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if v:
             overrides[f"paths.{name.replace('-', '_')}"] = v
     if args.kmsg_file:
-        overrides["paths.kmsg"] = args.kmsg_file
+        overrides["paths.kmsg"] = kmsg_replay_path(args.kmsg_file)
     return overrides
+
+
+def kmsg_replay_path(path: str) -> str:
+    """`--kmsg-file` takes a file of /dev/kmsg records, or a capture made by `capture` (its
+    kernel-log records are written to a file of records, one per capture file, and that is read)."""
+    import hashlib
+    import tempfile
+
+    from exporter.nvml.capture import kmsg_of_capture
+
+    text = kmsg_of_capture(path)
+    if text is None:
+        return path
+    name = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:16]
+    out = os.path.join(tempfile.gettempdir(), f"gpu-health-exporter-kmsg-{name}.txt")
+    tmp = f"{out}.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, out)
+    return out
 
 
 def selected(args: argparse.Namespace) -> list[str] | None:

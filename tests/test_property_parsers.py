@@ -27,7 +27,8 @@ EXAMPLES = 300
 examples = settings(max_examples=EXAMPLES)
 
 # numbers of any length: 20 digits passes 2**64, 310 passes a float
-digits = st.one_of(st.text(string.digits, min_size=1, max_size=25), st.integers(19, 400).map(lambda n: "9" * n))
+digits = st.one_of(st.text(string.digits, min_size=1, max_size=25),
+                   st.integers(19, 400).map(lambda n: "9" * n))
 number = st.one_of(st.integers(-(10**30), 10**30).map(str), digits,
                    st.sampled_from(["-1", "0", "1e308", "nan"]))
 word = st.text(string.ascii_letters + string.digits + "_-.:", max_size=20)

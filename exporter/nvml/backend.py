@@ -1,7 +1,7 @@
 """The NVML backend interface.
 
 Collectors never import pynvml. They talk to an `NvmlBackend`, whose values are plain Python
-(ints, floats, strings, lists, dicts), exactly what the nvml_capture.py capture tool records:
+(ints, floats, strings, lists, dicts), exactly what `gpu-health-exporter capture` records:
 pynvml structs become dicts of their fields, tuples become lists, bytes become str. The real
 backend (pynvml_backend) converts; the fake (fake) replays a capture. Both raise `NvmlError`
 with NVML's own return codes, so collectors handle Not Supported, GPU is lost and timeouts the

@@ -1,4 +1,6 @@
-"""A fake NVML backend that replays a capture made by nvml_capture.py.
+"""A fake NVML backend that replays a capture made by `gpu-health-exporter capture`
+(exporter/nvml/capture.py; the captures in tests/fixtures/nvml were made on real GPUs with the
+same format).
 
 It answers each call with the captured result or the captured NVML error, optionally after the
 captured latency, and lets tests and the simulated node script changes over time: counters that
@@ -73,7 +75,7 @@ def field_ids() -> dict[str, int]:
 
 
 def call_key(fn: str, args: Sequence[int]) -> str:
-    """The capture's key for a call: enum arguments by name where nvml_capture.py names them."""
+    """The capture's key for a call: enum arguments by name where the capture names them."""
     if fn in ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetMemoryErrorCounter") and len(args) >= 2:
         rest = "".join(f"/{a}" for a in args[2:])
         return f"{fn}/{_ECC_TYPE[args[0]]}/{_ECC_COUNTER[args[1]]}{rest}"
@@ -113,7 +115,7 @@ class _EventSet:
 
 
 class FakeBackend(NvmlBackend):
-    """Replays `capture` (the parsed JSON of nvml_capture.py) for all its devices."""
+    """Replays `capture` (the parsed JSON of a capture) for all its devices."""
 
     def __init__(self, capture: dict[str, Any], latencies: bool = False) -> None:
         self.latencies = latencies

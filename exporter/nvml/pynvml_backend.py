@@ -1,7 +1,7 @@
 """The real NVML backend over pynvml (nvidia-ml-py).
 
 pynvml is imported lazily, so the exporter starts (and reports the reason) on hosts without it.
-Results are converted to plain Python with the same rules as nvml_capture.py's `plain()`, so the
+Results are converted to plain Python with the same rules as the capture tool's `plain()`, so the
 fake and the real backend hand collectors the same shapes; pynvml.NVMLError becomes NvmlError
 with NVML's return code.
 """
@@ -27,13 +27,13 @@ from exporter.nvml.backend import (
     NvmlError,
 )
 
-# nvmlValueType_t -> the union member holding the value (as nvml_capture.py reads it).
+# nvmlValueType_t -> the union member holding the value (as the capture tool reads it).
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
 def plain(v: Any) -> Any:
     """pynvml results as plain Python: structs -> dicts of their fields, arrays -> lists,
-    bytes -> str (exactly nvml_capture.py's conversion)."""
+    bytes -> str (exactly the capture tool's conversion)."""
     if isinstance(v, (int, float, str, bool)) or v is None:
         return v
     if isinstance(v, bytes):

@@ -365,18 +365,26 @@ class XidService:
 SIM_PLAY_S = 60.0
 
 
+def play_simulated_onsets(ctx: Any) -> None:
+    """On a simulated node, move its sources and its fake NVML past the scenarios' onsets, so a
+    one-shot command sees what the daemon sees a few seconds in."""
+    if getattr(ctx, "simulation", None) is None:
+        return
+    ctx.simulation.advance(SIM_PLAY_S)
+    if ctx.nvml.ensure():
+        advance = getattr(ctx.nvml.backend, "advance_to", None)
+        if advance is not None:
+            advance(SIM_PLAY_S)
+
+
 def one_shot(ctx: Any, read_only: bool = False) -> XidService:
     """The service for a one-shot command: state loaded, kernel-log backlog read (`read_only`:
     a corrupt state file is left for the daemon to set aside). On a simulated node the
     scenarios' onsets are played first so their records exist."""
-    if getattr(ctx, "simulation", None) is not None:
-        ctx.simulation.advance(SIM_PLAY_S)
+    play_simulated_onsets(ctx)
     svc = ctx.xid
     svc.state.read_only = read_only
-    s = svc.session()  # the GPUs NVML lists, before counting (the cardinality guard spares them)
-    advance = getattr(s.backend, "advance_to", None) if s is not None else None
-    if getattr(ctx, "simulation", None) is not None and advance is not None:
-        advance(SIM_PLAY_S)  # the simulated GPUs' faults too, as the daemon sees them by then
+    svc.session()  # the GPUs NVML lists, before counting (the cardinality guard spares them)
     svc.load_state()
     svc.read_kmsg(final=True)
     return svc
