@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from tests.helpers import ROOT
@@ -98,3 +99,67 @@ def test_restart_policy(tmp_path):
     exe = Path(sys.executable).parent / "gpu-health-exporter"
     r = subprocess.run([str(exe), "--config", str(bad)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
+
+
+def _as_unit_user(code: str, caps: list[str]) -> subprocess.CompletedProcess:
+    """Run python code as an unprivileged uid holding only `caps` as ambient capabilities: what the
+    unit's DynamicUser process gets from AmbientCapabilities=."""
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv is missing (util-linux)"
+    spec = ",".join("+" + c.removeprefix("CAP_").lower() for c in caps)
+    cmd = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    if spec:
+        cmd += [f"--inh-caps={spec}", f"--ambient-caps={spec}"]
+    return subprocess.run([*cmd, "/usr/bin/python3", "-c", code], capture_output=True, text=True, timeout=60)
+
+
+KMSG = """
+import os
+fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+n = 0
+while True:
+    try:
+        os.read(fd, 8192)
+        n += 1
+    except BlockingIOError:
+        break
+print(n)
+"""
+
+
+def test_unit_capabilities_open_the_kernel_log():
+    """On this machine's kernel: /dev/kmsg as a non-root user needs CAP_SYSLOG exactly when
+    kernel.dmesg_restrict=1, and the unit's capability set opens it and reads records."""
+    import os
+
+    assert os.geteuid() == 0, "needs root to drop to another uid (CI runs as root)"
+    caps = service()["AmbientCapabilities"][0].split()
+    with_caps = _as_unit_user(KMSG, caps)
+    assert with_caps.returncode == 0 and int(with_caps.stdout) > 0, with_caps.stderr
+    if Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() == "1":
+        without = _as_unit_user(KMSG, [])
+        assert without.returncode != 0 and "Operation not permitted" in without.stderr
+
+
+def test_unit_capabilities_pass_a_root_only_directory():
+    """The debugfs gate (a 0700 root directory holding 0444 files, as Lustre's stats are): the unit's
+    CAP_DAC_READ_SEARCH reads through it, a user without it cannot. debugfs itself cannot be mounted
+    here, so a directory with the same modes stands in for it."""
+    base = Path(tempfile.mkdtemp(prefix="ghe-debugfs-", dir="/tmp"))  # /tmp: every parent traversable
+    try:
+        base.chmod(0o755)
+        d = base / "debug"
+        (d / "lustre").mkdir(parents=True)
+        stats = d / "lustre" / "stats"
+        stats.write_text("snapshot_time 1.0 secs.nsecs\n")
+        stats.chmod(0o444)
+        code = f"print(open({str(stats)!r}).read().split()[0])"
+        caps = service()["AmbientCapabilities"][0].split()
+        without = [c for c in caps if c != "CAP_DAC_READ_SEARCH"]
+        d.chmod(0o755)  # control: an open directory needs no capability
+        assert _as_unit_user(code, without).stdout.strip() == "snapshot_time"
+        d.chmod(0o700)  # debugfs's root
+        assert _as_unit_user(code, caps).stdout.strip() == "snapshot_time"
+        assert "Permission denied" in _as_unit_user(code, without).stderr
+    finally:
+        shutil.rmtree(base)
