@@ -16,7 +16,12 @@ from exporter import __version__
 from exporter.catalog import all_specs
 
 # Gauges whose 1 means a problem, and how to say it.
-_BAD_WHEN_ONE = {"gpu_lost": "lost (fell off the bus): needs a reset or reboot"}
+_BAD_WHEN_ONE = {"gpu_lost": "lost (fell off the bus): needs a reset or reboot",
+                 "gpu_fabric_health_problem": "NVLink fabric health problem"}
+# State gauges (1 for the current state) whose states other than these are problems.
+_GOOD_STATES = {"lustre_client_health_status": ("status", {"healthy"})}
+# Series whose presence is the news.
+_PRESENT = {"ec2_scheduled_event_start_timestamp_seconds": "EC2 scheduled event"}
 # Status gauges (1 good, 0 bad) with their own wording; any other gauge ending in _up, _ok or _success
 # at 0 is reported by its name.
 _BAD_WHEN_ZERO = {
@@ -28,7 +33,8 @@ _BAD_WHEN_ZERO = {
     "gpu_health_exporter_state_file_ok": "XID state file corrupt, unreadable or unwritable",
 }
 _HAVE_VS_EXPECTED = {"gpu_devices": "gpu_devices_expected", "efa_devices": "efa_devices_expected"}
-_SUBJECT_LABELS = ("gpu", "pci_bus_id", "device", "port", "mount", "fsname", "source", "link")
+_SUBJECT_LABELS = ("gpu", "pci_bus_id", "device", "port", "mount", "fsname", "source", "link", "problem",
+                   "code", "event_id")
 
 
 @dataclass
@@ -59,9 +65,10 @@ def summarise(metrics: Iterable[Metric]) -> Summary:
                 gpu_reasons[labels["gpu"]].append(labels["reason"])
             elif name == "gpu_health_exporter_collector_success":
                 continue  # reported per collector from the runner's status, with the error
-            elif (name in _BAD_WHEN_ONE and v == 1) or (_is_status(name, m.type) and v == 0):
-                what = _BAD_WHEN_ONE.get(name) or _BAD_WHEN_ZERO.get(name) or f"{name} is {v:g}"
-                problems[owner.get(name, "exporter")].append(f"{_subject(labels)}{what}")
+            else:
+                problem = _problem(name, m.type, labels, v)
+                if problem:
+                    problems[owner.get(name, "exporter")].append(problem)
             if not labels:
                 values[name] = v
     for have, want in _HAVE_VS_EXPECTED.items():
@@ -74,6 +81,20 @@ def summarise(metrics: Iterable[Metric]) -> Summary:
     s.reasons.sort()
     s.problems = dict(problems)
     return s
+
+
+def _problem(name: str, type_: str, labels: dict[str, str], v: float) -> str:
+    """What this sample says is wrong ('' when nothing)."""
+    if (name in _BAD_WHEN_ONE and v == 1) or (_is_status(name, type_) and v == 0):
+        what = _BAD_WHEN_ONE.get(name) or _BAD_WHEN_ZERO.get(name) or f"{name} is {v:g}"
+        return f"{_subject(labels)}{what}"
+    if name in _GOOD_STATES and v == 1:
+        label, good = _GOOD_STATES[name]
+        return "" if labels[label] in good else f"{name}: {label} {labels[label]}"
+    if name in _PRESENT:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(v))
+        return f"{_subject(labels)}{_PRESENT[name]} from {when}"
+    return ""
 
 
 def _is_status(name: str, type_: str) -> bool:

@@ -246,7 +246,7 @@ def test_landing_page_shows_the_verdict_and_each_sources_problems():
 
     ctx = build_context(build_parser().parse_args(
         ["--simulate", "p5.48xlarge", "--scenario", "gpu-lost", "--scenario", "efa-counters-unreadable",
-         "--scenario", "lustre-debugfs-missing"]))
+         "--scenario", "lustre-debugfs-missing", "--scenario", "lustre-lbug"]))
     runner = Runner.from_config(collectors.build(ctx, None), ctx.config)
     ctx.simulation.start()
     runner.start()
@@ -271,5 +271,6 @@ def test_landing_page_shows_the_verdict_and_each_sources_problems():
     assert "device rdmap" in efa_row
     lustre_row = next(r for r in page.split("<tr>") if r.startswith("<td>lustre</td>"))
     assert "source debugfs: Lustre source not readable" in lustre_row
+    assert "lustre_client_health_status: status lbug" in lustre_row
     gpu_row = next(r for r in page.split("<tr>") if r.startswith("<td>gpu</td>"))
     assert "NVML reads failed" in gpu_row
