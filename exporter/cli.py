@@ -217,7 +217,7 @@ def serve(args: argparse.Namespace) -> int:
         if sig != signal.SIGHUP:
             break
         try:  # validate before giving anything up: a bad edit must not take the exporter down
-            load(args.config, cli_overrides(args))
+            load_web_config(load(args.config, cli_overrides(args)).web.config_file)
         except (ConfigError, ValueError) as e:
             log.error("SIGHUP: not reloading, the configuration is invalid (still serving the running "
                       "one): %s", e)

@@ -2,8 +2,10 @@
 openssl CLI at test time and bcrypt hashes from the bcrypt package."""
 
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import bcrypt
 import pytest
@@ -168,3 +170,33 @@ def test_daemon_with_web_config_file(pki, tmp_path):
     r = subprocess.run([sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{free_port()}",
                         "--web.config.file", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and str(bad) in r.stderr and "basic_auth_users" in r.stderr
+
+
+@pytest.mark.slow
+def test_sighup_with_a_broken_web_config_keeps_serving(tmp_path):
+    """SIGHUP validates the web config file too before restarting in place: a bad edit of it
+    must not turn into an exporter that cannot start."""
+    web = tmp_path / "web.yml"
+    web.write_text(_users())
+    port = free_port()
+    log = open(tmp_path / "exporter.log", "w+")  # noqa: SIM115 - read back below
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--collectors",
+                             "efa", "--listen", f"127.0.0.1:{port}", "--web.config.file", str(web)],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_serving(url + "/readyz", proc, 60, "exporter")
+        web.write_text("basic_auth_users:\n  prometheus: not-a-hash\n")
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while "SIGHUP: not reloading" not in (log.seek(0) or log.read()):
+            assert time.monotonic() < deadline, "no reload refusal logged"
+            time.sleep(0.1)
+        log.seek(0)
+        assert "basic_auth_users.prometheus" in log.read() and proc.poll() is None
+        r = requests.get(url + "/metrics", auth=("prometheus", PASSWORD), timeout=10)
+        assert r.status_code == 200  # still the running configuration
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        log.close()
