@@ -169,6 +169,9 @@ class HttpServer:
             peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
             task = asyncio.ensure_future(self._connection(cid, sock, peer))
             self._conns[cid] = _Conn(close=task.cancel)
+            # sock_accept does not yield while connections are waiting: let evicted connections'
+            # tasks close their sockets before the next accept, so descriptors stay near the limit.
+            await asyncio.sleep(0)
 
     def _evict_idle(self) -> bool:
         idle = [(c.since, cid) for cid, c in self._conns.items() if not c.busy]

@@ -2,6 +2,7 @@
 content coding, connection limits and timeouts, process_* metrics."""
 
 import gzip
+import os
 import resource
 import socket
 import subprocess
@@ -138,13 +139,18 @@ def test_idle_connections_take_no_threads_and_do_not_block_scrapes():
     """Defect 3: a thread per connection before; 300 idle connections now cost no thread, and at
     the connection limit the longest-idle ones make room for scrapes."""
     limits = Limits(max_connections=100, read_header_timeout=30, workers=2)
-    with serving(Runner([Probe("alpha")], deadline_s=1), limits=limits) as addr:
+    server = serving(Runner([Probe("alpha")], deadline_s=1), limits=limits)
+    with server as addr:
         wait_ready(f"http://{addr}")
         threads = threading.active_count()
+        fds = len(os.listdir("/proc/self/fd"))
         socks = _idle(addr, 300)
         try:
             time.sleep(0.5)
             assert threading.active_count() <= threads + 2
+            assert server.srv.httpd.connections <= 100 and server.srv.httpd.evicted >= 200
+            # This process holds both ends: 300 client sockets and at most ~100 server ones.
+            assert len(os.listdir("/proc/self/fd")) <= fds + 300 + 100 + 10
             for _ in range(5):
                 r = requests.get(f"http://{addr}/metrics", timeout=5)
                 assert r.status_code == 200
