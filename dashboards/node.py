@@ -113,8 +113,8 @@ def fabric() -> list:
         "started or in progress past a few minutes after boot means every CUDA job fails (error 802). "
         "Empty where the GPUs have no fabric (A100, PCIe, a single passthrough GPU).",
         "none", GPUS,
-        query(f"gpu_fabric_state{COMPLETED} and on (gpu) (gpu_fabric_status{G} == 0)"
-              f" or gpu_fabric_state{COMPLETED} * 0", GPU_LEGEND),
+        query(f"(gpu_fabric_state{COMPLETED} and on (gpu) (gpu_fabric_status{G} == 0))"
+              f" or gpu_fabric_state{G} * 0", GPU_LEGEND),
         thresholds=UP_DOWN, width=6, height=8,
         mappings=value_text({"1": ("completed", "green"), "0": ("not registered", "red")}))
     events = table_panel(

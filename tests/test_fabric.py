@@ -100,11 +100,7 @@ def fabric_samples(fake, index):
 
 def test_p5_gpus_report_a_completed_fabric():
     r, s = fabric_samples(FakeBackend.for_profile(PROFILES["p5.48xlarge"]), 0)
-    assert s == {("gpu_fabric_state", (("state", "not_started"),)): 0,
-                 ("gpu_fabric_state", (("state", "in_progress"),)): 0,
-                 ("gpu_fabric_state", (("state", "completed"),)): 1,
-                 ("gpu_fabric_status", ()): 0,
-                 ("gpu_fabric_info", (("clique_id", "0"), ("cluster_uuid", ""))): 1}
+    assert s == {("gpu_fabric_state", (("state", "completed"),)): 1, ("gpu_fabric_status", ()): 0}
     assert r.fabric.completed
 
 
@@ -139,3 +135,17 @@ def test_not_supported_is_absent_not_a_fault(how):
 
 def test_fabric_entry_is_what_the_real_backend_returns():
     assert set(fabric_entry(3)["ok"]) == set(PASSTHROUGH)
+
+
+def test_multi_node_nvlink_answer_exports_clique_and_health():
+    """What a GB200-class GPU reports (clique, cluster, health mask): the info and health series."""
+    capture = load_capture()
+    mask = 1 | (2 << 2) | (2 << 4) | (2 << 6) | (1 << 8)  # bandwidth degraded, the rest fine
+    capture["devices"][0][FABRIC_INFO] = {"ok": {**PASSTHROUGH, "state": 3, "cliqueId": 7,
+                                                 "clusterUuid": "ab" * 16, "healthMask": mask}}
+    r, s = fabric_samples(FakeBackend(capture), 0)
+    assert s[("gpu_fabric_info", (("clique_id", "7"), ("cluster_uuid", "ab" * 16)))] == 1
+    assert {k[1][0][1]: v for k, v in s.items() if k[0] == "gpu_fabric_health_problem"} == {
+        "degraded_bandwidth": 1, "route_recovery": 0, "route_unhealthy": 0, "access_timeout_recovery": 0,
+        "incorrect_configuration": 0}
+    assert r.fabric.health["degraded_bandwidth"]

@@ -489,7 +489,7 @@ def test_reader_samples_carry_exactly_their_metrics_labels(detail):
     emitted_by_the_collector = {"gpu_info", "gpu_driver_info", "gpu_devices", "gpu_devices_expected",
                                 "gpu_lost", "gpu_read_success"}
     not_on_hopper = {"gpu_retired_pages_total", "gpu_retired_pages_pending",
-                     "gpu_fabric_health_problem"}  # H100 reports no fabric health mask
+                     "gpu_fabric_health_problem", "gpu_fabric_info"}  # H100: no health mask, no clique
     opt_in = {s.name for s in all_specs() if s.collector == "gpu" and s.detail.startswith("`gpu.detail`")}
     assert seen == by_collector - emitted_by_the_collector - not_on_hopper - (opt_in if not detail else set())
 

@@ -14,7 +14,6 @@ from typing import Any
 
 # nvmlGpuFabricState_t
 STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
-EXPORTED_STATES = ("not_started", "in_progress", "completed")
 COMPLETED = 3
 
 # healthMask fields: name -> (shift, width); the value 1 means TRUE (the problem is there), 2 FALSE,

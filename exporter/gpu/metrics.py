@@ -104,16 +104,17 @@ NVLINK_ERRORS = _d("gpu_nvlink_errors_total", "counter",
                    detail="default per GPU; per link: `gpu.detail`: nvlink_per_link")
 
 FABRIC_STATE = _d("gpu_fabric_state", "gauge",
-                  "1 for the GPU's NVLink fabric registration state with the Fabric Manager (not_started, "
-                  "in_progress, completed), 0 for the others. Absent where the GPU has no fabric support "
+                  "Always 1, one series per GPU: its NVLink fabric registration state with the Fabric "
+                  "Manager (not_started, in_progress, completed). Absent where the GPU has no fabric support "
                   "(Not Supported: PCIe parts, a single passthrough GPU). Until completed, CUDA fails "
                   "to start on the GPU (error 802).", (*G, "state"))
 FABRIC_STATUS = _d("gpu_fabric_status", "gauge",
                    "The NVML return code of the GPU's fabric registration once its state is completed: "
                    "0 success, anything else a failed registration. Absent before completion.")
 FABRIC_INFO = _d("gpu_fabric_info", "gauge",
-                 "Always 1; the GPU's NVLink fabric clique id and cluster UUID (empty when all zero, as on "
-                 "Hopper). Absent where the GPU has no fabric support.", (*G, "clique_id", "cluster_uuid"))
+                 "Always 1; the GPU's NVLink fabric clique id and cluster UUID, where the driver reports one "
+                 "(multi-node NVLink). Absent when both are zero (Hopper) or the GPU has no fabric support.",
+                 (*G, "clique_id", "cluster_uuid"))
 FABRIC_HEALTH = _d("gpu_fabric_health_problem", "gauge",
                    "1 if the fabric health mask reports the problem (degraded_bandwidth, route_recovery, "
                    "route_unhealthy, access_timeout_recovery, incorrect_configuration), 0 if it reports it "

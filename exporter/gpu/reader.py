@@ -23,7 +23,7 @@ from prometheus_client.samples import Sample
 
 from exporter.catalog import MetricSpec
 from exporter.gpu import metrics as m
-from exporter.gpu.fabric import EXPORTED_STATES, FabricInfo, decode
+from exporter.gpu.fabric import FabricInfo, decode
 from exporter.nvml.backend import (
     FABRIC_INFO,
     NVML_ERROR_FUNCTION_NOT_FOUND,
@@ -355,10 +355,10 @@ class GpuReader:
         if not f.supported:
             return
         r.fabric = f
-        for state in EXPORTED_STATES:
-            r.add(m.FABRIC_STATE, 1 if f.state == state else 0, state=state)
+        r.add(m.FABRIC_STATE, 1, state=f.state)  # the current state only: 8 series on a p5, not 24
         r.add(m.FABRIC_STATUS, f.status)
-        r.add(m.FABRIC_INFO, 1, clique_id=str(f.clique_id), cluster_uuid=f.cluster_uuid)
+        if f.clique_id or f.cluster_uuid:  # multi-node NVLink only; all zero on Hopper says nothing
+            r.add(m.FABRIC_INFO, 1, clique_id=str(f.clique_id), cluster_uuid=f.cluster_uuid)
         for problem, present in f.health.items():
             r.add(m.FABRIC_HEALTH, 1 if present else 0, problem=problem)
 
