@@ -125,14 +125,15 @@ def memory() -> list:
     ecc = table_panel(
         "Top GPUs by corrected ECC rate",
         "The 10 GPUs correcting the most single-bit ECC errors per second (5 m), their own 6-hour "
-        "baseline and the acceleration (rate / baseline). An accelerating GPU is an early sign of "
-        "failing HBM; the GpuEccCorrectedRateAccelerating alert judges it. Empty baseline: the GPU has "
-        "less than 6 hours of history.",
+        "baseline (the 6 hours that ended an hour ago) and the acceleration (rate / baseline). An "
+        "accelerating GPU is an early sign of failing HBM; the GpuEccCorrectedRateAccelerating alert "
+        "judges it. Empty baseline: the GPU has less than 7 hours of history.",
         "none", "top 10 GPUs",
         instant(f"topk(10, gpu:gpu_ecc_corrected_errors:rate5m{sel()})", "errors/s"),
         instant(f"topk(10, gpu:gpu_ecc_corrected_errors:rate5m{sel()}) "
-                f"/ gpu:gpu_ecc_corrected_errors:rate6h_offset5m{sel()}", "acceleration ×"),
-        instant(f"gpu:gpu_ecc_corrected_errors:rate6h_offset5m{sel()} "
+                f"/ last_over_time(gpu:gpu_ecc_corrected_errors:rate6h_offset1h{sel()}[10m])",
+                "acceleration ×"),
+        instant(f"last_over_time(gpu:gpu_ecc_corrected_errors:rate6h_offset1h{sel()}[10m]) "
                 f"and topk(10, gpu:gpu_ecc_corrected_errors:rate5m{sel()})", "baseline errors/s"),
         width=12, height=8, gpu_link=True,
         overrides=[coloured_cells("acceleration ×", steps((None, "green"), (3, "red")))])

@@ -131,10 +131,12 @@ def memory() -> list:
     corrected = timeseries_panel(
         "Corrected ECC errors per second",
         "Single-bit ECC errors corrected per second per GPU (5 m rate, rules/gpu.yml) and the GPU's own "
-        "6-hour baseline. A rate several times its baseline is an early sign of failing HBM.",
+        "6-hour baseline (ending an hour ago; none before 7 hours of history). A rate several times "
+        "its baseline is an early sign of failing HBM.",
         "short", f"{GPUS}, twice",
         query(f"gpu:gpu_ecc_corrected_errors:rate5m{G}", GPU_LEGEND),
-        query(f"gpu:gpu_ecc_corrected_errors:rate6h_offset5m{G}", "GPU {{gpu}} baseline"),
+        query(f"last_over_time(gpu:gpu_ecc_corrected_errors:rate6h_offset1h{G}[10m])",
+              "GPU {{gpu}} baseline"),
         width=8)
     uncorrected = timeseries_panel(
         "Uncorrected ECC errors",

@@ -15,8 +15,9 @@ SUITES_DIR = ROOT / "tests" / "rules"
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 ALERTS_MD = ROOT / "docs" / "alerts.md"
 
-# Series Prometheus itself writes for every target; not in the exporter's catalog.
-PROMETHEUS_SERIES = {"up", "scrape_duration_seconds"}
+# Series Prometheus itself writes (for every target; ALERTS for every active alert); not in the
+# exporter's catalog.
+PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "ALERTS"}
 
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
              "offset", "bool", "inf", "nan"}

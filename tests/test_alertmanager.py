@@ -3,6 +3,7 @@ set, and inhibition tested on a real Alertmanager started on 127.0.0.1."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -41,7 +42,9 @@ FS = ["scope=filesystem", "fsname=fsx1"]
 
 @pytest.mark.parametrize("labels, receiver", [
     (["alertname=GpuXidReplaceNow", "severity=critical", "node_action=replace", *NODE], "pager"),
-    (["alertname=GpuLost", "severity=critical", *NODE], "pager"),
+    (["alertname=GpuLost", "severity=critical", "node_action=reboot", *NODE], "pager"),
+    (["alertname=GpuNodeRebootRequired", "severity=critical", "node_action=reboot", *NODE], "pager"),
+    (["alertname=EfaDevicesBelowExpected", "severity=critical", *NODE], "pager"),
     (["alertname=GpuRowRemapPending", "severity=warning", *NODE], "ticket"),
     (["alertname=EfaReceiveDrops", "severity=warning", "device=rdmap16s27", *NODE], "ticket"),
     (["alertname=SomethingInformational", "severity=info", *NODE], "blackhole"),
@@ -70,8 +73,51 @@ def test_every_severity_in_rules_is_routed():
     assert cfg["route"]["group_by"] == ["cluster", "instance"]
     inhibit = cfg["inhibit_rules"][0]
     assert "instance" in inhibit["equal"]
-    sources = [n for n, r in alerts().items() if r["labels"].get("node_action") == "replace"]
-    assert {"GpuXidReplaceNow", "GpuNodeReplaceRequired"} <= set(sources)
+    assert inhibit["source_matchers"] == ['node_action=~"replace|reboot"']
+    sources = {n for n, r in alerts().items() if r["labels"].get("node_action") in ("replace", "reboot")}
+    assert {"GpuXidReplaceNow", "GpuNodeReplaceRequired", "GpuLost", "GpuNodeRebootRequired",
+            "GpuXidRebootRequired"} <= sources
+    for name in sources:  # a source that could be a warning would mute its own node's tickets
+        assert alerts()[name]["labels"]["severity"] == "critical", name
+
+
+def _route_of(labels: list[str]) -> list[str]:
+    """The route tree path (receiver, repeat_interval) amtool picks, from `routes show` with
+    --verify: amtool's routes test prints only the receiver, so the repeat interval is read from the
+    config route it matched (the first matching child, as Alertmanager does)."""
+    cfg = yaml.safe_load(CONFIG.read_text())
+    want = dict(label.split("=", 1) for label in labels)
+
+    def matches(route: dict) -> bool:
+        for m in route.get("matchers", []):
+            k, op, v = re.match(r'(\w+)(=~|!=|=)"?(.*?)"?$', m).groups()
+            got = want.get(k, "")
+            ok = re.fullmatch(v, got) if op == "=~" else (got == v) if op == "=" else got != v
+            if not ok:
+                return False
+        return True
+
+    route, repeat = cfg["route"], cfg["route"]["repeat_interval"]
+    while True:
+        child = next((r for r in route.get("routes", []) if matches(r)), None)
+        if child is None:
+            return [route.get("receiver", cfg["route"]["receiver"]), repeat]
+        route, repeat = child, child.get("repeat_interval", repeat)
+
+
+@pytest.mark.parametrize("labels, receiver, repeat", [
+    (["alertname=GpuXidReplaceNow", "severity=critical", "node_action=replace", *NODE], "pager", "72h"),
+    (["alertname=GpuLost", "severity=critical", "node_action=reboot", *NODE], "pager", "72h"),
+    (["alertname=EfaDevicesBelowExpected", "severity=critical", *NODE], "pager", "1h"),
+    (["alertname=GpuRowRemapPending", "severity=warning", *NODE], "ticket", "24h"),
+])
+def test_replace_and_reboot_pages_repeat_rarely(labels, receiver, repeat):
+    """A node waiting for a replacement or a reboot is re-paged every 3 days, not hourly (AMP caps
+    repeat_interval at 5 days); amtool agrees on the receiver."""
+    r = _amtool("config", "routes", "test", f"--config.file={CONFIG}", f"--verify.receivers={receiver}",
+                *labels)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _route_of(labels) == [receiver, repeat]
 
 
 def _config_for_test(tmp_path: Path) -> Path:
@@ -95,7 +141,7 @@ def _alert(name: str, severity: str, instance: str, **labels: str) -> dict:
             "startsAt": now.isoformat(), "endsAt": (now + timedelta(hours=1)).isoformat()}
 
 
-def test_live_alertmanager_inhibits_a_replaced_nodes_warnings(tmp_path):
+def test_live_alertmanager_inhibits_a_replaced_or_rebooting_nodes_warnings(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
         [_tool("prometheus-alertmanager"), f"--config.file={_config_for_test(tmp_path)}",
@@ -106,33 +152,48 @@ def test_live_alertmanager_inhibits_a_replaced_nodes_warnings(tmp_path):
     try:
         wait_until_serving(f"{url}/status", proc, 10, "alertmanager")
         posted = [
+            # node 1: replace now (and a lost GPU)
             _alert("GpuXidReplaceNow", "critical", "gpu-node-1", node_action="replace", gpu="3", xid="95"),
             _alert("GpuRowRemapPending", "warning", "gpu-node-1", gpu="5"),
             _alert("EfaReceiveDrops", "warning", "gpu-node-1", device="rdmap16s27"),
-            _alert("GpuLost", "critical", "gpu-node-1", gpu="3"),
+            _alert("GpuLost", "critical", "gpu-node-1", node_action="reboot", gpu="3"),
+            # node 2: only a warning
             _alert("GpuRowRemapPending", "warning", "gpu-node-2", gpu="5"),
+            # node 3: a lost GPU; its exporter is down too (the latch keeps GpuLost firing)
+            _alert("GpuLost", "critical", "gpu-node-3", node_action="reboot", gpu="1"),
+            _alert("GpuHealthExporterDown", "warning", "gpu-node-3", job="gpu-health-exporter"),
+            # node 4: reboot required; an FSx eviction seen from it (grouped per file system)
+            _alert("GpuNodeRebootRequired", "critical", "gpu-node-4", node_action="reboot",
+                   verdict="reboot_required"),
+            _alert("LustreClientEvicted", "warning", "gpu-node-4", scope="filesystem", fsname="fsx1"),
         ]
         assert requests.post(f"{url}/alerts", json=posted, timeout=5).ok
+        muted = [("GpuRowRemapPending", "gpu-node-1"), ("EfaReceiveDrops", "gpu-node-1"),
+                 ("GpuHealthExporterDown", "gpu-node-3"), ("LustreClientEvicted", "gpu-node-4")]
         deadline = time.monotonic() + 10
         while True:
             got = requests.get(f"{url}/alerts", timeout=5).json()
             state = {(a["labels"]["alertname"], a["labels"]["instance"]): a for a in got}
-            drops = state.get(("EfaReceiveDrops", "gpu-node-1"))
-            if len(state) == len(posted) and drops["status"]["inhibitedBy"]:
+            if len(state) == len(posted) and all(state[k]["status"]["inhibitedBy"] for k in muted):
                 break
             assert time.monotonic() < deadline, got
             time.sleep(0.2)
-        replace = state[("GpuXidReplaceNow", "gpu-node-1")]
-        # The replaced node's warnings are muted by the replace-now alert ...
-        for key in [("GpuRowRemapPending", "gpu-node-1"), ("EfaReceiveDrops", "gpu-node-1")]:
+        fp = {k: a["fingerprint"] for k, a in state.items()}
+        sources = {
+            "gpu-node-1": {fp[("GpuXidReplaceNow", "gpu-node-1")], fp[("GpuLost", "gpu-node-1")]},
+            "gpu-node-3": {fp[("GpuLost", "gpu-node-3")]},
+            "gpu-node-4": {fp[("GpuNodeRebootRequired", "gpu-node-4")]},
+        }
+        # A node's warnings are muted by its own replace or reboot alerts (GpuLost, reboot required) ...
+        for key in muted:
             assert state[key]["status"]["state"] == "suppressed", key
-            assert state[key]["status"]["inhibitedBy"] == [replace["fingerprint"]], key
+            assert set(state[key]["status"]["inhibitedBy"]) <= sources[key[1]], key
         # ... its critical alerts still page, and another node's warning is untouched.
-        for key in [("GpuXidReplaceNow", "gpu-node-1"), ("GpuLost", "gpu-node-1"),
-                    ("GpuRowRemapPending", "gpu-node-2")]:
+        for key in [("GpuXidReplaceNow", "gpu-node-1"), ("GpuLost", "gpu-node-1"), ("GpuLost", "gpu-node-3"),
+                    ("GpuNodeRebootRequired", "gpu-node-4"), ("GpuRowRemapPending", "gpu-node-2")]:
             assert state[key]["status"]["state"] == "active", key
             assert not state[key]["status"]["inhibitedBy"], key
-        assert [r["name"] for r in replace["receivers"]] == ["pager"]
+        assert [r["name"] for r in state[("GpuXidReplaceNow", "gpu-node-1")]["receivers"]] == ["pager"]
         assert [r["name"] for r in state[("GpuRowRemapPending", "gpu-node-2")]["receivers"]] == ["ticket"]
     finally:
         proc.terminate()

@@ -6,13 +6,15 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
 
 from exporter import collectors
 from exporter.catalog import all_specs
-from tests.helpers import promtool
+from exporter.rules import DEFAULT_RUNBOOK_BASE
+from tests.helpers import ROOT, promtool
 from tests.rules_lint import (
     ALERTS_MD,
     PROMETHEUS_SERIES,
@@ -101,9 +103,11 @@ def test_alert_conventions(name):
     assert "{{" in ann.get("description", ""), "description must be templated"
     if not name.endswith("Absent"):  # absent() has no series, hence no node, to name
         assert "$labels.instance" in ann["description"], "description must name the node"
-    assert ann.get("runbook_url") == f"docs/runbooks.md#{name.lower()}"
+    assert ann.get("runbook_url") == f"{DEFAULT_RUNBOOK_BASE}#{name.lower()}"
     if labels.get("node_action") == "replace":
         assert labels["severity"] == "critical"
+    if labels["severity"] == "critical":  # a 2-minute exporter restart must not resolve and re-page
+        assert rule.get("keep_firing_for"), f"{name}: a critical alert needs keep_firing_for"
 
 
 def test_group_limits_and_unique_names():
@@ -209,3 +213,63 @@ def test_alerts_table_lists_every_alert_with_severity_and_tests():
             raise AssertionError(f"docs/alerts.md row for {name} names none of its test cases")
     extra = set(rows) - set(alerts())
     assert not extra, f"docs/alerts.md lists alerts that do not exist: {extra}"
+
+
+BEFORE = ROOT / "tests" / "fixtures" / "rules_before_issue9"
+
+
+def _failing_groups(suite: Path, rules_dir: Path, tmp_path: Path) -> set[str]:
+    """Names of the suite's test groups that fail when its rule files come from `rules_dir`."""
+    (tmp_path / "rules").mkdir(exist_ok=True)
+    for f in rules_dir.glob("*.yml"):
+        shutil.copy(f, tmp_path / "rules" / f.name)
+    (tmp_path / "tests" / "rules").mkdir(parents=True, exist_ok=True)
+    shutil.copy(suite, tmp_path / "tests" / "rules" / suite.name)
+    r = _run("test", "rules", str(tmp_path / "tests" / "rules" / suite.name))
+    return set(re.findall(r"^\s+name: (.*),$", r.stdout + r.stderr, re.M))
+
+
+@pytest.mark.parametrize("suite", ["fleet.test.yml", "gpu_ecc_fleet.test.yml"])
+def test_defect_cases_fail_on_the_rules_before_the_fix(suite, tmp_path):
+    """Each promtool case for an issue-9 defect ("(defect N)" in its name) fails on the rules as they
+    were before the fix (tests/fixtures/rules_before_issue9, runbook base moved to today's so only
+    behaviour differs) and passes on rules/."""
+    path = SUITES_DIR / suite
+    defects = [g["name"] for g in load(path)["tests"] if "(defect " in g["name"]]
+    assert defects
+    failing = _failing_groups(path, BEFORE, tmp_path)
+    assert set(defects) <= failing, f"pass on the old rules: {set(defects) - failing}"
+    r = _run("test", "rules", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_defect_has_a_case():
+    names = " ".join(g["name"] for s in ("fleet.test.yml", "gpu_ecc_fleet.test.yml")
+                     for g in load(SUITES_DIR / s)["tests"])
+    for n in range(1, 7):
+        assert f"(defect {n})" in names, f"no promtool case for issue 9's defect {n}"
+
+
+def test_rendered_rules_carry_the_runbook_base_and_pass_promtool(tmp_path):
+    """`python -m exporter.rules --runbook-base URL --out DIR` moves every runbook link to URL and
+    changes nothing else; promtool accepts the copy."""
+    from exporter import rules as render
+
+    base = "https://wiki.example.com/gpu/runbooks.md"
+    assert render.main(["--runbook-base", base, "--out", str(tmp_path)]) == 0
+    for path in rule_files():
+        out = tmp_path / path.name
+        got = load(out)
+        urls = [r["annotations"]["runbook_url"] for g in got["groups"] for r in g["rules"] if "alert" in r]
+        assert urls and all(u.startswith(base + "#") for u in urls)
+        assert out.read_text().replace(base, DEFAULT_RUNBOOK_BASE) == path.read_text()
+        r = _run("check", "rules", str(out))
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_render_rejects_a_bad_base(tmp_path, capsys):
+    from exporter import rules as render
+
+    assert render.main(["--runbook-base", "wiki/runbooks.md", "--out", str(tmp_path)]) == 2
+    assert "--runbook-base" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
