@@ -34,6 +34,50 @@ def _sbe_storm(f: FakeBackend, p: Any) -> None:
         f.grow(FAULTY_GPU, key, rate=1.0, accel=2.0)
 
 
+SBE_KEYS = ("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", "NVML_FI_DEV_ECC_SBE_AGG_TOTAL")
+SBE_STEP_S = 100.0  # gpu-ecc-sbe-step: when the rate steps up (past the time-compressed 7 h history of
+                    # tests/test_alert_matrix.py)
+SBE_BURST_S = 3.0
+
+
+def _sbe_step(f: FakeBackend, p: Any) -> None:
+    # 0.05 errors/s (above the rules' 0.01/s floor, under their 0.1/s young-GPU threshold), then x10.
+    for key in SBE_KEYS:
+        f.grow(FAULTY_GPU, key, rate=0.05, step=0.01)
+
+    def step() -> None:
+        for key in SBE_KEYS:
+            f.grow(FAULTY_GPU, key, rate=0.5, start_s=SBE_STEP_S, step=0.01)  # the later growth wins
+    f.at(SBE_STEP_S, step)
+
+
+def _sbe_burst(f: FakeBackend, p: Any) -> None:
+    # A new node's first seconds: 5 corrected errors/s for SBE_BURST_S seconds, then none.
+    for key in SBE_KEYS:
+        f.grow(FAULTY_GPU, key, rate=5.0, step=0.01)
+
+    def stop() -> None:
+        for key in SBE_KEYS:
+            f.grow(FAULTY_GPU, key, rate=0.0, start_s=SBE_BURST_S, step=0.01)
+    f.at(SBE_BURST_S, stop)
+
+
+def _volatile_reset(f: FakeBackend, p: Any) -> None:
+    # Corrected errors counted before (volatile 4,000 since the driver loaded, 9,000 in the GPU's
+    # life), 0.05/s ongoing; at the onset the driver reloads: the volatile counters start over.
+    vol, agg = SBE_KEYS
+    f.set_value(FAULTY_GPU, vol, 4000)
+    f.set_value(FAULTY_GPU, agg, 9000)
+    for key in SBE_KEYS:
+        f.grow(FAULTY_GPU, key, rate=0.05, step=0.01)
+
+    def reload() -> None:
+        f.set_value(FAULTY_GPU, vol, 0)
+        f.set_value(FAULTY_GPU, "NVML_FI_DEV_ECC_DBE_VOL_TOTAL", 0)
+        f.grow(FAULTY_GPU, vol, rate=0.05, start_s=ONSET_S, step=0.01)
+    f.at(ONSET_S, reload)
+
+
 def _remap_one_row(f: FakeBackend) -> None:
     """An uncorrectable error remaps a row, pending until reset: NVML counts it in the
     uncorrectable remapped rows at once and one bank has one spare row fewer."""
@@ -137,6 +181,12 @@ SCENARIOS: dict[str, tuple[str, Callable[[FakeBackend, Any], None]]] = {
                  "call on it raises GPU_IS_LOST", _lost),
     "gpu-ecc-sbe-storm": (f"GPU {FAULTY_GPU}'s corrected ECC errors grow at an accelerating rate",
                           _sbe_storm),
+    "gpu-ecc-sbe-step": (f"GPU {FAULTY_GPU} corrects 0.05 single-bit ECC errors/s, x10 from {SBE_STEP_S:g}s "
+                         "on (a step that persists)", _sbe_step),
+    "gpu-ecc-sbe-burst": (f"GPU {FAULTY_GPU} corrects 5 single-bit ECC errors/s for its first "
+                          f"{SBE_BURST_S:g}s, then none (a new node's burst)", _sbe_burst),
+    "gpu-ecc-volatile-reset": (f"GPU {FAULTY_GPU}'s volatile ECC counters start over after {ONSET_S:g}s "
+                               "(a driver reload; the aggregate ones keep counting)", _volatile_reset),
     "gpu-ecc-dbe": (f"GPU {FAULTY_GPU} gets an uncorrected ECC error after {ONSET_S:g}s (XID 48 event, "
                     "a row remapped pending reset, recovery action reset)", _dbe),
     "gpu-row-remap-pending": (f"GPU {FAULTY_GPU} has an uncorrectable remapped row pending a reset "
