@@ -97,6 +97,13 @@ ROWS: tuple[Row, ...] = (
     Row("FSx eviction", ("lustre-eviction",), ((TICKET, "LustreClientEvicted"),),
         collectors="lustre,instance",
         fault_at='max(lustre_client_import_last_eviction_timestamp_seconds{{instance="{row}"}} > 0)'),
+    Row("Fatal NVSwitch SXid", ("sxid-fatal",), ((PAGE, "NvswitchSxidRebootRequired"), (PAGE, "GpuNodeRebootRequired")),
+        collectors="gpu,xid,health,nvswitch,instance",
+        fault_when='gpu_nvswitch_sxid_errors_total{{instance="{row}", sxid_severity="fatal"}} > 0'),
+    Row("GPU fabric not completed (Fabric Manager down)", ("gpu-fabric-manager-down",),
+        ((PAGE, "GpuFabricNotCompleted"), (PAGE, "GpuNodeRebootRequired")),
+        fault_when='gpu_fabric_state{{instance="{row}", state="in_progress"}} == 1',
+        note="registration in progress from the start; the alert's `for: 5m` is 40 s here"),
     # rows that must not notify
     Row("Application XIDs 13 (flood), 31, 43, 45", ("xid-13-flood", "gpu-xid-event-31", "gpu-xid-event-43",
                                                    "gpu-xid-event-45")),

@@ -73,8 +73,10 @@ def test_simulated_node_on_a_read_only_root(tmp_path):
     assert bwrap, "bwrap is missing: install Debian's bubblewrap (.ci/run does)"
     exe = Path(sys.executable).parent / "gpu-health-exporter"
     port = free_port()
+    # The checkout and its venv may live under /tmp (a CI clone): bind them back over the tmpfs.
+    keep = [a for d in {str(ROOT), sys.prefix} for a in ("--ro-bind", d, d)]
     proc = subprocess.Popen(
-        [bwrap, "--ro-bind", "/", "/", "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev",
+        [bwrap, "--ro-bind", "/", "/", "--tmpfs", "/tmp", *keep, "--proc", "/proc", "--dev", "/dev",
          "--die-with-parent", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
          str(exe), "--simulate", "p5.48xlarge", "--listen", f"127.0.0.1:{port}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -470,7 +470,7 @@ class LustreCollector(Collector):
                 out.add(SOURCE_UP, 0 if problem else 1, source=src)
             if problem and src == "debugfs" and not self.tree.state[src].hung:
                 problem += ("; llite/osc/mdc stats and max_cached_mb (2.12+ clients keep them in debugfs) "
-                            "are not exported: mount debugfs and run as root or with CAP_SYS_ADMIN")
+                            "are not exported: mount debugfs and run as root or with CAP_DAC_READ_SEARCH")
             self.problems.report(f"source {src}", problem)
 
 
