@@ -11,9 +11,11 @@ prints its RSS (VmRSS, MiB) after each stage:
   rendered as /metrics serves it (exposition + process metrics).
 
 Variants: `no-nvml` (the node has no NVML: the GPU collector fails, nothing NVML is loaded),
-`fake-nvml` (the simulated node's fake backend, the H200 capture behind 8 GPUs), and
+`fake-nvml` (the simulated node's fake backend, the H200 capture behind 8 GPUs),
 `pynvml-import` (no-nvml plus `import pynvml`, the Python binding's own cost; nvmlInit needs a
-driver and is measured on a GPU host only).
+driver and is measured on a GPU host only), and `served` (the exporter as deployed:
+`python -m exporter` serving the no-NVML simulated node on 127.0.0.1, scraped over HTTP with
+gzip as Prometheus does; its HTTP server, asyncio, is what the in-process variants leave out).
 
     PYTHONPATH=. python3 bench/bench_memory.py [--scrapes 100000] [--json OUT]
 """
@@ -22,9 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,6 +94,51 @@ def measure(variant: str, scrapes: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def _vmrss(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def served(scrapes: int) -> dict:
+    with socket.socket() as s:  # a free port on loopback
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with tempfile.TemporaryDirectory() as state:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--log-level", "error",
+             "--nvml-capture", "/nonexistent/no-nvml-on-this-node.json", "--listen", f"127.0.0.1:{port}",
+             "--path.state-dir", state], cwd=ROOT, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if opener.open(f"{base}/readyz", timeout=5).status == 200:
+                        break
+                except OSError as e:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"served: not ready (exit status {proc.poll()})") from e
+                    time.sleep(0.2)
+            out = {"ready": _vmrss(proc.pid)}
+            req = urllib.request.Request(f"{base}/metrics", headers={"Accept-Encoding": "gzip"})
+            t = time.perf_counter()
+            for i in range(1, scrapes + 1):
+                body = opener.open(req, timeout=30).read()
+                if i == 1:
+                    out["first scrape"] = _vmrss(proc.pid)
+                if i in CHECKPOINTS or i == scrapes:
+                    out[f"after {i:,} scrapes"] = _vmrss(proc.pid)
+                    out["seconds per scrape"] = round((time.perf_counter() - t) / i, 5)
+            out["gzip bytes"] = len(body)
+            return out
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scrapes", type=int, default=100_000,
@@ -99,9 +149,9 @@ def main() -> int:
     args = p.parse_args()
     res = {"command": " ".join(sys.argv)}
     for variant, n in (("no-nvml", args.scrapes), ("fake-nvml", args.other_scrapes),
-                       ("pynvml-import", 0)):
+                       ("pynvml-import", 0), ("served", args.other_scrapes)):
         t = time.perf_counter()
-        res[variant] = measure(variant, n)
+        res[variant] = served(n) if variant == "served" else measure(variant, n)
         print(f"{variant}: {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
     text = json.dumps(res, indent=1)
     print(text)

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.samples import Sample
+from exporter.metric import Metric, Sample
 
 _SPECS: dict[str, MetricSpec] = {}
 
@@ -29,9 +28,8 @@ class MetricSpec:
     detail: str = "default"  # which setting exports it (docs/metrics.md); "default": the default config
 
     def family(self) -> Metric:
-        if self.type == "counter":
-            return CounterMetricFamily(self.name.removesuffix("_total"), self.help, labels=self.labels)
-        return GaugeMetricFamily(self.name, self.help, labels=self.labels)
+        # A counter family is named without _total (OpenMetrics), its samples with it.
+        return Metric(self.name.removesuffix("_total"), self.help, self.type)
 
 
 def define(
@@ -77,7 +75,7 @@ class Families:
             fam = self._families[spec.name] = spec.family()
         if len(labels) != len(spec.labels):
             raise ValueError(f"{spec.name}: labels {sorted(labels)} do not match {spec.labels}")
-        fam.add_metric([str(labels[k]) for k in spec.labels], float(value))
+        fam.samples.append(Sample(spec.name, {k: str(labels[k]) for k in spec.labels}, float(value)))
 
     def add_samples(self, spec: MetricSpec, samples: Iterable[Sample]) -> None:
         """Add prepared samples (named spec.name, labels exactly spec.labels): for values served

@@ -14,8 +14,7 @@ from __future__ import annotations
 import gzip
 from collections.abc import Iterable
 
-from prometheus_client.core import Metric
-from prometheus_client.utils import floatToGoString
+from exporter.metric import Metric, go_float
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -66,7 +65,7 @@ def render(metrics: Iterable[Metric], openmetrics: bool = False) -> bytes:
             v = s.value
             # Finite floats print as Python's repr ("3.0", "1234567.0", "1e-05"), which both formats
             # accept; infinities and NaN need Go's spelling ("+Inf", "NaN").
-            append(f"{p}{v!r}\n" if v.__class__ is float and v - v == 0 else p + floatToGoString(v) + "\n")
+            append(f"{p}{v!r}\n" if v.__class__ is float and v - v == 0 else p + go_float(v) + "\n")
     if openmetrics:
         append("# EOF\n")
     return "".join(out).encode()

@@ -26,13 +26,16 @@ import itertools
 import logging
 import resource
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ssl  # the caller imports it when TLS is configured (exporter.webconfig)
 
 log = logging.getLogger("exporter.httpd")
 
@@ -201,7 +204,8 @@ class HttpServer:
                 conn.busy, conn.since = False, time.monotonic()
                 timeout = self.limits.idle_timeout
             clean = True
-        except (asyncio.TimeoutError, ConnectionError, ssl.SSLError, OSError, asyncio.IncompleteReadError,
+        # OSError covers ssl.SSLError (its subclass) without importing ssl.
+        except (asyncio.TimeoutError, ConnectionError, OSError, asyncio.IncompleteReadError,
                 asyncio.CancelledError, KeyError):
             pass  # a client that is slow, gone, evicted or speaks no TLS costs only its own connection
         finally:
@@ -212,7 +216,7 @@ class HttpServer:
                 writer.close()
                 try:
                     await asyncio.wait_for(writer.wait_closed(), self.limits.write_timeout)
-                except (asyncio.TimeoutError, ConnectionError, ssl.SSLError, OSError, asyncio.CancelledError):
+                except (asyncio.TimeoutError, ConnectionError, OSError, asyncio.CancelledError):
                     writer.transport.abort()
             else:
                 writer.transport.abort()

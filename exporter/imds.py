@@ -22,7 +22,6 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from exporter.config import Key, declare_section, positive
@@ -86,6 +85,10 @@ def _imds_time(v: object, where: str) -> float:
     """`21 Jan 2019 09:00:43 GMT` (day not zero-padded either) as unix time."""
     if not isinstance(v, str):
         raise ValueError(f"{where} is {v!r}; expected a date like '21 Jan 2019 09:00:43 GMT'")
+    # Imported here: the email package is loaded only on nodes that read IMDS (urllib.request
+    # loads it there anyway).
+    from email.utils import parsedate_to_datetime
+
     try:
         return parsedate_to_datetime(v).timestamp()
     except (TypeError, ValueError, IndexError) as e:

@@ -10,10 +10,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client.core import Metric
-
 from exporter import __version__
 from exporter.catalog import all_specs
+from exporter.metric import Metric
 
 # Gauges whose 1 means a problem, and how to say it.
 _BAD_WHEN_ONE = {"gpu_lost": "lost (fell off the bus): needs a reset or reboot",

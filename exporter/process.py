@@ -7,9 +7,9 @@ from __future__ import annotations
 import resource
 
 import psutil
-from prometheus_client.core import Metric
 
 from exporter.catalog import Families, define
+from exporter.metric import Metric
 
 CPU = define("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.",
              unit="seconds", collector="exporter")

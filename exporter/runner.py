@@ -16,12 +16,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.core import Metric
-
 from exporter import __version__
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Derived, Failed
 from exporter.config import Config
+from exporter.metric import Metric
 
 log = logging.getLogger("exporter.runner")
 

@@ -15,12 +15,11 @@ import logging
 import threading
 import time
 
-from prometheus_client.core import Metric
-
 from exporter.config import Config
 from exporter.exposition import choose_encoding, encode
 from exporter.httpd import HttpServer, Limits, Request, Response
 from exporter.landing import render_page
+from exporter.metric import Metric
 from exporter.process import process_metrics
 from exporter.runner import Runner
 from exporter.webconfig import BasicAuth, WebConfig

@@ -3,27 +3,42 @@ with escaping, number formatting and content negotiation right."""
 
 import gzip
 
+import prometheus_client
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.openmetrics.exposition import generate_latest as om_generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 from exporter import collectors
+from exporter.catalog import MetricSpec
 from exporter.cli import build_context, build_parser
 from exporter.exposition import encode, negotiate, render
+from exporter.metric import go_float
 from exporter.runner import Runner
 from tests.helpers import promtool_check_metrics
 
 
 def _samples(families):
-    return sorted((s.name, tuple(sorted(s.labels.items())), s.value) for f in families for s in f.samples)
+    # repr: NaN equals only itself as text.
+    return sorted((s.name, tuple(sorted(s.labels.items())), repr(s.value))
+                  for f in families for s in f.samples)
 
 
 def _oracle(metrics, openmetrics=False):
+    """prometheus_client's rendering of our metrics, as its own Metric and Sample types."""
+    theirs = []
+    for m in metrics:
+        t = prometheus_client.Metric(m.name, m.documentation, m.type, m.unit)
+        for s in m.samples:
+            t.add_sample(s.name, s.labels, s.value)
+        theirs.append(t)
+
     class Fixed:
         def collect(self):
-            return metrics
+            return theirs
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(Fixed())
@@ -31,17 +46,26 @@ def _oracle(metrics, openmetrics=False):
 
 
 def _tricky():
-    g = GaugeMetricFamily("gpu_test_tricky", 'help with \\ backslash, "quotes"\nand a newline',
-                          labels=["path", "n"])
-    g.add_metric(['C:\\dir "x"\nnext', "1"], 1234567.0)
-    g.add_metric(["plain", "2"], 0.000125)
-    g.add_metric(["big", "3"], 2.0**64)
-    g.add_metric(["neg", "4"], -3.0)
-    g.add_metric(["inf", "5"], float("inf"))
-    c = CounterMetricFamily("gpu_test_things", "Things.", labels=["k"])
-    c.add_metric(["a"], 7)
-    c.add_metric(["b"], 12.5)
-    return [g, c]
+    from exporter.catalog import Families
+
+    g = MetricSpec("gpu_test_tricky", "gauge", 'help with \\ backslash, "quotes"\nand a newline',
+                   ("path", "n"), "", "test")
+    c = MetricSpec("gpu_test_things_total", "counter", "Things.", ("k",), "", "test")
+    out = Families()
+    out.add(g, 1234567.0, path='C:\\dir "x"\nnext', n=1)
+    out.add(g, 0.000125, path="plain", n=2)
+    out.add(g, 2.0**64, path="big", n=3)
+    out.add(g, -3.0, path="neg", n=4)
+    out.add(g, float("inf"), path="inf", n=5)
+    out.add(g, float("nan"), path="nan", n=6)
+    out.add(c, 7, k="a")
+    out.add(c, 12.5, k="b")
+    return list(out)
+
+
+@given(st.floats() | st.sampled_from([1e6, 1e7, 12345678.0, 1e16, 1.5e22, -1e7, 5e-324]))
+def test_values_are_spelled_as_prometheus_clients_floatToGoString(v):
+    assert go_float(v) == floatToGoString(v)
 
 
 def test_same_samples_as_prometheus_client_on_edge_cases():

@@ -468,7 +468,7 @@ def test_exporter_replays_a_capture():
 @pytest.mark.parametrize("detail", [frozenset(), frozenset(["nvlink_per_link", "limits", "pcie_errors",
                                                               "throttle_time", "routine_clock_events"])])
 def test_reader_samples_carry_exactly_their_metrics_labels(detail):
-    """Samples are served as prepared prometheus_client Samples (no per-sample label check at
+    """Samples are served as prepared Samples (no per-sample label check at
     scrape time), so every one must carry exactly its metric's labels."""
     from exporter.gpu.metrics import G
     from exporter.gpu.reader import GpuReader

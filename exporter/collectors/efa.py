@@ -10,8 +10,6 @@ import os
 import threading
 import time
 
-from prometheus_client.samples import Sample
-
 from exporter import imds, node
 from exporter.catalog import Families, MetricSpec, define
 from exporter.collector import Collector, Context, ProblemLog
@@ -22,6 +20,7 @@ from exporter.efa.naming import OPT_IN, C, check_counters, counter_set
 from exporter.efa.reader import DeviceReader, DeviceReading
 from exporter.efa.sysfs import SysfsReader
 from exporter.efa.workers import Chain, Pool
+from exporter.metric import Sample
 
 declare_section(C, "EFA devices: counters from <paths.sysfs>/class/infiniband.", {
     "enabled": Key(bool, True, "Run the EFA collector."),

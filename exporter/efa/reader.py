@@ -3,7 +3,7 @@
 Hot path (1,152 files a scrape on a p5): per device, its directory is opened once and every
 counter file is read relative to it; what to read, and each sample's name and label dict, come
 from a plan cached per device and rebuilt only when a directory listing changes. The samples are
-prometheus_client Samples whose label dicts are shared by every scrape (never mutated), so a
+Samples (exporter.metric) whose label dicts are shared by every scrape (never mutated), so a
 scrape does no label work.
 """
 
@@ -13,8 +13,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from prometheus_client.samples import Sample
 
 from exporter.catalog import MetricSpec, define
 from exporter.efa import naming
@@ -29,6 +27,7 @@ from exporter.efa.parse import (
     port_key,
 )
 from exporter.efa.sysfs import SysfsReader
+from exporter.metric import Sample
 
 PORT_RATE = define(
     "efa_port_rate_bytes_per_second", "gauge",

@@ -1,4 +1,4 @@
-"""Reading one GPU through the NVML backend into the prometheus_client Samples a scrape serves
+"""Reading one GPU through the NVML backend into the Samples a scrape serves
 (no threads: the collector runs the reads).
 
 Three kinds of reads: static values once (identity, thresholds, maximum clocks and link
@@ -19,11 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.samples import Sample
-
 from exporter.catalog import MetricSpec
 from exporter.gpu import metrics as m
 from exporter.gpu.fabric import FabricInfo, decode
+from exporter.metric import Sample
 from exporter.nvml.backend import (
     FABRIC_INFO,
     NVML_ERROR_FUNCTION_NOT_FOUND,
@@ -116,7 +115,7 @@ DETAIL_METRICS = {"pcie_errors": m.PCIE_ERRORS, "throttle_time": m.THROTTLE}
 @dataclass
 class Reading:
     """The samples of one read of one GPU and how it went. Samples are built as the
-    prometheus_client Samples the scrape serves (with the GPU's `labels`), grouped by metric, so
+    Samples the scrape serves (with the GPU's `labels`), grouped by metric, so
     serving them costs nothing per sample."""
 
     labels: Labels = field(default_factory=dict)
@@ -138,8 +137,7 @@ class Reading:
         group = self.groups.get(spec.name)
         if group is None:
             group = self.groups[spec.name] = (spec, [])
-        group[1].append(Sample(spec.name, {**self.labels, **extra} if extra else self.labels, float(value),
-                               None))
+        group[1].append(Sample(spec.name, {**self.labels, **extra} if extra else self.labels, float(value)))
 
     def all_groups(self) -> list[tuple[MetricSpec, list[Sample]]]:
         return [*self.groups.values(), *self.static]

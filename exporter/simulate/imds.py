@@ -8,12 +8,16 @@ from __future__ import annotations
 import json
 import threading
 import time
-from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from exporter.profiles import Profile
 from exporter.simulate import SimSource
+
+if TYPE_CHECKING:
+    # Imported when the scenario runs: http.server loads http.client, ssl and email (~5 MiB RSS,
+    # counted by bench_memory.py), which a simulated node without the scenario does not use.
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TOKEN = "AQAEAsimulatedToken=="
 REBOOT_IN_S = 20 * 3600.0  # inside the 24-hour page
@@ -22,6 +26,8 @@ MAINTENANCE_IN_S = 5 * 86400.0  # inside the 7-day ticket only
 
 def imds_date(t: float) -> str:
     """`21 Jan 2019 09:00:43 GMT`, IMDS's form (day not zero-padded)."""
+    from email.utils import formatdate
+
     s = formatdate(t, usegmt=True)  # 'Mon, 21 Jan 2019 09:00:43 GMT'
     return s.split(", ", 1)[1].lstrip("0")
 
@@ -51,15 +57,20 @@ class ImdsSimSource(SimSource):
         super().__init__(root, profile, scenarios)
         self.server: ThreadingHTTPServer | None = None
         self.url: str | None = None
+        self.meta: dict[str, str] = {}
         if self.active:  # bound now: the config needs the address before the node is built
+            from http.server import ThreadingHTTPServer
+
             self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
             self.server.daemon_threads = True
             self.url = f"http://127.0.0.1:{self.server.server_port}"
-        self.meta = {"instance-type": profile.instance_type, "instance-id": "i-0simulated0000000",
-                     "placement/availability-zone": "us-east-2b",
-                     "events/maintenance/scheduled": json.dumps(scheduled_events(time.time()), indent=1)}
+            self.meta = {"instance-type": profile.instance_type, "instance-id": "i-0simulated0000000",
+                         "placement/availability-zone": "us-east-2b",
+                         "events/maintenance/scheduled": json.dumps(scheduled_events(time.time()), indent=1)}
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
+        from http.server import BaseHTTPRequestHandler
+
         source = self
 
         class Handler(BaseHTTPRequestHandler):
