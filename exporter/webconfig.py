@@ -30,7 +30,6 @@ need one too (use an exec or TCP probe, or VerifyClientCertIfGiven).
 
 from __future__ import annotations
 
-import hmac
 import os
 import re
 import threading
@@ -222,6 +221,8 @@ class BasicAuth:
             return False
         if not sep:
             return False
+        import hmac  # as bcrypt: loads libcrypto, which a node without basic auth does not need
+
         stored = self.users.get(user)
         token = hmac.digest(self._key, user.encode() + b"\0" + password.encode(), "sha256")
         with self._lock:
