@@ -178,20 +178,6 @@ def selected(args: argparse.Namespace) -> list[str] | None:
     return names
 
 
-def import_asyncio_without_ssl() -> None:
-    """Import asyncio as on a Python built without ssl, which asyncio supports: it imports ssl
-    for its TLS transports whether or not a server uses them, about 4 MiB RSS with the libssl
-    and libcrypto it maps. Only for a process that serves no TLS (a reload re-executes): its
-    asyncio stays without TLS. Called before any other thread runs, so no import sees the block."""
-    if "asyncio" in sys.modules or "ssl" in sys.modules:
-        return
-    sys.modules["ssl"] = None  # `import ssl` raises ImportError while this is set
-    try:
-        import asyncio  # noqa: F401
-    finally:
-        del sys.modules["ssl"]
-
-
 def serve(args: argparse.Namespace) -> int:
     from exporter.webconfig import load_web_config
 
@@ -202,8 +188,6 @@ def serve(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as e:
         print(f"gpu-health-exporter: {e}", file=sys.stderr)
         return 2
-    if web.ssl_context is None:
-        import_asyncio_without_ssl()
     from exporter.runner import Runner
     from exporter.server import Server, limits_from_config
 
