@@ -130,6 +130,23 @@ def test_content_coding_on_the_wire():
         assert requests.get(url, headers={"Accept-Encoding": "identity;q=0"}, timeout=5).status_code == 406
 
 
+def test_keep_alive_responses_leave_in_one_piece():
+    """A response's head and body go out in one write with TCP_NODELAY: written apart, the body
+    of every response after the first on a keep-alive connection waited for the client's
+    delayed ACK (40 ms per scrape; Nagle holds data sent behind unacked data)."""
+    with serving(Runner([Probe("alpha")], deadline_s=1)) as addr:
+        wait_ready(f"http://{addr}")
+        host, port = addr.split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            for _ in range(5):
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n")
+                got = s.recv(1 << 20)  # one segment's worth: the whole response when sent in one
+                head, _, body = got.partition(b"\r\n\r\n")
+                length = int(dict(h.split(b": ", 1) for h in head.split(b"\r\n")[1:])[b"Content-Length"])
+                assert len(body) == length, f"only {len(body)} of {length} body bytes in the first read"
+                assert gzip.decompress(body).startswith(b"# HELP")
+
+
 def _idle(addr: str, n: int) -> list[socket.socket]:
     host, port = addr.split(":")
     return [socket.create_connection((host, int(port)), timeout=5) for _ in range(n)]
