@@ -404,3 +404,36 @@ def test_bind_mount_in_mountinfo_is_exported_once(tmp_path):
     assert value(s, "lustre_client_mounts") == 1
     assert value(s, "lustre_client_info", mount="/fsx", llite="abcdefgh-ffff8d1e4c6b9000") == 1
     assert not [k for k in s if ("mount", "/home") in k[1]]
+
+
+def test_a_file_is_read_only_in_the_trees_up_to_the_one_that_has_it(tmp_path):
+    """Tree.read_many reads the later trees only for files the first ones lack, and still
+    prefers the first tree as soon as it has the file again."""
+    from exporter.lustre.sources import Tree, read_text
+
+    proc, sys_, dbg = tmp_path / "proc", tmp_path / "sys", tmp_path / "dbg"
+    for root, text in ((dbg / "lustre", "from debugfs\n"), (proc / "fs/lustre", "from procfs\n")):
+        (root / "osc/dev0").mkdir(parents=True)
+        (root / "osc/dev0/stats").write_text(text)
+    (sys_ / "fs/lustre").mkdir(parents=True)
+    read: list[str] = []
+
+    def reader(path: str) -> str:
+        read.append(path)
+        return read_text(path)
+
+    tree = Tree(str(proc), str(sys_), str(dbg), reader=reader)  # no version: 2.12+ order, debugfs first
+    assert tree.read_many([("stats", "osc", "dev0")]) == ["from debugfs\n"]
+    assert read == [f"{dbg}/lustre/osc/dev0/stats"]  # procfs's copy is not read
+    (dbg / "lustre/osc/dev0/stats").unlink()
+    read.clear()
+    assert tree.read_many([("stats", "osc", "dev0"), ("import", "osc", "dev0")]) == ["from procfs\n", None]
+    assert read == [f"{dbg}/lustre/osc/dev0/stats", f"{proc}/fs/lustre/osc/dev0/import",
+                    f"{proc}/fs/lustre/osc/dev0/stats"]
+    (dbg / "lustre/osc/dev0/stats").write_text("debugfs again\n")
+    read.clear()
+    assert tree.read_many([("stats", "osc", "dev0")]) == ["debugfs again\n"]
+    assert read == [f"{dbg}/lustre/osc/dev0/stats", f"{proc}/fs/lustre/osc/dev0/stats"]
+    read.clear()
+    assert tree.read_many([("stats", "osc", "dev0")]) == ["debugfs again\n"]
+    assert read == [f"{dbg}/lustre/osc/dev0/stats"]

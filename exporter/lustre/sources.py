@@ -54,9 +54,23 @@ class SourceState:
             self.problem, self.hung = why, hung
 
 
+_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+
+
 def read_text(path: str) -> str:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return f.read()
+    """The file's text (UTF-8, bad bytes replaced). os.open/os.read rather than open(): a third
+    of the system calls and none of the text-layer set-up, for ~40 small files a scrape."""
+    fd = os.open(path, _FLAGS)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError as e:
+        e.filename = e.filename or path  # os.read does not name the file
+        raise
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace")
 
 
 class DeadlineReader:
@@ -180,6 +194,7 @@ class Tree:
         self.reader = reader
         self.version: tuple[int, ...] | None = None
         self.state = {s: SourceState() for s in SOURCES}
+        self._reach: dict[str, int] = {}  # file kind -> trees to read at first (see read_many)
 
     def begin(self) -> None:
         self.state = {s: SourceState() for s in SOURCES}
@@ -228,19 +243,35 @@ class Tree:
         return self.read_many([(kind, *parts)])[0]
 
     def read_many(self, requests: list[tuple[str, ...]]) -> list[str | None]:
-        """`read` of each (kind, *parts), the files read in one batch (every candidate tree's
-        path at once; a missing path costs one failed open)."""
-        cands = [(src, f"{self._root_str[src]}/{'/'.join((*req[1:], req[0]))}")
-                 for req in requests for src in self.order(req[0])]
+        """`read` of each (kind, *parts), the files read in batches (one hand-over to the reader
+        each). The first batch reads each file in its trees in order up to the tree the file's
+        kind was found in at the last scrape (the first tree at the first); the trees after are
+        read only for files the batch found in none of those. The answer is the same as reading
+        every candidate: the first tree that has the file wins."""
+        cands = [[(src, f"{self._root_str[src]}/{'/'.join((*req[1:], req[0]))}")
+                  for src in self.order(req[0])] for req in requests]
+        texts: list[list[str | BaseException]] = [[] for _ in requests]
+        upto = [min(len(c), self._reach.get(req[0], 1)) for req, c in zip(requests, cands, strict=True)]
         read_many = getattr(self.reader, "read_many", None)
-        texts = read_many([p for _, p in cands]) if read_many else [_call(self.reader, p) for _, p in cands]
-        out: list[str | None] = []
-        k = 0
-        for req in requests:
-            n = len(self.order(req[0]))
-            out.append(self._first(cands[k:k + n], texts[k:k + n]))
-            k += n
-        return out
+        todo = list(range(len(requests)))
+        while todo:
+            batch = [(i, path) for i in todo for _, path in cands[i][len(texts[i]):upto[i]]]
+            paths = [p for _, p in batch]
+            got = read_many(paths) if read_many else [_call(self.reader, p) for p in paths]
+            for (i, _), r in zip(batch, got, strict=True):
+                texts[i].append(r)
+            todo = []
+            for i, t in enumerate(texts):
+                if len(t) < len(cands[i]) and all(isinstance(r, BaseException) for r in t):
+                    upto[i] = len(cands[i])
+                    todo.append(i)
+        reach: dict[str, int] = {}
+        for req, t in zip(requests, texts, strict=True):
+            won = next((k for k, r in enumerate(t) if not isinstance(r, BaseException)), None)
+            if won is not None:
+                reach[req[0]] = max(reach.get(req[0], 0), won + 1)
+        self._reach.update(reach)
+        return [self._first(c[:len(t)], t) for c, t in zip(cands, texts, strict=True)]
 
     def _first(self, cands: list[tuple[str, str]], texts: list[str | BaseException]) -> str | None:
         for (src, path), r in zip(cands, texts, strict=True):
