@@ -249,34 +249,66 @@ def bench_exporter(real: bool, profile: str, only: str | None, n: int) -> dict:
                 "command": " ".join(cmd[1:])}
 
 
-def bench_whole_vs_single(real: bool, profile: str, n: int) -> dict:
+def bench_whole_vs_single(real: bool, profile: str, n: int, block: int = 10, settle_s: float = 0.3) -> dict:
     """Whole scrape against each collector alone: one exporter per collector plus one with all,
-    running side by side and scraped round-robin (so load on the host hits all alike); the
-    median HTTP scrape of each, and the whole scrape over the slowest single collector's. Goal
+    each measured ALONE: while one is scraped the others are stopped (SIGSTOP), so no other
+    exporter's background work (its simulated node's tick, the fake NVML's event thread) takes
+    CPU from the one measured, as on a node that runs one exporter. The exporters take turns in
+    blocks of `block` scrapes (so slow drifts of the host's load hit all alike), each block after
+    `settle_s` for the resumed process's catch-up work (timers that fired while it was stopped).
+    Scrapes reuse one keep-alive connection per exporter, with gzip, as Prometheus does. Figures:
+    the median HTTP scrape of each, and the whole scrape over the slowest single collector's. Goal
     (issue 14): at most 1.2, i.e. the collectors overlap and the verdict waits for nothing but
-    the GPU reading it uses."""
+    the GPU reading it uses.
+
+    Before 2026-11-26 (09:00 UTC) the exporters ran side by side, scraped round-robin: the 'all'
+    figure then also carried the other seven exporters' background CPU on the 2 cores."""
+    import signal
+
     import requests
 
     setups = [*collectors.collector_classes(), None]  # None: every enabled collector
     walls: dict[str, list[float]] = {name or "all": [] for name in setups}
     with contextlib.ExitStack() as stack:
-        urls = {name or "all": stack.enter_context(exporter_process(real, profile, name))[1]
-                for name in setups}
+        procs = {}
+        for name in setups:
+            proc, url, _ = stack.enter_context(exporter_process(real, profile, name))
+            procs[name or "all"] = (proc, url)
         time.sleep(1.0)  # first slow-cadence readings land
-        session = requests.Session()
-        for _ in range(10):  # warm up
-            for url in urls.values():
-                session.get(url, timeout=10)
-        for _ in range(n):
-            for key, url in urls.items():
-                t = time.perf_counter()
-                session.get(url, timeout=10)
-                walls[key].append(time.perf_counter() - t)
+
+        def only(key: str) -> None:
+            for k, (proc, _) in procs.items():
+                if k != key:
+                    proc.send_signal(signal.SIGSTOP)
+            procs[key][0].send_signal(signal.SIGCONT)
+
+        sessions = {k: requests.Session() for k in procs}
+        try:
+            for key, (_, url) in procs.items():  # warm up, each alone
+                only(key)
+                for _ in range(10):
+                    sessions[key].get(url, timeout=10)
+            done = 0
+            while done < n:
+                k = min(block, n - done)
+                for key, (_, url) in procs.items():
+                    only(key)
+                    time.sleep(settle_s)
+                    for _ in range(k):
+                        t = time.perf_counter()
+                        sessions[key].get(url, timeout=10)
+                        walls[key].append(time.perf_counter() - t)
+                done += k
+        finally:
+            for proc, _ in procs.values():  # stopped processes cannot exit on SIGTERM
+                proc.send_signal(signal.SIGCONT)
     medians = {k: round(statistics.median(v) * 1e3, 3) for k, v in walls.items()}
     single = {k: v for k, v in medians.items() if k != "all"}
     slowest = max(single, key=single.get)
     return {"median_ms": medians, "slowest_single": slowest,
-            "whole_over_slowest": round(medians["all"] / single[slowest], 3), "n": n}
+            "whole_over_slowest": round(medians["all"] / single[slowest], 3), "n": n,
+            "method": "each exporter alone (others SIGSTOPped), blocks of "
+                      f"{block} keep-alive gzip scrapes after {settle_s:g} s to settle"}
 
 
 def main() -> int:
@@ -289,7 +321,7 @@ def main() -> int:
     p.add_argument("--all-scrapes", type=int, default=None,
                    help="scrapes of the all-collectors exporter (default: --scrapes)")
     p.add_argument("--whole-scrapes", type=int, default=300,
-                   help="round-robin scrapes of the whole-vs-single comparison (default 300)")
+                   help="scrapes of each exporter in the whole-vs-single comparison (default 300)")
     p.add_argument("--only-whole", action="store_true",
                    help="only the whole-scrape vs slowest-single-collector comparison")
     p.add_argument("--replicate", type=int, default=0, metavar="N",
