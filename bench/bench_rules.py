@@ -1,20 +1,26 @@
 """Cost of the alert rules on a fleet: evaluation time of every rule group in rules/ on a real
 Prometheus holding synthetic history for N nodes (a simulated p5.48xlarge's series, 8 GPUs each).
 
-    python bench/bench_rules.py --nodes 100 500 2000 [--interval 30]
+    python bench/bench_rules.py --nodes 100 500 2000 [--interval 30] [--live] [--top N]
 
 For each node count it
   1. scrapes a simulated p5.48xlarge once (the exporter on 127.0.0.1) and keeps the series the rules
      read (metric names taken from rules/*.yml), copied per node with its own `instance`;
-  2. writes their history as OpenMetrics: 20 minutes at the scrape interval for every series, 80
-     minutes for the series read through an hour-long window (uncorrectable ECC, EFA admin commands),
-     and the recording rules' own history that the rules read back (the 5-minute corrected-ECC rate
-     for 75 minutes, the hourly one every 5 minutes for 13 hours);
-  3. imports it with `promtool tsdb create-blocks-from openmetrics`;
-  4. starts Prometheus on that TSDB with a copy of rules/ in which every group is evaluated every
-     15 s (a slower group's cost per evaluation does not depend on its interval), waits for
-     several evaluations and reports each group's evaluation time (Prometheus' own
-     `evaluationTime` from /api/v1/rules), median and maximum over the evaluations seen.
+  2. builds their history at the scrape interval: 17 minutes for every series, 80 minutes for the
+     series read through an hour-long window, and the recording rules' own output that the rules
+     read back (the 5-minute corrected-ECC rate for 75 minutes, the hourly one every 5 minutes for
+     13 hours, and so on; the hourly ECC rates only for the 2% of GPUs with errors, as the rules
+     record them);
+  3. puts the last 2 hours into Prometheus' head by remote write (bench/remote_write.py), where a
+     live Prometheus holds its recent data, and what is older into blocks (`promtool tsdb
+     create-blocks-from openmetrics`), and waits until Prometheus has compacted those blocks;
+  4. measures each group. By default in isolation: every rule's expression is run as an instant
+     query at the end of the history, one at a time, and a group's time is the sum of its rules'
+     median execution times (Prometheus' own `execTotalTime`); Prometheus evaluates the rules of a
+     group one after another and the groups concurrently, so this is what a group costs when it
+     has a core. With --live the rules are loaded (every group every 15 s) and Prometheus' own
+     `evaluationTime` is read: on a host with fewer cores than busy groups that measures the
+     contention as well (at 2,000 nodes on 2 cores every group waits seconds for a core).
 
 `measure(nodes)` returns the figures (bench/figures.py calls it); the command prints one table.
 Nothing leaves 127.0.0.1.
@@ -23,14 +29,17 @@ Nothing leaves 127.0.0.1.
 from __future__ import annotations
 
 import argparse
+import bisect
 import random
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +48,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import remote_write  # noqa: E402  (bench/, beside this file)
+
 from tests.helpers import free_port, running_exporter, wait_until_serving  # noqa: E402
 from tests.rules_lint import all_rules, metric_names  # noqa: E402
 
@@ -46,14 +57,29 @@ ROOT = Path(__file__).resolve().parent.parent
 SHORT_S = 17 * 60  # history of every series (the longest plain window in rules/ is 15m)
 LONG_S = 80 * 60  # history of series read over [1h] offset 15m
 LONG = {"gpu_ecc_errors_total", "efa_admin_commands_no_completion_total"}
-RECORDED = {  # recorded series the rules read back over a range: (source, history s, step s)
-    "gpu:gpu_ecc_corrected_errors:rate5m": ("ecc", 75 * 60, None),
-    "gpu:gpu_ecc_corrected_errors:rate1h": ("ecc", 13 * 3600, 300),
-    "gpu:gpu_ecc_corrected_errors:rate6h_offset1h": ("ecc", SHORT_S, 300),
-    "gpu:gpu_ecc_corrected_errors:rate1h_max6h": ("ecc", SHORT_S, 300),
-    "instance:gpu_devices_expected:max": ("node", SHORT_S, None),
-    "instance:gpu_health_exporter_up:last_seen_timestamp_seconds": ("node", SHORT_S, None),
+# Recorded series the rules read back over a range: (per GPU or node, history s, step s, whether
+# only GPUs with corrected ECC errors have it). The hourly ECC rate and what is recorded from it
+# exist only for GPUs with errors (rules/gpu.yml): ECC_ERRING_EVERY-th GPU of the fleet.
+RECORDED = {
+    "gpu:gpu_ecc_corrected_errors:rate5m": ("ecc", 75 * 60, None, False),
+    "gpu:gpu_ecc_corrected_errors:rate1h": ("ecc", 13 * 3600, 300, True),
+    "gpu:gpu_ecc_corrected_errors:rate6h_offset1h": ("ecc", SHORT_S, 300, True),
+    "gpu:gpu_ecc_corrected_errors:rate1h_max6h": ("ecc", SHORT_S, 300, True),
+    "instance:gpu_ecc_corrected_errors:gpus": ("node", 13 * 3600, 300, False),
+    "instance:gpu_ecc_corrected_errors:history_7h": ("node", SHORT_S, 300, False),
+    "instance:gpu_ecc_corrected_errors:threshold_without_baseline": ("node", SHORT_S, 300, False),
+    "instance:gpu_devices_expected:max": ("node", SHORT_S, None, False),
+    "instance:gpu_health_exporter_up:last_seen_timestamp_seconds": ("node", SHORT_S, None, False),
+    "instance:gpu_missing:count": ("node", SHORT_S, None, False),
+    "gpu:gpu_health_verdict_replace_required:last5m": ("gpu", SHORT_S, None, False),
+    "mount:lustre_client_filesystem_available:ratio": ("mount", SHORT_S, None, False),
+    "mount:lustre_client_filesystem_inodes_free:ratio": ("mount", SHORT_S, None, False),
+    "mount:lustre_client_mdc_rpc_wait_seconds:mean5m": ("mount", SHORT_S, None, False),
+    "mount:lustre_client_mdc_rpcs:rate5m": ("mount", SHORT_S, None, False),
+    **{f"gpu_health_threshold:ecc_corrected_rate_{t}": ("const", SHORT_S, None, False)
+       for t in ("factor", "floor_per_second", "young_per_second", "keep_ratio", "high_per_second")},
 }
+ECC_ERRING_EVERY = 50  # 2% of GPUs with corrected ECC errors in the last hours
 EVAL_S = 15
 # Counters grow like a fleet's: traffic (bytes, packets sent and received) at rates from idle to
 # busy; error and event counters (retransmits, drops, timeouts, ECC, XIDs...) stand still except on
@@ -62,7 +88,12 @@ EVAL_S = 15
 # mostly Prometheus writing thousands of ALERTS series, not the rules' reads.)
 TRAFFIC = re.compile(r"_(bytes|packets)_total$")
 FAULTY_SHARE = 0.002
-PREP_S_PER_NODE = [0.5]  # writing + importing one node's history (2 cores); learnt from each run
+# The history of the last HEAD_S goes into Prometheus' head by remote write, as a live Prometheus
+# holds its last 2-3 hours in the head; older history into blocks (promtool), as it would be.
+HEAD_S = 2 * 3600
+SLAB_S = 30 * 60
+SETTLE_S = 140  # waiting for Prometheus to compact the imported blocks (wait_for_compaction)
+PREP_S_PER_NODE = [0.25]  # writing + pushing one node's history (2 cores); learnt from each run
 
 
 @dataclass
@@ -70,8 +101,12 @@ class Figures:
     nodes: int
     series: int
     samples: int
+    head: bool  # the recent history was in the head (remote write), not only in imported blocks
+    live: bool  # evaluationTime of the rules loaded into Prometheus, not the isolated queries
     # group name -> (median s, max s, rules)
     groups: dict[str, tuple[float, float, int]] = field(default_factory=dict)
+    # rule (group/name) -> median evaluation time s
+    rules: dict[str, float] = field(default_factory=dict)
 
 
 def node_series() -> list[tuple[str, dict[str, str], float]]:
@@ -94,10 +129,6 @@ def node_series() -> list[tuple[str, dict[str, str], float]]:
     return out
 
 
-def _labels(d: dict[str, str]) -> str:
-    return ",".join(f'{k}="{v}"' for k, v in sorted(d.items()))
-
-
 def _step(name: str, rng: random.Random) -> float:
     """A counter's increase per second in the synthetic history (see TRAFFIC)."""
     if TRAFFIC.search(name) and "retrans" not in name:
@@ -105,45 +136,99 @@ def _step(name: str, rng: random.Random) -> float:
     return 0.5 if rng.random() < FAULTY_SHARE else 0.0
 
 
-def write_history(path: Path, nodes: int, interval: int, end: int) -> tuple[int, int]:
-    """OpenMetrics history for `nodes` copies of the simulated node; returns (series, samples)."""
-    per_node = node_series()
+History = tuple[str, dict[str, str], list[int], list[float]]  # name, labels, timestamps s, values
+
+
+def histories(per_node: list[tuple[str, dict[str, str], float]], nodes: int, interval: int,
+              end: int) -> Iterator[History]:
+    """The synthetic history of `nodes` copies of one node's series, series by series."""
     rng = random.Random(1)
     families: dict[str, list[tuple[dict[str, str], float]]] = {}
     for name, labels, value in per_node:
         families.setdefault(name, []).append((labels, value))
     ecc = [lab for lab, _ in families.get("gpu_ecc_errors_total", []) if lab.get("error_type") == "corrected"
            and lab.get("counter") == "aggregate"]
-    series = samples = 0
+    for name, members in families.items():
+        span = LONG_S if name in LONG else SHORT_S
+        ts = list(range(end - span, end + 1, interval))
+        counter = name.endswith("_total")
+        for node in range(nodes):
+            node_labels = {"instance": f"gpu-node-{node}", "job": "gpu-health-exporter", "cluster": "c1"}
+            for labels, value in members:
+                step = _step(name, rng) * interval if counter else 0.0
+                yield name, {**labels, **node_labels}, ts, [value + i * step for i in range(len(ts))]
+    members_of = {"ecc": [{k: v for k, v in lab.items() if k != "counter"} for lab in ecc],
+                  "gpu": [{k: v for k, v in lab.items() if k not in ("counter", "error_type")}
+                          for lab in ecc],
+                  "node": [{}], "mount": [{"mount": "/fsx"}]}
+    for name, (kind, span, step_s, erring_only) in RECORDED.items():
+        ts = list(range(end - span, end + 1, step_s or EVAL_S * 2))
+        if kind == "const":
+            yield name, {}, ts, [1.0] * len(ts)
+            continue
+        for node in range(nodes):
+            node_labels = {"instance": f"gpu-node-{node}", "job": "gpu-health-exporter", "cluster": "c1"}
+            members = members_of[kind]
+            for i, labels in enumerate(members):
+                erring = (node * len(members) + i) % ECC_ERRING_EVERY == 0
+                if erring_only and not erring:
+                    continue
+                if kind == "ecc":
+                    v = rng.choice([0.001, 0.02]) if erring else 0.0
+                else:  # no GPU missing; 8 GPUs expected; a verdict exported; 1 otherwise
+                    v = 0.0 if name.endswith("missing:count") else 8.0 if name.endswith(":max") else 1.0
+                yield name, {**labels, **node_labels}, ts, [v] * len(ts)
+
+
+def write_blocks(items: Iterable[History], head_start: int, path: Path) -> tuple[int, int]:
+    """Writes the samples older than `head_start` (histories longer than a live Prometheus keeps in
+    its head) as OpenMetrics for `promtool tsdb create-blocks-from`; returns the series and samples
+    of the whole history and the samples written."""
+    series = samples = written = 0
+    typed: set[str] = set()
     with path.open("w") as f:
-        for name, members in families.items():
-            f.write(f"# TYPE {name} unknown\n")
-            span = LONG_S if name in LONG else SHORT_S
-            ts = list(range(end - span, end + 1, interval))
-            counter = name.endswith("_total")
-            for node in range(nodes):
-                node_labels = {"instance": f"gpu-node-{node}", "job": "gpu-health-exporter", "cluster": "c1"}
-                for labels, value in members:
-                    lab = _labels({**labels, **node_labels})
-                    step = _step(name, rng) * interval if counter else 0.0
-                    f.writelines(f"{name}{{{lab}}} {value + i * step:.6g} {t}\n" for i, t in enumerate(ts))
-                    series += 1
-                    samples += len(ts)
-        for name, (kind, span, step_s) in RECORDED.items():
-            f.write(f"# TYPE {name} unknown\n")
-            ts = list(range(end - span, end + 1, step_s or EVAL_S * 2))
-            for node in range(nodes):
-                node_labels = {"instance": f"gpu-node-{node}", "job": "gpu-health-exporter", "cluster": "c1"}
-                members = [{k: v for k, v in lab.items() if k != "counter"} for lab in ecc] if kind == "ecc" \
-                    else [{}]
-                for labels in members:
-                    lab = _labels({**labels, **node_labels})
-                    v = 8.0 if kind == "node" else rng.choice([0.0, 0.0, 0.001, 0.02])
-                    f.writelines(f"{name}{{{lab}}} {v:.6g} {t}\n" for t in ts)
-                    series += 1
-                    samples += len(ts)
+        for name, labels, ts, values in items:
+            series += 1
+            samples += len(ts)
+            cut = bisect.bisect_left(ts, head_start)
+            if cut:
+                if name not in typed:  # a family's series come together (histories() yields them so)
+                    f.write(f"# TYPE {name} unknown\n")
+                    typed.add(name)
+                lab = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                f.writelines(f"{name}{{{lab}}} {v:.6g} {t}\n"
+                             for t, v in zip(ts[:cut], values[:cut], strict=True))
+                written += cut
         f.write("# EOF\n")
-    return series, samples
+    return series, samples, written
+
+
+def head_bodies(items: Iterable[History], start: int, stop: int) -> Iterator[bytes]:
+    """The samples in [start, stop), as encoded remote-write TimeSeries."""
+    enc = remote_write.SampleEncoder()
+    for name, labels, ts, values in items:
+        lo, hi = bisect.bisect_left(ts, start), bisect.bisect_left(ts, stop)
+        if lo < hi:
+            labels = {"__name__": name, **labels}
+            yield remote_write.encode_labels(labels) + enc.encode(ts[lo:hi], values[lo:hi])
+
+
+def wait_for_compaction(metrics_url: str, since: float, quiet_s: float = 65) -> None:
+    """Waits until Prometheus has run its first compaction cycle (a minute after start) and its
+    blocks have stayed the same for `quiet_s`: it compacts the imported 2 h blocks into larger
+    ones in the background, which would otherwise run beside (and slow) the rules measured."""
+    watched = ("prometheus_tsdb_blocks_loaded", "prometheus_tsdb_compactions_total")
+    last, changed = None, time.monotonic()
+    while True:
+        text = requests.get(metrics_url, timeout=30).text
+        now = [line for line in text.splitlines() if line.startswith(watched)]
+        if now != last:
+            last, changed = now, time.monotonic()
+        if time.monotonic() - since > 70 and time.monotonic() - changed > quiet_s:
+            return
+        if time.monotonic() - since > 900:
+            raise RuntimeError(f"Prometheus blocks still changing after 15 minutes: {now}")
+        time.sleep(5)
 
 
 def _rules_copy(dst: Path) -> None:
@@ -156,66 +241,130 @@ def _rules_copy(dst: Path) -> None:
         (dst / src.name).write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
-def measure(nodes: int, interval: int = 30, evaluations: int = 4, log=print) -> Figures:
-    """Build the history for `nodes` nodes and measure every rule group's evaluation time."""
+def measure(nodes: int, interval: int = 30, evaluations: int = 4, log=print, head: bool = True,
+            live: bool = False) -> Figures:
+    """Build the history for `nodes` nodes and measure every rule group's evaluation time. With
+    `head` (the default) the last HEAD_S seconds go into Prometheus' head by remote write, as on a
+    live Prometheus; without it, everything is read from imported blocks (slower per series)."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-rules-"))
     # The history must end when the rules start evaluating: later, their instant selectors find
     # nothing (5m lookback); earlier, Prometheus refuses the rules' own output (a sample older than
-    # the newest block is out of bounds). So it ends at an estimate of when writing and importing
-    # are done, and the evaluation waits for that moment.
+    # the newest one of that series). So it ends at an estimate of when writing and pushing are
+    # done, and the evaluation waits for that moment.
     started = time.time()
-    end = int(started + 30 + nodes * PREP_S_PER_NODE[0])
+    # Live, the history must end when the rules start evaluating (see below); isolated, the
+    # queries are made at the history's end, whenever that is.
+    end = int(started + 30 + SETTLE_S + nodes * PREP_S_PER_NODE[0]) if live else int(started)
+    head_start = end - HEAD_S if head else end + 1
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api/v1"
+    config = tmp / "prometheus.yml"
+    proc = None
     try:
+        per_node = node_series()
         t = time.monotonic()
-        series, samples = write_history(tmp / "history.om", nodes, interval, end)
-        log(f"{nodes} nodes: {series:,} series, {samples:,} samples written in {time.monotonic() - t:.0f} s")
-        t = time.monotonic()
-        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "history.om"),
-                        str(tmp / "tsdb")], check=True, capture_output=True, timeout=3600)
+        series, samples, in_blocks = write_blocks(histories(per_node, nodes, interval, end), head_start,
+                                                  tmp / "history.om")
+        if in_blocks:
+            subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "history.om"),
+                            str(tmp / "tsdb")], check=True, capture_output=True, timeout=3600)
         (tmp / "history.om").unlink()
-        log(f"{nodes} nodes: imported in {time.monotonic() - t:.0f} s")
-        PREP_S_PER_NODE[0] = 1.5 * (time.time() - started) / nodes  # for the next, larger run
-        late = time.time() - end
-        if late > 60:
-            raise RuntimeError(f"writing and importing took {late:.0f} s longer than estimated: the "
-                               "history is stale; run a smaller --nodes first (it calibrates the estimate)")
-        time.sleep(max(0.0, -late) + 1)
-        _rules_copy(tmp / "rules")
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(
-            {"global": {"evaluation_interval": f"{EVAL_S}s"}, "rule_files": [str(tmp / "rules" / "*.yml")]}))
-        port = free_port()
-        proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp / 'tsdb'}", "--storage.tsdb.retention.time=10y",
+        log(f"{nodes} nodes: {series:,} series, {samples:,} samples; {in_blocks:,} of them written to blocks "
+            f"in {time.monotonic() - t:.0f} s")
+        config.write_text(yaml.safe_dump({"global": {"evaluation_interval": f"{EVAL_S}s"}}))
+        proc = subprocess.Popen(["prometheus", f"--config.file={config}",
+                                 f"--storage.tsdb.path={tmp / 'tsdb'}",
+                                 "--storage.tsdb.retention.time=10y", "--web.enable-remote-write-receiver",
                                  f"--web.listen-address=127.0.0.1:{port}", "--log.level=error"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        api = f"http://127.0.0.1:{port}/api/v1"
-        try:
-            wait_until_serving(f"{api}/status/tsdb", proc, 300, "prometheus")
-            seen: dict[str, dict[str, float]] = {}  # group -> {lastEvaluation: evaluationTime}
-            rules_per_group: dict[str, int] = {}
-            deadline = time.monotonic() + EVAL_S * (evaluations + 2) + 30
-            while time.monotonic() < deadline:
-                for g in requests.get(f"{api}/rules", timeout=30).json()["data"]["groups"]:
-                    errors = [r.get("lastError") for r in g["rules"] if r.get("health") == "err"]
-                    assert not errors, (g["name"], errors)
-                    if g["lastEvaluation"].startswith("0001"):
-                        continue
-                    seen.setdefault(g["name"], {})[g["lastEvaluation"]] = g["evaluationTime"]
-                    rules_per_group[g["name"]] = len(g["rules"])
-                if seen and min(len(v) for v in seen.values()) >= evaluations and \
-                        len(seen) == len(rules_per_group):
-                    break
-                time.sleep(2)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
-        figs = Figures(nodes, series, samples)
-        for name, evals in sorted(seen.items()):
-            times = list(evals.values())
-            figs.groups[name] = (statistics.median(times), max(times), rules_per_group[name])
+        prom_started = time.monotonic()
+        wait_until_serving(f"{api}/status/tsdb", proc, 300, "prometheus")
+        t = time.monotonic()
+        # In slabs of at most SLAB_S, oldest first: the head refuses a sample older than an hour
+        # before the newest one it holds.
+        pushed = 0
+        for start in range(head_start, end + 1, SLAB_S):
+            slab = head_bodies(histories(per_node, nodes, interval, end), start, min(start + SLAB_S, end + 1))
+            pushed += remote_write.push(f"{api}/write", slab)
+        log(f"{nodes} nodes: the last {HEAD_S // 60} minutes pushed into the head ({pushed:,} series-slabs) "
+            f"in {time.monotonic() - t:.0f} s")
+        PREP_S_PER_NODE[0] = 1.5 * (time.time() - started) / nodes  # for the next, larger run
+        t = time.monotonic()
+        wait_for_compaction(f"http://127.0.0.1:{port}/metrics", prom_started)
+        log(f"{nodes} nodes: block compaction settled in {time.monotonic() - t:.0f} s")
+        late = time.time() - end if live else 0.0
+        if late > 60:
+            raise RuntimeError(f"writing and pushing took {late:.0f} s longer than estimated: the history "
+                               "is stale; run a smaller --nodes first (it calibrates the estimate)")
+        figs = Figures(nodes, series, samples, head, live)
+        if live:
+            time.sleep(max(0.0, -late) + 1)
+            _live(api, proc, config, tmp / "rules", evaluations, figs)
+        else:
+            _isolated(api, end, evaluations, figs)
         return figs
     finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=120)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _isolated(api: str, at: int, repeats: int, figs: Figures) -> None:
+    """Each rule's expression as an instant query, one at a time, `repeats` times at slightly
+    different times; a group's time is the sum of its rules' medians (Prometheus evaluates the
+    rules of a group one after another). Prometheus' own execution time of the query
+    (`stats=all`), so HTTP and JSON are not counted; the rules' writes (recorded series, ALERTS)
+    are not either. `at`: the end of the history."""
+    per_group: dict[str, list[tuple[float, float]]] = {}
+    for _, group, rule in all_rules():
+        times = []
+        for k in range(repeats):
+            r = requests.get(f"{api}/query", params={"query": rule["expr"], "time": f"{at - k:.3f}",
+                                                     "stats": "all"}, timeout=600).json()
+            if r.get("status") != "success":
+                raise RuntimeError(f"{group}/{rule.get('alert') or rule.get('record')}: {r.get('error')}")
+            times.append(r["data"]["stats"]["timings"]["execTotalTime"])
+        figs.rules[f"{group}/{rule.get('alert') or rule.get('record')}"] = statistics.median(times)
+        per_group.setdefault(group, []).append((statistics.median(times), max(times)))
+    for group, rules in sorted(per_group.items()):
+        figs.groups[group] = (sum(m for m, _ in rules), sum(x for _, x in rules), len(rules))
+
+
+def _live(api: str, proc: subprocess.Popen, config: Path, rules_dir: Path, evaluations: int,
+          figs: Figures) -> None:
+    """Loads the rules into the running Prometheus (every group every EVAL_S) and reads each
+    group's own evaluationTime over `evaluations` evaluations. The groups run concurrently, so on a
+    host with fewer cores than busy groups this measures the contention too."""
+    # The rules start only now: earlier, their output at the current time would make Prometheus
+    # refuse the older pushed samples of the recorded series they read back.
+    _rules_copy(rules_dir)
+    config.write_text(yaml.safe_dump({"global": {"evaluation_interval": f"{EVAL_S}s"},
+                                      "rule_files": [str(rules_dir / "*.yml")]}))
+    proc.send_signal(signal.SIGHUP)
+    seen: dict[str, dict[str, float]] = {}  # group -> {lastEvaluation: evaluationTime}
+    per_rule: dict[str, dict[str, float]] = {}  # group/rule -> {lastEvaluation: evaluationTime}
+    rules_per_group: dict[str, int] = {}
+    deadline = time.monotonic() + EVAL_S * (evaluations + 2) + 30
+    while time.monotonic() < deadline:
+        for g in requests.get(f"{api}/rules", timeout=30).json()["data"]["groups"]:
+            errors = [r.get("lastError") for r in g["rules"] if r.get("health") == "err"]
+            assert not errors, (g["name"], errors)
+            if g["lastEvaluation"].startswith("0001"):
+                continue
+            seen.setdefault(g["name"], {})[g["lastEvaluation"]] = g["evaluationTime"]
+            for r in g["rules"]:
+                key = f"{g['name']}/{r['name']}"
+                per_rule.setdefault(key, {})[r["lastEvaluation"]] = r["evaluationTime"]
+            rules_per_group[g["name"]] = len(g["rules"])
+        done = seen and min(len(v) for v in seen.values()) >= evaluations
+        if done and len(seen) == len(rules_per_group):
+            break
+        time.sleep(2)
+    for name, evals in sorted(seen.items()):
+        times = list(evals.values())
+        figs.groups[name] = (statistics.median(times), max(times), rules_per_group[name])
+    figs.rules = {k: statistics.median(v.values()) for k, v in per_rule.items()}
 
 
 def table(results: list[Figures]) -> str:
@@ -231,6 +380,8 @@ def table(results: list[Figures]) -> str:
         lines.append(f"{g:28} {n:>5} " + " ".join(cells))
     worst = [max(mx for _, mx, _ in r.groups.values()) for r in results]
     lines.append(f"{'slowest group (max)':28} {'':>5} " + " ".join(f"{w * 1000:>22.1f}" for w in worst))
+    total = [sum(med for med, _, _ in r.groups.values()) for r in results]
+    lines.append(f"{'all groups once (sum)':28} {'':>5} " + " ".join(f"{t * 1000:>22.1f}" for t in total))
     lines.append("series / samples in the TSDB: " + "; ".join(
         f"{r.nodes:,} nodes {r.series:,} / {r.samples:,}" for r in results))
     return "\n".join(lines)
@@ -241,12 +392,24 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, nargs="+", default=[100])
     ap.add_argument("--interval", type=int, default=30, help="scrape interval of the synthetic history (s)")
     ap.add_argument("--evaluations", type=int, default=4, help="evaluations of each group to wait for")
+    ap.add_argument("--live", action="store_true",
+                    help="load the rules into Prometheus and read their evaluationTime (concurrent groups)")
+    ap.add_argument("--blocks-only", action="store_true",
+                    help="read everything from imported blocks (the earlier method) instead of the head")
+    ap.add_argument("--top", type=int, default=0, metavar="N", help="also list the N slowest rules")
     args = ap.parse_args()
-    results = [measure(n, args.interval, args.evaluations, log=lambda m: print(m, file=sys.stderr))
+    results = [measure(n, args.interval, args.evaluations, log=lambda m: print(m, file=sys.stderr),
+                       head=not args.blocks_only, live=args.live)
                for n in args.nodes]
-    print(f"Rule group evaluation time (Prometheus evaluationTime), history at a {args.interval} s scrape, "
-          f"each group evaluated every {EVAL_S} s")
+    how = (f"Prometheus' evaluationTime, every group evaluated every {EVAL_S} s, concurrently" if args.live
+           else "its rules' expressions queried one at a time (sum of their median execution times)")
+    print(f"Rule group evaluation time: {how}; history at a {args.interval} s scrape")
     print(table(results))
+    if args.top:
+        for r in results:
+            print(f"slowest rules at {r.nodes:,} nodes (median ms):")
+            for k, v in sorted(r.rules.items(), key=lambda kv: -kv[1])[:args.top]:
+                print(f"  {v * 1000:9.1f}  {k}")
 
 
 if __name__ == "__main__":
