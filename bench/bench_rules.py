@@ -232,7 +232,7 @@ def wait_for_compaction(metrics_url: str, since: float, quiet_s: float = 65) -> 
 
 
 def _rules_copy(dst: Path) -> None:
-    """rules/ with every group evaluated every EVAL_S seconds."""
+    """rules/ with every group evaluated every EVAL_S seconds (--live)."""
     dst.mkdir()
     for src in sorted((ROOT / "rules").glob("*.yml")):
         doc = yaml.safe_load(src.read_text())
@@ -247,13 +247,12 @@ def measure(nodes: int, interval: int = 30, evaluations: int = 4, log=print, hea
     `head` (the default) the last HEAD_S seconds go into Prometheus' head by remote write, as on a
     live Prometheus; without it, everything is read from imported blocks (slower per series)."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-rules-"))
-    # The history must end when the rules start evaluating: later, their instant selectors find
-    # nothing (5m lookback); earlier, Prometheus refuses the rules' own output (a sample older than
-    # the newest one of that series). So it ends at an estimate of when writing and pushing are
+    # Isolated, the queries are made at the history's end, whenever that is. Live, the history must
+    # end when the rules start evaluating: later, their instant selectors find nothing (5m
+    # lookback); earlier, Prometheus refuses the rules' own output (a sample older than the newest
+    # one of that series). So it ends at an estimate of when writing, pushing and compacting are
     # done, and the evaluation waits for that moment.
     started = time.time()
-    # Live, the history must end when the rules start evaluating (see below); isolated, the
-    # queries are made at the history's end, whenever that is.
     end = int(started + 30 + SETTLE_S + nodes * PREP_S_PER_NODE[0]) if live else int(started)
     head_start = end - HEAD_S if head else end + 1
     port = free_port()
