@@ -188,6 +188,7 @@ class FakeBackend(NvmlBackend):
         with self._state:
             self._timed.append((t, action))
             self._timed.sort(key=lambda x: x[0])
+            self._event_cv.notify_all()  # an event wait sleeping past `t` recomputes its wake-up
         self._tick()
 
     def _tick(self) -> None:
@@ -439,8 +440,12 @@ class FakeBackend(NvmlBackend):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise NvmlError(NVML_ERROR_TIMEOUT)
-                # wake up now and then so that scripted events fire on time
-                self._event_cv.wait(min(remaining, 0.05))
+                # sleep until the next scripted action is due (at() notifies when it adds one;
+                # actions that deliver an event or lose a GPU notify), not in fixed steps: an
+                # idle simulated exporter woke 20 times a second here
+                if self._timed and self._manual_t is None:
+                    remaining = min(remaining, max(0.0, self._timed[0][0] - self.now()))
+                self._event_cv.wait(remaining)
 
     def event_set_free(self, event_set: _EventSet) -> None:
         with self._state:
