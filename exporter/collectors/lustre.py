@@ -29,6 +29,7 @@ from exporter.lustre.sources import (
     Tree,
     statvfs_from_file,
 )
+from exporter.metric import Sample
 
 NAME = "lustre"
 
@@ -148,8 +149,9 @@ class _Acc:
         self.specs: dict[str, MetricSpec] = {}
 
     def _key(self, spec: MetricSpec, labels: dict[str, str]) -> tuple[str, tuple[str, ...]]:
-        self.specs.setdefault(spec.name, spec)
-        return spec.name, tuple(labels[k] for k in spec.labels)
+        if spec.name not in self.specs:
+            self.specs[spec.name] = spec
+        return spec.name, tuple(map(labels.__getitem__, spec.labels))
 
     def add(self, spec: MetricSpec, value: float, labels: dict[str, str]) -> None:
         key = self._key(spec, labels)
@@ -160,9 +162,11 @@ class _Acc:
         self.values[key] = max(self.values.get(key, value), value)
 
     def emit(self, out: Families) -> None:
+        # the keys hold exactly the spec's labels, in order: no per-sample checks (Families.add)
         for (name, lv), v in self.values.items():
             spec = self.specs[name]
-            out.add(spec, v, **dict(zip(spec.labels, lv, strict=True)))
+            labels = dict(zip(spec.labels, map(str, lv), strict=True))
+            out.add_samples(spec, (Sample(name, labels, float(v)),))
 
 
 class LustreCollector(Collector):
