@@ -150,7 +150,10 @@ def test_simulated_node_scheduled_reboot_end_to_end():
                           "--collectors", "instance") as url:
         deadline = time.monotonic() + 20
         text = requests.get(url + "/metrics", timeout=10).text
-        while "ec2_scheduled_event_start_timestamp_seconds{" not in text and time.monotonic() < deadline:
+        # Both lookups run in the background: the events' and the identity's (retried after a
+        # timeout on a loaded machine), so wait for the series of each.
+        wanted = ("ec2_scheduled_event_start_timestamp_seconds{", 'instance_id="i-0simulated0000000"')
+        while not all(w in text for w in wanted) and time.monotonic() < deadline:
             time.sleep(0.3)
             text = requests.get(url + "/metrics", timeout=10).text
     assert promtool_check_metrics(text) == ""
