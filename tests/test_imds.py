@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -15,68 +13,17 @@ from exporter.collectors.efa import EfaCollector
 from exporter.collectors.instance import InstanceCollector
 from exporter.config import load
 from exporter.runner import Runner
+from exporter.simulate.imds import FakeImdsServer
 from tests.helpers import names, promtool_check_metrics, samples, scrape, value
 
-TOKEN = "AQAEAFakeToken=="
 META = {"instance-type": "p5.48xlarge", "instance-id": "i-0123456789abcdef0",
         "placement/availability-zone": "us-east-2b"}
 
 
-class FakeImds:
-    """IMDSv2: PUT /latest/api/token (TTL header required), GET /latest/meta-data/* with the token."""
-
-    def __init__(self) -> None:
-        self.delay_s = 0.0
-        self.token_status = 200
-        self.requests: list[tuple[str, str]] = []
-        self.meta = dict(META)
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):  # noqa: ANN002
-                pass
-
-            def _send(self, status: int, body: str = "") -> None:
-                data = body.encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (timeout tests)
-
-            def do_PUT(self):  # noqa: N802
-                fake.requests.append(("PUT", self.path))
-                time.sleep(fake.delay_s)
-                if self.path != "/latest/api/token" or not self.headers.get(
-                        "X-aws-ec2-metadata-token-ttl-seconds"):
-                    return self._send(400)
-                self._send(fake.token_status, TOKEN if fake.token_status == 200 else "")
-
-            def do_GET(self):  # noqa: N802
-                fake.requests.append(("GET", self.path))
-                time.sleep(fake.delay_s)
-                if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
-                    return self._send(401)
-                key = self.path.removeprefix("/latest/meta-data/")
-                if key not in fake.meta:
-                    return self._send(404)
-                self._send(200, fake.meta[key])
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def fake():
-    f = FakeImds()
+    f = FakeImdsServer(dict(META))
+    f.start(poll_interval_s=0.05)
     yield f
     f.close()
 

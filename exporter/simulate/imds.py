@@ -17,7 +17,7 @@ from exporter.simulate import SimSource
 if TYPE_CHECKING:
     # Imported when the scenario runs: http.server loads http.client, ssl and email (~5 MiB RSS,
     # counted by bench_memory.py), which a simulated node without the scenario does not use.
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
 TOKEN = "AQAEAsimulatedToken=="
 REBOOT_IN_S = 20 * 3600.0  # inside the 24-hour page
@@ -46,32 +46,27 @@ def scheduled_events(now: float) -> list[dict]:
     ]
 
 
-class ImdsSimSource(SimSource):
-    name = "imds"
-    scenarios = {
-        "ec2-scheduled-reboot": "a fake IMDSv2 on 127.0.0.1 announces a system-reboot starting 20 h after "
-                                "start (pages) and a system-maintenance in 5 days (tickets)",
-    }
+class FakeImdsServer:
+    """IMDSv2 on 127.0.0.1: PUT /latest/api/token (the TTL header required), then GET
+    /latest/meta-data/<key> with the token, answered from `meta` (which may change while it
+    serves). For tests: `delay_s` delays every answer, `token_status` refuses the token (IMDS
+    disabled), `requests` records (method, path)."""
 
-    def __init__(self, root: Path, profile: Profile, scenarios: set[str]) -> None:
-        super().__init__(root, profile, scenarios)
-        self.server: ThreadingHTTPServer | None = None
-        self.url: str | None = None
-        self.meta: dict[str, str] = {}
-        if self.active:  # bound now: the config needs the address before the node is built
-            from http.server import ThreadingHTTPServer
+    def __init__(self, meta: dict[str, str]) -> None:
+        from http.server import ThreadingHTTPServer
 
-            self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-            self.server.daemon_threads = True
-            self.url = f"http://127.0.0.1:{self.server.server_port}"
-            self.meta = {"instance-type": profile.instance_type, "instance-id": "i-0simulated0000000",
-                         "placement/availability-zone": "us-east-2b",
-                         "events/maintenance/scheduled": json.dumps(scheduled_events(time.time()), indent=1)}
+        self.meta = meta
+        self.delay_s = 0.0
+        self.token_status = 200
+        self.requests: list[tuple[str, str]] = []
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         from http.server import BaseHTTPRequestHandler
 
-        source = self
+        fake = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *a: object) -> None:
@@ -82,30 +77,65 @@ class ImdsSimSource(SimSource):
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (its timeout)
+
+            def _answer(self, method: str) -> None:
+                fake.requests.append((method, self.path))
+                time.sleep(fake.delay_s)
 
             def do_PUT(self) -> None:  # noqa: N802
-                ok = self.path == "/latest/api/token" and \
-                    self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
-                self._send(200 if ok else 400, TOKEN if ok else "")
+                self._answer("PUT")
+                if self.path != "/latest/api/token" or not self.headers.get(
+                        "X-aws-ec2-metadata-token-ttl-seconds"):
+                    return self._send(400)
+                self._send(fake.token_status, TOKEN if fake.token_status == 200 else "")
 
             def do_GET(self) -> None:  # noqa: N802
+                self._answer("GET")
                 if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
                     return self._send(401)
-                body = source.meta.get(self.path.removeprefix("/latest/meta-data/"))
+                body = fake.meta.get(self.path.removeprefix("/latest/meta-data/"))
                 self._send(404) if body is None else self._send(200, body)
 
         return Handler
 
+    def start(self, poll_interval_s: float = 0.2) -> None:
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": poll_interval_s},
+                         name="fake-imds", daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class ImdsSimSource(SimSource):
+    name = "imds"
+    scenarios = {
+        "ec2-scheduled-reboot": "a fake IMDSv2 on 127.0.0.1 announces a system-reboot starting 20 h after "
+                                "start (pages) and a system-maintenance in 5 days (tickets)",
+    }
+
+    def __init__(self, root: Path, profile: Profile, scenarios: set[str]) -> None:
+        super().__init__(root, profile, scenarios)
+        self.server: FakeImdsServer | None = None
+        self.url: str | None = None
+        if self.active:  # bound now: the config needs the address before the node is built
+            self.server = FakeImdsServer({
+                "instance-type": profile.instance_type, "instance-id": "i-0simulated0000000",
+                "placement/availability-zone": "us-east-2b",
+                "events/maintenance/scheduled": json.dumps(scheduled_events(time.time()), indent=1)})
+            self.url = self.server.url
+
     def build(self) -> None:
         if self.server is not None:
-            threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
-                             name="sim-imds", daemon=True).start()
+            self.server.start()
 
     def close(self) -> None:
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()
 
 
 SOURCE = ImdsSimSource
