@@ -148,8 +148,10 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def kmsg_replay_path(path: str) -> str:
     """`--kmsg-file` takes a file of /dev/kmsg records, or a capture made by `capture` (its
-    kernel-log records are written to a file of records, one per capture file, and that is read)."""
+    kernel-log records are written to a file of records, one per capture file, and that is read).
+    That file lives in a private directory (0700, ours): another user cannot plant or swap it."""
     import hashlib
+    import stat
     import tempfile
 
     from exporter.nvml.capture import kmsg_of_capture
@@ -157,10 +159,16 @@ def kmsg_replay_path(path: str) -> str:
     text = kmsg_of_capture(path)
     if text is None:
         return path
+    base = os.path.join(tempfile.gettempdir(), f"gpu-health-exporter-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(base, 0o700)
+    st = os.lstat(base)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        base = tempfile.mkdtemp(prefix="gpu-health-exporter-")  # not ours: a fresh private one
     name = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:16]
-    out = os.path.join(tempfile.gettempdir(), f"gpu-health-exporter-kmsg-{name}.txt")
-    tmp = f"{out}.{os.getpid()}"
-    with open(tmp, "w") as f:
+    out = os.path.join(base, f"kmsg-{name}.txt")
+    fd, tmp = tempfile.mkstemp(dir=base, prefix=".kmsg-", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, out)
     return out

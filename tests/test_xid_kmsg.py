@@ -24,15 +24,6 @@ def test_file_backlog_then_follow_with_continuations_and_partial_lines(tmp_path)
     assert list(r.read_available()) == []
 
 
-def test_a_log_ending_without_newline_is_read_on_the_next_poll_or_when_final(tmp_path):
-    path = tmp_path / "kmsg"
-    path.write_text("6,0,10,-;a\n6,1,11,-;b")
-    r = KmsgReader(str(path))
-    assert [x.message for x in r.read_available()] == ["a"]
-    assert [x.message for x in r.read_available()] == ["b"]  # still unfinished: it is the end
-    assert [x.message for x in KmsgReader(str(path)).read_available(final=True)] == ["a", "b"]
-
-
 def test_file_truncated_or_replaced_starts_over(tmp_path):
     path = tmp_path / "kmsg"
     path.write_text("6,0,10,-;a\n6,1,11,-;b\n")

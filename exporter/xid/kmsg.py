@@ -6,6 +6,13 @@ read() returns exactly one record; EAGAIN (with O_NONBLOCK) means the backlog is
 EPIPE means records were overwritten before we read them (we count it and go on). A regular file
 (a saved log, or the simulated node's dev/kmsg) is read to its end, then followed by polling its
 size, so records appended later are picked up live.
+
+No record is yielded twice: every (re)open (the device after a read error starts again at the
+oldest record in the ring; a file rewritten, replaced or rotated is read from its start) skips
+the records whose sequence number is at or below the highest one already read. In a followed
+file, a last line without its newline is held until the newline arrives (a record written in two
+parts is read whole); only a one-shot read (`final`) or a line left unfinished for
+PARTIAL_LINE_WAIT_S takes it as it is.
 """
 
 from __future__ import annotations
@@ -15,11 +22,12 @@ import os
 import select
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 KERNEL_FACILITY_MAX_PRIO = 7  # facility 0 (kernel): prio 0..7; user space cannot write facility 0
+PARTIAL_LINE_WAIT_S = 60.0  # a writer that stops mid-line this long is not coming back
 
 
 class Record(NamedTuple):
@@ -52,6 +60,7 @@ class ReaderStats:
     malformed: int = 0
     overwrites: int = 0  # EPIPE: the kernel overwrote records before we read them
     missed: int = 0  # records we know we never saw (sequence-number gaps on the device)
+    repeated: int = 0  # records skipped after a reopen because they had been read already
     errors: int = 0
     last_malformed: str = ""  # the last malformed record (truncated), for the log
     first_seq: int | None = None
@@ -69,6 +78,8 @@ class KmsgReader:
     path: str
     chunk_bytes: int = 1 << 20
     stats: ReaderStats = field(default_factory=ReaderStats)
+    partial_wait_s: float = PARTIAL_LINE_WAIT_S
+    clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
         self._fd: int | None = None
@@ -76,8 +87,10 @@ class KmsgReader:
         self._offset = 0
         self._ino: tuple[int, int] | None = None
         self._pending = b""  # a trailing partial line of a regular file
-        self._held = False  # _pending was already there at the end of the previous read
+        self._pending_since = 0.0  # clock() when _pending last changed
         self._poll: select.poll | None = None
+        self.high_seq: int | None = None  # the highest sequence number read, across every open
+        self._skip: int | None = None  # this opening skips records up to here (read before)
 
     # -- opening -------------------------------------------------------------------------------
     def open(self) -> None:
@@ -94,6 +107,7 @@ class KmsgReader:
         self._ino = (st.st_dev, st.st_ino)
         self._offset = 0
         self._pending = b""
+        self._skip = self.high_seq
         if self._device:
             self._poll = select.poll()
             self._poll.register(self._fd, select.POLLIN)
@@ -116,9 +130,9 @@ class KmsgReader:
     # -- reading -------------------------------------------------------------------------------
     def read_available(self, final: bool = False) -> Iterator[Record]:
         """Yield the records available now, never blocking. Iterate it to the end: a file's
-        position advances by whole chunks. A file's last line without a newline is taken when
-        `final` (a one-shot read) or when it is still unfinished on the next call (a saved log
-        that simply ends without one), so a writer caught mid-line is not misread."""
+        position advances by whole chunks. A file's last line without a newline waits for its
+        newline; it is taken as it is only when `final` (a one-shot read) or when it has stayed
+        unfinished for `partial_wait_s` (a saved log that simply ends without one)."""
         if self._fd is None:
             self.open()
         if self._device:
@@ -130,7 +144,13 @@ class KmsgReader:
         self.stats.malformed += 1
         self.stats.last_malformed = text[:120]
 
-    def _note(self, rec: Record) -> None:
+    def _note(self, rec: Record) -> bool:
+        """Account for a record; False when it was read before (skip it)."""
+        if self._skip is not None and rec.seq <= self._skip:
+            self.stats.repeated += 1
+            return False
+        if self.high_seq is None or rec.seq > self.high_seq:
+            self.high_seq = rec.seq
         st = self.stats
         st.records += 1
         if st.first_seq is None:
@@ -138,6 +158,7 @@ class KmsgReader:
         elif self._device and st.last_seq is not None and rec.seq > st.last_seq + 1:
             st.missed += rec.seq - st.last_seq - 1
         st.last_seq = rec.seq
+        return True
 
     def _read_device(self) -> Iterator[Record]:
         while True:
@@ -159,8 +180,8 @@ class KmsgReader:
             if rec is None:
                 self._malformed(text)
                 continue
-            self._note(rec)
-            yield rec
+            if self._note(rec):
+                yield rec
 
     def _lines(self, text: str) -> Iterator[Record]:
         for line in text.split("\n"):
@@ -170,8 +191,8 @@ class KmsgReader:
             if rec is None:
                 self._malformed(line)
                 continue
-            self._note(rec)
-            yield rec
+            if self._note(rec):
+                yield rec
 
     def _read_file(self, final: bool = False) -> Iterator[Record]:
         try:
@@ -191,16 +212,16 @@ class KmsgReader:
             self._offset += len(data)
             buf = self._pending + data
             end = buf.rfind(b"\n")
+            self._pending_since = self.clock()
             if end < 0:
                 self._pending = buf
                 continue
             self._pending = buf[end + 1:]
             yield from self._lines(buf[:end].decode("utf-8", "replace"))
-        if self._pending and (final or (not grew and self._held)):
+        stale = not grew and self.clock() - self._pending_since >= self.partial_wait_s
+        if self._pending and (final or stale):
             tail, self._pending = self._pending, b""
-            self._held = False
             yield from self._lines(tail.decode("utf-8", "replace"))
-        self._held = bool(self._pending)
 
     def wait(self, timeout_s: float) -> None:
         """Block until more records may be available (device) or for the poll interval (file)."""

@@ -395,7 +395,8 @@ def sxid_lines(service: XidService) -> list[SxidLine]:
     out = []
     for (pci, sxid, severity), c in sorted(service.sxids.snapshot().items()):
         switch = service.sxids.switches.get(pci)
-        out.append(SxidLine("" if switch is None else str(switch), pci_label(pci), sxid, severity,
+        out.append(SxidLine("" if switch is None else str(switch), OTHER if pci == OTHER else pci_label(pci),
+                            sxid, severity,
                             service.sxid_policy.tier(sxid, severity), c.count, c.last_wall, describe(sxid)))
     return out
 

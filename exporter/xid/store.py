@@ -17,12 +17,14 @@ spans a restart is not counted twice), the PCI->GPU identities seen, and the ack
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
 import math
 import os
 import re
+import stat
 import threading
 import time
 from collections import deque
@@ -44,6 +46,12 @@ MAX_KEYS = 4096
 # series are bounded by the catalog); addresses NVML does not list (a GPU lost before start, or
 # a corrupted log) get MAX_UNKNOWN_GPUS series of their own, then share the OTHER bucket.
 MAX_UNKNOWN_GPUS = 16
+# Every map keyed by what the kernel log or a state file says is bounded (docs/xid.md "Limits"):
+# PCI -> GPU identities (NVML's GPUs, `NVRM: GPU at PCI` lines) and acknowledgements. An 8-GPU
+# node uses 8 identities; beyond MAX_IDENTITIES a `GPU at` line is dropped (an NVML GPU takes the
+# place of one known only from such a line), so those lines cannot make addresses "listed".
+MAX_IDENTITIES = 64
+MAX_ACKS = 1024
 MAX_KEYS_PER_GPU = 128  # per GPU (or the bucket): XIDs outside the catalog beyond this are dropped
 OTHER = "other"  # the shared bucket of PCI addresses beyond MAX_UNKNOWN_GPUS
 # Bounds of a sane state file: an XID a second for 30 years is under 1e9.
@@ -108,6 +116,52 @@ def write_json_atomic(path: Path, data: Any) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+MAX_STATE_BYTES = 16 << 20  # far above any state within the limits (a few hundred KiB at most)
+
+
+class NotRegularFile(OSError):
+    """The path is there but is not a regular file (a FIFO, a device, a directory, a link)."""
+
+
+def _kind(mode: int) -> str:
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
+            else "a symbolic link" if stat.S_ISLNK(mode) else "a device" if stat.S_ISCHR(mode) or
+            stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def open_regular(path: str | os.PathLike, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """Open `path` without blocking and without following a symlink at its last component, and
+    check it is a regular file before anything reads it: a FIFO planted there would block an
+    open() or read() forever (start-up, shutdown and `check` all read the state file). Raises
+    NotRegularFile naming what it is, or the OSError of the open."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NotRegularFile(errno.ELOOP, "a symbolic link, not a regular file", str(path)) from e
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotRegularFile(errno.EINVAL, f"{_kind(st.st_mode)}, not a regular file", str(path))
+    return fd
+
+
+def read_regular(path: str | os.PathLike, max_bytes: int = MAX_STATE_BYTES) -> bytes:
+    """The content of a regular file (open_regular), at most `max_bytes` (more is an error)."""
+    fd = open_regular(path)
+    try:
+        data = b""
+        while len(data) <= max_bytes:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return data
+            data += chunk
+        raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes", str(path))
+    finally:
+        os.close(fd)
 
 
 class StateError(ValueError):
@@ -270,6 +324,7 @@ class XidStore:
         self.reports: dict[str, int] = {}  # raw reports per source
         self.merged: dict[str, int] = {}  # reports that joined an existing event, per source
         self.dropped = 0  # new events refused by the cardinality guards
+        self.identities_dropped = 0  # identities refused by MAX_IDENTITIES
         self.recoveries = 0  # corrupt state files set aside this boot (kept in the state file)
         # Whether NVML lists the GPU at a PCI key (set by the service); such a GPU's catalog XIDs
         # are never refused by the cardinality guards.
@@ -336,6 +391,31 @@ class XidStore:
             for k in sorted(self.open, key=lambda k: self.open[k][-1].start_s)[: len(self.open) // 2]:
                 del self.open[k]
 
+    def _bounded_counts(self, counts: dict) -> dict[str, dict[str, Count]]:
+        """A state file's counts within the guards report() applies: an address beyond them
+        (a file from before the limits, or edited) is folded into OTHER. Folded counts are
+        summed within this document and then merged like any other (the larger count wins), so
+        reading the same file twice does not count them twice."""
+        out: dict[str, dict[str, Count]] = {}
+        unknown = sum(1 for p in self.counts if p != OTHER and not self.is_listed(p))
+        for p, ks in counts.items():
+            p = str(p)
+            if p != OTHER and p not in self.counts and not self.is_listed(p) and p not in self.identities:
+                if unknown >= MAX_UNKNOWN_GPUS:
+                    p = OTHER
+                else:
+                    unknown += 1
+            mine = out.setdefault(p, {})
+            for k, v in dict(ks).items():
+                c, cur = Count.from_json(v), mine.get(k)
+                if cur is not None:  # only OTHER gathers several addresses
+                    c = Count(cur.count + c.count, max(cur.last_kernel_s, c.last_kernel_s),
+                              max(cur.last_wall, c.last_wall))
+                elif len(mine) >= MAX_KEYS_PER_GPU and lookup(split_key(k)[0]) is None:
+                    continue
+                mine[k] = c
+        return out
+
     def prune(self, now_s: float) -> None:
         with self.lock:
             self._prune(now_s)
@@ -344,6 +424,9 @@ class XidStore:
         with self.lock:
             cur = self.identities.get(pci)
             if cur is None:
+                if pci == OTHER or not self._identity_room(index is not None):
+                    self.identities_dropped += 1
+                    return
                 self.identities[pci] = Identity(index, uuid)
                 self.version += 1
                 return
@@ -354,16 +437,33 @@ class XidStore:
                 cur.uuid = uuid
                 self.version += 1
 
+    def _identity_room(self, nvml: bool) -> bool:
+        """Whether a new identity fits; one NVML lists may replace one known only from a line."""
+        if len(self.identities) < MAX_IDENTITIES:
+            return True
+        if nvml:
+            victim = next((p for p, i in self.identities.items() if i.index is None), None)
+            if victim is not None:
+                del self.identities[victim]
+                return True
+        return False
+
     def snapshot(self) -> dict[str, dict[str, Count]]:
         with self.lock:
             return {p: {k: Count(c.count, c.last_kernel_s, c.last_wall) for k, c in ks.items()}
                     for p, ks in self.counts.items()}
 
-    def add_ack(self, ack: Ack) -> None:
+    def add_ack(self, ack: Ack) -> bool:
+        """Add an acknowledgement; False when it is known already."""
         with self.lock:
-            if ack.ident() not in {a.ident() for a in self.acks}:
-                self.acks.append(ack)
-                self.version += 1
+            if ack.ident() in {a.ident() for a in self.acks}:
+                return False
+            self.acks.append(ack)
+            if len(self.acks) > MAX_ACKS:  # the oldest go: the newest per GPU are the ones that matter
+                self.acks.sort(key=lambda a: a.time)
+                del self.acks[: len(self.acks) - MAX_ACKS]
+            self.version += 1
+            return True
 
     def unacked(self, pci: str) -> dict[str, Count]:
         """Counts on `pci` above the highest acknowledged baseline for each count key."""
@@ -410,21 +510,23 @@ class XidStore:
                 for a in st.get("acks") or []:
                     self.add_ack(Ack.from_json(a))
                 return self.version != before
-            for p, ks in dict(st.get("counts") or {}).items():
-                for k, v in dict(ks).items():
-                    c = Count.from_json(v)
-                    cur = self.counts.setdefault(str(p), {}).get(k)
+            for p, ident in dict(st.get("gpus") or {}).items():
+                nvml = ident.get("index") is not None
+                if p not in self.identities and p != OTHER and self._identity_room(nvml):
+                    self.identities[str(p)] = Identity(ident.get("index"), str(ident.get("uuid") or ""))
+                    self.version += 1
+            for p, ks in self._bounded_counts(dict(st.get("counts") or {})).items():
+                for k, c in ks.items():
+                    cur = self.counts.setdefault(p, {}).get(k)
                     if cur is None or c.count > cur.count:
-                        self.counts[str(p)][k] = c
+                        self.counts[p][k] = c
                         self.version += 1
             for p, x, key, start_s, sources in st.get("open") or []:
+                if (str(p), int(x)) not in self.open and len(self.open) >= MAX_KEYS:
+                    continue
                 q = self.open.setdefault((str(p), int(x)), deque(maxlen=MAX_OPEN_PER_KEY))
                 if not any(ev.start_s == float(start_s) for ev in q):
                     q.append(OpenEvent(float(start_s), str(key), set(sources)))
-            for p, ident in dict(st.get("gpus") or {}).items():
-                if p not in self.identities:
-                    self.identities[str(p)] = Identity(ident.get("index"), str(ident.get("uuid") or ""))
-                    self.version += 1
             for a in st.get("acks") or []:
                 self.add_ack(Ack.from_json(a))
             seq = st.get("last_seq")
@@ -436,7 +538,8 @@ class XidStore:
 def read_boot_id(procfs: str) -> str:
     """The kernel's boot id (<procfs>/sys/kernel/random/boot_id); '' when unreadable."""
     try:
-        return Path(procfs, "sys/kernel/random/boot_id").read_text().strip()
+        raw = read_regular(Path(procfs, "sys/kernel/random/boot_id"), 4096)
+        return raw.decode("ascii", "replace").strip()
     except OSError:
         return ""
 
@@ -470,6 +573,19 @@ class StateFile:
         self.foreign: dict | None = None
         self._mtime: float | None = None
         self._logged: set[str] = set()
+        # The path is not a regular file (a FIFO, a link...): nothing is read from or written
+        # to it for the rest of the run; counts are kept in memory (logged once, an error).
+        self.disabled = False
+
+    def _refuse(self, e: OSError) -> None:
+        """The state path is not a regular file: log it once and carry on without persistence."""
+        self.disabled = True
+        self.status.ok, self.status.problem = False, "unreadable"
+        self.status.read_errors += 1
+        if "not_regular" not in self._logged:
+            self._logged.add("not_regular")
+            log.error("state file %s is %s: XID counts are not persisted (kept in memory only) until "
+                      "it is removed and the exporter restarted", self.path, e.strerror)
 
     def _problem(self, kind: str, msg: str, *, write: bool) -> None:
         self.status.ok = False
@@ -495,10 +611,12 @@ class StateFile:
         fd = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.dir / (STATE_NAME + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_regular(self.dir / (STATE_NAME + ".lock"), os.O_RDWR | os.O_CREAT)
             fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError:
-            fd = None  # a read-only state dir: go on without the lock
+            if fd is not None:
+                os.close(fd)
+            fd = None  # a read-only state dir (or no regular lock file): go on without the lock
         try:
             yield
         finally:
@@ -508,9 +626,14 @@ class StateFile:
 
     def read(self) -> dict | None:
         """The state for this boot, or None (missing, corrupt, another boot)."""
+        if self.disabled:
+            return None
         try:
             st = os.stat(self.path)
-            raw = self.path.read_bytes()
+            raw = read_regular(self.path)
+        except NotRegularFile as e:
+            self._refuse(e)
+            return None
         except FileNotFoundError:
             self.status.problem = "missing"
             return None
@@ -581,8 +704,12 @@ class StateFile:
     def write(self, store: XidStore, merge_counts: bool = False) -> bool:
         """Merge what is on disk (acks written by `ack`; counts too with merge_counts), then
         write atomically."""
+        if self.disabled:
+            return False
         with self.locked():
             on_disk = self.read()
+            if self.disabled:
+                return False
             if on_disk is not None:
                 store.merge_state(on_disk, counts=merge_counts)
             self.take_foreign_acks(store)

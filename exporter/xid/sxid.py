@@ -34,8 +34,9 @@ _SXID_RE = re.compile(
 _LINK_RE = re.compile(r"^(Fatal|Non-fatal|Non-Fatal|Correctable), Link (\d+)\b\s*(.*?)(?: \(First\))?$")
 _PRI_RE = re.compile(r"^(Fatal|Non-fatal|Non-Fatal), (.+), instance=(\d+), chiplet=(\d+)$")
 _TOKEN_RE = re.compile(r"^(Fatal|Non-fatal|Non-Fatal|Correctable)(?:,\s*(.*))?$")
-_CONTINUATION_RE = re.compile(
-    r"^(?:Severity \d+ Engine instance \d+ Sub-engine instance \d+|Data \{[^}]*\}|.*\bdata\[\d+\] = .*)\s*$")
+# A continuation is known by how it starts, whatever follows (`Data {...}p`, as one public log
+# quotes it, is still the dump of the report before it, never a report of its own).
+_CONTINUATION_RE = re.compile(r"^(?:Severity \d+ Engine instance\b|Data \{|.*\bdata\[\d+\] = )")
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.xid.store import write_json_atomic
+from exporter.xid.store import _PCI_KEY_RE, OTHER, NotRegularFile, read_regular, write_json_atomic
 from exporter.xid.sxid import SEVERITIES
 
 log = logging.getLogger("exporter.xid.sxid")
@@ -27,6 +27,9 @@ STATE_NAME = "sxid-state.json"
 STATE_VERSION = 1
 MAX_SERIES = 256  # label cardinality guard: 4-6 switches, a few dozen codes ever seen
 MAX_SWITCH = 63
+# Switch PCI addresses with series of their own (an HGX board has 4, an NVL72 tray 2); reports
+# from further addresses (a corrupted log) share pci_bus_id="other".
+MAX_SWITCHES = 16
 SXID_MIN, SXID_MAX = 10000, 99999  # the driver prints %05d; every defined code is >= 10000
 
 
@@ -53,6 +56,8 @@ class SxidStore:
             if not (SXID_MIN <= sxid <= SXID_MAX and severity in SEVERITIES and 0 <= switch <= MAX_SWITCH):
                 self.dropped += 1
                 return False
+            if pci not in self.switches and len(self.switches) >= MAX_SWITCHES:
+                pci = OTHER
             key = (pci, sxid, severity)
             c = self.counts.get(key)
             if c is None:
@@ -62,7 +67,8 @@ class SxidStore:
                 c = self.counts[key] = SxidCount()
             c.count += 1
             c.last_wall = max(c.last_wall, wall)
-            self.switches[pci] = switch
+            if pci != OTHER:
+                self.switches[pci] = switch
             self.version += 1
             return True
 
@@ -80,11 +86,19 @@ class SxidStore:
     def load(self, st: dict) -> None:
         """Take a validated state document (validate_state first)."""
         with self.lock:
+            for p, n in (st.get("switches") or {}).items():
+                if p in self.switches or len(self.switches) < MAX_SWITCHES:
+                    self.switches[p] = n
+            loaded: dict[tuple[str, int, str], SxidCount] = {}
             for p, x, s, n, wall in st.get("counts") or []:
-                cur = self.counts.get((p, x, s))
-                if cur is None or n > cur.count:
-                    self.counts[(p, x, s)] = SxidCount(n, float(wall))
-            self.switches.update(st.get("switches") or {})
+                key = (p if p in self.switches else OTHER, x, s)  # beyond the limit: folded
+                cur = loaded.get(key)
+                loaded[key] = SxidCount(n, float(wall)) if cur is None else \
+                    SxidCount(cur.count + n, max(cur.last_wall, float(wall)))
+            for key, c in loaded.items():
+                cur = self.counts.get(key)
+                if cur is None or c.count > cur.count:
+                    self.counts[key] = c
             seq = st.get("last_seq")
             if seq is not None and (self.last_seq is None or seq > self.last_seq):
                 self.last_seq = seq
@@ -105,13 +119,14 @@ def validate_state(st: Any) -> None:
         raise ValueError(f"counts: expected a list of at most {MAX_SERIES} entries")
     for i, row in enumerate(counts):
         ok = isinstance(row, list) and len(row) == 5 and isinstance(row[0], str) \
+            and (row[0] == OTHER or _PCI_KEY_RE.fullmatch(row[0]) is not None) \
             and _is_int(row[1], SXID_MIN, SXID_MAX) and row[2] in SEVERITIES and _is_int(row[3], 0, 10**9) \
             and isinstance(row[4], (int, float)) and not isinstance(row[4], bool) and row[4] >= 0
         if not ok:
             raise ValueError(f"counts[{i}] is {row!r}; expected [pci, sxid, severity, count, unix time]")
     switches = st.get("switches") or {}
-    if not isinstance(switches, dict) or not all(isinstance(k, str) and _is_int(v, 0, MAX_SWITCH)
-                                                 for k, v in switches.items()):
+    if not isinstance(switches, dict) or not all(isinstance(k, str) and _PCI_KEY_RE.fullmatch(k)
+                                                 and _is_int(v, 0, MAX_SWITCH) for k, v in switches.items()):
         raise ValueError("switches: expected a mapping of PCI key to switch index")
 
 
@@ -125,6 +140,7 @@ class SxidStateFile:
         self.source = source
         self.problem = ""
         self.errors = 0
+        self.disabled = False  # the path is not a regular file: not read nor written this run
 
     def _fail(self, kind: str, msg: str) -> None:
         if self.problem != kind:
@@ -133,8 +149,17 @@ class SxidStateFile:
         self.errors += 1
 
     def read(self) -> dict | None:
+        if self.disabled:
+            return None
         try:
-            raw = self.path.read_bytes()
+            raw = read_regular(self.path)
+        except NotRegularFile as e:
+            self.disabled = True
+            log.error("SXid state file %s is %s: SXid counts are not persisted (kept in memory only)",
+                      self.path, e.strerror)
+            self.problem = "unreadable"
+            self.errors += 1
+            return None
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -152,6 +177,8 @@ class SxidStateFile:
         return st
 
     def write(self, store: SxidStore) -> bool:
+        if self.disabled:
+            return False
         data = store.to_state(self.boot_id, self.source)
         try:
             write_json_atomic(self.path, data)  # only the daemon writes it
