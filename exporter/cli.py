@@ -124,8 +124,40 @@ def build_context(args: argparse.Namespace) -> Context:
     cfg = load(args.config, {**overrides, **cli_overrides(args)})
     if simulation is not None:
         simulation.build()
-    return Context(config=cfg, nvml_capture=args.nvml_capture, simulation=simulation,
-                   scenarios=tuple(args.scenario), nvml_latencies=args.nvml_latencies)
+    ctx = Context(config=cfg, nvml_capture=args.nvml_capture, simulation=simulation,
+                  scenarios=tuple(args.scenario), nvml_latencies=args.nvml_latencies)
+    ctx.xid = build_xid(cfg, ctx.nvml, simulation, args.kmsg_file)
+    return ctx
+
+
+def build_xid(cfg: Any, nvml: Any, simulation: Any, kmsg_file: str | None) -> Any:
+    """The XID service, told which kernel log its counts come from: the simulated node's (each
+    set of scenario flags its own, the node's acks shared), a replayed capture (its file, not
+    the temporary copy of its records), else paths.kmsg."""
+    from exporter.xid.service import XidService
+
+    source, shared = None, False
+    if simulation is not None and cfg.paths.kmsg == str(simulation.root / "dev" / "kmsg"):
+        source = f"simulated:{simulation.profile.instance_type}:{','.join(sorted(simulation.scenarios))}"
+        shared = True
+    elif kmsg_file and cfg.paths.kmsg != kmsg_file:
+        source = os.path.abspath(kmsg_file)
+    return XidService(cfg, nvml, source=source, shared_acks=shared)
+
+
+SIM_PLAY_S = 60.0
+
+
+def play_simulated_onsets(ctx: Context) -> None:
+    """A one-shot command on a simulated node: move its sources and its fake NVML past the
+    scenarios' onsets, so the command sees what the daemon sees a few seconds in."""
+    if ctx.simulation is None:
+        return
+    ctx.simulation.advance(SIM_PLAY_S)
+    if ctx.nvml.ensure():
+        advance = getattr(ctx.nvml.backend, "advance_to", None)
+        if advance is not None:
+            advance(SIM_PLAY_S)
 
 
 def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -281,7 +313,7 @@ def shutdown(ctx: Context, server: Any, runner: Any, timeout_s: float, then: Any
 
     threading.Thread(target=watchdog, name="shutdown-watchdog", daemon=True).start()
     deadline = time.monotonic() + timeout_s
-    if "xid" in vars(ctx):  # built: flush its counts before anything else can hang
+    if ctx.xid is not None:  # flush its counts before anything else can hang
         ctx.xid.stop(max(0.1, (deadline - time.monotonic()) * 0.5))
     server.shutdown()
     runner.close()
@@ -340,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             return could_not_start(args, str(e)) if could_not_start else 2
         setup_logging(args.log_level or "warning")
         try:
+            play_simulated_onsets(ctx)
             return mod.run(args, ctx)
         finally:
             if ctx.simulation is not None:

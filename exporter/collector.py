@@ -6,7 +6,6 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from exporter.catalog import Families
@@ -28,8 +27,9 @@ class Context:
     - `nvml`: the one NVML session (GPU collector, XID events, verdict). Creating it costs
       nothing; the backend (pynvml, a capture) is loaded on its first `ensure()`.
     - `identity`: the instance identity (config, then the background IMDS lookup).
-    - `xid`: the XID service (xid and health collectors, `check`, `ack`), built on first use
-      so a node without them never loads the XID machinery.
+    - `xid`: the XID service (xid, nvswitch and health collectors, `check`, `ack`): its parts
+      (kernel-log follower, XID and SXid counters, identities, state files). The composition
+      root builds it (naming the kernel log its counts come from); None: made from the config.
     """
 
     config: Config
@@ -41,6 +41,7 @@ class Context:
     nvml_latencies: bool = False
     nvml: NvmlSession | None = None  # None: made from the fields above
     identity: IdentitySource | None = None  # None: made from the config
+    xid: XidService | None = None  # None: made from the config and `nvml`
 
     def __post_init__(self) -> None:
         if self.nvml is None:
@@ -50,12 +51,10 @@ class Context:
             sim_imds = self.simulation.imds_url if self.simulation is not None else None
             self.identity = IdentitySource(self.config, simulated=self.simulation is not None
                                            or bool(self.nvml_capture), simulated_imds=sim_imds)
+        if self.xid is None and getattr(self.config, "xid", None) is not None:
+            from exporter.xid.service import XidService
 
-    @cached_property
-    def xid(self) -> XidService:
-        from exporter.xid.service import XidService
-
-        return XidService(self)
+            self.xid = XidService(self.config, self.nvml)
 
 
 class Collector(ABC):

@@ -175,7 +175,7 @@ def test_gpu_at_lines_cannot_make_unbounded_series_memory_or_state(tmp_path):
 
     ctx = make_ctx(tmp_path, gpu_at_flood(600))
     svc = one_shot(ctx)
-    assert len(svc.store.identities) <= MAX_IDENTITIES
+    assert len(svc.identities.known) <= MAX_IDENTITIES
     assert len(svc.store.counts) <= MAX_IDENTITIES + MAX_UNKNOWN_GPUS + 1  # + "other"
     assert total(svc) == 600 * 8  # nothing lost: the rest is under pci_bus_id="other"
     text = scrape(Runner([XidCollector(ctx)], deadline_s=10))
@@ -197,7 +197,7 @@ def test_a_state_file_beyond_the_limits_is_folded_not_trusted(tmp_path):
     doc["counts"] = {f"{i:08x}:02:00": {"31": [2, 1.0, 1.0]} for i in range(2000)}
     path.write_text(json.dumps(doc))
     svc2 = one_shot(make_ctx(tmp_path, ""))
-    assert len(svc2.store.identities) <= MAX_IDENTITIES
+    assert len(svc2.identities.known) <= MAX_IDENTITIES
     assert len(svc2.store.counts) <= MAX_UNKNOWN_GPUS + 1
     assert total(svc2) == 4000
     assert total(one_shot(make_ctx(tmp_path, ""))) == 4000  # read twice: still not counted twice

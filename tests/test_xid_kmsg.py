@@ -92,7 +92,6 @@ def test_malformed_records_are_counted_exported_and_logged_when_the_count_grows(
 def test_a_fifo_as_the_kernel_log_is_a_clear_error_not_a_silent_hang(tmp_path, caplog):
     from exporter.collector import Context
     from exporter.config import load
-    from exporter.xid.service import XidService
 
     fifo = tmp_path / "kmsg"
     os.mkfifo(fifo)  # opening a FIFO without a writer blocks forever
@@ -100,7 +99,7 @@ def test_a_fifo_as_the_kernel_log_is_a_clear_error_not_a_silent_hang(tmp_path, c
         KmsgReader(str(fifo)).open()
     ctx = Context(config=load(None, {"paths.kmsg": str(fifo), "paths.state_dir": str(tmp_path / "st"),
                                      "xid.nvml_events": False}))
-    svc = XidService(ctx)
+    svc = ctx.xid
     assert svc.read_kmsg() == 0 and not svc.kmsg.ok
     assert f"cannot read {fifo}: a FIFO, not the kernel log device" in caplog.text
 

@@ -107,10 +107,15 @@ def test_write_merges_acks_written_by_another_process(tmp_path):
     sf._mtime = 0.0  # the daemon's last view of the file
     assert sf.changed_on_disk()
     daemon.report("kmsg", PCI, 31, 30.0, 0.0)
-    sf.write(daemon)  # the daemon's next write keeps the ack
-    assert len(daemon.acks) == 1 and daemon.unacked(PCI).keys() == {"31"}
+    before = daemon.to_state("b")
+    sf.write(daemon.to_state("b"))  # the daemon's next write keeps the ack ...
+    assert daemon.to_state("b")["acks"] == before["acks"] == []  # ... written from a snapshot
     on_disk = json.loads(open(os.path.join(d, "xid-state.json")).read())
     assert len(on_disk["acks"]) == 1 and on_disk["counts"][PCI]["63"][0] == 1
+    assert sf.changed_on_disk()  # the ack it kept is news for the daemon's intake
+    assert [a.xid for a in daemon.merge_state(sf.read_news(), counts=False)] == [None]
+    assert len(daemon.acks) == 1 and daemon.unacked(PCI).keys() == {"31"}
+    assert not sf.changed_on_disk()
 
 
 def test_daemon_takes_only_acks_from_disk_so_counts_written_by_ack_are_not_added_twice(tmp_path):
@@ -122,7 +127,8 @@ def test_daemon_takes_only_acks_from_disk_so_counts_written_by_ack_are_not_added
     daemon = XidStore()
     sf = StateFile(d, "b")
     assert sf.changed_on_disk()  # never read by this process yet: there is news
-    sf.write(daemon)
+    daemon.merge_state(sf.read_news(), counts=False)
+    sf.write(daemon.to_state("b"))
     assert daemon.counts == {} and len(daemon.acks) == 1
     daemon.report("kmsg", PCI, 79, 5.0, 0.0)  # the daemon's follower reaches the record
     assert daemon.counts[PCI]["79"].count == 1 and daemon.unacked(PCI) == {}
@@ -141,23 +147,21 @@ def test_cardinality_guard_refuses_new_series_beyond_the_caps():
 def test_unknown_addresses_share_a_bucket_and_never_crowd_out_a_listed_gpu():
     listed = {PCI}
     s = XidStore()
-    s.is_listed = lambda pci: pci in listed
     for i in range(70):  # garbage addresses first (defect: the 64-GPU cap was then full)
         s.report("kmsg", f"0000{i:04x}:ee:00", 31, float(i), 0.0)
     unknown = [p for p in s.counts if p not in (PCI, OTHER)]
     assert len(unknown) == MAX_UNKNOWN_GPUS and s.counts[OTHER]["31"].count == 70 - MAX_UNKNOWN_GPUS
-    assert s.report("kmsg", PCI, 94, 100.0, 0.0)  # GPU 0's XID 94 is counted
+    assert s.report("kmsg", PCI, 94, 100.0, 0.0, listed=PCI in listed)  # GPU 0's XID 94 is counted
     assert s.counts[PCI]["94"].count == 1
     # a listed GPU whose per-GPU cap is full of garbage XIDs still gets its catalog XIDs
     for x in range(128):
-        s.report("kmsg", PCI, 800 + x, 200.0 + x, 0.0)
-    assert s.report("kmsg", PCI, 95, 400.0, 0.0) and s.counts[PCI]["95"].count == 1
+        s.report("kmsg", PCI, 800 + x, 200.0 + x, 0.0, listed=True)
+    assert s.report("kmsg", PCI, 95, 400.0, 0.0, listed=True) and s.counts[PCI]["95"].count == 1
     # after a restart (state file) the same holds
     st = s.to_state("b")
     s2 = XidStore()
-    s2.is_listed = lambda pci: pci in listed
-    s2.merge_state(st)
-    assert s2.report("kmsg", PCI, 48, 500.0, 0.0) and s2.counts[PCI]["48"].count == 1
+    s2.merge_state(st, listed=lambda pci: pci in listed)
+    assert s2.report("kmsg", PCI, 48, 500.0, 0.0, listed=True) and s2.counts[PCI]["48"].count == 1
     s2.report("kmsg", "0000ffff:ee:00", 31, 500.0, 0.0)
     assert s2.counts[OTHER]["31"].count == 70 - MAX_UNKNOWN_GPUS + 1
     assert len([p for p in s2.counts if p not in (PCI, OTHER)]) == MAX_UNKNOWN_GPUS
@@ -173,7 +177,7 @@ def _state(tmp_path, doc, raw=None):
 def test_non_utf8_state_file_is_set_aside_not_a_crash(tmp_path, caplog):
     d = _state(tmp_path, None, raw=b'{"version": 1, "boot_id": "b\xff\xfe", "counts": {}}')
     sf = StateFile(str(d), "b")
-    assert sf.read() is None and sf.status.problem == "corrupt" and sf.recovered == 1
+    assert sf.read() is None and sf.status.problem == "corrupt" and sf.recoveries == 1
     assert not (d / "xid-state.json").exists() and len(list(d.glob("xid-state.json.corrupt-*"))) == 1
     assert "UnicodeDecodeError" in caplog.text
 
@@ -224,11 +228,10 @@ def test_a_recovery_is_a_lasting_signal_kept_in_the_new_state_file(tmp_path):
     s = XidStore()
     assert sf.read() is None
     s.report("kmsg", PCI, 31, 1.0, 0.0)
-    assert sf.write(s) and sf.status.ok  # ok again after the next write ...
-    assert s.recoveries == 1
-    s2 = XidStore()  # ... but a restart still knows this boot recovered from a corrupt file
-    s2.merge_state(StateFile(str(d), "b").read())
-    assert s2.recoveries == 1
+    assert sf.write(s.to_state("b")) and sf.status.ok  # ok again after the next write ...
+    assert sf.recoveries == 1
+    sf2 = StateFile(str(d), "b")  # ... but a restart still knows this boot recovered from a corrupt file
+    assert sf2.read() is not None and sf2.recoveries == 1
 
 
 def test_kernel_clock_offset_follows_live_records_and_ignores_other_boots():

@@ -2,7 +2,11 @@
 boot (less acknowledgements) and the GPU collector's reading of the same collection
 (exporter.health). It is a derived collector: the runner starts it when the GPU collector has
 finished and hands it that reading (exporter.collector.Derived says what it gets when the GPU
-collector failed, missed its deadline or is not enabled)."""
+collector failed, missed its deadline or is not enabled).
+
+It gathers the verdict's inputs and exports what the verdict (exporter.xid.verdict.judge, pure)
+says. The XID state it needs comes from the process's XID service (ctx.xid) whatever else is
+enabled: the state file is loaded at start even when the xid and nvswitch collectors are off."""
 
 from __future__ import annotations
 
@@ -13,8 +17,10 @@ from exporter.catalog import Families, define
 from exporter.collector import Context, Derived
 from exporter.config import Key, declare_section, non_negative
 from exporter.node import expected_gpus
-from exporter.xid.service import evaluate
-from exporter.xid.verdict import VERDICTS, NodeVerdict
+from exporter.xid.parser import pci_key
+from exporter.xid.service import XidService
+from exporter.xid.sxid_counter import sxid_lines
+from exporter.xid.verdict import FABRIC_GRACE_S, VERDICTS, GpuInput, NodeVerdict, judge, xid_lines
 
 G = ("gpu", "uuid", "pci_bus_id")
 
@@ -52,8 +58,12 @@ class HealthCollector(Derived):
         super().__init__(ctx)
         self.service = ctx.xid
 
+    def start(self) -> None:
+        self.service.ensure_loaded()  # the verdict needs the state file whatever else runs
+
     def derive(self, out: Families, inputs: Mapping[str, Any]) -> NodeVerdict:
         """Returns the verdict it exported (`check` prints it)."""
+        self.service.ensure_loaded()
         self.service.refresh_acks()
         nv = evaluate(self.service, inputs["gpu"], expected_gpus(self.ctx),
                       self.ctx.config.health.fabric_grace_seconds)
@@ -70,6 +80,36 @@ class HealthCollector(Derived):
         for r in nv.reasons:
             out.add(NODE_REASON, 1, reason=r)
         return nv
+
+
+def evaluate(service: XidService, health: Any, expected: int | None,
+             fabric_grace_s: float = FABRIC_GRACE_S) -> NodeVerdict:
+    """Gather the verdict's inputs: the GPUs of the GPU collector's reading (else those NVML
+    lists) and every address with XIDs, each with its XIDs less acks, and the SXids."""
+    rows: dict[str, tuple[str, str, str, Any]] = {}
+    ids = service.identities
+    s = ids.session()
+    if health is not None and health.gpus:
+        for h in health.gpus.values():
+            k = pci_key(h.pci_bus_id)
+            if k is not None:
+                rows[k] = (str(h.index), h.uuid, h.pci_bus_id, h)
+                ids.identify(k, h.index, h.uuid)
+    elif s is not None:
+        for d in s.devices:
+            k = pci_key(d.pci_bus_id)
+            if k is not None:
+                rows[k] = (str(d.index), d.uuid, d.pci_bus_id, None)
+    counts = service.store.snapshot()
+    for k in counts:
+        if k not in rows:
+            rows[k] = (*ids.labels(k), None)
+    gpus = [GpuInput(gpu, uuid, bus_id, h,
+                     xid_lines(counts.get(k, {}), service.store.unacked(k), service.policy),
+                     s is not None and gpu.isdigit() and int(gpu) in s.lost)
+            for k, (gpu, uuid, bus_id, h) in rows.items()]
+    sxids = sxid_lines(service.sxids, service.sxid_policy) if service.sxid_enabled else []
+    return judge(gpus, health, expected, sxids, service.clock.now(), fabric_grace_s)
 
 
 COLLECTOR = HealthCollector

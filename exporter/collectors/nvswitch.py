@@ -1,15 +1,15 @@
 """NVSwitch collector: SXid counts since boot per switch, code and severity (docs/fabric.md).
 
-The kernel log is read by the XID service's follower (one reader for XIDs and SXids); this
-collector only reads the SXid counts it keeps."""
+The kernel log is read by the XID service's follower (one reader for XIDs and SXids, which
+feeds the SXid counter when `nvswitch.enabled`); this collector only reads the SXid counts."""
 
 from __future__ import annotations
 
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
 from exporter.config import Key, declare_section
-from exporter.xid.service import sxid_lines
 from exporter.xid.sxid_catalog import check_fatal_tier, check_policy
+from exporter.xid.sxid_counter import sxid_lines
 
 declare_section("nvswitch", "NVSwitch SXid errors from the kernel log, counted since boot "
                 "(docs/fabric.md).", {
@@ -48,7 +48,7 @@ class NvswitchCollector(Collector):
     def collect(self, out: Families) -> None:
         svc = self.service
         out.declare(SXID_ERRORS)
-        for x in sxid_lines(svc):
+        for x in sxid_lines(svc.sxids, svc.sxid_policy):
             out.add(SXID_ERRORS, x.count, switch=x.switch, pci_bus_id=x.pci_bus_id, sxid=str(x.sxid),
                     sxid_severity=x.severity, tier=x.tier)
         out.add(SXID_DROPPED, svc.sxids.dropped)

@@ -1,6 +1,7 @@
-"""XID collector: per-GPU XID counts since boot (kernel log + NVML events, one count per event)
-and the health of those sources. The work happens in exporter.xid.service (background threads
-started here); collect() only reads the counts."""
+"""XID collector: per-GPU XID counts since boot (kernel log + NVML events, one count per event),
+the acknowledgements (`ack`) as facts, and the health of those sources. The work happens in the
+process's XID service (exporter.xid.service, built by the composition root; its background
+threads are started here); collect() only reads the counts."""
 
 from __future__ import annotations
 
@@ -94,6 +95,12 @@ WATCHER_REBUILDS = define(
 WATCHER_ERRORS = define(
     "gpu_health_exporter_nvml_event_watcher_errors_total", "counter",
     "Unexpected failures of the NVML event thread (it logs them and restarts).", collector="xid")
+ACKED = define(
+    "gpu_xid_acknowledged_timestamp_seconds", "gauge",
+    "Unix time of the last `gpu-health-exporter ack` of this GPU: xid=\"all\" for a whole-GPU ack, else the "
+    "XID acknowledged. XIDs counted up to then stop driving the GPU's verdict; alerts read this to resolve "
+    "an acknowledged page. Kept in the state file; present for every GPU ever acked this boot.",
+    G + ("xid",), unit="seconds", collector="xid")
 STATE_OK = define(
     "gpu_health_exporter_state_file_ok", "gauge",
     "1 if the XID state file was last read and written without trouble, 0 if it is corrupt, unreadable "
@@ -124,6 +131,7 @@ class XidCollector(Collector):
 
     def collect(self, out: Families) -> None:
         svc = self.service
+        svc.refresh_acks()  # an ack shows from the next scrape
         out.declare(XID_ERRORS)
         for pci, counts in sorted(svc.store.snapshot().items()):
             gpu, uuid, bus_id = svc.gpu_labels(pci)
@@ -131,7 +139,15 @@ class XidCollector(Collector):
                 labels = dict(gpu=gpu, uuid=uuid, pci_bus_id=bus_id, xid=str(line.xid), tier=line.tier)
                 out.add(XID_ERRORS, line.count, **labels)
                 out.add(XID_LAST_SEEN, line.last_seen, **labels)
-        for (pci, etype), n in sorted(dict(svc.nvml_events).items()):
+        out.declare(ACKED)
+        acked: dict[tuple[str, str], float] = {}
+        for a in svc.store.acks_snapshot():
+            key = (a.pci, "all" if a.xid is None else str(a.xid))
+            acked[key] = max(acked.get(key, 0.0), a.time)
+        for (pci, xid), t in sorted(acked.items()):
+            gpu, uuid, bus_id = svc.gpu_labels(pci)
+            out.add(ACKED, t, gpu=gpu, uuid=uuid, pci_bus_id=bus_id, xid=xid)
+        for (pci, etype), n in sorted(svc.nvml_events.items()):
             gpu, uuid, bus_id = svc.gpu_labels(pci)
             out.add(NVML_EVENTS, n, gpu=gpu, uuid=uuid, pci_bus_id=bus_id, event_type=etype)
         st = svc.reader.stats
@@ -155,7 +171,7 @@ class XidCollector(Collector):
             out.add(WATCHER_ERRORS, w.status.errors)
         ss = svc.state.status
         out.add(STATE_OK, 1 if ss.ok else 0)
-        out.add(STATE_RECOVERIES, svc.store.recoveries)
+        out.add(STATE_RECOVERIES, svc.state.recoveries)
         out.add(STATE_ERRORS, ss.read_errors, operation="read")
         out.add(STATE_ERRORS, ss.write_errors, operation="write")
 

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         if dev is not None:
             pci, uuid = pci_key(dev.pci_bus_id), dev.uuid
         else:
-            pci = next((p for p, i in svc.store.identities.items() if i.index == index), None)
+            pci = svc.identities.by_index(index)
     if pci is None:
         print(f"gpu-health-exporter ack: no GPU {target!r} (give an index NVML lists or a PCI address)",
               file=sys.stderr)
@@ -53,14 +53,16 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             print(f"gpu-health-exporter ack: XID {args.xid} is not in the XID catalog (docs/xid.md) nor "
                   f"counted on GPU {target}; nothing to acknowledge", file=sys.stderr)
             return 2
-    ident = svc.store.identities.get(pci)
+    ident = svc.identities.get(pci)
     if ident is not None:
         index = ident.index if index is None else index
         uuid = uuid or ident.uuid
     baseline = {k: c.count for k, c in svc.store.counts.get(pci, {}).items()
                 if args.xid is None or split_key(k)[0] == args.xid}
-    svc.store.add_ack(Ack(pci, index, uuid, args.xid, time.time(), baseline))
-    if not svc.state.write(svc.store, merge_counts=True):
+    ack = Ack(pci, index, uuid, args.xid, time.time(), baseline)
+    doc = svc.persistence.snapshot()
+    doc["acks"] = [*doc["acks"], ack.to_json()]  # written from a snapshot; the store stays as read
+    if not svc.state.write(doc, merge_counts=True):
         print(f"gpu-health-exporter ack: cannot write the state file {svc.state.path}: "
               f"{svc.state.status.problem}", file=sys.stderr)
         return 2

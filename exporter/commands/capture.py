@@ -12,7 +12,6 @@ import sys
 
 from exporter.collector import Context
 from exporter.nvml.capture import record
-from exporter.xid.service import play_simulated_onsets
 
 HELP = "record this node's NVML answers and NVIDIA kernel-log lines into one file that --nvml-capture " \
        "and --kmsg-file replay"
@@ -22,8 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="FILE", help="Where to write the capture (JSON).")
 
 
-def run(args: argparse.Namespace, ctx: Context) -> int:
-    play_simulated_onsets(ctx)
+def run(args: argparse.Namespace, ctx: Context) -> int:  # a simulated node's onsets: played by cli.main
     session = ctx.nvml
     if not session.ensure():
         print(f"gpu-health-exporter capture: {session.error}", file=sys.stderr)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.xid.catalog import XID_MAX, XID_MIN, lookup, valid_xid
+from exporter.xid.identities import MAX_IDENTITIES, Identity  # noqa: F401 - Identity: re-exported
 
 log = logging.getLogger("exporter.xid.store")
 
@@ -47,13 +48,11 @@ MAX_KEYS = 4096
 # a corrupted log) get MAX_UNKNOWN_GPUS series of their own, then share the OTHER bucket.
 MAX_UNKNOWN_GPUS = 16
 # Every map keyed by what the kernel log or a state file says is bounded (docs/xid.md "Limits"):
-# PCI -> GPU identities (NVML's GPUs, `NVRM: GPU at PCI` lines) and acknowledgements. An 8-GPU
-# node uses 8 identities; beyond MAX_IDENTITIES a `GPU at` line is dropped (an NVML GPU takes the
-# place of one known only from such a line), so those lines cannot make addresses "listed".
-MAX_IDENTITIES = 64
+# identities (exporter.xid.identities.MAX_IDENTITIES), unknown addresses (above), acks.
 MAX_ACKS = 1024
 MAX_KEYS_PER_GPU = 128  # per GPU (or the bucket): XIDs outside the catalog beyond this are dropped
 OTHER = "other"  # the shared bucket of PCI addresses beyond MAX_UNKNOWN_GPUS
+MAX_ADDRESSES = MAX_IDENTITIES + MAX_UNKNOWN_GPUS + 1  # count keys a state file may hold (+ OTHER)
 # Bounds of a sane state file: an XID a second for 30 years is under 1e9.
 MAX_COUNT = 10**9
 MAX_ACTION = 255
@@ -304,40 +303,33 @@ class Ack:
         return (self.pci, self.xid, round(self.time, 3))
 
 
-@dataclass
-class Identity:
-    index: int | None
-    uuid: str
-
-
 class XidStore:
-    """Counts per (PCI key, count key), the dedupe ledger, identities, acks. Thread-safe."""
+    """Counts per (PCI key, count key), the dedupe ledger and the acks. Thread-safe. Knows
+    nothing of NVML or the state file: the caller says whether an address is a GPU it lists
+    (`listed`), and reads `to_state()` (a snapshot) to write the state file."""
 
     def __init__(self, window_s: float = 10.0) -> None:
         self.window_s = window_s
         self.lock = threading.RLock()
         self.counts: dict[str, dict[str, Count]] = {}
         self.open: dict[tuple[str, int], deque[OpenEvent]] = {}
-        self.identities: dict[str, Identity] = {}
         self.acks: list[Ack] = []
+        self.unknown: set[str] = set()  # addresses with series of their own that were not listed
         self.last_seq: int | None = None  # last kernel-log record processed
         self.reports: dict[str, int] = {}  # raw reports per source
         self.merged: dict[str, int] = {}  # reports that joined an existing event, per source
         self.dropped = 0  # new events refused by the cardinality guards
-        self.identities_dropped = 0  # identities refused by MAX_IDENTITIES
-        self.recoveries = 0  # corrupt state files set aside this boot (kept in the state file)
-        # Whether NVML lists the GPU at a PCI key (set by the service); such a GPU's catalog XIDs
-        # are never refused by the cardinality guards.
-        self.is_listed: Callable[[str], bool] = lambda pci: False
-        self.version = 0  # bumps on every change worth writing (counts, identities, acks)
-        self.snapshot_version = -1  # the version the last to_state() captured
+        self.version = 0  # bumps on every change worth writing (counts, acks)
 
     # -- counting --------------------------------------------------------------------------------
     def report(self, source: str, pci: str, xid: int, kernel_s: float, wall: float | None,
-               action: int | None = None, wall_of: Callable[[float], float] | None = None) -> bool:
-        """One report of an XID. Returns True when it is a new event (counted), False when it
-        belongs to an event already counted. `wall` (or `wall_of(kernel_s)`, computed only for a
-        new event) is the event's wall-clock time."""
+               action: int | None = None, wall_of: Callable[[float], float] | None = None,
+               listed: bool = False) -> bool:
+        """One report of an XID. Returns True when it is a new event (counted; under OTHER when
+        the address is beyond the guards), False when it belongs to an event already counted or
+        a guard refused it.
+        `wall` (or `wall_of(kernel_s)`, computed only for a new event) is the event's wall-clock
+        time; `listed`: a GPU sits at `pci` (its catalog XIDs are never refused by the guards)."""
         with self.lock:
             self.reports[source] = self.reports.get(source, 0) + 1
             k = (pci, xid)
@@ -352,10 +344,10 @@ class XidStore:
                 self.dropped += 1  # not an XID the driver writes: a corrupted line or event
                 return False
             key = count_key(xid, action)
-            pci = self._series_pci(pci)
+            pci = self._series_pci(pci, listed)
             per_gpu = self.counts.get(pci)
             if per_gpu is not None and key not in per_gpu and len(per_gpu) >= MAX_KEYS_PER_GPU and \
-                    not (lookup(xid) is not None and self.is_listed(pci)):
+                    not (lookup(xid) is not None and listed):
                 self.dropped += 1  # a garbage flood must not become unbounded series
                 return False
             if q is None:
@@ -371,13 +363,15 @@ class XidStore:
             self.version += 1
             return True
 
-    def _series_pci(self, pci: str) -> str:
-        """The PCI key an event is counted under: its own, unless it is a new address NVML does
-        not list and MAX_UNKNOWN_GPUS such addresses already have series (then OTHER)."""
-        if pci in self.counts or self.is_listed(pci):
+    def _series_pci(self, pci: str, listed: bool) -> str:
+        """The PCI key an event is counted under: its own, unless it is a new address that is not
+        listed and MAX_UNKNOWN_GPUS such addresses already have series (then OTHER)."""
+        if pci in self.counts or listed:
             return pci
-        unknown = sum(1 for p in self.counts if p != OTHER and not self.is_listed(p))
-        return pci if unknown < MAX_UNKNOWN_GPUS else OTHER
+        if len(self.unknown) < MAX_UNKNOWN_GPUS:
+            self.unknown.add(pci)
+            return pci
+        return OTHER
 
     def _prune(self, now_s: float, force: bool = False) -> None:
         horizon = now_s - 2 * self.window_s
@@ -391,20 +385,20 @@ class XidStore:
             for k in sorted(self.open, key=lambda k: self.open[k][-1].start_s)[: len(self.open) // 2]:
                 del self.open[k]
 
-    def _bounded_counts(self, counts: dict) -> dict[str, dict[str, Count]]:
+    def _bounded_counts(self, counts: dict, listed: Callable[[str], bool]) -> dict[str, dict[str, Count]]:
         """A state file's counts within the guards report() applies: an address beyond them
         (a file from before the limits, or edited) is folded into OTHER. Folded counts are
         summed within this document and then merged like any other (the larger count wins), so
         reading the same file twice does not count them twice."""
         out: dict[str, dict[str, Count]] = {}
-        unknown = sum(1 for p in self.counts if p != OTHER and not self.is_listed(p))
+        unknown = set(self.unknown)
         for p, ks in counts.items():
             p = str(p)
-            if p != OTHER and p not in self.counts and not self.is_listed(p) and p not in self.identities:
-                if unknown >= MAX_UNKNOWN_GPUS:
-                    p = OTHER
+            if p != OTHER and p not in self.counts and not listed(p):
+                if len(unknown) < MAX_UNKNOWN_GPUS or p in unknown:
+                    unknown.add(p)
                 else:
-                    unknown += 1
+                    p = OTHER
             mine = out.setdefault(p, {})
             for k, v in dict(ks).items():
                 c, cur = Count.from_json(v), mine.get(k)
@@ -414,39 +408,12 @@ class XidStore:
                 elif len(mine) >= MAX_KEYS_PER_GPU and lookup(split_key(k)[0]) is None:
                     continue
                 mine[k] = c
+        self.unknown = unknown
         return out
 
     def prune(self, now_s: float) -> None:
         with self.lock:
             self._prune(now_s)
-
-    def identify(self, pci: str, index: int | None = None, uuid: str = "") -> None:
-        with self.lock:
-            cur = self.identities.get(pci)
-            if cur is None:
-                if pci == OTHER or not self._identity_room(index is not None):
-                    self.identities_dropped += 1
-                    return
-                self.identities[pci] = Identity(index, uuid)
-                self.version += 1
-                return
-            if index is not None and cur.index != index:
-                cur.index = index
-                self.version += 1
-            if uuid and cur.uuid != uuid:
-                cur.uuid = uuid
-                self.version += 1
-
-    def _identity_room(self, nvml: bool) -> bool:
-        """Whether a new identity fits; one NVML lists may replace one known only from a line."""
-        if len(self.identities) < MAX_IDENTITIES:
-            return True
-        if nvml:
-            victim = next((p for p, i in self.identities.items() if i.index is None), None)
-            if victim is not None:
-                del self.identities[victim]
-                return True
-        return False
 
     def snapshot(self) -> dict[str, dict[str, Count]]:
         with self.lock:
@@ -465,6 +432,10 @@ class XidStore:
             self.version += 1
             return True
 
+    def acks_snapshot(self) -> list[Ack]:
+        with self.lock:
+            return list(self.acks)
+
     def unacked(self, pci: str) -> dict[str, Count]:
         """Counts on `pci` above the highest acknowledged baseline for each count key."""
         with self.lock:
@@ -479,8 +450,9 @@ class XidStore:
 
     # -- state (de)serialisation ------------------------------------------------------------------
     def to_state(self, boot_id: str) -> dict:
+        """A snapshot of the store as a state document (without `gpus`, which the identities
+        add, and `recoveries`/`kmsg`, which the state file adds). Changes nothing."""
         with self.lock:
-            self.snapshot_version = self.version
             return {
                 "version": STATE_VERSION,
                 "boot_id": boot_id,
@@ -489,33 +461,27 @@ class XidStore:
                 "counts": {p: {k: c.to_json() for k, c in ks.items()} for p, ks in self.counts.items()},
                 "open": [[p, x, ev.key, round(ev.start_s, 6), sorted(ev.sources)]
                          for (p, x), q in self.open.items() for ev in q],
-                "gpus": {p: {"index": i.index, "uuid": i.uuid} for p, i in self.identities.items()},
+                "gpus": {},
                 "acks": [a.to_json() for a in self.acks],
-                "recoveries": self.recoveries,
             }
 
-    def merge_state(self, st: dict, counts: bool = True) -> bool:
+    def merge_state(self, st: dict, counts: bool = True,
+                    listed: Callable[[str], bool] = lambda pci: False) -> list[Ack]:
         """Take a state file's content (same boot). Counts take the larger value per key so no
-        count already known is lost; acks are unioned. With counts=False only acks and
-        identities are taken (the daemon's periodic merge: its own counts are the truth, and a
-        count `ack` wrote from records the daemon is about to read must not be added twice).
-        Returns True when something changed."""
+        count already known is lost; acks are unioned. With counts=False only acks are taken
+        (the daemon's periodic merge: its own counts are the truth, and a count `ack` wrote from
+        records the daemon is about to read must not be added twice). `listed` says which
+        addresses are GPUs (the guards spare them). Returns the acks that were new."""
         validate_state(st)
+        new_acks = []
         with self.lock:
-            before = self.version
-            if st.get("recoveries", 0) > self.recoveries:
-                self.recoveries = st["recoveries"]
-                self.version += 1
+            for a in st.get("acks") or []:
+                ack = Ack.from_json(a)
+                if self.add_ack(ack):
+                    new_acks.append(ack)
             if not counts:
-                for a in st.get("acks") or []:
-                    self.add_ack(Ack.from_json(a))
-                return self.version != before
-            for p, ident in dict(st.get("gpus") or {}).items():
-                nvml = ident.get("index") is not None
-                if p not in self.identities and p != OTHER and self._identity_room(nvml):
-                    self.identities[str(p)] = Identity(ident.get("index"), str(ident.get("uuid") or ""))
-                    self.version += 1
-            for p, ks in self._bounded_counts(dict(st.get("counts") or {})).items():
+                return new_acks
+            for p, ks in self._bounded_counts(dict(st.get("counts") or {}), listed).items():
                 for k, c in ks.items():
                     cur = self.counts.setdefault(p, {}).get(k)
                     if cur is None or c.count > cur.count:
@@ -527,12 +493,51 @@ class XidStore:
                 q = self.open.setdefault((str(p), int(x)), deque(maxlen=MAX_OPEN_PER_KEY))
                 if not any(ev.start_s == float(start_s) for ev in q):
                     q.append(OpenEvent(float(start_s), str(key), set(sources)))
-            for a in st.get("acks") or []:
-                self.add_ack(Ack.from_json(a))
             seq = st.get("last_seq")
             if seq is not None and (self.last_seq is None or seq > self.last_seq):
                 self.last_seq = seq
-            return self.version != before
+            return new_acks
+
+
+def merge_docs(mine: dict, disk: dict | None, counts: bool = False) -> tuple[dict, bool]:
+    """Our state document merged with the one on disk (both validated, same boot): acks written
+    by another process (`ack`) are kept; with `counts`, its counts, identities, open events and
+    sequence number too (the larger count wins). Returns (document, whether the disk held acks
+    ours lacks). Neither input is changed."""
+    if disk is None:
+        return mine, False
+    out = dict(mine)
+    known = {_ack_ident(a) for a in mine.get("acks") or []}
+    extra = [a for a in disk.get("acks") or [] if _ack_ident(a) not in known]
+    if extra:
+        acks = sorted([*(mine.get("acks") or []), *extra], key=lambda a: a["time"])
+        out["acks"] = acks[-MAX_ACKS:]
+    if counts:
+        merged = {p: dict(ks) for p, ks in (mine.get("counts") or {}).items()}
+        for p, ks in (disk.get("counts") or {}).items():
+            if p not in merged and len(merged) >= MAX_ADDRESSES:
+                continue
+            mk = merged.setdefault(p, {})
+            for k, v in ks.items():
+                if k not in mk or v[0] > mk[k][0]:
+                    mk[k] = v
+        out["counts"] = merged
+        gpus = dict(mine.get("gpus") or {})
+        for p, ident in (disk.get("gpus") or {}).items():
+            if p not in gpus and len(gpus) < MAX_IDENTITIES:
+                gpus[p] = ident
+        out["gpus"] = gpus
+        opened = list(mine.get("open") or [])
+        seen = {(e[0], e[1], e[3]) for e in opened}
+        room = max(0, MAX_KEYS - len(opened))
+        out["open"] = opened + [e for e in disk.get("open") or [] if (e[0], e[1], e[3]) not in seen][:room]
+        seqs = [q for q in (mine.get("last_seq"), disk.get("last_seq")) if q is not None]
+        out["last_seq"] = max(seqs) if seqs else None
+    return out, bool(extra)
+
+
+def _ack_ident(a: dict) -> tuple:
+    return (a.get("pci"), a.get("xid"), round(float(a.get("time") or 0), 3))
 
 
 def read_boot_id(procfs: str) -> str:
@@ -566,13 +571,15 @@ class StateFile:
         # sets it aside and records the recovery.
         self.read_only = read_only
         self.status = StateStatus()
-        self.recovered = 0  # corrupt files this process set aside, not yet added to a store
+        # corrupt state files set aside this boot: read from the file, plus those set aside here
+        self.recoveries = 0
         # The simulated node: runs with other scenario flags read other kernel logs (their counts
         # are kept apart) of the same node, whose acknowledgements must not be lost.
         self.shared_acks = False
         self.foreign: dict | None = None
         self._mtime: float | None = None
         self._logged: set[str] = set()
+        self._stale = False  # the last write kept acks from disk the reader has not taken yet
         # The path is not a regular file (a FIFO, a link...): nothing is read from or written
         # to it for the rest of the run; counts are kept in memory (logged once, an error).
         self.disabled = False
@@ -597,14 +604,6 @@ class StateFile:
         if kind not in self._logged:
             self._logged.add(kind)
             log.warning("state file %s: %s", self.path, msg)
-
-    def take_recoveries(self, store: XidStore) -> None:
-        """Add the corrupt files this process set aside to the store's count (kept in the file)."""
-        if self.recovered:
-            with store.lock:
-                store.recoveries += self.recovered
-                store.version += 1
-            self.recovered = 0
 
     @contextlib.contextmanager
     def locked(self):  # noqa: ANN201 - an advisory lock shared by the daemon, check and ack
@@ -653,6 +652,7 @@ class StateFile:
         if data.get("boot_id") != self.boot_id:
             self.status.problem = "other_boot"  # a new boot: start over from the kernel log
             return None
+        self.recoveries = max(self.recoveries, data.get("recoveries", 0))
         if self.kmsg and data.get("kmsg") not in (None, self.kmsg):
             self.status.problem = "other_source"  # counts of another kernel log (a replay)
             if self.shared_acks:
@@ -660,11 +660,10 @@ class StateFile:
             return None
         return data
 
-    def take_foreign_acks(self, store: XidStore) -> None:
-        """Acks read from a state file of another kernel log of this node (shared_acks)."""
-        if self.foreign is not None:
-            store.merge_state(self.foreign, counts=False)
-            self.foreign = None
+    def take_foreign(self) -> dict | None:
+        """A state file of another kernel log of this node (shared_acks), whose acks apply."""
+        foreign, self.foreign = self.foreign, None
+        return foreign
 
     def _corrupt(self, e: Exception) -> None:
         why = str(e) if isinstance(e, StateError) else f"{type(e).__name__}: {e}"
@@ -680,7 +679,7 @@ class StateFile:
             self._problem("corrupt", f"corrupt ({why[:300]}) and cannot be set aside: {err.strerror or err}",
                           write=False)
             return
-        self.recovered += 1
+        self.recoveries += 1
         self.status.ok, self.status.problem = False, "corrupt"
         self.status.read_errors += 1
         # Always logged (not once per kind): each recovery may have lost counts.
@@ -694,28 +693,41 @@ class StateFile:
                 p.unlink()
 
     def changed_on_disk(self) -> bool:
-        """True when someone else (ack) wrote the file since we last read or wrote it."""
+        """True when someone else (ack) wrote the file since we last read it (or our last write
+        kept acks from it that we have not read)."""
+        if self._stale:
+            return True
         try:
             m = os.stat(self.path).st_mtime
         except OSError:
             return False
         return m != self._mtime
 
-    def write(self, store: XidStore, merge_counts: bool = False) -> bool:
-        """Merge what is on disk (acks written by `ack`; counts too with merge_counts), then
-        write atomically."""
+    def read_news(self) -> dict | None:
+        """The file's content when it changed since we last read it (see changed_on_disk)."""
+        if not self.changed_on_disk():
+            return None
+        with self.locked():
+            data = self.read()
+        self._stale = False
+        return data
+
+    def write(self, state: dict | XidStore, merge_counts: bool = False) -> bool:
+        """Write a state document (a snapshot: XidStore.to_state() plus the identities; a store
+        is snapshotted here), merged with what is on disk: acks written by `ack` (counts too
+        with merge_counts) and a foreign file's acks (shared_acks). Atomic; changes no store."""
         if self.disabled:
             return False
+        doc = state if isinstance(state, dict) else state.to_state(self.boot_id)
         with self.locked():
             on_disk = self.read()
             if self.disabled:
                 return False
-            if on_disk is not None:
-                store.merge_state(on_disk, counts=merge_counts)
-            self.take_foreign_acks(store)
-            self.take_recoveries(store)
-            data = store.to_state(self.boot_id)
-            data["kmsg"] = self.kmsg
+            data, extra = merge_docs(doc, on_disk, counts=merge_counts)
+            if self.foreign is not None:
+                data, more = merge_docs(data, self.foreign)
+                extra = extra or more
+            data = {**data, "boot_id": self.boot_id, "kmsg": self.kmsg, "recoveries": self.recoveries}
             try:
                 write_json_atomic(self.path, data)
                 self._mtime = os.stat(self.path).st_mtime
@@ -723,6 +735,7 @@ class StateFile:
                 self._problem("unwritable", f"cannot write (counts kept in memory): {e.strerror or e}",
                               write=True)
                 return False
+            self._stale = self._stale or extra  # acks we wrote but have not taken: read_news has news
         self.status.ok = True
         self.status.problem = ""
         self.status.writes += 1

@@ -177,3 +177,31 @@ def node_verdict(gpus: list[GpuVerdict], health: NodeGpuHealth | None, expected:
     verdict = worst([ALL_REASONS[r] for r in reasons])
     ordered = sorted(reasons, key=lambda r: (-LEVEL[ALL_REASONS[r]], r))
     return NodeVerdict(verdict, ordered, gpus, count, expected, list(sxids or []))
+
+
+@dataclass
+class GpuInput:
+    """What the verdict needs of one GPU (or PCI address with XIDs): its labels, the GPU
+    collector's reading of it (None when not read), its XIDs (acks applied) and whether NVML
+    marked it lost."""
+
+    gpu: str
+    uuid: str
+    pci_bus_id: str
+    health: GpuHealth | None
+    xids: list[XidLine]
+    lost: bool = False
+
+
+def judge(gpus: list[GpuInput], health: NodeGpuHealth | None, expected: int | None,
+          sxids: list[SxidLine] | None = None, uptime_s: float | None = None,
+          fabric_grace_s: float = FABRIC_GRACE_S) -> NodeVerdict:
+    """The node and per-GPU verdicts from their inputs (fabric registration judged once
+    `fabric_grace_s` of uptime have passed)."""
+    out = []
+    for g in gpus:
+        reasons = gpu_reasons(g.health, g.xids, g.lost, uptime_s, fabric_grace_s)
+        out.append(GpuVerdict(g.gpu, g.uuid, g.pci_bus_id, worst([GPU_REASONS[r] for r in reasons]), reasons,
+                              g.xids, g.health.fabric_state if g.health is not None else None))
+    out.sort(key=lambda g: (not g.gpu.isdigit(), int(g.gpu) if g.gpu.isdigit() else 0, g.pci_bus_id))
+    return node_verdict(out, health, expected, sxids)

@@ -1,0 +1,110 @@
+"""The XID counter: turns kernel-log records and NVML events into XID events in the store (one
+count per event, exporter.xid.store says how reports merge), and logs each counted event once.
+
+It gets records from the kernel-log follower and events from the NVML event watcher; it asks
+the identities whether an address is a GPU (the store's guards spare those) and which GPU it is
+(for the log line). It does no I/O of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from exporter.nvml.backend import EVENT_XID, Event
+from exporter.xid.catalog import lookup
+from exporter.xid.clock import KernelClock
+from exporter.xid.identities import GpuIdentities
+from exporter.xid.kmsg import Record
+from exporter.xid.nvml_events import EVENT_NAMES
+from exporter.xid.parser import GpuAt, KernelLogParser, XidReport, pci_key, pci_label
+from exporter.xid.policy import Policy
+from exporter.xid.store import OTHER, XidStore
+
+log = logging.getLogger("exporter.xid")
+
+RECOVERY_XID = 154
+NVML_154_GRACE_S = 3.0  # hold NVML's XID 154 (no action code) so the kernel line, which has it, wins
+
+
+class XidCounter:
+    def __init__(self, store: XidStore, identities: GpuIdentities, policy: Policy, clock: KernelClock,
+                 kmsg_enabled: bool = True) -> None:
+        self.store = store
+        self.identities = identities
+        self.policy = policy
+        self.clock = clock
+        self.kmsg_enabled = kmsg_enabled  # NVML's XID 154 waits for the kernel line only if one comes
+        self.parser = KernelLogParser()
+        self.skip_through: int | None = None  # records up to this seq were counted before (state file)
+        self.log_events = False  # the daemon logs each counted event; one-shot commands print them
+        self.nvml_events: dict[tuple[str, str], int] = {}  # (pci key, event type name) -> count
+        self._pending_154: list[tuple[float, str, float, float]] = []  # (due, pci, kernel_s, wall)
+        self._lock = threading.Lock()
+
+    # -- kernel log --------------------------------------------------------------------------------
+    def handle_record(self, rec: Record) -> None:
+        if rec.kernel:  # prio >= 8: written from user space, not the driver
+            parsed = self.parser.feed(rec.message)
+            if isinstance(parsed, GpuAt):
+                self.identities.identify(parsed.pci, uuid=parsed.uuid)
+            elif isinstance(parsed, XidReport) and (self.skip_through is None or rec.seq > self.skip_through):
+                self._count("kmsg", parsed.pci, parsed.xid, rec.usec / 1e6, None, parsed.action,
+                            self.clock.wall, parsed.text)
+        self.store.last_seq = rec.seq
+
+    # -- NVML events ---------------------------------------------------------------------------------
+    def on_nvml_event(self, ev: Event) -> None:
+        s = self.identities.session()
+        pci = None
+        if s is not None and 0 <= ev.index < len(s.devices):
+            pci = pci_key(s.devices[ev.index].pci_bus_id)
+        if pci is None and s is not None and ev.uuid:
+            dev = s.by_uuid(ev.uuid)
+            pci = pci_key(dev.pci_bus_id) if dev else None
+        if pci is None:
+            log.warning("NVML event for GPU %d (%s) with no known PCI address: %s", ev.index, ev.uuid, ev)
+            return
+        if s is not None:
+            self.identities.identify(pci, ev.index, ev.uuid)
+        for bit, name in EVENT_NAMES.items():
+            if ev.event_type & bit:
+                with self._lock:
+                    self.nvml_events[(pci, name)] = self.nvml_events.get((pci, name), 0) + 1
+        if ev.event_type & EVENT_XID:
+            kernel_s, wall = self.clock.now(), time.time()
+            if ev.data == RECOVERY_XID and self.kmsg_enabled:
+                with self._lock:
+                    self._pending_154.append((time.monotonic() + NVML_154_GRACE_S, pci, kernel_s, wall))
+            else:
+                self._count("nvml", pci, int(ev.data), kernel_s, wall)
+
+    def tick(self) -> None:
+        """Submit held NVML XID 154 events that are due; prune old open events."""
+        now = time.monotonic()
+        with self._lock:
+            due = [p for p in self._pending_154 if p[0] <= now]
+            self._pending_154 = [p for p in self._pending_154 if p[0] > now]
+        for _, pci, kernel_s, wall in due:
+            self._count("nvml", pci, RECOVERY_XID, kernel_s, wall)
+        self.store.prune(self.clock.now())
+
+    def nvml_event_counts(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self.nvml_events)
+
+    # -- counting ------------------------------------------------------------------------------------
+    def _count(self, source: str, pci: str, xid: int, kernel_s: float, wall: float | None,
+               action: int | None = None, wall_of: Any = None, text: str = "") -> None:
+        counted = self.store.report(source, pci, xid, kernel_s, wall, action, wall_of,
+                                    listed=self.identities.is_listed(pci))
+        if counted and self.log_events:
+            gpu, _, bus_id = self.identities.labels(pci, ask_nvml=False)
+            info = lookup(xid)
+            other = pci not in self.store.counts  # beyond the guards: counted under "other"
+            log.warning("XID %d counted on GPU %s (PCI %s): tier %s, from %s%s%s", xid, gpu or "-",
+                        f"{pci_label(pci)}, counted under \"{OTHER}\"" if other else bus_id,
+                        self.policy.tier(xid, action), source,
+                        f"; {info.meaning}" if info else "", f"; {text[:160]}" if text else "")

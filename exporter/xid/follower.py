@@ -1,0 +1,93 @@
+"""The kernel-log follower: reads the kernel log (exporter.xid.kmsg) and hands every record to
+its consumers (the XID counter, the SXid counter), in order, once. One reader for both.
+
+`read()` processes what is available now (the one-shot commands call it once, the service's
+background loop again and again). Read errors are recorded in `status` and logged once per
+distinct message, never raised; malformed records are logged at most once a minute.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from exporter.xid.clock import KernelClock
+from exporter.xid.kmsg import KmsgReader, Record
+
+log = logging.getLogger("exporter.xid")
+
+MALFORMED_LOG_S = 60.0
+
+
+@dataclass
+class KmsgStatus:
+    ok: bool = False
+    error: str = ""
+    backlog_done: bool = False
+    enabled: bool = True
+
+
+class KmsgFollower:
+    def __init__(self, path: str, consumers: list[Callable[[Record], None]], clock: KernelClock,
+                 enabled: bool = True) -> None:
+        self.path = path
+        self.consumers = consumers
+        self.clock = clock
+        self.reader = KmsgReader(path)
+        self.status = KmsgStatus(enabled=enabled and bool(consumers))
+        self.seen_through: int | None = None  # records up to here were read by an earlier run (state)
+        self._malformed_logged = 0
+        self._malformed_at = -MALFORMED_LOG_S
+
+    def read(self, live: bool = False, final: bool = False) -> int:
+        """Process every record available now; returns how many were read. Errors (no such
+        file, permission denied without CAP_SYSLOG) are recorded, not raised."""
+        if not self.status.enabled:
+            return 0
+        n = 0
+        try:
+            if not self.reader.is_open:
+                self.reader.open()
+            for rec in self.reader.read_available(final):
+                if self.reader.stats.records == 1:
+                    self._note_first(rec)
+                if live:
+                    self.clock.observe_live(rec.usec / 1e6)
+                for consume in self.consumers:
+                    consume(rec)
+                n += 1
+        except OSError as e:
+            self.reader.close()
+            msg = f"cannot read {self.path}: {e.strerror or e}"
+            if self.status.error != msg:
+                hint = " (reading /dev/kmsg needs CAP_SYSLOG when kernel.dmesg_restrict=1)" \
+                    if getattr(e, "errno", None) in (1, 13) else ""
+                log.warning("%s%s", msg, hint)
+            self.status.ok, self.status.error = False, msg
+            self.reader.stats.errors += 1
+            return n
+        self.status.ok, self.status.error = True, ""
+        self._log_malformed()
+        return n
+
+    def _log_malformed(self) -> None:
+        """Log when malformed records were skipped since the last line (at most once a minute)."""
+        st = self.reader.stats
+        now = time.monotonic()
+        if st.malformed > self._malformed_logged and now - self._malformed_at >= MALFORMED_LOG_S:
+            log.warning("%s: %d malformed kernel-log record(s) skipped (%d in all), last: %r", self.path,
+                        st.malformed - self._malformed_logged, st.malformed, st.last_malformed)
+            self._malformed_logged, self._malformed_at = st.malformed, now
+
+    def _note_first(self, rec: Record) -> None:
+        """Records we can prove we never saw: the ring wrapped before we (first) read it."""
+        if not self.reader.device:
+            return
+        seen = self.seen_through if self.seen_through is not None else -1
+        if rec.seq > seen + 1:
+            self.reader.stats.missed += rec.seq - seen - 1
+
+    def close(self) -> None:
+        self.reader.close()

@@ -1,0 +1,114 @@
+"""Keeping the XID and SXid counts across restarts within a boot: loads the state files into the
+stores and identities, writes them from snapshots (never changing a store to do so), and takes
+in the acknowledgements `ack` writes while the daemon runs.
+
+The XID state file holds counts, open events, identities, acks and the last kernel-log sequence
+number (exporter.xid.store); the SXid state file its own counts (exporter.xid.sxid_store).
+Writes are rate-limited (STATE_WRITE_MIN_S) and the sequence number is written now and then
+even without new events (STATE_WRITE_IDLE_S).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from exporter.xid.identities import GpuIdentities
+from exporter.xid.store import Ack, StateFile, XidStore
+from exporter.xid.sxid_store import SxidStateFile, SxidStore
+
+STATE_WRITE_MIN_S = 1.0
+STATE_WRITE_IDLE_S = 60.0  # write the sequence number now and then even without new events
+
+
+class XidPersistence:
+    def __init__(self, state: StateFile, sxid_state: SxidStateFile, store: XidStore,
+                 identities: GpuIdentities, sxids: SxidStore, write_xids: bool = True,
+                 sxids_enabled: bool = True) -> None:
+        self.state = state
+        self.sxid_state = sxid_state
+        self.store = store
+        self.identities = identities
+        self.sxids = sxids
+        self.write_xids = write_xids  # False when XIDs are not counted: the file is only read
+        self.sxids_enabled = sxids_enabled  # False: the SXid state is neither read nor written
+        self.loaded = False
+        self.found = False  # a state file for this boot and kernel log was read
+        self._lock = threading.Lock()  # one flush or intake at a time
+        self._written_version = -1
+        self._written_seq: int | None = None
+        self._last_write = 0.0
+        self._sxid_written = 0
+        self._sxid_last_write = 0.0
+
+    def _version(self) -> int:
+        return self.store.version + self.identities.version
+
+    def load(self) -> None:
+        """Read both state files into the stores (again: what is known stays)."""
+        with self._lock:
+            with self.state.locked():
+                data = self.state.read()
+            foreign = self.state.take_foreign()
+            if foreign is not None:
+                self.store.merge_state(foreign, counts=False)
+            if data is not None:
+                self.identities.load(data.get("gpus") or {})
+                self.store.merge_state(data, listed=self.identities.is_listed)
+            self.found = data is not None
+            if self.sxids_enabled:
+                sx = self.sxid_state.read()
+                if sx is not None:
+                    self.sxids.load(sx)
+            self._sxid_written = self.sxids.version
+            self._written_version = self._version()
+            self.loaded = True
+
+    def take_acks(self) -> list[Ack]:
+        """Acknowledgements written by `ack` since we last read the file; returns the new ones."""
+        with self._lock:
+            new: list[Ack] = []
+            data = self.state.read_news()
+            for doc in (data, self.state.take_foreign()):
+                if doc is not None:
+                    new += self.store.merge_state(doc, counts=False)
+            return new
+
+    def snapshot(self) -> dict:
+        """The XID state document as of now."""
+        doc = self.store.to_state(self.state.boot_id)
+        doc["gpus"] = self.identities.to_state()
+        return doc
+
+    def flush(self, force: bool = False) -> bool:
+        """Write what changed (at most once a STATE_WRITE_MIN_S unless `force`); True when the
+        XID state file was written."""
+        with self._lock:
+            now = time.monotonic()
+            if self.sxids_enabled:
+                self._flush_sxids(now, force)
+            if not self.write_xids:
+                return False
+            version, seq = self._version(), self.store.last_seq
+            dirty = version != self._written_version
+            seq_moved = seq != self._written_seq
+            idle_due = seq_moved and now - self._last_write >= STATE_WRITE_IDLE_S
+            if not (dirty or (force and seq_moved) or idle_due):
+                return False
+            if not force and now - self._last_write < STATE_WRITE_MIN_S:
+                return False
+            self._last_write = now
+            if self.state.write(self.snapshot()):
+                self._written_version, self._written_seq = version, seq
+                return True
+            return False
+
+    def _flush_sxids(self, now: float, force: bool) -> None:
+        if self.sxids.version == self._sxid_written and not (force and self.sxids.last_seq is not None):
+            return
+        if not force and now - self._sxid_last_write < STATE_WRITE_MIN_S:
+            return
+        self._sxid_last_write = now
+        version = self.sxids.version
+        if self.sxid_state.write(self.sxids):
+            self._sxid_written = version
