@@ -13,6 +13,9 @@ import stat
 import threading
 import time
 
+import pytest
+import requests
+
 from exporter.collectors.nvswitch import NvswitchCollector
 from exporter.collectors.xid import XidCollector
 from exporter.runner import Runner
@@ -279,3 +282,23 @@ def test_a_replayed_capture_s_kernel_log_is_written_privately(tmp_path):
     d = os.lstat(os.path.dirname(out))
     assert stat.S_ISDIR(d.st_mode) and d.st_uid == os.getuid() and d.st_mode & 0o077 == 0
     assert time.time() - os.stat(out).st_mtime < 60
+
+
+@pytest.mark.slow
+def test_the_daemon_with_a_fifo_state_file_serves_and_stops_in_time(tmp_path):
+    from tests.test_shutdown import EXIT_BOUND_S, log_text, start, stop_within
+
+    state = tmp_path / "state"
+    state.mkdir()
+    os.mkfifo(state / "xid-state.json")  # used to hang start-up: port bound, never answering
+    proc, url, log = start(tmp_path, "--simulate", "p5.48xlarge", "--scenario", "xid-31-backlog",
+                           "--path.state-dir", str(state))
+    try:
+        text = requests.get(url, timeout=30).text
+        assert 'gpu_health_exporter_state_file_ok 0.0' in text
+        assert 'gpu_xid_errors_total{gpu="4"' in text  # counted, in memory
+        assert stop_within(proc, EXIT_BOUND_S) == 0  # and SIGTERM is not ignored
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert f"state file {state / 'xid-state.json'} is a FIFO" in log_text(log)
