@@ -1,9 +1,13 @@
-"""deploy/Dockerfile: multi-stage, base pinned by digest, non-root, OCI labels; and the exporter runs on a
-read-only root filesystem with only a tmpfs at /tmp writable (bubblewrap gives it one here: no container
-engine runs on this machine, so the image itself is not built by the tests)."""
+"""deploy/Dockerfile: multi-stage, base pinned by digest, non-root, OCI labels; the exporter runs on a
+read-only root filesystem with only a tmpfs at /tmp writable; and the image itself, built by
+deploy/build-image.sh (a Debian base from mmdebstrap, the Dockerfile under buildah), serves the simulated
+node as its own non-root user on a read-only root. No container engine can start containers here, so the
+image's root filesystem is run under bubblewrap, with the image's user, entrypoint and environment."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -93,3 +97,77 @@ def test_simulated_node_on_a_read_only_root(tmp_path):
                if n == "gpu_health_exporter_collector_success"}
     assert success and all(v == 1 for v in success.values()), success
     assert ss[("gpu_health_exporter_state_file_ok", frozenset())] == 1
+
+
+IMAGE = os.environ.get("GHE_TEST_IMAGE", "localhost/gpu-health-exporter:ci")
+
+
+def _buildah(*args: str, timeout: float = 60) -> str:
+    env = {**os.environ, "STORAGE_DRIVER": "vfs"}
+    r = subprocess.run(["buildah", *args], capture_output=True, text=True, timeout=timeout, env=env)
+    assert r.returncode == 0, f"buildah {' '.join(args)}: {r.stderr}"
+    return r.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def image_root():
+    """The image's root filesystem (mounted read-only by the test) and its config. .ci/run builds the
+    image before the tests; run alone, this builds it (deploy/build-image.sh, a few minutes once)."""
+    assert shutil.which("buildah") and shutil.which("mmdebstrap"), \
+        "buildah and mmdebstrap are missing: install Debian's buildah and mmdebstrap (.ci/run does)"
+    env = {**os.environ, "STORAGE_DRIVER": "vfs"}
+    if subprocess.run(["buildah", "inspect", "--type", "image", IMAGE], capture_output=True,
+                      env=env, timeout=60).returncode != 0:
+        subprocess.run(["bash", str(ROOT / "deploy" / "build-image.sh"), IMAGE], check=True, timeout=1200)
+    config = json.loads(_buildah("inspect", "--type", "image", IMAGE))["OCIv1"]["config"]
+    ctr = _buildah("from", "--pull-never", IMAGE)
+    try:
+        yield Path(_buildah("mount", ctr)), config
+    finally:
+        _buildah("rm", ctr)
+
+
+def _in_image(root: Path, config: dict, argv: list[str]) -> list[str]:
+    """argv run in the image's root (read-only, a tmpfs at /tmp) as the image's user, with its env."""
+    uid, _, gid = config["User"].partition(":")
+    env = [a for kv in config.get("Env", []) for a in ("--setenv", *kv.split("=", 1))]
+    return ["bwrap", "--ro-bind", str(root), "/", "--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--tmpfs", "/tmp", "--unshare-pid", "--die-with-parent", "--clearenv", *env,
+            "--", "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={gid or uid}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", *argv]
+
+
+@pytest.mark.slow
+def test_image_serves_the_simulated_node_as_non_root_on_a_read_only_root(image_root):
+    root, config = image_root
+    uid = int(config["User"].split(":")[0])
+    assert uid != 0
+    port = free_port()
+    argv = [*config["Entrypoint"], "--simulate", "p5.48xlarge", "--listen", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(_in_image(root, config, argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until_serving(f"http://127.0.0.1:{port}/readyz", proc, 120, "the image's exporter")
+        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        owners = {os.stat(f"/proc/{p}").st_uid for p in os.listdir("/proc") if p.isdigit()
+                  and f"127.0.0.1:{port}".encode() in _cmdline(p) and not _cmdline(p).startswith(b"bwrap")}
+        written = subprocess.run(_in_image(root, config, ["touch", "/probe"]), capture_output=True,
+                                 text=True, timeout=60)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    ss = samples(text)
+    success = {dict(k)["collector"]: v for (n, k), v in ss.items()
+               if n == "gpu_health_exporter_collector_success"}
+    assert success and all(v == 1 for v in success.values()), (success, out[-2000:])
+    assert ss[("gpu_devices", frozenset())] == 8
+    assert owners == {uid}, owners  # the exporter ran as the image's user, not root
+    assert written.returncode != 0 and "Read-only" in written.stderr
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
