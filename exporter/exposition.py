@@ -104,16 +104,14 @@ def choose_encoding(accept_encoding: str) -> str | None:
     return "identity" if ident > 0 else None
 
 
-def encode(metrics: Iterable[Metric], accept: str,
-           accept_encoding: str) -> tuple[bytes, list[tuple[str, str]]]:
-    """The body and headers of a /metrics response for these request headers (identity when the
-    client accepts no encoding we have: the caller answers 406 first if it wants to)."""
+def encode(metrics: Iterable[Metric], accept: str, coding: str) -> tuple[bytes, list[tuple[str, str]]]:
+    """The body and headers of a /metrics response: the format from the Accept header, `coding`
+    as choose_encoding returned it ('gzip' or 'identity'). The server adds Content-Length."""
     om = negotiate(accept)
     body = render(metrics, openmetrics=om)
     headers = [("Content-Type", OPENMETRICS_CONTENT_TYPE if om else TEXT_CONTENT_TYPE),
                ("Vary", "Accept-Encoding")]
-    if choose_encoding(accept_encoding) == "gzip":
+    if coding == "gzip":
         body = gzip.compress(body, compresslevel=1)
         headers.append(("Content-Encoding", "gzip"))
-    headers.append(("Content-Length", str(len(body))))
     return body, headers

@@ -11,12 +11,24 @@ that runs the handler. The limits:
 - `read_header_timeout`: a new connection must deliver its TLS handshake and first request head
   within it (a slow-header client is dropped after it).
 - `idle_timeout`: a kept-alive connection must deliver its next request head within it.
-- `write_timeout`: a client must take the response within it.
+- `write_timeout`: a client must take the response within it. A connection waiting for its
+  client to read is evictable too (after the idle ones), so clients that pipeline requests and
+  never read the answers cannot hold the connection slots. At most one response per connection
+  is held in the process (beyond the kernel's buffers), and a client that leaves
+  `MAX_STALLED_RESPONSES` answers in a row unread for `STALL_S` is closed after the last.
 - `workers`: threads running the handler; requests beyond them wait in the loop, not in threads.
 
+`quick` (optional) answers cheap requests (health probes) on the event loop itself, so they never
+wait behind the worker pool or a password check. `auth` (optional) guards everything else: a
+cached credential is checked on the loop (one HMAC); an uncached one goes to at most
+`auth_workers` threads of its own, with at most `auth_queue` more waiting (beyond that, 429), and
+a check whose client has gone by its turn is dropped. Without valid credentials, a client can
+cost the process at most that: never a worker of the handler pool.
+
 Only GET and HEAD requests without a body are served; anything else gets 405 (with Allow) or
-400 and the connection is closed. No HTTP/2, no chunked request bodies, no pipelining beyond
-serving requests one after another.
+400 and the connection is closed. Header names must be HTTP tokens. Plain HTTP sent to a TLS
+port is answered 400 with a hint to use https, as Go's net/http does. No HTTP/2, no chunked
+request bodies; pipelined requests are served one after another.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 import resource
 import socket
 import threading
@@ -33,7 +46,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import ssl  # the caller imports it when TLS is configured (exporter.webconfig)
@@ -43,6 +56,13 @@ log = logging.getLogger("exporter.httpd")
 MAX_HEAD_BYTES = 16 * 1024  # request line and headers; larger heads get 431
 ALLOWED_METHODS = ("GET", "HEAD")
 FD_RESERVE = 64  # descriptors kept free of connections: state file, sysfs reads, NVML, logs
+MAX_STALLED_RESPONSES = 4  # answers in a row the client left unread before the connection is closed
+STALL_S = 1.0  # a response its client has not taken within this is "left unread"
+# RFC 9110 5.1: a field name is a token.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# Go's net/http (server.go) answers a plain HTTP request on a TLS port with these bytes.
+_PLAIN_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                 b"Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server; use https://\n")
 
 
 @dataclass(frozen=True)
@@ -52,6 +72,8 @@ class Limits:
     idle_timeout: float = 60.0
     write_timeout: float = 10.0
     workers: int = 4
+    auth_workers: int = 1  # threads checking uncached passwords (bcrypt: ~0.25 s of CPU each)
+    auth_queue: int = 8  # checks waiting for one of them; more get 429
 
 
 @dataclass
@@ -74,6 +96,19 @@ class Response:
 
 
 Handler = Callable[[Request], Response]
+Quick = Callable[[Request], "Response | None"]
+
+
+class Authenticator(Protocol):
+    """Checks an Authorization header (exporter.webconfig.BasicAuth)."""
+
+    realm: str
+
+    def cached(self, authorization: str) -> bool | None:
+        """True or False when known without the expensive check, None when it is needed."""
+
+    def verify(self, authorization: str) -> bool:
+        """The expensive check (thread-safe; runs in the server's auth threads)."""
 
 
 @dataclass
@@ -81,8 +116,9 @@ class _Conn:
     """One accepted connection, tracked from accept to close."""
 
     close: Callable[[], object]  # cancels its task, which closes the socket
-    busy: bool = False  # a request of it is being served
+    busy: bool = False  # a request of it is being served (not evictable)
     since: float = field(default_factory=time.monotonic)
+    writing: float | None = None  # since when it waits for its client to take a response
 
 
 def connection_limit(wanted: int) -> int:
@@ -98,8 +134,11 @@ class HttpServer:
 
     def __init__(self, handler: Handler, host: str, port: int, limits: Limits = Limits(),
                  ssl_context: ssl.SSLContext | None = None,
-                 extra_headers: list[tuple[str, str]] | None = None) -> None:
+                 extra_headers: list[tuple[str, str]] | None = None, quick: Quick | None = None,
+                 auth: Authenticator | None = None) -> None:
         self.handler = handler
+        self.quick = quick
+        self.auth = auth
         self.limits = limits
         self.max_connections = connection_limit(limits.max_connections)
         if self.max_connections < limits.max_connections:
@@ -112,6 +151,11 @@ class HttpServer:
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
         self._pool = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="http-worker")
+        # Threads start on first use: none without basic auth.
+        self._auth_pool = ThreadPoolExecutor(max_workers=max(1, limits.auth_workers),
+                                             thread_name_prefix="http-auth")
+        self._auth_slots: asyncio.Semaphore | None = None  # made on the loop
+        self._auth_waiting = 0
         self._conns: dict[int, _Conn] = {}
         self._ids = itertools.count()
         self._loop = asyncio.new_event_loop()
@@ -119,10 +163,17 @@ class HttpServer:
         self._stopped = asyncio.Event()
         self.evicted = 0  # idle connections closed to admit new ones
         self.refused = 0  # new connections closed because every held one was busy
+        self.auth_rejected = 0  # password checks refused (429) because the queue was full
+        self.auth_dropped = 0  # queued password checks dropped because the client had gone
 
     @property
     def connections(self) -> int:
         return len(self._conns)
+
+    @property
+    def auth_pending(self) -> int:
+        """Password checks running or waiting for an auth thread."""
+        return self._auth_waiting
 
     def start(self) -> None:
         self._thread.start()
@@ -133,6 +184,7 @@ class HttpServer:
             self._loop.call_soon_threadsafe(self._stopped.set)
             self._thread.join(timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._auth_pool.shutdown(wait=False, cancel_futures=True)
         self.sock.close()
 
     # -- event loop -------------------------------------------------------------------------
@@ -145,6 +197,7 @@ class HttpServer:
             self._loop.close()
 
     async def _main(self) -> None:
+        self._auth_slots = asyncio.Semaphore(max(1, self.limits.auth_workers))
         acceptor = asyncio.ensure_future(self._accept_loop())
         await self._stopped.wait()
         acceptor.cancel()
@@ -183,7 +236,11 @@ class HttpServer:
             await asyncio.sleep(0)
 
     def _evict_idle(self) -> bool:
-        idle = [(c.since, cid) for cid, c in self._conns.items() if not c.busy]
+        """Close the longest-idle connection, else the one waiting longest for its client to read
+        a response; False when every connection is being served."""
+        idle = [(c.since, cid) for cid, c in self._conns.items() if not c.busy and c.writing is None]
+        if not idle:
+            idle = [(c.writing, cid) for cid, c in self._conns.items() if c.writing is not None]
         if not idle:
             return False
         _, cid = min(idle)
@@ -197,6 +254,8 @@ class HttpServer:
         clean = False
         try:
             conn = self._conns[cid]
+            if self.ssl_context is not None and await self._plain_http_on_tls(sock):
+                return
             reader = asyncio.StreamReader(limit=MAX_HEAD_BYTES, loop=loop)
             protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
             transport, _ = await asyncio.wait_for(loop.connect_accepted_socket(
@@ -204,9 +263,13 @@ class HttpServer:
                 ssl_handshake_timeout=self.limits.read_header_timeout if self.ssl_context else None),
                 self.limits.read_header_timeout)
             writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+            # drain() then waits until the response is with the kernel: at most one response per
+            # connection is held in this process while its client does not read.
+            transport.set_write_buffer_limits(high=0)
             cert = transport.get_extra_info("peercert") if self.ssl_context else None
             timeout = self.limits.read_header_timeout
-            while await self._one_request(reader, writer, conn, peer, cert, timeout):
+            stalled = [0]
+            while await self._one_request(reader, writer, conn, peer, cert, timeout, stalled):
                 conn.busy, conn.since = False, time.monotonic()
                 timeout = self.limits.idle_timeout
             clean = True
@@ -227,9 +290,64 @@ class HttpServer:
             else:
                 writer.transport.abort()
 
+    async def _plain_http_on_tls(self, sock: socket.socket) -> bool:
+        """Peek at the first bytes on a TLS port; a plain HTTP request is answered 400 (True)."""
+        loop = asyncio.get_running_loop()
+        readable = loop.create_future()
+        loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
+        try:
+            await asyncio.wait_for(readable, self.limits.read_header_timeout)
+        finally:
+            loop.remove_reader(sock.fileno())
+        first = sock.recv(5, socket.MSG_PEEK)
+        # A TLS record starts with 0x16 (handshake); Go looks for the same method prefixes.
+        if not first.startswith((b"GET ", b"HEAD ", b"POST ", b"PUT ", b"OPTIO", b"DELET", b"PATCH")):
+            return False
+        with contextlib.suppress(asyncio.TimeoutError, OSError):
+            # Read the request first and let the client close: closing with unread data sends a
+            # reset, which can destroy the answer before the client reads it.
+            with contextlib.suppress(BlockingIOError):
+                sock.recv(MAX_HEAD_BYTES)
+            await asyncio.wait_for(loop.sock_sendall(sock, _PLAIN_ON_TLS), self.limits.write_timeout)
+            sock.shutdown(socket.SHUT_WR)
+            deadline = loop.time() + 1.0
+            while loop.time() < deadline:
+                if not await asyncio.wait_for(loop.sock_recv(sock, MAX_HEAD_BYTES), deadline - loop.time()):
+                    break
+        return True
+
+    async def _authorized(self, req: Request, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter, conn: _Conn) -> Response | None:
+        """None when the request may go to the handler, else the answer (401 or 429)."""
+        assert self.auth is not None and self._auth_slots is not None
+        header = req.headers.get("authorization", "")
+        ok = self.auth.cached(header)
+        if ok is None:
+            if self._auth_waiting >= self.limits.auth_queue + self.limits.auth_workers:
+                self.auth_rejected += 1
+                return Response(429, b"too many password checks in progress; retry later\n",
+                                [("Retry-After", "1")])
+            self._auth_waiting += 1
+            conn.busy = False  # an unauthenticated client waiting for its turn may be evicted
+            try:
+                async with self._auth_slots:
+                    if reader.at_eof() or writer.transport.is_closing():
+                        self.auth_dropped += 1
+                        raise ConnectionResetError("client gone before its password check")
+                    loop = asyncio.get_running_loop()
+                    ok = await loop.run_in_executor(self._auth_pool, self.auth.verify, header)
+            finally:
+                self._auth_waiting -= 1
+                conn.busy = True
+        if ok:
+            return None
+        return Response(401, b"unauthorized\n", [("WWW-Authenticate", f'Basic realm="{self.auth.realm}"')])
+
     async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           conn: _Conn, peer: str, cert: dict | None, timeout: float) -> bool:
-        """Read, serve and answer one request; True when the connection may carry another."""
+                           conn: _Conn, peer: str, cert: dict | None, timeout: float,
+                           stalled: list[int]) -> bool:
+        """Read, serve and answer one request; True when the connection may carry another.
+        `stalled`: how many answers in a row the client has left waiting."""
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
         except asyncio.IncompleteReadError:
@@ -251,17 +369,29 @@ class HttpServer:
                             [("Allow", ", ".join(ALLOWED_METHODS))])
             await self._send(writer, req.method, resp, False)
             return False
-        loop = asyncio.get_running_loop()
-        try:
-            resp = await loop.run_in_executor(self._pool, self.handler, req)
-        except Exception:  # noqa: BLE001 - a handler bug answers 500, the server goes on
-            log.exception("handling %s %s", req.method, req.path)
-            resp = Response(500, b"internal error; see the exporter's log\n")
-        await self._send(writer, req.method, resp, keep, http10=req.version == "HTTP/1.0")
+        resp = self.quick(req) if self.quick is not None else None
+        if resp is None and self.auth is not None:
+            resp = await self._authorized(req, reader, writer, conn)
+            if resp is not None and resp.status == 429:
+                keep = False
+        if resp is None:
+            loop = asyncio.get_running_loop()
+            try:
+                resp = await loop.run_in_executor(self._pool, self.handler, req)
+            except Exception:  # noqa: BLE001 - a handler bug answers 500, the server goes on
+                log.exception("handling %s %s", req.method, req.path)
+                resp = Response(500, b"internal error; see the exporter's log\n")
+        if stalled[0] >= MAX_STALLED_RESPONSES - 1:
+            keep = False  # it has not read its last answers: this one is its last
+        if await self._send(writer, req.method, resp, keep, http10=req.version == "HTTP/1.0", conn=conn):
+            stalled[0] += 1
+        else:
+            stalled[0] = 0
         return keep
 
     async def _send(self, writer: asyncio.StreamWriter, method: str, resp: Response, keep: bool,
-                    http10: bool = False) -> None:
+                    http10: bool = False, conn: _Conn | None = None) -> bool:
+        """Write the response; True when the client left it unread for STALL_S or more."""
         names = {k.lower() for k, _ in resp.headers}
         headers = list(resp.headers) + self.extra_headers
         if "content-type" not in names:
@@ -280,7 +410,17 @@ class HttpServer:
         # One write: head and body leave in the same segments (HEAD: the GET's headers,
         # Content-Length included, and no body).
         writer.write(head if method == "HEAD" else head + resp.body)
-        await asyncio.wait_for(writer.drain(), self.limits.write_timeout)
+        if not writer.transport.get_write_buffer_size():
+            return False
+        t = time.monotonic()
+        if conn is not None:
+            conn.busy, conn.writing = False, t
+        try:
+            await asyncio.wait_for(writer.drain(), self.limits.write_timeout)
+        finally:
+            if conn is not None:
+                conn.busy, conn.writing = True, None
+        return time.monotonic() - t >= STALL_S
 
 
 def _parse_head(head: bytes, peer: str, cert: dict | None) -> tuple[Request | None, tuple[int, str]]:
@@ -302,7 +442,7 @@ def _parse_head(head: bytes, peer: str, cert: dict | None) -> tuple[Request | No
         if not line:
             continue
         name, sep, val = line.partition(":")
-        if not sep or not name or name != name.strip():
+        if not sep or not _TOKEN.fullmatch(name):
             return None, (400, "bad header line")
         key = name.lower()
         headers[key] = f"{headers[key]}, {val.strip()}" if key in headers else val.strip()

@@ -1,6 +1,7 @@
-"""The landing page at `/`: the node's verdict and reasons, the GPUs that need something, and the
-problems of each source, read from the last collection's metric families (no coupling to the
-collectors beyond the metric names in the catalog)."""
+"""The landing page at `/`: the node's verdict and reasons and the GPUs that need something, from
+the health collector's last reading (exporter.xid.verdict.NodeVerdict, what the runner handed
+over), and the problems of each source, read from the last collection's metric families (no
+coupling to the collectors beyond the metric names in the catalog)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from exporter import __version__
 from exporter.catalog import all_specs
 from exporter.metric import Metric
+
+if TYPE_CHECKING:
+    from exporter.xid.verdict import NodeVerdict  # read by attribute: verdict, reasons, gpus
 
 # Gauges whose 1 means a problem, and how to say it.
 _BAD_WHEN_ONE = {"gpu_lost": "lost (fell off the bus): needs a reset or reboot",
@@ -44,25 +49,25 @@ class Summary:
     problems: dict[str, list[str]] = field(default_factory=dict)  # source (collector) -> problems
 
 
-def summarise(metrics: Iterable[Metric]) -> Summary:
+_VERDICT_FAMILIES = {"gpu_node_health_verdict", "gpu_node_health_reason", "gpu_health_verdict",
+                     "gpu_health_reason"}  # shown from the reading itself
+
+
+def summarise(metrics: Iterable[Metric], verdict: NodeVerdict | None) -> Summary:
     owner = {s.name: s.collector for s in all_specs()}
     s = Summary()
+    if verdict is not None:
+        s.verdict, s.reasons = verdict.verdict, sorted(verdict.reasons)
+        s.gpus = [(g.gpu, g.verdict, sorted(g.reasons)) for g in verdict.gpus if g.verdict != "healthy"]
+        s.gpus.sort(key=lambda x: int(x[0]) if x[0].isdigit() else -1)
     values: dict[str, float] = {}
-    gpu_verdict: dict[str, str] = {}
-    gpu_reasons: dict[str, list[str]] = defaultdict(list)
     problems: dict[str, list[str]] = defaultdict(list)
     for m in metrics:
+        if m.name in _VERDICT_FAMILIES:
+            continue
         for smp in m.samples:
             name, labels, v = smp.name, smp.labels, smp.value
-            if name == "gpu_node_health_verdict" and v == 1:
-                s.verdict = labels["verdict"]
-            elif name == "gpu_node_health_reason" and v == 1:
-                s.reasons.append(labels["reason"])
-            elif name == "gpu_health_verdict" and v == 1:
-                gpu_verdict[labels["gpu"]] = labels["verdict"]
-            elif name == "gpu_health_reason" and v == 1:
-                gpu_reasons[labels["gpu"]].append(labels["reason"])
-            elif name == "gpu_health_exporter_collector_success":
+            if name == "gpu_health_exporter_collector_success":
                 continue  # reported per collector from the runner's status, with the error
             else:
                 problem = _problem(name, m.type, labels, v)
@@ -74,10 +79,6 @@ def summarise(metrics: Iterable[Metric]) -> Summary:
         if have in values and want in values and values[have] < values[want]:
             problems[owner.get(have, "exporter")].append(
                 f"{values[have]:g} of {values[want]:g} expected devices found ({have})")
-    s.gpus = [(g, v, sorted(gpu_reasons[g])) for g, v in sorted(gpu_verdict.items(), key=lambda x: int(x[0])
-                                                                   if x[0].isdigit() else 0)
-              if v != "healthy"]
-    s.reasons.sort()
     s.problems = dict(problems)
     return s
 
@@ -105,8 +106,10 @@ def _subject(labels: dict[str, str]) -> str:
     return (", ".join(parts) + ": ") if parts else ""
 
 
-def render_page(metrics: list[Metric] | None, status: dict, collected_at: float | None) -> str:
-    """`status`: collector name -> an object with ok (None/True/False), error and duration."""
+def render_page(metrics: list[Metric] | None, status: dict, collected_at: float | None,
+                verdict: NodeVerdict | None = None) -> str:
+    """`status`: collector name -> an object with ok (None/True/False), error and duration;
+    `verdict`: the health collector's reading of that collection (None when it gave none)."""
     e = html.escape
     out = ["<!doctype html><html><head><meta charset=utf-8><title>gpu-health-exporter</title>",
            "<style>body{font-family:sans-serif}td,th{padding:4px 8px;text-align:left;vertical-align:top}"
@@ -117,7 +120,7 @@ def render_page(metrics: list[Metric] | None, status: dict, collected_at: float 
     if metrics is None:
         out.append("<p>The first collection is not done yet; reload in a moment.</p></body></html>\n")
         return "".join(out)
-    s = summarise(metrics)
+    s = summarise(metrics, verdict)
     if s.verdict is None:
         out.append("<h2>Node verdict: <span>none</span></h2><p>The health collector is not running, "
                    "so there is no verdict; the sources' problems are below.</p>")

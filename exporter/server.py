@@ -1,70 +1,143 @@
-"""The HTTP endpoint: /metrics, the landing page, /healthz and /readyz, on exporter.httpd.
+"""The HTTP endpoint: the telemetry path (/metrics), the landing page, /healthz and /readyz, on
+exporter.httpd.
 
 - /metrics: one collection (shared with concurrent scrapes) plus the process_* metrics, in the
   format and encoding the client asks for (406 when it accepts no encoding we have).
-- /: the node verdict, GPUs needing action and each source's problems, from the last collection.
+  `?collect[]=gpu&collect[]=efa` keeps only those collectors' series (with the exporter's own:
+  build_info, scrapes, process_*; collector_success and duration for those collectors only), as
+  node_exporter's filter does; `exclude[]` keeps all but those. The filter applies to the shared
+  collection: it selects what is sent, not what is run (docs/design.md, "collect[]").
+- /: the node verdict (the health collector's last reading), GPUs needing action and each
+  source's problems; a reading older than LANDING_MAX_AGE_S is refreshed first.
 - /healthz: 200 while the process serves. /readyz: 200 once the first collection is done; the
   server runs one in the background at start, so a pod becomes Ready without waiting for
-  Prometheus. Both answer without credentials (they carry no data) so probes need no secret.
-- Basic auth (when the web config has users) guards everything else; TLS is the transport's.
+  Prometheus. Both are answered on the server's event loop (never behind its workers or a
+  password check) and without credentials (they carry no data), so probes need no secret.
+- Basic auth (when the web config has users) guards everything else; exporter.httpd runs it.
+  TLS is the transport's.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
+from collections.abc import Iterable
+from urllib.parse import parse_qs
 
+from exporter.catalog import all_specs
 from exporter.config import Config
 from exporter.exposition import choose_encoding, encode
 from exporter.httpd import HttpServer, Limits, Request, Response
 from exporter.landing import render_page
 from exporter.metric import Metric
 from exporter.process import process_metrics
-from exporter.runner import Runner
+from exporter.runner import COLLECTOR_DURATION, COLLECTOR_SUCCESS, Runner
 from exporter.webconfig import BasicAuth, WebConfig
 
 log = logging.getLogger("exporter.server")
 
-_OPEN_PATHS = ("/healthz", "/readyz")
+LANDING_MAX_AGE_S = 5.0  # `/` collects again when its reading is older than this
+_RESERVED = ("/", "/index.html", "/healthz", "/readyz")  # not a telemetry path
+_PER_COLLECTOR = {COLLECTOR_SUCCESS.name, COLLECTOR_DURATION.name}  # labelled by collector
 
 
 class App:
     """Routes a request; remembers the last collection for the landing page."""
 
-    def __init__(self, runner: Runner, web: WebConfig | None = None) -> None:
+    def __init__(self, runner: Runner, web: WebConfig | None = None,
+                 telemetry_path: str = "/metrics") -> None:
         self.runner = runner
         self.auth = BasicAuth(web.users) if web and web.users else None
+        self.telemetry_path = telemetry_path
         self.last: list[Metric] | None = None
-        self.last_at: float | None = None
+        self.last_at: float | None = None  # wall time of self.last
 
     def collect(self, scrape: bool = True, arrived: float | None = None) -> list[Metric]:
         metrics = self.runner.collect(scrape, arrived)
         self.last, self.last_at = metrics, time.time()
         return metrics
 
-    def __call__(self, req: Request) -> Response:
-        if self.auth is not None and req.path not in _OPEN_PATHS \
-                and not self.auth.check(req.headers.get("authorization", "")):
-            return Response(401, b"unauthorized\n",
-                            [("WWW-Authenticate", 'Basic realm="gpu-health-exporter"')])
-        if req.path == "/metrics":
-            coding = choose_encoding(req.headers.get("accept-encoding", ""))
-            if coding is None:
-                return Response(406, b"no acceptable content coding; gzip and identity are offered\n")
-            metrics = self.collect(arrived=req.received) + process_metrics()
-            body, headers = encode(metrics, req.headers.get("accept", ""), coding)
-            return Response(200, body, [h for h in headers if h[0] != "Content-Length"])
+    def quick(self, req: Request) -> Response | None:
+        """The probes, answered on the event loop; None for everything else."""
         if req.path == "/healthz":
             return Response(200, b"ok\n")
         if req.path == "/readyz":
             if self.runner.ready.is_set():
                 return Response(200, b"ready\n")
             return Response(503, b"first collection not done yet\n")
+        return None
+
+    def __call__(self, req: Request) -> Response:
+        """Everything but the probes; the server has checked the credentials."""
+        if req.path == self.telemetry_path:
+            return self.metrics(req)
         if req.path in ("/", "/index.html"):
-            page = render_page(self.last, self.runner.status, self.last_at)
-            return Response(200, page.encode(), [("Content-Type", "text/html; charset=utf-8")])
-        return Response(404, b"not found; see /metrics\n")
+            return self.landing()
+        quick = self.quick(req)
+        if quick is not None:
+            return quick
+        return Response(404, f"not found; see {self.telemetry_path}\n".encode())
+
+    def metrics(self, req: Request) -> Response:
+        coding = choose_encoding(req.headers.get("accept-encoding", ""))
+        if coding is None:
+            return Response(406, b"no acceptable content coding; gzip and identity are offered\n")
+        enabled = [c.name for c in self.runner.collectors]
+        wanted, problem = collectors_wanted(req.query, enabled)
+        if problem:
+            return Response(400, problem.encode() + b"\n")
+        metrics = self.collect(arrived=req.received)
+        if wanted is not None:
+            metrics = only_collectors(metrics, wanted)
+        body, headers = encode(metrics + process_metrics(), req.headers.get("accept", ""), coding)
+        return Response(200, body, headers)
+
+    def landing(self) -> Response:
+        if self.last_at is None or time.time() - self.last_at > LANDING_MAX_AGE_S:
+            self.collect(scrape=False)  # a fault injected a moment ago shows without a scrape
+        verdict = self.runner.readings.get("health")
+        page = render_page(self.last, self.runner.status, self.last_at, verdict)
+        return Response(200, page.encode(), [("Content-Type", "text/html; charset=utf-8")])
+
+
+def collectors_wanted(query: str, enabled: list[str]) -> tuple[set[str] | None, str]:
+    """The collectors a query's `collect[]` / `exclude[]` select (None: no filter), or the
+    problem with it: a name that is not an enabled collector, or both parameters at once."""
+    if "[]" not in query and "%5B" not in query.upper():
+        return None, ""
+    params = parse_qs(query)
+    collect, exclude = params.get("collect[]", []), params.get("exclude[]", [])
+    if collect and exclude:
+        return None, "collect[] and exclude[] cannot be used together"
+    for name in collect + exclude:
+        if name not in enabled:
+            shown = name if len(name) <= 64 else name[:64] + "..."
+            return None, (f"collect[]/exclude[]: unknown or disabled collector {shown!r}; enabled: "
+                          + ", ".join(enabled))
+    if collect:
+        return set(collect), ""
+    if exclude:
+        return set(enabled) - set(exclude), ""
+    return None, ""
+
+
+def only_collectors(metrics: Iterable[Metric], wanted: set[str]) -> list[Metric]:
+    """The families of the `wanted` collectors, and the exporter's own (its per-collector
+    success and duration only for the wanted collectors). Owners come from the catalog."""
+    owner = {s.name: s.collector for s in all_specs()}
+    out = []
+    for m in metrics:
+        who = owner.get(m.name) or "exporter"
+        if who in wanted:
+            out.append(m)
+        elif who == "exporter":
+            if m.name in _PER_COLLECTOR:
+                m = copy.copy(m)
+                m.samples = [s for s in m.samples if s.labels.get("collector") in wanted]
+            out.append(m)
+    return out
 
 
 def limits_from_config(cfg: Config) -> Limits:
@@ -79,10 +152,14 @@ class Server:
     background, `shutdown` stops serving within about two seconds."""
 
     def __init__(self, runner: Runner, host: str, port: int, web: WebConfig | None = None,
-                 limits: Limits | None = None) -> None:
-        self.app = App(runner, web)
+                 limits: Limits | None = None, telemetry_path: str = "/metrics") -> None:
+        if not telemetry_path.startswith("/") or telemetry_path in _RESERVED:
+            raise ValueError(f"telemetry path {telemetry_path!r} must start with / and not be /, /healthz "
+                             "or /readyz")
+        self.app = App(runner, web, telemetry_path)
         web = web or WebConfig()
-        self.httpd = HttpServer(self.app, host, port, limits or Limits(), web.ssl_context, web.headers)
+        self.httpd = HttpServer(self.app, host, port, limits or Limits(), web.ssl_context, web.headers,
+                                quick=self.app.quick, auth=self.app.auth)
         self.port = self.httpd.port
         self.tls = web.ssl_context is not None
 

@@ -24,14 +24,21 @@ the start with exit status 2 and a message naming the file and the key.
 
 Basic auth guards every path but /healthz and /readyz, which carry no data, so liveness and
 readiness probes need no secret. A verified user and password is cached in memory (as an HMAC),
-so a scrape pays bcrypt's cost once, not every 15 s. With client certificates required, probes
-need one too (use an exec or TCP probe, or VerifyClientCertIfGiven).
+so a scrape pays bcrypt's cost once, not every 15 s; the server (exporter.httpd) runs uncached
+checks on their own bounded threads and queue, so wrong passwords cannot take its workers. With
+client certificates required, probes need one too (use an exec or TCP probe, or
+VerifyClientCertIfGiven).
+
+Every file named here is opened non-blocking and must be a regular file (a FIFO or a device
+where a file belongs is refused, never waited on).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import reprlib
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +62,43 @@ _TLS_REFUSED = {"cipher_suites", "curve_preferences", "client_allowed_sans", "ce
 _HEADERS = {"Strict-Transport-Security", "X-Content-Type-Options", "X-Frame-Options", "X-XSS-Protection",
             "Content-Security-Policy"}
 _BCRYPT = re.compile(r"^\$2[aby]?\$\d\d\$[./A-Za-z0-9]{53}$")
+MAX_FILE_BYTES = 1 << 20  # a web config, a certificate or a key is a few KiB
+_repr = reprlib.Repr()  # values in messages: bounded, whatever the file holds
+_repr.maxstring = _repr.maxother = 60
+_repr.maxlist = _repr.maxdict = 4
+_repr.maxlevel = 2
+_short = _repr.repr
+
+
+def _key(k: object) -> str:
+    """A mapping key as written in a message: as is when a short string, else bounded."""
+    return k if isinstance(k, str) and len(k) <= 60 else _short(k)
+
+
+def read_regular_file(path: Path, what: str, origin: Path | None = None) -> bytes:
+    """The bytes of a regular file, opened without blocking (a FIFO would wait for a writer) and
+    capped at MAX_FILE_BYTES; otherwise ConfigError, starting with `origin` (the file that names
+    this one) when given, and naming `what` and the path."""
+    where = f"{origin}: {what} {path}" if origin is not None else f"{path}: the {what}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot be read: {e.strerror or e}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{where}: not a regular file")
+        chunks, total = [], 0
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > MAX_FILE_BYTES:
+                raise ConfigError(f"{where}: over {MAX_FILE_BYTES} bytes")
+        return b"".join(chunks)
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot be read: {e.strerror or e}") from e
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -71,9 +115,7 @@ def load_web_config(path: str | Path | None) -> WebConfig:
         return WebConfig()
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot read the web config file: {e.strerror or e}") from e
+        data = yaml.safe_load(read_regular_file(p, "web config file").decode())
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: not valid YAML: {e}") from e
     data = {} if data is None else data
@@ -88,8 +130,8 @@ def load_web_config(path: str | Path | None) -> WebConfig:
         elif key == "http_server_config":
             out.headers = _http(p, _mapping(p, key, val))
         else:
-            raise ConfigError(f"{p}: unknown key '{key}'; expected tls_server_config, http_server_config "
-                              "or basic_auth_users")
+            raise ConfigError(f"{p}: unknown key {_short(key)}; expected tls_server_config, "
+                              "http_server_config or basic_auth_users")
     return out
 
 
@@ -103,7 +145,7 @@ def _mapping(p: Path, key: str, val: Any) -> dict:
 
 def _string(p: Path, key: str, val: Any) -> str:
     if not isinstance(val, str):
-        raise ConfigError(f"{p}: key '{key}' is {type(val).__name__} {val!r}; expected a string")
+        raise ConfigError(f"{p}: key '{key}' is {type(val).__name__} {_short(val)}; expected a string")
     return val
 
 
@@ -113,7 +155,7 @@ def _tls(p: Path, c: dict) -> ssl.SSLContext | None:
             raise ConfigError(f"{p}: key 'tls_server_config.{k}' is not supported by gpu-health-exporter "
                               "(see docs/configuration.md, web config)")
         if k not in _TLS_KEYS:
-            raise ConfigError(f"{p}: unknown key 'tls_server_config.{k}'; expected one of "
+            raise ConfigError(f"{p}: unknown key 'tls_server_config.{_key(k)}'; expected one of "
                               + ", ".join(sorted(_TLS_KEYS)))
     s = {k: _string(p, f"tls_server_config.{k}", v) for k, v in c.items()
          if k != "prefer_server_cipher_suites"}  # a no-op in Go's TLS too
@@ -123,7 +165,7 @@ def _tls(p: Path, c: dict) -> ssl.SSLContext | None:
         raise ConfigError(f"{p}: tls_server_config needs both cert_file and key_file")
     auth = s.get("client_auth_type", "")
     if auth not in _CLIENT_AUTH:
-        raise ConfigError(f"{p}: key 'tls_server_config.client_auth_type' is {auth!r}; expected one of "
+        raise ConfigError(f"{p}: key 'tls_server_config.client_auth_type' is {_short(auth)}; expected one of "
                           "NoClientCert, VerifyClientCertIfGiven, RequireAndVerifyClientCert")
     ca = s.get("client_ca_file", "")
     if ca and _CLIENT_AUTH[auth] == "CERT_NONE":
@@ -137,7 +179,7 @@ def _tls(p: Path, c: dict) -> ssl.SSLContext | None:
     for k, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
         v = s.get(k, default)
         if v not in _VERSIONS:
-            raise ConfigError(f"{p}: key 'tls_server_config.{k}' is {v!r}; expected one of "
+            raise ConfigError(f"{p}: key 'tls_server_config.{k}' is {_short(v)}; expected one of "
                               + ", ".join(_VERSIONS))
         try:
             setattr(ctx, k, ssl.TLSVersion[_VERSIONS[v]])
@@ -145,13 +187,16 @@ def _tls(p: Path, c: dict) -> ssl.SSLContext | None:
             raise ConfigError(f"{p}: tls_server_config.{k} {v}: {e}") from e
     base = p.parent
     cert, key = base / s["cert_file"], base / s["key_file"]
+    read_regular_file(cert, "tls_server_config.cert_file", p)  # ssl would block on a FIFO
+    read_regular_file(key, "tls_server_config.key_file", p)
     try:
         ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as e:
         raise ConfigError(f"{p}: tls_server_config cert_file {cert} / key_file {key}: {e}") from e
     if ca:
+        pem = read_regular_file(base / ca, "tls_server_config.client_ca_file", p)
         try:
-            ctx.load_verify_locations(base / ca)
+            ctx.load_verify_locations(cadata=pem.decode("ascii", "replace"))
         except (OSError, ssl.SSLError) as e:
             raise ConfigError(f"{p}: tls_server_config.client_ca_file {base / ca}: {e}") from e
     ctx.verify_mode = ssl.VerifyMode[_CLIENT_AUTH[auth]]
@@ -162,7 +207,7 @@ def _users(p: Path, c: dict) -> dict[str, bytes]:
     out = {}
     for user, h in c.items():
         if not isinstance(user, str) or not user or ":" in user:
-            raise ConfigError(f"{p}: basic_auth_users key {user!r} is not a user name")
+            raise ConfigError(f"{p}: basic_auth_users key {_short(user)} is not a user name")
         h = _string(p, f"basic_auth_users.{user}", h)
         if not _BCRYPT.match(h):
             raise ConfigError(f"{p}: basic_auth_users.{user} is not a bcrypt hash ($2y$, $2b$ or $2a$, "
@@ -176,64 +221,92 @@ def _http(p: Path, c: dict) -> list[tuple[str, str]]:
     for k, v in c.items():
         if k == "http2":
             if not isinstance(v, bool):
-                raise ConfigError(f"{p}: key 'http_server_config.http2' is {v!r}; expected a boolean")
+                raise ConfigError(f"{p}: key 'http_server_config.http2' is {_short(v)}; expected a boolean")
         elif k == "headers":
             for name, val in _mapping(p, "http_server_config.headers", v).items():
                 if name not in _HEADERS:
-                    raise ConfigError(f"{p}: http_server_config.headers.{name} cannot be set; expected one "
-                                      "of "
-                                      + ", ".join(sorted(_HEADERS)))
+                    raise ConfigError(f"{p}: http_server_config.headers.{_key(name)} cannot be set; "
+                                      "expected one of " + ", ".join(sorted(_HEADERS)))
                 headers.append((name, _string(p, f"http_server_config.headers.{name}", val)))
         else:
-            raise ConfigError(f"{p}: unknown key 'http_server_config.{k}'; expected http2 or headers")
+            raise ConfigError(f"{p}: unknown key 'http_server_config.{_key(k)}'; expected http2 or headers")
     return headers
 
 
 class BasicAuth:
     """Checks `Authorization: Basic` against bcrypt hashes. A verified user:password is cached
     (as an HMAC under a per-process key, never the password) so a scrape every 15 s does not pay
-    bcrypt's ~0.2 s each time; an unknown user costs one bcrypt against a dummy hash, so timing does not tell
-    which users exist."""
+    bcrypt's ~0.25 s each time. An unknown user costs one bcrypt against a dummy hash made at the
+    highest cost of the configured hashes, so a wrong password takes as long for a user that does
+    not exist as for one that does. Only verified credentials enter the cache (bounded), so a
+    client without them cannot fill or flush it."""
 
     _MAX_CACHED = 64
+    realm = "gpu-health-exporter"
 
     def __init__(self, users: dict[str, bytes]) -> None:
+        import hmac  # as bcrypt: loads libcrypto, which a node without basic auth does not need
+
         import bcrypt  # only needed when basic auth is configured
 
         self._bcrypt = bcrypt
+        self._hmac = hmac
         self.users = users
-        self._dummy = bcrypt.hashpw(b"not a password", bcrypt.gensalt(4))
+        cost = max((bcrypt_cost(h) for h in users.values()), default=12)
+        self._dummy = bcrypt.hashpw(os.urandom(16).hex().encode(), bcrypt.gensalt(min(31, max(4, cost))))
         self._key = os.urandom(32)
         self._ok: set[bytes] = set()
         self._lock = threading.Lock()
         self.bcrypt_checks = 0  # how many times bcrypt ran (tests check the cache)
 
-    def check(self, authorization: str) -> bool:
+    def _parse(self, authorization: str) -> tuple[str, str] | None:
         import base64
         import binascii
 
         scheme, _, cred = authorization.strip().partition(" ")
-        if scheme.lower() != "basic":
-            return False
+        if scheme.lower() != "basic" or len(cred) > 4096:
+            return None
         try:
             user, sep, password = base64.b64decode(cred.strip(), validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
-            return False
-        if not sep:
-            return False
-        import hmac  # as bcrypt: loads libcrypto, which a node without basic auth does not need
+            return None
+        return (user, password) if sep else None
 
-        stored = self.users.get(user)
-        token = hmac.digest(self._key, user.encode() + b"\0" + password.encode(), "sha256")
+    def _token(self, user: str, password: str) -> bytes:
+        return self._hmac.digest(self._key, user.encode() + b"\0" + password.encode(), "sha256")
+
+    def cached(self, authorization: str) -> bool | None:
+        """True for cached verified credentials, False for a header that is not Basic
+        credentials at all, None when only bcrypt can tell (cheap: one HMAC)."""
+        cred = self._parse(authorization)
+        if cred is None:
+            return False
+        token = self._token(*cred)
         with self._lock:
-            if stored is not None and token in self._ok:
-                return True
+            return True if token in self._ok else None
+
+    def verify(self, authorization: str) -> bool:
+        """The full check: one bcrypt, at the same cost for known and unknown users."""
+        cred = self._parse(authorization)
+        if cred is None:
+            return False
+        user, password = cred
+        stored = self.users.get(user)
         self.bcrypt_checks += 1
-        ok = self._bcrypt.checkpw(password.encode(), stored or self._dummy)
-        ok = ok and stored is not None
+        ok = self._bcrypt.checkpw(password.encode(), stored or self._dummy) and stored is not None
         if ok:
+            token = self._token(user, password)
             with self._lock:
                 if len(self._ok) >= self._MAX_CACHED:
                     self._ok.clear()
                 self._ok.add(token)
         return ok
+
+    def check(self, authorization: str) -> bool:
+        ok = self.cached(authorization)
+        return self.verify(authorization) if ok is None else ok
+
+
+def bcrypt_cost(h: bytes) -> int:
+    """The cost (log2 rounds) of a checked bcrypt hash: `$2b$12$...` -> 12."""
+    return int(h.split(b"$")[2])

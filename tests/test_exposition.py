@@ -101,8 +101,8 @@ def test_negotiation_and_gzip():
     assert negotiate(prometheus_accept)
     assert not negotiate("text/plain;version=0.0.4")
     assert not negotiate("")
-    body, headers = encode(_tricky(), prometheus_accept, "gzip, deflate")
+    body, headers = encode(_tricky(), prometheus_accept, "gzip")
     h = dict(headers)
     assert h["Content-Type"].startswith("application/openmetrics-text")
-    assert h["Content-Encoding"] == "gzip" and int(h["Content-Length"]) == len(body)
+    assert h["Content-Encoding"] == "gzip" and "Content-Length" not in h  # the server sets it once
     assert gzip.decompress(body).decode().endswith("# EOF\n")

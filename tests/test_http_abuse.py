@@ -1,0 +1,257 @@
+"""Issue 18, items 2, 3, 10 and the HTTP minor items: what a client without credentials, or one
+that never reads its answers, can cost the endpoint. Loopback only; every wait has a deadline."""
+
+import base64
+import os
+import socket
+import statistics
+import threading
+import time
+
+import bcrypt
+import pytest
+import requests
+
+from exporter.httpd import HttpServer, Limits, Response
+from exporter.runner import Runner
+from exporter.server import Server
+from exporter.webconfig import BasicAuth, ConfigError, WebConfig, load_web_config
+from tests.test_runner import Probe
+
+PASSWORD = "s3cret-scrape"
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def _wait(cond, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.02)
+
+
+def _head(port: int, data: bytes, timeout: float = 10.0) -> bytes:
+    """Send `data`, read the answer until the server closes or the first response is complete."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        out = b""
+        while b"\r\n\r\n" not in out and (chunk := s.recv(65536)):
+            out += chunk
+    return out
+
+
+@pytest.fixture(scope="module")
+def cost12_users():
+    """One user with a bcrypt hash at cost 12 (the htpasswd -nBC 12 the docs suggest)."""
+    return {"prometheus": bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(12))}
+
+
+def _serve(users, **limits):
+    runner = Runner([Probe("alpha")], deadline_s=5)
+    srv = Server(runner, "127.0.0.1", 0, WebConfig(users=users), Limits(**limits) if limits else None)
+    srv.start()
+    return srv, runner
+
+
+@pytest.mark.slow
+def test_a_wrong_password_flood_leaves_scrapes_and_probes_answering(cost12_users):
+    """Issue 18 item 2 (must show): after 300 wrong-password requests, /metrics with credentials
+    and /healthz answer within 5 s of the flood's end (they answered 73 s later before)."""
+    srv, runner = _serve(cost12_users)
+    base = f"http://127.0.0.1:{srv.port}"
+    good = ("prometheus", PASSWORD)
+    try:
+        _wait(lambda: requests.get(base + "/readyz", timeout=5).status_code == 200, "ready")
+        assert requests.get(base + "/metrics", auth=good, timeout=10).status_code == 200  # cached now
+        wrong = (f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {_basic('prometheus', 'guess')}\r\n"
+                 "\r\n").encode()
+        answers: list[bytes] = []
+        during: list[int] = []
+
+        def flood(n: int, read: bool) -> None:
+            for _ in range(n):
+                try:
+                    if read:
+                        answers.append(_head(srv.port, wrong, timeout=10))
+                    else:  # send and go away: its queued check must not run
+                        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+                            s.sendall(wrong)
+                except OSError:
+                    pass
+
+        threads = [threading.Thread(target=flood, args=(10, i % 2 == 0)) for i in range(30)]
+        for t in threads:
+            t.start()
+        # While the flood runs, a scrape with credentials is served.
+        during.append(requests.get(base + "/metrics", auth=good, timeout=10).status_code)
+        for t in threads:
+            t.join(60)
+        flood_end = time.monotonic()
+        r = requests.get(base + "/metrics", auth=good, timeout=10)
+        h = requests.get(base + "/healthz", timeout=10)
+        took = time.monotonic() - flood_end
+    finally:
+        srv.shutdown()
+        runner.close()
+    assert during == [200]
+    assert r.status_code == 200 and "gpu_health_exporter_collector_success" in r.text
+    assert h.status_code == 200
+    assert took < 5, f"answered {took:.1f} s after the flood's end"
+    statuses = {a.split(b" ", 2)[1] for a in answers if a}
+    assert statuses <= {b"401", b"429"} and answers
+    # Most wrong passwords never reached bcrypt: at most the auth threads' share ran.
+    assert srv.app.auth.bcrypt_checks < 150
+    assert srv.httpd.auth_rejected > 0
+
+
+def test_a_wrong_password_takes_as_long_for_an_unknown_user():
+    """Issue 18 item 3: the dummy hash has the configured hashes' cost, so an unknown user is
+    not answered 150 times faster than a known one (CPU time of the checking thread)."""
+    auth = BasicAuth({"prometheus": bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(10))})
+
+    def cpu(user: str) -> float:
+        times = []
+        for i in range(3):
+            t = time.thread_time()
+            assert auth.check(_basic(user, f"wrong-{i}")) is False
+            times.append(time.thread_time() - t)
+        return statistics.median(times)
+
+    known, unknown = cpu("prometheus"), cpu("nobody")
+    assert 0.5 < unknown / known < 2, (known, unknown)
+
+
+def test_password_checks_queued_for_clients_that_left_are_dropped(cost12_users):
+    """Issue 18 item 2: checks still queued when their client disconnects never run bcrypt."""
+    srv, runner = _serve(cost12_users)
+    wrong = (f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {_basic('prometheus', 'guess')}\r\n"
+             "\r\n").encode()
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as stays:
+            stays.sendall(wrong)  # its check takes the one auth thread for ~0.25 s
+            _wait(lambda: srv.app.auth.bcrypt_checks >= 1, "the first check")
+            for _ in range(7):  # queued behind it (the queue holds 8), then gone
+                with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+                    s.sendall(wrong)
+            assert stays.recv(100).startswith(b"HTTP/1.1 401 ")
+        _wait(lambda: srv.httpd.auth_pending == 0, "the queue to empty")
+    finally:
+        srv.shutdown()
+        runner.close()
+    assert srv.app.auth.bcrypt_checks <= 2
+    assert srv.httpd.auth_dropped >= 6
+
+
+def test_probes_do_not_wait_behind_busy_workers():
+    """Issue 18 item 2: /healthz and /readyz are answered while every worker is taken."""
+    hung = Probe("hung", "hang")
+    runner = Runner([hung], deadline_s=30)
+    srv = Server(runner, "127.0.0.1", 0, limits=Limits(workers=1))
+    srv.start()
+    base = f"http://127.0.0.1:{srv.port}"
+    scrape = threading.Thread(target=lambda: requests.get(base + "/metrics", timeout=40), daemon=True)
+    try:
+        scrape.start()
+        _wait(lambda: hung.calls >= 1, "the collection to start")
+        t = time.monotonic()
+        assert requests.get(base + "/healthz", timeout=5).status_code == 200
+        assert requests.get(base + "/readyz", timeout=5).status_code == 503  # not collected yet
+        assert time.monotonic() - t < 4
+        assert scrape.is_alive()  # the one worker is still busy
+    finally:
+        hung.release.set()
+        scrape.join(40)
+        srv.shutdown()
+        runner.close()
+
+
+def test_clients_that_pipeline_and_never_read_cannot_lock_out_scrapes():
+    """Issue 18 item 10: connections waiting for a client to read its answers are evictable, so
+    20 pipelining non-readers at the connection limit cannot make scrapes fail."""
+    body = os.urandom(256 * 1024)
+    calls = [0]
+
+    def handler(req):
+        calls[0] += 1
+        return Response(200, body)
+
+    srv = HttpServer(handler, "127.0.0.1", 0, Limits(max_connections=20, write_timeout=60))
+    srv.start()
+    socks = []
+    try:
+        for _ in range(20):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", srv.port))
+            s.sendall(b"GET /x HTTP/1.1\r\nHost: p\r\n\r\n" * 20)
+            socks.append(s)
+        _wait(lambda: calls[0] >= 20, "every pipelining connection served once")
+        ok = 0
+        for _ in range(10):
+            r = requests.get(f"http://127.0.0.1:{srv.port}/x", timeout=10)
+            ok += r.status_code == 200 and r.content == body
+        assert ok == 10
+        assert srv.evicted >= 1  # a non-reader made room (a scraper that closed frees its own)
+    finally:
+        for s in socks:
+            s.close()
+        srv.shutdown()
+
+
+def test_a_header_name_with_a_space_is_refused():
+    srv = HttpServer(lambda req: Response(200, b"ok\n"), "127.0.0.1", 0)
+    srv.start()
+    try:
+        bad = _head(srv.port, b"GET / HTTP/1.1\r\nHost: x\r\nX Forwarded: 1\r\n\r\n")
+        good = _head(srv.port, b"GET / HTTP/1.1\r\nHost: x\r\nX-Forwarded: 1\r\nConnection: close\r\n\r\n")
+    finally:
+        srv.shutdown()
+    assert bad.startswith(b"HTTP/1.1 400 ")
+    assert good.startswith(b"HTTP/1.1 200 ")
+
+
+def _load_within(path, seconds: float = 5.0):
+    """load_web_config in a thread; the exception it raised, or a failure if it hangs."""
+    out: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            load_web_config(path)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    hung = t.is_alive()
+    if hung:  # unblock the reader of the FIFO so the thread ends
+        with open(path, "w"):
+            pass
+    assert not hung, "load_web_config hung on a FIFO"
+    return out[0] if out else None
+
+
+def test_a_fifo_as_the_web_config_file_is_refused_without_hanging(tmp_path):
+    fifo = tmp_path / "web.yml"
+    os.mkfifo(fifo)
+    err = _load_within(fifo)
+    assert isinstance(err, ConfigError) and str(fifo) in str(err) and "not a regular file" in str(err)
+
+
+def test_a_fifo_as_the_certificate_is_refused_without_hanging(tmp_path):
+    os.mkfifo(tmp_path / "server.crt")
+    (tmp_path / "server.key").write_text("x")
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
+    err = _load_within(web)
+    assert isinstance(err, ConfigError) and "cert_file" in str(err) and "not a regular file" in str(err)
+
+
+def test_a_long_wrong_value_is_truncated_in_the_message(tmp_path):
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n  prometheus: [" + ", ".join(["aaaaaaaaaa"] * 10000) + "]\n")
+    with pytest.raises(ConfigError) as e:
+        load_web_config(web)
+    assert "basic_auth_users.prometheus" in str(e.value) and len(str(e.value)) < 500
