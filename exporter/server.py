@@ -126,7 +126,9 @@ def collectors_wanted(query: str, enabled: list[str]) -> tuple[set[str] | None, 
 def only_collectors(metrics: Iterable[Metric], wanted: set[str]) -> list[Metric]:
     """The families of the `wanted` collectors, and the exporter's own (its per-collector
     success and duration only for the wanted collectors). Owners come from the catalog."""
-    owner = {s.name: s.collector for s in all_specs()}
+    owner = {}
+    for spec in all_specs():  # a counter's family is named without its _total
+        owner[spec.name] = owner[spec.name.removesuffix("_total")] = spec.collector
     out = []
     for m in metrics:
         who = owner.get(m.name) or "exporter"
