@@ -40,6 +40,7 @@ import logging
 import re
 import resource
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -286,9 +287,9 @@ class HttpServer:
                 try:
                     await asyncio.wait_for(writer.wait_closed(), self.limits.write_timeout)
                 except (asyncio.TimeoutError, ConnectionError, OSError, asyncio.CancelledError):
-                    writer.transport.abort()
+                    _reset(writer)
             else:
-                writer.transport.abort()
+                _reset(writer)
 
     async def _plain_http_on_tls(self, sock: socket.socket) -> bool:
         """Peek at the first bytes on a TLS port; a plain HTTP request is answered 400 (True)."""
@@ -421,6 +422,17 @@ class HttpServer:
             if conn is not None:
                 conn.busy, conn.writing = True, None
         return time.monotonic() - t >= STALL_S
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Abort; with a reset when a response is still unsent (the client stopped reading), which
+    would otherwise keep the socket and its data in the kernel, behind a zero window, long after
+    we let it go. Idle and slow-header clients get a plain close."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None and writer.transport.get_write_buffer_size():
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
 
 
 def _parse_head(head: bytes, peer: str, cert: dict | None) -> tuple[Request | None, tuple[int, str]]:

@@ -200,6 +200,27 @@ def test_clients_that_pipeline_and_never_read_cannot_lock_out_scrapes():
         srv.shutdown()
 
 
+def test_a_client_that_never_reads_is_reset_after_the_write_timeout():
+    """Its unsent answer does not stay in the kernel behind a zero window: the server resets
+    the connection, and the client sees it (a plain close stayed queued behind the data)."""
+    import select
+
+    body = os.urandom(512 * 1024)
+    srv = HttpServer(lambda req: Response(200, body), "127.0.0.1", 0, Limits(write_timeout=0.5))
+    srv.start()
+    s = socket.socket()
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", srv.port))
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 20)
+        p = select.poll()
+        p.register(s, select.POLLERR | select.POLLHUP)
+        _wait(lambda: p.poll(0), "the reset", timeout=10)
+    finally:
+        s.close()
+        srv.shutdown()
+
+
 def test_a_header_name_with_a_space_is_refused():
     srv = HttpServer(lambda req: Response(200, b"ok\n"), "127.0.0.1", 0)
     srv.start()
