@@ -74,7 +74,7 @@ class Limits:
     write_timeout: float = 10.0
     workers: int = 4
     auth_workers: int = 1  # threads checking uncached passwords (bcrypt: ~0.25 s of CPU each)
-    auth_queue: int = 8  # checks waiting for one of them; more get 429
+    auth_queue: int = 4  # checks waiting for one of them; more get 429
 
 
 @dataclass

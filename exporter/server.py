@@ -2,7 +2,8 @@
 exporter.httpd.
 
 - /metrics: one collection (shared with concurrent scrapes) plus the process_* metrics, in the
-  format and encoding the client asks for (406 when it accepts no encoding we have).
+  format and encoding the client asks for (406 when it accepts no encoding we have). Scrapes
+  that share a collection share its rendered body too.
   `?collect[]=gpu&collect[]=efa` keeps only those collectors' series (with the exporter's own:
   build_info, scrapes, process_*; collector_success and duration for those collectors only), as
   node_exporter's filter does; `exclude[]` keeps all but those. The filter applies to the shared
@@ -28,7 +29,7 @@ from urllib.parse import parse_qs
 
 from exporter.catalog import all_specs
 from exporter.config import Config
-from exporter.exposition import choose_encoding, encode
+from exporter.exposition import choose_encoding, encode, negotiate
 from exporter.httpd import HttpServer, Limits, Request, Response
 from exporter.landing import render_page
 from exporter.metric import Metric
@@ -53,6 +54,12 @@ class App:
         self.telemetry_path = telemetry_path
         self.last: list[Metric] | None = None
         self.last_at: float | None = None  # wall time of self.last
+        # Scrapes that share a collection share its rendered body, per format, coding and filter
+        # (process_* as of the first of them): a burst of scrapes, or clients that pipeline
+        # requests, cost one render and one gzip per collection, not one per request.
+        self._body_lock = threading.Lock()
+        self._bodies_of: list[Metric] | None = None
+        self._bodies: dict[tuple, tuple[bytes, list[tuple[str, str]]]] = {}
 
     def collect(self, scrape: bool = True, arrived: float | None = None) -> list[Metric]:
         metrics = self.runner.collect(scrape, arrived)
@@ -89,10 +96,16 @@ class App:
         if problem:
             return Response(400, problem.encode() + b"\n")
         metrics = self.collect(arrived=req.received)
-        if wanted is not None:
-            metrics = only_collectors(metrics, wanted)
-        body, headers = encode(metrics + process_metrics(), req.headers.get("accept", ""), coding)
-        return Response(200, body, headers)
+        accept = req.headers.get("accept", "")
+        key = (negotiate(accept), coding, frozenset(wanted) if wanted is not None else None)
+        with self._body_lock:
+            if self._bodies_of is not metrics:  # a new collection: the old bodies are stale
+                self._bodies_of, self._bodies = metrics, {}
+            got = self._bodies.get(key)
+            if got is None:
+                kept = only_collectors(metrics, wanted) if wanted is not None else metrics
+                got = self._bodies[key] = encode(kept + process_metrics(), accept, coding)
+        return Response(200, *got)
 
     def landing(self) -> Response:
         if self.last_at is None or time.time() - self.last_at > LANDING_MAX_AGE_S:

@@ -54,6 +54,29 @@ def test_the_content_coding_is_negotiated_once(monkeypatch):
     assert gzip.decompress(resp.body).startswith(b"# HELP process_")
 
 
+def test_scrapes_sharing_a_collection_share_its_rendered_body(monkeypatch):
+    """Pipelined or concurrent scrapes that get the same collection cost one render, per format."""
+    calls = []
+    real = server.encode
+
+    def counting(*a):
+        calls.append(a[1:])
+        return real(*a)
+
+    monkeypatch.setattr(server, "encode", counting)
+    runner = StubRunner()
+    shared: list = []
+    runner.collect = lambda scrape=True, arrived=None: shared
+    app = App(runner)
+    bodies = {_get(app, "/metrics", accept_encoding="gzip").body for _ in range(5)}
+    assert len(calls) == 1 and len(bodies) == 1
+    _get(app, "/metrics", accept="application/openmetrics-text")  # another format: its own render
+    assert len(calls) == 2
+    shared = []  # a new collection
+    _get(app, "/metrics", accept_encoding="gzip")
+    assert len(calls) == 3
+
+
 def test_the_landing_page_shows_the_health_collectors_reading():
     """The verdict comes from the reading the runner holds, not from metric samples (the stub's
     collection has none)."""
