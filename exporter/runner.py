@@ -105,13 +105,14 @@ class Runner:
 
     def collect(self, scrape: bool = True, arrived: float | None = None) -> list[Metric]:
         """Return one complete collection; joins the one in flight when there is one. A caller
-        that `arrived` (time.monotonic()) while the last collection was in flight gets that one:
-        a server queueing requests for a few workers shares as a thread per request would.
-        `scrape` False: not a /metrics scrape (the server's start-up collection)."""
+        that `arrived` (time.monotonic()) before the last collection finished gets that one (it
+        is no older than the request): a server queueing requests for a few workers shares as a
+        thread per request would, and a queue of requests costs one collection, not one per
+        worker's turn. `scrape` False: not a /metrics scrape (the server's start-up collection)."""
         with self._lock:
             self.scrapes += scrape
             last = self._last
-            if arrived is not None and last is not None and last[0] <= arrived <= last[1]:
+            if arrived is not None and last is not None and arrived <= last[1]:
                 return last[2]
             fut = self._inflight
             owner = fut is None

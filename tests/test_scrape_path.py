@@ -16,6 +16,7 @@ from exporter.runner import Runner
 from exporter.server import App, Server
 from exporter.xid.verdict import GpuVerdict, NodeVerdict
 from tests.helpers import samples, value
+from tests.test_runner import Probe
 
 
 class StubRunner:
@@ -75,6 +76,22 @@ def test_scrapes_sharing_a_collection_share_its_rendered_body(monkeypatch):
     shared = []  # a new collection
     _get(app, "/metrics", accept_encoding="gzip")
     assert len(calls) == 3
+
+
+def test_a_request_queued_before_a_collection_gets_that_collection():
+    """A request that waited in the server's queue while a collection ran (it arrived before
+    that collection started) is answered from it, not with a collection of its own: 600 queued
+    requests cost a collection or two, not 150."""
+    probe = Probe("alpha")
+    runner = Runner([probe], deadline_s=5)
+    try:
+        arrived = time.monotonic()
+        first = runner.collect()
+        assert runner.collect(arrived=arrived) is first
+        assert runner.collect(arrived=time.monotonic()) is not first  # arrived after: a new one
+        assert probe.calls == 2
+    finally:
+        runner.close()
 
 
 def test_the_landing_page_shows_the_health_collectors_reading():
