@@ -58,6 +58,9 @@ MAX_HEAD_BYTES = 16 * 1024  # request line and headers; larger heads get 431
 ALLOWED_METHODS = ("GET", "HEAD")
 FD_RESERVE = 64  # descriptors kept free of connections: state file, sysfs reads, NVML, logs
 MAX_STALLED_RESPONSES = 4  # answers in a row the client left unread before the connection is closed
+# Connections the kernel queues before accept (capped by net.core.somaxconn, 4096 by default): a
+# flood of new connections must not overflow it, or a scraper's SYN waits 1, 3, 7 s for a retry.
+BACKLOG = 4096
 STALL_S = 1.0  # a response its client has not taken within this is "left unread"
 # RFC 9110 5.1: a field name is a token.
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -148,7 +151,7 @@ class HttpServer:
         self.ssl_context = ssl_context
         self.extra_headers = list(extra_headers or [])
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.create_server((host, port), family=family, backlog=128, reuse_port=False)
+        self.sock = socket.create_server((host, port), family=family, backlog=BACKLOG, reuse_port=False)
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
         self._pool = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="http-worker")
