@@ -513,6 +513,8 @@ def abuse_phase(args: argparse.Namespace, tmp: Path) -> dict:
         health: dict = {}
         prober = threading.Thread(target=healthz_prober, args=(port, stop, health), daemon=True)
         sampler = Sampler(proc.pid, lambda: sum(len(s.latencies) for s in scrapers))
+        exporter = psutil.Process(proc.pid)
+        cpu0, own0 = exporter.cpu_times(), resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.monotonic()
         for t in (sampler, writer, *scrapers, prober):
             t.start()
@@ -526,6 +528,10 @@ def abuse_phase(args: argparse.Namespace, tmp: Path) -> dict:
         pipes.join(10)
         writer.join(10)
         flood_end = time.monotonic()
+        cpu1, own1 = exporter.cpu_times(), resource.getrusage(resource.RUSAGE_SELF)
+        cpu = {"exporter_cpu_s": round(cpu1.user + cpu1.system - cpu0.user - cpu0.system, 1),
+               "soak_client_cpu_s": round(own1.ru_utime + own1.ru_stime - own0.ru_utime - own0.ru_stime, 1),
+               "load_average_1m": round(os.getloadavg()[0], 1)}
         # The first scrape with credentials after the flood: how long it takes.
         t = time.monotonic()
         try:
@@ -554,7 +560,7 @@ def abuse_phase(args: argparse.Namespace, tmp: Path) -> dict:
             for k, v in s.errors.items():
                 errors[k] = errors.get(k, 0) + v
         rows = sampler.rows
-        return {"duration_s": round(flood_end - t0, 1), "flood_rate_per_s": args.flood_rate,
+        return {"duration_s": round(flood_end - t0, 1), **cpu, "flood_rate_per_s": args.flood_rate,
                 "wrong_password_requests": flood.sent, "wrong_password_answers": flood.answers,
                 "pipelining_connections_opened": pipes.opened,
                 "scrapes_with_credentials": len(lat),

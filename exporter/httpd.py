@@ -22,8 +22,11 @@ that runs the handler. The limits:
 wait behind the worker pool or a password check. `auth` (optional) guards everything else: a
 cached credential is checked on the loop (one HMAC); an uncached one goes to at most
 `auth_workers` threads of its own, with at most `auth_queue` more waiting (beyond that, 429), and
-a check whose client has gone by its turn is dropped. Without valid credentials, a client can
-cost the process at most that: never a worker of the handler pool.
+a check whose client has gone by its turn is dropped; after AUTH_FREE_FAILURES wrong passwords
+in a row, the address's next uncached check waits AUTH_BACKOFF_S, doubling with each further
+failure (429 until then).
+Without valid credentials, a client can cost the process at most that: never a worker of the
+handler pool.
 
 Only GET and HEAD requests without a body are served; anything else gets 405 (with Allow) or
 400 and the connection is closed. Header names must be HTTP tokens. Plain HTTP sent to a TLS
@@ -58,6 +61,14 @@ MAX_HEAD_BYTES = 16 * 1024  # request line and headers; larger heads get 431
 ALLOWED_METHODS = ("GET", "HEAD")
 FD_RESERVE = 64  # descriptors kept free of connections: state file, sysfs reads, NVML, logs
 MAX_STALLED_RESPONSES = 4  # answers in a row the client left unread before the connection is closed
+# After AUTH_FREE_FAILURES wrong passwords in a row, an address's next uncached password check
+# waits (429 until then), doubling with each further failure: one address flooding wrong
+# passwords costs a bcrypt every 30 s, not one per request, while a user mistyping a few times
+# is never slowed. Addresses remembered at once (the oldest forgotten first).
+AUTH_FREE_FAILURES = 32
+AUTH_BACKOFF_S = 1.0
+AUTH_BACKOFF_MAX_S = 30.0
+AUTH_BACKOFF_ADDRESSES = 4096
 # Connections the kernel queues before accept (capped by net.core.somaxconn, 4096 by default): a
 # flood of new connections must not overflow it, or a scraper's SYN waits 1, 3, 7 s for a retry.
 BACKLOG = 4096
@@ -160,6 +171,7 @@ class HttpServer:
                                              thread_name_prefix="http-auth")
         self._auth_slots: asyncio.Semaphore | None = None  # made on the loop
         self._auth_waiting = 0
+        self._auth_backoff: dict[str, tuple[int, float, float]] = {}  # address -> (failures, until, wait)
         self._conns: dict[int, _Conn] = {}
         self._ids = itertools.count()
         self._loop = asyncio.new_event_loop()
@@ -327,6 +339,13 @@ class HttpServer:
         header = req.headers.get("authorization", "")
         ok = self.auth.cached(header)
         if ok is None:
+            ip = req.peer.rsplit(":", 1)[0]
+            now = time.monotonic()
+            backoff = self._auth_backoff.get(ip)
+            if backoff is not None and now < backoff[1]:
+                self.auth_rejected += 1
+                return Response(429, b"too many wrong passwords from this address; retry later\n",
+                                [("Retry-After", str(max(1, round(backoff[1] - now))))])
             if self._auth_waiting >= self.limits.auth_queue + self.limits.auth_workers:
                 self.auth_rejected += 1
                 return Response(429, b"too many password checks in progress; retry later\n",
@@ -343,9 +362,25 @@ class HttpServer:
             finally:
                 self._auth_waiting -= 1
                 conn.busy = True
+            self._note_auth(ip, ok)
         if ok:
             return None
         return Response(401, b"unauthorized\n", [("WWW-Authenticate", f'Basic realm="{self.auth.realm}"')])
+
+    def _note_auth(self, ip: str, ok: bool) -> None:
+        """After AUTH_FREE_FAILURES wrong passwords in a row, an address waits AUTH_BACKOFF_S
+        (doubling with each further failure, up to AUTH_BACKOFF_MAX_S) before its next uncached
+        check; a success clears it."""
+        if ok:
+            self._auth_backoff.pop(ip, None)
+            return
+        failures, _, wait = self._auth_backoff.pop(ip, (0, 0.0, 0.0))
+        failures += 1
+        if failures >= AUTH_FREE_FAILURES:
+            wait = min(AUTH_BACKOFF_MAX_S, wait * 2) if wait else AUTH_BACKOFF_S
+        if len(self._auth_backoff) >= AUTH_BACKOFF_ADDRESSES:  # bounded: forget the oldest
+            del self._auth_backoff[next(iter(self._auth_backoff))]
+        self._auth_backoff[ip] = (failures, time.monotonic() + wait, wait)
 
     async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                            conn: _Conn, peer: str, cert: dict | None, timeout: float,

@@ -144,6 +144,37 @@ def test_password_checks_queued_for_clients_that_left_are_dropped(cost12_users):
     assert srv.httpd.auth_dropped >= 3
 
 
+def test_an_address_flooding_wrong_passwords_is_made_to_wait():
+    """After 32 wrong passwords in a row from one address, its uncached checks get 429 without
+    a password check (backing off up to 30 s), so one flooding address costs almost nothing."""
+    from exporter import httpd
+
+    class Counting:
+        realm = "test"
+        verified = 0
+
+        def cached(self, header):
+            return None
+
+        def verify(self, header):
+            self.verified += 1
+            return False
+
+    auth = Counting()
+    srv = HttpServer(lambda req: Response(200, b"ok\n"), "127.0.0.1", 0, auth=auth)
+    srv.start()
+    try:
+        statuses = [_head(srv.port, b"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Basic eDp5\r\n"
+                                    b"Connection: close\r\n\r\n").split(b" ")[1] for _ in range(60)]
+    finally:
+        srv.shutdown()
+    free = httpd.AUTH_FREE_FAILURES
+    assert statuses[:free] == [b"401"] * free
+    # The rest wait (a slow machine may pass the first 1 s and 2 s waits: a check each).
+    assert statuses[free:].count(b"429") >= 60 - free - 2
+    assert auth.verified <= free + 2
+
+
 def test_probes_do_not_wait_behind_busy_workers():
     """Issue 18 item 2: /healthz and /readyz are answered while every worker is taken."""
     hung = Probe("hung", "hang")
