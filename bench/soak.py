@@ -55,6 +55,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.thread_cpu import thread_cpu  # noqa: E402
 from tests.helpers import free_port, samples, value, wait_until_serving  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -62,7 +63,9 @@ HEADERS = {"Accept": "application/openmetrics-text;version=1.0.0,text/plain;vers
            "Accept-Encoding": "gzip"}
 
 
-def start(port: int, nofile: int, *extra: str, log: Path | None = None) -> subprocess.Popen:
+def start(port: int, nofile: int, *extra: str, log: Path | None = None,
+          names: Path | None = None) -> subprocess.Popen:
+    """`names`: run under bench/thread_cpu.py's wrapper, which writes the threads' names there."""
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, max(nofile, resource.getrlimit(
             resource.RLIMIT_NOFILE)[1])))
@@ -71,7 +74,9 @@ def start(port: int, nofile: int, *extra: str, log: Path | None = None) -> subpr
     # The log goes to a file: a pipe nobody reads would block the exporter once full (it logs
     # every XID it counts).
     err = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - the child keeps it
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", *extra,
+    from bench.thread_cpu import WRAPPER
+    head = [sys.executable, "-c", WRAPPER, str(names)] if names else [sys.executable, "-m", "exporter"]
+    proc = subprocess.Popen([*head, "--simulate", "p5.48xlarge", *extra,
                              "--listen", f"{HOST}:{port}", "--log-level", "warning"],
                             env=env, preexec_fn=limit, stdout=subprocess.DEVNULL, stderr=err, text=True)
     try:
@@ -502,8 +507,9 @@ def abuse_phase(args: argparse.Namespace, tmp: Path) -> dict:
     kmsg = tmp / "kmsg"
     writer = KmsgRewriter(kmsg, args.rewrite_every)
     port = free_port()
+    names = tmp / "threads.json"
     proc = start(port, args.nofile, "--web.config.file", str(web), "--kmsg-file", str(kmsg),
-                 log=tmp / "exporter-abuse.log")
+                 log=tmp / "exporter-abuse.log", names=names)
     auth = basic(USER, PASSWORD)
     try:
         stop = threading.Event()
@@ -515,6 +521,7 @@ def abuse_phase(args: argparse.Namespace, tmp: Path) -> dict:
         sampler = Sampler(proc.pid, lambda: sum(len(s.latencies) for s in scrapers))
         exporter = psutil.Process(proc.pid)
         cpu0, own0 = exporter.cpu_times(), resource.getrusage(resource.RUSAGE_SELF)
+        threads0 = thread_cpu(proc.pid)
         t0 = time.monotonic()
         for t in (sampler, writer, *scrapers, prober):
             t.start()
@@ -529,9 +536,15 @@ def abuse_phase(args: argparse.Namespace, tmp: Path) -> dict:
         writer.join(10)
         flood_end = time.monotonic()
         cpu1, own1 = exporter.cpu_times(), resource.getrusage(resource.RUSAGE_SELF)
+        by_name: dict[str, float] = {}
+        named = {int(k): v for k, v in json.loads(names.read_text()).items()} if names.exists() else {}
+        for tid, t in thread_cpu(proc.pid).items():
+            name = named.get(tid, "other").rstrip("0123456789_")
+            by_name[name] = round(by_name.get(name, 0.0) + t - threads0.get(tid, 0.0), 2)
         cpu = {"exporter_cpu_s": round(cpu1.user + cpu1.system - cpu0.user - cpu0.system, 1),
                "soak_client_cpu_s": round(own1.ru_utime + own1.ru_stime - own0.ru_utime - own0.ru_stime, 1),
-               "load_average_1m": round(os.getloadavg()[0], 1)}
+               "load_average_1m": round(os.getloadavg()[0], 1),
+               "exporter_cpu_s_by_thread": dict(sorted(by_name.items(), key=lambda x: -x[1]))}
         # The first scrape with credentials after the flood: how long it takes.
         t = time.monotonic()
         try:
