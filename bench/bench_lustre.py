@@ -1,10 +1,18 @@
-"""Lustre collector cost: one FSx mount with 16 and 64 OSTs, per-OST series off and on.
+"""Lustre collector CPU per OST: one simulated FSx mount with 8 to 256 OSTs.
 
-Builds the simulated 2.15 tree (exporter/simulate/lustre.py, full-size import/stats files) with
-the OST count patched, then times LustreCollector.collect() in-process (file reads, parsing,
-aggregation, statvfs seam; no HTTP) and counts the series it emits.
+Builds the simulated 2.15 tree (exporter/simulate/lustre.py, `LustreSim(osts=N)`, full-size
+import/state/stats files) and runs LustreCollector.collect() in-process: file reads (through the
+collector's reader thread), parsing, aggregation and statvfs (the simulated node's answer; no
+HTTP). CPU is time.process_time(), so the reader thread's CPU counts and the other load on the
+host does not. Each repetition builds a fresh tree and collector, warms it up, then takes the
+median CPU of `--iterations` collections at each OST count.
 
-    python bench/bench_lustre.py [--iterations 300]
+Printed per repetition: CPU per collection at each OST count, and the CPU per OST, the slope
+of a least-squares line through those points (the cost of one more OST). Then the median and the
+spread (min-max) of each over the repetitions.
+
+    python bench/bench_lustre.py [--osts 8,32,64,128,256] [--repetitions 3] [--iterations 40]
+                                 [--per-target]
 """
 
 from __future__ import annotations
@@ -17,7 +25,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -29,51 +36,72 @@ from exporter.profiles import PROFILES  # noqa: E402
 from exporter.simulate import lustre as sim_lustre  # noqa: E402
 
 
-def build(root: Path, osts: int) -> None:
-    sim_lustre.OSTS = osts
+def collector(root: Path, osts: int, per_target: bool) -> LustreCollector:
     for d in ("proc", "sys/kernel/debug"):
         (root / d).mkdir(parents=True, exist_ok=True)
-    sim_lustre.LustreSim(root, PROFILES["p5.48xlarge"], set()).build()
+    sim_lustre.LustreSim(root, PROFILES["p5.48xlarge"], set(), osts=osts).build()
+    cfg = load(None, {"paths.procfs": str(root / "proc"), "paths.sysfs": str(root / "sys"),
+                      "paths.debugfs": str(root / "sys/kernel/debug"), "lustre.per_target": per_target,
+                      "lustre.lfs_command": "", "lustre.use_ioctl": False})
+    c = LustreCollector(Context(config=cfg))
+    # the simulated node's statvfs answer, as `--simulate` wires it (the collector's seam)
+    c.statvfs = sim_lustre.fake_statvfs(root)
+    return c
 
 
-def run(osts: int, per_target: bool, iterations: int) -> dict[str, float]:
+def cpu_per_collection(osts: int, per_target: bool, iterations: int) -> tuple[float, int]:
+    """Median CPU seconds of one collect() and the series it emits."""
     with tempfile.TemporaryDirectory(prefix="bench-lustre-") as tmp:
-        root = Path(tmp)
-        build(root, osts)
-        cfg = load(None, {"paths.procfs": str(root / "proc"), "paths.sysfs": str(root / "sys"),
-                          "paths.debugfs": str(root / "sys/kernel/debug"), "lustre.per_target": per_target})
-        c = LustreCollector(Context(config=cfg, simulation=SimpleNamespace(root=root)))  # type: ignore[arg-type]
-        for _ in range(5):  # warm caches (dentries, the mount mapping)
+        c = collector(Path(tmp), osts, per_target)
+        for _ in range(5):  # warm up: dentries, the mount mapping, the reader thread
             c.collect(Families())
-        times, cpu = [], []
+        cpu = []
         for _ in range(iterations):
             out = Families()
-            t, tc = time.perf_counter(), time.process_time()
+            t = time.process_time()
             c.collect(out)
-            times.append(time.perf_counter() - t)
-            cpu.append(time.process_time() - tc)
+            cpu.append(time.process_time() - t)
         series = sum(len(m.samples) for m in out)
-    times.sort()
-    return {"cpu_ms": statistics.median(cpu) * 1e3, "min_ms": times[0] * 1e3,
-            "median_ms": statistics.median(times) * 1e3,
-            "p95_ms": times[int(len(times) * 0.95)] * 1e3, "series": series}
+    return statistics.median(cpu), series
+
+
+def slope(xs: list[int], ys: list[float]) -> float:
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+def spread(values: list[float], scale: float, fmt: str) -> str:
+    v = [x * scale for x in values]
+    return f"{statistics.median(v):{fmt}} ({min(v):{fmt}}-{max(v):{fmt}})"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--iterations", type=int, default=300)
+    p.add_argument("--osts", default="8,32,64,128,256", help="OST counts, comma-separated")
+    p.add_argument("--repetitions", type=int, default=3)
+    p.add_argument("--iterations", type=int, default=40, help="collections timed per OST count")
+    p.add_argument("--per-target", action="store_true", help="lustre.per_target on (default off)")
     args = p.parse_args()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs, "
-          f"load average {load:.2f}, {args.iterations} collections each")
-    print("| OSTs | per_target | wall min ms | wall median ms | wall p95 ms | CPU median ms | series |")
-    print("|---|---|---|---|---|---|---|")
-    for osts in (16, 64):
-        for per_target in (False, True):
-            r = run(osts, per_target, args.iterations)
-            print(f"| {osts} | {str(per_target).lower()} | {r['min_ms']:.2f} | {r['median_ms']:.2f} | "
-                  f"{r['p95_ms']:.2f} | {r['cpu_ms']:.2f} | "
-                  f"{r['series']:.0f} |")
+    counts = [int(x) for x in args.osts.split(",")]
+    load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs, load average "
+          f"{load_avg:.2f}; per_target {str(args.per_target).lower()}; median of {args.iterations} "
+          f"collections per point, {args.repetitions} repetitions")
+    print("| repetition | " + " | ".join(f"{n} OSTs ms" for n in counts) + " | CPU per OST µs |")
+    print("|---|" + "---|" * (len(counts) + 1))
+    per_count: dict[int, list[float]] = {n: [] for n in counts}
+    slopes, series = [], {}
+    for rep in range(1, args.repetitions + 1):
+        row = []
+        for n in counts:
+            cpu, series[n] = cpu_per_collection(n, args.per_target, args.iterations)
+            per_count[n].append(cpu)
+            row.append(cpu)
+        slopes.append(slope(counts, row) if len(counts) > 1 else row[0] / counts[0])
+        print(f"| {rep} | " + " | ".join(f"{x * 1e3:.2f}" for x in row) + f" | {slopes[-1] * 1e6:.1f} |")
+    print("| median (min-max) | " + " | ".join(spread(per_count[n], 1e3, ".2f") for n in counts)
+          + f" | {spread(slopes, 1e6, '.1f')} |")
+    print("series: " + ", ".join(f"{n} OSTs {series[n]}" for n in counts))
     return 0
 
 

@@ -119,13 +119,19 @@ def build_context(args: argparse.Namespace) -> Context:
 
         simulation = Simulation(args.simulate, args.scenario)
         overrides.update(simulation.config_overrides())
+        # the simulated mounts are not mounted: no lfs or ioctl probe of their mount points
+        overrides.update({"lustre.lfs_command": "", "lustre.use_ioctl": False})
     elif args.scenario:
         raise ConfigError("command line: --scenario needs --simulate PROFILE")
     cfg = load(args.config, {**overrides, **cli_overrides(args)})
+    statvfs = os.statvfs
     if simulation is not None:
+        from exporter.simulate.lustre import fake_statvfs
+
         simulation.build()
+        statvfs = fake_statvfs(simulation.root)  # the simulated mounts' capacity
     ctx = Context(config=cfg, nvml_capture=args.nvml_capture, simulation=simulation,
-                  scenarios=tuple(args.scenario), nvml_latencies=args.nvml_latencies)
+                  scenarios=tuple(args.scenario), nvml_latencies=args.nvml_latencies, statvfs=statvfs)
     ctx.xid = build_xid(cfg, ctx.nvml, simulation, args.kmsg_file)
     return ctx
 

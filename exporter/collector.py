@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ class Context:
     nvml: NvmlSession | None = None  # None: made from the fields above
     identity: IdentitySource | None = None  # None: made from the config
     xid: XidService | None = None  # None: made from the config and `nvml`
+    # statvfs of a mount point (the Lustre capacity probe); a simulated node passes its fake
+    statvfs: Callable[[str], os.statvfs_result] = os.statvfs
 
     def __post_init__(self) -> None:
         if self.nvml is None:

@@ -20,15 +20,7 @@ from exporter.config import Key, declare_section, positive
 from exporter.lustre import discovery, parsers
 from exporter.lustre.discovery import Device, Mount
 from exporter.lustre.evictions import EvictionTracker
-from exporter.lustre.sources import (
-    SIM_STATVFS_FILE,
-    SOURCES,
-    DeadlineReader,
-    StatvfsFn,
-    TimedProbe,
-    Tree,
-    statvfs_from_file,
-)
+from exporter.lustre.sources import SOURCES, DeadlineReader, StatvfsFn, TimedProbe, Tree
 from exporter.metric import Sample
 
 NAME = "lustre"
@@ -136,7 +128,10 @@ FILE_KINDS = ("mounts", "llite_stats", "osc_stats", "mdc_stats", "import", "stat
               "max_rpcs_in_flight", "health_check", "version")
 # llite counters exported as read/write calls and bytes rather than as operations.
 _IO_COUNTERS = {"read_bytes", "write_bytes"}
-_DEVICE_FILES = ("stats", "state", "import", "max_rpcs_in_flight")  # read per osc/mdc device
+# stats counters read per osc/mdc device (the rest of the file is not parsed)
+_OSC_COUNTERS = ("req_waittime", "read_bytes", "write_bytes")
+_MDC_COUNTERS = ("req_waittime",)
+_STATE_SET = frozenset(IMPORT_STATES)
 MAX_OPERATIONS = 100  # bound on distinct llite counter names per mount (the client has ~45)
 MiB = 1 << 20
 
@@ -169,6 +164,33 @@ class _Acc:
             out.add_samples(spec, (Sample(name, labels, float(v)),))
 
 
+class _Target:
+    """One osc/mdc label set's values, summed over its devices in name order (as floats, as
+    _Acc.add sums them). None or False: no device had the file the series comes from."""
+
+    __slots__ = ("labels", "rpcs", "wait", "read_bytes", "write_bytes", "has_stats", "new_evictions",
+                 "last_eviction", "has_state", "states", "inflight", "timeouts", "attempts", "max_rpcs")
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+        self.rpcs = self.wait = self.read_bytes = self.write_bytes = 0.0
+        self.has_stats = self.has_state = False
+        self.new_evictions = self.last_eviction = 0
+        self.states: dict[str, int] = {}
+        self.inflight: float | None = None
+        self.timeouts: float | None = None
+        self.attempts: float | None = None
+        self.max_rpcs: float | None = None
+
+
+def _tunable(text: str) -> int | None:
+    """parsers.parse_int, without its regular expression for the usual bare number."""
+    v = text.strip()
+    if v.isascii() and v.isdigit():
+        return int(v) if len(v) <= 20 else None
+    return parsers.parse_int(text)
+
+
 class LustreCollector(Collector):
     name = NAME
 
@@ -183,14 +205,14 @@ class LustreCollector(Collector):
         self.do_statfs: bool = cfg.statfs
         self.rootfs: str = cfg.rootfs
         self.probe = TimedProbe(cfg.probe_timeout_seconds)
-        simulated = ctx.simulation is not None
-        # Seams: the simulated node has no real mounts, so statvfs reads its JSON file and the
-        # mount probes (lfs, ioctl) are off; tests replace these attributes directly.
-        self.statvfs: StatvfsFn = (statvfs_from_file(ctx.simulation.root / SIM_STATVFS_FILE) if simulated
-                                   else os.statvfs)
-        self.lfs: str | None = None if simulated or not cfg.lfs_command else shutil.which(cfg.lfs_command)
-        self.use_ioctl: bool = cfg.use_ioctl and not simulated
+        # Seams (tests replace these attributes): the simulated node passes its fake statvfs in
+        # the Context and turns the mount probes (lfs, ioctl) off in its config.
+        self.statvfs: StatvfsFn = ctx.statvfs
+        self.lfs: str | None = shutil.which(cfg.lfs_command) if cfg.lfs_command else None
+        self.use_ioctl: bool = cfg.use_ioctl
         self.evictions = EvictionTracker()
+        # device -> (state file text, its current state, malformed lines, newest eviction)
+        self._states: dict[str, tuple[str, str | None, int, int]] = {}
         self._evict_total: dict[tuple[str, ...], int] = {}
         self._last_evict: dict[tuple[str, ...], int] = {}
         self._instances: dict[tuple[str, str], str] = {}  # (mountpoint, source) -> llite instance
@@ -212,6 +234,8 @@ class LustreCollector(Collector):
             self._count_bad("version", 1)
         tree.version = parsers.version_tuple(version)
         out.add(MOUNTS, len(mounts))
+        # the probe workers of mounts that are gone are let go
+        self.probe.retain({self._host_path(m.mountpoint) for m in mounts})
         if not mounts:  # nothing mounted: only the module's health, and no source is "down"
             if version_text is not None:
                 self._health(out)
@@ -239,6 +263,8 @@ class LustreCollector(Collector):
                 self.problems.report(f"mount {m.mountpoint}", "")
                 acc.emit(out)
         self.evictions.retain(live_imports)
+        for k in [k for k in self._states if k not in live_imports]:
+            del self._states[k]
         mounted = {m.mountpoint for m in mounts}
         self.problems.forget(lambda subject: subject.partition(" ")[0] in ("mount", "map", "statfs")
                              and subject.partition(" ")[2] not in mounted)
@@ -307,7 +333,7 @@ class LustreCollector(Collector):
             candidates.append(lambda: discovery.ioctl_getmdname(path))
         for fn in candidates:
             try:
-                inst = self.probe.run(f"map {path}", fn)
+                inst = self.probe.run(path, fn)  # the mount's probe worker (see _statfs_all)
             except Exception:  # noqa: BLE001 - fall through to the next method
                 continue
             if isinstance(inst, str) and inst in listed:
@@ -328,13 +354,16 @@ class LustreCollector(Collector):
         mine = sorted((d for d in devices if d.fsname == m.fsname and d.instance_id == inst_id),
                       key=lambda d: d.name)
         # every file of the mount in one batch (one hand-over to the reader thread)
-        reqs = [("stats", "llite", inst), ("max_cached_mb", "llite", inst)] + \
-            [(kind, d.component, d.name) for d in mine for kind in _DEVICE_FILES]
-        texts = dict(zip(reqs, self.tree.read_many(reqs), strict=True))
-        text = texts[("stats", "llite", inst)]
+        reqs = [("stats", "llite", inst), ("max_cached_mb", "llite", inst)]
+        for d in mine:
+            comp, name = d.component, d.name
+            reqs += (("stats", comp, name), ("state", comp, name), ("import", comp, name),
+                     ("max_rpcs_in_flight", comp, name))
+        texts = self.tree.read_many(reqs)
+        text = texts[0]
         if text is not None:
             self._llite_stats(parsers.parse_stats(text), base, acc)
-        text = texts[("max_cached_mb", "llite", inst)]
+        text = texts[1]
         if text is not None:
             cache = parsers.parse_max_cached_mb(text)
             self._count_bad("max_cached_mb", cache.malformed)
@@ -344,10 +373,17 @@ class LustreCollector(Collector):
                 acc.add(CACHE_LIMIT, cache.max_mb * MiB, base)
         for comp in ("mdc", "osc"):
             acc.add(TARGETS, sum(1 for d in mine if d.component == comp), {**base, "component": comp})
-        for dev in mine:
-            labels = {**base, "component": dev.component, "target": dev.target if self.per_target else ""}
-            self._device(dev, labels, acc, live, live_imports,
-                         {kind: texts[(kind, dev.component, dev.name)] for kind in _DEVICE_FILES})
+        # Sum the devices into one _Target per label set (one per component when per_target is off),
+        # then add each target's series once: the cost per OST is reading and parsing its files.
+        targets: dict[tuple[str, str], _Target] = {}
+        for k, dev in enumerate(mine):
+            key = (dev.component, dev.target if self.per_target else "")
+            t = targets.get(key)
+            if t is None:
+                t = targets[key] = _Target({**base, "component": key[0], "target": key[1]})
+            self._device(dev, t, live_imports, texts[2 + 4 * k:6 + 4 * k])
+        for t in targets.values():
+            self._emit_target(t, acc, live)
 
     def _llite_stats(self, stats: parsers.Stats, base: dict[str, str], acc: _Acc) -> None:
         self._count_bad("llite_stats", stats.malformed)
@@ -371,65 +407,101 @@ class LustreCollector(Collector):
         if reset is not None:
             acc.max(STATS_RESET, reset, base)
 
-    def _device(self, dev: Device, labels: dict[str, str], acc: _Acc, live: set[tuple[str, ...]],
-                live_imports: set[str], texts: dict[str, str | None]) -> None:
+    def _device(self, dev: Device, t: _Target, live_imports: set[str], texts: list[str | None]) -> None:
+        """Add one osc/mdc device's files (stats, state, import, max_rpcs_in_flight) to `t`."""
         comp = dev.component
-        text = texts["stats"]
+        text = texts[0]
         if text is not None:
-            stats = parsers.parse_stats(text)
-            self._count_bad(f"{comp}_stats", stats.malformed)
-            wait = stats.get("req_waittime")
-            acc.add(RPCS, wait.count if wait else 0, labels)
-            acc.add(RPC_WAIT, (wait.seconds() or 0.0) if wait else 0.0, labels)
+            found, bad = parsers.stats_fields(text, _OSC_COUNTERS if comp == "osc" else _MDC_COUNTERS)
+            if bad:
+                self._count_bad(f"{comp}_stats", bad)
+            wait = found.get("req_waittime")
+            t.rpcs += wait[0] if wait else 0
+            t.wait += (parsers.seconds(wait[1], wait[2]) or 0.0) if wait else 0.0
             if comp == "osc":
-                for name, spec in (("read_bytes", RPC_READ_BYTES), ("write_bytes", RPC_WRITE_BYTES)):
-                    ctr = stats.get(name)
-                    acc.add(spec, (ctr.sum or 0) if ctr else 0, labels)
-        hist = None
-        text = texts["state"]
+                r, w = found.get("read_bytes"), found.get("write_bytes")
+                t.read_bytes += (r[2] or 0) if r else 0
+                t.write_bytes += (w[2] or 0) if w else 0
+            t.has_stats = True
+        current = None
+        text = texts[1]
         if text is not None:
-            hist = parsers.parse_state(text)
-            self._count_bad("state", hist.malformed)
-            key = tuple(labels[k] for k in T)
-            live.add(key)
+            # The ring changes only on a state change: an unchanged file has no new eviction.
+            seen = self._states.get(dev.name)
+            if seen is not None and seen[0] == text:
+                _, current, bad, last = seen
+                new = 0
+            else:
+                hist = parsers.parse_state(text)
+                new, _total, last = self.evictions.update(dev.name, hist.history)
+                current, bad = hist.current, hist.malformed
+                self._states[dev.name] = (text, current, bad, last)
+            if bad:
+                self._count_bad("state", bad)
             live_imports.add(dev.name)
-            new, _total, last = self.evictions.update(dev.name, hist.history)
-            self._evict_total[key] = self._evict_total.get(key, 0) + new
-            self._last_evict[key] = max(self._last_evict.get(key, 0), last)
-            acc.max(EVICTIONS, self._evict_total[key], labels)
-            acc.max(LAST_EVICTION, self._last_evict[key], labels)
-        text = texts["import"]
-        imp = parsers.parse_import(text) if text is not None else None
-        if imp is not None:
-            self._count_bad("import", imp.malformed)
-        # The import's state, else the state file's current_state (same kernel field).
-        current = (imp.state if imp else None) or (hist.current if hist else None)
-        if current is not None:
-            state = current if current in IMPORT_STATES else "UNKNOWN"
-            for s in IMPORT_STATES:
-                acc.add(IMPORT_STATE, 1 if s == state else 0, {**labels, "state": s})
-        if imp is not None:
-            if imp.inflight is not None:
-                acc.add(RPCS_IN_FLIGHT, imp.inflight, labels)
-            if imp.timeouts is not None:
-                acc.add(RPC_TIMEOUTS, imp.timeouts, labels)
-            if imp.connection_attempts is not None:
-                acc.add(CONN_ATTEMPTS, imp.connection_attempts, labels)
-        text = texts["max_rpcs_in_flight"]
+            t.new_evictions += new
+            t.last_eviction = max(t.last_eviction, last)
+            t.has_state = True
+        text = texts[2]
         if text is not None:
-            v = parsers.parse_int(text)
+            state, attempts, inflight, timeouts, bad = parsers.import_fields(text)
+            if bad:
+                self._count_bad("import", bad)
+            # The import's state, else the state file's current_state (same kernel field).
+            current = state or current
+            if inflight is not None:
+                t.inflight = (t.inflight or 0.0) + inflight
+            if timeouts is not None:
+                t.timeouts = (t.timeouts or 0.0) + timeouts
+            if attempts is not None:
+                t.attempts = (t.attempts or 0.0) + attempts
+        if current is not None:
+            state = current if current in _STATE_SET else "UNKNOWN"
+            t.states[state] = t.states.get(state, 0) + 1
+        text = texts[3]
+        if text is not None:
+            v = _tunable(text)
             if v is None:
                 self._count_bad("max_rpcs_in_flight", 1)
             else:
-                acc.add(MAX_RPCS, v, labels)
+                t.max_rpcs = (t.max_rpcs or 0.0) + v
+
+    def _emit_target(self, t: _Target, acc: _Acc, live: set[tuple[str, ...]]) -> None:
+        """The series of one label set, in the order a device adds them."""
+        labels = t.labels
+        if t.has_stats:
+            acc.add(RPCS, t.rpcs, labels)
+            acc.add(RPC_WAIT, t.wait, labels)
+            if labels["component"] == "osc":
+                acc.add(RPC_READ_BYTES, t.read_bytes, labels)
+                acc.add(RPC_WRITE_BYTES, t.write_bytes, labels)
+        if t.has_state:
+            key = tuple(labels[k] for k in T)
+            live.add(key)
+            total = self._evict_total[key] = self._evict_total.get(key, 0) + t.new_evictions
+            last = self._last_evict[key] = max(self._last_evict.get(key, 0), t.last_eviction)
+            acc.max(EVICTIONS, total, labels)
+            acc.max(LAST_EVICTION, last, labels)
+        if t.states:
+            for s in IMPORT_STATES:
+                acc.add(IMPORT_STATE, t.states.get(s, 0), {**labels, "state": s})
+        if t.inflight is not None:
+            acc.add(RPCS_IN_FLIGHT, t.inflight, labels)
+        if t.timeouts is not None:
+            acc.add(RPC_TIMEOUTS, t.timeouts, labels)
+        if t.attempts is not None:
+            acc.add(CONN_ATTEMPTS, t.attempts, labels)
+        if t.max_rpcs is not None:
+            acc.add(MAX_RPCS, t.max_rpcs, labels)
 
     def _statfs_all(self, mounts: list[Mount], out: Families) -> None:
-        """statvfs of every mount in parallel, all within one probe timeout: a hung mount
-        costs the collection at most probe_timeout_seconds once, then nothing while stuck."""
+        """statvfs of every mount in parallel (one long-lived probe worker per mount), all within
+        one probe timeout: a hung mount costs the collection at most probe_timeout_seconds once,
+        then nothing while stuck."""
         handles = []
         for m in mounts:
             path = self._host_path(m.mountpoint)
-            handles.append((m, path, self.probe.start(f"statfs {path}", lambda p=path: self.statvfs(p))))
+            handles.append((m, path, self.probe.start(path, lambda p=path: self.statvfs(p))))
         deadline = time.monotonic() + self.probe.timeout_s
         for m, path, handle in handles:
             labels = {"fsname": m.fsname, "mount": m.mountpoint}

@@ -152,6 +152,128 @@ def parse_import(text: str) -> Import:
     return out
 
 
+# -- the per-target files, read for the fields the collector exports ------------------------
+# A file system can have hundreds of OSTs and each has a stats and an import file read every
+# scrape, so these read only the lines the exported series come from, with string searches.
+
+def stats_fields(text: str, names: tuple[str, ...]) -> tuple[dict[str, tuple[int, str, int | None]], int]:
+    """{name: (count, unit, sum)} of the stats lines of `names` (sum None when the line has no
+    min/max/sum), as parse_stats reads them, and how many of those lines do not parse. The
+    other lines are not looked at (not counted as malformed either)."""
+    out: dict[str, tuple[int, str, int | None]] = {}
+    bad = 0
+    for name in names:
+        i = text.find(name)
+        while i >= 0:
+            end = i + len(name)
+            start = text.rfind("\n", 0, i) + 1
+            if (start == i or not text[start:i].strip()) and end < len(text) and text[end] in " \t":
+                stop = text.find("\n", end)
+                line = text[start:] if stop < 0 else text[start:stop]
+                parsed = _stat_fields(line)
+                if parsed is None:
+                    bad += 1
+                else:
+                    out[name] = parsed  # the last good line wins, as in parse_stats
+                i = len(text) if stop < 0 else stop
+            i = text.find(name, i + 1)
+    return out, bad
+
+
+def _stat_fields(line: str) -> tuple[int, str, int | None] | None:
+    tok = line.split()
+    n = len(tok)
+    if (n not in (4, 7, 8) or not line.isascii() or tok[2] != "samples" or not tok[1].isdigit()
+            or len(tok[1]) > 20 or tok[3][:1] != "[" or tok[3][-1:] != "]"):
+        return _stat_fields_slow(line)
+    unit = tok[3][1:-1]
+    if not unit.replace("_", "a").isalpha():
+        return _stat_fields_slow(line)
+    total = None
+    if n > 4:
+        for t in tok[4:7]:
+            digits = t[1:] if t[:1] == "-" else t
+            if not digits.isdigit() or len(digits) > 20:
+                return _stat_fields_slow(line)
+        if n == 8 and (not tok[7].isdigit() or len(tok[7]) > 40):
+            return _stat_fields_slow(line)
+        total = int(tok[6])
+    unit = unit.lower()
+    return int(tok[1]), UNIT_ALIASES.get(unit, unit), total
+
+
+def _stat_fields_slow(line: str) -> tuple[int, str, int | None] | None:
+    """The same from the full line pattern, for a line the quick split does not take (odd
+    spacing, non-ASCII whitespace, a bad number)."""
+    m = _STAT_LINE.match(line.strip())
+    if m is None:
+        return None
+    unit = m["unit"].lower()
+    return int(m["count"]), UNIT_ALIASES.get(unit, unit), None if m["sum"] is None else int(m["sum"])
+
+
+def seconds(unit: str, total: int | None) -> float | None:
+    """A stats sum in seconds when the counter measures time (see Counter.seconds)."""
+    scale = TIME_UNITS.get(unit)
+    return None if scale is None or total is None else total * scale
+
+
+_INDENT4 = re.compile(r"\n {4}[^ ]")
+
+
+def import_fields(text: str) -> tuple[str | None, int | None, int | None, int | None, int]:
+    """(state, connection_attempts, inflight, timeouts, malformed lines) of an `import` file.
+
+    A file laid out as the kernel prints it (`import:`, then every line indented by 4 spaces, the
+    import's keys and sections, or by 7, a section's keys, with one colon a line) is read with
+    string searches for those four keys: a 4-line belongs to the import, a 7-line to the section
+    opened by the 4-line above it. Any other file (tabs, other indents, blank or colon-less lines,
+    characters other than \\n that str.splitlines() breaks lines at) goes to parse_import."""
+    body = text[7:]
+    if (text.startswith("import:\n") and text.isascii() and "\r" not in body and "\x0b" not in body
+            and "\x0c" not in body and "\x1c" not in body and "\x1d" not in body and "\x1e" not in body):
+        if body.endswith("\n"):
+            body = body[:-1]
+        n = body.count("\n")
+        if (body.count(":") == n and body.count("\n    ") == n and body.count("\n        ") == 0
+                and body.count("\n     ") == body.count("\n       ")
+                and "\n    :" not in body and "\n       :" not in body):
+            state = _canon_value(body, "state", None)
+            return (state.split()[0].upper() if state else None,
+                    _int_value(_canon_value(body, "connection_attempts", "connection")),
+                    _int_value(_canon_value(body, "inflight", "rpcs")),
+                    _int_value(_canon_value(body, "timeouts", "rpcs")), 0)
+    imp = parse_import(text)
+    return imp.state, imp.connection_attempts, imp.inflight, imp.timeouts, imp.malformed
+
+
+def _canon_value(body: str, key: str, section: str | None) -> str | None:
+    """The value of the last `key: value` line of `section` (None: the import's own keys) in a
+    body checked by import_fields; header lines (no value) do not count, as in parse_import."""
+    needle = f"\n    {key}:" if section is None else f"\n       {key}:"
+    header = f"\n    {section}:"
+    pos = len(body)
+    while (pos := body.rfind(needle, 0, pos)) >= 0:
+        stop = body.find("\n", pos + 1)
+        value = (body[pos + len(needle):] if stop < 0 else body[pos + len(needle):stop]).strip()
+        if not value:
+            continue  # a header, not a value
+        if section is None:
+            return value
+        h = body.rfind(header, 0, pos)
+        if h >= 0 and _INDENT4.search(body, h + 1, pos) is None:  # nearest 4-line is the header
+            h_stop = body.find("\n", h + 1)
+            if not body[h + len(header):h_stop].strip():
+                return value
+    return None
+
+
+def _int_value(value: str | None) -> int | None:
+    if value is not None and value.isdigit():
+        return int(value) if len(value) <= 20 else None
+    return _int(value)
+
+
 @dataclass
 class StateHistory:
     current: str | None = None

@@ -15,14 +15,12 @@ unexpected layout still resolves.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 SOURCES = ("procfs", "sysfs", "debugfs")
@@ -55,22 +53,39 @@ class SourceState:
 
 
 _FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+# The largest Lustre file read. The biggest real ones (llite stats of a 2.16 client, an import
+# file with its flag lists) are a few KiB; a file past this is not a Lustre file we know (or one
+# that never ends) and is refused: bounded memory and time whatever the file system serves.
+MAX_FILE_BYTES = 1 << 20
+_CHUNK = 65536
 
 
-def read_text(path: str) -> str:
+def read_text(path: str, max_bytes: int = MAX_FILE_BYTES) -> str:
     """The file's text (UTF-8, bad bytes replaced). os.open/os.read rather than open(): a third
-    of the system calls and none of the text-layer set-up, for ~40 small files a scrape."""
+    of the system calls and none of the text-layer set-up, for 4 small files per OST a scrape.
+    A file longer than `max_bytes` raises OSError(EFBIG) after reading at most max_bytes + 1."""
     fd = os.open(path, _FLAGS)
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
+        data = os.read(fd, _CHUNK)
+        if data:  # a pseudo-file can answer in pieces (a seq_file, a page at a time): read to EOF
+            more = os.read(fd, _CHUNK)
+            if more:
+                chunks, size = [data, more], len(data) + len(more)
+                while more and size <= max_bytes:
+                    more = os.read(fd, min(_CHUNK, max_bytes + 1 - size))
+                    chunks.append(more)
+                    size += len(more)
+                if size > max_bytes:
+                    raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes; not read", path)
+                data = b"".join(chunks)
+            elif len(data) > max_bytes:
+                raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes; not read", path)
     except OSError as e:
         e.filename = e.filename or path  # os.read does not name the file
         raise
     finally:
         os.close(fd)
-    return b"".join(chunks).decode("utf-8", "replace")
+    return data.decode("utf-8", "replace")
 
 
 class DeadlineReader:
@@ -103,14 +118,17 @@ class DeadlineReader:
     def read_many(self, paths: list[str]) -> list[str | BaseException]:
         """Each path's text, or the exception its read raised (TimeoutError past the deadline)."""
         out: list[str | BaseException | None] = [None] * len(paths)
-        todo = []
-        for i, p in enumerate(paths):
-            w = self._stuck.get(p)
-            if w is not None and w.busy_with == p:
-                out[i] = TimeoutError(errno.ETIMEDOUT, "an earlier read is still blocked", p)
-                continue
-            self._stuck.pop(p, None)
-            todo.append(i)
+        if not self._stuck:
+            todo = list(range(len(paths)))
+        else:
+            todo = []
+            for i, p in enumerate(paths):
+                w = self._stuck.get(p)
+                if w is not None and w.busy_with == p:
+                    out[i] = TimeoutError(errno.ETIMEDOUT, "an earlier read is still blocked", p)
+                    continue
+                self._stuck.pop(p, None)
+                todo.append(i)
         while todo:
             w = self._worker
             if w is None:
@@ -133,6 +151,8 @@ class DeadlineReader:
                 todo = todo[cur + 1:]
                 break
             else:
+                if len(todo) == len(paths):
+                    return job.results  # the usual case: every path read by this one job
                 for j, r in enumerate(job.results):
                     out[todo[j]] = r
                 todo = []
@@ -169,16 +189,17 @@ class _Worker:
             job = self._q.get()
             if job is None:
                 return
+            read, results, monotonic = self._read, job.results, time.monotonic
             for i, p in enumerate(job.paths):
-                job.current, job.since, self.busy_with = i, time.monotonic(), p
+                job.current, job.since, self.busy_with = i, monotonic(), p
                 try:
-                    r: str | BaseException = self._read(p)
+                    r: str | BaseException = read(p)
                 except Exception as e:  # noqa: BLE001 - handed to the caller
                     r = e
-                self.busy_with = None
                 if job.cancelled:
                     break
-                job.results.append(r)
+                results.append(r)
+            self.busy_with = None
             job.done.set()
 
 
@@ -195,9 +216,15 @@ class Tree:
         self.version: tuple[int, ...] | None = None
         self.state = {s: SourceState() for s in SOURCES}
         self._reach: dict[str, int] = {}  # file kind -> trees to read at first (see read_many)
+        # request -> its candidate (tree, path)s, for this scrape and the last (bounded: devices
+        # that left are forgotten after a scrape), for the layout they were made for
+        self._cands: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
+        self._cands_old: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
+        self._cands_layout: bool | None = None
 
     def begin(self) -> None:
         self.state = {s: SourceState() for s in SOURCES}
+        self._cands_old, self._cands = self._cands, {}
 
     def new_layout(self) -> bool:
         return self.version is None or self.version >= (2, 12)
@@ -248,16 +275,30 @@ class Tree:
         kind was found in at the last scrape (the first tree at the first); the trees after are
         read only for files the batch found in none of those. The answer is the same as reading
         every candidate: the first tree that has the file wins."""
-        cands = [[(src, f"{self._root_str[src]}/{'/'.join((*req[1:], req[0]))}")
-                  for src in self.order(req[0])] for req in requests]
+        layout = self.new_layout()
+        if layout != self._cands_layout:
+            self._cands, self._cands_old, self._cands_layout = {}, {}, layout
+        cands = [self._candidates(req) for req in requests]
+        read_many = getattr(self.reader, "read_many", None)
+        first: list[str | BaseException] | None = None
+        if not any(v > 1 for v in self._reach.values()):
+            # The usual scrape: every kind was found in its first tree last time, so the first
+            # batch is one path per file; when each is read, that is the whole answer.
+            paths = [c[0][1] for c in cands]
+            first = read_many(paths) if read_many else [_call(self.reader, p) for p in paths]
+            if all(type(r) is str for r in first):
+                self._reach.update(dict.fromkeys({req[0] for req in requests}, 1))
+                return first  # type: ignore[return-value]
         texts: list[list[str | BaseException]] = [[] for _ in requests]
         upto = [min(len(c), self._reach.get(req[0], 1)) for req, c in zip(requests, cands, strict=True)]
-        read_many = getattr(self.reader, "read_many", None)
         todo = list(range(len(requests)))
         while todo:
             batch = [(i, path) for i in todo for _, path in cands[i][len(texts[i]):upto[i]]]
-            paths = [p for _, p in batch]
-            got = read_many(paths) if read_many else [_call(self.reader, p) for p in paths]
+            if first is not None:  # that first batch, read above
+                got, first = first, None
+            else:
+                paths = [p for _, p in batch]
+                got = read_many(paths) if read_many else [_call(self.reader, p) for p in paths]
             for (i, _), r in zip(batch, got, strict=True):
                 texts[i].append(r)
             todo = []
@@ -273,7 +314,17 @@ class Tree:
         self._reach.update(reach)
         return [self._first(c[:len(t)], t) for c, t in zip(cands, texts, strict=True)]
 
-    def _first(self, cands: list[tuple[str, str]], texts: list[str | BaseException]) -> str | None:
+    def _candidates(self, req: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+        c = self._cands.get(req)
+        if c is None:
+            c = self._cands_old.get(req)
+            if c is None:
+                tail = "/".join((*req[1:], req[0]))
+                c = tuple((src, f"{self._root_str[src]}/{tail}") for src in self.order(req[0]))
+            self._cands[req] = c
+        return c
+
+    def _first(self, cands: tuple[tuple[str, str], ...], texts: list[str | BaseException]) -> str | None:
         for (src, path), r in zip(cands, texts, strict=True):
             if not isinstance(r, BaseException):
                 return r
@@ -307,81 +358,90 @@ def _has_entries(path: Path) -> bool:
 
 
 StatvfsFn = Callable[[str], Any]
-# Where the simulated node keeps the statvfs answers of its fake mounts, under the simulation root
-# (written by exporter.simulate.lustre, read through statvfs_from_file; see docs/lustre.md).
-SIM_STATVFS_FILE = "sim/lustre-statvfs.json"
 
 
-def statvfs_from_file(path: Path) -> StatvfsFn:
-    """A statvfs stand-in for the simulated node: reads `path`, a JSON object mapping a mount
-    point to its statvfs fields (f_frsize, f_blocks, f_bfree, f_bavail, f_files, f_ffree)."""
+class _Call:
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
 
-    def fn(mountpoint: str) -> Any:
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, "no simulated statvfs file", str(path)) from None
-        if mountpoint not in data:
-            raise FileNotFoundError(errno.ENOENT, "mount not in the simulated statvfs file", mountpoint)
-        return SimpleNamespace(**data[mountpoint])
 
-    return fn
+class _ProbeWorker:
+    """One long-lived daemon thread running the calls of one key (a mount), one at a time."""
+
+    def __init__(self, key: str) -> None:
+        self.busy = False  # a call is submitted and has not returned (set under TimedProbe's lock)
+        self._q: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name=f"lustre-probe {key}", daemon=True).start()
+
+    def submit(self, fn: Callable[[], Any]) -> _Call:
+        call = _Call(fn)
+        self.busy = True
+        self._q.put(call)
+        return call
+
+    def retire(self) -> None:
+        self._q.put(None)  # it exits once the call it may be stuck in returns
+
+    def _loop(self) -> None:
+        while (call := self._q.get()) is not None:
+            try:
+                call.value = call.fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                call.error = e
+            self.busy = False
+            call.done.set()
 
 
 class TimedProbe:
-    """Runs a call that may hang (statvfs or an ioctl on a Lustre mount that lost its servers)
-    in a daemon thread and waits at most `timeout_s`. While a call for a key is still stuck, a
-    new one for that key is not started: the result is 'hung' until it returns."""
+    """Runs calls that may hang (statvfs or an ioctl on a Lustre mount that lost its servers)
+    and waits at most `timeout_s`. Each key (a mount) has one worker thread, made when the key is
+    first probed and kept: calls for different keys run in parallel, no thread is created per
+    call, and while a key's call is stuck a new one for that key is not started (the result is
+    'hung' until it returns; the worker then serves the key again). `retain` lets the workers of
+    keys no longer probed go."""
 
     HUNG = object()
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self._stuck: dict[str, threading.Thread] = {}
+        self._workers: dict[str, _ProbeWorker] = {}
         self._lock = threading.Lock()
 
     def start(self, key: str, fn: Callable[[], Any]) -> Any:
-        """Start fn() for `key` in a thread; returns a handle for `wait`, or HUNG when the
-        previous call for `key` is still running."""
+        """Hand fn() to `key`'s worker; returns a handle for `wait`, or HUNG when the previous
+        call for `key` is still running."""
         with self._lock:
-            for k in [k for k, t in self._stuck.items() if not t.is_alive() and k != key]:
-                del self._stuck[k]  # calls that returned at last, for mounts maybe gone
-            t = self._stuck.get(key)
-            if t is not None:
-                if t.is_alive():
-                    return self.HUNG
-                del self._stuck[key]
-        box: dict[str, Any] = {}
-
-        def target() -> None:
-            try:
-                box["value"] = fn()
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                box["error"] = e
-
-        t = threading.Thread(target=target, name=f"lustre-probe {key}", daemon=True)
-        t.start()
-        return (key, t, box)
+            w = self._workers.get(key)
+            if w is None:
+                w = self._workers[key] = _ProbeWorker(key)
+            elif w.busy:
+                return self.HUNG
+            return w.submit(fn)
 
     def wait(self, handle: Any, deadline: float) -> Any:
         """The call's result, HUNG if it is still running at `deadline` (time.monotonic()),
         or raises the call's exception."""
-        if handle is self.HUNG:
+        if handle is self.HUNG or not handle.done.wait(max(0.0, deadline - time.monotonic())):
             return self.HUNG
-        key, t, box = handle
-        t.join(max(0.0, deadline - time.monotonic()))
-        if t.is_alive():
-            with self._lock:
-                self._stuck[key] = t
-            return self.HUNG
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
+        if handle.error is not None:
+            raise handle.error
+        return handle.value
 
     def run(self, key: str, fn: Callable[[], Any]) -> Any:
         """fn()'s result within timeout_s, HUNG, or raises fn's exception."""
         return self.wait(self.start(key, fn), time.monotonic() + self.timeout_s)
 
+    def retain(self, keys: set[str]) -> None:
+        """Let the workers of other keys go (a stuck one exits when its call returns)."""
+        with self._lock:
+            for k in [k for k in self._workers if k not in keys]:
+                self._workers.pop(k).retire()
 
-__all__ = ["SIM_STATVFS_FILE", "SOURCES", "DeadlineReader", "StatvfsFn", "Tree", "TimedProbe", "read_text",
-           "statvfs_from_file"]
+    def threads(self) -> int:
+        return len(self._workers)
+
+
+__all__ = ["MAX_FILE_BYTES", "SOURCES", "DeadlineReader", "StatvfsFn", "Tree", "TimedProbe", "read_text"]

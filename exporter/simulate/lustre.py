@@ -6,18 +6,24 @@ Layout written under the simulation root (client 2.15.6):
   sys/fs/lustre/{version,health_check}, sys/fs/lustre/llite/<inst>/, {osc,mdc}/<dev>/max_rpcs_in_flight
   sys/kernel/debug/lustre/llite/<inst>/{stats,max_cached_mb}, {osc,mdc}/<dev>/stats, health_check
   sim/lustre-statvfs.json                      what statvfs("/fsx") answers in simulation mode
+                                               (`fake_statvfs(root)`, which cli.py hands to the
+                                               collector as Context.statvfs)
 
 Every value is a function of the elapsed time, so `advance(t)` is repeatable in tests.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
-from exporter.lustre.sources import SIM_STATVFS_FILE
+from exporter.profiles import Profile
 from exporter.simulate import SimSource
 
 FSNAME = "abcdefgh"
@@ -25,7 +31,7 @@ MOUNTPOINT = "/fsx"
 INSTANCE_ID = "ffff9c4b3a2f7800"
 INSTANCE = f"{FSNAME}-{INSTANCE_ID}"
 VERSION = "2.15.6"
-OSTS = 8
+OSTS = 8  # the default; LustreSim(osts=N) or a profile's `lustre_osts` sets another count
 IDLE_OST = 7  # an OSC with no traffic goes IDLE after 20 s on 2.12+: normal, must not alert
 EVICTED_OST = 2
 DISCONN_OST = 3
@@ -33,6 +39,8 @@ EVICT_AT_S = 5.0  # lustre-eviction: the eviction happens this many seconds afte
 CAPACITY_BYTES = 4_800 * 1024**3  # a 4.8 TiB persistent SSD file system
 INODES = 3_000_000_000
 MiB = 1 << 20
+# Where the simulated node keeps the statvfs answers of its fake mounts, under the simulation root.
+STATVFS_FILE = "sim/lustre-statvfs.json"
 
 SCENARIOS = {
     "lustre-eviction": f"OST{EVICTED_OST:04X} of the FSx mount is evicted {EVICT_AT_S:g} s after the start "
@@ -78,6 +86,12 @@ class LustreSim(SimSource):
     name = "lustre"
     scenarios = SCENARIOS
 
+    def __init__(self, root: Path, profile: Profile, scenarios: set[str], osts: int | None = None) -> None:
+        super().__init__(root, profile, scenarios)
+        self.osts = osts if osts is not None else getattr(profile, "lustre_osts", None) or OSTS
+        if not 1 <= self.osts <= 0x10000:  # OST indexes are 4 hex digits in device names
+            raise ValueError(f"simulated Lustre OST count {self.osts} is not between 1 and 65536")
+
     def build(self) -> None:
         self.t0 = int(time.time())
         self.network = "tcp" if self.profile.efa_devices < 8 else "efa"
@@ -104,7 +118,7 @@ class LustreSim(SimSource):
 
     def _devices(self) -> list[tuple[str, str]]:
         out = [("mdc", f"{FSNAME}-MDT0000-mdc-{INSTANCE_ID}")]
-        out += [("osc", f"{FSNAME}-OST{i:04x}-osc-{INSTANCE_ID}") for i in range(OSTS)]
+        out += [("osc", f"{FSNAME}-OST{i:04x}-osc-{INSTANCE_ID}") for i in range(self.osts)]
         return out
 
     # -- per-tick content ---------------------------------------------------------------------
@@ -262,7 +276,25 @@ class LustreSim(SimSource):
             bfree = bavail = int(blocks * 0.62)
         data = {MOUNTPOINT: {"f_bsize": bsize, "f_frsize": bsize, "f_blocks": blocks, "f_bfree": bfree,
                              "f_bavail": bavail, "f_files": INODES, "f_ffree": INODES - 41_000_000}}
-        _write(self.root / SIM_STATVFS_FILE, json.dumps(data, indent=1) + "\n")
+        _write(self.root / STATVFS_FILE, json.dumps(data, indent=1) + "\n")
+
+
+def fake_statvfs(root: Path) -> Callable[[str], Any]:
+    """The simulated node's statvfs: reads <root>/sim/lustre-statvfs.json, a JSON object mapping a
+    mount point to its statvfs fields (f_frsize, f_blocks, f_bfree, f_bavail, f_files, f_ffree),
+    on each call (so a test or a user can edit it while the exporter runs)."""
+    path = Path(root) / STATVFS_FILE
+
+    def statvfs(mountpoint: str) -> Any:
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "no simulated statvfs file", str(path)) from None
+        if mountpoint not in data:
+            raise FileNotFoundError(errno.ENOENT, "mount not in the simulated statvfs file", mountpoint)
+        return SimpleNamespace(**data[mountpoint])
+
+    return statvfs
 
 
 SOURCE = LustreSim
