@@ -312,7 +312,14 @@ def test_damaged_files_are_counted_not_fatal(tmp_path):
     tree.write(tree.debug / "llite" / fs.instance / "stats",
                llite_stats((2, 12)) + "garbage line\nclose 3 samples\n")
     dev = "fs1-OST0000-osc-ffff8d1e4c6b9000"
-    tree.write(tree.proc / "osc" / dev / "import", import_file(dev, state="WEIRD") + "\x00\x01\n")
+    # Per-target files are read for the exported fields only: a damaged line of one of those
+    # counts (timeouts, req_waittime), junk elsewhere in the file does not.
+    damaged = import_file(dev, state="WEIRD", timeouts=7).replace("timeouts: 7", "timeouts: oops")
+    tree.write(tree.proc / "osc" / dev / "import", damaged + "\x00\x01\n")
+    stats = tree.debug / "osc" / dev / "stats"
+    text = stats.read_text()
+    assert "req_waittime              100 samples [usec] 100 900 50000 1\n" in text
+    tree.write(stats, text.replace(" 100 900 50000 1\n", " 100 900\n") + "not a counter\n")
     tree.write(tree.sys / "osc" / dev / "max_rpcs_in_flight", "lots\n")
     tree.write(tree.sys / "health_check", "device fs1-MDT0000-mdc-x reported unhealthy\nLBUG\n")
     _, r = make(tree)
@@ -321,6 +328,9 @@ def test_damaged_files_are_counted_not_fatal(tmp_path):
     assert value(s, "gpu_health_exporter_collector_success", collector="lustre") == 1
     assert value(s, "lustre_client_malformed_lines_total", file="llite_stats") == 4  # 2 per scrape
     assert value(s, "lustre_client_malformed_lines_total", file="import") == 2
+    assert value(s, "lustre_client_malformed_lines_total", file="osc_stats") == 2
+    assert value(s, "lustre_client_rpc_timeouts_total", component="osc") == 0  # the good OSTs' 0s
+    assert value(s, "lustre_client_rpcs_total", component="osc") == 3 * 100  # the other OSTs'
     assert value(s, "lustre_client_malformed_lines_total", file="max_rpcs_in_flight") == 2
     assert value(s, "lustre_client_read_bytes_total", mount="/fsx") == 40960
     assert value(s, "lustre_client_import_state", component="osc", state="UNKNOWN") == 1

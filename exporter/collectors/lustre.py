@@ -213,6 +213,12 @@ class LustreCollector(Collector):
         self.evictions = EvictionTracker()
         # device -> (state file text, its current state, malformed lines, newest eviction)
         self._states: dict[str, tuple[str, str | None, int, int]] = {}
+        # osc/mdc directory names -> their devices, and per (fsname, llite instance) the mount's
+        # devices and files to read: made again when the names change
+        self._dev_names: dict[str, str] | None = None
+        self._devices: list[Device] = []
+        self._dev_instances: dict[str, str] = {}
+        self._mine: dict[tuple[str, str], tuple[list[Device], list[tuple[str, str, str]]]] = {}
         self._evict_total: dict[tuple[str, ...], int] = {}
         self._last_evict: dict[tuple[str, ...], int] = {}
         self._instances: dict[tuple[str, str], str] = {}  # (mountpoint, source) -> llite instance
@@ -241,10 +247,15 @@ class LustreCollector(Collector):
                 self._health(out)
             return
         tree.check_roots()
-        devices = [d for d in (discovery.parse_device(n) for n in
-                               {**tree.listdir("osc"), **tree.listdir("mdc")}) if d]
+        names = {**tree.listdir("osc"), **tree.listdir("mdc")}
+        if names != self._dev_names:  # parsed again only when the device set changes
+            self._dev_names = names
+            self._devices = [d for d in map(discovery.parse_device, names) if d]
+            self._dev_instances = {f"{d.fsname}-{d.instance_id}": "" for d in self._devices}
+            self._mine.clear()
+        devices = self._devices
         # llite directories, plus the instances the osc/mdc device names imply (same suffix).
-        instances = {**tree.listdir("llite"), **{f"{d.fsname}-{d.instance_id}": "" for d in devices}}
+        instances = {**tree.listdir("llite"), **self._dev_instances}
         mapping = self._map_instances(mounts, list(instances))
 
         live: set[tuple[str, ...]] = set()
@@ -350,15 +361,19 @@ class LustreCollector(Collector):
         base = {"fsname": m.fsname, "mount": m.mountpoint}
         if inst is None:
             return
-        inst_id = (discovery.split_instance(inst) or ("", ""))[1]
-        mine = sorted((d for d in devices if d.fsname == m.fsname and d.instance_id == inst_id),
-                      key=lambda d: d.name)
-        # every file of the mount in one batch (one hand-over to the reader thread)
-        reqs = [("stats", "llite", inst), ("max_cached_mb", "llite", inst)]
-        for d in mine:
-            comp, name = d.component, d.name
-            reqs += (("stats", comp, name), ("state", comp, name), ("import", comp, name),
-                     ("max_rpcs_in_flight", comp, name))
+        mine_reqs = self._mine.get((m.fsname, inst))
+        if mine_reqs is None:  # (until the device set changes)
+            inst_id = (discovery.split_instance(inst) or ("", ""))[1]
+            mine = sorted((d for d in devices if d.fsname == m.fsname and d.instance_id == inst_id),
+                          key=lambda d: d.name)
+            # every file of the mount in one batch (one hand-over to the reader thread)
+            reqs = [("stats", "llite", inst), ("max_cached_mb", "llite", inst)]
+            for d in mine:
+                comp, name = d.component, d.name
+                reqs += (("stats", comp, name), ("state", comp, name), ("import", comp, name),
+                         ("max_rpcs_in_flight", comp, name))
+            mine_reqs = self._mine[(m.fsname, inst)] = (mine, reqs)
+        mine, reqs = mine_reqs
         texts = self.tree.read_many(reqs)
         text = texts[0]
         if text is not None:

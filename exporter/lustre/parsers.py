@@ -116,11 +116,9 @@ def _int(value: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def parse_import(text: str) -> Import:
-    """Parse an `import` file. It is YAML-like but not guaranteed YAML (flags lists, units after
-    numbers, keys with dashes), so it is read line by line: `key: value` under the section
-    opened by the nearest less-indented `key:` line."""
-    out = Import()
+def _import_flat(text: str) -> tuple[dict[str, str], int]:
+    """{"section.key": value} of an `import` file and its malformed lines (see parse_import)."""
+    malformed = 0
     stack: list[tuple[int, str]] = []
     flat: dict[str, str] = {}
     for raw in text.splitlines():
@@ -128,7 +126,7 @@ def parse_import(text: str) -> Import:
             continue
         m = _KV.match(raw)
         if not m:
-            out.malformed += 1
+            malformed += 1
             continue
         indent = len(m["indent"].expandtabs())
         while stack and stack[-1][0] >= indent:
@@ -139,6 +137,16 @@ def parse_import(text: str) -> Import:
             continue
         section = stack[-1][1] if stack else ""
         flat[f"{section}.{key}"] = value
+    return flat, malformed
+
+
+def parse_import(text: str) -> Import:
+    """Parse an `import` file. It is YAML-like but not guaranteed YAML (flags lists, units after
+    numbers, keys with dashes), so it is read line by line: `key: value` under the section
+    opened by the nearest less-indented `key:` line. (The collector reads only the fields it
+    exports, with import_fields.)"""
+    out = Import()
+    flat, out.malformed = _import_flat(text)
     out.name = flat.get("import.name")
     out.target = flat.get("import.target")
     state = flat.get("import.state")
@@ -153,63 +161,56 @@ def parse_import(text: str) -> Import:
 
 
 # -- the per-target files, read for the fields the collector exports ------------------------
-# A file system can have hundreds of OSTs and each has a stats and an import file read every
-# scrape, so these read only the lines the exported series come from, with string searches.
+# A file system can have hundreds of OSTs, each with a stats and an import file read every
+# scrape, so only the lines the exported series come from are parsed: one regular-expression
+# search a stats file, string searches in an import file. `malformed` for these files counts
+# those lines that do not parse; the other lines are not looked at.
 
 def stats_fields(text: str, names: tuple[str, ...]) -> tuple[dict[str, tuple[int, str, int | None]], int]:
     """{name: (count, unit, sum)} of the stats lines of `names` (sum None when the line has no
-    min/max/sum), as parse_stats reads them, and how many of those lines do not parse. The
-    other lines are not looked at (not counted as malformed either)."""
+    min/max/sum), as parse_stats reads them, and how many of those lines do not parse."""
     out: dict[str, tuple[int, str, int | None]] = {}
+    pattern = _STATS_LINES.get(names)
+    if pattern is None:
+        pattern = _STATS_LINES[names] = _stats_lines(names)
+    for name, count, unit, total in pattern.findall(text):
+        unit = unit.lower()
+        out[name] = (int(count), UNIT_ALIASES.get(unit, unit), int(total) if total else None)
     bad = 0
     for name in names:
-        i = text.find(name)
-        while i >= 0:
-            end = i + len(name)
-            start = text.rfind("\n", 0, i) + 1
-            if (start == i or not text[start:i].strip()) and end < len(text) and text[end] in " \t":
-                stop = text.find("\n", end)
-                line = text[start:] if stop < 0 else text[start:stop]
-                parsed = _stat_fields(line)
-                if parsed is None:
-                    bad += 1
-                else:
-                    out[name] = parsed  # the last good line wins, as in parse_stats
-                i = len(text) if stop < 0 else stop
-            i = text.find(name, i + 1)
+        if name not in out and name in text:  # indented, odd spacing, damaged: line by line
+            found, n = _stats_line_by_line(text, name)
+            if found is not None:
+                out[name] = found
+            bad += n
     return out, bad
 
 
-def _stat_fields(line: str) -> tuple[int, str, int | None] | None:
-    tok = line.split()
-    n = len(tok)
-    if (n not in (4, 7, 8) or not line.isascii() or tok[2] != "samples" or not tok[1].isdigit()
-            or len(tok[1]) > 20 or tok[3][:1] != "[" or tok[3][-1:] != "]"):
-        return _stat_fields_slow(line)
-    unit = tok[3][1:-1]
-    if not unit.replace("_", "a").isalpha():
-        return _stat_fields_slow(line)
-    total = None
-    if n > 4:
-        for t in tok[4:7]:
-            digits = t[1:] if t[:1] == "-" else t
-            if not digits.isdigit() or len(digits) > 20:
-                return _stat_fields_slow(line)
-        if n == 8 and (not tok[7].isdigit() or len(tok[7]) > 40):
-            return _stat_fields_slow(line)
-        total = int(tok[6])
-    unit = unit.lower()
-    return int(tok[1]), UNIT_ALIASES.get(unit, unit), total
+def _stats_lines(names: tuple[str, ...]) -> re.Pattern[str]:
+    """The lines of `names` as the kernel prints them, at the start of a line (never the first:
+    a header or the `name=` line comes first). One search a file."""
+    alt = "|".join(map(re.escape, names))
+    return re.compile(rf"\n({alt}) +(\d{{1,20}}) samples \[([A-Za-z_]+)\]"
+                      r"(?: -?\d{1,20} -?\d{1,20} (-?\d{1,20})(?: \d{1,40})?)? *(?=\n|\Z)", re.ASCII)
 
 
-def _stat_fields_slow(line: str) -> tuple[int, str, int | None] | None:
-    """The same from the full line pattern, for a line the quick split does not take (odd
-    spacing, non-ASCII whitespace, a bad number)."""
-    m = _STAT_LINE.match(line.strip())
-    if m is None:
-        return None
-    unit = m["unit"].lower()
-    return int(m["count"]), UNIT_ALIASES.get(unit, unit), None if m["sum"] is None else int(m["sum"])
+_STATS_LINES: dict[tuple[str, ...], re.Pattern[str]] = {}
+
+
+def _stats_line_by_line(text: str, name: str) -> tuple[tuple[int, str, int | None] | None, int]:
+    """The last line of `name` that parses (as parse_stats would) and the number that do not."""
+    found, bad = None, 0
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.partition(" ")[0].partition("\t")[0] != name:
+            continue
+        m = _STAT_LINE.match(line)
+        if m is None:
+            bad += 1
+            continue
+        unit = m["unit"].lower()
+        found = (int(m["count"]), UNIT_ALIASES.get(unit, unit), None if m["sum"] is None else int(m["sum"]))
+    return found, bad
 
 
 def seconds(unit: str, total: int | None) -> float | None:
@@ -218,58 +219,66 @@ def seconds(unit: str, total: int | None) -> float | None:
     return None if scale is None or total is None else total * scale
 
 
-_INDENT4 = re.compile(r"\n {4}[^ ]")
+_NOT_7 = re.compile(r"\n(?! {7}[^ ])")  # a line not indented by exactly 7 spaces
+_NOT_4 = re.compile(r"\n(?! {4})")  # a line indented by fewer than 4
 
 
 def import_fields(text: str) -> tuple[str | None, int | None, int | None, int | None, int]:
-    """(state, connection_attempts, inflight, timeouts, malformed lines) of an `import` file.
+    """(state, connection_attempts, inflight, timeouts, malformed) of an `import` file, as
+    parse_import reads those fields; malformed counts those of them present whose value is not
+    a number.
 
-    A file laid out as the kernel prints it (`import:`, then every line indented by 4 spaces, the
-    import's keys and sections, or by 7, a section's keys, with one colon a line) is read with
-    string searches for those four keys: a 4-line belongs to the import, a 7-line to the section
-    opened by the 4-line above it. Any other file (tabs, other indents, blank or colon-less lines,
-    characters other than \\n that str.splitlines() breaks lines at) goes to parse_import."""
-    body = text[7:]
-    if (text.startswith("import:\n") and text.isascii() and "\r" not in body and "\x0b" not in body
-            and "\x0c" not in body and "\x1c" not in body and "\x1d" not in body and "\x1e" not in body):
-        if body.endswith("\n"):
-            body = body[:-1]
-        n = body.count("\n")
-        if (body.count(":") == n and body.count("\n    ") == n and body.count("\n        ") == 0
-                and body.count("\n     ") == body.count("\n       ")
-                and "\n    :" not in body and "\n       :" not in body):
-            state = _canon_value(body, "state", None)
-            return (state.split()[0].upper() if state else None,
-                    _int_value(_canon_value(body, "connection_attempts", "connection")),
-                    _int_value(_canon_value(body, "inflight", "rpcs")),
-                    _int_value(_canon_value(body, "timeouts", "rpcs")), 0)
-    imp = parse_import(text)
-    return imp.state, imp.connection_attempts, imp.inflight, imp.timeouts, imp.malformed
-
-
-def _canon_value(body: str, key: str, section: str | None) -> str | None:
-    """The value of the last `key: value` line of `section` (None: the import's own keys) in a
-    body checked by import_fields; header lines (no value) do not count, as in parse_import."""
-    needle = f"\n    {key}:" if section is None else f"\n       {key}:"
-    header = f"\n    {section}:"
-    pos = len(body)
-    while (pos := body.rfind(needle, 0, pos)) >= 0:
-        stop = body.find("\n", pos + 1)
-        value = (body[pos + len(needle):] if stop < 0 else body[pos + len(needle):stop]).strip()
-        if not value:
-            continue  # a header, not a value
-        if section is None:
-            return value
-        h = body.rfind(header, 0, pos)
-        if h >= 0 and _INDENT4.search(body, h + 1, pos) is None:  # nearest 4-line is the header
-            h_stop = body.find("\n", h + 1)
-            if not body[h + len(header):h_stop].strip():
-                return value
-    return None
+    In the kernel's layout (`import:`, the import's keys indented by 4, a section's by 7 right
+    under its `section:` line) the keys are found with string searches; a file that looks
+    otherwise around them (other indents, tabs, other lines between a section and its keys, a
+    key printed twice) is read line by line with parse_import's rules."""
+    if (text.startswith("import:\n") and "\r" not in text and "\x0b" not in text and "\x0c" not in text
+            and "\x1c" not in text and "\x1d" not in text and "\x1e" not in text and text.isascii()):
+        # (no line breaks but \n: parse_import splits lines with str.splitlines())
+        s = text.find("\n    state:")
+        c = text.find("\n    connection:\n")
+        r = text.find("\n    rpcs:\n")
+        if s > 0 and c > 0 and r > 0 and _NOT_4.search(text, 7, s) is None:
+            state = _rest_of_line(text, s + 11)
+            ce = _NOT_7.search(text, c + 16)  # the end of the connection section
+            ce_at = ce.start() if ce else len(text)
+            re_ = _NOT_7.search(text, r + 10)
+            re_at = re_.start() if re_ else len(text)
+            a = text.find("\n       connection_attempts:", c + 15, ce_at)
+            i = text.find("\n       inflight:", r + 9, re_at)
+            t = text.find("\n       timeouts:", r + 9, re_at)
+            if (state and a > 0 and i > 0 and t > 0 and text.count("state:") == 1
+                    and text.count("connection_attempts:") == 1 and text.count("inflight:") == 1
+                    and text.count("timeouts:") == 1):
+                av, iv = _rest_of_line(text, a + 29), _rest_of_line(text, i + 18)
+                tv = _rest_of_line(text, t + 18)
+                if av and iv and tv:  # (an empty one would be a section line, not a value)
+                    return _import_values(state, av, iv, tv)
+    flat, _ = _import_flat(text)
+    return _import_values(flat.get("import.state"), flat.get("connection.connection_attempts"),
+                          flat.get("rpcs.inflight"), flat.get("rpcs.timeouts"))
 
 
-def _int_value(value: str | None) -> int | None:
-    if value is not None and value.isdigit():
+def _rest_of_line(text: str, start: int) -> str:
+    end = text.find("\n", start)
+    return (text[start:] if end < 0 else text[start:end]).strip()
+
+
+def _import_values(state: str | None, attempts: str | None, inflight: str | None, timeouts: str | None
+                   ) -> tuple[str | None, int | None, int | None, int | None, int]:
+    bad = 0
+    a = i = t = None
+    if attempts is not None and (a := _int_value(attempts)) is None:
+        bad += 1
+    if inflight is not None and (i := _int_value(inflight)) is None:
+        bad += 1
+    if timeouts is not None and (t := _int_value(timeouts)) is None:
+        bad += 1
+    return (state.split()[0].upper() if state else None), a, i, t, bad
+
+
+def _int_value(value: str) -> int | None:
+    if value.isdigit() and value.isascii():
         return int(value) if len(value) <= 20 else None
     return _int(value)
 

@@ -58,6 +58,10 @@ _FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 # that never ends) and is refused: bounded memory and time whatever the file system serves.
 MAX_FILE_BYTES = 1 << 20
 _CHUNK = 65536
+# Files the kernel prints as one seq_file record (single_open) or a sysfs attribute: one read of
+# _CHUNK bytes returns all of a shorter file, so a short read is the end and the read that would
+# return b"" is skipped (a stats file is printed a counter a record and can come in pieces).
+_ONE_RECORD = ("/import", "/state", "/max_rpcs_in_flight")
 
 
 def read_text(path: str, max_bytes: int = MAX_FILE_BYTES) -> str:
@@ -67,7 +71,8 @@ def read_text(path: str, max_bytes: int = MAX_FILE_BYTES) -> str:
     fd = os.open(path, _FLAGS)
     try:
         data = os.read(fd, _CHUNK)
-        if data:  # a pseudo-file can answer in pieces (a seq_file, a page at a time): read to EOF
+        # a pseudo-file can answer in pieces (a seq_file, a page at a time): read to EOF
+        if data and (len(data) == _CHUNK or not path.endswith(_ONE_RECORD)):
             more = os.read(fd, _CHUNK)
             if more:
                 chunks, size = [data, more], len(data) + len(more)

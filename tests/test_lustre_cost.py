@@ -1,0 +1,214 @@
+"""The Lustre collector's per-OST work: the per-target files are read for the exported fields
+only (and agree with the full parsers), reads are capped in size, the statvfs probe keeps one
+worker per mount (no thread per scrape), and the simulated node's OST count is a parameter."""
+
+import errno
+import logging
+import threading
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from exporter.catalog import Families
+from exporter.collector import Context
+from exporter.collectors.lustre import LustreCollector
+from exporter.config import load
+from exporter.lustre import parsers, sources
+from exporter.profiles import PROFILES
+from exporter.runner import Runner
+from exporter.simulate import lustre as sim_lustre
+from tests.helpers import FIXTURES, samples, scrape, value
+from tests.lustre_tree import FakeStatvfs, FsSpec, LustreTree, import_file
+
+DIR = FIXTURES / "lustre"
+TiB = 1024**4
+OSC_NAMES = ("req_waittime", "read_bytes", "write_bytes")
+
+
+def full_import(text):
+    i = parsers.parse_import(text)
+    return i.state, i.connection_attempts, i.inflight, i.timeouts
+
+
+def full_stats(text):
+    counters = parsers.parse_stats(text).counters
+    return {n: (c.count, c.unit, c.sum) for n, c in counters.items() if n in OSC_NAMES}
+
+
+@pytest.mark.parametrize("name", ["osc-import-2.10.1.txt", "synth-osc-import-2.15-idle.txt",
+                                  "synth-mdc-import-evicted.txt"])
+def test_import_fields_agree_with_parse_import_on_the_fixtures(name):
+    text = (DIR / name).read_text()
+    assert parsers.import_fields(text)[:4] == full_import(text)
+    assert parsers.import_fields(text.rstrip("\n"))[:4] == full_import(text)
+    assert parsers.import_fields(text)[4] == 0
+
+
+@pytest.mark.parametrize("name", ["synth-osc-stats-2.15.txt", "mdc-stats-2.10.1.txt",
+                                  "llite-stats-2.10.1.txt", "lctl-llite-stats-usec-2.13-2.14-style.txt"])
+def test_stats_fields_agree_with_parse_stats_on_the_fixtures(name):
+    text = (DIR / name).read_text()
+    assert parsers.stats_fields(text, OSC_NAMES) == (full_stats(text), 0)
+
+
+# An import file in the kernel's layout, then mutated: lines moved, re-indented, duplicated,
+# values damaged, junk added. Whatever the fast path takes must be what parse_import reads.
+_value = st.one_of(st.integers(0, 10**22).map(str), st.sampled_from(["", "oops", "-3", "12 sec", " 7 "]))
+_indent = st.sampled_from(["", " ", "  ", "    ", "       ", "\t", "        "])
+_junk = st.sampled_from(["???", "- [ 1, FULL ]", "\x00\x01", "state: IDLE", "   inflight: 99", "rpcs:",
+                         "connection:", "x:", "", "  ", "a\rb: 1", "timeouts:"])
+
+
+def _kernel_import(state, attempts, inflight, timeouts):
+    return import_file("fs-OST0001-osc-ffff", state=state, attempts=attempts, inflight=inflight,
+                       timeouts=timeouts)
+
+
+@settings(max_examples=300)
+@given(st.sampled_from(["FULL", "IDLE", "DISCONN", "EVICTED"]), _value, _value, _value,
+       st.lists(st.tuples(st.integers(0, 20), st.one_of(_junk, st.tuples(_indent, _junk).map("".join))),
+                max_size=3),
+       st.lists(st.tuples(st.integers(0, 20), _indent), max_size=2))
+@example("FULL", "1", "8", "0", [], [])
+@example("FULL", "1", "8", "0", [(12, "   inflight: 99")], [])
+@example("FULL", "1", "8", "0", [(8, "    rpcs:")], [])
+def test_import_fields_agree_with_parse_import(state, attempts, inflight, timeouts, inserts, reindents):
+    lines = _kernel_import(state, 0, 0, 0).splitlines()
+    lines = [ln.replace("connection_attempts: 0", f"connection_attempts: {attempts}")
+             .replace("inflight: 0", f"inflight: {inflight}").replace("timeouts: 0", f"timeouts: {timeouts}")
+             for ln in lines]
+    for at, indent in reindents:
+        k = min(at, len(lines) - 1)
+        lines[k] = indent + lines[k].lstrip()
+    for at, junk in inserts:
+        lines.insert(min(at, len(lines)), junk)
+    text = "\n".join(lines) + "\n"
+    got = parsers.import_fields(text)
+    assert got[:4] == full_import(text)
+    flat, _ = parsers._import_flat(text)
+    raw = [flat.get(k) for k in ("connection.connection_attempts", "rpcs.inflight", "rpcs.timeouts")]
+    assert got[4] == sum(1 for r, v in zip(raw, got[1:4], strict=True) if r is not None and v is None)
+
+
+_stat_value = st.one_of(st.integers(0, 10**25).map(str), st.sampled_from(["-5", "x", "1.5", ""]))
+
+
+@settings(max_examples=300)
+@given(st.sampled_from(OSC_NAMES + ("req_active", "ost_read")), _stat_value, _stat_value,
+       st.sampled_from(["usec", "usecs", "bytes", "reqs", "us ec", ""]), st.sampled_from(["", " ", "\t"]),
+       st.sampled_from([" ", "  ", "\t", "                "]), st.booleans(), st.booleans())
+@example("req_waittime", "100", "5000", "usec", "", "              ", True, False)
+def test_stats_fields_agree_with_parse_stats_for_one_line(name, count, total, unit, lead, gap, sums, sumsq):
+    line = f"{lead}{name}{gap}{count} samples [{unit}]" + (f" 1 2 {total}" if sums else "") + \
+        (" 9" if sums and sumsq else "")
+    text = "snapshot_time 1.0 secs.nsecs\n" + line + "\nreq_active 3 samples [reqs] 1 1 3 3\n"
+    got, bad = parsers.stats_fields(text, OSC_NAMES)
+    full = parsers.parse_stats(text)
+    assert got == full_stats(text)
+    assert bad == (1 if name in OSC_NAMES and name not in full.counters else 0)
+
+
+def test_a_file_over_the_size_cap_is_refused_with_bounded_reads(tmp_path):
+    big = tmp_path / "stats"
+    big.write_text("x" * 5000)
+    with pytest.raises(OSError) as e:
+        sources.read_text(str(big), max_bytes=4096)
+    assert e.value.errno == errno.EFBIG and str(big) in str(e.value)
+    assert sources.read_text(str(big), max_bytes=5000) == "x" * 5000
+    with pytest.raises(OSError) as e:  # an endless file: stops after max_bytes + 1
+        sources.read_text("/dev/zero", max_bytes=200_000)
+    assert e.value.errno == errno.EFBIG
+
+
+def test_an_oversized_import_costs_only_its_series_and_is_logged(tmp_path, caplog, monkeypatch):
+    caplog.set_level(logging.WARNING, logger="exporter.lustre")
+    tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx")]).build()
+    dev = "fs1-OST0001-osc-ffff8d1e4c6b9000"
+    huge = import_file(dev) + "    padding: " + "y" * (sources.MAX_FILE_BYTES + 10) + "\n"
+    tree.write(tree.proc / "osc" / dev / "import", huge)
+    overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
+    c = LustreCollector(Context(config=load(None, overrides), statvfs=FakeStatvfs({"/fsx": TiB})))
+    s = samples(scrape(Runner([c], deadline_s=5)))
+    assert value(s, "gpu_health_exporter_collector_success", collector="lustre") == 1
+    assert value(s, "lustre_client_rpcs_in_flight", component="osc") == 3 * 2  # the other 3 OSTs
+    assert value(s, "lustre_client_source_up", source="procfs") == 0
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any(f"{dev}/import" in m and "larger than 1048576 bytes" in m for m in msgs), msgs
+
+
+def test_statvfs_comes_from_the_context_and_no_thread_is_made_per_scrape(tmp_path):
+    tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx"), FsSpec("fs2", "/fsy", "ffff02")]).build()
+    overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
+    statvfs = FakeStatvfs({"/fsx": TiB, "/fsy": 2 * TiB})
+    c = LustreCollector(Context(config=load(None, overrides), statvfs=statvfs))
+    c.collect(Families())
+    made = []
+    real_start = threading.Thread.start
+
+    def start(self):
+        made.append(self.name)
+        real_start(self)
+
+    threading.Thread.start = start
+    try:
+        for _ in range(5):
+            out = Families()
+            c.collect(out)
+    finally:
+        threading.Thread.start = real_start
+    assert made == []
+    assert statvfs.calls == 12
+    assert c.probe.threads() == 2  # one worker per mount, kept
+    s = samples(scrape(Runner([c], deadline_s=5)))
+    assert value(s, "lustre_client_filesystem_size_bytes", mount="/fsy") == 2 * TiB
+
+
+def test_probe_workers_of_unmounted_file_systems_go(tmp_path):
+    tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx"), FsSpec("fs2", "/fsy", "ffff02")]).build()
+    overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
+    statvfs = FakeStatvfs({"/fsx": TiB, "/fsy": TiB})
+    c = LustreCollector(Context(config=load(None, overrides), statvfs=statvfs))
+    c.collect(Families())
+    assert c.probe.threads() == 2
+    tree.filesystems.pop()
+    tree.write_mounts()
+    c.collect(Families())
+    assert c.probe.threads() == 1
+
+
+def test_probe_worker_serves_its_mount_again_once_a_hung_call_returns():
+    release = threading.Event()
+    probe = sources.TimedProbe(0.2)
+    assert probe.run("/fsx", lambda: release.wait(10) and "late") is sources.TimedProbe.HUNG
+    assert probe.run("/fsx", lambda: "again") is sources.TimedProbe.HUNG  # still stuck: not started
+    assert probe.run("/fsy", lambda: "other mount") == "other mount"
+    release.set()
+    deadline = threading.Event()
+    for _ in range(100):  # wait for the stuck call to return (no fixed sleep)
+        if probe.run("/fsx", lambda: "again") == "again":
+            break
+        deadline.wait(0.05)
+    assert probe.run("/fsx", lambda: "again") == "again"
+    assert probe.threads() == 2
+
+
+@pytest.mark.parametrize("osts", [1, 40, 300])
+def test_simulated_ost_count(tmp_path, osts):
+    for d in ("proc", "sys/kernel/debug"):
+        (tmp_path / d).mkdir(parents=True)
+    sim_lustre.LustreSim(tmp_path, PROFILES["p5.48xlarge"], set(), osts=osts).build()
+    cfg = load(None, {"paths.procfs": str(tmp_path / "proc"), "paths.sysfs": str(tmp_path / "sys"),
+                      "paths.debugfs": str(tmp_path / "sys/kernel/debug"), "lustre.lfs_command": "",
+                      "lustre.use_ioctl": False})
+    c = LustreCollector(Context(config=cfg, statvfs=sim_lustre.fake_statvfs(tmp_path)))
+    s = samples(scrape(Runner([c], deadline_s=10)))
+    assert value(s, "lustre_client_targets", component="osc") == osts
+    states = [value(s, "lustre_client_import_state", component="osc", state=st) for st in ("FULL", "IDLE")]
+    assert sum(states) == osts
+    assert value(s, "lustre_client_filesystem_size_bytes") == sim_lustre.CAPACITY_BYTES
+
+
+def test_simulated_ost_count_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="OST count 0"):
+        sim_lustre.LustreSim(tmp_path, PROFILES["p5.48xlarge"], set(), osts=0)
