@@ -132,6 +132,7 @@ _IO_COUNTERS = {"read_bytes", "write_bytes"}
 _OSC_COUNTERS = ("req_waittime", "read_bytes", "write_bytes")
 _MDC_COUNTERS = ("req_waittime",)
 _STATE_SET = frozenset(IMPORT_STATES)
+TUNABLE_REFRESH_S = 60.0  # max_rpcs_in_flight is read again after this long (see _collect_mount)
 MAX_OPERATIONS = 100  # bound on distinct llite counter names per mount (the client has ~45)
 MiB = 1 << 20
 
@@ -218,7 +219,11 @@ class LustreCollector(Collector):
         self._dev_names: dict[str, str] | None = None
         self._devices: list[Device] = []
         self._dev_instances: dict[str, str] = {}
-        self._mine: dict[tuple[str, str], tuple[list[Device], list[tuple[str, str, str]]]] = {}
+        self._mine: dict[tuple[str, str], tuple[list[Device], list[tuple[str, str, str]],
+                                                list[tuple[str, str, str]]]] = {}
+        # per (fsname, llite instance): when its max_rpcs_in_flight files were read, for which
+        # request list, and their texts
+        self._tunables: dict[tuple[str, str], tuple[float, list[tuple[str, str, str]], list[str | None]]] = {}
         self._evict_total: dict[tuple[str, ...], int] = {}
         self._last_evict: dict[tuple[str, ...], int] = {}
         self._instances: dict[tuple[str, str], str] = {}  # (mountpoint, source) -> llite instance
@@ -253,6 +258,7 @@ class LustreCollector(Collector):
             self._devices = [d for d in map(discovery.parse_device, names) if d]
             self._dev_instances = {f"{d.fsname}-{d.instance_id}": "" for d in self._devices}
             self._mine.clear()
+            self._tunables.clear()
         devices = self._devices
         # llite directories, plus the instances the osc/mdc device names imply (same suffix).
         instances = {**tree.listdir("llite"), **self._dev_instances}
@@ -361,7 +367,8 @@ class LustreCollector(Collector):
         base = {"fsname": m.fsname, "mount": m.mountpoint}
         if inst is None:
             return
-        mine_reqs = self._mine.get((m.fsname, inst))
+        key = (m.fsname, inst)
+        mine_reqs = self._mine.get(key)
         if mine_reqs is None:  # (until the device set changes)
             inst_id = (discovery.split_instance(inst) or ("", ""))[1]
             mine = sorted((d for d in devices if d.fsname == m.fsname and d.instance_id == inst_id),
@@ -369,12 +376,24 @@ class LustreCollector(Collector):
             # every file of the mount in one batch (one hand-over to the reader thread)
             reqs = [("stats", "llite", inst), ("max_cached_mb", "llite", inst)]
             for d in mine:
-                comp, name = d.component, d.name
-                reqs += (("stats", comp, name), ("state", comp, name), ("import", comp, name),
-                         ("max_rpcs_in_flight", comp, name))
-            mine_reqs = self._mine[(m.fsname, inst)] = (mine, reqs)
-        mine, reqs = mine_reqs
+                reqs += (("stats", d.component, d.name), ("state", d.component, d.name),
+                         ("import", d.component, d.name))
+            tunables = [("max_rpcs_in_flight", d.component, d.name) for d in mine]
+            mine_reqs = self._mine[key] = (mine, reqs, tunables)
+        mine, reqs, tunables = mine_reqs
         texts = self.tree.read_many(reqs)
+        # max_rpcs_in_flight is a setting (lctl set_param), not a counter: read again at most
+        # every TUNABLE_REFRESH_S while every device's file reads; at once for new devices.
+        now = time.monotonic()
+        kept = self._tunables.get(key)
+        if kept is None or kept[1] is not tunables or now - kept[0] >= TUNABLE_REFRESH_S:
+            got = self.tree.read_many(tunables)
+            if None not in got:
+                self._tunables[key] = (now, tunables, got)
+            else:
+                self._tunables.pop(key, None)
+        else:
+            got = kept[2]
         text = texts[0]
         if text is not None:
             self._llite_stats(parsers.parse_stats(text), base, acc)
@@ -396,7 +415,7 @@ class LustreCollector(Collector):
             t = targets.get(key)
             if t is None:
                 t = targets[key] = _Target({**base, "component": key[0], "target": key[1]})
-            self._device(dev, t, live_imports, texts[2 + 4 * k:6 + 4 * k])
+            self._device(dev, t, live_imports, texts[2 + 3 * k:5 + 3 * k], got[k])
         for t in targets.values():
             self._emit_target(t, acc, live)
 
@@ -422,44 +441,44 @@ class LustreCollector(Collector):
         if reset is not None:
             acc.max(STATS_RESET, reset, base)
 
-    def _device(self, dev: Device, t: _Target, live_imports: set[str], texts: list[str | None]) -> None:
-        """Add one osc/mdc device's files (stats, state, import, max_rpcs_in_flight) to `t`."""
-        comp = dev.component
-        text = texts[0]
-        if text is not None:
-            found, bad = parsers.stats_fields(text, _OSC_COUNTERS if comp == "osc" else _MDC_COUNTERS)
+    def _device(self, dev: Device, t: _Target, live_imports: set[str], texts: list[str | None],
+                tunable: str | None) -> None:
+        """Add one osc/mdc device's files (stats, state, import; max_rpcs_in_flight) to `t`."""
+        stats, state_text, import_text = texts
+        if stats is not None:
+            osc = dev.component == "osc"
+            found, bad = parsers.stats_fields(stats, _OSC_COUNTERS if osc else _MDC_COUNTERS)
             if bad:
-                self._count_bad(f"{comp}_stats", bad)
+                self._count_bad(f"{dev.component}_stats", bad)
             wait = found.get("req_waittime")
-            t.rpcs += wait[0] if wait else 0
-            t.wait += (parsers.seconds(wait[1], wait[2]) or 0.0) if wait else 0.0
-            if comp == "osc":
+            if wait:  # (a device without the line adds 0, as the series still exists)
+                t.rpcs += wait[0]
+                t.wait += parsers.seconds(wait[1], wait[2]) or 0.0
+            if osc:
                 r, w = found.get("read_bytes"), found.get("write_bytes")
                 t.read_bytes += (r[2] or 0) if r else 0
                 t.write_bytes += (w[2] or 0) if w else 0
             t.has_stats = True
         current = None
-        text = texts[1]
-        if text is not None:
+        if state_text is not None:
             # The ring changes only on a state change: an unchanged file has no new eviction.
             seen = self._states.get(dev.name)
-            if seen is not None and seen[0] == text:
-                _, current, bad, last = seen
-                new = 0
+            if seen is not None and seen[0] == state_text:
+                current, bad, last = seen[1], seen[2], seen[3]
             else:
-                hist = parsers.parse_state(text)
+                hist = parsers.parse_state(state_text)
                 new, _total, last = self.evictions.update(dev.name, hist.history)
                 current, bad = hist.current, hist.malformed
-                self._states[dev.name] = (text, current, bad, last)
+                self._states[dev.name] = (state_text, current, bad, last)
+                t.new_evictions += new
             if bad:
                 self._count_bad("state", bad)
             live_imports.add(dev.name)
-            t.new_evictions += new
-            t.last_eviction = max(t.last_eviction, last)
+            if last > t.last_eviction:
+                t.last_eviction = last
             t.has_state = True
-        text = texts[2]
-        if text is not None:
-            state, attempts, inflight, timeouts, bad = parsers.import_fields(text)
+        if import_text is not None:
+            state, attempts, inflight, timeouts, bad = parsers.import_fields(import_text)
             if bad:
                 self._count_bad("import", bad)
             # The import's state, else the state file's current_state (same kernel field).
@@ -471,11 +490,11 @@ class LustreCollector(Collector):
             if attempts is not None:
                 t.attempts = (t.attempts or 0.0) + attempts
         if current is not None:
+            states = t.states
             state = current if current in _STATE_SET else "UNKNOWN"
-            t.states[state] = t.states.get(state, 0) + 1
-        text = texts[3]
-        if text is not None:
-            v = _tunable(text)
+            states[state] = states.get(state, 0) + 1
+        if tunable is not None:
+            v = _tunable(tunable)
             if v is None:
                 self._count_bad("max_rpcs_in_flight", 1)
             else:

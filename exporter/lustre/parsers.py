@@ -169,21 +169,31 @@ def parse_import(text: str) -> Import:
 def stats_fields(text: str, names: tuple[str, ...]) -> tuple[dict[str, tuple[int, str, int | None]], int]:
     """{name: (count, unit, sum)} of the stats lines of `names` (sum None when the line has no
     min/max/sum), as parse_stats reads them, and how many of those lines do not parse."""
-    out: dict[str, tuple[int, str, int | None]] = {}
     pattern = _STATS_LINES.get(names)
     if pattern is None:
         pattern = _STATS_LINES[names] = _stats_lines(names)
-    for name, count, unit, total in pattern.findall(text):
-        unit = unit.lower()
-        out[name] = (int(count), UNIT_ALIASES.get(unit, unit), int(total) if total else None)
+    out = {name: (int(count), _UNITS.get(unit) or _unit(unit), int(total) if total else None)
+           for name, count, unit, total in pattern.findall(text)}
     bad = 0
-    for name in names:
-        if name not in out and name in text:  # indented, odd spacing, damaged: line by line
-            found, n = _stats_line_by_line(text, name)
-            if found is not None:
-                out[name] = found
-            bad += n
+    if len(out) < len(names):
+        for name in names:
+            if name not in out and name in text:  # indented, odd spacing, damaged: line by line
+                found, n = _stats_line_by_line(text, name)
+                if found is not None:
+                    out[name] = found
+                bad += n
     return out, bad
+
+
+_UNITS: dict[str, str] = {}  # unit as printed -> normalised (the few spellings seen)
+
+
+def _unit(unit: str) -> str:
+    norm = unit.lower()
+    norm = UNIT_ALIASES.get(norm, norm)
+    if len(_UNITS) < 64:
+        _UNITS[unit] = norm
+    return norm
 
 
 def _stats_lines(names: tuple[str, ...]) -> re.Pattern[str]:
@@ -229,39 +239,39 @@ def import_fields(text: str) -> tuple[str | None, int | None, int | None, int | 
     a number.
 
     In the kernel's layout (`import:`, the import's keys indented by 4, a section's by 7 right
-    under its `section:` line) the keys are found with string searches; a file that looks
-    otherwise around them (other indents, tabs, other lines between a section and its keys, a
-    key printed twice) is read line by line with parse_import's rules."""
-    if (text.startswith("import:\n") and "\r" not in text and "\x0b" not in text and "\x0c" not in text
-            and "\x1c" not in text and "\x1d" not in text and "\x1e" not in text and text.isascii()):
-        # (no line breaks but \n: parse_import splits lines with str.splitlines())
+    under its `section:` line, each key once) the keys are found with string searches; a file
+    that looks otherwise around them (other indents, tabs, other lines between a section and its
+    keys, a key printed twice) is read line by line with parse_import's rules."""
+    if (text.startswith("import:\n") and text.isascii() and "\r" not in text and "\x0b" not in text
+            and "\x0c" not in text and "\x1c" not in text and "\x1d" not in text and "\x1e" not in text):
+        # (no line break but \n: parse_import splits lines with str.splitlines())
+        if text[-1] != "\n":
+            text += "\n"
         s = text.find("\n    state:")
         c = text.find("\n    connection:\n")
         r = text.find("\n    rpcs:\n")
         if s > 0 and c > 0 and r > 0 and _NOT_4.search(text, 7, s) is None:
-            state = _rest_of_line(text, s + 11)
-            ce = _NOT_7.search(text, c + 16)  # the end of the connection section
-            ce_at = ce.start() if ce else len(text)
-            re_ = _NOT_7.search(text, r + 10)
-            re_at = re_.start() if re_ else len(text)
-            a = text.find("\n       connection_attempts:", c + 15, ce_at)
-            i = text.find("\n       inflight:", r + 9, re_at)
-            t = text.find("\n       timeouts:", r + 9, re_at)
-            if (state and a > 0 and i > 0 and t > 0 and text.count("state:") == 1
-                    and text.count("connection_attempts:") == 1 and text.count("inflight:") == 1
-                    and text.count("timeouts:") == 1):
-                av, iv = _rest_of_line(text, a + 29), _rest_of_line(text, i + 18)
-                tv = _rest_of_line(text, t + 18)
-                if av and iv and tv:  # (an empty one would be a section line, not a value)
+            end = _NOT_7.search(text, c + 16)  # the connection section ends at a line not at 7
+            a = text.find("\n       connection_attempts:", c + 15, end.start() if end else len(text))
+            end = _NOT_7.search(text, r + 10)
+            i = text.find("\n       inflight:", r + 9, end.start() if end else len(text))
+            t = text.find("\n       timeouts:", r + 9, end.start() if end else len(text))
+            # each key's last time: nothing like it after (the line-by-line rules keep the last)
+            if (a > 0 and i > 0 and t > 0 and text.find("state:", s + 11) < 0
+                    and text.find("connection_attempts:", a + 29) < 0 and text.find("inflight:", i + 18) < 0
+                    and text.find("timeouts:", t + 18) < 0):
+                state = text[s + 11:text.find("\n", s + 11)].strip()
+                av = text[a + 29:text.find("\n", a + 29)].strip()
+                iv = text[i + 18:text.find("\n", i + 18)].strip()
+                tv = text[t + 18:text.find("\n", t + 18)].strip()
+                if state and av and iv and tv:  # (an empty one is a section line, not a value)
+                    if av.isdigit() and iv.isdigit() and tv.isdigit() and len(av) <= 20 and len(iv) <= 20 \
+                            and len(tv) <= 20:
+                        return state.split()[0].upper(), int(av), int(iv), int(tv), 0
                     return _import_values(state, av, iv, tv)
     flat, _ = _import_flat(text)
     return _import_values(flat.get("import.state"), flat.get("connection.connection_attempts"),
                           flat.get("rpcs.inflight"), flat.get("rpcs.timeouts"))
-
-
-def _rest_of_line(text: str, start: int) -> str:
-    end = text.find("\n", start)
-    return (text[start:] if end < 0 else text[start:end]).strip()
 
 
 def _import_values(state: str | None, attempts: str | None, inflight: str | None, timeouts: str | None

@@ -138,7 +138,7 @@ class DeadlineReader:
             w = self._worker
             if w is None:
                 w = self._worker = _Worker(self._read)
-            job = w.submit([paths[i] for i in todo])
+            job = w.submit(paths if len(todo) == len(paths) else [paths[i] for i in todo])
             while not job.done.wait(max(0.0, job.since + self.timeout_s - time.monotonic())):
                 cur = job.current
                 if time.monotonic() - job.since < self.timeout_s:
@@ -226,10 +226,15 @@ class Tree:
         self._cands: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
         self._cands_old: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
         self._cands_layout: bool | None = None
+        # id -> (a request list read in one batch, its first-tree paths, its kinds), for this
+        # scrape and the last (the list is held, so its id is not reused while here)
+        self._batches: dict[int, tuple[list[tuple[str, ...]], list[str], dict[str, int]]] = {}
+        self._batches_old: dict[int, tuple[list[tuple[str, ...]], list[str], dict[str, int]]] = {}
 
     def begin(self) -> None:
         self.state = {s: SourceState() for s in SOURCES}
         self._cands_old, self._cands = self._cands, {}
+        self._batches_old, self._batches = self._batches, {}
 
     def new_layout(self) -> bool:
         return self.version is None or self.version >= (2, 12)
@@ -283,17 +288,25 @@ class Tree:
         layout = self.new_layout()
         if layout != self._cands_layout:
             self._cands, self._cands_old, self._cands_layout = {}, {}, layout
-        cands = [self._candidates(req) for req in requests]
+            self._batches, self._batches_old = {}, {}
         read_many = getattr(self.reader, "read_many", None)
         first: list[str | BaseException] | None = None
         if not any(v > 1 for v in self._reach.values()):
             # The usual scrape: every kind was found in its first tree last time, so the first
-            # batch is one path per file; when each is read, that is the whole answer.
-            paths = [c[0][1] for c in cands]
+            # batch is one path per file; when each is read, that is the whole answer. The paths
+            # are kept for the same (unchanged) request list: the collector passes the one it keeps
+            # for a mount until its devices change.
+            batch = self._batches.get(id(requests)) or self._batches_old.get(id(requests))
+            if batch is None or batch[0] is not requests:
+                batch = (requests, [self._candidates(req)[0][1] for req in requests],
+                         dict.fromkeys({req[0] for req in requests}, 1))
+            self._batches[id(requests)] = batch
+            paths = batch[1]
             first = read_many(paths) if read_many else [_call(self.reader, p) for p in paths]
-            if all(type(r) is str for r in first):
-                self._reach.update(dict.fromkeys({req[0] for req in requests}, 1))
+            if set(map(type, first)) <= _ONLY_STR:
+                self._reach.update(batch[2])
                 return first  # type: ignore[return-value]
+        cands = [self._candidates(req) for req in requests]
         texts: list[list[str | BaseException]] = [[] for _ in requests]
         upto = [min(len(c), self._reach.get(req[0], 1)) for req, c in zip(requests, cands, strict=True)]
         todo = list(range(len(requests)))
@@ -346,6 +359,9 @@ class Tree:
             else:
                 raise r
         return None
+
+
+_ONLY_STR = frozenset({str})
 
 
 def _call(fn: Callable[[str], str], path: str) -> str | BaseException:
