@@ -212,3 +212,24 @@ def test_simulated_ost_count(tmp_path, osts):
 def test_simulated_ost_count_is_checked(tmp_path):
     with pytest.raises(ValueError, match="OST count 0"):
         sim_lustre.LustreSim(tmp_path, PROFILES["p5.48xlarge"], set(), osts=0)
+
+
+def test_max_rpcs_in_flight_is_read_again_after_the_refresh_interval(tmp_path, monkeypatch):
+    from exporter.collectors import lustre as lustre_collector
+
+    tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx", osts=2)]).build()
+    overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
+    c = LustreCollector(Context(config=load(None, overrides), statvfs=FakeStatvfs({"/fsx": TiB})))
+    r = Runner([c], deadline_s=5)
+    assert value(samples(scrape(r)), "lustre_client_max_rpcs_in_flight", component="osc") == 16
+    tree.write(tree.sys / "osc" / "fs1-OST0000-osc-ffff8d1e4c6b9000" / "max_rpcs_in_flight", "64\n")
+    assert value(samples(scrape(r)), "lustre_client_max_rpcs_in_flight", component="osc") == 16  # kept
+    monkeypatch.setattr(lustre_collector, "TUNABLE_REFRESH_S", 0.0)
+    assert value(samples(scrape(r)), "lustre_client_max_rpcs_in_flight", component="osc") == 64 + 8
+    # a read that finds a file missing is not kept: the files are read again on the next scrape
+    path = tree.sys / "osc" / "fs1-OST0001-osc-ffff8d1e4c6b9000" / "max_rpcs_in_flight"
+    path.unlink()
+    assert value(samples(scrape(r)), "lustre_client_max_rpcs_in_flight", component="osc") == 64
+    monkeypatch.setattr(lustre_collector, "TUNABLE_REFRESH_S", 3600.0)
+    tree.write(path, "32\n")
+    assert value(samples(scrape(r)), "lustre_client_max_rpcs_in_flight", component="osc") == 64 + 32
