@@ -233,3 +233,14 @@ def test_max_rpcs_in_flight_is_read_again_after_the_refresh_interval(tmp_path, m
     monkeypatch.setattr(lustre_collector, "TUNABLE_REFRESH_S", 3600.0)
     tree.write(path, "32\n")
     assert value(samples(scrape(r)), "lustre_client_max_rpcs_in_flight", component="osc") == 64 + 32
+
+
+def test_mounts_files_have_a_larger_cap(tmp_path):
+    mounts = tmp_path / "mountinfo"
+    line = "36 25 0:52 / /data rw - ext4 /dev/sda1 rw\n"
+    mounts.write_text(line * (sources.MAX_FILE_BYTES // len(line) + 10))  # past 1 MiB: a big k8s node
+    assert sources.read_text(str(mounts)).count("\n") > sources.MAX_FILE_BYTES // len(line)
+    other = tmp_path / "import"
+    other.write_text("x" * (sources.MAX_FILE_BYTES + 1))
+    with pytest.raises(OSError):
+        sources.read_text(str(other))
