@@ -1,7 +1,8 @@
 """The metric catalog: every metric is declared here once (name, type, help, labels, unit).
 
 Collectors declare their metrics at import time with `define()`, and fill them per scrape
-through `Families`. docs/metrics.md is generated from `all_specs()` (see exporter.docs).
+through `Families`, whose families are prometheus_client's (exporter.metric). docs/metrics.md
+is generated from `all_specs()` (see exporter.docs).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class MetricSpec:
     detail: str = "default"  # which setting exports it (docs/metrics.md); "default": the default config
 
     def family(self) -> Metric:
-        # A counter family is named without _total (OpenMetrics), its samples with it.
+        """A new, empty prometheus_client family for this metric. A counter family is named
+        without _total (OpenMetrics), its samples with it; no unit (see exporter.metric)."""
         return Metric(self.name.removesuffix("_total"), self.help, self.type)
 
 

@@ -1,18 +1,22 @@
 """Rendering a collection as Prometheus text (0.0.4) or OpenMetrics (1.0.0).
 
-prometheus_client's generic renderer spends ~5 µs per series (and ~8 µs in OpenMetrics, which
-Prometheus asks for by default) escaping and sorting every label of every sample on every
-scrape; a p5 node serves ~2,600 series. Our series are the same from scrape to scrape, only
-their values change, so this renderer caches each series' `name{labels} ` prefix and formats
-only the value. The output parses to the same samples as prometheus_client's (tests compare).
-Only what our collectors produce is supported: gauges and counters without timestamps or
-exemplars.
+The families come from /metrics' prometheus_client registry (exporter.registry). prometheus_client's
+own renderers (`generate_latest`, and `prometheus_client.openmetrics.exposition.generate_latest`)
+sort and escape every label of every sample on every scrape, about 6 times the cost of this one
+on a p5 (docs/performance.md). Our series are the same from scrape to scrape, only their values
+change, so `render` caches each series' `name{labels} ` prefix and formats only the value. Its
+output is byte for byte prometheus_client's (tests/test_exposition.py checks every simulated
+scenario in both formats); anything outside what it supports (a family that is not a gauge or a
+counter) is rendered by prometheus_client (`render_client`).
 """
 
 from __future__ import annotations
 
 import gzip
 from collections.abc import Iterable
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as om_generate_latest
 
 from exporter.metric import Metric, go_float
 
@@ -21,6 +25,7 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 
 _MAX_CACHED = 200_000  # series prefixes kept; cleared when exceeded (label churn stays bounded)
 _prefixes: dict[tuple, str] = {}
+_FAST_TYPES = frozenset(("gauge", "counter"))
 
 
 def _escape_label(v: str) -> str:
@@ -37,7 +42,7 @@ def _prefix(name: str, labels: dict[str, str]) -> str:
         if len(_prefixes) >= _MAX_CACHED:
             _prefixes.clear()
         if labels:
-            inner = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels.items())
+            inner = ",".join(f'{k}="{_escape_label(v)}"' for k, v in sorted(labels.items()))
             p = f"{name}{{{inner}}} "
         else:
             p = name + " "
@@ -45,14 +50,32 @@ def _prefix(name: str, labels: dict[str, str]) -> str:
     return p
 
 
+class _Fixed:
+    """A prometheus_client collector of given families (what its renderers take)."""
+
+    def __init__(self, metrics: Iterable[Metric]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return self.metrics
+
+
+def render_client(metrics: Iterable[Metric], openmetrics: bool = False) -> bytes:
+    """prometheus_client's own rendering of these families."""
+    return (om_generate_latest if openmetrics else generate_latest)(_Fixed(metrics))
+
+
 def render(metrics: Iterable[Metric], openmetrics: bool = False) -> bytes:
+    metrics = metrics if isinstance(metrics, list) else list(metrics)
+    if any(m.type not in _FAST_TYPES for m in metrics):
+        return render_client(metrics, openmetrics)
     out: list[str] = []
     append = out.append
     for m in metrics:
         if openmetrics:
             family = m.name
             help_ = m.documentation.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-            append(f"# TYPE {family} {m.type}\n# HELP {family} {help_}\n")
+            append(f"# HELP {family} {help_}\n# TYPE {family} {m.type}\n")
             if m.unit:
                 append(f"# UNIT {family} {m.unit}\n")
         else:
@@ -63,9 +86,12 @@ def render(metrics: Iterable[Metric], openmetrics: bool = False) -> bytes:
         for s in m.samples:
             p = get((s.name, *s.labels.values())) or _prefix(s.name, s.labels)
             v = s.value
-            # Finite floats print as Python's repr ("3.0", "1234567.0", "1e-05"), which both formats
-            # accept; infinities and NaN need Go's spelling ("+Inf", "NaN").
-            append(f"{p}{v!r}\n" if v.__class__ is float and v - v == 0 else p + go_float(v) + "\n")
+            # A finite float below 1e6 is spelled as Python's repr ("3.0", "1e-05"); from 1e6 up
+            # Go (and floatToGoString) switch to exponents, and infinities and NaN need Go's spelling.
+            if v.__class__ is float and v < 1e6 and v - v == 0:
+                append(f"{p}{v!r}\n")
+            else:
+                append(f"{p}{go_float(v)}\n")
     if openmetrics:
         append("# EOF\n")
     return "".join(out).encode()

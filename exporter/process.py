@@ -1,6 +1,8 @@
 """The exporter's own process metrics, under the names every Prometheus client library uses
 (process_cpu_seconds_total, process_resident_memory_bytes, ...), read through psutil in one
-`oneshot` per scrape (~0.1 ms). process_threads counts OS threads (the Rust and Java clients' name)."""
+`oneshot` per scrape (~0.1 ms). process_threads counts OS threads (the Rust and Java clients' name).
+psutil rather than prometheus_client's ProcessCollector: it reads /proc/self once per scrape and
+names the same series; `ProcessCollector` here is a prometheus_client custom collector."""
 
 from __future__ import annotations
 
@@ -25,6 +27,13 @@ START = define("process_start_time_seconds", "gauge",
 THREADS = define("process_threads", "gauge", "Number of OS threads in the process.", collector="exporter")
 
 _proc = psutil.Process()
+
+
+class ProcessCollector:
+    """prometheus_client custom collector of the process_* series (exporter.registry)."""
+
+    def collect(self) -> list[Metric]:
+        return process_metrics()
 
 
 def process_metrics() -> list[Metric]:

@@ -20,7 +20,7 @@ from exporter import __version__
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Derived, Failed
 from exporter.config import Config
-from exporter.metric import Metric
+from exporter.registry import RUNNER_PART, Collection
 
 log = logging.getLogger("exporter.runner")
 
@@ -77,7 +77,8 @@ class Runner:
         self._lock = threading.Lock()
         self._inflight: Future | None = None
         self.readings: dict[str, Any] = {}  # the last collection's readings (what dependants got)
-        self._last: tuple[float, float, list[Metric]] | None = None  # (started, finished, result)
+        self.collection = Collection()  # the last collection (exporter.registry serves it)
+        self._last: tuple[float, float, Collection] | None = None  # (started, finished, result)
         self.scrapes = 0
         self.collections = 0
         self.ready = threading.Event()
@@ -103,7 +104,7 @@ class Runner:
                 log.exception("closing collector %s", c.name)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def collect(self, scrape: bool = True, arrived: float | None = None) -> list[Metric]:
+    def collect(self, scrape: bool = True, arrived: float | None = None) -> Collection:
         """Return one complete collection; joins the one in flight when there is one. A caller
         that `arrived` (time.monotonic()) before the last collection finished gets that one (it
         is no older than the request): a server queueing requests for a few workers shares as a
@@ -134,7 +135,7 @@ class Runner:
             self._last = (start, time.monotonic(), result)
         return result
 
-    def _collect_all(self) -> list[Metric]:
+    def _collect_all(self) -> Collection:
         self.collections += 1
         start = time.monotonic()
         pending: dict[str, tuple[Future | None, Families, float]] = {}
@@ -154,7 +155,7 @@ class Runner:
                 fut = self._pool.submit(self._timed, c, out)
             self._running[c.name] = fut
             pending[c.name] = (fut, out, deadline)
-        metrics: list[Metric] = []
+        metrics = Collection()
         own = Families()
         readings: dict[str, Any] = {}
         for c in self.collectors:
@@ -172,12 +173,13 @@ class Runner:
             own.add(COLLECTOR_SUCCESS, 1 if res.ok else 0, collector=c.name)
             own.add(COLLECTOR_DURATION, res.took, collector=c.name)
             if res.ok:
-                metrics.extend(out)
+                metrics.add(c.name, out)
         own.add(BUILD_INFO, 1, version=__version__, python_version=platform.python_version())
         own.add(SCRAPES, self.scrapes)
         own.add(COLLECTIONS, self.collections)
-        metrics.extend(own)
+        metrics.add(RUNNER_PART, own)
         self.readings = readings
+        self.collection = metrics
         self.ready.set()
         return metrics
 

@@ -1,8 +1,9 @@
 """The HTTP endpoint: the telemetry path (/metrics), the landing page, /healthz and /readyz, on
 exporter.httpd.
 
-- /metrics: one collection (shared with concurrent scrapes) plus the process_* metrics, in the
-  format and encoding the client asks for (406 when it accepts no encoding we have). Scrapes
+- /metrics: one collection (shared with concurrent scrapes) plus the process_* metrics, yielded by
+  a prometheus_client `CollectorRegistry` (exporter.registry), in the format and encoding the
+  client asks for (406 when it accepts no encoding we have). Scrapes
   that share a collection share its rendered body too.
   `?collect[]=gpu&collect[]=efa` keeps only those collectors' series (with the exporter's own:
   build_info, scrapes, process_*; collector_success and duration for those collectors only), as
@@ -33,7 +34,7 @@ from exporter.exposition import choose_encoding, encode, negotiate
 from exporter.httpd import HttpServer, Limits, Request, Response
 from exporter.landing import render_page
 from exporter.metric import Metric
-from exporter.process import process_metrics
+from exporter.registry import build_registry, families
 from exporter.runner import COLLECTOR_DURATION, COLLECTOR_SUCCESS, Runner
 from exporter.webconfig import BasicAuth, WebConfig
 
@@ -50,6 +51,7 @@ class App:
     def __init__(self, runner: Runner, web: WebConfig | None = None,
                  telemetry_path: str = "/metrics") -> None:
         self.runner = runner
+        self.registry = build_registry(runner)
         self.auth = BasicAuth(web.users) if web and web.users else None
         self.telemetry_path = telemetry_path
         self.last: list[Metric] | None = None
@@ -103,8 +105,9 @@ class App:
                 self._bodies_of, self._bodies = metrics, {}
             got = self._bodies.get(key)
             if got is None:
-                kept = only_collectors(metrics, wanted) if wanted is not None else metrics
-                got = self._bodies[key] = encode(kept + process_metrics(), accept, coding)
+                fams = families(self.registry, metrics)  # with process_*, as of this render
+                kept = only_collectors(fams, wanted) if wanted is not None else fams
+                got = self._bodies[key] = encode(kept, accept, coding)
         return Response(200, *got)
 
     def landing(self) -> Response:

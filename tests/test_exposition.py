@@ -1,98 +1,177 @@
-"""The /metrics renderer: the same samples as prometheus_client's renderers, in both formats,
-with escaping, number formatting and content negotiation right."""
+"""/metrics' metric model and renderer: collectors' families are prometheus_client's, yielded into
+a CollectorRegistry; the cached fast renderer is byte for byte prometheus_client's renderers
+(`generate_latest` and the OpenMetrics one) on every simulated scenario and on generated edge
+cases; escaping, number formatting and content negotiation are right."""
 
 import gzip
 
 import prometheus_client
-from hypothesis import given
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as om_generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.utils import floatToGoString
+from prometheus_client.samples import Sample as ClientSample
 
 from exporter import collectors
-from exporter.catalog import MetricSpec
+from exporter.catalog import Families, MetricSpec
 from exporter.cli import build_context, build_parser
-from exporter.exposition import encode, negotiate, render
-from exporter.metric import go_float
+from exporter.exposition import encode, negotiate, render, render_client
+from exporter.metric import Sample
+from exporter.registry import build_registry, families
 from exporter.runner import Runner
+from exporter.simulate import all_scenarios
 from tests.helpers import promtool_check_metrics
 
+GAUGE = MetricSpec("gpu_test_tricky", "gauge", 'help with \\ backslash, "quotes"\nand a newline',
+                   ("path", "n"), "", "test")
+COUNTER = MetricSpec("gpu_test_things_total", "counter", "Things.", ("k",), "", "test")
 
-def _samples(families):
+
+def _samples(fams):
     # repr: NaN equals only itself as text.
-    return sorted((s.name, tuple(sorted(s.labels.items())), repr(s.value))
-                  for f in families for s in f.samples)
-
-
-def _oracle(metrics, openmetrics=False):
-    """prometheus_client's rendering of our metrics, as its own Metric and Sample types."""
-    theirs = []
-    for m in metrics:
-        t = prometheus_client.Metric(m.name, m.documentation, m.type, m.unit)
-        for s in m.samples:
-            t.add_sample(s.name, s.labels, s.value)
-        theirs.append(t)
-
-    class Fixed:
-        def collect(self):
-            return theirs
-
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(Fixed())
-    return (om_generate_latest if openmetrics else generate_latest)(reg).decode()
+    return sorted((s.name, tuple(sorted(s.labels.items())), repr(float(s.value)))
+                  for f in fams for s in f.samples)
 
 
 def _tricky():
-    from exporter.catalog import Families
-
-    g = MetricSpec("gpu_test_tricky", "gauge", 'help with \\ backslash, "quotes"\nand a newline',
-                   ("path", "n"), "", "test")
-    c = MetricSpec("gpu_test_things_total", "counter", "Things.", ("k",), "", "test")
     out = Families()
-    out.add(g, 1234567.0, path='C:\\dir "x"\nnext', n=1)
-    out.add(g, 0.000125, path="plain", n=2)
-    out.add(g, 2.0**64, path="big", n=3)
-    out.add(g, -3.0, path="neg", n=4)
-    out.add(g, float("inf"), path="inf", n=5)
-    out.add(g, float("nan"), path="nan", n=6)
-    out.add(c, 7, k="a")
-    out.add(c, 12.5, k="b")
+    out.add(GAUGE, 1234567.0, path='C:\\dir "x"\nnext', n=1)
+    out.add(GAUGE, 0.000125, path="plain", n=2)
+    out.add(GAUGE, 2.0**64, path="big", n=3)
+    out.add(GAUGE, -3.0, path="neg", n=4)
+    out.add(GAUGE, float("inf"), path="inf", n=5)
+    out.add(GAUGE, float("nan"), path="nan", n=6)
+    out.add(GAUGE, 999999.9999999999, path="below 1e6", n=7)
+    out.add(GAUGE, 1e6, path="1e6", n=8)
+    out.add(COUNTER, 7, k="a")
+    out.add(COUNTER, 12.5, k="b")
+    out.add_samples(COUNTER, [Sample(COUNTER.name, {"k": "prepared"}, 3)])  # an int value, as prepared
     return list(out)
 
 
-@given(st.floats() | st.sampled_from([1e6, 1e7, 12345678.0, 1e16, 1.5e22, -1e7, 5e-324]))
-def test_values_are_spelled_as_prometheus_clients_floatToGoString(v):
-    assert go_float(v) == floatToGoString(v)
+def assert_same_as_prometheus_client(fams) -> None:
+    """Our renderer's bytes are prometheus_client's, through a real CollectorRegistry."""
+
+    class Fixed:
+        def collect(self):
+            return fams
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(Fixed())
+    assert render(fams) == generate_latest(reg)
+    assert render(fams, openmetrics=True) == om_generate_latest(reg)
 
 
-def test_same_samples_as_prometheus_client_on_edge_cases():
-    metrics = _tricky()
-    assert _samples(text_string_to_metric_families(render(metrics).decode())) == \
-        _samples(text_string_to_metric_families(_oracle(metrics)))
-    assert _samples(om_parse(render(metrics, openmetrics=True).decode())) == \
-        _samples(om_parse(_oracle(metrics, openmetrics=True)))
+def test_collectors_families_are_prometheus_clients():
+    """The model is prometheus_client's: Families makes its Metrics; Sample is its Sample."""
+    assert Sample is ClientSample
+    fams = _tricky()
+    assert all(type(f) is prometheus_client.Metric for f in fams)
+    assert all(type(s) is ClientSample for f in fams for s in f.samples)
+    assert [f.name for f in fams] == ["gpu_test_tricky", "gpu_test_things"]  # counters without _total
+    assert {s.name for s in fams[1].samples} == {"gpu_test_things_total"}
 
 
-def test_same_samples_as_prometheus_client_on_a_simulated_p5(tmp_path):
-    every = tmp_path / "all.yml"
-    every.write_text("efa:\n  counters: all\ngpu:\n  detail: all\n")
-    ctx = build_context(build_parser().parse_args(["--simulate", "p5.48xlarge", "--config", str(every)]))
-    runner = Runner(collectors.build(ctx), 5.0)
+def test_byte_identical_to_prometheus_client_on_edge_cases():
+    fams = _tricky()
+    assert_same_as_prometheus_client(fams)
+    # and the parsers agree on what the text means
+    assert _samples(text_string_to_metric_families(render(fams).decode())) == _samples(fams)
+    assert _samples(om_parse(render(fams, openmetrics=True).decode())) == _samples(fams)
+
+
+@settings(max_examples=300)
+@given(st.floats() | st.integers()
+       | st.sampled_from([1e6, 1e7, 12345678.0, 1e16, 1.5e22, -1e7, 5e-324, -0.0, 999999.9999999999]),
+       st.text(max_size=20))
+def test_any_value_and_label_value_render_as_prometheus_client_does(v, label):
+    out = Families()
+    out.add(GAUGE, v if not isinstance(v, int) else float(v), path=label, n=0)
+    out.add_samples(COUNTER, [Sample(COUNTER.name, {"k": label}, v)])  # prepared: any number type
+    assert_same_as_prometheus_client(list(out))
+
+
+def test_a_family_the_fast_path_does_not_know_is_rendered_by_prometheus_client():
+    info = prometheus_client.metrics_core.InfoMetricFamily("gpu_test", "An info family.", {"a": "b"})
+    fams = [*_tricky(), info]
+    assert render(fams) == render_client(fams)
+    assert render(fams, openmetrics=True) == render_client(fams, openmetrics=True)
+
+
+def _collect_scenario(scenario: str | None, config) -> list:
+    """One collection of a simulated p5.48xlarge with every detail on, after the scenario's onset,
+    as /metrics' registry yields it (process_* included)."""
+    argv = ["--simulate", "p5.48xlarge", "--config", str(config)]
+    if scenario:
+        argv += ["--scenario", scenario]
+    ctx = build_context(build_parser().parse_args(argv))
+    runner = Runner(collectors.build(ctx), 1.0)
     try:
-        metrics = runner.collect()
-        ours = render(metrics).decode()
-        assert len(_samples(text_string_to_metric_families(ours))) > 1500
-        assert _samples(text_string_to_metric_families(ours)) == \
-            _samples(text_string_to_metric_families(_oracle(metrics)))
-        assert _samples(om_parse(render(metrics, openmetrics=True).decode())) == \
-            _samples(om_parse(_oracle(metrics, openmetrics=True)))
-        assert promtool_check_metrics(ours) == ""
+        ctx.simulation.advance(60)  # every scenario's onset is behind us
+        ctx.nvml.ensure()
+        advance = getattr(ctx.nvml.backend, "advance_to", None)
+        if advance is not None:
+            advance(60.0)
+        return families(build_registry(runner), runner.collect())
     finally:
         runner.close()
+        release = getattr(ctx.nvml.backend, "release", None)
+        if release is not None:
+            release()  # a hung fake NVML call (gpu-nvml-hang) returns, so its thread can end
         ctx.simulation.close()
+
+
+@pytest.fixture(scope="module")
+def every_detail(tmp_path_factory):
+    cfg = tmp_path_factory.mktemp("cfg") / "all.yml"
+    cfg.write_text("efa:\n  counters: all\ngpu:\n  detail: all\nlustre:\n  per_target: true\n")
+    return cfg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", [None, *sorted(all_scenarios())])
+def test_byte_identical_to_prometheus_client_on_every_simulated_scenario(scenario, every_detail):
+    fams = _collect_scenario(scenario, every_detail)
+    assert sum(len(f.samples) for f in fams) > 500
+    assert_same_as_prometheus_client(fams)
+
+
+@pytest.mark.slow
+def test_a_simulated_p5_passes_promtool_and_parses_to_the_collected_samples(every_detail):
+    fams = _collect_scenario(None, every_detail)
+    ours = render(fams).decode()
+    assert len(_samples(fams)) > 1500
+    assert _samples(text_string_to_metric_families(ours)) == _samples(fams)
+    assert _samples(om_parse(render(fams, openmetrics=True).decode())) == _samples(fams)
+    assert promtool_check_metrics(ours) == ""
+
+
+def test_the_registry_yields_each_collectors_part_of_the_collection_it_serves():
+    from tests.test_runner import Probe
+
+    runner = Runner([Probe("alpha"), Probe("broken", "raise"), Probe("beta")], deadline_s=1)
+    try:
+        reg = build_registry(runner)
+        first = runner.collect()
+        second = runner.collect()
+        assert first is not second
+        order = [(f.name, *(s.labels.get("source", "") for s in f.samples)) for f in families(reg, first)]
+        probe = "gpu_health_exporter_test_probe"
+        assert order[:2] == [(probe, "alpha"), (probe, "beta")]  # the failed collector has no part
+        assert order[2][0] == "gpu_health_exporter_collector_success"
+        assert order[-1][0].startswith("process_")
+        # outside a scrape the registry serves the runner's last collection
+        assert reg.get_sample_value("gpu_health_exporter_collections_total") == 2
+        assert reg.get_sample_value("gpu_health_exporter_collector_success", {"collector": "broken"}) == 0
+        assert reg.get_sample_value(probe, {"source": "beta"}) == 1
+        # a scrape serving the first collection sees that one, though a later one has finished
+        served = {s.name: s.value for f in families(reg, first) for s in f.samples if not s.labels}
+        assert served["gpu_health_exporter_collections_total"] == 1
+    finally:
+        runner.close()
 
 
 def test_negotiation_and_gzip():

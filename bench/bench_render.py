@@ -1,0 +1,61 @@
+"""Rendering cost: /metrics' fast renderer (exporter/exposition.py) against prometheus_client's own
+renderers, on the families /metrics' registry yields for a simulated p5.48xlarge (process_*
+included), in both formats. CPU time (time.process_time) per render, each repetition the mean of
+`--iterations` renders; the collection is made once.
+
+    python bench/bench_render.py [--iterations 200] [--repeat 3] [--config FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from exporter import collectors  # noqa: E402
+from exporter.cli import build_context, build_parser  # noqa: E402
+from exporter.exposition import render, render_client  # noqa: E402
+from exporter.registry import build_registry, families  # noqa: E402
+from exporter.runner import Runner  # noqa: E402
+
+
+def cpu_ms(fn, iterations: int) -> float:  # noqa: ANN001
+    t = time.process_time()
+    for _ in range(iterations):
+        fn()
+    return (time.process_time() - t) / iterations * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--iterations", type=int, default=200)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--config", help="exporter config (default: the defaults)")
+    a = p.parse_args()
+    argv = ["--simulate", "p5.48xlarge"] + (["--config", a.config] if a.config else [])
+    ctx = build_context(build_parser().parse_args(argv))
+    runner = Runner(collectors.build(ctx), 5.0)
+    try:
+        registry = build_registry(runner)
+        collection = runner.collect()
+        fams = families(registry, collection)
+        print(f"{sum(len(f.samples) for f in fams)} series in {len(fams)} families")
+        cases = [("registry collect (families())", lambda: families(registry, collection), a.iterations)]
+        for om, fmt in ((False, "text 0.0.4"), (True, "OpenMetrics")):
+            assert render(fams, om) == render_client(fams, om)
+            cases.append((f"fast render, {fmt}", lambda om=om: render(fams, om), a.iterations))
+            cases.append((f"prometheus_client, {fmt}", lambda om=om: render_client(fams, om),
+                          max(10, a.iterations // 10)))
+        for name, fn, n in cases:
+            runs = [cpu_ms(fn, n) for _ in range(a.repeat)]
+            print(f"{name:34s} {min(runs):6.3f} .. {max(runs):6.3f} ms CPU ({a.repeat} x {n})")
+    finally:
+        runner.close()
+        ctx.simulation.close()
+
+
+if __name__ == "__main__":
+    main()
