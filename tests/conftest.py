@@ -7,8 +7,13 @@
   not an IP literal or localhost, raises NonLoopbackError and fails the test, even where the code
   under test catches the error (the IMDS lookup retries quietly): 169.254.169.254 and
   fd00:ec2::254 in particular. tests/test_loopback_guard.py proves it trips.
-- Hypothesis: the "suite" profile (deadline off: a loaded 2-core CI must not turn slowness
-  into failures; example counts are set per test, see tests/test_property_parsers.py).
+- Hypothesis runs derandomized: the "ci" profile (the default, and what .ci/run uses) draws the
+  same examples on every run and machine (a seed derived from each test), so a run that passed
+  passes again and a failure reproduces; deadline off (a loaded 2-core CI must not turn slowness
+  into failures), 300 examples a test, no example database. The random search runs on demand:
+  `HYPOTHESIS_PROFILE=search .venv/bin/python -m pytest -q tests/test_property_parsers.py
+  tests/test_exposition.py` draws fresh examples, 5,000 a test (about 5 minutes on 2 cores), keeps
+  failures in .hypothesis/ and prints the blob that replays one (`@reproduce_failure`).
 """
 
 from __future__ import annotations
@@ -103,8 +108,9 @@ def loopback_only():
 try:
     from hypothesis import HealthCheck, settings
 
-    settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow],
-                              derandomize=False, print_blob=True)
-    settings.load_profile("suite")
+    _hypothesis = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "print_blob": True}
+    settings.register_profile("ci", derandomize=True, database=None, max_examples=300, **_hypothesis)
+    settings.register_profile("search", derandomize=False, max_examples=5000, **_hypothesis)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 except ImportError:  # pragma: no cover - hypothesis is in the test extra
     pass

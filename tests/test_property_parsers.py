@@ -23,7 +23,7 @@ from exporter.xid.parser import KernelLogParser, parse_message
 from exporter.xid.store import StateFile, XidStore
 from exporter.xid.sxid import parse_sxid
 
-EXAMPLES = 300
+EXAMPLES = settings.default.max_examples  # the profile's: 300 in CI, more with HYPOTHESIS_PROFILE=search
 examples = settings(max_examples=EXAMPLES)
 
 # numbers of any length: 20 digits passes 2**64, 310 passes a float
