@@ -22,7 +22,7 @@ import yaml
 
 from dashboards.build import dashboards
 from exporter.rules import DEFAULT_RUNBOOK_BASE
-from tests.helpers import ROOT, free_port, running_exporter
+from tests.helpers import ROOT, free_port, running_exporter, wait_until_serving
 from tests.rules_lint import RULES_DIR, rule_files
 
 SCENARIOS = ["xid-63", "xid-13-flood", "gpu-row-remap-pending", "gpu-thermal-slowdown", "efa-device-missing",
@@ -165,6 +165,13 @@ def test_rules_on_a_simulated_node(tmp_path):
     hook = ThreadingHTTPServer(("127.0.0.1", 0), _Webhook)
     threading.Thread(target=hook.serve_forever, daemon=True).start()
     am, am_addr = _start_alertmanager(tmp_path, f"http://127.0.0.1:{hook.server_port}")
+    # Before Prometheus starts: a firing alert sent to an Alertmanager not listening yet is resent
+    # only after Prometheus' resend delay (1 minute).
+    try:
+        wait_until_serving(f"http://{am_addr}/-/ready", am, 60, "alertmanager")
+    except BaseException:
+        am.kill()
+        raise
     args = ["--simulate", "p5.48xlarge"] + [a for s in SCENARIOS for a in ("--scenario", s)]
     with running_exporter(*args, "--path.state-dir", str(tmp_path / "state")) as url:
         proc, api = _start_prometheus(tmp_path, url.removeprefix("http://"), am_addr)
