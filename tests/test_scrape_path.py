@@ -12,6 +12,7 @@ import requests
 from exporter import collectors, exposition, server
 from exporter.cli import build_context, build_parser
 from exporter.httpd import Request
+from exporter.registry import Collection
 from exporter.runner import Runner
 from exporter.server import App, Server
 from exporter.xid.verdict import GpuVerdict, NodeVerdict
@@ -31,7 +32,7 @@ class StubRunner:
 
     def collect(self, scrape=True, arrived=None):
         self.calls += 1
-        return []
+        return Collection()
 
 
 def _get(app, path, query="", **headers):
@@ -66,14 +67,14 @@ def test_scrapes_sharing_a_collection_share_its_rendered_body(monkeypatch):
 
     monkeypatch.setattr(server, "encode", counting)
     runner = StubRunner()
-    shared: list = []
+    shared = Collection()
     runner.collect = lambda scrape=True, arrived=None: shared
     app = App(runner)
     bodies = {_get(app, "/metrics", accept_encoding="gzip").body for _ in range(5)}
     assert len(calls) == 1 and len(bodies) == 1
     _get(app, "/metrics", accept="application/openmetrics-text")  # another format: its own render
     assert len(calls) == 2
-    shared = []  # a new collection
+    shared = Collection()  # a new collection
     _get(app, "/metrics", accept_encoding="gzip")
     assert len(calls) == 3
 
