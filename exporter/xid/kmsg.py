@@ -8,11 +8,14 @@ EPIPE means records were overwritten before we read them (we count it and go on)
 size, so records appended later are picked up live.
 
 No record is yielded twice: every (re)open (the device after a read error starts again at the
-oldest record in the ring; a file rewritten, replaced or rotated is read from its start) skips
+oldest record in the ring; a file replaced, rotated, truncated or rewritten in place, which the
+start of the last line read no longer being where it was betrays, is read from its start) skips
 the records whose sequence number is at or below the highest one already read. In a followed
 file, a last line without its newline is held until the newline arrives (a record written in two
 parts is read whole); only a one-shot read (`final`) or a line left unfinished for
-PARTIAL_LINE_WAIT_S takes it as it is.
+PARTIAL_LINE_WAIT_S takes it as it is. A line longer than MAX_LINE_BYTES is no record: it is
+dropped (counted malformed), never held whole in memory. NUL bytes before a record (a file
+truncated under a writer that kept its offset) are skipped.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ from typing import NamedTuple
 
 KERNEL_FACILITY_MAX_PRIO = 7  # facility 0 (kernel): prio 0..7; user space cannot write facility 0
 PARTIAL_LINE_WAIT_S = 60.0  # a writer that stops mid-line this long is not coming back
+# A record is at most a few KiB (the kernel's own limit is 8 KiB with its prefix); a longer
+# unfinished line in a file is not a record: it is dropped up to its newline, not kept in memory.
+MAX_LINE_BYTES = 64 << 10
+MARK_BYTES = 256  # the start of the last line read, compared on every poll (rewritten in place?)
 
 
 class Record(NamedTuple):
@@ -87,6 +94,10 @@ class KmsgReader:
         self._offset = 0
         self._ino: tuple[int, int] | None = None
         self._pending = b""  # a trailing partial line of a regular file
+        self._discard = False  # dropping an over-long line up to its newline
+        # (offset, bytes) of the start of the last whole line read: a file rewritten in place
+        # (same inode, not shorter) no longer holds them there
+        self._mark: tuple[int, bytes] | None = None
         self._pending_since = 0.0  # clock() when _pending last changed
         self._poll: select.poll | None = None
         self.high_seq: int | None = None  # the highest sequence number read, across every open
@@ -107,6 +118,8 @@ class KmsgReader:
         self._ino = (st.st_dev, st.st_ino)
         self._offset = 0
         self._pending = b""
+        self._discard = False
+        self._mark = None
         self._skip = self.high_seq
         if self._device:
             self._poll = select.poll()
@@ -185,6 +198,7 @@ class KmsgReader:
 
     def _lines(self, text: str) -> Iterator[Record]:
         for line in text.split("\n"):
+            line = line.lstrip("\x00")  # NULs: a copytruncate'd file whose writer kept its offset
             if not line or line[0] == " ":  # continuation line (KEY=value) or blank
                 continue
             rec = parse_record(line)
@@ -194,13 +208,22 @@ class KmsgReader:
             if self._note(rec):
                 yield rec
 
-    def _read_file(self, final: bool = False) -> Iterator[Record]:
+    def _rewritten(self) -> bool:
+        """Whether the open file was replaced, truncated or rewritten in place since the last read."""
         try:
             st = os.stat(self.path)
         except OSError:
-            st = None
-        if st is not None and ((st.st_dev, st.st_ino) != self._ino or st.st_size < self._offset):
-            # replaced (rotation) or truncated: start over; sequence numbers drop repeats
+            return False  # gone for a moment (rotation): keep reading what we have open
+        if (st.st_dev, st.st_ino) != self._ino or st.st_size < self._offset:
+            return True
+        if self._mark is not None:
+            at, head = self._mark
+            return os.pread(self._fd, len(head), at) != head
+        return False
+
+    def _read_file(self, final: bool = False) -> Iterator[Record]:
+        if self._rewritten():
+            # replaced (rotation), truncated or rewritten: start over; sequence numbers drop repeats
             self.close()
             self.open()
         grew = False
@@ -209,18 +232,34 @@ class KmsgReader:
             if not data:
                 break
             grew = True
+            start = self._offset - len(self._pending)  # where buf begins in the file
             self._offset += len(data)
             buf = self._pending + data
             end = buf.rfind(b"\n")
             self._pending_since = self.clock()
             if end < 0:
                 self._pending = buf
+                if len(buf) > MAX_LINE_BYTES:  # not a record: drop it up to its newline
+                    if not self._discard:
+                        self._malformed(buf[:120].decode("utf-8", "replace"))
+                    self._pending, self._discard = b"", True
                 continue
+            first = 0
+            if self._discard:  # the rest of an over-long line
+                first, self._discard = buf.find(b"\n") + 1, False
             self._pending = buf[end + 1:]
-            yield from self._lines(buf[:end].decode("utf-8", "replace"))
+            if len(self._pending) > MAX_LINE_BYTES:
+                self._malformed(self._pending[:120].decode("utf-8", "replace"))
+                self._pending, self._discard = b"", True
+            last = buf.rfind(b"\n", 0, end) + 1
+            self._mark = (start + last, buf[last:min(end + 1, last + MARK_BYTES)])
+            yield from self._lines(buf[first:end].decode("utf-8", "replace"))
         stale = not grew and self.clock() - self._pending_since >= self.partial_wait_s
         if self._pending and (final or stale):
             tail, self._pending = self._pending, b""
+            if self._discard:  # the end of an over-long line
+                self._discard = False
+                return
             yield from self._lines(tail.decode("utf-8", "replace"))
 
     def wait(self, timeout_s: float) -> None:

@@ -74,6 +74,7 @@ class XidService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._log_acks = False  # the daemon's log is the trail of acks; one-shot commands print
 
     # -- what the collectors and commands read -----------------------------------------------------
     @property
@@ -119,9 +120,15 @@ class XidService:
         return self.persistence.flush(force)
 
     def refresh_acks(self) -> list[Ack]:
-        """Take acknowledgements `ack` wrote since we last looked; each new one is logged once."""
+        """Take acknowledgements `ack` wrote since we last looked. The daemon logs every ack
+        once: those written while it runs and those written while it was down (the state file
+        marks the ones logged, so a restart does not log them again)."""
         new = self.persistence.take_acks()
-        for a in new:
+        self._log_unlogged_acks(None if self._log_acks else new)
+        return new
+
+    def _log_unlogged_acks(self, among: list[Ack] | None = None) -> None:
+        for a in self.store.take_unlogged_acks(among):
             gpu, _, bus_id = self.identities.labels(a.pci, ask_nvml=False)
             gpu = gpu or ("" if a.index is None else str(a.index))
             if a.xid is not None:
@@ -131,7 +138,6 @@ class XidService:
                 tiers = ",".join(sorted({self.policy.tier(*split_key(k)) for k in a.baseline})) or "none"
             log.info("acknowledged %s on GPU %s (PCI %s): tier %s, counts at the ack %s", what, gpu or "-",
                      bus_id, tiers, ", ".join(f"{k} x{n}" for k, n in sorted(a.baseline.items())) or "none")
-        return new
 
     # -- background ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -145,6 +151,8 @@ class XidService:
             for c in (self.counter, self.sxid_counter):
                 if c is not None:
                     c.log_events = True  # the daemon's log is the trail of every counted event
+            self._log_acks = True
+            self._log_unlogged_acks()  # those written while no daemon ran
             self._thread = threading.Thread(target=self._follow, name="kmsg-follow", daemon=True)
             self._thread.start()
             if self.counter is not None and self.cfg.nvml_events:

@@ -140,6 +140,12 @@ def open_regular(path: str | os.PathLike, flags: int = os.O_RDONLY, mode: int = 
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise NotRegularFile(errno.ELOOP, "a symbolic link, not a regular file", str(path)) from e
+        try:  # a socket (ENXIO), a device without its driver...: say what is there, not just why
+            mode = os.lstat(path).st_mode
+        except OSError:
+            raise e from None
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(e.errno, f"{_kind(mode)}, not a regular file", str(path)) from e
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -289,15 +295,18 @@ class Ack:
     xid: int | None  # None: every XID on that GPU
     time: float
     baseline: dict[str, int]  # count per count key at the time of the ack
+    logged: bool = False  # a daemon logged it (kept in the file: logged once, across restarts)
 
     def to_json(self) -> dict:
-        return {"pci": self.pci, "index": self.index, "uuid": self.uuid, "xid": self.xid,
-                "time": self.time, "baseline": self.baseline}
+        d = {"pci": self.pci, "index": self.index, "uuid": self.uuid, "xid": self.xid,
+             "time": self.time, "baseline": self.baseline}
+        return {**d, "logged": True} if self.logged else d
 
     @classmethod
     def from_json(cls, d: dict) -> Ack:
         return cls(str(d["pci"]), d.get("index"), str(d.get("uuid") or ""), d.get("xid"),
-                   float(d["time"]), {str(k): int(v) for k, v in dict(d.get("baseline") or {}).items()})
+                   float(d["time"]), {str(k): int(v) for k, v in dict(d.get("baseline") or {}).items()},
+                   d.get("logged") is True)
 
     def ident(self) -> tuple:
         return (self.pci, self.xid, round(self.time, 3))
@@ -423,7 +432,9 @@ class XidStore:
     def add_ack(self, ack: Ack) -> bool:
         """Add an acknowledgement; False when it is known already."""
         with self.lock:
-            if ack.ident() in {a.ident() for a in self.acks}:
+            known = next((a for a in self.acks if a.ident() == ack.ident()), None)
+            if known is not None:
+                known.logged = known.logged or ack.logged  # another daemon run logged it
                 return False
             self.acks.append(ack)
             if len(self.acks) > MAX_ACKS:  # the oldest go: the newest per GPU are the ones that matter
@@ -431,6 +442,17 @@ class XidStore:
                 del self.acks[: len(self.acks) - MAX_ACKS]
             self.version += 1
             return True
+
+    def take_unlogged_acks(self, among: list[Ack] | None = None) -> list[Ack]:
+        """The acks (of `among`, default all) not logged yet, marked logged now (the next write
+        keeps the mark)."""
+        with self.lock:
+            new = [a for a in (self.acks if among is None else among) if not a.logged]
+            for a in new:
+                a.logged = True
+            if new:
+                self.version += 1
+            return new
 
     def acks_snapshot(self) -> list[Ack]:
         with self.lock:
@@ -509,8 +531,10 @@ def merge_docs(mine: dict, disk: dict | None, counts: bool = False) -> tuple[dic
     out = dict(mine)
     known = {_ack_ident(a) for a in mine.get("acks") or []}
     extra = [a for a in disk.get("acks") or [] if _ack_ident(a) not in known]
-    if extra:
-        acks = sorted([*(mine.get("acks") or []), *extra], key=lambda a: a["time"])
+    logged = {_ack_ident(a) for a in disk.get("acks") or [] if a.get("logged") is True}
+    if extra or logged:  # and keep another run's mark that it logged an ack
+        acks = sorted([*({**a, "logged": True} if _ack_ident(a) in logged else a
+                         for a in mine.get("acks") or []), *extra], key=lambda a: a["time"])
         out["acks"] = acks[-MAX_ACKS:]
     if counts:
         merged = {p: dict(ks) for p, ks in (mine.get("counts") or {}).items()}
@@ -628,7 +652,7 @@ class StateFile:
         if self.disabled:
             return None
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)  # a dangling symlink is a symlink, not a missing file
             raw = read_regular(self.path)
         except NotRegularFile as e:
             self._refuse(e)
