@@ -27,6 +27,10 @@ log = logging.getLogger("exporter.xid")
 
 RECOVERY_XID = 154
 NVML_154_GRACE_S = 3.0  # hold NVML's XID 154 (no action code) so the kernel line, which has it, wins
+# The backlog is read before NVML is initialised (never from the follower thread: it may hang):
+# a line for an address no GPU is known at yet waits this long for NVML to name the GPU.
+LOG_HOLD_S = 10.0
+MAX_HELD_LOGS = 256
 
 
 class XidCounter:
@@ -42,6 +46,7 @@ class XidCounter:
         self.log_events = False  # the daemon logs each counted event; one-shot commands print them
         self.nvml_events: dict[tuple[str, str], int] = {}  # (pci key, event type name) -> count
         self._pending_154: list[tuple[float, str, float, float]] = []  # (due, pci, kernel_s, wall)
+        self._held_logs: list[tuple[float, tuple]] = []  # (due, _log_event args): GPU not known yet
         self._lock = threading.Lock()
 
     # -- kernel log --------------------------------------------------------------------------------
@@ -90,6 +95,20 @@ class XidCounter:
         for _, pci, kernel_s, wall in due:
             self._count("nvml", pci, RECOVERY_XID, kernel_s, wall)
         self.store.prune(self.clock.now())
+        self.flush_logs(now)
+
+    def flush_logs(self, now: float | None = None) -> None:
+        """Log the held lines whose GPU NVML now names, or that waited long enough (all: `now`
+        None, at shutdown)."""
+        with self._lock:
+            held, self._held_logs = self._held_logs, []
+        ready = self._nvml_ready()
+        for due, args in held:
+            if now is None or ready or due <= now:
+                self._log_event(*args, hold=False)
+            else:
+                with self._lock:
+                    self._held_logs.append((due, args))
 
     def nvml_event_counts(self) -> dict[tuple[str, str], int]:
         with self._lock:
@@ -101,10 +120,24 @@ class XidCounter:
         counted = self.store.report(source, pci, xid, kernel_s, wall, action, wall_of,
                                     listed=self.identities.is_listed(pci))
         if counted and self.log_events:
-            gpu, _, bus_id = self.identities.labels(pci, ask_nvml=False)
-            info = lookup(xid)
             other = pci not in self.store.counts  # beyond the guards: counted under "other"
-            log.warning("XID %d counted on GPU %s (PCI %s): tier %s, from %s%s%s", xid, gpu or "-",
-                        f"{pci_label(pci)}, counted under \"{OTHER}\"" if other else bus_id,
-                        self.policy.tier(xid, action), source,
-                        f"; {info.meaning}" if info else "", f"; {text[:160]}" if text else "")
+            self._log_event(source, pci, xid, action, text, other)
+
+    def _nvml_ready(self) -> bool:
+        s = self.identities.nvml
+        return s is None or bool(getattr(s, "ok", True))
+
+    def _log_event(self, source: str, pci: str, xid: int, action: int | None, text: str, other: bool,
+                   hold: bool = True) -> None:
+        gpu, _, bus_id = self.identities.labels(pci, ask_nvml=False)
+        if not gpu and hold and not self._nvml_ready():
+            with self._lock:
+                if len(self._held_logs) < MAX_HELD_LOGS:
+                    self._held_logs.append((time.monotonic() + LOG_HOLD_S,
+                                            (source, pci, xid, action, text, other)))
+                    return
+        info = lookup(xid)
+        log.warning("XID %d counted on GPU %s (PCI %s): tier %s, from %s%s%s", xid, gpu or "-",
+                    f"{pci_label(pci)}, counted under \"{OTHER}\"" if other else bus_id,
+                    self.policy.tier(xid, action), source,
+                    f"; {info.meaning}" if info else "", f"; {text[:160]}" if text else "")

@@ -198,6 +198,8 @@ class XidService:
             self._thread.join(max(0.0, deadline - time.monotonic()))  # it flushes as it ends
         if self._thread is not None and self._thread.is_alive():
             self.persistence.flush(force=True)  # the follower did not end in time: write from here
+        if self.counter is not None:
+            self.counter.flush_logs()  # lines still waiting for NVML to name their GPU
         self.follower.close()
 
     @property
