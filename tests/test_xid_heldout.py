@@ -172,6 +172,18 @@ class TestFileReopen:
         svc.read_kmsg(live=True)
         assert total(svc) == 50
 
+    def test_records_written_to_the_old_file_just_before_the_rotation_are_read(self, tmp_path):
+        """logrotate `create`: the writer appends to the old file, then it is renamed and a new
+        file holds only what came after."""
+        path = tmp_path / "kmsg"
+        svc = one_shot(make_ctx(tmp_path, "".join(rec(i) for i in range(10))))
+        with open(path, "a") as f:
+            f.write(rec(10) + rec(11))
+        os.rename(path, tmp_path / "kmsg.1")
+        path.write_text("".join(rec(i) for i in range(12, 15)))
+        svc.read_kmsg(live=True)
+        assert total(svc) == 15
+
     def test_file_briefly_missing_during_rotation(self, tmp_path):
         path = tmp_path / "kmsg"
         svc = one_shot(make_ctx(tmp_path, "".join(rec(i) for i in range(10))))

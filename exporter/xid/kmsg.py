@@ -208,24 +208,33 @@ class KmsgReader:
             if self._note(rec):
                 yield rec
 
-    def _rewritten(self) -> bool:
-        """Whether the open file was replaced, truncated or rewritten in place since the last read."""
+    def _change(self) -> str:
+        """How the file at the path changed since the last read: "replaced" (another inode: a
+        rotation), "rewritten" (truncated, or rewritten in place: the start of the last line
+        read is no longer where it was) or "" (at most appended to)."""
         try:
             st = os.stat(self.path)
         except OSError:
-            return False  # gone for a moment (rotation): keep reading what we have open
-        if (st.st_dev, st.st_ino) != self._ino or st.st_size < self._offset:
-            return True
+            return ""  # gone for a moment (rotation): keep reading what we have open
+        if (st.st_dev, st.st_ino) != self._ino:
+            return "replaced"
+        if st.st_size < self._offset:
+            return "rewritten"
         if self._mark is not None:
             at, head = self._mark
-            return os.pread(self._fd, len(head), at) != head
-        return False
+            return "rewritten" if os.pread(self._fd, len(head), at) != head else ""
+        return ""
 
     def _read_file(self, final: bool = False) -> Iterator[Record]:
-        if self._rewritten():
-            # replaced (rotation), truncated or rewritten: start over; sequence numbers drop repeats
+        change = self._change()
+        if change == "replaced":  # the records written to the old file just before it was renamed
+            yield from self._read_open(final=False)
+        if change:  # start over; sequence numbers drop repeats
             self.close()
             self.open()
+        yield from self._read_open(final)
+
+    def _read_open(self, final: bool) -> Iterator[Record]:
         grew = False
         while True:
             data = os.pread(self._fd, self.chunk_bytes, self._offset)
