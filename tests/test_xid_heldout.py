@@ -677,6 +677,17 @@ def test_check_and_ack_with_an_odd_state_file_answer(kind, capsys):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_check_with_a_fifo_as_its_kernel_log_answers(tmp_path, capsys):
+    from exporter.cli import main
+
+    fifo = str(tmp_path / "kmsg.fifo")
+    os.mkfifo(fifo)
+    code = bounded(lambda: main(["check", "--simulate", "p5.48xlarge", "--kmsg-file", fifo,
+                                 "--path.state-dir", str(tmp_path / "state"), "--json"]), 60)
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 3 and "FIFO" in json.dumps(doc["sources"])
+
+
 # ============================ issue 20 item 5: acks and the log trail ===============================
 def xid_logs(caplog, what: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name in ("exporter.xid", "exporter.sxid")
@@ -870,18 +881,19 @@ def test_daemon_rotated_log_counts_exactly_and_logs_each_event_once_across_a_res
 
 
 @pytest.mark.slow
-def test_daemon_with_a_socket_as_its_state_file_serves_and_stops_on_sigterm():
+def test_daemon_with_a_socket_as_its_state_file_and_a_fifo_as_its_log_serves_and_stops_on_sigterm():
     tmp = short_tmp()
     try:
         state = tmp / "state"
         state.mkdir()
         keep = make_socket(state / "xid-state.json")
-        proc, url, out = start_daemon(tmp, "--simulate", "p5.48xlarge", "--scenario", "xid-31-backlog",
+        os.mkfifo(tmp / "kmsg.fifo")  # used to hang start-up: --kmsg-file was opened to sniff a capture
+        proc, url, out = start_daemon(tmp, "--simulate", "p5.48xlarge", "--kmsg-file", str(tmp / "kmsg.fifo"),
                                       "--path.state-dir", str(state))
         try:
             text = requests.get(url, timeout=30).text
             assert "gpu_health_exporter_state_file_ok 0.0" in text
-            assert 'gpu_xid_errors_total{gpu="4"' in text
+            assert "gpu_health_exporter_kmsg_up 0.0" in text
             assert stop(proc) == 0
         finally:
             if proc.poll() is None:

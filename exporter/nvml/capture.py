@@ -11,7 +11,9 @@ the real library, of another capture, or of a simulated node (how the tests chec
 from __future__ import annotations
 
 import json
+import os
 import platform
+import stat
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -147,10 +149,13 @@ def kmsg_of_capture(path: str | Path) -> str | None:
     None when `path` is not a capture (a plain file of records)."""
     p = Path(path)
     try:
-        with open(p, "rb") as f:
-            if f.read(1) != b"{":
+        # non-blocking and regular files only: a FIFO given as --kmsg-file must not hang start-up
+        # (the kernel-log reader then refuses it with a clear error)
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode) or f.read(1) != b"{":
                 return None
-        data = json.loads(p.read_text())
+            data = json.loads((b"{" + f.read()).decode("utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("kmsg"), list):
