@@ -862,22 +862,36 @@ def test_daemon_rotated_log_counts_exactly_and_logs_each_event_once_across_a_res
             f.write("".join(rec(40 + i, pci=GPU2) for i in range(8)))
         os.rename(tmp_path / "kmsg.new", log)
         wait_for(lambda: xid_total(url) >= 48, 30, "48 events")
-        assert stop(proc) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    out.seek(0)
-    first = out.read()
-    assert first.count("XID 31 counted on GPU 2") == 48
-    proc, url, out = start_daemon(tmp_path, *args)
-    try:
+        t0 = time.time()
+        r = subprocess.run([sys.executable, "-m", "exporter", "ack", *args, "--gpu", "2"],
+                           capture_output=True,
+                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert r.returncode == 0, r.stderr
+        acked = wait_for(lambda: [v for (n, ls), v in samples(requests.get(url, timeout=30).text).items()
+                                  if n == "gpu_xid_acknowledged_timestamp_seconds"], 30, "the ack fact")
+        assert len(acked) == 1 and acked[0] >= t0 - 1
+        requests.get(url, timeout=30)
         assert xid_total(url) == 48
         assert stop(proc) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
     out.seek(0)
-    assert "counted on" not in out.read()
+    first = out.read()
+    assert first.count("XID 31 counted on GPU 2 (PCI 00000000:75:00.0): tier application") == 48
+    assert first.count("acknowledged all XIDs on GPU 2 (PCI 00000000:75:00.0)") == 1
+    proc, url, out = start_daemon(tmp_path, *args)
+    try:
+        assert xid_total(url) == 48
+        text = requests.get(url, timeout=30).text
+        assert value(text, "gpu_xid_acknowledged_timestamp_seconds", gpu="2", xid="all") >= t0 - 1
+        assert stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out.seek(0)
+    second = out.read()
+    assert "counted on" not in second and "acknowledged" not in second
 
 
 @pytest.mark.slow
