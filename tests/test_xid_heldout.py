@@ -130,12 +130,15 @@ class TestFileReopen:
         """Rewritten in place holding only records 20..59 (about as long as 0..39 was): records
         40..59 are new and must all be counted, none twice."""
         path = tmp_path / "kmsg"
-        svc = one_shot(make_ctx(tmp_path, "".join(rec(i) for i in range(40))))
+        ctx = make_ctx(tmp_path, "".join(rec(i) for i in range(40)))
+        svc = one_shot(ctx)
         with open(path, "w") as f:
             f.write("".join(rec(i) for i in range(20, 60)))
         svc.read_kmsg(live=True)
         assert total(svc) == 60
-        assert svc.reader.stats.malformed == 0
+        text = scrape(Runner([XidCollector(ctx)], deadline_s=10))
+        assert value(text, "gpu_health_exporter_kmsg_records_total") == 60  # repeats are not reads
+        assert value(text, "gpu_health_exporter_kmsg_malformed_records_total") == 0
 
     def test_truncated_shorter_and_rewritten(self, tmp_path):
         path = tmp_path / "kmsg"
@@ -326,10 +329,11 @@ class TestDeviceReopen:
     def test_epipe_and_eintr_are_not_reopens(self, tmp_path, monkeypatch):
         ctx = make_ctx(tmp_path, "")
         dev = FakeDevice(str(tmp_path / "kmsg"), [rec(i) for i in range(3)])
+        dev.ring[1] += " SUBSYSTEM=pci\n DEVICE=+pci:0000:53:00.0\n"  # a record's continuation lines
         dev.install(monkeypatch)
         dev.errors = [errno.EINTR, errno.EPIPE]
         svc = one_shot(ctx)
-        assert total(svc) == 3 and dev.opens == 1
+        assert total(svc) == 3 and dev.opens == 1 and svc.reader.stats.malformed == 0
 
     def test_ring_wrapped_while_reopening_counts_the_gap_as_missed(self, tmp_path, monkeypatch):
         ctx = make_ctx(tmp_path, "")
