@@ -198,6 +198,18 @@ class TestFileReopen:
         assert total(svc) == 12
         assert svc.kmsg.ok
 
+    def test_a_snapshot_appended_again_counts_nothing_twice(self, tmp_path):
+        """A tool that appends a full dump of the ring (`cat /dev/kmsg`-style) to the file again:
+        same inode, only longer; the old records come back long after their events closed."""
+        path = tmp_path / "kmsg"
+        dump = "".join(rec(i, usec=1_000_000 + i * 11_000_000) for i in range(10))
+        svc = one_shot(make_ctx(tmp_path, dump))
+        svc.store.prune(10**9)  # much later: the merge window of those events is long closed
+        with open(path, "a") as f:
+            f.write(dump + rec(10, usec=200_000_000) + rec(11, usec=211_000_000))
+        svc.read_kmsg(live=True)
+        assert total(svc) == 12
+
     def test_duplicate_sequence_numbers_count_once(self, tmp_path):
         lines = [rec(0), rec(1, xid=63), rec(1, xid=63), rec(2), rec(2)]
         svc = one_shot(make_ctx(tmp_path, "".join(lines)))

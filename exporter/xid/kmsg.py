@@ -7,10 +7,11 @@ EPIPE means records were overwritten before we read them (we count it and go on)
 (a saved log, or the simulated node's dev/kmsg) is read to its end, then followed by polling its
 size, so records appended later are picked up live.
 
-No record is yielded twice: every (re)open (the device after a read error starts again at the
-oldest record in the ring; a file replaced, rotated, truncated or rewritten in place, which the
-start of the last line read no longer being where it was betrays, is read from its start) skips
-the records whose sequence number is at or below the highest one already read. In a followed
+No record is yielded twice: a record whose sequence number is at or below the highest one
+already read is skipped, whether it comes back through a reopen (the device after a read error
+starts again at the oldest record in the ring; a file replaced, rotated, truncated or rewritten
+in place, which the start of the last line read no longer being where it was betrays, is read
+from its start) or within one open file (a dump appended again, a duplicated line). In a followed
 file, a last line without its newline is held until the newline arrives (a record written in two
 parts is read whole); only a one-shot read (`final`) or a line left unfinished for
 PARTIAL_LINE_WAIT_S takes it as it is. A line longer than MAX_LINE_BYTES is no record: it is
@@ -101,7 +102,6 @@ class KmsgReader:
         self._pending_since = 0.0  # clock() when _pending last changed
         self._poll: select.poll | None = None
         self.high_seq: int | None = None  # the highest sequence number read, across every open
-        self._skip: int | None = None  # this opening skips records up to here (read before)
 
     # -- opening -------------------------------------------------------------------------------
     def open(self) -> None:
@@ -120,7 +120,6 @@ class KmsgReader:
         self._pending = b""
         self._discard = False
         self._mark = None
-        self._skip = self.high_seq
         if self._device:
             self._poll = select.poll()
             self._poll.register(self._fd, select.POLLIN)
@@ -158,8 +157,10 @@ class KmsgReader:
         self.stats.last_malformed = text[:120]
 
     def _note(self, rec: Record) -> bool:
-        """Account for a record; False when it was read before (skip it)."""
-        if self._skip is not None and rec.seq <= self._skip:
+        """Account for a record; False when it was read before (skip it): its sequence number is
+        at or below the highest read, whether it comes back through a reopen or within the same
+        open file (a dump of the ring appended to it again, a duplicated line)."""
+        if self.high_seq is not None and rec.seq <= self.high_seq:
             self.stats.repeated += 1
             return False
         if self.high_seq is None or rec.seq > self.high_seq:
