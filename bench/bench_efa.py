@@ -48,6 +48,7 @@ from exporter.catalog import Families  # noqa: E402
 from exporter.collector import Context  # noqa: E402
 from exporter.collectors.efa import EfaCollector  # noqa: E402
 from exporter.config import load  # noqa: E402
+from exporter.efa import reader as efa_reader  # noqa: E402
 from exporter.profiles import PROFILES  # noqa: E402
 from exporter.simulate.efa import EfaSim, kernel_files  # noqa: E402
 from tests.helpers import free_port, wait_until_serving  # noqa: E402
@@ -129,10 +130,14 @@ def main() -> int:
     try:
         faithful = build_tree(tmp / "faithful", node_exporter_compat=False)
         sysfs = build_tree(tmp / "compat", node_exporter_compat=True)
+        built = time.time()
         cfg = tmp / "config.yaml"
         cfg.write_text("node: {instance_type: p5.48xlarge}\ninstance: {imds: false}\n"
                        + (f"efa: {{read_workers: {args.read_workers}}}\n" if args.read_workers else ""))
 
+        # A directory changed within the last RACY_NS is listed again at every read (its stat cannot
+        # be trusted yet): time the steady state, as on a node whose devices came up long ago.
+        time.sleep(max(0.0, built + efa_reader.RACY_NS / 1e9 + 0.1 - time.time()))
         # collector-only, in process
         ctx = Context(config=load(cfg, {"paths.sysfs": str(sysfs)}))
         col = EfaCollector(ctx)

@@ -1,16 +1,22 @@
-"""The figure table that opens docs/performance.md, every row measured side by side in one run.
+"""The figure table that opens docs/performance.md: each row is one bench command, run three
+times (interleaved, so a change in the host's load touches every row alike), given as the median
+and the spread (min-max) of those runs, with the command that reproduces it.
 
-    PYTHONPATH=. python3 bench/figures.py [--write] [--quick]
+    PYTHONPATH=. python3 bench/figures.py [--write] [--runs 3] [--long] [--only NAME ...]
+    PYTHONPATH=. python3 bench/figures.py --row detail      # one row's own command
 
-Rows (each names the bench it comes from; that bench run alone gives the full detail):
-- default vs `all` detail levels on the simulated p5.48xlarge: series and in-process scrape
-  (collection + rendering), interleaved;
-- whole scrape over HTTP vs the slowest single collector (bench_gpu.py --only-whole);
-- EFA per-file cost and whole EFA collection vs node_exporter on the same tree (bench_efa.py);
-- GPU collector vs a naive NVML reader, captured latencies (bench_gpu.py);
-- RSS by stage without and with NVML (bench_memory.py);
-- rule evaluation at 2,000 nodes (bench_rules.py);
-- a real GPU: not lent in this task.
+Rows (NAME: command):
+- whole: bench/thread_cpu.py --scrapes 300 (the simulated p5.48xlarge, captured NVML latencies,
+  CPU per scrape of the exporter process read from /proc, its threads, the HTTP threads' share);
+- efa: bench/bench_efa.py --scrapes 300 (server CPU per scrape against node_exporter's infiniband
+  collector on the same 32-device tree);
+- lustre: bench/bench_lustre.py --repetitions 1 (CPU per OST, 8 to 256 OSTs);
+- detail: bench/figures.py --row detail (series and in-process scrape, default and every detail);
+- gpu: bench/bench_gpu.py --skip-whole (GPU collector against a naive NVML reader);
+- memory: bench/bench_memory.py (RSS by stage);
+- with --long (about 15 more minutes): whole-vs-single (bench/bench_gpu.py --only-whole) and rules
+  (bench/bench_rules.py --nodes 2000).
+The default set takes 5-7 minutes on the 2-core development host.
 
 --write replaces the table between the figures markers at the top of docs/performance.md.
 """
@@ -18,23 +24,170 @@ Rows (each names the bench it comes from; that bench run alone gives the full de
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 BEGIN, END = "<!-- figures:begin (python bench/figures.py --write) -->", "<!-- figures:end -->"
 
+Figures = dict[str, float]
 
-def detail_levels(n: int) -> tuple[str, str]:
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    what: str
+    command: list[str]  # run from the repository root with PYTHONPATH=.
+    parse: Callable[[str], Figures]  # the command's stdout -> named figures
+    cell: Callable[[Callable[[str], str]], str]  # (figure name -> "median (min-max)") -> the cell
+    long: bool = False
+
+
+def _num(pattern: str, text: str) -> float:
+    m = re.search(pattern, text)
+    if m is None:
+        raise ValueError(f"no {pattern!r} in the output:\n{text[-1500:]}")
+    return float(m.group(1).replace(",", ""))
+
+
+def parse_whole(text: str) -> Figures:
+    http = sum(float(v) for v in re.findall(r"^\s+http-worker[^:]*: ([\d.]+)", text, re.M))
+    http += sum(float(v) for v in re.findall(r"^\s+http: ([\d.]+)", text, re.M))
+    return {"cpu": _num(r"process ([\d.]+) ms CPU per scrape", text),
+            "nosim": _num(r"([\d.]+) without the simulation", text),
+            "threads": _num(r"(\d+) threads", text), "http": http}
+
+
+def parse_efa(text: str) -> Figures:
+    return {"ours": _num(r"server CPU per scrape:\s+ours ([\d.]+) ms", text),
+            "ne": _num(r"node_exporter ([\d.]+) ms \(ratio", text),
+            "ratio": _num(r"\(ratio ([\d.]+)\)", text),
+            "per_file": _num(r"\(([\d.]+) us per file", text)}
+
+
+def parse_lustre(text: str) -> Figures:
+    # the first repetition's row: ms at 8 OSTs ... ms at 256 OSTs, CPU per OST
+    m = re.search(r"^\| 1 \| ([\d.]+) \|.* \| ([\d.]+) \| ([-\d.]+) \|$", text, re.M)
+    if m is None:
+        raise ValueError(f"no repetition row in:\n{text[-1500:]}")
+    return {"at8": float(m.group(1)), "at256": float(m.group(2)), "per_ost": float(m.group(3))}
+
+
+def parse_detail(text: str) -> Figures:
+    return {"series": _num(r"default: ([\d,]+) series", text),
+            "ms": _num(r"default: [\d,]+ series, ([\d.]+) ms", text),
+            "all_series": _num(r"all: ([\d,]+) series", text),
+            "all_ms": _num(r"all: [\d,]+ series, ([\d.]+) ms", text)}
+
+
+def _json(text: str) -> dict:
+    return json.loads(text[text.index("{"):])
+
+
+def parse_gpu(text: str) -> Figures:
+    r = _json(text)
+    ours = r["gpu_collector_serial"]
+    return {"ours": ours["median_ms"], "cpu": ours["cpu_ms_per_scrape"],
+            "naive": r["naive_one_call_at_a_time"]["median_ms"]}
+
+
+def parse_memory(text: str) -> Figures:
+    r = _json(text)
+    no = r["no-nvml"]
+    last = [k for k in no if k.startswith("after")][-1]
+    return {"python": no["python"], "imports": no["imports"], "built": no["built"],
+            "first": no["first collection"], "last": no[last], "fake": r["fake-nvml"]["first collection"],
+            "pynvml": r["pynvml-import"]["pynvml imported"] - r["pynvml-import"]["imports"],
+            "served": r["served"][[k for k in r["served"] if k.startswith("after")][-1]]}
+
+
+def parse_whole_vs_single(text: str) -> Figures:
+    r = _json(text)["whole_scrape_vs_slowest_single_collector"]
+    m = r["median_ms"]
+    return {"whole": m["all"], "slowest": m[r["slowest_single"]], "ratio": r["whole_over_slowest"]}
+
+
+def parse_rules(text: str) -> Figures:
+    rows = re.findall(r"^([\w-]+)\s+\d+\s+([\d.]+) / ", text, re.M)  # group, rules, median / max
+    if not rows:
+        raise ValueError(f"no rule group table in:\n{text[-1500:]}")
+    ms = sorted((float(v) for _, v in rows), reverse=True)
+    return {"slowest": ms[0], "under_1s": sum(1 for v in ms if v < 1000), "groups": len(ms)}
+
+
+PY = "python3"
+ROWS = [
+    Row("whole", "Whole scrape, simulated p5.48xlarge with captured NVML latencies, CPU per scrape of the "
+        "exporter process (read from /proc; keep-alive gzip scrapes; goal ≤ 4 ms, ≤ 12 threads)",
+        [PY, "bench/thread_cpu.py", "--scrapes", "300"], parse_whole,
+        lambda f: (f"{f('cpu')} ms ({f('nosim')} ms without the simulated node's own thread; of it the "
+                   f"HTTP threads, rendering + gzip + HTTP, {f('http')} ms); {f('threads')} threads")),
+    Row("efa", "EFA collector vs node_exporter's infiniband collector, same 32-device tree, server CPU "
+        "per scrape (goal ≤ 0.6×)",
+        [PY, "bench/bench_efa.py", "--scrapes", "300"], parse_efa,
+        lambda f: (f"ours {f('ours')} ms vs node_exporter {f('ne')} ms: **{f('ratio')}×**; "
+                   f"{f('per_file')} µs per counter file in process (11 of 36 files per device)")),
+    Row("lustre", "Lustre collector, one simulated mount at 8 to 256 OSTs (`per_target` off), CPU per "
+        "collection in process (goal ≤ 20 µs per OST)",
+        [PY, "bench/bench_lustre.py", "--repetitions", "1"], parse_lustre,
+        lambda f: f"{f('at8')} ms at 8 OSTs, {f('at256')} ms at 256: **{f('per_ost')} µs per OST**"),
+    Row("detail", "Series and scrape (collection + rendering, in process), default and every detail level",
+        [PY, "bench/figures.py", "--row", "detail"], parse_detail,
+        lambda f: (f"default {f('series')} series, {f('ms')} ms; every detail level (`efa.counters: all`, "
+                   f"`gpu.detail: all`) {f('all_series')} series, {f('all_ms')} ms")),
+    Row("gpu", "GPU collector vs naive NVML reader (8 simulated GPUs, captured latencies), wall per scrape",
+        [PY, "bench/bench_gpu.py", "--skip-whole", "--scrapes", "300", "--naive-scrapes", "20"], parse_gpu,
+        lambda f: f"GPU collector {f('ours')} ms ({f('cpu')} ms CPU) vs naive reader {f('naive')} ms"),
+    Row("memory", "RSS by stage (MiB)",
+        [PY, "bench/bench_memory.py", "--scrapes", "1000", "--other-scrapes", "200"], parse_memory,
+        lambda f: (f"without NVML: python {f('python')}, imports {f('imports')}, built {f('built')}, first "
+                   f"collection {f('first')}, after 1,000 collections {f('last')}; fake NVML, first "
+                   f"collection {f('fake')}; `import pynvml` +{f('pynvml')}; the served exporter after 200 "
+                   f"scrapes {f('served')}")),
+    Row("whole-vs-single", "Whole HTTP scrape vs slowest single collector, wall (goal ≤ 1.2×)",
+        [PY, "bench/bench_gpu.py", "--only-whole", "--whole-scrapes", "100"], parse_whole_vs_single,
+        lambda f: f"whole {f('whole')} ms vs slowest single {f('slowest')} ms: {f('ratio')}×", long=True),
+    Row("rules", "Rule evaluation at 2,000 nodes × 8 GPUs, each group alone",
+        [PY, "bench/bench_rules.py", "--nodes", "2000"], parse_rules,
+        lambda f: f"slowest group {f('slowest')} ms; {f('under_1s')} of {f('groups')} groups under 1 s",
+        long=True),
+]
+
+
+def spread(values: list[float]) -> str:
+    def fmt(v: float) -> str:
+        if v >= 100 or v == int(v):
+            return f"{v:,.0f}"
+        return f"{v:.2f}" if v < 10 else f"{v:.1f}"
+    med = statistics.median(values)
+    lo, hi = min(values), max(values)
+    return fmt(med) if lo == hi else f"{fmt(med)} ({fmt(lo)}–{fmt(hi)})"
+
+
+def run_row(row: Row) -> Figures:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, *row.command[1:]] if row.command[0] == PY else row.command  # this interpreter
+    r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+                       check=False)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{' '.join(row.command)} exited {r.returncode}: {last}")
+    return row.parse(r.stdout)
+
+
+def detail_levels(n: int) -> str:
     """Series and median in-process scrape of the default and `all` configs, interleaved."""
+    sys.path.insert(0, str(ROOT))
     from exporter import collectors
     from exporter.cli import build_context, build_parser
     from exporter.exposition import render
@@ -52,123 +205,64 @@ def detail_levels(n: int) -> tuple[str, str]:
             if hasattr(c, "refresh_slow"):
                 c.refresh_slow(timeout=10)
         setups[name] = (ctx, runner, [])
+    time.sleep(2.5)  # past the simulated trees' "racily clean" window (exporter/efa/reader.py)
     for _ in range(n):
         for _name, (_ctx, runner, walls) in setups.items():
             t = time.perf_counter()
-            body = render(runner.collect())
+            render(runner.collect())
             walls.append(time.perf_counter() - t)
-    out = {}
+    lines = []
     for name, (ctx, runner, walls) in setups.items():
         body = render(runner.collect()).decode()
         series = sum(1 for line in body.splitlines() if line and not line.startswith("#"))
-        out[name] = (series, statistics.median(walls) * 1e3)
+        lines.append(f"{name}: {series:,} series, {statistics.median(walls) * 1e3:.1f} ms")
         runner.close()
         ctx.simulation.close()
-    d, a = out["default"], out["all"]
-    return (f"{d[0]:,} series, {d[1]:.1f} ms", f"{a[0]:,} series, {a[1]:.1f} ms (`efa.counters: all`, "
-            f"`gpu.detail: all`)")
-
-
-def whole_vs_single(n: int) -> str:
-    import bench_gpu
-
-    r = bench_gpu.bench_whole_vs_single(False, "p5.48xlarge", n)
-    m = r["median_ms"]
-    singles = ", ".join(f"{k} {v:.1f}" for k, v in sorted(m.items()) if k != "all")
-    return (f"whole {m['all']:.1f} ms vs slowest single ({r['slowest_single']}) "
-            f"{m[r['slowest_single']]:.1f} ms: **{r['whole_over_slowest']:.2f}×** (singles: {singles} ms)")
-
-
-def gpu_vs_naive(n: int) -> str:
-    import bench_gpu
-
-    from exporter.simulate import Simulation
-
-    sim = Simulation("p5.48xlarge", []).build()
-    try:
-        ours = bench_gpu.bench_collector(False, sim, False, n)
-        naive = bench_gpu.bench_naive(False, sim, max(10, n // 10))
-    finally:
-        sim.close()
-    return (f"GPU collector {ours['median_ms']:.2f} ms vs naive reader {naive['median_ms']:.1f} ms per "
-            f"scrape of 8 GPUs ({naive['median_ms'] / ours['median_ms']:.0f}× less)")
-
-
-def efa_vs_node_exporter(n: int) -> str:
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_efa.py"), "--scrapes", str(n)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=900, check=False)
-    text = r.stdout
-    def grab(prefix: str) -> str:
-        m = re.search(re.escape(prefix) + r"\s*(.*)", text)
-        return m.group(1).strip() if m else "?"
-    per_file = re.search(r"\(([\d.]+ us per file) incl. parsing\)", text)
-    return (f"HTTP scrape ours {grab('ours HTTP scrape:')}; "
-            f"node_exporter {grab('node_exporter HTTP scrape:')}"
-            f"; ours {per_file.group(1) if per_file else '?'} in process (the default counter set: 11 of "
-            "36 files per device)")
-
-
-def memory(n: int) -> str:
-    import bench_memory
-
-    no = bench_memory.measure("no-nvml", n)
-    fake = bench_memory.measure("fake-nvml", max(100, n // 10))
-    imp = bench_memory.measure("pynvml-import", 0)
-    last = [k for k in no if k.startswith("after")][-1]
-    return (f"without NVML: python {no['python']}, imports {no['imports']}, built {no['built']}, "
-            f"first collection {no['first collection']}, {last} {no[last]} MiB; fake NVML: first "
-            f"collection {fake['first collection']} MiB; `import pynvml` +"
-            f"{imp['pynvml imported'] - imp['imports']:.1f} MiB")
-
-
-def rules(nodes: int, interval: int) -> str:
-    """Each rule group's evaluation cost at `nodes` nodes, in isolation (bench_rules.measure)."""
-    import bench_rules
-
-    try:
-        figs = bench_rules.measure(nodes, interval, log=lambda m: None)
-    except Exception as e:  # noqa: BLE001 - the table says what failed instead of losing the other rows
-        return f"bench_rules.py at {nodes:,} nodes failed: {e}"
-    ranked = sorted(figs.groups.items(), key=lambda kv: -kv[1][0])
-    over = [g for g, (med, _, _) in ranked if med >= 1.0]
-    worst = ", ".join(f"{g} {med * 1000:.0f}" for g, (med, _, _) in ranked[:3])
-    return (f"{nodes:,} nodes × 8 GPUs ({interval} s history), each group alone: slowest {worst} ms; "
-            f"{len(figs.groups) - len(over)} of {len(figs.groups)} groups under 1 s"
-            + (f" (over: {', '.join(over)})" if over else "")
-            + f"; all groups once {sum(m for m, _, _ in figs.groups.values()):.1f} s")
+    return "\n".join(lines)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="put the table at the top of docs/performance.md")
-    ap.add_argument("--quick", action="store_true", help="fewer scrapes and 500 nodes (a smoke run)")
-    ap.add_argument("--rules-nodes", type=int, default=2000)
-    ap.add_argument("--rules-interval", type=int, default=30)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--long", action="store_true", help="also the whole-vs-single and 2,000-node rule rows")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="just these rows")
+    ap.add_argument("--row", choices=["detail"], help="print one row's own measurement (its command)")
     args = ap.parse_args()
-    q = args.quick
+    if args.row == "detail":
+        print(detail_levels(100))
+        return 0
+    if args.only:
+        rows = [r for r in ROWS if r.name in args.only]
+    else:
+        rows = [r for r in ROWS if args.long or not r.long]
     t0 = time.monotonic()
-    d, a = detail_levels(50 if q else 200)
-    rows = [
-        ("Series and scrape (collection + rendering, in process), default detail", d, "`bench/figures.py`"),
-        ("Same, every detail level on", a, "`bench/figures.py`"),
-        ("Whole HTTP scrape vs slowest single collector (goal ≤ 1.2×)", whole_vs_single(60 if q else 200),
-         "`bench/bench_gpu.py --only-whole`"),
-        ("EFA collection vs node_exporter on the same 32-device tree", efa_vs_node_exporter(50 if q else 200),
-         "`bench/bench_efa.py`"),
-        ("GPU collector vs naive NVML reader (captured latencies)", gpu_vs_naive(100 if q else 500),
-         "`bench/bench_gpu.py`"),
-        ("RSS by stage (MiB)", memory(500 if q else 5000),
-         "`bench/bench_memory.py` (100,000 scrapes: see below)"),
-        ("Rule evaluation", rules(500 if q else args.rules_nodes, args.rules_interval),
-         f"`bench/bench_rules.py --nodes {args.rules_nodes}`"),
-        ("Real GPU: whole scrape vs `nvidia-smi --query-gpu`", "not lent in this task",
-         "`bench/real_gpu.sh`"),
-    ]
+    runs: dict[str, list[Figures]] = {r.name: [] for r in rows}
+    errors: dict[str, str] = {}
+    for i in range(args.runs):
+        for row in rows if i % 2 == 0 else rows[::-1]:  # interleaved: drifting load touches every row
+            if row.name in errors:
+                continue
+            t = time.monotonic()
+            try:
+                runs[row.name].append(run_row(row))
+            except Exception as e:  # noqa: BLE001 - the table says what failed instead of losing the other rows
+                errors[row.name] = str(e).splitlines()[0]
+            print(f"run {i + 1}: {row.name} {time.monotonic() - t:.0f}s", file=sys.stderr, flush=True)
     took = time.monotonic() - t0
-    lines = [BEGIN, "", "Measured side by side in one run of `python bench/figures.py --write` "
-             f"({took / 60:.0f} min, a 2-core host shared with other work, {time.strftime('%Y-%m-%d')}).", "",
-             "| what | figure | bench |", "|---|---|---|"]
-    lines += [f"| {w} | {f} | {b} |" for w, f, b in rows]
+    lines = [BEGIN, "", f"Each figure is the median of {args.runs} runs with their range in brackets, the "
+             "runs interleaved row by row (`python bench/figures.py --write`, "
+             f"{took / 60:.0f} min, a 2-core host shared with other work, {time.strftime('%Y-%m-%d')}). "
+             "Commands run from the repository root with `PYTHONPATH=.`.", "",
+             "| what | figure | command |", "|---|---|---|"]
+    for row in rows:
+        cmd = "`" + " ".join(row.command) + "`"
+        if row.name in errors:
+            lines.append(f"| {row.what} | failed: {errors[row.name]} | {cmd} |")
+            continue
+        figs = runs[row.name]
+        cell = row.cell(lambda k, figs=figs: spread([f[k] for f in figs]))
+        lines.append(f"| {row.what} | {cell} | {cmd} |")
     lines += ["", END]
     table = "\n".join(lines)
     print(table)
@@ -181,7 +275,7 @@ def main() -> int:
             head, _, rest = text.partition("\n")
             text = f"{head}\n\n{table}\n{rest}"
         doc.write_text(text)
-    return 0
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Runs the collectors for a scrape: one shared in-flight collection, per-collector deadlines,
 per-collector success and duration metrics, and errors logged when a source's state changes.
 
-Derived collectors (exporter.collector.Derived, the verdict) start when the collectors they
-depend on finish in the same collection, and get their readings; see Derived for the rule."""
+The collectors run one after another on a worker of the process's pool (exporter.deadline),
+each under its own deadline; derived collectors (exporter.collector.Derived, the verdict) run
+after the sources, with the readings the sources returned in the same collection."""
 
 from __future__ import annotations
 
@@ -11,18 +12,19 @@ import platform
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from exporter import __version__
+from exporter import __version__, deadline
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Derived, Failed
 from exporter.config import Config
 from exporter.registry import RUNNER_PART, Collection
 
 log = logging.getLogger("exporter.runner")
+
+HANDOVER_S = 0.25  # a collector running this long no longer holds up the ones after it
 
 COLLECTOR_SUCCESS = define(
     "gpu_health_exporter_collector_success", "gauge",
@@ -66,14 +68,16 @@ class Runner:
     """Collects all collectors on demand. Concurrent callers share the collection in flight."""
 
     def __init__(self, collectors: Iterable[Collector], deadline_s: float,
-                 deadlines: dict[str, float] | None = None) -> None:
+                 deadlines: dict[str, float] | None = None, pool: deadline.Pool | None = None) -> None:
         self.collectors = list(collectors)
         self.deadline_s = deadline_s
         self.deadlines = deadlines or {}
         self.status = {c.name: CollectorStatus() for c in self.collectors}
-        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.collectors)),
-                                        thread_name_prefix="collector")
-        self._running: dict[str, Future] = {}  # a collector's future that may outlive a deadline
+        # collectors run one after another on a worker of the process's pool, not a thread each:
+        # most of a collection is short system calls, which threads running at once would turn
+        # into GIL hand-overs
+        self._reader = deadline.DeadlineReader(self._run, self._deadline, key=lambda item: item[0].name,
+                                               pool=pool, handover=HANDOVER_S)
         self._lock = threading.Lock()
         self._inflight: Future | None = None
         self.readings: dict[str, Any] = {}  # the last collection's readings (what dependants got)
@@ -102,7 +106,6 @@ class Runner:
                 c.close()
             except Exception:  # noqa: BLE001 - shutdown must go on
                 log.exception("closing collector %s", c.name)
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def collect(self, scrape: bool = True, arrived: float | None = None) -> Collection:
         """Return one complete collection; joins the one in flight when there is one. A caller
@@ -136,44 +139,33 @@ class Runner:
         return result
 
     def _collect_all(self) -> Collection:
+        """Sources one after another on a pool worker, each under its deadline (a slow one hands
+        the rest to another worker after HANDOVER_S), then the derived collectors with the
+        sources' readings of this collection."""
         self.collections += 1
-        start = time.monotonic()
-        pending: dict[str, tuple[Future | None, Families, float]] = {}
-        # sources first, so a derived collector's dependencies are submitted before it
-        for c in sorted(self.collectors, key=lambda c: isinstance(c, Derived)):
-            out = Families()
-            deadline = self.deadlines.get(c.name, self.deadline_s)
-            prev = self._running.get(c.name)
-            if prev is not None and not prev.done():
-                pending[c.name] = (None, out, deadline)  # still stuck in an earlier collection
-                continue
-            if isinstance(c, Derived):
-                deps = {d: (pending[d][0], start + min(pending[d][2], deadline))
-                        for d in c.depends_on if d in pending}
-                fut = self._pool.submit(self._derive, c, out, deps)
-            else:
-                fut = self._pool.submit(self._timed, c, out)
-            self._running[c.name] = fut
-            pending[c.name] = (fut, out, deadline)
+        outs: dict[str, Families] = {}
+        sources = [c for c in self.collectors if not isinstance(c, Derived)]
+        derived = [c for c in self.collectors if isinstance(c, Derived)]
+        budget = max([self.deadline_s, *self.deadlines.values()])
+        results: dict[str, Outcome] = {}
+        for c, o in zip(sources, self._reader.read([(c, None) for c in sources], budget), strict=True):
+            results[c.name] = self._outcome(c, o, outs)
+        if derived:
+            items = [(c, {d: results[d].reading if d in results else None
+                                        for d in c.depends_on}) for c in derived]
+            for c, o in zip(derived, self._reader.read(items, budget), strict=True):
+                results[c.name] = self._outcome(c, o, outs)
         metrics = Collection()
         own = Families()
         readings: dict[str, Any] = {}
         for c in self.collectors:
-            fut, out, deadline = pending[c.name]
-            if fut is None:
-                res = Outcome(False, "still running past its deadline from an earlier collection", deadline)
-            else:
-                remaining = max(0.0, start + deadline - time.monotonic())
-                try:
-                    res = fut.result(timeout=remaining)
-                except FutureTimeout:
-                    res = Outcome(False, f"missed its {deadline:g}s deadline", deadline)
+            res = results[c.name]
             self._record(c.name, res)
             readings[c.name] = res.reading
             own.add(COLLECTOR_SUCCESS, 1 if res.ok else 0, collector=c.name)
             own.add(COLLECTOR_DURATION, res.took, collector=c.name)
             if res.ok:
-                metrics.add(c.name, out)
+                metrics.add(c.name, outs[c.name])
         own.add(BUILD_INFO, 1, version=__version__, python_version=platform.python_version())
         own.add(SCRAPES, self.scrapes)
         own.add(COLLECTIONS, self.collections)
@@ -183,18 +175,29 @@ class Runner:
         self.ready.set()
         return metrics
 
-    def _derive(self, c: Derived, out: Families, deps: Mapping[str, tuple[Future | None, float]]) -> Outcome:
-        """Wait for each dependency of this collection (until its deadline, never past the derived
-        collector's own), then derive from what they handed over (None for a missing one)."""
-        inputs: dict[str, Any] = dict.fromkeys(c.depends_on)
-        for name, (fut, until) in deps.items():
-            if fut is None:
-                continue  # stuck in an earlier collection
-            try:
-                inputs[name] = fut.result(timeout=max(0.0, until - time.monotonic())).reading
-            except FutureTimeout:
-                pass
-        return self._timed(c, out, inputs)
+    def _deadline(self, item: tuple[Collector, Any]) -> float:
+        return self.deadlines.get(item[0].name, self.deadline_s)
+
+    def _outcome(self, c: Collector, o: deadline.Outcome, outs: dict[str, Families]) -> Outcome:
+        if o.status == deadline.OK:
+            res, outs[c.name] = o.value
+            return res
+        limit = self.deadlines.get(c.name, self.deadline_s)
+        if o.status == deadline.BLOCKED:
+            return Outcome(False, "still running past its deadline from an earlier collection", limit)
+        if o.status in (deadline.TIMEOUT, deadline.BUDGET):
+            return Outcome(False, f"missed its {limit:g}s deadline", limit)
+        if o.status == deadline.ERROR:
+            return Outcome(False, f"{type(o.value).__name__}: {o.value}", o.took)
+        return Outcome(False, "not run: the collectors before it used up the collection's deadline", 0.0)
+
+    @classmethod
+    def _run(cls, item: tuple[Collector, Mapping[str, Any] | None]) -> tuple[Outcome, Families]:
+        """One collector's run, into Families of its own: a run given up on and started again
+        (exporter.deadline) leaves what it had added behind."""
+        c, inputs = item
+        out = Families()
+        return cls._timed(c, out, inputs), out
 
     @staticmethod
     def _timed(c: Collector, out: Families, inputs: Mapping[str, Any] | None = None) -> Outcome:

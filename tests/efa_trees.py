@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 from exporter.catalog import Families
@@ -25,10 +26,10 @@ def mellanox(sys_root: Path, name: str = "mlx5_0", bus: int = 0x30) -> Path:
                         driver="mlx5_core", counters=False, rate="400 Gb/sec (4X NDR)")
 
 
-def collector(sys_root: Path, reader: SysfsReader | None = None, **overrides) -> EfaCollector:
+def collector(sys_root: Path, reader: SysfsReader | None = None, pool=None, **overrides) -> EfaCollector:
     # every counter unless a test asks otherwise: most tests check how each file is read
     cfg = load(None, {"paths.sysfs": str(sys_root), "efa.counters": "all", **overrides})
-    return EfaCollector(Context(config=cfg), reader=reader)
+    return EfaCollector(Context(config=cfg), reader=reader, pool=pool)
 
 
 def run(c: EfaCollector) -> str:
@@ -44,13 +45,15 @@ def collect(c: EfaCollector) -> Families:
 
 class FaultyReader(SysfsReader):
     """A SysfsReader that raises OSError(errno) when reading a path ending in a suffix given to
-    `fail`, counts reads per path (`reads`) and directory listings (`listings`), and runs
-    `on_read(path)` before each read."""
+    `fail`, counts reads per path (`reads`) and directory listings (`listings`), runs
+    `on_read(path)` before each read, and reads ENODEV from a file that no longer exists."""
 
     def __init__(self) -> None:
         self.faults: dict[str, int] = {}
         self.reads: dict[str, int] = {}
-        self.listings = 0  # directory listings taken
+        self.listings = 0  # directory listings taken (of a device's directories)
+        self.class_listings = 0  # listings of class/infiniband
+        self.opens = 0  # counter and rate files opened
         self.on_read = None  # optional callback(path) run before each read
 
     def fail(self, suffix: str, err: int = errno.EIO) -> None:
@@ -68,13 +71,25 @@ class FaultyReader(SysfsReader):
         self.listings += 1
         return super().listdir_fd(fd)
 
+    def listdir(self, path: str) -> list[str]:
+        self.class_listings += 1
+        return super().listdir(path)
+
+    def open_file(self, name: str, dir_fd: int, path: str) -> int:
+        self.opens += 1
+        return super().open_file(name, dir_fd, path)
+
     def read(self, path: str) -> str:
         self._check(path)
         return super().read(path)
 
-    def read_files(self, dir_fd: int, names, paths) -> list[bytes]:
+    def read_fds(self, fds, paths) -> list[bytes]:
         out = []
-        for name, path in zip(names, paths, strict=True):
+        for fd, path in zip(fds, paths, strict=True):
             self._check(path)
-            out += super().read_files(dir_fd, [name], [path])
+            if not os.path.lexists(path):
+                # sysfs: an open attribute of a removed device reads ENODEV (a regular file would
+                # still read its old text)
+                raise OSError(errno.ENODEV, errno.errorcode[errno.ENODEV], path)
+            out += super().read_fds([fd], [path])
         return out

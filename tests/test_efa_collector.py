@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from exporter.runner import Runner
 from exporter.simulate.efa import NETWORK, RDMA_WRITE, kernel_files
 from tests.efa_trees import FaultyReader, collect, collector, efa, mellanox, run
 from tests.helpers import names, promtool_check_metrics, samples, value
@@ -273,7 +274,10 @@ def test_devices_appearing_and_vanishing_between_scrapes(tmp_path):
     assert {dict(ls)["device"] for n, ls in ss if n == "efa_device_up"} == {"rdmap1s0"}
 
 
-def test_file_removed_between_scrapes_is_absent_not_zero(tmp_path):
+def test_file_removed_between_scrapes_is_absent_not_zero(tmp_path, monkeypatch):
+    from exporter.efa import reader as efa_reader
+
+    monkeypatch.setattr(efa_reader, "RECHECK_S", 0.0)  # the directories' check is due at once
     dev = efa(tmp_path, "rdmap0s0", 0, kernel=(6, 17))
     c = collector(tmp_path)
     assert "efa_retrans_packets_total" in names(run(c))
@@ -377,11 +381,12 @@ def test_a_read_blocked_in_the_kernel_fails_only_that_device(tmp_path, workers):
         assert value(ss, "efa_device_up", device="rdmap2s0") == 0
         assert value(ss, "efa_device_up", device="rdmap3s0") == 1
         assert len(blocked) == 1
-        assert c.pool.threads <= workers + 1  # one thread left with the blocked read, no pile-up
+        # one thread left with the blocked read, no pile-up
+        assert c.reads.stuck() == [c.discovery.discover()[2].path] and c.reads.abandoned == 1
     finally:
         release.set()
     deadline = time.monotonic() + 5
-    while not c._blocked[c.discovery.discover()[2].path].done.is_set() and time.monotonic() < deadline:
+    while c.reads.stuck() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert value(run(c), "efa_device_up", device="rdmap2s0") == 1
     c.close()
@@ -435,6 +440,8 @@ def test_samples_carry_exactly_their_metrics_labels(tmp_path):
 
 
 def test_directories_are_listed_again_only_when_they_change(tmp_path, monkeypatch):
+    """Files stay open across scrapes: a device's directories are listed when its files are
+    opened, then checked (stat) at most every RECHECK_S and listed again only when one changed."""
     import time
 
     from exporter.efa import reader as efa_reader
@@ -451,16 +458,63 @@ def test_directories_are_listed_again_only_when_they_change(tmp_path, monkeypatc
     before = reader.listings
     for _ in range(3):
         collect(c)
-    assert reader.listings == before  # unchanged directories: stat, no listing
+    assert reader.listings == before  # unchanged: no listing (and no stat before RECHECK_S)
     time.sleep(0.05)  # past the file system's timestamp tick
     (dev / "ports" / "1" / "hw_counters" / "future_pkts").write_text("42\n")
+    monkeypatch.setattr(efa_reader, "RECHECK_S", 0.0)  # the check is due
     ss = samples(run(c))
     assert value(ss, "efa_port_driver_stat_total", device="rdmap0s0", port="1", stat="future_pkts") == 42
-    assert reader.listings > before
-    monkeypatch.setattr(efa_reader, "RELIST_S", 0.0)  # and at least every RELIST_S whatever the stat says
-    before = reader.listings
-    collect(c)
     assert reader.listings == before + 3
+    collect(c)
+    assert reader.listings == before + 3  # checked, unchanged: not listed
+
+
+def test_counter_files_stay_open_and_each_is_read_once_a_scrape(tmp_path, monkeypatch):
+    from exporter.efa import reader as efa_reader
+
+    monkeypatch.setattr(efa_reader, "RACY_NS", 0)
+    efa(tmp_path, "rdmap0s0", 0)
+    efa(tmp_path, "rdmap1s0", 1)
+    reader = FaultyReader()
+    c = collector(tmp_path, reader=reader, **{"efa.counters": "default"})
+    collect(c)
+    opened = reader.opens
+    assert opened > 2 * 10
+    for _ in range(4):
+        collect(c)
+    assert reader.opens == opened  # no open (nor close) on the hot path
+    assert {n for p, n in reader.reads.items() if "/hw_counters/" in p} == {5}
+
+
+def test_the_device_set_is_listed_again_only_when_it_may_have_changed(tmp_path, monkeypatch):
+    """class/infiniband is listed when its stat changes, after a read error, and at least every
+    RECHECK_S; otherwise a scrape reads the devices it knows."""
+    import time
+
+    from exporter.efa import discovery
+
+    monkeypatch.setattr(discovery, "RACY_NS", 0)
+    for i in range(3):
+        efa(tmp_path, f"rdmap{i}s0", i)
+    reader = FaultyReader()
+    c = collector(tmp_path, reader=reader)
+    run(c)
+    n = reader.class_listings
+    for _ in range(3):
+        run(c)
+    assert reader.class_listings == n
+    time.sleep(0.05)  # past the file system's timestamp tick
+    (tmp_path / "class" / "infiniband" / "rdmap2s0").unlink()
+    assert value(run(c), "efa_devices") == 2
+    assert reader.class_listings == n + 1
+    reader.fail("rdmap0s0/hw_counters/cmds_err", errno.EIO)
+    assert value(run(c), "efa_device_up", device="rdmap0s0") == 0
+    reader.faults.clear()
+    run(c)
+    assert reader.class_listings == n + 2  # after the error: is the device still there?
+    monkeypatch.setattr(discovery, "RECHECK_S", 0.0)
+    run(c)
+    assert reader.class_listings == n + 3
 
 
 def test_a_listed_file_that_vanishes_fails_the_device_once_then_is_absent(tmp_path, monkeypatch):
@@ -484,17 +538,29 @@ def test_a_listed_file_that_vanishes_fails_the_device_once_then_is_absent(tmp_pa
 
 
 def test_a_scrape_after_the_pool_closed_ends_within_its_budget(tmp_path):
-    """Shutdown closes the read pool while a scrape may still come: its devices must come back
-    down within the collection budget, not wait on a batch no thread will ever run."""
+    """Shutdown closes the pool while a scrape may still come: its devices must come back down
+    within the collection budget, not wait on a batch no thread will ever run."""
     import threading
 
+    from exporter.deadline import Pool
+    from tests.helpers import scrape
+
     efa(tmp_path, "rdmap0s0", 0)
-    c = collector(tmp_path, **{"efa.timeout_seconds": 1.0})
-    run(c)  # one thread started, then idle
-    c.close()
+    pool = Pool(2)
+    c = collector(tmp_path, pool=pool, **{"efa.timeout_seconds": 1.0})
+    runner = Runner([c], deadline_s=1.0, pool=pool)
+    scrape(runner)  # one thread started, then idle
+    pool.close()
     box = {}
-    t = threading.Thread(target=lambda: box.setdefault("ss", samples(run(c))), daemon=True)
+
+    def both():
+        box["collected"] = collect(c)  # the collector alone: its reads go to the closed pool
+        box["ss"] = samples(scrape(runner))  # the runner's chain cannot run either
+
+    t = threading.Thread(target=both, daemon=True)
     t.start()
     t.join(5)
-    assert not t.is_alive(), "read_all waited on a batch no thread will run"
-    assert value(box["ss"], "efa_device_up", device="rdmap0s0") == 0
+    assert not t.is_alive(), "a read waited on a batch no thread will run"
+    ups = [s.value for fam in box["collected"] for s in fam.samples if s.name == "efa_device_up"]
+    assert ups == [0.0]
+    assert value(box["ss"], "gpu_health_exporter_collector_success", collector="efa") == 0

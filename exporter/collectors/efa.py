@@ -7,10 +7,9 @@ device's failure from touching the others.
 from __future__ import annotations
 
 import os
-import threading
-import time
+import resource
 
-from exporter import imds, node
+from exporter import deadline, imds, node
 from exporter.catalog import Families, MetricSpec, define
 from exporter.collector import Collector, Context, ProblemLog
 from exporter.config import Key, declare_section, non_negative, positive
@@ -19,7 +18,6 @@ from exporter.efa.naming import INFO as INFO_ITEM
 from exporter.efa.naming import OPT_IN, C, check_counters, counter_set
 from exporter.efa.reader import DeviceReader, DeviceReading
 from exporter.efa.sysfs import SysfsReader
-from exporter.efa.workers import Chain, Pool
 from exporter.metric import Sample
 
 declare_section(C, "EFA devices: counters from <paths.sysfs>/class/infiniband.", {
@@ -42,8 +40,9 @@ declare_section(C, "EFA devices: counters from <paths.sysfs>/class/infiniband.",
                     "lifespan and info (efa_info) too). Files not selected are not read.",
                     check=check_counters, expected="default, all, or a list of counter file names"),
     "read_workers": Key(int, 1, "Threads reading devices at once, each reading its share of the devices "
-                        "one after another. 1 costs the least CPU; more only shorten the collection "
-                        "when reads wait on the devices.", check=positive),
+                        "one after another. 1 (read in the collectors' own thread) costs the least "
+                        "CPU; more only shorten the collection when reads wait on the devices.",
+                        check=positive),
 })
 
 DEVICES = define("efa_devices", "gauge",
@@ -68,7 +67,8 @@ INFO = define(
 class EfaCollector(Collector):
     name = C
 
-    def __init__(self, ctx: Context, reader: SysfsReader | None = None) -> None:
+    def __init__(self, ctx: Context, reader: SysfsReader | None = None,
+                 pool: deadline.Pool | None = None) -> None:
         super().__init__(ctx)
         cfg = ctx.config.efa
         self.reader = reader or SysfsReader()
@@ -77,12 +77,17 @@ class EfaCollector(Collector):
         wanted = counter_set(cfg.counters)
         self.devices = DeviceReader(self.reader, wanted)
         self.info = wanted is None or INFO_ITEM in wanted
-        self.pool = Pool("efa-read")
-        self.workers = cfg.read_workers
-        deadline = cfg.timeout_seconds or ctx.config.collector_timeout_seconds
-        self.budget = deadline * 0.8  # all devices' reads, so the collection ends within its deadline
+        self.pool = pool if pool is not None else deadline.default_pool()
+        limit = cfg.timeout_seconds or ctx.config.collector_timeout_seconds
+        self.budget = limit * 0.8  # all devices' reads, so the collection ends within its deadline
         self.device_timeout = min(cfg.device_timeout_seconds, self.budget)
-        self._blocked: dict[str, Chain] = {}  # device path -> the chain stuck reading it
+        self.reads = deadline.DeadlineReader(self._read_one, self.device_timeout, key=lambda d: d.path,
+                                             pool=self.pool, lanes=cfg.read_workers)
+        self._recheck = False  # a read failed: list the devices again next scrape
+        self._known: list[EfaDevice] | None = None  # the device list of the last scrape
+        self._version = ""  # the driver's, read when the devices are listed
+        self._failing: set[str] = set()  # devices with a problem reported
+        raise_fd_limit()
         self._fixed: dict[str, tuple[tuple[str, str, str], Sample, Sample, Sample]] = {}  # info, up 1, up 0
         self.problems = ProblemLog(self.log)
         self.lookup: imds.IdentityLookup | None = None
@@ -91,7 +96,7 @@ class EfaCollector(Collector):
         self.lookup = self.ctx.identity.start_lookup()  # the expected count can come from the instance type
 
     def close(self) -> None:
-        self.pool.close()
+        self.devices.close()
         if self.lookup is not None:
             self.lookup.close()
 
@@ -108,14 +113,17 @@ class EfaCollector(Collector):
             return ""
 
     def collect(self, out: Families) -> None:
-        devices = self.discovery.discover()
+        devices = self.discovery.devices(recheck=self._recheck)
         out.add(DEVICES, len(devices))
         expected = self.expected()
         if expected is not None:
             out.add(DEVICES_EXPECTED, expected)
         out.declare(DEVICE_UP)
-        version = self.driver_version() if devices and self.info else ""
+        if devices is not self._known:
+            self._version = self.driver_version() if devices and self.info else ""
+        version = self._version
         failing: dict[str, str] = {}
+        self._recheck = False
         info: list[Sample] = []
         up: list[Sample] = []
         groups: dict[str, list[Sample]] = {}
@@ -126,29 +134,34 @@ class EfaCollector(Collector):
             if self.info:
                 info.append(info_sample)
             if reading.error:
+                self._recheck = True  # a removed device reads ENODEV: see whether it is still there
                 failing[dev.name] = reading.error
                 up.append(up0)
                 continue
             up.append(up1)
-            for spec, sample in zip(reading.specs, reading.samples, strict=True):
+            samples = reading.samples
+            for spec, a, b in reading.runs:
                 g = groups.get(spec.name)
                 if g is None:
                     g = groups[spec.name] = []
                     specs.append(spec)
-                g.append(sample)
+                g += samples[a:b]
         out.add_samples(DEVICE_UP, up)
         if info:
             out.add_samples(INFO, info)
         for spec in specs:
             out.add_samples(spec, groups[spec.name])
-        live = {d.path for d in devices}
-        self.devices.forget_except(live)
-        for name in self._fixed.keys() - {d.name for d in devices}:
-            del self._fixed[name]
-        names = {d.name for d in devices}
-        self.problems.forget(lambda subject: subject.removeprefix("EFA device ") not in names)
-        for name in names:
+        if devices is not self._known:  # listed again: forget what went away
+            self._known = devices
+            self.devices.forget_except({d.path for d in devices})
+            names = {d.name for d in devices}
+            for name in self._fixed.keys() - names:
+                del self._fixed[name]
+            self.problems.forget(lambda subject: subject.removeprefix("EFA device ") not in names)
+            self._failing &= names
+        for name in self._failing | failing.keys():  # a problem appeared, changed or cleared
             self.problems.report(f"EFA device {name}", failing.get(name, ""))
+        self._failing = set(failing)
 
     def _fixed_samples(self, dev: EfaDevice, version: str) -> tuple[Sample, Sample, Sample]:
         """efa_info and efa_device_up 1/0 of a device: the same Sample objects every scrape."""
@@ -169,64 +182,24 @@ class EfaCollector(Collector):
         device_timeout_seconds of the start of its read, all within 80% of the collector's deadline.
         A device whose read from an earlier scrape is still blocked is not read again until that
         read returns."""
+        out: list[DeviceReading] = []
         timeout = self.device_timeout
-        end = time.monotonic() + self.budget
-        results: list[DeviceReading | None] = [None] * len(devices)
-        todo: list[int] = []
-        for i, dev in enumerate(devices):
-            stuck = self._blocked.get(dev.path)
-            if stuck is not None and not stuck.done.is_set():
-                results[i] = DeviceReading(
-                    dev, error=f"a read from an earlier scrape is still blocked (over {timeout:g} s)")
+        for dev, o in zip(devices, self.reads.read(devices, self.budget), strict=True):
+            if o.status == deadline.OK:
+                out.append(o.value)
+                continue
+            if o.status == deadline.BLOCKED:
+                why = f"a read from an earlier scrape is still blocked (over {timeout:g} s)"
+            elif o.status == deadline.TIMEOUT:
+                why = f"read did not finish within {timeout:g} s"
+            elif o.status == deadline.BUDGET:
+                why = "read did not finish within the collection's deadline"
+            elif o.status == deadline.ERROR:
+                why = f"{type(o.value).__name__}: {o.value}"
             else:
-                todo.append(i)
-        live = {d.path for d in devices}
-        for path in [p for p, ch in self._blocked.items() if ch.done.is_set() or p not in live]:
-            del self._blocked[path]
-        wake = threading.Event()
-        n = min(self.workers, len(todo))
-        active: list[tuple[Chain, list[int]]] = []
-        for k in range(n):
-            part = todo[k * len(todo) // n:(k + 1) * len(todo) // n]
-            active.append(self._start([devices[i] for i in part], part, wake))
-        while active:
-            wake.clear()
-            now = time.monotonic()
-            still: list[tuple[Chain, list[int]]] = []
-            for chain, idx in active:
-                if chain.done.is_set():
-                    for j, r in chain.results.items():
-                        results[idx[j]] = r
-                    continue
-                cur = chain.cancel_if_stuck(timeout, now, hard_stop=now >= end)
-                if cur is None:
-                    still.append((chain, idx))
-                    continue
-                for j, r in list(chain.results.items()):
-                    results[idx[j]] = r
-                dev = devices[idx[cur]]
-                self._blocked[dev.path] = chain
-                why = "the collection's deadline" if now >= end else f"{timeout:g} s"
-                results[idx[cur]] = DeviceReading(dev, error=f"read did not finish within {why}")
-                rest = idx[cur + 1:]
-                if rest and now < end:
-                    still.append(self._start([devices[i] for i in rest], rest, wake))
-                for i in rest if now >= end else ():
-                    results[i] = DeviceReading(
-                        devices[i], error="not read: the devices before it used up the collection's deadline")
-            active = still
-            if active:
-                now = time.monotonic()
-                wait = min([ch.next_deadline(timeout) for ch, _ in active] + [end]) - now
-                wake.wait(max(wait, 0.001))
-        return [r if r is not None else DeviceReading(devices[i], error="not read")
-                for i, r in enumerate(results)]
-
-    def _start(self, items: list[EfaDevice], idx: list[int],
-               wake: threading.Event) -> tuple[Chain, list[int]]:
-        chain = Chain(items, self._read_one, wake)
-        self.pool.submit(chain)
-        return chain, idx
+                why = "not read: the devices before it used up the collection's deadline"
+            out.append(DeviceReading(dev, error=why))
+        return out
 
     def _read_one(self, dev: EfaDevice) -> DeviceReading:
         try:
@@ -234,6 +207,19 @@ class EfaCollector(Collector):
         except Exception as e:  # noqa: BLE001 - a reader bug fails the device, not the collector
             return DeviceReading(dev, error=f"{type(e).__name__}: {e}")
 
+
+
+def raise_fd_limit() -> None:
+    """Lift the soft limit on open files to the hard one, as Go programs (node_exporter) do at
+    start: the counter files stay open, 37 per device with efa.counters all (1,184 on a p5),
+    past the 1,024 soft limit that systemd and most shells set."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 1 << 16 if hard == resource.RLIM_INFINITY else hard
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (OSError, ValueError):
+        pass  # not allowed (a sandbox): a device whose files cannot be opened reports why
 
 
 COLLECTOR = EfaCollector

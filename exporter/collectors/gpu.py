@@ -1,30 +1,31 @@
 """The GPU collector: NVML health of every GPU, one sick GPU never hiding the others.
 
-Each GPU is read under its own deadline (gpu.read_timeout_seconds): NVML calls can block for
-tens of seconds on a sick GPU and cannot be interrupted, so reads run on worker threads and a
-GPU whose read overruns is reported unread (gpu_read_success 0) while the other GPUs are
-served; until its stuck call returns it is not read again (one stuck thread per GPU at most).
-With gpu.parallel the GPUs are read concurrently, one task each; without it one task reads
-them in turn and, when a GPU overruns, a fresh task carries on with the GPUs after it.
+Each GPU is read under its own deadline (gpu.read_timeout_seconds) by exporter.deadline: NVML
+calls can block for tens of seconds on a sick GPU and cannot be interrupted, so reads run on a
+worker of the process's pool and a GPU whose read overruns is reported unread
+(gpu_read_success 0) while the other GPUs are served; until its stuck call returns it is not
+read again (one stuck thread per GPU at most). One worker reads the GPUs in turn (with
+gpu.parallel, one worker per GPU) and, when a GPU overruns, another carries on with the rest.
 
 Expensive counters (energy, throttle time, PCIe replays and errors, ECC mode, NVLink) are read
-by a background thread every gpu.slow_interval_seconds and served from the last reading.
+in the background, on the pool, at most every gpu.slow_interval_seconds (a scrape starts the
+refresh when it is due), and served from the last reading.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
 
+from exporter import deadline
 from exporter.catalog import Families
 from exporter.collector import Collector, Context, Failed, ProblemLog
 from exporter.config import Key, declare_check, declare_section, positive
 from exporter.gpu import metrics as m
 from exporter.gpu.reader import DETAIL, GpuReader, Reading, check_detail
 from exporter.health import GpuHealth, NodeGpuHealth
+from exporter.metric import Sample
 from exporter.node import expected_gpus
 from exporter.nvml.backend import NvmlError
 from exporter.nvml.session import DeviceIdentity, NvmlSession
@@ -77,28 +78,18 @@ declare_check("gpu", _read_within_budget)
 
 @dataclass
 class _Gpu:
-    """One GPU's reader, the lock its reads hold, and its reads in flight."""
+    """One GPU's reader, the lock its reads hold, and its last slow reading."""
 
     reader: GpuReader
     lock: threading.Lock = field(default_factory=threading.Lock)
-    stuck: Future | None = None  # a read that overran its deadline and may still be in NVML
     slow: Reading | None = None
-    slow_future: Future | None = None
-
-
-@dataclass
-class _Chain:
-    """Progress of a serial pass: which GPU it is reading since when; `cancelled` stops it."""
-
-    current: int | None = None
-    since: float = 0.0
-    cancelled: bool = False
+    fixed: tuple | None = None  # see GpuCollector._fixed
 
 
 class GpuCollector(Collector):
     name = "gpu"
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, pool: deadline.Pool | None = None) -> None:
         super().__init__(ctx)
         cfg = ctx.config.gpu
         self.budget = cfg.timeout_seconds * GPU_READ_SHARE
@@ -109,39 +100,42 @@ class GpuCollector(Collector):
         self.detail = frozenset(DETAIL) if cfg.detail == "all" else frozenset(cfg.detail)
         self.session: NvmlSession = ctx.nvml
         self.gpus: dict[int, _Gpu] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._slow_thread: threading.Thread | None = None
+        self.pool = pool if pool is not None else deadline.default_pool()
+        self._fast = deadline.DeadlineReader(self._read_fast, self.read_timeout, pool=self.pool)
+        # a slow read holds its GPU's lock: one that hangs is left to its deadline like a fast one
+        self._slow = deadline.DeadlineReader(self._read_slow, self.budget, pool=self.pool)
+        self._slow_lock = threading.Lock()  # one refresh at a time
+        self._slow_due = 0.0  # monotonic time the next background refresh is due
+        self._started = False
+        self._closed = False
+        self._init_lock = threading.Lock()
         self.problems = ProblemLog(self.log)
         self._stuck_msg = (f"NVML did not answer within {self.read_timeout:g}s; the GPU is not read again "
                            "until that call returns, the other GPUs are served")
 
     # --- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
-        self._slow_thread = threading.Thread(target=self._slow_loop, name="gpu-slow", daemon=True)
-        self._slow_thread.start()
+        self._started = True  # scrapes now keep the slow reading fresh
+        self._refresh_in_background()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._closed = True
 
     def _ready(self) -> NvmlSession | None:
         """The NVML session when usable, with a reader per GPU; None when NVML is unavailable."""
         s = self.session
         if not s.ensure():
             return None
-        if self._pool is None:
-            with self._pool_lock:
-                if self._pool is None:
-                    self.gpus = {d.index: _Gpu(GpuReader(s.backend, d.index, self.nvlink,
-                                                                  self.detail)) for d in s.devices}
+        if not self.gpus:
+            with self._init_lock:
+                if not self.gpus:
+                    gpus = {d.index: _Gpu(GpuReader(s.backend, d.index, self.nvlink, self.detail))
+                            for d in s.devices}
                     for d in s.devices:
-                        self.gpus[d.index].reader.labels = identity_labels(d)
-                    # Each GPU can hold one stuck thread at most; the rest do the work.
-                    self._pool = ThreadPoolExecutor(max_workers=2 * len(self.gpus) + 2,
-                                                    thread_name_prefix="gpu-read")
+                        gpus[d.index].reader.labels = identity_labels(d)
+                    if self.parallel:
+                        self._fast.lanes = self._slow.lanes = max(1, len(gpus))
+                    self.gpus = gpus
         return s
 
     # --- one GPU ----------------------------------------------------------------------------
@@ -162,93 +156,51 @@ class GpuCollector(Collector):
             except NvmlError as e:
                 g.slow = Reading(ok=False, lost=e.gpu_lost, errors=[str(e)])
 
-    def _blocked(self, i: int) -> bool:
-        g = self.gpus[i]
-        if g.stuck is not None and g.stuck.done():
-            g.stuck = None
-        return g.stuck is not None
-
     # --- all GPUs, each under its deadline ----------------------------------------------------
     def _read_all(self) -> dict[int, Reading | str]:
-        """Each GPU's reading, or why there is none ("blocked ..." for a GPU that overran)."""
+        """Each GPU's reading, or why there is none (the stuck message for a GPU that overran)."""
+        order = list(self.gpus)
         results: dict[int, Reading | str] = {}
-        todo = []
-        for i in self.gpus:
-            if self._blocked(i):
-                results[i] = self._stuck_msg
+        for i, o in zip(order, self._fast.read(order, self.budget), strict=True):
+            if o.status == deadline.OK:
+                results[i] = o.value
+            elif o.status == deadline.SKIPPED:
+                results[i] = "not read: the GPUs before it used up gpu.timeout_seconds"
+            elif o.status == deadline.ERROR:
+                results[i] = Reading(ok=False, errors=[f"{type(o.value).__name__}: {o.value}"])
             else:
-                todo.append(i)
-        assert self._pool is not None
-        if self.parallel:
-            futs = {i: self._pool.submit(self._read_fast, i) for i in todo}
-            wait_futures(futs.values(), timeout=self.read_timeout)
-            for i, f in futs.items():
-                if f.done():
-                    results[i] = f.result()
-                else:
-                    self.gpus[i].stuck = f
-                    results[i] = self._stuck_msg
-            return results
-        end = time.monotonic() + self.budget
-        while todo:
-            chain = _Chain()
-            out: dict[int, Reading] = {}
-            fut = self._pool.submit(self._chain, todo, chain, out)
-            while True:
-                wait_futures([fut], timeout=self.read_timeout / 4)
-                if fut.done():
-                    todo = []
-                    break
-                cur, since = chain.current, chain.since
-                now = time.monotonic()
-                if cur is not None and (now - since >= self.read_timeout or now >= end):
-                    chain.cancelled = True  # it stops after the GPU it is stuck on
-                    self.gpus[cur].stuck = fut
-                    results[cur] = self._stuck_msg
-                    todo = todo[todo.index(cur) + 1:]
-                    break
-            results.update(out)
-            todo = [i for i in todo if i not in out]
-            if todo and time.monotonic() >= end:  # several slow GPUs used up the collector's time
-                for i in todo:
-                    results[i] = "not read: the GPUs before it used up gpu.timeout_seconds"
-                break
+                results[i] = self._stuck_msg
         return results
-
-    def _chain(self, order: list[int], chain: _Chain, out: dict[int, Reading]) -> None:
-        for i in order:
-            if chain.cancelled:
-                return
-            chain.current, chain.since = i, time.monotonic()
-            r = self._read_fast(i)
-            if chain.cancelled:
-                return
-            out[i] = r
-        chain.current = None
 
     # --- slow cadence -----------------------------------------------------------------------
     def refresh_slow(self, timeout: float | None = None) -> None:
         """Read the expensive counters of every GPU that is not lost or blocked; wait up to
-        `timeout` for them (the background loop and tests call this)."""
+        `timeout` for them (scrapes start it in the background; tests and benches call it)."""
         s = self._ready()
-        if s is None or self._pool is None:
+        if s is None:
             return
-        futs = []
-        for i, g in self.gpus.items():
-            if i in s.lost or self._blocked(i) or (g.slow_future is not None and not g.slow_future.done()):
-                continue
-            g.slow_future = self._pool.submit(self._read_slow, i)
-            futs.append(g.slow_future)
-        if futs:
-            wait_futures(futs, timeout=timeout)
+        with self._slow_lock:
+            self._slow_due = time.monotonic() + self.slow_interval
+            blocked = set(self._fast.stuck()) | set(self._slow.stuck())
+            todo = [i for i in self.gpus if i not in s.lost and i not in blocked]
+            if todo:
+                self._slow.read(todo, timeout)
 
-    def _slow_loop(self) -> None:
-        while not self._stop.is_set():
+    def _refresh_in_background(self) -> None:
+        if self._closed or not self._slow_lock.acquire(blocking=False):
+            return
+        try:
+            self._slow_due = time.monotonic() + self.slow_interval
+        finally:
+            self._slow_lock.release()
+
+        def refresh() -> None:
             try:
                 self.refresh_slow(timeout=self.slow_interval)
-            except Exception:  # noqa: BLE001 - the loop must survive; the scrape reports failures
+            except Exception:  # noqa: BLE001 - the next scrape tries again; scrapes report failures
                 self.log.exception("slow GPU read failed")
-            self._stop.wait(self.slow_interval)
+
+        self.pool.submit(refresh)
 
     # --- the scrape ---------------------------------------------------------------------------
     def collect(self, out: Families) -> NodeGpuHealth:
@@ -264,13 +216,37 @@ class GpuCollector(Collector):
         if expected is not None:
             out.add(m.EXPECTED, expected)
         health = NodeGpuHealth(count=len(s.devices), expected=expected)
+        if self._started and time.monotonic() >= self._slow_due:
+            self._refresh_in_background()
         results = self._read_all()
+        for spec in (m.INFO, m.LOST, m.READ_SUCCESS):  # first, as when each GPU added its own
+            out.declare(spec)
+        fixed: tuple[list[Sample], list[Sample], list[Sample]] = ([], [], [])
         for d in s.devices:
-            self._emit(out, s, d, results.get(d.index, "not read"), health)
+            self._emit(out, s, d, results.get(d.index, "not read"), health, fixed)
+        out.add_samples(m.INFO, fixed[0])
+        out.add_samples(m.LOST, fixed[1])
+        out.add_samples(m.READ_SUCCESS, fixed[2])
         return health
 
+    def _fixed(self, g: _Gpu, labels: dict[str, str], d: DeviceIdentity) -> tuple[Sample, tuple, tuple]:
+        """gpu_info, gpu_lost 0/1 and gpu_read_success 0/1 of a GPU: the same Samples every
+        scrape while its labels and static facts stay the same."""
+        st = g.reader.static
+        key = (labels, st.model or d.name, st.serial, st.vbios_version, st.board_part_number)
+        cached = g.fixed
+        if cached is None or cached[0][0] is not labels or cached[0][1:] != key[1:]:
+            full = {**labels, "model": str(key[1]), "serial": str(key[2]), "vbios_version": str(key[3]),
+                    "board_part_number": str(key[4])}
+            info = Sample(m.INFO.name, {k: full[k] for k in m.INFO.labels}, 1.0)
+            lost = tuple(Sample(m.LOST.name, {k: labels[k] for k in m.LOST.labels}, v) for v in (0.0, 1.0))
+            read = tuple(Sample(m.READ_SUCCESS.name, {k: labels[k] for k in m.READ_SUCCESS.labels}, v)
+                         for v in (0.0, 1.0))
+            cached = g.fixed = (key, info, lost, read)
+        return cached[1], cached[2], cached[3]
+
     def _emit(self, out: Families, s: NvmlSession, d: DeviceIdentity, r: Reading | str,
-              health: NodeGpuHealth) -> None:
+              health: NodeGpuHealth, fixed: tuple[list[Sample], list[Sample], list[Sample]]) -> None:
         i = d.index
         g = self.gpus[i]
         if isinstance(r, Reading) and r.lost:
@@ -287,16 +263,15 @@ class GpuCollector(Collector):
         if labels.get("uuid") != d.uuid or labels.get("pci_bus_id") != d.pci_bus_id:
             labels = g.reader.labels = identity_labels(d)
             if isinstance(r, Reading) and r.labels is not labels:  # read before the identity was known
-                relabelled = replace(r, labels=labels, groups={}, static=[])
+                relabelled = replace(r, labels=labels, groups={}, static=[], label_cache={})
                 for spec, value, extra in r.samples:
                     relabelled.add(spec, value, **extra)
                 r = relabelled
-        st = g.reader.static
-        out.add(m.INFO, 1, **labels, model=st.model or d.name, serial=st.serial,
-                vbios_version=st.vbios_version, board_part_number=st.board_part_number)
-        out.add(m.LOST, 1 if lost else 0, **labels)
+        info, lost_s, read_s = self._fixed(g, labels, d)
         ok = isinstance(r, Reading) and r.ok and not lost
-        out.add(m.READ_SUCCESS, 1 if ok else 0, **labels)
+        fixed[0].append(info)
+        fixed[1].append(lost_s[lost])
+        fixed[2].append(read_s[ok])
         gh = GpuHealth(index=i, uuid=d.uuid, pci_bus_id=d.pci_bus_id, lost=lost)
         health.gpus[i] = gh
         if lost:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from exporter.efa.parse import is_efa, parse_hex_id
@@ -17,15 +18,39 @@ class EfaDevice:
     pci_device_id: str  # e.g. 0xefa1 ("" when unreadable but the driver link says efa)
 
 
+RECHECK_S = 5.0  # class/infiniband is listed again at least this often
+RACY_NS = 2_000_000_000  # a directory changed this recently may change again unseen in the same tick
+
+
 class Discovery:
-    """Lists class/infiniband on every call (devices come and go between scrapes) and keeps the
-    identity of entries that are symlinks, keyed by their target: the target names the PCI
-    function, whose vendor/device never change, so only new entries cost PCI reads."""
+    """Finds the EFA devices. `discover` lists class/infiniband; `devices` lists it only when the
+    device set may have changed: its directory's stat changed (a file system that stamps it; sysfs
+    may not), `recheck` was asked (after a read error), or RECHECK_S passed since the last listing.
+    The identity of entries that are symlinks is kept, keyed by their target: the target names
+    the PCI function, whose vendor/device never change, so only new entries cost PCI reads."""
 
     def __init__(self, sysfs: str, reader: SysfsReader) -> None:
         self.class_dir = os.path.join(sysfs, "class", "infiniband")
         self.reader = reader
         self._known: dict[tuple[str, str], EfaDevice | None] = {}
+        self._found: list[EfaDevice] = []
+        self._key: tuple[int, int, int] | None = None  # the class directory's stat when listed
+        self._listed_at = -RECHECK_S
+        self._racy = True
+
+    def devices(self, recheck: bool = False) -> list[EfaDevice]:
+        try:
+            st = self.reader.stat(self.class_dir)
+            key: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        except OSError:
+            key = None
+        now = time.monotonic()
+        if recheck or self._racy or key != self._key or now - self._listed_at >= RECHECK_S:
+            self._found = self.discover()
+            self._key, self._listed_at = key, now
+            recent = time.time_ns() - RACY_NS
+            self._racy = key is not None and (key[1] >= recent or key[2] >= recent)
+        return self._found
 
     def discover(self) -> list[EfaDevice]:
         try:

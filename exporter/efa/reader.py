@@ -1,10 +1,10 @@
 """Read one EFA device's counters and port facts into samples; any read failure fails the device.
 
-Hot path (1,152 files a scrape on a p5): per device, its directory is opened once and every
-counter file is read relative to it; what to read, and each sample's name and label dict, come
-from a plan cached per device and rebuilt only when a directory listing changes. The samples are
-Samples (exporter.metric) whose label dicts are shared by every scrape (never mutated), so a
-scrape does no label work.
+Hot path (352 files a scrape on a p5 with the default counter set): every selected file of a
+device stays open across scrapes and is read with one pread() a scrape; what to read, and each
+sample's name and label dict, come from a plan built when the device's files are opened. The
+samples are Samples (exporter.metric) whose label dicts are shared by every scrape (never
+mutated), so a scrape does no label work.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class DeviceReading:
     specs: list[MetricSpec] = field(default_factory=list)
     error: str = ""  # why the reading failed ("" when it succeeded)
     files_read: int = 0
+    runs: list[tuple[MetricSpec, int, int]] = field(default_factory=list)  # samples[a:b] are spec's
 
 
 @dataclass
@@ -75,7 +76,7 @@ class _Group:
         self.specs.append(spec)
 
 
-RELIST_S = 60.0  # directory listings are taken again at least this often, whatever their stat says
+RECHECK_S = 5.0  # a device's directories are checked for a changed file list at most this often
 # A directory changed this recently when listed may change again within the same timestamp tick
 # (file systems stamp from a coarse clock), so its stat is not trusted until it is older (as git
 # treats "racily clean" files).
@@ -89,9 +90,23 @@ class _Plan:
     listings: tuple  # (ports, hw_counters listing per port, device hw_counters listing) it was built from
     groups: list[_Group]
     rates: list[tuple[str, str, dict[str, str]]]  # (path relative to the device, full path, labels)
-    keys: list[DirKey] = field(default_factory=list)  # of ports/ and each hw_counters dir when listed
-    listed_at: float = 0.0
-    racy: bool = True  # a directory had changed within RACY_NS of the listing: list again next time
+
+
+@dataclass
+class _Open:
+    """A device's files, open, with what each becomes: one pread per file per scrape."""
+    plan: _Plan
+    rels: list[str]  # the directories listed (relative to the device), for the re-check
+    keys: list[DirKey]  # their (inode, mtime, ctime) when listed
+    fds: list[int] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    parsers: list[Parser | None] = field(default_factory=list)  # None: a counter (the fast path)
+    names: list[str] = field(default_factory=list)
+    labels: list[dict[str, str]] = field(default_factory=list)
+    specs: list[MetricSpec] = field(default_factory=list)
+    runs: list[tuple[MetricSpec, int, int]] = field(default_factory=list)  # the files of one metric
+    checked_at: float = 0.0
+    racy: bool = True  # a directory had changed within RACY_NS of the listing: check again next time
 
 
 def _key(st: os.stat_result) -> DirKey:
@@ -99,110 +114,136 @@ def _key(st: os.stat_result) -> DirKey:
 
 
 class DeviceReader:
-    """Reads devices, keeping per device the plan of what to read (paths, metric, labels).
+    """Reads devices through descriptors kept open across scrapes (one pread per file).
 
-    The directories are listed again, and the plan rebuilt if the listings differ, when the
-    inode, mtime or ctime of `ports/` or of a hw_counters directory changes (on sysfs a
-    hw_counters directory is created and removed whole with its device or port, which gives it a
-    new inode; on other file systems adding or removing a file moves the directory's mtime), when
-    a listed file turns out to be missing, while a directory was changed less than RACY_NS
-    before it was listed, and at least every RELIST_S. In between, a scrape stats the
-    directories instead of listing them.
+    A device's directories are listed, and its files opened, on its first read, after any read
+    error (the descriptors are then closed and the next read starts afresh), and when a check of
+    its directories finds them changed (inode, mtime or ctime of `ports/` or of a hw_counters
+    directory). The check runs at most every RECHECK_S; a device is listed again at its next read
+    while a directory was changed less than RACY_NS before it was listed (its stat cannot be trusted then: the
+device is listed again). On sysfs a device's attributes change
+    only when the device goes (open attributes of a removed device read ENODEV) and comes back.
     """
 
     def __init__(self, reader: SysfsReader, wanted: frozenset[str] | None = None) -> None:
         """`wanted`: the counter files to read (efa.counters); None reads every file."""
         self.reader = reader
         self.wanted = wanted
-        self._plans: dict[str, _Plan] = {}
+        self._open: dict[str, _Open] = {}
 
     def forget_except(self, paths: set[str]) -> None:
-        for p in self._plans.keys() - paths:
-            del self._plans[p]
+        for p in self._open.keys() - paths:
+            self._drop(p)
+
+    def close(self) -> None:
+        for p in list(self._open):
+            self._drop(p)
+
+    def _drop(self, path: str) -> None:
+        o = self._open.pop(path, None)
+        if o is not None:
+            for fd in o.fds:
+                try:
+                    self.reader.close(fd)
+                except OSError:
+                    pass
 
     def read(self, dev: EfaDevice) -> DeviceReading:
-        """Read every counter file of `dev` once, plus port rate and lifespan.
+        """Read every selected file of `dev` once: counters, port rate and lifespan.
 
         A file that cannot be read (EIO when an admin command fails, EACCES, the device removed
         mid-scrape) or does not parse fails the whole device for this scrape: `samples` is then
         empty and `error` says which file and why. Absent counter files are simply not listed.
         """
         r = DeviceReading(dev)
-        reader = self.reader
-        fds: list[int] = []
         try:
-            dev_fd = reader.open_dir(dev.path)
-            fds.append(dev_fd)
-            plan = self._plans.get(dev.path)
-            trusted = plan is not None and not plan.racy and time.monotonic() - plan.listed_at < RELIST_S
-            keys = [self._stat_key(dev_fd, "ports", dev)]
-            if trusted and plan is not None and keys[0] == plan.keys[0]:
-                ports = plan.listings[0]
-            else:
-                trusted = False
-                ports_fd = self._open_optional(dev_fd, "ports", dev, fds) if keys[0] is not None else None
-                ports = self._list(ports_fd, dev)
-            dirs: dict[str, int | None] = {}
-            for rel in [f"ports/{p}/hw_counters" for p in ports] + ["hw_counters"]:
-                fd = dirs[rel] = self._open_optional(dev_fd, rel, dev, fds)
-                keys.append(None if fd is None else _key(reader.fstat(fd)))
-            if not trusted or plan is None or keys != plan.keys:
-                plan = self._relist(dev, ports, dirs, keys, plan)
-            samples, specs = r.samples, r.specs
+            o = self._open.get(dev.path)
+            if o is None or o.racy or (
+                    time.monotonic() - o.checked_at >= RECHECK_S and self._changed(dev, o)):
+                self._drop(dev.path)
+                o = self._open[dev.path] = self._build(dev)
+            datas = self.reader.read_fds(o.fds, o.paths)
+            samples = r.samples
             append = samples.append
-            for g in plan.groups:
-                fd = dirs[g.rel]
-                assert fd is not None  # a group exists only for a directory that was listed
-                start = len(samples)
-                datas = reader.read_files(fd, g.names, g.paths)
-                try:
-                    for data, parser, name, labels in zip(datas, g.parsers, g.sample_names, g.labels,
-                                                          strict=True):
-                        if parser is None:
-                            s = data.strip()
-                            if not s.isdigit() or len(s) > U64_DIGITS:  # 310 digits would be +Inf
-                                raise ValueError(counter_error(data))
-                            append(Sample(name, labels, float(s)))
-                        else:
-                            append(Sample(name, labels, parser(data.decode("ascii", "replace"))))
-                except ValueError as err:
-                    raise ValueError(f"{g.paths[len(samples) - start]}: {err}") from None
-                specs.extend(g.specs)
-                r.files_read += len(datas)
-            for rel, path, labels in plan.rates:
-                try:
-                    data = reader.read_files(dev_fd, (rel,), (path,))[0]
-                except FileNotFoundError:
-                    if reader.exists(dev.path):
-                        continue  # no rate file: not an error
-                    raise
-                r.files_read += 1
-                try:
-                    v = parse_rate_bytes_per_second(data.decode("ascii", "replace"))
-                except ValueError as err:
-                    raise ValueError(f"{path}: {err}") from None
-                samples.append(Sample(PORT_RATE.name, labels, v))
-                specs.append(PORT_RATE)
+            try:
+                for data, parser, name, labels in zip(datas, o.parsers, o.names, o.labels, strict=True):
+                    if parser is None:
+                        s = data.strip()
+                        if not s.isdigit() or len(s) > U64_DIGITS:  # 310 digits would be +Inf
+                            raise ValueError(counter_error(data))
+                        append(Sample(name, labels, float(s)))
+                    else:
+                        append(Sample(name, labels, parser(data.decode("ascii", "replace"))))
+            except ValueError as err:
+                raise ValueError(f"{o.paths[len(samples)]}: {err}") from None
+            r.specs, r.runs = o.specs, o.runs
+            r.files_read = len(datas)
         except (OSError, ValueError) as e:
-            r.samples, r.specs, r.files_read = [], [], 0
-            r.error = _describe(e, dev, reader)
-            if isinstance(e, FileNotFoundError):
-                self._plans.pop(dev.path, None)  # a listed file went away: list again next time
-        finally:
-            for fd in fds:
-                reader.close(fd)
+            r.samples, r.specs, r.runs, r.files_read = [], [], [], 0
+            r.error = _describe(e, dev, self.reader)
+            self._drop(dev.path)  # open and list afresh next time
         return r
 
-    def _relist(self, dev: EfaDevice, ports: list[str], dirs: dict[str, int | None], keys: list[DirKey],
-                old: _Plan | None) -> _Plan:
-        listings = (ports, [self._list(dirs[f"ports/{p}/hw_counters"], dev) for p in ports],
-                    self._list(dirs["hw_counters"], dev))
-        plan = old if old is not None and old.listings == listings else build_plan(dev, listings, self.wanted)
-        plan.keys, plan.listed_at = keys, time.monotonic()
-        recent = time.time_ns() - RACY_NS
-        plan.racy = any(k is not None and (k[1] >= recent or k[2] >= recent) for k in keys)
-        self._plans[dev.path] = plan
-        return plan
+    def _changed(self, dev: EfaDevice, o: _Open) -> bool:
+        """Whether a directory's stat differs from when it was listed (and stamps the check)."""
+        keys = [self._stat_key(f"{dev.path}/{rel}", dev) for rel in o.rels]
+        if keys != o.keys:
+            return True
+        o.checked_at = time.monotonic()
+        o.racy = _racy(keys)
+        return False
+
+    def _build(self, dev: EfaDevice) -> _Open:
+        reader = self.reader
+        dirs: list[int] = []
+        try:
+            dev_fd = reader.open_dir(dev.path)
+            dirs.append(dev_fd)
+            ports_fd = self._open_optional(dev_fd, "ports", dev, dirs)
+            ports = self._list(ports_fd, dev)
+            rels = ["ports"] + [f"ports/{p}/hw_counters" for p in ports] + ["hw_counters"]
+            fds: dict[str, int | None] = {"ports": ports_fd}
+            for rel in rels[1:]:
+                fds[rel] = self._open_optional(dev_fd, rel, dev, dirs)
+            keys = [None if fds[rel] is None else _key(reader.fstat(fds[rel])) for rel in rels]
+            listings = (ports, [self._list(fds[f"ports/{p}/hw_counters"], dev) for p in ports],
+                        self._list(fds["hw_counters"], dev))
+            plan = build_plan(dev, listings, self.wanted)
+            o = _Open(plan, rels, keys, checked_at=time.monotonic(), racy=_racy(keys))
+            try:
+                for g in plan.groups:
+                    dir_fd = fds[g.rel]
+                    assert dir_fd is not None  # a group exists only for a directory that was listed
+                    for file, path, parser, name, labels, spec in zip(
+                            g.names, g.paths, g.parsers, g.sample_names, g.labels, g.specs, strict=True):
+                        o.fds.append(reader.open_file(file, dir_fd, path))
+                        o.paths.append(path)
+                        o.parsers.append(parser)
+                        o.names.append(name)
+                        o.labels.append(labels)
+                        o.specs.append(spec)
+                for rel, path, labels in plan.rates:
+                    try:
+                        fd = reader.open_file(rel, dev_fd, path)
+                    except FileNotFoundError:
+                        if reader.exists(dev.path):
+                            continue  # no rate file: not an error
+                        raise
+                    o.fds.append(fd)
+                    o.paths.append(path)
+                    o.parsers.append(parse_rate_bytes_per_second)
+                    o.names.append(PORT_RATE.name)
+                    o.labels.append(labels)
+                    o.specs.append(PORT_RATE)
+            except BaseException:
+                for fd in o.fds:
+                    reader.close(fd)
+                raise
+            _group_by_metric(o)
+            return o
+        finally:
+            for fd in dirs:
+                reader.close(fd)
 
     def _list(self, fd: int | None, dev: EfaDevice) -> list[str]:
         if fd is None:
@@ -213,16 +254,13 @@ class DeviceReader:
             e.filename = e.filename or dev.path
             raise
 
-    def _stat_key(self, dev_fd: int, rel: str, dev: EfaDevice) -> DirKey:
+    def _stat_key(self, path: str, dev: EfaDevice) -> DirKey:
         try:
-            return _key(self.reader.stat(rel, dev_fd))
+            return _key(self.reader.stat(path))
         except FileNotFoundError:
             if not self.reader.exists(dev.path):
                 raise
             return None
-        except OSError as e:
-            e.filename = f"{dev.path}/{rel}"
-            raise
 
     def _open_optional(self, dev_fd: int, rel: str, dev: EfaDevice, fds: list[int]) -> int | None:
         """Open a directory the kernel may not have (no hw_counters on very old kernels): None
@@ -239,6 +277,29 @@ class DeviceReader:
             raise
         fds.append(fd)
         return fd
+
+
+def _group_by_metric(o: _Open) -> None:
+    """Order the files so that each metric's are adjacent (in their order, metrics in order of
+    first appearance): the collector then adds a device's samples one slice per metric."""
+    first: dict[str, int] = {}
+    for i, spec in enumerate(o.specs):
+        first.setdefault(spec.name, i)
+    order = sorted(range(len(o.fds)), key=lambda i: (first[o.specs[i].name], i))
+    for name in ("fds", "paths", "parsers", "names", "labels", "specs"):
+        col = getattr(o, name)
+        setattr(o, name, [col[i] for i in order])
+    o.runs = []
+    for i, spec in enumerate(o.specs):
+        if o.runs and o.runs[-1][0] is spec:
+            o.runs[-1] = (spec, o.runs[-1][1], i + 1)
+        else:
+            o.runs.append((spec, i, i + 1))
+
+
+def _racy(keys: list[DirKey]) -> bool:
+    recent = time.time_ns() - RACY_NS
+    return any(k is not None and (k[1] >= recent or k[2] >= recent) for k in keys)
 
 
 def build_plan(dev: EfaDevice, listings: tuple, wanted: frozenset[str] | None = None) -> _Plan:

@@ -1,8 +1,8 @@
 """The one place EFA code touches the file system: a seam tests replace to inject errors.
 
-Counter files are read relative to an open directory (`open_dir` + `read_files`): the path of a
-device's directory (through the class/infiniband symlink) is walked once per scrape, not once per
-file. Directory descriptors live only for one device's read; nothing stays open across scrapes.
+Counter files are opened once (`open_file`, relative to their open directory) and then read with
+one pread() each per scrape (`read_fds`): no path walk, open or close on the hot path. Directory
+descriptors live only while a device's files are being opened.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 _FILE_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+READ_SIZE = 128  # a counter is at most 20 digits and a newline; a longer file is a bad read anyway
 
 
 class SysfsReader:
@@ -46,19 +47,23 @@ class SysfsReader:
     def close(self, fd: int) -> None:
         os.close(fd)
 
-    def read_files(self, dir_fd: int, names: Sequence[str], paths: Sequence[str]) -> list[bytes]:
-        """One read() of each file `names[i]` in the open directory `dir_fd`, in order; `paths[i]`
-        is its full path, named by the OSError raised (as the driver returns it) at the first
-        file that cannot be opened or read."""
-        out: list[bytes] = []
-        append, open_, read, close = out.append, os.open, os.read, os.close
+    def open_file(self, name: str, dir_fd: int, path: str) -> int:
+        """A descriptor of file `name` in the open directory `dir_fd`; `path` (its full path) names it
+        in the OSError. Opening blocks where a read would (a FIFO), so it runs under the deadline."""
         try:
-            for name in names:
-                fd = open_(name, _FILE_FLAGS, dir_fd=dir_fd)
-                try:
-                    append(read(fd, 4096))
-                finally:
-                    close(fd)
+            return os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+        except OSError as e:
+            e.filename = path
+            raise
+
+    def read_fds(self, fds: Sequence[int], paths: Sequence[str]) -> list[bytes]:
+        """One pread() from offset 0 of each open file, in order (sysfs regenerates an attribute on
+        each read at offset 0); `paths[i]` is named by the OSError raised at the first that fails."""
+        out: list[bytes] = []
+        append, pread = out.append, os.pread
+        try:
+            for fd in fds:
+                append(pread(fd, READ_SIZE, 0))
         except OSError as e:
             e.filename = paths[len(out)]  # the file being read when it failed
             raise

@@ -130,6 +130,9 @@ class Reading:
     ecc_uncorrected_volatile: int | None = None
     ecc_uncorrected_aggregate: int | None = None
     fabric: FabricInfo | None = None  # None: not read or not supported
+    # label dicts with extra labels, by (metric, extra values): shared by the GPU's readings while
+    # its labels stay the same, so a scrape builds none
+    label_cache: dict[tuple, Labels] = field(default_factory=dict)
 
     def add(self, spec: MetricSpec, value: float | None, **extra: str) -> None:
         if value is None:
@@ -137,7 +140,13 @@ class Reading:
         group = self.groups.get(spec.name)
         if group is None:
             group = self.groups[spec.name] = (spec, [])
-        group[1].append(Sample(spec.name, {**self.labels, **extra} if extra else self.labels, float(value)))
+        labels = self.labels
+        if extra:
+            key = (spec.name, *extra.values())
+            labels = self.label_cache.get(key)
+            if labels is None:
+                labels = self.label_cache[key] = {**self.labels, **extra}
+        group[1].append(Sample(spec.name, labels, float(value)))
 
     def all_groups(self) -> list[tuple[MetricSpec, list[Sample]]]:
         return [*self.groups.values(), *self.static]
@@ -185,11 +194,17 @@ class GpuReader:
         self.slow_fields = {f: v for f, v in SLOW_FIELDS.items() if v[0].name not in left_out}
         self.static = Static()
         self.labels: Labels = {}  # the GPU's labels, set by the collector
+        self._label_cache: tuple[Labels, dict[tuple, Labels]] = ({}, {})  # (for labels, cache)
         self._static_groups: tuple[Static, Labels, list] | None = None
         self.unsupported: set[Any] = set()
         self._probed = time.monotonic()
 
     # --- plumbing -------------------------------------------------------------------------
+    def _cache(self) -> dict[tuple, Labels]:
+        if self._label_cache[0] is not self.labels:
+            self._label_cache = (self.labels, {})
+        return self._label_cache[1]
+
     def _call(self, r: Reading, fn: str, *args: int) -> Any:
         key = (fn, args)
         if key in self.unsupported:
@@ -276,7 +291,7 @@ class GpuReader:
         cached = self._static_groups
         if cached is not None and cached[0] is self.static and cached[1] is self.labels:
             return cached[2]
-        r = Reading(labels=self.labels)
+        r = Reading(labels=self.labels, label_cache=self._cache())
         s = self.static
         for name, v in s.thresholds.items():
             if self.limits or name in DEFAULT_THRESHOLDS:
@@ -295,7 +310,7 @@ class GpuReader:
         """The health-critical values; raises NvmlError(GPU_IS_LOST) when the GPU is lost."""
         self._ensure_static()
         self._maybe_reprobe()
-        r = Reading(labels=self.labels)
+        r = Reading(labels=self.labels, label_cache=self._cache())
         fv = self._fields(r, FAST_FIELDS)
         if 144 in fv:
             r.remap_pending = bool(fv[144])
@@ -364,7 +379,7 @@ class GpuReader:
     def read_slow(self) -> Reading:
         """Energy, throttle time, PCIe replays and errors, ECC mode, NVLink."""
         self._ensure_static()  # the links to read
-        r = Reading(labels=self.labels)
+        r = Reading(labels=self.labels, label_cache=self._cache())
         self._fields(r, self.slow_fields)
         ecc = self._call(r, "nvmlDeviceGetEccMode")
         if ecc:

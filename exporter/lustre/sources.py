@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from exporter import deadline
+
 SOURCES = ("procfs", "sysfs", "debugfs")
 
 # file kind -> (trees for clients < 2.12, trees for clients >= 2.12 or unknown)
@@ -101,25 +103,28 @@ def read_text(path: str, max_bytes: int | None = None) -> str:
 
 
 class DeadlineReader:
-    """Reads files on a worker thread, each read under its own deadline (`timeout_s`).
+    """Reads files under exporter.deadline, each read under its own deadline (`timeout_s`).
 
     A Lustre client's stats file can block in the kernel (a client waiting on a server), and a
-    blocked read cannot be interrupted. Read in the collector's thread, one such file would lose
-    every Lustre series. Here the collector waits at most `timeout_s` per file: past it that
-    file's read fails with TimeoutError (only its series are missing), the worker is left blocked
-    in the kernel and a fresh one reads the rest. While that read is still blocked the same path
-    is not read again (it fails at once), so a hung file costs its deadline once. Files are
-    handed over in batches (`read_many`), one hand-over per mount rather than per file, which
-    keeps the cost of the extra thread small. Workers are daemon threads: a read stuck in the
-    kernel never holds up the exporter's exit.
+    blocked read cannot be interrupted. Read without a deadline, one such file would lose every
+    Lustre series. Here the collection waits at most `timeout_s` per file: past it that file's
+    read fails with TimeoutError (only its series are missing), the thread is left blocked in
+    the kernel and the rest are read on another. While that read is still blocked the same path
+    is not read again (it fails at once), so a hung file costs its deadline once. Inside the
+    collectors' chain the files are read right in the collector's thread (no hand-over); see
+    exporter/deadline.py.
     """
 
-    def __init__(self, timeout_s: float, read: Callable[[str], str] = read_text) -> None:
+    def __init__(self, timeout_s: float, read: Callable[[str], str] = read_text,
+                 pool: deadline.Pool | None = None) -> None:
         self.timeout_s = timeout_s
         self._read = read
-        self._worker: _Worker | None = None
-        self._stuck: dict[str, _Worker] = {}  # path -> the worker blocked reading it
-        self.abandoned = 0  # workers left blocked in a read, ever
+        self._reader = deadline.DeadlineReader(read, timeout_s, pool=pool)
+
+    @property
+    def abandoned(self) -> int:
+        """Reads left blocked past their deadline, ever."""
+        return self._reader.abandoned
 
     def __call__(self, path: str) -> str:
         r = self.read_many([path])[0]
@@ -129,90 +134,18 @@ class DeadlineReader:
 
     def read_many(self, paths: list[str]) -> list[str | BaseException]:
         """Each path's text, or the exception its read raised (TimeoutError past the deadline)."""
-        out: list[str | BaseException | None] = [None] * len(paths)
-        if not self._stuck:
-            todo = list(range(len(paths)))
-        else:
-            todo = []
-            for i, p in enumerate(paths):
-                w = self._stuck.get(p)
-                if w is not None and w.busy_with == p:
-                    out[i] = TimeoutError(errno.ETIMEDOUT, "an earlier read is still blocked", p)
-                    continue
-                self._stuck.pop(p, None)
-                todo.append(i)
-        while todo:
-            w = self._worker
-            if w is None:
-                w = self._worker = _Worker(self._read)
-            job = w.submit(paths if len(todo) == len(paths) else [paths[i] for i in todo])
-            while not job.done.wait(max(0.0, job.since + self.timeout_s - time.monotonic())):
-                cur = job.current
-                if time.monotonic() - job.since < self.timeout_s:
-                    continue  # the worker moved on to the next file meanwhile
-                # abandon the worker to its blocked read; the files after it go to a fresh one
-                job.cancelled = True
-                self._stuck[paths[todo[cur]]] = w
-                self._worker = None
-                self.abandoned += 1
-                w.retire()
-                for j, r in enumerate(job.results):
-                    out[todo[j]] = r
-                why = f"read did not finish within {self.timeout_s:g}s"
-                out[todo[cur]] = TimeoutError(errno.ETIMEDOUT, why, paths[todo[cur]])
-                todo = todo[cur + 1:]
-                break
+        out: list[str | BaseException] = []
+        for p, o in zip(paths, self._reader.read(paths), strict=True):
+            if o.status in (deadline.OK, deadline.ERROR):
+                out.append(o.value)
+            elif o.status == deadline.BLOCKED:
+                out.append(TimeoutError(errno.ETIMEDOUT, "an earlier read is still blocked", p))
+            elif o.status == deadline.SKIPPED:
+                out.append(TimeoutError(errno.ETIMEDOUT, "not read: no thread to read it", p))
             else:
-                if len(todo) == len(paths):
-                    return job.results  # the usual case: every path read by this one job
-                for j, r in enumerate(job.results):
-                    out[todo[j]] = r
-                todo = []
-        return out  # type: ignore[return-value]
-
-
-class _Job:
-    def __init__(self, paths: list[str]) -> None:
-        self.paths = paths
-        self.results: list[str | BaseException] = []
-        self.current = 0
-        self.since = time.monotonic()
-        self.cancelled = False
-        self.done = threading.Event()
-
-
-class _Worker:
-    def __init__(self, read: Callable[[str], str]) -> None:
-        self._read = read
-        self._q: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self.busy_with: str | None = None
-        threading.Thread(target=self._loop, name="lustre-read", daemon=True).start()
-
-    def submit(self, paths: list[str]) -> _Job:
-        job = _Job(paths)
-        self._q.put(job)
-        return job
-
-    def retire(self) -> None:
-        self._q.put(None)  # it exits once its blocked read returns
-
-    def _loop(self) -> None:
-        while True:
-            job = self._q.get()
-            if job is None:
-                return
-            read, results, monotonic = self._read, job.results, time.monotonic
-            for i, p in enumerate(job.paths):
-                job.current, job.since, self.busy_with = i, monotonic(), p
-                try:
-                    r: str | BaseException = read(p)
-                except Exception as e:  # noqa: BLE001 - handed to the caller
-                    r = e
-                if job.cancelled:
-                    break
-                results.append(r)
-            self.busy_with = None
-            job.done.set()
+                why = f"read did not finish within {self.timeout_s:g}s"
+                out.append(TimeoutError(errno.ETIMEDOUT, why, p))
+        return out
 
 
 class Tree:
