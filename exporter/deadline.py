@@ -14,6 +14,13 @@ release the GIL; several threads reading at once hand the GIL back and forth on 
 which on a 2-CPU node costs more than the reads. A read of N items is one hand-over to a worker
 and one back.
 
+A read inside another reader's item (a collector's devices, read inside the collectors' chain)
+runs right there, in that item's worker, and the outer chain's watcher holds each inner item to
+its own deadline too: one hand-over per collection, not one per collector. When an inner item
+overruns, the watcher writes that worker off and runs the outer item again on another worker;
+the inner read then returns at once what it had read, TIMEOUT for the overrun item and BLOCKED
+for it later.
+
 Pool: `size` threads at most do work; they are started on demand and then kept (no thread is
 created per scrape once the pool has grown to what a scrape needs). A written-off thread does
 not count against `size`. Threads are daemons: a read stuck in the kernel never holds up exit.
@@ -56,7 +63,7 @@ class Outcome(NamedTuple):
 
 
 class Job:
-    """A function run once on a pool worker; `on_done` runs after it (also when it never runs)."""
+    """A function run once on a pool worker, then `on_done` (neither when the pool closes first)."""
 
     __slots__ = ("fn", "on_done", "finished", "written_off")
 
@@ -345,7 +352,8 @@ class DeadlineReader:
                     if ch.done:
                         continue
                     if not ch.started:
-                        if now >= end:  # no worker took it in time (a busy pool)
+                        if now >= end or (ch.job is not None and ch.job.finished):
+                            # no worker took it in time (a busy pool), or none ever will (closed)
                             ch.cancelled = True
                             continue
                         still.append(ch)

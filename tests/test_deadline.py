@@ -222,3 +222,21 @@ def test_the_outer_deadline_still_holds_over_a_restart():
         assert out[0].status == TIMEOUT
     finally:
         fn.release.set()
+
+
+def test_a_pool_closed_while_a_read_waits_in_its_queue_ends_the_read():
+    pool = Pool(1)
+    gate = threading.Event()
+    pool.submit(lambda: gate.wait(5))  # the only thread is busy: the read's chain queues
+    box = {}
+    reader = DeadlineReader(Items(), 1.0, pool=pool)
+    t = threading.Thread(target=lambda: box.setdefault("out", reader.read(["a"])), daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: len(pool._jobs) == 1)
+        pool.close()
+        t.join(2)
+        assert not t.is_alive(), "the read waited for a job the closed pool will never run"
+        assert [o.status for o in box["out"]] == [SKIPPED]
+    finally:
+        gate.set()
