@@ -41,7 +41,8 @@ from typing import Any, NamedTuple
 
 # a scrape needs 1 (the collectors' chain; their reads run inline in it), a GPU slow refresh 2
 DEFAULT_POOL_SIZE = 5
-POLL_S = 0.05  # how often a chain's watcher looks for an inline read's deadline (see _read_inline)
+POLL_S = 0.05  # how often a watcher looks at a chain it has no deadline for yet (not started, or an
+# inline read may start inside its item): a deadline is seen that much late at most
 
 # Outcome statuses
 OK = "ok"
@@ -357,7 +358,7 @@ class DeadlineReader:
                             ch.cancelled = True
                             continue
                         still.append(ch)
-                        nxt = min(nxt, now + 0.005)  # look again once it has started
+                        nxt = min(nxt, now + POLL_S)  # look again once it has started
                         continue
                     pos, since = ch.pos, ch.since
                     item = ch.items[pos]
@@ -392,7 +393,7 @@ class DeadlineReader:
                     if ch.job is not None:
                         self.pool.write_off(ch.job)
                     still.append(self._submit(items, restart[0], wake, restart[1]))
-                    nxt = min(nxt, now + 0.005)  # look again once it has started
+                    nxt = min(nxt, now + POLL_S)  # look again once it has started
                     restart = None
                     continue
                 if ch.cancelled and ch.started:
@@ -402,7 +403,7 @@ class DeadlineReader:
                         self.pool.write_off(ch.job)
                 if rest and now < end:
                     still.append(self._submit(items, rest, wake))
-                    nxt = min(nxt, now + 0.005)
+                    nxt = min(nxt, now + POLL_S)
             active = still
             if active:
                 wake.wait(None if nxt == float("inf") else max(nxt - time.monotonic(), 0.0005))
