@@ -20,7 +20,7 @@ from exporter.config import Key, declare_section, positive
 from exporter.lustre import discovery, parsers
 from exporter.lustre.discovery import Device, Mount
 from exporter.lustre.evictions import EvictionTracker
-from exporter.lustre.sources import SOURCES, DeadlineReader, StatvfsFn, TimedProbe, Tree
+from exporter.lustre.sources import SOURCES, DeadlineReader, KeptFiles, StatvfsFn, TimedProbe, Tree
 from exporter.metric import Sample
 
 NAME = "lustre"
@@ -200,7 +200,9 @@ class LustreCollector(Collector):
         cfg = ctx.config.lustre
         paths = ctx.config.paths
         self.procfs = Path(paths.procfs)
-        self.read = DeadlineReader(cfg.file_timeout_seconds)
+        # the files are read through descriptors kept open between scrapes (see KeptFiles)
+        self.files = KeptFiles()
+        self.read = DeadlineReader(cfg.file_timeout_seconds, read=self.files)
         self.tree = Tree(paths.procfs, paths.sysfs, paths.debugfs, reader=self.read)
         self.per_target: bool = cfg.per_target
         self.do_statfs: bool = cfg.statfs
@@ -250,6 +252,7 @@ class LustreCollector(Collector):
         if not mounts:  # nothing mounted: only the module's health, and no source is "down"
             if version_text is not None:
                 self._health(out)
+            self.files.sweep()
             return
         tree.check_roots()
         names = {**tree.listdir("osc"), **tree.listdir("mdc")}
@@ -259,6 +262,7 @@ class LustreCollector(Collector):
             self._dev_instances = {f"{d.fsname}-{d.instance_id}": "" for d in self._devices}
             self._mine.clear()
             self._tunables.clear()
+            self.files.forget()
         devices = self._devices
         # llite directories, plus the instances the osc/mdc device names imply (same suffix).
         instances = {**tree.listdir("llite"), **self._dev_instances}
@@ -292,6 +296,7 @@ class LustreCollector(Collector):
             self._statfs_all(mounts, out)
         self._health(out)
         self._sources(out, mounts)
+        self.files.sweep()  # descriptors of files no longer read are closed
         for kind, n in self._malformed.items():
             out.add(MALFORMED, n, file=kind)
 

@@ -102,6 +102,148 @@ def read_text(path: str, max_bytes: int | None = None) -> str:
     return data.decode("utf-8", "replace")
 
 
+def _read_rest(fd: int, path: str, data: bytes, max_bytes: int) -> bytes:
+    """`data` (a read at offset 0) and the rest of the file, read with pread up to EOF; past
+    max_bytes raises OSError(EFBIG) after reading at most max_bytes + 1."""
+    size = len(data)
+    chunks = [data]
+    while size <= max_bytes:
+        more = os.pread(fd, min(_CHUNK, max_bytes + 1 - size), size)
+        if not more:
+            break
+        chunks.append(more)
+        size += len(more)
+    if size > max_bytes:
+        raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes; not read", path)
+    return data if len(chunks) == 1 else b"".join(chunks)
+
+
+class _Replaced(Exception):
+    """A kept regular file was unlinked or replaced (its path names another file now)."""
+
+
+def _fd_budget() -> int:
+    """How many descriptors KeptFiles may hold: half the soft limit on open files, so the rest of
+    the exporter (EFA counter files, sockets) keeps the other half."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 0
+    return 1 << 15 if soft == resource.RLIM_INFINITY else max(0, soft // 2 - 32)
+
+
+class KeptFiles:
+    """Reads files through descriptors kept open between scrapes: one pread() at offset 0 a file
+    (a stats file: one more, which returns nothing), no path walk, open or close.
+
+    procfs, debugfs and sysfs print a file again on each read at offset 0 (seq_file restarts),
+    and a read of a file whose device went away fails (EIO, ENODEV): the descriptor is then closed
+    and the path opened again, so a removed file reads as missing, as by path. A regular file (a
+    simulated or test tree, told apart at open: its size is what was read, or it has blocks;
+    kernel files show 0 or 4096 and no blocks) can be replaced by rename, which a read through
+    the old descriptor would not see: it is fstat()ed after each read and opened again when
+    unlinked. Files that read empty are not kept (a seq_file at its end stays there on pread).
+
+    `sweep` closes the descriptors of files not read since the last sweep and `forget` all of
+    them (the collector calls it when the device set changes). At most `max_open` are kept (half
+    the soft limit on open files); the others are read by path. Mount files are always read by
+    path (they can be large and are read once a scrape anyway). Thread-safe for the reader's
+    workers: the hot path reads the table without a lock; changes to it take the lock.
+    """
+
+    def __init__(self, max_open: int | None = None) -> None:
+        self.max_open = _fd_budget() if max_open is None else max_open
+        self._files: dict[str, tuple[int, bool, bool]] = {}  # path -> (fd, regular, one record)
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, path: str) -> str:
+        f = self._files.get(path)
+        if f is not None:
+            self._seen.add(path)
+            fd, regular, one = f
+            try:
+                data = os.pread(fd, _CHUNK, 0)
+                if regular and os.fstat(fd).st_nlink == 0:
+                    raise _Replaced
+            except (OSError, _Replaced):
+                self._drop(path, f)  # opened again below: a read error or a removed file
+            else:
+                n = len(data)
+                if n and n < _CHUNK and (regular or one):  # a short read is all of it
+                    return data.decode("utf-8", "replace")
+                if n:
+                    try:
+                        return _read_rest(fd, path, data, MAX_FILE_BYTES).decode("utf-8", "replace")
+                    except OSError as e:
+                        self._drop(path, f)
+                        if e.errno == errno.EFBIG:
+                            raise
+                else:
+                    self._drop(path, f)
+        return self._open_read(path)
+
+    def _open_read(self, path: str) -> str:
+        if path.endswith(_MOUNTS_FILES) or len(self._files) >= self.max_open:
+            return read_text(path)
+        try:
+            fd = os.open(path, _FLAGS)
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                with self._lock:  # out of descriptors: keep fewer from now on
+                    self.max_open = len(self._files) // 2
+                self.forget()
+                return read_text(path)
+            raise
+        keep = False
+        try:
+            one = path.endswith(_ONE_RECORD)
+            data = os.pread(fd, _CHUNK, 0)
+            if data and (len(data) == _CHUNK or not one):
+                data = _read_rest(fd, path, data, MAX_FILE_BYTES)
+            if data:
+                st = os.fstat(fd)
+                regular = st.st_size == len(data) or st.st_blocks != 0
+                with self._lock:
+                    if path not in self._files and len(self._files) < self.max_open:
+                        self._files[path] = (fd, regular, one)
+                        self._seen.add(path)
+                        keep = True
+        except OSError as e:
+            e.filename = e.filename or path  # os.pread does not name the file
+            raise
+        finally:
+            if not keep:
+                os.close(fd)
+        return data.decode("utf-8", "replace")
+
+    def _drop(self, path: str, f: tuple[int, bool, bool]) -> None:
+        with self._lock:
+            if self._files.get(path) is f:
+                del self._files[path]
+                os.close(f[0])
+
+    def sweep(self) -> None:
+        """Close the descriptors of files not read since the last sweep."""
+        with self._lock:
+            seen, self._seen = self._seen, set()
+            for path in [p for p in self._files if p not in seen]:
+                os.close(self._files.pop(path)[0])
+
+    def forget(self) -> None:
+        """Close every kept descriptor."""
+        with self._lock:
+            files, self._files = self._files, {}
+            self._seen = set()
+            for fd, _, _ in files.values():
+                os.close(fd)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+
 class DeadlineReader:
     """Reads files under exporter.deadline, each read under its own deadline (`timeout_s`).
 
@@ -405,5 +547,5 @@ class TimedProbe:
         return len(self._workers)
 
 
-__all__ = ["MAX_FILE_BYTES", "MAX_MOUNTS_BYTES", "SOURCES", "DeadlineReader", "StatvfsFn", "Tree",
+__all__ = ["MAX_FILE_BYTES", "MAX_MOUNTS_BYTES", "SOURCES", "DeadlineReader", "KeptFiles", "StatvfsFn", "Tree",
            "TimedProbe", "read_text"]
