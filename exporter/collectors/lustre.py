@@ -393,12 +393,15 @@ class LustreCollector(Collector):
         kept = self._tunables.get(key)
         if kept is None or kept[1] is not tunables or now - kept[0] >= TUNABLE_REFRESH_S:
             got = self.tree.read_many(tunables)
+            # parsed once a read: an int, False for a value that does not parse, None for no file
+            tvals = [None if x is None else _tunable(x) for x in got]
+            tvals = [False if v is None and x is not None else v for v, x in zip(tvals, got, strict=True)]
             if None not in got:
-                self._tunables[key] = (now, tunables, got)
+                self._tunables[key] = (now, tunables, tvals)
             else:
                 self._tunables.pop(key, None)
         else:
-            got = kept[2]
+            tvals = kept[2]
         text = texts[0]
         if text is not None:
             self._llite_stats(parsers.parse_stats(text), base, acc)
@@ -415,12 +418,79 @@ class LustreCollector(Collector):
         # Sum the devices into one _Target per label set (one per component when per_target is off),
         # then add each target's series once: the cost per OST is reading and parsing its files.
         targets: dict[tuple[str, str], _Target] = {}
-        for k, dev in enumerate(mine):
-            key = (dev.component, dev.target if self.per_target else "")
-            t = targets.get(key)
-            if t is None:
-                t = targets[key] = _Target({**base, "component": key[0], "target": key[1]})
-            self._device(dev, t, live_imports, texts[2 + 3 * k:5 + 3 * k], got[k])
+        per_target = self.per_target
+        stats_fields, import_fields, seconds = parsers.stats_fields, parsers.import_fields, parsers.seconds
+        seen_states, count_bad, add_import = self._states, self._count_bad, live_imports.add
+        t: _Target | None = None
+        last_key: tuple[str, str] | None = None
+        k = 2
+        # One device's files (stats, state, import; max_rpcs_in_flight) added to its target; written
+        # out here rather than as a method: this loop runs once per OST and is the collector's cost.
+        for dev, tunable in zip(mine, tvals, strict=True):
+            stats, state_text, import_text = texts[k], texts[k + 1], texts[k + 2]
+            k += 3
+            comp = dev.component
+            key = (comp, dev.target if per_target else "")
+            if key != last_key:
+                t = targets.get(key)
+                if t is None:
+                    t = targets[key] = _Target({**base, "component": comp, "target": key[1]})
+                last_key = key
+            assert t is not None
+            if stats is not None:
+                osc = comp == "osc"
+                found, bad = stats_fields(stats, _OSC_COUNTERS if osc else _MDC_COUNTERS)
+                if bad:
+                    count_bad(f"{comp}_stats", bad)
+                wait = found.get("req_waittime")
+                if wait:  # (a device without the line adds 0, as the series still exists)
+                    t.rpcs += wait[0]
+                    t.wait += seconds(wait[1], wait[2]) or 0.0
+                if osc:
+                    r, w = found.get("read_bytes"), found.get("write_bytes")
+                    t.read_bytes += (r[2] or 0) if r else 0
+                    t.write_bytes += (w[2] or 0) if w else 0
+                t.has_stats = True
+            current = None
+            if state_text is not None:
+                # The ring changes only on a state change: an unchanged file has no new eviction.
+                name = dev.name
+                seen = seen_states.get(name)
+                if seen is not None and seen[0] == state_text:
+                    current, bad, last = seen[1], seen[2], seen[3]
+                else:
+                    hist = parsers.parse_state(state_text)
+                    new, _total, last = self.evictions.update(name, hist.history)
+                    current, bad = hist.current, hist.malformed
+                    seen_states[name] = (state_text, current, bad, last)
+                    t.new_evictions += new
+                if bad:
+                    count_bad("state", bad)
+                add_import(name)
+                if last > t.last_eviction:
+                    t.last_eviction = last
+                t.has_state = True
+            if import_text is not None:
+                state, attempts, inflight, timeouts, bad = import_fields(import_text)
+                if bad:
+                    count_bad("import", bad)
+                # The import's state, else the state file's current_state (same kernel field).
+                current = state or current
+                if inflight is not None:
+                    t.inflight = (t.inflight or 0.0) + inflight
+                if timeouts is not None:
+                    t.timeouts = (t.timeouts or 0.0) + timeouts
+                if attempts is not None:
+                    t.attempts = (t.attempts or 0.0) + attempts
+            if current is not None:
+                states = t.states
+                state = current if current in _STATE_SET else "UNKNOWN"
+                states[state] = states.get(state, 0) + 1
+            if tunable is not None:
+                if tunable is False:
+                    count_bad("max_rpcs_in_flight", 1)
+                else:
+                    t.max_rpcs = (t.max_rpcs or 0.0) + tunable
         for t in targets.values():
             self._emit_target(t, acc, live)
 
@@ -445,65 +515,6 @@ class LustreCollector(Collector):
         reset = stats.reset_timestamp()
         if reset is not None:
             acc.max(STATS_RESET, reset, base)
-
-    def _device(self, dev: Device, t: _Target, live_imports: set[str], texts: list[str | None],
-                tunable: str | None) -> None:
-        """Add one osc/mdc device's files (stats, state, import; max_rpcs_in_flight) to `t`."""
-        stats, state_text, import_text = texts
-        if stats is not None:
-            osc = dev.component == "osc"
-            found, bad = parsers.stats_fields(stats, _OSC_COUNTERS if osc else _MDC_COUNTERS)
-            if bad:
-                self._count_bad(f"{dev.component}_stats", bad)
-            wait = found.get("req_waittime")
-            if wait:  # (a device without the line adds 0, as the series still exists)
-                t.rpcs += wait[0]
-                t.wait += parsers.seconds(wait[1], wait[2]) or 0.0
-            if osc:
-                r, w = found.get("read_bytes"), found.get("write_bytes")
-                t.read_bytes += (r[2] or 0) if r else 0
-                t.write_bytes += (w[2] or 0) if w else 0
-            t.has_stats = True
-        current = None
-        if state_text is not None:
-            # The ring changes only on a state change: an unchanged file has no new eviction.
-            seen = self._states.get(dev.name)
-            if seen is not None and seen[0] == state_text:
-                current, bad, last = seen[1], seen[2], seen[3]
-            else:
-                hist = parsers.parse_state(state_text)
-                new, _total, last = self.evictions.update(dev.name, hist.history)
-                current, bad = hist.current, hist.malformed
-                self._states[dev.name] = (state_text, current, bad, last)
-                t.new_evictions += new
-            if bad:
-                self._count_bad("state", bad)
-            live_imports.add(dev.name)
-            if last > t.last_eviction:
-                t.last_eviction = last
-            t.has_state = True
-        if import_text is not None:
-            state, attempts, inflight, timeouts, bad = parsers.import_fields(import_text)
-            if bad:
-                self._count_bad("import", bad)
-            # The import's state, else the state file's current_state (same kernel field).
-            current = state or current
-            if inflight is not None:
-                t.inflight = (t.inflight or 0.0) + inflight
-            if timeouts is not None:
-                t.timeouts = (t.timeouts or 0.0) + timeouts
-            if attempts is not None:
-                t.attempts = (t.attempts or 0.0) + attempts
-        if current is not None:
-            states = t.states
-            state = current if current in _STATE_SET else "UNKNOWN"
-            states[state] = states.get(state, 0) + 1
-        if tunable is not None:
-            v = _tunable(tunable)
-            if v is None:
-                self._count_bad("max_rpcs_in_flight", 1)
-            else:
-                t.max_rpcs = (t.max_rpcs or 0.0) + v
 
     def _emit_target(self, t: _Target, acc: _Acc, live: set[tuple[str, ...]]) -> None:
         """The series of one label set, in the order a device adds them."""

@@ -547,5 +547,5 @@ class TimedProbe:
         return len(self._workers)
 
 
-__all__ = ["MAX_FILE_BYTES", "MAX_MOUNTS_BYTES", "SOURCES", "DeadlineReader", "KeptFiles", "StatvfsFn", "Tree",
-           "TimedProbe", "read_text"]
+__all__ = ["MAX_FILE_BYTES", "MAX_MOUNTS_BYTES", "SOURCES", "DeadlineReader", "KeptFiles", "StatvfsFn",
+           "Tree", "TimedProbe", "read_text"]
