@@ -232,6 +232,9 @@ class LustreCollector(Collector):
         self._malformed = dict.fromkeys(FILE_KINDS, 0)
         self.problems = ProblemLog(self.log)
 
+    def close(self) -> None:
+        self.files.forget()
+
     # -- logging on change -------------------------------------------------------------------
     def _count_bad(self, kind: str, n: int) -> None:
         self._malformed[kind] += n

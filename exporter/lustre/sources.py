@@ -144,35 +144,41 @@ class KeptFiles:
     simulated or test tree, told apart at open: its size is what was read, or it has blocks;
     kernel files show 0 or 4096 and no blocks) can be replaced by rename, which a read through
     the old descriptor would not see: it is fstat()ed after each read and opened again when
-    unlinked. Files that read empty are not kept (a seq_file at its end stays there on pread).
+    unlinked (`trust_regular` skips that, for a benchmark of a tree that does not change: what
+    reading kernel files costs). Files that read empty are not kept (a seq_file at its end stays
+    there on pread).
 
     `sweep` closes the descriptors of files not read since the last sweep and `forget` all of
-    them (the collector calls it when the device set changes). At most `max_open` are kept (half
-    the soft limit on open files); the others are read by path. Mount files are always read by
-    path (they can be large and are read once a scrape anyway). Thread-safe for the reader's
-    workers: the hot path reads the table without a lock; changes to it take the lock.
+    them (the collector calls it when the device set changes, and at close). At most half the soft
+    limit on open files are kept by all KeptFiles of the process together; the other files are
+    read by path. Mount files are always read by path (they can be large and are read once a
+    scrape). Thread-safe for the reader's workers: the hot path reads the table without a lock;
+    changes to it take the lock.
     """
 
-    def __init__(self, max_open: int | None = None) -> None:
-        self.max_open = _fd_budget() if max_open is None else max_open
-        self._files: dict[str, tuple[int, bool, bool]] = {}  # path -> (fd, regular, one record)
+    _lock = threading.Lock()  # guards every instance's table and the process-wide count
+    _kept_total = 0
+    max_open = _fd_budget()  # process-wide
+
+    def __init__(self, trust_regular: bool = False) -> None:
+        self.trust_regular = trust_regular
+        self._files: dict[str, tuple[int, bool, bool]] = {}  # path -> (fd, check by fstat, whole if short)
         self._seen: set[str] = set()
-        self._lock = threading.Lock()
 
     def __call__(self, path: str) -> str:
         f = self._files.get(path)
         if f is not None:
             self._seen.add(path)
-            fd, regular, one = f
+            fd, check, whole = f
             try:
                 data = os.pread(fd, _CHUNK, 0)
-                if regular and os.fstat(fd).st_nlink == 0:
+                if check and os.fstat(fd).st_nlink == 0:
                     raise _Replaced
             except (OSError, _Replaced):
                 self._drop(path, f)  # opened again below: a read error or a removed file
             else:
                 n = len(data)
-                if n and n < _CHUNK and (regular or one):  # a short read is all of it
+                if 0 < n < _CHUNK and whole:  # a short read is all of it
                     return data.decode("utf-8", "replace")
                 if n:
                     try:
@@ -186,14 +192,14 @@ class KeptFiles:
         return self._open_read(path)
 
     def _open_read(self, path: str) -> str:
-        if path.endswith(_MOUNTS_FILES) or len(self._files) >= self.max_open:
+        if path.endswith(_MOUNTS_FILES) or KeptFiles._kept_total >= KeptFiles.max_open:
             return read_text(path)
         try:
             fd = os.open(path, _FLAGS)
         except OSError as e:
             if e.errno in (errno.EMFILE, errno.ENFILE):
-                with self._lock:  # out of descriptors: keep fewer from now on
-                    self.max_open = len(self._files) // 2
+                with KeptFiles._lock:  # out of descriptors: keep fewer from now on
+                    KeptFiles.max_open = KeptFiles._kept_total // 2
                 self.forget()
                 return read_text(path)
             raise
@@ -206,9 +212,10 @@ class KeptFiles:
             if data:
                 st = os.fstat(fd)
                 regular = st.st_size == len(data) or st.st_blocks != 0
-                with self._lock:
-                    if path not in self._files and len(self._files) < self.max_open:
-                        self._files[path] = (fd, regular, one)
+                with KeptFiles._lock:
+                    if path not in self._files and KeptFiles._kept_total < KeptFiles.max_open:
+                        self._files[path] = (fd, regular and not self.trust_regular, regular or one)
+                        KeptFiles._kept_total += 1
                         self._seen.add(path)
                         keep = True
         except OSError as e:
@@ -220,23 +227,26 @@ class KeptFiles:
         return data.decode("utf-8", "replace")
 
     def _drop(self, path: str, f: tuple[int, bool, bool]) -> None:
-        with self._lock:
+        with KeptFiles._lock:
             if self._files.get(path) is f:
                 del self._files[path]
+                KeptFiles._kept_total -= 1
                 os.close(f[0])
 
     def sweep(self) -> None:
         """Close the descriptors of files not read since the last sweep."""
-        with self._lock:
+        with KeptFiles._lock:
             seen, self._seen = self._seen, set()
             for path in [p for p in self._files if p not in seen]:
                 os.close(self._files.pop(path)[0])
+                KeptFiles._kept_total -= 1
 
     def forget(self) -> None:
         """Close every kept descriptor."""
-        with self._lock:
+        with KeptFiles._lock:
             files, self._files = self._files, {}
             self._seen = set()
+            KeptFiles._kept_total -= len(files)
             for fd, _, _ in files.values():
                 os.close(fd)
 
