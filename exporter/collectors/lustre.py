@@ -221,8 +221,9 @@ class LustreCollector(Collector):
         self._dev_names: dict[str, str] | None = None
         self._devices: list[Device] = []
         self._dev_instances: dict[str, str] = {}
+        # (devices, files, max_rpcs_in_flight files, mdc count, osc count)
         self._mine: dict[tuple[str, str], tuple[list[Device], list[tuple[str, str, str]],
-                                                list[tuple[str, str, str]]]] = {}
+                                                list[tuple[str, str, str]], int, int]] = {}
         # per (fsname, llite instance): when its max_rpcs_in_flight files were read, for which
         # request list, and their texts
         self._tunables: dict[tuple[str, str], tuple[float, list[tuple[str, str, str]], list[str | None]]] = {}
@@ -387,8 +388,9 @@ class LustreCollector(Collector):
                 reqs += (("stats", d.component, d.name), ("state", d.component, d.name),
                          ("import", d.component, d.name))
             tunables = [("max_rpcs_in_flight", d.component, d.name) for d in mine]
-            mine_reqs = self._mine[key] = (mine, reqs, tunables)
-        mine, reqs, tunables = mine_reqs
+            mine_reqs = self._mine[key] = (mine, reqs, tunables, sum(1 for d in mine if d.component == "mdc"),
+                                           sum(1 for d in mine if d.component == "osc"))
+        mine, reqs, tunables, n_mdc, n_osc = mine_reqs
         texts = self.tree.read_many(reqs)
         # max_rpcs_in_flight is a setting (lctl set_param), not a counter: read again at most
         # every TUNABLE_REFRESH_S while every device's file reads; at once for new devices.
@@ -416,8 +418,8 @@ class LustreCollector(Collector):
                 acc.add(CACHE_USED, cache.used_mb * MiB, base)
             if cache.max_mb is not None:
                 acc.add(CACHE_LIMIT, cache.max_mb * MiB, base)
-        for comp in ("mdc", "osc"):
-            acc.add(TARGETS, sum(1 for d in mine if d.component == comp), {**base, "component": comp})
+        acc.add(TARGETS, n_mdc, {**base, "component": "mdc"})
+        acc.add(TARGETS, n_osc, {**base, "component": "osc"})
         # Sum the devices into one _Target per label set (one per component when per_target is off),
         # then add each target's series once: the cost per OST is reading and parsing its files.
         targets: dict[tuple[str, str], _Target] = {}

@@ -229,6 +229,19 @@ def seconds(unit: str, total: int | None) -> float | None:
     return None if scale is None or total is None else total * scale
 
 
+# The kernel's import layout up to rpcs.timeouts, with the conditions import_fields' searches check:
+# the lines before `state:` indented by 4 (none of them `state:`, `connection:` or `rpcs:`), then
+# the first `connection:` section (no `rpcs:` before it) with connection_attempts among its
+# 7-indented lines, then the first `rpcs:` section with inflight and then timeouts among its
+# 7-indented lines. Groups: the text after `state:`, `connection_attempts:`, `inflight:`, `timeouts:`.
+_SEC = r" {7}(?:[^ \n][^\n]*)?\n"  # a line of a section (7 spaces then not a space, or nothing)
+_KERNEL_IMPORT = re.compile(
+    r"import:\n(?:    (?!state:|connection:\n|rpcs:\n)[^\n]*\n)*?    state:([^\n]*)\n"
+    r"(?:(?!    (?:connection|rpcs):\n)[^\n]*\n)*?    connection:\n"
+    rf"(?:(?! {{7}}connection_attempts:){_SEC})*? {{7}}connection_attempts:([^\n]*)\n"
+    r"(?:(?!    rpcs:\n)[^\n]*\n)*?    rpcs:\n"
+    rf"(?:(?! {{7}}(?:inflight|timeouts):){_SEC})*? {{7}}inflight:([^\n]*)\n"
+    rf"(?:(?! {{7}}timeouts:){_SEC})*? {{7}}timeouts:([^\n]*)\n")
 _NOT_7 = re.compile(r"\n(?! {7}[^ ])")  # a line not indented by exactly 7 spaces
 _NOT_4 = re.compile(r"\n(?! {4})")  # a line indented by fewer than 4
 
@@ -245,6 +258,19 @@ def import_fields(text: str) -> tuple[str | None, int | None, int | None, int | 
     if (text.startswith("import:\n") and text.isascii() and "\r" not in text and "\x0b" not in text
             and "\x0c" not in text and "\x1c" not in text and "\x1d" not in text and "\x1e" not in text):
         # (no line break but \n: parse_import splits lines with str.splitlines())
+        m = _KERNEL_IMPORT.match(text)
+        if m is not None:
+            # The kernel's order (state, connection section, rpcs section), each key the first of its
+            # kind where the searches below would find it: the same fields and checks, one pass.
+            s, a, i, t = m.start(1), m.start(2) + 1, m.start(3) + 1, m.start(4) + 1
+            if (text.find("state:", s) < 0 and text.find("connection_attempts:", a) < 0
+                    and text.find("inflight:", i) < 0 and text.find("timeouts:", t) < 0):
+                state, av, iv, tv = m[1].strip(), m[2][1:].strip(), m[3][1:].strip(), m[4][1:].strip()
+                if state and av and iv and tv:
+                    if av.isdigit() and iv.isdigit() and tv.isdigit() and len(av) <= 20 and len(iv) <= 20 \
+                            and len(tv) <= 20:
+                        return state.split()[0].upper(), int(av), int(iv), int(tv), 0
+                    return _import_values(state, av, iv, tv)
         if text[-1] != "\n":
             text += "\n"
         s = text.find("\n    state:")
