@@ -4,6 +4,7 @@ worker per mount (no thread per scrape), and the simulated node's OST count is a
 
 import errno
 import logging
+import os
 import threading
 
 import pytest
@@ -244,3 +245,84 @@ def test_mounts_files_have_a_larger_cap(tmp_path):
     other.write_text("x" * (sources.MAX_FILE_BYTES + 1))
     with pytest.raises(OSError):
         sources.read_text(str(other))
+
+
+# -- descriptors kept open between scrapes (sources.KeptFiles) --------------------------------------
+
+def _opens(monkeypatch):
+    """Paths os.open is asked for, from now on."""
+    opened: list[str] = []
+    real = os.open
+
+    def counting(path, *a, **kw):
+        opened.append(str(path))
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(os, "open", counting)
+    return opened
+
+
+def test_per_target_files_are_opened_once_and_read_again_through_their_descriptors(tmp_path, monkeypatch):
+    tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx", osts=4)]).build()
+    overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
+    c = LustreCollector(Context(config=load(None, overrides), statvfs=FakeStatvfs({"/fsx": TiB})))
+    r = Runner([c], deadline_s=5)
+    first = samples(scrape(r))
+    opened = _opens(monkeypatch)
+    dev = tree.proc / "osc" / "fs1-OST0002-osc-ffff8d1e4c6b9000"
+    old = parsers.import_fields((dev / "import").read_text())[2]
+    tree.write(dev / "import", import_file(dev.name, inflight=old + 4))
+    again = samples(scrape(r))
+    assert not [p for p in opened if p.endswith(("/stats", "/import", "/state"))], opened
+    assert value(again, "lustre_client_rpcs_in_flight", component="osc") == \
+        value(first, "lustre_client_rpcs_in_flight", component="osc") + 4  # the new text, not a stale one
+    c.close()
+    assert len(c.files) == 0
+
+
+def test_a_kept_file_replaced_by_rename_or_removed_reads_as_by_path(tmp_path):
+    path = tmp_path / "state"
+    path.write_text("current_state: FULL\n")
+    kept = sources.KeptFiles()
+    assert kept(str(path)) == "current_state: FULL\n" and len(kept) == 1
+    tmp = tmp_path / "state.tmp"
+    tmp.write_text("current_state: EVICTED\n")
+    os.replace(tmp, path)  # as the simulation writes: the old descriptor still reads the old file
+    assert kept(str(path)) == "current_state: EVICTED\n"
+    path.write_text("current_state: IDLE\n")  # rewritten in place
+    assert kept(str(path)) == "current_state: IDLE\n"
+    path.unlink()
+    with pytest.raises(FileNotFoundError):
+        kept(str(path))
+    assert len(kept) == 0
+
+
+def test_a_kernel_file_is_printed_again_on_each_read_through_its_kept_descriptor():
+    kept = sources.KeptFiles()
+    first = kept("/proc/uptime")  # a seq_file: st_size 0, so not checked with fstat
+    assert len(kept) == 1 and kept._files["/proc/uptime"][1] is False
+    waited = threading.Event()
+    for _ in range(200):  # until the uptime moves on (no fixed sleep)
+        if sources.read_text("/proc/uptime") != first:
+            break
+        waited.wait(0.01)
+    second = kept("/proc/uptime")
+    assert second != first and float(second.split()[0]) > float(first.split()[0])
+    kept.forget()
+
+
+def test_unread_descriptors_are_closed_and_the_process_wide_cap_holds(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text("1\n")
+    b.write_text("2\n")
+    kept = sources.KeptFiles()
+    kept(str(a))
+    kept(str(b))
+    kept.sweep()
+    assert len(kept) == 2
+    kept(str(a))
+    kept.sweep()  # b was not read since the last sweep
+    assert list(kept._files) == [str(a)]
+    kept.forget()
+    monkeypatch.setattr(sources.KeptFiles, "max_open", sources.KeptFiles._kept_total)
+    assert kept(str(a)) == "1\n" and len(kept) == 0  # read by path
