@@ -326,3 +326,14 @@ def test_unread_descriptors_are_closed_and_the_process_wide_cap_holds(tmp_path, 
     kept.forget()
     monkeypatch.setattr(sources.KeptFiles, "max_open", sources.KeptFiles._kept_total)
     assert kept(str(a)) == "1\n" and len(kept) == 0  # read by path
+
+
+def test_a_file_without_pread_is_read_by_path():
+    r, w = os.pipe()  # pread on a pipe fails with ESPIPE, as on a file opened non-seekable
+    try:
+        os.write(w, b"healthy\n")
+        os.close(w)
+        kept = sources.KeptFiles()
+        assert kept(f"/proc/self/fd/{r}") == "healthy\n" and len(kept) == 0
+    finally:
+        os.close(r)

@@ -206,7 +206,13 @@ class KeptFiles:
         keep = False
         try:
             one = path.endswith(_ONE_RECORD)
-            data = os.pread(fd, _CHUNK, 0)
+            try:
+                data = os.pread(fd, _CHUNK, 0)
+            except OSError as e:
+                if e.errno != errno.ESPIPE:
+                    raise
+                return read_text(path)  # a file opened non-seekable: read (and opened) by path
+
             if data and (len(data) == _CHUNK or not one):
                 data = _read_rest(fd, path, data, MAX_FILE_BYTES)
             if data:
