@@ -63,6 +63,11 @@ for line in text.splitlines():
         print(line)
 EOF
   echo "scrape rc=$?" >> "$OUT/scrape_$name.txt"
+  # The serving process's memory after the scrapes (the python child of `timeout`).
+  local child
+  child=$(pgrep -P "$pid" | head -1)
+  grep -E '^(VmRSS|VmHWM|Threads)' "/proc/${child:-$pid}/status" | tr -s ' \t' ' ' | sed 's/^/exporter /' \
+    >> "$OUT/scrape_$name.txt"
   kill -TERM "$pid" 2>/dev/null
   wait "$pid"
   echo "exporter exit=$?" >> "$OUT/scrape_$name.txt"
@@ -81,6 +86,23 @@ step "exporter, GPU collector only, real NVML (10 s)"
 serve gpu 10 --collectors gpu
 step "exporter, all collectors enabled by default (8 s)"
 serve all 8
+
+step "nvidia-smi --query-gpu, the ad-hoc health script's way (20 runs)"
+python3 - > "$OUT/nvidia_smi_timing.txt" 2>&1 <<'EOF2'
+import statistics, subprocess, time
+q = ("index,uuid,pci.bus_id,temperature.gpu,temperature.memory,power.draw,clocks.sm,clocks.mem,"
+     "utilization.gpu,memory.used,ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total,"
+     "ecc.errors.corrected.aggregate.total,ecc.errors.uncorrected.aggregate.total,pcie.link.gen.current,"
+     "pcie.link.width.current,clocks_event_reasons.active")
+walls = []
+for _ in range(20):
+    t = time.perf_counter()
+    subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, check=False)
+    walls.append(time.perf_counter() - t)
+print(f"nvidia-smi --query-gpu ({q.count(',') + 1} fields): median {statistics.median(walls)*1e3:.1f} ms, "
+      f"min {min(walls)*1e3:.1f} ms over {len(walls)} runs")
+EOF2
+cat "$OUT/nvidia_smi_timing.txt"
 
 step "GPU bench, real NVML"
 timeout 60 python3 bench/bench_gpu.py --real --scrapes 300 --naive-scrapes 30 --json "$OUT/bench_real.json" \
