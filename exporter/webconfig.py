@@ -239,9 +239,15 @@ class BasicAuth:
     bcrypt's ~0.25 s each time. An unknown user costs one bcrypt against a dummy hash made at the
     highest cost of the configured hashes, so a wrong password takes as long for a user that does
     not exist as for one that does. Only verified credentials enter the cache (bounded), so a
-    client without them cannot fill or flush it."""
+    client without them cannot fill or flush it. A wrong user:password is remembered too
+    (bounded, the oldest forgotten first): the users and hashes are fixed for the process's life,
+    so a client repeating the same wrong password is answered 401 at once, without a bcrypt or a
+    place in the server's password-check queue. A password over bcrypt's 72 bytes is wrong (as
+    in Go's bcrypt), after the same bcrypt as any other."""
 
     _MAX_CACHED = 64
+    _MAX_WRONG = 4096  # 32 bytes each
+    _MAX_PASSWORD = 72  # bcrypt's limit; the bcrypt library raises beyond it
     realm = "gpu-health-exporter"
 
     def __init__(self, users: dict[str, bytes]) -> None:
@@ -256,6 +262,7 @@ class BasicAuth:
         self._dummy = bcrypt.hashpw(os.urandom(16).hex().encode(), bcrypt.gensalt(min(31, max(4, cost))))
         self._key = os.urandom(32)
         self._ok: set[bytes] = set()
+        self._wrong: dict[bytes, None] = {}  # insertion-ordered: the oldest is forgotten first
         self._lock = threading.Lock()
         self.bcrypt_checks = 0  # how many times bcrypt ran (tests check the cache)
 
@@ -277,13 +284,16 @@ class BasicAuth:
 
     def cached(self, authorization: str) -> bool | None:
         """True for cached verified credentials, False for a header that is not Basic
-        credentials at all, None when only bcrypt can tell (cheap: one HMAC)."""
+        credentials at all or credentials already found wrong, None when only bcrypt can tell
+        (cheap: one HMAC)."""
         cred = self._parse(authorization)
         if cred is None:
             return False
         token = self._token(*cred)
         with self._lock:
-            return True if token in self._ok else None
+            if token in self._ok:
+                return True
+            return False if token in self._wrong else None
 
     def verify(self, authorization: str) -> bool:
         """The full check: one bcrypt, at the same cost for known and unknown users."""
@@ -293,13 +303,19 @@ class BasicAuth:
         user, password = cred
         stored = self.users.get(user)
         self.bcrypt_checks += 1
-        ok = self._bcrypt.checkpw(password.encode(), stored or self._dummy) and stored is not None
-        if ok:
-            token = self._token(user, password)
-            with self._lock:
+        secret = password.encode()
+        ok = self._bcrypt.checkpw(secret[:self._MAX_PASSWORD], stored or self._dummy) \
+            and stored is not None and len(secret) <= self._MAX_PASSWORD
+        token = self._token(user, password)
+        with self._lock:
+            if ok:
                 if len(self._ok) >= self._MAX_CACHED:
                     self._ok.clear()
                 self._ok.add(token)
+            else:
+                if len(self._wrong) >= self._MAX_WRONG:
+                    del self._wrong[next(iter(self._wrong))]
+                self._wrong[token] = None
         return ok
 
     def check(self, authorization: str) -> bool:

@@ -125,7 +125,7 @@ def test_a_wrong_password_takes_as_long_for_an_unknown_user():
 
 def test_password_checks_queued_for_clients_that_left_are_dropped(cost12_users):
     """Issue 18 item 2: checks still queued when their client disconnects never run bcrypt."""
-    srv, runner = _serve(cost12_users)
+    srv, runner = _serve(cost12_users, auth_queue=4)
     wrong = (f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {_basic('prometheus', 'guess')}\r\n"
              "\r\n").encode()
     try:
@@ -146,7 +146,7 @@ def test_password_checks_queued_for_clients_that_left_are_dropped(cost12_users):
 
 def test_an_address_flooding_wrong_passwords_is_made_to_wait():
     """After 32 wrong passwords in a row from one address, its uncached checks get 429 without
-    a password check (backing off up to 30 s), so one flooding address costs almost nothing."""
+    a password check (backing off up to 2 s), so one flooding address costs almost nothing."""
     from exporter import httpd
 
     class Counting:
@@ -307,3 +307,32 @@ def test_a_long_wrong_value_is_truncated_in_the_message(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_web_config(web)
     assert "basic_auth_users.prometheus" in str(e.value) and len(str(e.value)) < 500
+
+
+def test_a_repeated_wrong_password_is_checked_once():
+    """A client repeating the same wrong user:password (known user or not) gets 401 from the
+    cache after the first check: no bcrypt, no place in the password-check queue."""
+    auth = BasicAuth({"prometheus": bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4))})
+    for user in ("prometheus", "nobody"):
+        header = _basic(user, "guess")
+        assert auth.cached(header) is None
+        assert auth.verify(header) is False
+        assert all(auth.cached(header) is False for _ in range(100))
+    assert auth.bcrypt_checks == 2
+    assert auth.check(_basic("prometheus", PASSWORD)) is True  # the right one still passes
+
+
+def test_a_password_over_72_bytes_is_a_401_not_a_dropped_connection():
+    """The bcrypt library raises on a password over 72 bytes: that is a wrong password (as in
+    Go's bcrypt), answered 401, also when its first 72 bytes are the right password."""
+    auth = BasicAuth({"prometheus": bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4))})
+    srv = HttpServer(lambda req: Response(200, b"ok\n"), "127.0.0.1", 0, auth=auth)
+    srv.start()
+    try:
+        for password in (PASSWORD + "x" * 80, "\u00e9" * 40, "y" * 300):
+            answer = _head(srv.port, f"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                                     f"{_basic('prometheus', password)}\r\n\r\n".encode())
+            assert answer.startswith(b"HTTP/1.1 401 "), answer[:60]
+    finally:
+        srv.shutdown()
+    assert auth.bcrypt_checks == 3  # each paid the same bcrypt as a short wrong password
