@@ -22,10 +22,11 @@ that runs the handler. The limits:
 wait behind the worker pool or a password check. `auth` (optional) guards everything else: a
 cached credential is checked on the loop (one HMAC); an uncached one goes to at most
 `auth_workers` threads of its own, with at most `auth_queue` more waiting (beyond that, 429), and
-a check whose client has gone by its turn is dropped; after AUTH_FREE_FAILURES wrong passwords
-in a row, the address's next uncached check waits AUTH_BACKOFF_S, doubling with each further
-failure up to AUTH_BACKOFF_MAX_S (429 until then); a wrong user:password already checked is
-answered 401 from the authenticator's cache, with no check at all.
+a check whose client has gone by its turn is dropped (so is a request that waited for a
+handler worker); after AUTH_FREE_FAILURES wrong passwords in a row, the address's next
+uncached check waits AUTH_BACKOFF_S, doubling with each further failure up to
+AUTH_BACKOFF_MAX_S (429 until then); a wrong user:password already checked is answered 401
+from the authenticator's cache, with no check at all.
 Without valid credentials, a client can cost the process at most that: never a worker of the
 handler pool.
 
@@ -62,6 +63,10 @@ MAX_HEAD_BYTES = 16 * 1024  # request line and headers; larger heads get 431
 ALLOWED_METHODS = ("GET", "HEAD")
 FD_RESERVE = 64  # descriptors kept free of connections: state file, sysfs reads, NVML, logs
 MAX_STALLED_RESPONSES = 4  # answers in a row the client left unread before the connection is closed
+# Bytes of responses held in the process, over all connections, for clients that have not taken
+# them yet; beyond it the connection that has waited longest for its client is reset. With one
+# response per connection this bounds memory when the responses are large (a high detail level).
+MAX_BUFFERED_BYTES = 32 << 20
 # After AUTH_FREE_FAILURES wrong passwords in a row, an address's next uncached password check
 # waits (429 until then), doubling with each further failure up to 2 s: one address flooding
 # wrong passwords costs a bcrypt every 2 s (~12% of a core at cost 12), not one per request, a
@@ -139,6 +144,7 @@ class _Conn:
     busy: bool = False  # a request of it is being served (not evictable)
     since: float = field(default_factory=time.monotonic)
     writing: float | None = None  # since when it waits for its client to take a response
+    buffered: int = 0  # bytes of that response held in the process when it started waiting
 
 
 def connection_limit(wanted: int) -> int:
@@ -175,6 +181,7 @@ class HttpServer:
         self._auth_pool = ThreadPoolExecutor(max_workers=max(1, limits.auth_workers),
                                              thread_name_prefix="http-auth")
         self._auth_slots: asyncio.Semaphore | None = None  # made on the loop
+        self._work_slots: asyncio.Semaphore | None = None  # requests in the handler pool
         self._auth_waiting = 0
         self._auth_backoff: dict[str, tuple[int, float, float]] = {}  # address -> (failures, until, wait)
         self._conns: dict[int, _Conn] = {}
@@ -186,6 +193,9 @@ class HttpServer:
         self.refused = 0  # new connections closed because every held one was busy
         self.auth_rejected = 0  # password checks refused (429) because the queue was full
         self.auth_dropped = 0  # queued password checks dropped because the client had gone
+        self.work_dropped = 0  # requests dropped before the handler because the client had gone
+        self.buffered = 0  # response bytes held for clients that have not taken them (at most)
+        self.shed = 0  # connections reset to keep `buffered` under MAX_BUFFERED_BYTES
 
     @property
     def connections(self) -> int:
@@ -219,6 +229,7 @@ class HttpServer:
 
     async def _main(self) -> None:
         self._auth_slots = asyncio.Semaphore(max(1, self.limits.auth_workers))
+        self._work_slots = asyncio.Semaphore(max(1, self.limits.workers))
         acceptor = asyncio.ensure_future(self._accept_loop())
         await self._stopped.wait()
         acceptor.cancel()
@@ -358,8 +369,9 @@ class HttpServer:
             self._auth_waiting += 1
             conn.busy = False  # an unauthenticated client waiting for its turn may be evicted
             try:
+                waits = self._auth_slots.locked()
                 async with self._auth_slots:
-                    if reader.at_eof() or writer.transport.is_closing():
+                    if waits and _gone(reader, writer):
                         self.auth_dropped += 1
                         raise ConnectionResetError("client gone before its password check")
                     loop = asyncio.get_running_loop()
@@ -423,12 +435,7 @@ class HttpServer:
             if resp is not None and resp.status == 429:
                 keep = False
         if resp is None:
-            loop = asyncio.get_running_loop()
-            try:
-                resp = await loop.run_in_executor(self._pool, self.handler, req)
-            except Exception:  # noqa: BLE001 - a handler bug answers 500, the server goes on
-                log.exception("handling %s %s", req.method, req.path)
-                resp = Response(500, b"internal error; see the exporter's log\n")
+            resp = await self._handle(req, reader, writer)
         if stalled[0] >= MAX_STALLED_RESPONSES - 1:
             keep = False  # it has not read its last answers: this one is its last
         if await self._send(writer, req.method, resp, keep, http10=req.version == "HTTP/1.0", conn=conn):
@@ -436,6 +443,24 @@ class HttpServer:
         else:
             stalled[0] = 0
         return keep
+
+    async def _handle(self, req: Request, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> Response:
+        """Run the handler on the pool; a request that waited for a worker is dropped when its
+        client has gone by its turn (ConnectionResetError), so a burst of clients that send and
+        leave costs no handler work."""
+        assert self._work_slots is not None
+        waits = self._work_slots.locked()
+        async with self._work_slots:
+            if waits and _gone(reader, writer):
+                self.work_dropped += 1
+                raise ConnectionResetError("client gone before its request was served")
+            loop = asyncio.get_running_loop()
+            try:
+                return await loop.run_in_executor(self._pool, self.handler, req)
+            except Exception:  # noqa: BLE001 - a handler bug answers 500, the server goes on
+                log.exception("handling %s %s", req.method, req.path)
+                return Response(500, b"internal error; see the exporter's log\n")
 
     async def _send(self, writer: asyncio.StreamWriter, method: str, resp: Response, keep: bool,
                     http10: bool = False, conn: _Conn | None = None) -> bool:
@@ -458,17 +483,42 @@ class HttpServer:
         # One write: head and body leave in the same segments (HEAD: the GET's headers,
         # Content-Length included, and no body).
         writer.write(head if method == "HEAD" else head + resp.body)
-        if not writer.transport.get_write_buffer_size():
+        pending = writer.transport.get_write_buffer_size()
+        if not pending:
             return False
         t = time.monotonic()
         if conn is not None:
-            conn.busy, conn.writing = False, t
+            conn.busy, conn.writing, conn.buffered = False, t, pending
+            self.buffered += pending
+            self._shed(conn)
         try:
             await asyncio.wait_for(writer.drain(), self.limits.write_timeout)
         finally:
             if conn is not None:
-                conn.busy, conn.writing = True, None
+                self.buffered -= conn.buffered
+                conn.busy, conn.writing, conn.buffered = True, None, 0
         return time.monotonic() - t >= STALL_S
+
+    def _shed(self, current: _Conn) -> None:
+        """Reset the connections that have waited longest for their clients to read, until the
+        responses held for such clients fit MAX_BUFFERED_BYTES (`current` last)."""
+        if self.buffered <= MAX_BUFFERED_BYTES:
+            return
+        waiting = sorted(((c.writing, cid) for cid, c in self._conns.items()
+                          if c.writing is not None and c is not current))
+        for _, cid in waiting:
+            if self.buffered <= MAX_BUFFERED_BYTES:
+                return
+            conn = self._conns.pop(cid)
+            self.buffered -= conn.buffered  # its task's finally would too: only once
+            conn.buffered = 0
+            conn.close()
+            self.shed += 1
+
+
+def _gone(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """The client closed (or half-closed) its side with nothing more to read, or reset."""
+    return reader.at_eof() or writer.transport.is_closing()
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:

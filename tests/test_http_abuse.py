@@ -336,3 +336,65 @@ def test_a_password_over_72_bytes_is_a_401_not_a_dropped_connection():
     finally:
         srv.shutdown()
     assert auth.bcrypt_checks == 3  # each paid the same bcrypt as a short wrong password
+
+
+def test_responses_held_for_stalled_clients_are_capped_overall(monkeypatch):
+    """Each stalled connection holds at most one response, but a few hundred of them with large
+    responses added up without bound: past MAX_BUFFERED_BYTES the longest-stalled are reset,
+    and a client that reads still gets its whole answer."""
+    from exporter import httpd
+
+    monkeypatch.setattr(httpd, "MAX_BUFFERED_BYTES", 8 << 20)
+    body = os.urandom(2 << 20)
+    srv = HttpServer(lambda req: Response(200, body), "127.0.0.1", 0, Limits(write_timeout=60))
+    srv.start()
+    socks = []
+    try:
+        for _ in range(12):  # the kernel takes each one's first answer; the second waits here
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", srv.port))
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+            socks.append(s)
+        _wait(lambda: srv.shed >= 3, "stalled connections reset")
+        assert srv.buffered <= (8 << 20) + len(body)
+        r = requests.get(f"http://127.0.0.1:{srv.port}/", timeout=20)
+        assert r.status_code == 200 and r.content == body
+    finally:
+        for s in socks:
+            s.close()
+        srv.shutdown()
+
+
+def test_requests_queued_for_a_worker_are_dropped_when_their_client_has_gone():
+    """A request waiting for a handler worker whose client sent it and left is never handled
+    (a burst of such clients cost a handler call each); the one that stays is answered."""
+    release = threading.Event()
+    paths: list[str] = []
+
+    def handler(req):
+        paths.append(req.path)
+        if req.path == "/block":
+            release.wait(20)
+        return Response(200, b"ok\n")
+
+    srv = HttpServer(handler, "127.0.0.1", 0, Limits(workers=1))
+    srv.start()
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as blocker:
+            blocker.sendall(b"GET /block HTTP/1.1\r\nHost: x\r\n\r\n")
+            _wait(lambda: paths == ["/block"], "the worker taken")
+            for i in range(5):  # each waits for the one worker, then its client leaves
+                with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+                    s.sendall(f"GET /left{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as stays:
+                stays.sendall(b"GET /stays HTTP/1.1\r\nHost: x\r\n\r\n")
+                _wait(lambda: srv.connections == 7, "every connection accepted")
+                release.set()
+                assert stays.recv(100).startswith(b"HTTP/1.1 200 ")
+            assert blocker.recv(100).startswith(b"HTTP/1.1 200 ")
+    finally:
+        release.set()
+        srv.shutdown()
+    assert paths == ["/block", "/stays"]
+    assert srv.work_dropped == 5
