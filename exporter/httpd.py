@@ -83,6 +83,7 @@ BACKLOG = 4096
 STALL_S = 1.0  # a response its client has not taken within this is "left unread"
 # RFC 9110 5.1: a field name is a token.
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HTTP_METHODS = (b"GET ", b"HEAD ", b"POST ", b"PUT ", b"OPTIO", b"DELET", b"PATCH")  # first 5 bytes
 # Go's net/http (server.go) answers a plain HTTP request on a TLS port with these bytes.
 _PLAIN_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
                  b"Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server; use https://\n")
@@ -325,6 +326,7 @@ class HttpServer:
     async def _plain_http_on_tls(self, sock: socket.socket) -> bool:
         """Peek at the first bytes on a TLS port; a plain HTTP request is answered 400 (True)."""
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.read_header_timeout
         readable = loop.create_future()
         loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
         try:
@@ -332,8 +334,13 @@ class HttpServer:
         finally:
             loop.remove_reader(sock.fileno())
         first = sock.recv(5, socket.MSG_PEEK)
+        # A client that wrote its request in pieces ("GE", then the rest): wait for 5 bytes.
+        while 0 < len(first) < 5 and any(m.startswith(first) for m in _HTTP_METHODS) \
+                and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+            first = sock.recv(5, socket.MSG_PEEK)
         # A TLS record starts with 0x16 (handshake); Go looks for the same method prefixes.
-        if not first.startswith((b"GET ", b"HEAD ", b"POST ", b"PUT ", b"OPTIO", b"DELET", b"PATCH")):
+        if not first.startswith(_HTTP_METHODS):
             return False
         with contextlib.suppress(asyncio.TimeoutError, OSError):
             # Read the request first and let the client close: closing with unread data sends a

@@ -493,6 +493,11 @@ def test_plain_http_to_the_tls_port_is_a_400_saying_https(tmp_path):
         assert status == 400 and b"https" in body.lower()
         status, _, body = get(ex.port, "/healthz", raw=b"HEAD /healthz HTTP/1.0\r\n\r\n")
         assert status == 400
+        with socket.create_connection(("127.0.0.1", ex.port), timeout=5) as s:  # sent in two parts
+            s.sendall(b"GE")
+            time.sleep(0.2)  # a client that is slow to write, not a wait for the server
+            s.sendall(b"T /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(200).startswith(b"HTTP/1.0 400 ")
         assert ex.get("/metrics")[0] == 200
         # a truncated handshake or garbage costs only its own connection
         for junk in (b"\x16\x03\x01\x00", b"\x00" * 10, b"XYZ\r\n\r\n"):
