@@ -6,8 +6,9 @@ that runs the handler. The limits:
 
 - `max_connections`: connections held at once, counted from accept (TLS handshakes included).
   At the limit a new connection replaces the longest-idle one (one not being served), so a pile
-  of idle or slow clients can never lock a scraper out; when every connection is busy the new
-  one is closed. The limit is also kept below the process's open-file limit.
+  of idle or slow clients can never lock a scraper out (then one waiting for its client to read,
+  then one whose request waits for a handler worker); when every connection is being served the
+  new one is closed. The limit is also kept below the process's open-file limit.
 - `read_header_timeout`: a new connection must deliver its TLS handshake and first request head
   within it (a slow-header client is dropped after it).
 - `idle_timeout`: a kept-alive connection must deliver its next request head within it.
@@ -146,6 +147,7 @@ class _Conn:
     since: float = field(default_factory=time.monotonic)
     writing: float | None = None  # since when it waits for its client to take a response
     buffered: int = 0  # bytes of that response held in the process when it started waiting
+    queued: float | None = None  # since when its request waits for a handler worker
 
 
 def connection_limit(wanted: int) -> int:
@@ -270,10 +272,14 @@ class HttpServer:
 
     def _evict_idle(self) -> bool:
         """Close the longest-idle connection, else the one waiting longest for its client to read
-        a response; False when every connection is being served."""
+        a response, else the one whose request has waited longest for a handler worker (its
+        client may be piling up requests it never reads; a queued scrape costs nothing yet);
+        False when every connection is being served."""
         idle = [(c.since, cid) for cid, c in self._conns.items() if not c.busy and c.writing is None]
         if not idle:
             idle = [(c.writing, cid) for cid, c in self._conns.items() if c.writing is not None]
+        if not idle:
+            idle = [(c.queued, cid) for cid, c in self._conns.items() if c.queued is not None]
         if not idle:
             return False
         _, cid = min(idle)
@@ -442,7 +448,7 @@ class HttpServer:
             if resp is not None and resp.status == 429:
                 keep = False
         if resp is None:
-            resp = await self._handle(req, reader, writer)
+            resp = await self._handle(req, reader, writer, conn)
         if stalled[0] >= MAX_STALLED_RESPONSES - 1:
             keep = False  # it has not read its last answers: this one is its last
         if await self._send(writer, req.method, resp, keep, http10=req.version == "HTTP/1.0", conn=conn):
@@ -452,13 +458,18 @@ class HttpServer:
         return keep
 
     async def _handle(self, req: Request, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> Response:
+                      writer: asyncio.StreamWriter, conn: _Conn) -> Response:
         """Run the handler on the pool; a request that waited for a worker is dropped when its
         client has gone by its turn (ConnectionResetError), so a burst of clients that send and
-        leave costs no handler work."""
+        leave costs no handler work. While it waits, its connection is evictable (last)."""
         assert self._work_slots is not None
         waits = self._work_slots.locked()
-        async with self._work_slots:
+        conn.queued = time.monotonic() if waits else None
+        try:
+            await self._work_slots.acquire()
+        finally:
+            conn.queued = None
+        try:
             if waits and _gone(reader, writer):
                 self.work_dropped += 1
                 raise ConnectionResetError("client gone before its request was served")
@@ -468,6 +479,8 @@ class HttpServer:
             except Exception:  # noqa: BLE001 - a handler bug answers 500, the server goes on
                 log.exception("handling %s %s", req.method, req.path)
                 return Response(500, b"internal error; see the exporter's log\n")
+        finally:
+            self._work_slots.release()
 
     async def _send(self, writer: asyncio.StreamWriter, method: str, resp: Response, keep: bool,
                     http10: bool = False, conn: _Conn | None = None) -> bool:

@@ -398,3 +398,40 @@ def test_requests_queued_for_a_worker_are_dropped_when_their_client_has_gone():
         srv.shutdown()
     assert paths == ["/block", "/stays"]
     assert srv.work_dropped == 5
+
+
+def test_a_connection_whose_request_waits_for_a_worker_makes_room_for_a_new_one():
+    """At the connection limit with every connection's request queued for a busy worker (what
+    pipelining non-readers look like on a loaded machine), a new connection replaces the
+    longest-queued one instead of being closed: the scraper is served once a worker frees."""
+    release = threading.Event()
+
+    def handler(req):
+        if req.path == "/block":
+            release.wait(20)
+        return Response(200, b"ok\n")
+
+    srv = HttpServer(handler, "127.0.0.1", 0, Limits(max_connections=3, workers=1))
+    srv.start()
+    socks = []
+    try:
+        for path in ("/block", "/q1", "/q2"):  # one served (blocked), two queued
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            socks.append(s)
+            _wait(lambda: srv.connections == len(socks), "accepted")
+        _wait(lambda: srv._work_slots is not None and srv._work_slots.locked(), "the worker taken")
+        got: list[bytes] = []
+        t = threading.Thread(target=lambda: got.append(_head(srv.port, b"GET /new HTTP/1.1\r\nHost: x\r\n"
+                                                                       b"Connection: close\r\n\r\n")))
+        t.start()
+        _wait(lambda: srv.evicted >= 1 or srv.refused >= 1, "the new connection admitted or refused")
+        release.set()
+        t.join(20)
+        assert srv.refused == 0 and srv.evicted == 1
+        assert got and got[0].startswith(b"HTTP/1.1 200 "), got
+    finally:
+        release.set()
+        for s in socks:
+            s.close()
+        srv.shutdown()
