@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from exporter import dmi
 from exporter.catalog import Families
 from exporter.imds import IdentitySource
 from exporter.nvml.session import NvmlSession
@@ -52,8 +53,10 @@ class Context:
                                                self.nvml_latencies)
         if self.identity is None:
             sim_imds = self.simulation.imds_url if self.simulation is not None else None
-            self.identity = IdentitySource(self.config, simulated=self.simulation is not None
-                                           or bool(self.nvml_capture), simulated_imds=sim_imds)
+            self.identity = IdentitySource(self.config, imds_url=sim_imds,
+                                           dmi_instance_type=dmi.instance_type(self.config.paths.sysfs))
+            if (self.simulation is not None or self.nvml_capture) and sim_imds is None:
+                self.identity.imds_allowed = False
         if self.xid is None and getattr(self.config, "xid", None) is not None:
             from exporter.xid.service import XidService
 

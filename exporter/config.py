@@ -108,7 +108,8 @@ SECTIONS: dict[str, tuple[str, dict[str, Key]]] = {
                        "their own (concurrent scrapes share one collection).", check=positive),
     }),
     "node": ("What the node is and what it should have.", {
-        "instance_type": Key(str, None, "EC2 instance type; looked up from instance metadata when unset.",
+        "instance_type": Key(str, None, "EC2 instance type; when unset, the DMI product name (sysfs "
+                             "devices/virtual/dmi/id/product_name), else instance metadata.",
                              nullable=True),
         "expected_gpus": Key(int, None, "GPUs the node should have; from the instance type when unset.",
                              nullable=True, check=non_negative),

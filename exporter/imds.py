@@ -240,46 +240,62 @@ class IdentityLookup(ImdsPoller[InstanceIdentity]):
         super().__init__(client.fetch, publish, "instance identity", first_retry_s, max_retry_s)
 
 
-def imds_allowed(config: Config, simulated: bool) -> bool:
-    """IMDS is never asked for a simulated node or a capture, nor when config or the environment
-    turn it off."""
-    if simulated or os.environ.get(ENV_SWITCH, "").lower() in ("off", "0", "false", "no"):
+def imds_allowed(config: Config, explicit_url: bool = False) -> bool:
+    """IMDS is asked only when config allows it and, for the real endpoint, the environment does
+    not turn it off (tests set the switch; a fake IMDS on 127.0.0.1 given by the composition root,
+    `explicit_url`, is still asked)."""
+    sec = getattr(config, SECTION, None)  # None: loaded before this module declared the section
+    if sec is None or not sec.imds:
         return False
-    return bool(getattr(config, SECTION).imds)
+    return explicit_url or os.environ.get(ENV_SWITCH, "").lower() not in ("off", "0", "false", "no")
 
 
 class IdentitySource:
-    """The process's instance identity: config values first, then what IMDS found."""
+    """The process's instance identity. The instance type comes from config, else the DMI product
+    name (read once, at start), else IMDS; the instance id and zone from config, else IMDS.
 
-    def __init__(self, config: Config, simulated: bool = False, simulated_imds: str | None = None) -> None:
-        sec = getattr(config, SECTION, None)  # None: loaded before this module declared the section
+    `imds_url` is the IMDS base URL the composition root gives (a simulated node's fake on
+    127.0.0.1); None: config's `instance.imds_endpoint`."""
+
+    def __init__(self, config: Config, imds_url: str | None = None,
+                 dmi_instance_type: str | None = None) -> None:
+        sec = getattr(config, SECTION, None)
         self.config = config
-        # a simulated node's own fake IMDS on 127.0.0.1 (exporter/simulate/imds.py), else config's
-        self.endpoint = simulated_imds or getattr(sec, "imds_endpoint", "")
-        self.imds_allowed = sec is not None and (simulated_imds is not None
-                                                 or imds_allowed(config, simulated))
+        self.endpoint = imds_url or getattr(sec, "imds_endpoint", "")
+        self.imds_allowed = imds_allowed(config, explicit_url=imds_url is not None)
         self.configured = InstanceIdentity(config.node.instance_type, getattr(sec, "instance_id", None),
                                            getattr(sec, "availability_zone", None))
-        self.found: InstanceIdentity | None = None  # set once by the lookup thread
+        self.dmi_instance_type = dmi_instance_type
+        self.found: InstanceIdentity | None = None  # set once by the lookup (thread or lookup_now)
         self.lookup: IdentityLookup | None = None
+        self.last_error = ""  # of lookup_now
+        self._one_shot = False
         self._lock = threading.Lock()
 
     def current(self) -> InstanceIdentity:
-        conf, found = self.configured, self.found
-        if found is None:
-            return conf
-        return InstanceIdentity(conf.instance_type or found.instance_type,
+        conf, found = self.configured, self.found or InstanceIdentity()
+        return InstanceIdentity(conf.instance_type or self.dmi_instance_type or found.instance_type,
                                 conf.instance_id or found.instance_id,
                                 conf.availability_zone or found.availability_zone)
+
+    def instance_type_source(self) -> str | None:
+        """Where the instance type comes from: config, dmi, imds, or None while unknown."""
+        if self.configured.instance_type:
+            return "config"
+        if self.dmi_instance_type:
+            return "dmi"
+        return "imds" if self.found is not None and self.found.instance_type else None
 
     def publish(self, ident: InstanceIdentity) -> None:
         self.found = ident
 
     def start_lookup(self) -> IdentityLookup | None:
         """Start the background IMDS lookup once (any collector that needs the identity calls this
-        from its start()). None when IMDS is off or config already gives every field."""
+        from its start()). None when IMDS is off, config (and DMI) already give every field, or a
+        one-shot command looked the type up already (lookup_now)."""
         conf = self.configured
-        if not self.imds_allowed or (conf.instance_type and conf.instance_id and conf.availability_zone):
+        known = (conf.instance_type or self.dmi_instance_type) and conf.instance_id and conf.availability_zone
+        if not self.imds_allowed or self._one_shot or known:
             return None
         with self._lock:
             if self.lookup is None:
@@ -288,6 +304,21 @@ class IdentitySource:
                 self.lookup = IdentityLookup(client, self.publish, max_retry_s=sec.imds_retry_max_seconds)
                 self.lookup.start()
         return self.lookup
+
+    def lookup_now(self) -> str | None:
+        """For a one-shot command (`check`): when neither config nor DMI gives the instance type,
+        ask IMDS once, now, with the configured (short) timeout, and start no background lookup
+        afterwards. Returns the instance type."""
+        self._one_shot = True
+        if self.current().instance_type or not self.imds_allowed:
+            return self.current().instance_type
+        sec = getattr(self.config, SECTION)
+        try:
+            self.publish(ImdsClient(self.endpoint, sec.imds_timeout_seconds).fetch())
+        except ImdsError as e:
+            self.last_error = str(e)
+            log.warning("instance type lookup from IMDS failed: %s", e)
+        return self.current().instance_type
 
 
 def events_poller(identity: IdentitySource,

@@ -1,4 +1,5 @@
-"""What the node should have: expected GPU and EFA counts from config, else the instance type."""
+"""What the node should have: expected GPU and EFA counts from config, else the instance type
+(config, else the DMI product name, else instance metadata)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ from exporter.profiles import Profile, lookup
 
 
 def instance_type(ctx: Context) -> str | None:
-    """The instance type from config, else from instance metadata (looked up in the background
-    once the EFA or instance collector starts)."""
-    return ctx.identity.current().instance_type
+    """The instance type from config, else the DMI product name, else instance metadata (the
+    background lookup is started here on first need, so the verdict has it whatever collectors
+    run; a one-shot command asks IMDS itself, see IdentitySource.lookup_now)."""
+    found = ctx.identity.current().instance_type
+    if found is None:
+        ctx.identity.start_lookup()
+    return found
 
 
 def profile(ctx: Context) -> Profile | None:

@@ -171,7 +171,9 @@ def test_command_line_and_config_errors_of_check_and_ack(tmp_path, capsys):
     bad.write_bytes(b"gpu:\n  parallel: yes please\n\xff\n")
     code, out = run_check(capsys, "--config", str(bad), "--json")
     doc = json.loads(out)  # a config error is still a JSON document under --json
-    assert code == 3 and doc["node"]["exit_status"] == 3 and str(bad) in doc["problems"][0]
+    # exit 2, as the README says for every command
+    assert code == 2 and doc["node"]["exit_status"] == 2 and str(bad) in doc["problems"][0]
+    assert doc["node"]["verdict"] == "unknown"
     state = str(tmp_path / "state")
     sim = ["--simulate", "p5.48xlarge", "--scenario", "xid-63", "--path.state-dir", state]
     assert main(["ack", *sim, "--gpu", "2", "--xid", "999"]) == 2  # not in the catalog, never counted
@@ -236,3 +238,77 @@ def test_check_fabric_manager_down_and_status_error(tmp_path, capsys):
                           "--kmsg-file", str(log), "--json")
     doc = json.loads(out)
     assert code == 0 and {g["fabric_state"] for g in doc["gpus"]} == {None}
+
+
+CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"  # a real one-GPU H200 node
+
+
+def dmi_sysfs(root, product_name: str | None):
+    """A generated sysfs tree whose DMI product name is `product_name` (None: no DMI at all)."""
+    sysfs = root / "sys"
+    dmi = sysfs / "devices" / "virtual" / "dmi" / "id"
+    dmi.mkdir(parents=True)
+    if product_name is not None:
+        (dmi / "product_name").write_text(product_name + "\n")
+    return sysfs
+
+
+def one_gpu_check(capsys, tmp_path, product_name, *args):
+    sysfs = dmi_sysfs(tmp_path, product_name)
+    log = tmp_path / "kmsg.txt"
+    log.write_text(REAL)
+    code, out = run_check(capsys, "--nvml-capture", str(CAPTURE), "--path.sysfs", str(sysfs),
+                          "--kmsg-file", str(log), "--path.state-dir", str(tmp_path / "st"), *args)
+    return code, out
+
+
+def test_a_p5_by_dmi_with_one_gpu_fails_the_check_without_config(tmp_path, capsys):
+    code, out = one_gpu_check(capsys, tmp_path, "p5.48xlarge")
+    assert code == 2
+    assert "node p5.48xlarge: REBOOT_REQUIRED (exit 2); GPUs 1/8" in out
+    assert ("NVML shows 1 GPU(s), 8 expected: a p5.48xlarge has 8 (instance type from the DMI product name)"
+            in out)
+    code, out = run_check(capsys, "--nvml-capture", str(CAPTURE), "--path.sysfs", str(tmp_path / "sys"),
+                          "--kmsg-file", str(tmp_path / "kmsg.txt"), "--path.state-dir", str(tmp_path / "st"),
+                          "--json")
+    node = json.loads(out)["node"]
+    assert code == 2 and node["verdict"] == "reboot_required"
+    assert (node["instance_type"], node["instance_type_source"]) == ("p5.48xlarge", "dmi")
+    assert (node["gpu_count"], node["expected_gpus"]) == (1, 8)
+    assert "1 GPU(s), 8 expected" in node["details"]["gpu_count_below_expected"]
+
+
+@pytest.mark.parametrize("product_name", [None, "Standard PC (Q35 + ICH9, 2009)", "HVM domU", "",
+                                          "c7i.2xlarge"])
+def test_a_dmi_that_names_no_known_gpu_type_expects_nothing(tmp_path, capsys, product_name):
+    code, out = one_gpu_check(capsys, tmp_path, product_name)
+    assert code == 0, out
+    assert "GPUs 1/?" in out
+
+
+def test_config_overrides_the_dmi_product_name(tmp_path, capsys):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("node:\n  instance_type: g6e.xlarge\n")  # a one-GPU type this exporter has no profile of
+    assert one_gpu_check(capsys, tmp_path, "p5.48xlarge", "--config", str(cfg))[0] == 0
+    cfg.write_text("node:\n  expected_gpus: 2\n")
+    code, out = run_check(capsys, "--nvml-capture", str(CAPTURE), "--path.sysfs", str(tmp_path / "sys"),
+                          "--kmsg-file", str(tmp_path / "kmsg.txt"), "--path.state-dir", str(tmp_path / "st"),
+                          "--config", str(cfg))
+    assert code == 2 and "node.expected_gpus in the config says 2" in out
+
+
+def test_nothing_to_check_is_one_verdict_unknown_exit_3(tmp_path, capsys):
+    """No GPU (NVML unusable) and nothing else wrong: exit 3 and verdict `unknown`, in the text and
+    the JSON, never `degraded` (which is exit 1's)."""
+    log = tmp_path / "kmsg.txt"
+    log.write_text(REAL)
+    args = ["--nvml-capture", str(tmp_path / "missing.json"), "--kmsg-file", str(log),
+            "--path.state-dir", str(tmp_path / "st"), "--path.sysfs", str(dmi_sysfs(tmp_path, None))]
+    code, out = run_check(capsys, *args)
+    assert code == 3 and ": UNKNOWN (exit 3)" in out
+    assert "DEGRADED" not in out.upper().replace("UNKNOWN", "")
+    code, out = run_check(capsys, *args, "--json")
+    doc = json.loads(out)
+    assert code == 3 and doc["node"]["verdict"] == "unknown" and doc["node"]["exit_status"] == 3
+    assert "degraded" not in json.dumps(doc["node"])
+    assert any("NVML" in p for p in doc["problems"])

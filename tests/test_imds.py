@@ -7,14 +7,16 @@ import time
 
 import pytest
 
-from exporter import imds, node
+from exporter import collectors, imds, node
 from exporter.collector import Context
 from exporter.collectors.efa import EfaCollector
 from exporter.collectors.instance import InstanceCollector
 from exporter.config import load
+from exporter.nvml.fake import FakeBackend
+from exporter.nvml.session import NvmlSession
 from exporter.runner import Runner
 from exporter.simulate.imds import FakeImdsServer
-from tests.helpers import names, promtool_check_metrics, samples, scrape, value
+from tests.helpers import FIXTURES, names, promtool_check_metrics, samples, scrape, value
 
 META = {"instance-type": "p5.48xlarge", "instance-id": "i-0123456789abcdef0",
         "placement/availability-zone": "us-east-2b"}
@@ -175,3 +177,80 @@ def test_proxy_environment_is_ignored(fake, monkeypatch):
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
     assert imds.ImdsClient(fake.url, timeout_s=1).fetch().instance_type == "p5.48xlarge"
+
+
+CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"  # a real one-GPU H200 node
+
+
+def dmi_sysfs(root, product_name: str | None) -> str:
+    """A generated sysfs tree with (or without) a DMI product name."""
+    dmi = root / "sys" / "devices" / "virtual" / "dmi" / "id"
+    dmi.mkdir(parents=True)
+    if product_name is not None:
+        (dmi / "product_name").write_text(product_name + "\n")
+    return str(root / "sys")
+
+
+def one_gpu_ctx(tmp_path, product_name: str | None, **overrides) -> Context:
+    """The real H200 capture (one GPU) on a node whose sysfs has this DMI product name."""
+    collectors.collector_classes()  # every section declared (the XID service's among them)
+    kmsg = tmp_path / "kmsg"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    kmsg.write_text("")  # an empty kernel log: no XIDs
+    cfg = load(None, {"paths.sysfs": dmi_sysfs(tmp_path, product_name), "paths.kmsg": str(kmsg),
+                      "paths.state_dir": str(tmp_path / "st"), "instance.imds_timeout_seconds": 0.5,
+                      **overrides})
+    return Context(config=cfg, nvml=NvmlSession(FakeBackend.from_file(CAPTURE)))
+
+
+def test_instance_type_from_dmi_first_then_imds_and_config_wins(tmp_path, fake):
+    fake.meta["instance-type"] = "p4d.24xlarge"
+    ctx = one_gpu_ctx(tmp_path / "a", "p5.48xlarge", **{"instance.imds_endpoint": fake.url})
+    assert node.instance_type(ctx) == "p5.48xlarge" and ctx.identity.instance_type_source() == "dmi"
+    assert node.expected_gpus(ctx) == 8
+    ctx = one_gpu_ctx(tmp_path / "b", None, **{"instance.imds_endpoint": fake.url})
+    assert ctx.identity.lookup_now() == "p4d.24xlarge" and ctx.identity.instance_type_source() == "imds"
+    assert ctx.identity.start_lookup() is None  # a one-shot lookup starts no background thread
+    ctx = one_gpu_ctx(tmp_path / "c", "p5.48xlarge", **{"instance.imds_endpoint": fake.url,
+                                                       "node.instance_type": "p5en.48xlarge"})
+    assert node.instance_type(ctx) == "p5en.48xlarge" and ctx.identity.instance_type_source() == "config"
+    assert ctx.identity.lookup_now() == "p5en.48xlarge"
+    assert [p for _, p in fake.requests if "instance-type" in p] == ["/latest/meta-data/instance-type"]
+
+
+def test_daemon_verdict_knows_a_p5_by_dmi(tmp_path):
+    """The daemon with only the GPU and health collectors (no instance or EFA collector to start
+    an IMDS lookup): the DMI product name gives the expected count, the verdict misses 7 GPUs."""
+    from exporter.collectors.gpu import GpuCollector
+    from exporter.collectors.health import HealthCollector
+
+    ctx = one_gpu_ctx(tmp_path, "p5.48xlarge")
+    runner = Runner([GpuCollector(ctx), HealthCollector(ctx)], deadline_s=10)
+    try:
+        ss = samples(scrape(runner))
+    finally:
+        runner.close()
+    assert value(ss, "gpu_devices_expected") == 8 and value(ss, "gpu_devices") == 1
+    assert value(ss, "gpu_node_health_reason", reason="gpu_count_below_expected") == 1
+    assert value(ss, "gpu_node_health_verdict", verdict="reboot_required") == 1
+
+
+def test_check_asks_imds_once_when_dmi_says_nothing(tmp_path, fake, capsys):
+    import argparse
+    import json
+
+    from exporter.commands import check
+
+    ctx = one_gpu_ctx(tmp_path, "Standard PC (Q35 + ICH9, 2009)", **{"instance.imds_endpoint": fake.url})
+    code = check.run(argparse.Namespace(json=True), ctx)
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 2 and doc["node"]["instance_type_source"] == "imds"
+    assert "1 GPU(s), 8 expected" in doc["node"]["details"]["gpu_count_below_expected"]
+    assert ctx.identity.lookup is None  # no background lookup left behind
+    fake.delay_s = 3.0  # IMDS does not answer: the check waits one short timeout, then expects nothing
+    ctx = one_gpu_ctx(tmp_path / "slow", None, **{"instance.imds_endpoint": fake.url})
+    t = time.monotonic()
+    code = check.run(argparse.Namespace(json=True), ctx)
+    assert time.monotonic() - t < 2.5
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["node"]["instance_type"] is None and doc["node"]["expected_gpus"] is None

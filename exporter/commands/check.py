@@ -4,7 +4,12 @@ Reads NVML once (through the GPU collector), the kernel-log backlog and the daem
 (read only), then prints the verdict per GPU and for the node as a table or JSON. Exit status:
 0 healthy, 1 degraded, 2 action required (reset, reboot or replace), 3 could not check (NVML
 unusable, or neither the kernel log nor a state file for this boot could be read) unless what
-could be read already shows that action is required.
+could be read already shows that action is required. Exit 3 always comes with the node verdict
+`unknown`, never with another verdict. A configuration or command-line error exits 2 (as every
+command does), verdict `unknown`, the error under `problems`.
+
+The expected GPU count needs the instance type: config, else the DMI product name, else one
+IMDS request with the configured timeout (the check starts no background lookup).
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from exporter.node import instance_type
 from exporter.xid.service import XidService, one_shot
 
 HELP = ("one-shot health check without a daemon: per-GPU and node verdict; exit 0 healthy, 1 degraded, "
-        "2 action required, 3 could not check")
+        "2 action required (or a configuration error), 3 could not check (verdict unknown)")
 
 EXIT = {"healthy": 0, "degraded": 1}
 EXIT_ACTION, EXIT_UNKNOWN = 2, 3
+EXIT_CONFIG = 2
+UNKNOWN = "unknown"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,6 +81,26 @@ def exit_status(verdict: str, could_not_check: bool) -> int:
     return code
 
 
+def node_verdict(nv: Any, code: int) -> str:
+    """The one node verdict printed: `unknown` whenever the check could not be made (exit 3)."""
+    return UNKNOWN if code == EXIT_UNKNOWN else nv.verdict
+
+
+def details(nv: Any, ctx: Context) -> dict[str, str]:
+    """A sentence for each node reason whose numbers an operator needs (reason -> text)."""
+    out = {}
+    if "gpu_count_below_expected" in nv.reasons:
+        if ctx.config.node.expected_gpus is not None:
+            why = f"node.expected_gpus in the config says {nv.expected_gpus}"
+        else:
+            src = {"config": "node.instance_type in the config", "dmi": "the DMI product name",
+                   "imds": "instance metadata"}.get(ctx.identity.instance_type_source() or "", "?")
+            why = f"a {instance_type(ctx)} has {nv.expected_gpus} (instance type from {src})"
+        out["gpu_count_below_expected"] = (f"NVML shows {nv.gpu_count} GPU(s), {nv.expected_gpus} expected: "
+                                           + why)
+    return out
+
+
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts else ""
 
@@ -81,8 +108,9 @@ def _iso(ts: float) -> str:
 def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Context) -> dict:
     st = svc.reader.stats
     return {
-        "node": {"verdict": nv.verdict, "reasons": nv.reasons, "exit_status": code,
-                 "instance_type": instance_type(ctx), "gpu_count": nv.gpu_count,
+        "node": {"verdict": node_verdict(nv, code), "reasons": nv.reasons, "details": details(nv, ctx),
+                 "exit_status": code, "instance_type": instance_type(ctx),
+                 "instance_type_source": ctx.identity.instance_type_source(), "gpu_count": nv.gpu_count,
                  "expected_gpus": nv.expected_gpus},
         "gpus": [{
             "gpu": int(g.gpu) if g.gpu.isdigit() else None, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id,
@@ -107,8 +135,10 @@ def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Conte
 def table(nv: Any, problems: list[str], code: int, ctx: Context) -> str:
     count = "?" if nv.gpu_count is None else str(nv.gpu_count)
     expected = "?" if nv.expected_gpus is None else str(nv.expected_gpus)
-    lines = [f"node {instance_type(ctx) or '(instance type unknown)'}: {nv.verdict.upper()}"
-             f" (exit {code}); GPUs {count}/{expected}; reasons: {', '.join(nv.reasons) or 'none'}", ""]
+    lines = [f"node {instance_type(ctx) or '(instance type unknown)'}: {node_verdict(nv, code).upper()}"
+             f" (exit {code}); GPUs {count}/{expected}; reasons: {', '.join(nv.reasons) or 'none'}"]
+    lines += [f"  {reason}: {text}" for reason, text in details(nv, ctx).items()]
+    lines.append("")
     rows = [("GPU", "PCI BUS ID", "UUID", "VERDICT", "REASONS", "XIDS SINCE BOOT (xid x count tier)")]
     for g in nv.gpus:
         xids = ", ".join(f"{x.xid} x{x.count} {x.tier}" + (" (acked)" if x.acknowledged else "")
@@ -126,21 +156,30 @@ def table(nv: Any, problems: list[str], code: int, ctx: Context) -> str:
     return "\n".join(lines)
 
 
-def could_not_start(args: argparse.Namespace, problem: str) -> int:
-    """A bad configuration or command line: exit 3 (could not check), with the JSON document
-    under --json so a caller parsing it gets the reason."""
-    if args.json:
+def unknown(problems: list[str], code: int, as_json: bool) -> None:
+    """What is printed when there is no verdict to give: the JSON document (so a caller parsing
+    it gets the reason), or one line."""
+    if as_json:
         print(json.dumps({
-            "node": {"verdict": "unknown", "reasons": [], "exit_status": EXIT_UNKNOWN},
-            "gpus": [], "sources": {}, "problems": [problem],
+            "node": {"verdict": UNKNOWN, "reasons": [], "exit_status": code},
+            "gpus": [], "sources": {}, "problems": problems,
         }, indent=2))
-    return EXIT_UNKNOWN
+    else:
+        print(f"node: {UNKNOWN.upper()} (exit {code}); could not check: " + "; ".join(problems))
+
+
+def could_not_start(args: argparse.Namespace, problem: str) -> int:
+    """A bad configuration or command line: exit 2, as for every command."""
+    unknown([problem], EXIT_CONFIG, args.json)
+    return EXIT_CONFIG
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    ctx.identity.lookup_now()
     nv, svc, problems = gather(ctx)
     if nv is None:
         print("gpu-health-exporter check: could not check: " + "; ".join(problems), file=sys.stderr)
+        unknown(problems, EXIT_UNKNOWN, args.json)
         return EXIT_UNKNOWN
     code = exit_status(nv.verdict, bool(problems))
     if args.json:

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
+from exporter.dmi import PRODUCT_NAME
 from exporter.profiles import PROFILES, SIMULATED, Profile
 
 
@@ -83,6 +84,10 @@ class Simulation:
     def build(self) -> Simulation:
         for d in ("sys", "proc", "sys/kernel/debug", "dev", "state"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
+        # what EC2 firmware says: the instance type is the DMI product name (exporter/dmi.py)
+        dmi_file = self.root / "sys" / PRODUCT_NAME
+        dmi_file.parent.mkdir(parents=True, exist_ok=True)
+        dmi_file.write_text(self.profile.instance_type + "\n")
         for s in self.sources:
             s.build()
         return self
@@ -94,7 +99,6 @@ class Simulation:
             "paths.debugfs": str(self.root / "sys/kernel/debug"),
             "paths.kmsg": str(self.root / "dev/kmsg"),
             "paths.state_dir": str(self.root / "state"),
-            "node.instance_type": self.profile.instance_type,
         }
 
     def advance(self, elapsed_s: float | None = None) -> None:
