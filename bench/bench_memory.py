@@ -17,7 +17,14 @@ driver and is measured on a GPU host only), and `served` (the exporter as deploy
 `python -m exporter` serving the no-NVML simulated node on 127.0.0.1, scraped over HTTP with
 gzip as Prometheus does; its HTTP server, asyncio, is what the in-process variants leave out).
 
-    PYTHONPATH=. python3 bench/bench_memory.py [--scrapes 100000] [--json OUT]
+`imds` measures what the IMDS client (requests, urllib3) adds to a running exporter: a process
+serving the no-NVML simulated node as `served` does (runner and HTTP server started, scraped
+over HTTP from this process) is read (VmRSS) after `--other-scrapes` scrapes, then runs one
+IMDSv2 identity lookup (import requests, a Session, token + 3 GETs) against a fake IMDS on
+127.0.0.1 that this process serves, and is read again right after and after as many scrapes
+more. Alone: `--variants imds`.
+
+    PYTHONPATH=. python3 bench/bench_memory.py [--scrapes 100000] [--variants LIST] [--json OUT]
 """
 
 from __future__ import annotations
@@ -139,19 +146,114 @@ def served(scrapes: int) -> dict:
             proc.wait(30)
 
 
+IMDS_CHILD = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from exporter import collectors
+from exporter.cli import build_context, build_parser, limit_malloc_arenas
+from exporter.server import Server, limits_from_config
+import logging
+collectors.collector_classes()
+limit_malloc_arenas()
+logging.disable(logging.ERROR)
+ctx = build_context(build_parser().parse_args(
+    ["--simulate", "p5.48xlarge", "--log-level", "error",
+     "--nvml-capture", "/nonexistent/no-nvml-on-this-node.json", "--path.state-dir", sys.argv[2]]))
+from exporter.runner import Runner
+runner = Runner.from_config(collectors.build(ctx), ctx.config)
+server = Server(runner, "127.0.0.1", 0, None, limits_from_config(ctx.config))
+runner.start()
+server.start()
+print(server.port, flush=True)
+url = sys.stdin.readline().strip()  # the parent's fake IMDS, once it has read the baseline
+if url:  # else the control: no lookup
+    from exporter.imds import ImdsClient
+    client = ImdsClient(url, timeout_s=2.0)
+    print(client.fetch().instance_type, flush=True)
+    getattr(client, "close", lambda: None)()  # (the urllib client before issue 21 had none)
+else:
+    print("p5.48xlarge", flush=True)
+sys.stdin.readline()  # the parent is done
+server.shutdown()
+runner.close()
+ctx.simulation.close()
+"""
+
+
+def imds_cost(scrapes: int, root: Path = ROOT) -> dict:
+    """VmRSS of a serving exporter before and after its first IMDS lookup, and of a control that
+    makes no lookup (see the docstring)."""
+    sys.path.insert(0, str(ROOT))
+    from exporter.simulate.imds import FakeImdsServer
+
+    fake = FakeImdsServer({"instance-type": "p5.48xlarge", "instance-id": "i-0123456789abcdef0",
+                           "placement/availability-zone": "us-east-2b"})
+    fake.start()
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def scrape_n(port: int, n: int) -> None:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Accept-Encoding": "gzip"})
+        for _ in range(n):
+            opener.open(req, timeout=30).read()
+
+    def one(url: str) -> dict:
+        with tempfile.TemporaryDirectory() as state:
+            proc = subprocess.Popen([sys.executable, "-c", IMDS_CHILD, str(root), state], cwd=root, text=True,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            try:
+                port = int(proc.stdout.readline())
+                scrape_n(port, scrapes)
+                out = {"before": _vmrss(proc.pid)}
+                proc.stdin.write(url + "\n")
+                proc.stdin.flush()
+                assert proc.stdout.readline().strip() == "p5.48xlarge"
+                out["right after"] = _vmrss(proc.pid)
+                scrape_n(port, scrapes)
+                out["after as many scrapes more"] = _vmrss(proc.pid)
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+                proc.wait(30)
+                return out
+            finally:
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait(30)
+
+    try:
+        res = {"scrapes": scrapes, "lookup": one(fake.url), "control (no lookup)": one("")}
+    finally:
+        fake.close()
+    res["lookup cost MiB"] = round(res["lookup"]["after as many scrapes more"]
+                                   - res["control (no lookup)"]["after as many scrapes more"], 1)
+    return res
+
+
+VARIANTS = ("no-nvml", "fake-nvml", "pynvml-import", "served", "imds")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scrapes", type=int, default=100_000,
                    help="collections in the loop of the no-nvml variant (default 100,000)")
     p.add_argument("--other-scrapes", type=int, default=1_000,
                    help="collections in the loop of the other variants (default 1,000)")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help="comma-separated variants to run (default: all): " + ", ".join(VARIANTS))
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args()
     res = {"command": " ".join(sys.argv)}
+    wanted = args.variants.split(",")
     for variant, n in (("no-nvml", args.scrapes), ("fake-nvml", args.other_scrapes),
-                       ("pynvml-import", 0), ("served", args.other_scrapes)):
+                       ("pynvml-import", 0), ("served", args.other_scrapes), ("imds", args.other_scrapes)):
+        if variant not in wanted:
+            continue
         t = time.perf_counter()
-        res[variant] = served(n) if variant == "served" else measure(variant, n)
+        if variant == "served":
+            res[variant] = served(n)
+        elif variant == "imds":
+            res[variant] = imds_cost(n)
+        else:
+            res[variant] = measure(variant, n)
         print(f"{variant}: {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
     text = json.dumps(res, indent=1)
     print(text)

@@ -20,9 +20,10 @@ import logging
 import os
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from exporter.config import Key, declare_section, positive
 
@@ -85,8 +86,8 @@ def _imds_time(v: object, where: str) -> float:
     """`21 Jan 2019 09:00:43 GMT` (day not zero-padded either) as unix time."""
     if not isinstance(v, str):
         raise ValueError(f"{where} is {v!r}; expected a date like '21 Jan 2019 09:00:43 GMT'")
-    # Imported here: the email package is loaded only on nodes that read IMDS (urllib.request
-    # loads it there anyway).
+    # Imported here: the email package is loaded only on nodes that read IMDS (requests loads it
+    # there anyway).
     from email.utils import parsedate_to_datetime
 
     try:
@@ -132,39 +133,91 @@ class ImdsError(Exception):
     """IMDS did not give an answer (unreachable, timed out, refused the token, bad status)."""
 
 
+# Bounded retries of one request (on top of the poller's back-off between lookups): connection
+# errors and read timeouts twice and once, and IMDS's throttling or server errors twice. Refusals
+# (401/403/404) are answers, never retried: a 403 token is IMDS disabled or IMDSv2 off.
+CONNECT_RETRIES, READ_RETRIES, STATUS_RETRIES = 2, 1, 2
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+RETRY_BACKOFF_S = 0.1  # urllib3 waits 0, then 0.2 s, ... between the attempts of one request
+TOKEN_RENEW_S = 60.0  # get a new token this long before the old one's TTL runs out
+
+
 class ImdsClient:
+    """IMDSv2 over one requests Session: connect and read timeouts of `timeout_s` each, bounded
+    retries (urllib3 Retry on an HTTPAdapter), keep-alive across a lookup's requests, and the
+    token reused until shortly before its TTL ends (a 401 gets a new one). The environment's
+    HTTP(S)_PROXY and .netrc are ignored (`trust_env` off): IMDS is link-local, never proxied.
+
+    requests is imported on the first request, so a node that never asks IMDS (config gives the
+    identity, a simulation, tests) loads no HTTP client; docs/performance.md gives its RSS."""
+
     def __init__(self, endpoint: str = "http://169.254.169.254", timeout_s: float = 1.0) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.timeout_s = timeout_s
+        self._session: Any = None
+        self._token = ""
+        self._token_expires = 0.0
+        self._lock = threading.Lock()  # one request at a time on the session
+
+    def _new_session(self) -> Any:
+        import requests
+        from requests.adapters import HTTPAdapter
+        from urllib3.util.retry import Retry
+
+        retry = Retry(total=CONNECT_RETRIES + STATUS_RETRIES, connect=CONNECT_RETRIES, read=READ_RETRIES,
+                      status=STATUS_RETRIES, other=0, redirect=0, allowed_methods=None,
+                      status_forcelist=RETRY_STATUSES, backoff_factor=RETRY_BACKOFF_S,
+                      respect_retry_after_header=False, raise_on_status=False)
+        session = requests.Session()
+        session.trust_env = False  # never via HTTP(S)_PROXY, no .netrc credentials
+        adapter = HTTPAdapter(max_retries=retry, pool_connections=1, pool_maxsize=1)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        return session
+
+    def _call(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str]:
+        import requests
+
+        if self._session is None:
+            self._session = self._new_session()
+        try:
+            resp = self._session.request(method, f"{self.endpoint}/latest/{path}", headers=headers,
+                                         timeout=(self.timeout_s, self.timeout_s), allow_redirects=False)
+            return resp.status_code, resp.text
+        except requests.RequestException as e:
+            raise ImdsError(_describe(e)) from e
+
+    def _get_token(self) -> str:
+        now = time.monotonic()
+        if self._token and now < self._token_expires:
+            return self._token
+        status, body = self._call("PUT", "api/token",
+                                  {"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)})
+        if status != 200 or not body:
+            raise ImdsError(f"api/token answered HTTP {status}")
+        self._token, self._token_expires = body, now + TOKEN_TTL_S - TOKEN_RENEW_S
+        return body
 
     def get(self, *paths: str) -> list[str]:
-        """A token, then meta-data/<path> for each path: their bodies."""
-        # The standard library's client, imported here: nodes that never ask IMDS (config gives the
-        # identity, simulation, tests) load no HTTP client at all, and requests (~9 MiB RSS with
-        # urllib3, idna, charset_normalizer) is no runtime dependency for four small GETs.
-        import urllib.error
-        import urllib.request
+        """A token (reused while valid), then meta-data/<path> for each path: their bodies."""
+        with self._lock:
+            out = []
+            for p in paths:
+                path = f"meta-data/{p}"
+                status, body = self._call("GET", path, {"X-aws-ec2-metadata-token": self._get_token()})
+                if status == 401:  # the token expired early (IMDS restarted): once more with a new one
+                    self._token = ""
+                    status, body = self._call("GET", path, {"X-aws-ec2-metadata-token": self._get_token()})
+                if status != 200 or not body:
+                    raise ImdsError(f"{path} answered HTTP {status}")
+                out.append(body)
+            return out
 
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via HTTP(S)_PROXY
-
-        def call(method: str, path: str, headers: dict[str, str]) -> str:
-            req = urllib.request.Request(f"{self.endpoint}/latest/{path}", method=method, headers=headers)
-            try:
-                with opener.open(req, timeout=self.timeout_s) as resp:
-                    status, body = resp.status, resp.read().decode("utf-8", "replace")
-            except urllib.error.HTTPError as e:
-                status, body = e.code, ""
-            except urllib.error.URLError as e:
-                reason = e.reason
-                raise ImdsError(f"{type(reason).__name__}: {reason}") from e
-            except OSError as e:  # a timeout or reset while reading
-                raise ImdsError(f"{type(e).__name__}: {e}") from e
-            if status != 200 or not body:
-                raise ImdsError(f"{path} answered HTTP {status}")
-            return body
-
-        token = call("PUT", "api/token", {"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)})
-        return [call("GET", f"meta-data/{p}", {"X-aws-ec2-metadata-token": token}) for p in paths]
+    def close(self) -> None:
+        with self._lock:
+            if self._session is not None:
+                self._session.close()
+                self._session = None
 
     def fetch(self) -> InstanceIdentity:
         values = self.get("instance-type", "instance-id", "placement/availability-zone")
@@ -175,6 +228,23 @@ class ImdsClient:
         return parse_scheduled_events(self.get(EVENTS_PATH)[0])
 
 
+def _describe(e: Exception) -> str:
+    """One line for a failed request: `Timeout: ...` for a connect or read timeout (also when the
+    retries ran out on one), else the innermost cause's type and message."""
+    import requests
+
+    cause: BaseException = e
+    while True:  # requests wraps urllib3's MaxRetryError, which holds the last attempt's error
+        inner = getattr(cause, "reason", None)
+        if not isinstance(inner, BaseException) and cause.args and isinstance(cause.args[0], BaseException):
+            inner = cause.args[0]
+        if not isinstance(inner, BaseException) or inner is cause:
+            break
+        cause = inner
+    timed_out = isinstance(e, requests.Timeout) or "timed out" in str(cause).lower()
+    return f"{'Timeout' if timed_out else type(cause).__name__}: {cause}"
+
+
 class ImdsPoller(Generic[T]):
     """A background IMDS lookup with back-off: `fetch` until it succeeds (capped exponential
     back-off with jitter, so a fleet restarted together does not retry in step), `publish` each
@@ -183,8 +253,9 @@ class ImdsPoller(Generic[T]):
 
     def __init__(self, fetch: Callable[[], T], publish: Callable[[T], None], what: str,
                  first_retry_s: float = 5.0, max_retry_s: float = 600.0,
-                 refresh_s: float | None = None) -> None:
+                 refresh_s: float | None = None, client: ImdsClient | None = None) -> None:
         self.fetch = fetch
+        self.client = client  # closed when the poller's thread ends
         self.publish = publish
         self.what = what
         self.first_retry_s = first_retry_s
@@ -206,6 +277,13 @@ class ImdsPoller(Generic[T]):
         self._stop.set()
 
     def _run(self) -> None:
+        try:
+            self._poll()
+        finally:
+            if self.client is not None:
+                self.client.close()
+
+    def _poll(self) -> None:
         wait = self.first_retry_s
         while not self._stop.is_set():
             self.attempts += 1
@@ -237,7 +315,8 @@ class IdentityLookup(ImdsPoller[InstanceIdentity]):
 
     def __init__(self, client: ImdsClient, publish: Callable[[InstanceIdentity], None],
                  first_retry_s: float = 5.0, max_retry_s: float = 600.0) -> None:
-        super().__init__(client.fetch, publish, "instance identity", first_retry_s, max_retry_s)
+        super().__init__(client.fetch, publish, "instance identity", first_retry_s, max_retry_s,
+                         client=client)
 
 
 def imds_allowed(config: Config, explicit_url: bool = False) -> bool:
@@ -313,11 +392,14 @@ class IdentitySource:
         if self.current().instance_type or not self.imds_allowed:
             return self.current().instance_type
         sec = getattr(self.config, SECTION)
+        client = ImdsClient(self.endpoint, sec.imds_timeout_seconds)
         try:
-            self.publish(ImdsClient(self.endpoint, sec.imds_timeout_seconds).fetch())
+            self.publish(client.fetch())
         except ImdsError as e:
             self.last_error = str(e)
             log.warning("instance type lookup from IMDS failed: %s", e)
+        finally:
+            client.close()
         return self.current().instance_type
 
 
@@ -330,6 +412,6 @@ def events_poller(identity: IdentitySource,
     client = ImdsClient(identity.endpoint, sec.imds_timeout_seconds)
     poller = ImdsPoller(client.fetch_events, publish, "scheduled events",
                         max_retry_s=sec.imds_retry_max_seconds,
-                        refresh_s=sec.scheduled_events_interval_seconds)
+                        refresh_s=sec.scheduled_events_interval_seconds, client=client)
     poller.start()
     return poller

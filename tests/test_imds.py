@@ -254,3 +254,41 @@ def test_check_asks_imds_once_when_dmi_says_nothing(tmp_path, fake, capsys):
     assert time.monotonic() - t < 2.5
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and doc["node"]["instance_type"] is None and doc["node"]["expected_gpus"] is None
+
+
+def test_client_retries_throttling_and_errors_a_bounded_number_of_times(fake):
+    fake.fail_next = [429, 503]  # IMDS throttles, then fails once: the same request is tried again
+    assert imds.ImdsClient(fake.url, timeout_s=1).fetch().instance_type == "p5.48xlarge"
+    assert [m for m, _ in fake.requests[:3]] == ["PUT"] * 3
+    fake.requests.clear()
+    fake.fail_next = [503] * 10
+    with pytest.raises(imds.ImdsError, match="503"):
+        imds.ImdsClient(fake.url, timeout_s=1).fetch()
+    assert len(fake.requests) == 1 + imds.STATUS_RETRIES  # bounded
+    fake.requests.clear()
+    fake.fail_next = [403, 404]  # refusals are answers: never retried
+    with pytest.raises(imds.ImdsError, match="403"):
+        imds.ImdsClient(fake.url, timeout_s=1).fetch()
+    assert len(fake.requests) == 1
+
+
+def test_client_reuses_its_token_and_renews_an_expired_one(fake):
+    client = imds.ImdsClient(fake.url, timeout_s=1)
+    try:
+        client.fetch()
+        client.get("instance-id")
+        assert [m for m, _ in fake.requests].count("PUT") == 1
+        fake.token = "AQAEArotated=="  # IMDS restarted: the old token is refused with 401
+        assert client.get("instance-id") == ["i-0123456789abcdef0"]
+        assert [m for m, _ in fake.requests].count("PUT") == 2
+    finally:
+        client.close()
+
+
+def test_a_read_timeout_is_retried_once_then_reported(fake):
+    fake.delay_s = 1.0
+    t = time.monotonic()
+    with pytest.raises(imds.ImdsError, match="^Timeout"):
+        imds.ImdsClient(fake.url, timeout_s=0.2).fetch()
+    assert len(fake.requests) == 1 + imds.READ_RETRIES
+    assert time.monotonic() - t < 1.0

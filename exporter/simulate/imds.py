@@ -50,7 +50,8 @@ class FakeImdsServer:
     """IMDSv2 on 127.0.0.1: PUT /latest/api/token (the TTL header required), then GET
     /latest/meta-data/<key> with the token, answered from `meta` (which may change while it
     serves). For tests: `delay_s` delays every answer, `token_status` refuses the token (IMDS
-    disabled), `requests` records (method, path)."""
+    disabled), `fail_next` answers the next requests with these statuses (throttling: 429),
+    changing `token` expires the tokens handed out, `requests` records (method, path)."""
 
     def __init__(self, meta: dict[str, str]) -> None:
         from http.server import ThreadingHTTPServer
@@ -58,6 +59,8 @@ class FakeImdsServer:
         self.meta = meta
         self.delay_s = 0.0
         self.token_status = 200
+        self.token = TOKEN
+        self.fail_next: list[int] = []
         self.requests: list[tuple[str, str]] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -82,23 +85,30 @@ class FakeImdsServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (its timeout)
 
-            def _answer(self, method: str) -> None:
+            def _answer(self, method: str) -> bool:
+                """Record the request; True when it was answered with one of `fail_next`."""
                 fake.requests.append((method, self.path))
                 time.sleep(fake.delay_s)
+                if fake.fail_next:
+                    self._send(fake.fail_next.pop(0))
+                    return True
+                return False
 
             def do_PUT(self) -> None:  # noqa: N802
-                self._answer("PUT")
+                if self._answer("PUT"):
+                    return None
                 if self.path != "/latest/api/token" or not self.headers.get(
                         "X-aws-ec2-metadata-token-ttl-seconds"):
                     return self._send(400)
-                self._send(fake.token_status, TOKEN if fake.token_status == 200 else "")
+                return self._send(fake.token_status, fake.token if fake.token_status == 200 else "")
 
             def do_GET(self) -> None:  # noqa: N802
-                self._answer("GET")
-                if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
+                if self._answer("GET"):
+                    return None
+                if self.headers.get("X-aws-ec2-metadata-token") != fake.token:
                     return self._send(401)
                 body = fake.meta.get(self.path.removeprefix("/latest/meta-data/"))
-                self._send(404) if body is None else self._send(200, body)
+                return self._send(404) if body is None else self._send(200, body)
 
         return Handler
 
