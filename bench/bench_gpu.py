@@ -55,7 +55,7 @@ def context(real: bool, overrides: dict | None = None, sim=None) -> Context:  # 
     o.update(overrides or {})
     if real:
         return Context(config=load(None, o))
-    return Context(config=load(None, o), simulation=sim, nvml_latencies=True)
+    return sim.context(load(None, o), nvml_latencies=True)
 
 
 def timed(fn, n: int) -> tuple[list[float], float]:  # noqa: ANN001

@@ -64,7 +64,7 @@ limit_malloc_arenas()
 argv = ["--simulate", "p5.48xlarge", "--log-level", "error"]
 if variant != "fake-nvml":
     argv += ["--nvml-capture", "/nonexistent/no-nvml-on-this-node.json"]
-ctx = build_context(build_parser().parse_args(argv))
+ctx, sim = build_context(build_parser().parse_args(argv))
 from exporter.exposition import render
 from exporter.process import process_metrics
 from exporter.runner import Runner
@@ -85,7 +85,7 @@ for i in range(1, scrapes + 1):
         print(json.dumps(out), flush=True)  # progress: a long run can be read before it ends
 out["bytes"] = len(body)
 runner.close()
-ctx.simulation.close()
+sim.close()
 print(json.dumps(out))
 """
 
@@ -156,7 +156,7 @@ import logging
 collectors.collector_classes()
 limit_malloc_arenas()
 logging.disable(logging.ERROR)
-ctx = build_context(build_parser().parse_args(
+ctx, sim = build_context(build_parser().parse_args(
     ["--simulate", "p5.48xlarge", "--log-level", "error",
      "--nvml-capture", "/nonexistent/no-nvml-on-this-node.json", "--path.state-dir", sys.argv[2]]))
 from exporter.runner import Runner
@@ -176,7 +176,7 @@ else:
 sys.stdin.readline()  # the parent is done
 server.shutdown()
 runner.close()
-ctx.simulation.close()
+sim.close()
 """
 
 

@@ -36,7 +36,7 @@ def main() -> None:
     p.add_argument("--config", help="exporter config (default: the defaults)")
     a = p.parse_args()
     argv = ["--simulate", "p5.48xlarge"] + (["--config", a.config] if a.config else [])
-    ctx = build_context(build_parser().parse_args(argv))
+    ctx, sim = build_context(build_parser().parse_args(argv))
     runner = Runner(collectors.build(ctx), 5.0)
     try:
         registry = build_registry(runner)
@@ -54,7 +54,7 @@ def main() -> None:
             print(f"{name:34s} {min(runs):6.3f} .. {max(runs):6.3f} ms CPU ({a.repeat} x {n})")
     finally:
         runner.close()
-        ctx.simulation.close()
+        sim.close()
 
 
 if __name__ == "__main__":

@@ -198,26 +198,26 @@ def detail_levels(n: int) -> str:
     setups = {}
     for name, extra in (("default", []), ("all", ["--config", str(every)])):
         argv = ["--simulate", "p5.48xlarge", "--nvml-latencies", *extra]
-        ctx = build_context(build_parser().parse_args(argv))
+        ctx, sim = build_context(build_parser().parse_args(argv))
         built = collectors.build(ctx)
         runner = Runner.from_config(built, ctx.config)
         for c in built:
             if hasattr(c, "refresh_slow"):
                 c.refresh_slow(timeout=10)
-        setups[name] = (ctx, runner, [])
+        setups[name] = (sim, runner, [])
     time.sleep(2.5)  # past the simulated trees' "racily clean" window (exporter/efa/reader.py)
     for _ in range(n):
-        for _name, (_ctx, runner, walls) in setups.items():
+        for _name, (_sim, runner, walls) in setups.items():
             t = time.perf_counter()
             render(runner.collect())
             walls.append(time.perf_counter() - t)
     lines = []
-    for name, (ctx, runner, walls) in setups.items():
+    for name, (sim, runner, walls) in setups.items():
         body = render(runner.collect()).decode()
         series = sum(1 for line in body.splitlines() if line and not line.startswith("#"))
         lines.append(f"{name}: {series:,} series, {statistics.median(walls) * 1e3:.1f} ms")
         runner.close()
-        ctx.simulation.close()
+        sim.close()
     return "\n".join(lines)
 
 

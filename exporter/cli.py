@@ -12,14 +12,20 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter import __version__, collectors, commands
 from exporter.collector import Context
 from exporter.config import DEFAULT_PORT, ConfigError, load
+from exporter.nvml.session import NvmlSession
 from exporter.profiles import SIMULATED
 
+if TYPE_CHECKING:
+    from exporter.simulate import Simulation
+
 log = logging.getLogger("exporter")
+
+SIM_PLAY_S = 60.0  # one-shot commands on a simulated node: the node as it is this long after start
 
 PATH_FLAGS = {
     "sysfs": "Root of sysfs (EFA counters, Lustre sysfs files).",
@@ -109,61 +115,57 @@ def setup_logging(level: str) -> None:
     )
 
 
-def build_context(args: argparse.Namespace) -> Context:
-    """Load the config (file, then simulation, then CLI flags) and set up the sources."""
+def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]:
+    """Load the config (file, then simulation, then CLI flags) and build the sources' backends:
+    the composition root. Returns the Context and the simulated node (None on a real node),
+    which the caller starts, plays and closes."""
     collectors.collector_classes()  # collectors declare their config sections on import
     overrides: dict[str, Any] = {}
     simulation = None
     if args.simulate:
-        from exporter.simulate import Simulation
+        from exporter.simulate import Shape, Simulation
 
-        simulation = Simulation(args.simulate, args.scenario)
-        overrides.update(simulation.config_overrides())
-        # the simulated mounts are not mounted: no lfs or ioctl probe of their mount points
-        overrides.update({"lustre.lfs_command": "", "lustre.use_ioctl": False})
+        shape = Shape.from_config(load(args.config, cli_overrides(args)))  # the file's `simulate`
+        simulation = Simulation(args.simulate, args.scenario, shape=shape)
+        overrides.update(simulation.config_overrides())  # its roots; no IMDS, lfs or ioctl probes
     elif args.scenario:
         raise ConfigError("command line: --scenario needs --simulate PROFILE")
-    cfg = load(args.config, {**overrides, **cli_overrides(args)})
-    statvfs = os.statvfs
+    if args.nvml_capture and simulation is None:
+        overrides["instance.imds"] = False  # a replayed node is not this machine: no IMDS
+    try:
+        cfg = load(args.config, {**overrides, **cli_overrides(args)})
+    except Exception:
+        if simulation is not None:
+            simulation.close()
+        raise
+    capture = NvmlSession.for_capture(args.nvml_capture, args.nvml_latencies) if args.nvml_capture else None
     if simulation is not None:
-        from exporter.simulate.lustre import fake_statvfs
-
         simulation.build()
-        statvfs = fake_statvfs(simulation.root)  # the simulated mounts' capacity
-    ctx = Context(config=cfg, nvml_capture=args.nvml_capture, simulation=simulation,
-                  scenarios=tuple(args.scenario), nvml_latencies=args.nvml_latencies, statvfs=statvfs)
-    ctx.xid = build_xid(cfg, ctx.nvml, simulation, args.kmsg_file)
-    return ctx
+        # a capture's GPUs on the simulated node's trees, else its fake NVML
+        nvml = capture or simulation.nvml_session(args.nvml_latencies)
+        statvfs, imds_url = simulation.statvfs, simulation.imds_url
+    else:
+        nvml, statvfs, imds_url = capture or NvmlSession.real(), os.statvfs, None
+    ctx = Context(config=cfg, nvml=nvml, statvfs=statvfs, imds_url=imds_url,
+                  xid=build_xid(cfg, nvml, simulation, args.kmsg_file))
+    return ctx, simulation
 
 
-def build_xid(cfg: Any, nvml: Any, simulation: Any, kmsg_file: str | None) -> Any:
+def build_xid(cfg: Any, nvml: Any, simulation: Simulation | None, kmsg_file: str | None) -> Any:
     """The XID service, told which kernel log its counts come from: the simulated node's (each
     set of scenario flags its own, the node's acks shared), a replayed capture (its file, not
-    the temporary copy of its records), else paths.kmsg."""
+    the temporary copy of its records), else paths.kmsg. None when no collector declared the
+    xid section."""
+    if getattr(cfg, "xid", None) is None:
+        return None
     from exporter.xid.service import XidService
 
     source, shared = None, False
-    if simulation is not None and cfg.paths.kmsg == str(simulation.root / "dev" / "kmsg"):
-        source = f"simulated:{simulation.profile.instance_type}:{','.join(sorted(simulation.scenarios))}"
-        shared = True
+    if simulation is not None and cfg.paths.kmsg == simulation.kmsg_path:
+        source, shared = simulation.kmsg_source, True
     elif kmsg_file and cfg.paths.kmsg != kmsg_file:
         source = os.path.abspath(kmsg_file)
     return XidService(cfg, nvml, source=source, shared_acks=shared)
-
-
-SIM_PLAY_S = 60.0
-
-
-def play_simulated_onsets(ctx: Context) -> None:
-    """A one-shot command on a simulated node: move its sources and its fake NVML past the
-    scenarios' onsets, so the command sees what the daemon sees a few seconds in."""
-    if ctx.simulation is None:
-        return
-    ctx.simulation.advance(SIM_PLAY_S)
-    if ctx.nvml.ensure():
-        advance = getattr(ctx.nvml.backend, "advance_to", None)
-        if advance is not None:
-            advance(SIM_PLAY_S)
 
 
 def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -228,7 +230,7 @@ def serve(args: argparse.Namespace) -> int:
     from exporter.webconfig import load_web_config
 
     try:
-        ctx = build_context(args)
+        ctx, simulation = build_context(args)
         only = selected(args)
         web = load_web_config(ctx.config.web.config_file)
     except (ConfigError, ValueError) as e:
@@ -249,15 +251,15 @@ def serve(args: argparse.Namespace) -> int:
         print(f"gpu-health-exporter: cannot listen on {cfg.listen}: {e.strerror or e}", file=sys.stderr)
         return 2
     signals = Signals()
-    if ctx.simulation is not None:
-        ctx.simulation.start()
+    if simulation is not None:
+        simulation.start()
     runner.start()
     server.start()
     log.info("serving %s://%s:%d/metrics%s with collectors %s%s", "https" if server.tls else "http", host,
              server.port, " (basic auth)" if web.users else "",
              ",".join(c.name for c in built),
-             f" (simulated {ctx.simulation.profile.instance_type} under {ctx.simulation.root})"
-             if ctx.simulation else "")
+             f" (simulated {simulation.profile.instance_type} under {simulation.root})"
+             if simulation else "")
     reload = False
     while True:
         sig = signals.wait()
@@ -277,7 +279,7 @@ def serve(args: argparse.Namespace) -> int:
                  "after flushing state (at most %gs)", timeout)
     else:
         log.info("%s: shutting down, state file first (at most %gs)", signal.Signals(sig).name, timeout)
-    shutdown(ctx, server, runner, timeout, then=_reexec if reload else None)
+    shutdown(ctx, server, runner, timeout, then=_reexec if reload else None, simulation=simulation)
     return 0
 
 
@@ -300,7 +302,8 @@ class Signals:
         return self._last
 
 
-def shutdown(ctx: Context, server: Any, runner: Any, timeout_s: float, then: Any = None) -> None:
+def shutdown(ctx: Context, server: Any, runner: Any, timeout_s: float, then: Any = None,
+             simulation: Simulation | None = None) -> None:
     """Stop within `timeout_s` whatever a source is doing: the XID state file is flushed first,
     then the server and collectors are stopped. A watchdog ends the process at the deadline if a
     step is stuck (a read blocked in NVML or the kernel cannot be interrupted); then() runs at the
@@ -323,8 +326,8 @@ def shutdown(ctx: Context, server: Any, runner: Any, timeout_s: float, then: Any
         ctx.xid.stop(max(0.1, (deadline - time.monotonic()) * 0.5))
     server.shutdown()
     runner.close()
-    if ctx.simulation is not None:
-        ctx.simulation.close()
+    if simulation is not None:
+        simulation.close()
     done.set()
     log.info("shut down cleanly")
     if then is not None:
@@ -371,18 +374,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu-health-exporter: {e}", file=sys.stderr)
             return 2
         try:
-            ctx = build_context(args)
+            ctx, simulation = build_context(args)
         except (ConfigError, ValueError) as e:
             print(f"gpu-health-exporter: {e}", file=sys.stderr)
             could_not_start = getattr(mod, "could_not_start", None)
             return could_not_start(args, str(e)) if could_not_start else 2
         setup_logging(args.log_level or "warning")
         try:
-            play_simulated_onsets(ctx)
+            if simulation is not None:  # a one-shot command sees what the daemon sees a minute in:
+                ctx.nvml.ensure()  # NVML found its GPUs at start, as the daemon's did
+                simulation.play(SIM_PLAY_S)
             return mod.run(args, ctx)
         finally:
-            if ctx.simulation is not None:
-                ctx.simulation.close()
+            if simulation is not None:
+                simulation.close()
     args = build_parser().parse_args(argv)
     if args.list_scenarios:
         from exporter.simulate import all_scenarios

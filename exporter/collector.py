@@ -16,51 +16,53 @@ from exporter.nvml.session import NvmlSession
 
 if TYPE_CHECKING:
     from exporter.config import Config
-    from exporter.simulate import Simulation
     from exporter.xid.service import XidService
 
 
 @dataclass
 class Context:
-    """What collectors are built from: the validated config, where the sources are, and the
-    process-wide objects several collectors use. The composition root (exporter.cli, a test)
-    makes one Context per process; each object is created once, here, and handed over:
+    """What collectors are built from: the validated config (with the file roots, `paths`) and
+    the backends and process-wide objects several collectors use. The composition root
+    (exporter.cli, a test, exporter.simulate for a simulated node) makes one Context per process;
+    each object is created once, there, and handed over. No collector knows whether the node is
+    real or simulated: a simulation only changes the backends and the roots.
 
     - `nvml`: the one NVML session (GPU collector, XID events, verdict). Creating it costs
-      nothing; the backend (pynvml, a capture) is loaded on its first `ensure()`.
-    - `identity`: the instance identity (config, then the background IMDS lookup).
+      nothing; its backend (pynvml, a capture, a simulated node's fake) is loaded on its first
+      `ensure()`. None: the real library.
+    - `statvfs`: how a mount's capacity is read (the Lustre probe); a simulated node answers
+      from its tree.
+    - `imds_url`: the IMDS base URL (a simulated node's fake on 127.0.0.1); None: the real one,
+      config's `instance.imds_endpoint`. Whether IMDS is asked at all is config's `instance.imds`.
+    - `identity`: the instance identity (config, the DMI product name under the sysfs root, then
+      the IMDS lookup). None: made from the above.
     - `xid`: the XID service (xid, nvswitch and health collectors, `check`, `ack`): its parts
       (kernel-log follower, XID and SXid counters, identities, state files). The composition
       root builds it (naming the kernel log its counts come from); None: made from the config.
     """
 
     config: Config
-    # Where NVML comes from: a capture file to replay, a simulated node, or (both None) the
-    # real library. `nvml_latencies` makes the fake sleep the captured per-call latencies.
-    nvml_capture: str | None = None
-    simulation: Simulation | None = None
-    scenarios: tuple[str, ...] = ()
-    nvml_latencies: bool = False
-    nvml: NvmlSession | None = None  # None: made from the fields above
-    identity: IdentitySource | None = None  # None: made from the config
-    xid: XidService | None = None  # None: made from the config and `nvml`
-    # statvfs of a mount point (the Lustre capacity probe); a simulated node passes its fake
+    nvml: NvmlSession | None = None
     statvfs: Callable[[str], os.statvfs_result] = os.statvfs
+    imds_url: str | None = None
+    identity: IdentitySource | None = None
+    xid: XidService | None = None
 
     def __post_init__(self) -> None:
         if self.nvml is None:
-            self.nvml = NvmlSession.for_source(self.nvml_capture, self.simulation, self.scenarios,
-                                               self.nvml_latencies)
+            self.nvml = NvmlSession.real()
         if self.identity is None:
-            sim_imds = self.simulation.imds_url if self.simulation is not None else None
-            self.identity = IdentitySource(self.config, imds_url=sim_imds,
+            self.identity = IdentitySource(self.config, imds_url=self.imds_url,
                                            dmi_instance_type=dmi.instance_type(self.config.paths.sysfs))
-            if (self.simulation is not None or self.nvml_capture) and sim_imds is None:
-                self.identity.imds_allowed = False
         if self.xid is None and getattr(self.config, "xid", None) is not None:
             from exporter.xid.service import XidService
 
             self.xid = XidService(self.config, self.nvml)
+
+    @property
+    def paths(self) -> Any:
+        """Where the file sources are: config's `paths` (sysfs, procfs, debugfs, kmsg, state_dir)."""
+        return self.config.paths
 
 
 class Collector(ABC):

@@ -21,15 +21,15 @@ VOLATILE = ("duration", "timestamp", "scrapes_total", "collections_total")
 def node_metrics(tmp_path, *flags: str) -> dict:
     """GPU and XID metrics of one collection with these source flags (state in its own dir)."""
     args = build_parser().parse_args([*flags, "--path.state-dir", str(tmp_path / "state" / str(len(flags)))])
-    ctx = build_context(args)
+    ctx, simulation = build_context(args)
     try:
         one_shot(ctx)
         runner = Runner([GpuCollector(ctx), XidCollector(ctx)], deadline_s=10)
         ss = samples(scrape(runner))
         runner.close()
     finally:
-        if ctx.simulation is not None:
-            ctx.simulation.close()
+        if simulation is not None:
+            simulation.close()
     return {k: v for k, v in ss.items() if not any(w in k[0] for w in VOLATILE)}
 
 

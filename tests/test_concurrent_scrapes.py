@@ -13,7 +13,7 @@ from tests.helpers import value
 
 
 def test_twenty_concurrent_scrapes_make_one_set_of_nvml_calls():
-    ctx = build_context(build_parser().parse_args(["--simulate", "p5.48xlarge", "--collectors", "gpu"]))
+    ctx, sim = build_context(build_parser().parse_args(["--simulate", "p5.48xlarge", "--collectors", "gpu"]))
     runner = Runner(collectors.build(ctx, ["gpu"]), 5.0)
     srv = Server(runner, "127.0.0.1", 0)
     srv.start()
@@ -42,7 +42,7 @@ def test_twenty_concurrent_scrapes_make_one_set_of_nvml_calls():
     finally:
         srv.shutdown()
         runner.close()
-        ctx.simulation.close()
+        sim.close()
 
     # The same complete answer for all 20 (but the process_* metrics, read for each scrape).
     collected = {"".join(ln for ln in b.splitlines(True) if "process_" not in ln) for b in bodies}

@@ -157,7 +157,7 @@ def test_config_is_valid_and_every_path_is_mounted(rendered, overlay, tmp_path):
     (cm,) = [d for d in by_kind(docs, "ConfigMap") if "config.yaml" in d.get("data", {})]
     cfg_file = tmp_path / "config.yaml"
     cfg_file.write_text(cm["data"]["config.yaml"])
-    cfg = build_context(build_parser().parse_args(["--config", str(cfg_file)])).config
+    cfg = build_context(build_parser().parse_args(["--config", str(cfg_file)]))[0].config
     c = exporter_container(docs)
     mounts = [m["mountPath"] for m in c["volumeMounts"]]
     for path in (cfg.paths.sysfs, cfg.paths.procfs, cfg.paths.debugfs, cfg.paths.kmsg, cfg.paths.state_dir):
@@ -254,5 +254,5 @@ def test_generator_names_a_broken_rule_file(tmp_path):
 
 def test_example_config_is_valid():
     args = build_parser().parse_args(["--config", str(DEPLOY / "config.example.yaml")])
-    ctx = build_context(args)
+    ctx, _ = build_context(args)
     assert ctx.config.listen == "0.0.0.0:9858"

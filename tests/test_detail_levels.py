@@ -98,11 +98,11 @@ def scrape_simulated(config: Path | None = None) -> str:
         argv += ["--scenario", s]
     if config is not None:
         argv += ["--config", str(config)]
-    ctx = build_context(build_parser().parse_args(argv))
+    ctx, sim = build_context(build_parser().parse_args(argv))
     built = collectors.build(ctx)
     runner = Runner.from_config(built, ctx.config)
     try:
-        ctx.simulation.advance(60)
+        sim.advance(60)
         runner.start()
         for c in built:
             if hasattr(c, "refresh_slow"):
@@ -115,7 +115,7 @@ def scrape_simulated(config: Path | None = None) -> str:
         return text
     finally:
         runner.close()
-        ctx.simulation.close()
+        sim.close()
 
 
 def series(text: str) -> dict[str, int]:

@@ -9,7 +9,6 @@ import time
 import pytest
 import requests
 
-from exporter.collector import Context
 from exporter.collectors.efa import EfaCollector
 from exporter.config import load
 from exporter.runner import Runner
@@ -24,7 +23,7 @@ def simulated():
     def make(profile, *scenarios):
         sim = Simulation(profile, list(scenarios)).build()
         sims.append(sim)
-        ctx = Context(config=load(None, {**sim.config_overrides(), "efa.counters": "all"}), simulation=sim)
+        ctx = sim.context(load(None, {**sim.config_overrides(), "efa.counters": "all"}))
         return sim, Runner([EfaCollector(ctx)], deadline_s=10)
 
     yield make
@@ -77,8 +76,7 @@ def faulty():
     """One simulated p5.48xlarge with every fault scenario: each touches its own device or metrics
     (building a 32-device tree costs a second on a slow file system, so they share one)."""
     sim = Simulation("p5.48xlarge", FAULTS).build()
-    ctx = Context(config=load(None, {**sim.config_overrides(), "efa.device_timeout_seconds": 0.5}),
-                  simulation=sim)
+    ctx = sim.context(load(None, {**sim.config_overrides(), "efa.device_timeout_seconds": 0.5}))
     runner = Runner([EfaCollector(ctx)], deadline_s=10)
     sim.advance(1.0)
     yield sim, runner, samples(scrape(runner))

@@ -106,21 +106,18 @@ def _collect_scenario(scenario: str | None, config) -> list:
     argv = ["--simulate", "p5.48xlarge", "--config", str(config)]
     if scenario:
         argv += ["--scenario", scenario]
-    ctx = build_context(build_parser().parse_args(argv))
+    ctx, sim = build_context(build_parser().parse_args(argv))
     runner = Runner(collectors.build(ctx), 1.0)
     try:
-        ctx.simulation.advance(60)  # every scenario's onset is behind us
         ctx.nvml.ensure()
-        advance = getattr(ctx.nvml.backend, "advance_to", None)
-        if advance is not None:
-            advance(60.0)
+        sim.play(60.0)  # every scenario's onset is behind us (its fake NVML's too)
         return families(build_registry(runner), runner.collect())
     finally:
         runner.close()
         release = getattr(ctx.nvml.backend, "release", None)
         if release is not None:
             release()  # a hung fake NVML call (gpu-nvml-hang) returns, so its thread can end
-        ctx.simulation.close()
+        sim.close()
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,10 @@ from exporter.gpu.reader import GpuReader
 from exporter.nvml.backend import FABRIC_INFO, NvmlError
 from exporter.nvml.fake import FakeBackend, load_capture
 from exporter.nvml.pynvml_backend import PynvmlBackend
-from exporter.nvml.scenarios import FAULTY_GPU
-from exporter.nvml.synth import fabric_entry
 from exporter.profiles import PROFILES
+from exporter.simulate.nvml import fake_backend
+from exporter.simulate.nvml_scenarios import FAULTY_GPU
+from exporter.simulate.nvml_synth import fabric_entry
 
 # What a single passthrough H200 (no NVSwitch, driver 580.159.04) answered to the v3 call: success
 # with state 0 (project reference notes, "Measured on a real host").
@@ -99,13 +100,13 @@ def fabric_samples(fake, index):
 
 
 def test_p5_gpus_report_a_completed_fabric():
-    r, s = fabric_samples(FakeBackend.for_profile(PROFILES["p5.48xlarge"]), 0)
+    r, s = fabric_samples(fake_backend(PROFILES["p5.48xlarge"]), 0)
     assert s == {("gpu_fabric_state", (("state", "completed"),)): 1, ("gpu_fabric_status", ()): 0}
     assert r.fabric.completed
 
 
 def test_fabric_manager_down_leaves_every_gpu_in_progress():
-    fake = FakeBackend.for_profile(PROFILES["p5en.48xlarge"], ["gpu-fabric-manager-down"])
+    fake = fake_backend(PROFILES["p5en.48xlarge"], ["gpu-fabric-manager-down"])
     for i in range(8):
         r, s = fabric_samples(fake, i)
         assert s[("gpu_fabric_state", (("state", "in_progress"),))] == 1
@@ -113,7 +114,7 @@ def test_fabric_manager_down_leaves_every_gpu_in_progress():
 
 
 def test_status_error_on_one_gpu():
-    fake = FakeBackend.for_profile(PROFILES["p5.48xlarge"], ["gpu-fabric-status-error"])
+    fake = fake_backend(PROFILES["p5.48xlarge"], ["gpu-fabric-status-error"])
     _, s = fabric_samples(fake, FAULTY_GPU)
     assert s[("gpu_fabric_status", ())] == 999 and s[("gpu_fabric_state", (("state", "completed"),))] == 1
     assert fabric_samples(fake, 0)[1][("gpu_fabric_status", ())] == 0
@@ -122,7 +123,7 @@ def test_status_error_on_one_gpu():
 @pytest.mark.parametrize("how", ["p4d", "capture", "passthrough"])
 def test_not_supported_is_absent_not_a_fault(how):
     if how == "p4d":  # A100: no fabric registration (NVML: Hopper or newer)
-        fake = FakeBackend.for_profile(PROFILES["p4d.24xlarge"], ["gpu-fabric-manager-down"])
+        fake = fake_backend(PROFILES["p4d.24xlarge"], ["gpu-fabric-manager-down"])
     elif how == "capture":  # the real H200 capture: the call never succeeded there
         fake = FakeBackend(load_capture())
     else:

@@ -78,13 +78,13 @@ def golden_scrape(tmp_path, monkeypatch, extra_config: str) -> str:
     monkeypatch.setattr(time, "time", lambda: FROZEN)
     cfg = tmp_path / "config.yml"
     cfg.write_text(IDENTITY + extra_config)
-    ctx = build_context(build_parser().parse_args(
+    ctx, sim = build_context(build_parser().parse_args(
         ["--simulate", "p5.48xlarge", "--config", str(cfg), "--path.state-dir", str(tmp_path / "state")]))
     ctx.nvml.ensure()
     freeze = getattr(ctx.nvml.backend, "advance_to", None)
     if freeze is not None:
         freeze(0.0)
-    records = len((ctx.simulation.root / "dev" / "kmsg").read_text().splitlines())
+    records = len((sim.root / "dev" / "kmsg").read_text().splitlines())
     built = collectors.build(ctx)
     runner = Runner.from_config(built, ctx.config)
     registry = build_registry(runner)
@@ -108,7 +108,7 @@ def golden_scrape(tmp_path, monkeypatch, extra_config: str) -> str:
         return mask(text)
     finally:
         runner.close()
-        ctx.simulation.close()
+        sim.close()
 
 
 @pytest.mark.slow

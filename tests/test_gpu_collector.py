@@ -16,10 +16,11 @@ from exporter.config import load
 from exporter.health import NodeGpuHealth
 from exporter.nvml import backend as b
 from exporter.nvml.fake import FakeBackend, field_ids
-from exporter.nvml.scenarios import FAULTY_GPU, ONSET_S
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
+from exporter.simulate.nvml import fake_backend
+from exporter.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S
 from tests.helpers import FIXTURES, promtool_check_metrics, running_exporter, samples, scrape, value
 
 collector_classes()  # declares the config sections
@@ -45,8 +46,8 @@ def make(fake: FakeBackend | None = None, profile: str | None = None,
     overrides = {f"gpu.{k}": v for k, v in gpu_cfg.items()}
     if profile:
         overrides["node.instance_type"] = profile
-    ctx = Context(config=load(None, overrides), nvml_capture=None if fake else str(CAPTURE),
-                  nvml=NvmlSession(fake) if fake is not None else None)
+    ctx = Context(config=load(None, overrides),
+                  nvml=NvmlSession(fake) if fake is not None else NvmlSession.for_capture(str(CAPTURE)))
     return ctx, GpuCollector(ctx)
 
 
@@ -199,7 +200,7 @@ def test_unsupported_reads_are_not_repeated():
 
 # --- the simulated node -----------------------------------------------------------------------------
 def sim(scenarios=(), **gpu_cfg) -> tuple[FakeBackend, Context, GpuCollector]:
-    fake = FakeBackend.for_profile(PROFILES["p5.48xlarge"], scenarios)
+    fake = fake_backend(PROFILES["p5.48xlarge"], scenarios)
     fake.advance_to(0)
     ctx, c = make(fake, profile="p5.48xlarge", **gpu_cfg)
     return fake, ctx, c
@@ -473,7 +474,7 @@ def test_reader_samples_carry_exactly_their_metrics_labels(detail):
     from exporter.gpu.metrics import G
     from exporter.gpu.reader import GpuReader
 
-    fake = FakeBackend.for_profile(PROFILES["p5.48xlarge"], ["gpu-thermal-slowdown"])
+    fake = fake_backend(PROFILES["p5.48xlarge"], ["gpu-thermal-slowdown"])
     fake.init()
     reader = GpuReader(fake, FAULTY_GPU, detail=detail)
     readings = [reader.read_fast(), reader.read_slow()]
@@ -520,7 +521,7 @@ def test_packaged_nvml_data_matches_the_test_fixtures():
 
 
 def test_gpu_hung_at_start_does_not_hold_up_the_others():
-    fake = FakeBackend.for_profile(PROFILES["p5.48xlarge"])
+    fake = fake_backend(PROFILES["p5.48xlarge"])
     fake.hang(2, seconds=30)
     ctx = Context(config=load(None, {"gpu.read_timeout_seconds": 0.2, "node.instance_type": "p5.48xlarge"}),
                   nvml=NvmlSession(fake, identity_timeout_s=0.3))

@@ -5,11 +5,11 @@ import pytest
 
 from exporter.collectors.gpu import GpuCollector
 from exporter.collectors.health import HealthCollector
-from exporter.nvml.fake import FakeBackend
-from exporter.nvml.scenarios import FAULTY_GPU, ONSET_S
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
+from exporter.simulate.nvml import fake_backend
+from exporter.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S
 from tests.helpers import samples, scrape, value
 from tests.test_xid_service import make_ctx
 
@@ -17,7 +17,7 @@ F = str(FAULTY_GPU)
 
 
 def p5(tmp_path, scenarios=()):
-    fake = FakeBackend.for_profile(PROFILES["p5.48xlarge"], scenarios)
+    fake = fake_backend(PROFILES["p5.48xlarge"], scenarios)
     fake.advance_to(0)
     ctx = make_ctx(tmp_path, "", nvml=NvmlSession(fake))
     return fake, ctx

@@ -143,17 +143,18 @@ def test_lookup_retries_with_backoff_until_imds_answers(fake):
     assert lookup.last_error == ""
 
 
-def test_imds_off_in_simulation_env_and_config(fake, monkeypatch):
-    from exporter.simulate import Simulation
+def test_imds_off_in_simulation_env_and_config(fake, monkeypatch, tmp_path):
+    from exporter.cli import build_context, build_parser
 
-    sim = Simulation("p4d.24xlarge")
-    try:
-        ctx = Context(config=load(None, {"instance.imds_endpoint": fake.url}), simulation=sim)
-        assert ctx.identity.start_lookup() is None
-    finally:
-        sim.close()
-    assert Context(config=load(None, {"instance.imds_endpoint": fake.url}),
-                   nvml_capture="x.json").identity.start_lookup() is None
+    cfg = tmp_path / "config.yaml"  # a file that asks for IMDS: a simulated or replayed node still does not
+    cfg.write_text(f"instance:\n  imds: true\n  imds_endpoint: {fake.url}\n")
+    for flags in (["--simulate", "p4d.24xlarge"], ["--nvml-capture", "x.json"]):
+        ctx, sim = build_context(build_parser().parse_args([*flags, "--config", str(cfg)]))
+        try:
+            assert ctx.identity.start_lookup() is None, flags
+        finally:
+            if sim is not None:
+                sim.close()
     assert ctx_for(fake.url, **{"instance.imds": False}).identity.start_lookup() is None
     monkeypatch.setenv(imds.ENV_SWITCH, "off")
     assert ctx_for(fake.url).identity.start_lookup() is None

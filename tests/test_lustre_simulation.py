@@ -6,12 +6,11 @@ import logging
 import pytest
 import requests
 
-from exporter.collector import Context
 from exporter.collectors.lustre import LustreCollector
 from exporter.config import load
 from exporter.runner import Runner
 from exporter.simulate import Simulation, all_scenarios
-from exporter.simulate.lustre import CAPACITY_BYTES, EVICT_AT_S, SCENARIOS, fake_statvfs
+from exporter.simulate.lustre import CAPACITY_BYTES, EVICT_AT_S, SCENARIOS
 from tests.helpers import promtool_check_metrics, running_exporter, samples, scrape, value
 
 FSX = {"fsname": "abcdefgh", "mount": "/fsx"}
@@ -30,9 +29,8 @@ def node(request):
         sim.sources = [src for src in sim.sources if src.name == "lustre"]
         sim.build()
         sims.append(sim)
-        overrides = {**sim.config_overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False,
-                     **{f"lustre.{k}": v for k, v in cfg.items()}}
-        c = LustreCollector(Context(config=load(None, overrides), statvfs=fake_statvfs(sim.root)))
+        overrides = {**sim.config_overrides(), **{f"lustre.{k}": v for k, v in cfg.items()}}
+        c = LustreCollector(sim.context(load(None, overrides)))
         return sim, Runner([c], deadline_s=5)
 
     yield start
@@ -101,13 +99,13 @@ def _avg_mdc_wait(a, b):
 
 def test_mdc_slow(node):
     sim, r = node("lustre-mdc-slow")
-    normal_sim, normal = node()
+    node_sim, normal = node()
     snaps, base = [], []
     for t in (0, 10, 20, 30):
         sim.advance(t)
         snaps.append(samples(scrape(r)))
     for t in (0, 10):
-        normal_sim.advance(t)
+        node_sim.advance(t)
         base.append(samples(scrape(normal)))
     early, late = _avg_mdc_wait(snaps[0], snaps[1]), _avg_mdc_wait(snaps[2], snaps[3])
     assert late > early > 0.05  # above the 50 ms alert threshold and rising

@@ -15,9 +15,10 @@ from exporter.nvml import backend as b
 from exporter.nvml.backend import NvmlError
 from exporter.nvml.fake import FakeBackend, call_key, field_ids
 from exporter.nvml.pynvml_backend import PynvmlBackend, plain
-from exporter.nvml.scenarios import FAULTY_GPU, ONSET_S, SCENARIOS
 from exporter.nvml.session import NvmlSession, pci_key
 from exporter.profiles import PROFILES
+from exporter.simulate.nvml import fake_backend
+from exporter.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S, SCENARIOS
 from tests.helpers import FIXTURES
 
 CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"
@@ -200,7 +201,7 @@ def test_event_wait_wakes_for_scheduled_event(fake):
 @pytest.mark.parametrize("instance_type", ["p5.48xlarge", "p5e.48xlarge", "p4d.24xlarge"])
 def test_profile_node(instance_type, capture):
     p = PROFILES[instance_type]
-    f = FakeBackend.for_profile(p)
+    f = fake_backend(p)
     f.init()
     assert f.device_count() == 8
     uuids = {f.call(i, "nvmlDeviceGetUUID") for i in range(8)}
@@ -227,12 +228,12 @@ def test_scenarios_are_prefixed_and_apply():
     p = PROFILES["p5.48xlarge"]
     assert SCENARIOS and all(n.startswith("gpu-") for n in SCENARIOS)
     for name in SCENARIOS:
-        f = FakeBackend.for_profile(p, [name])
+        f = fake_backend(p, [name])
         f.init()
         f.advance_to(ONSET_S + 1)
         healthy = f.call(0, "nvmlDeviceGetName")
         assert healthy == p.gpu_model  # GPU 0 is never the faulty one
-    f = FakeBackend.for_profile(p, ["gpu-lost"])
+    f = fake_backend(p, ["gpu-lost"])
     f.init()
     f.advance_to(ONSET_S + 1)
     with pytest.raises(NvmlError) as e:
@@ -257,7 +258,7 @@ def test_session_by_pci_accepts_kernel_and_nvml_forms(addr):
 
 
 def test_session_identity_and_lookups(capture):
-    s = NvmlSession(FakeBackend.for_profile(PROFILES["p5.48xlarge"]))
+    s = NvmlSession(fake_backend(PROFILES["p5.48xlarge"]))
     assert s.ensure() and s.error == ""
     assert len(s.devices) == 8
     d = s.devices[5]
@@ -284,7 +285,7 @@ def test_session_init_failure_is_reported_and_retried_with_backoff():
 
 
 def test_session_gpu_lost_at_start_is_marked():
-    f = FakeBackend.for_profile(PROFILES["p5.48xlarge"])
+    f = fake_backend(PROFILES["p5.48xlarge"])
     f.lose(2)
     s = NvmlSession(f)
     assert s.ensure()
@@ -297,11 +298,11 @@ def test_the_context_s_nvml_session_loads_its_backend_on_first_use(tmp_path):
     from exporter.collector import Context
     from exporter.config import load
 
-    ctx = Context(config=load(None), nvml_capture=str(CAPTURE))
+    ctx = Context(config=load(None), nvml=NvmlSession.for_capture(str(CAPTURE)))
     s = ctx.nvml
     assert not isinstance(s.backend, FakeBackend)  # nothing loaded until someone uses NVML
     assert s.ensure() and isinstance(s.backend, FakeBackend) and ctx.nvml is s
-    bad = Context(config=load(None), nvml_capture=str(tmp_path / "missing.json")).nvml
+    bad = Context(config=load(None), nvml=NvmlSession.for_capture(str(tmp_path / "missing.json"))).nvml
     assert not bad.ensure() and "missing.json" in bad.error
 
 

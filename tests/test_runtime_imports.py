@@ -2,8 +2,8 @@
 metric model, so the CLI and every collector module load it (and with it ssl, http.server,
 wsgiref, urllib.request and email, which its package imports: ~1.6 MiB more RSS in the running
 exporter, where ssl is loaded anyway; docs/performance.md). What a default node does not use stays
-out: requests (the IMDS client, loaded when a lookup runs), bcrypt (basic auth only), the NVML bindings until NVML is first used,
-asyncio and multiprocessing."""
+out: requests (the IMDS client, loaded when a lookup runs), bcrypt (basic auth only), the NVML
+bindings until NVML is first used, asyncio and multiprocessing."""
 
 import json
 import subprocess

@@ -126,7 +126,7 @@ def gpu_and_efa():
     """The simulated p5 with the gpu, efa and health collectors, served on 127.0.0.1 at /probe."""
     names = ["gpu", "efa", "health"]
     args = ["--simulate", "p5.48xlarge", "--collectors", ",".join(names)]
-    ctx = build_context(build_parser().parse_args(args))
+    ctx, sim = build_context(build_parser().parse_args(args))
     runner = Runner(collectors.build(ctx, names), 10.0)
     runner.start()
     srv = Server(runner, "127.0.0.1", 0, telemetry_path="/probe")
@@ -134,7 +134,7 @@ def gpu_and_efa():
     yield f"http://127.0.0.1:{srv.port}"
     srv.shutdown()
     runner.close()
-    ctx.simulation.close()
+    sim.close()
 
 
 def test_the_telemetry_path_is_configurable(gpu_and_efa):

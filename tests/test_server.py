@@ -267,11 +267,11 @@ def test_landing_page_shows_the_verdict_and_each_sources_problems():
     from exporter import collectors
     from exporter.cli import build_context, build_parser
 
-    ctx = build_context(build_parser().parse_args(
+    ctx, sim = build_context(build_parser().parse_args(
         ["--simulate", "p5.48xlarge", "--scenario", "gpu-lost", "--scenario", "efa-counters-unreadable",
          "--scenario", "lustre-debugfs-missing", "--scenario", "lustre-lbug"]))
     runner = Runner.from_config(collectors.build(ctx, None), ctx.config)
-    ctx.simulation.start()
+    sim.start()
     runner.start()
     try:
         with serving(runner) as addr:
@@ -284,7 +284,7 @@ def test_landing_page_shows_the_verdict_and_each_sources_problems():
                 time.sleep(0.5)
             page = requests.get(base + "/", timeout=10).text
     finally:
-        ctx.simulation.close()
+        sim.close()
     assert "Node verdict: " in healthy_page
     assert 'Node verdict: <span class="bad">reboot_required</span>' in page
     assert "<code>gpu_lost</code>" in page  # the node's reason

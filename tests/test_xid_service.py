@@ -12,9 +12,9 @@ from exporter.collectors.xid import XidCollector
 from exporter.config import ConfigError, load
 from exporter.nvml.fake import FakeBackend, load_capture
 from exporter.nvml.session import NvmlSession
-from exporter.nvml.synth import node_capture
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
+from exporter.simulate.nvml_synth import node_capture
 from exporter.xid.service import one_shot
 from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, value
 

@@ -1,7 +1,8 @@
 """`gpu-health-exporter capture --out FILE`: record this node's NVML surface and the kernel log's
 NVIDIA lines into one file, which `--nvml-capture FILE --kmsg-file FILE` replay (docs/design.md,
 "Capturing a node"). Uses the daemon's source options, so `--simulate` or `--nvml-capture` capture
-a simulated node or re-record a capture."""
+a simulated node (as it is a minute in: the composition root plays its scenarios' onsets) or
+re-record a capture."""
 
 from __future__ import annotations
 

@@ -160,17 +160,6 @@ class FakeBackend(NvmlBackend):
     def from_file(cls, path: str | Path, latencies: bool = False) -> FakeBackend:
         return cls(load_capture(path), latencies=latencies)
 
-    @classmethod
-    def for_profile(cls, profile: Any, scenarios: Sequence[str] = (), latencies: bool = False,
-                    capture: dict[str, Any] | None = None) -> FakeBackend:
-        """A node of `profile.gpus` GPUs grounded in the H200 capture (see exporter.nvml.synth)."""
-        from exporter.nvml.scenarios import apply_scenarios
-        from exporter.nvml.synth import node_capture
-
-        fake = cls(node_capture(profile, capture or load_capture()), latencies=latencies)
-        apply_scenarios(fake, scenarios, profile)
-        return fake
-
     # --- time and scripts -----------------------------------------------------------------
     def now(self) -> float:
         """Seconds since the fake was created (or the time set by `advance_to`)."""

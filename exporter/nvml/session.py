@@ -1,9 +1,10 @@
 """The one NVML session of the process, shared by the GPU collector and the XID/event code.
 
-The composition root creates it once (Context.nvml, `NvmlSession.for_source`) for the backend
-the process asks for: a capture to replay, a simulated node, or the real library; the backend is
-only loaded (pynvml imported, a capture read) on the first `ensure()`, so a process that never
-uses NVML never pays for it. `ensure()` initialises NVML and reads each GPU's identity once.
+The composition root creates it once (Context.nvml) from the backend the process asks for: the
+real library (`NvmlSession.real()`), a capture to replay (`for_capture`), or any backend or
+backend factory (a simulated node's fake, exporter.simulate); the backend is only loaded (pynvml
+imported, a capture read) on the first `ensure()`, so a process that never uses NVML never pays
+for it. `ensure()` initialises NVML and reads each GPU's identity once.
 When NVML cannot be initialised (no driver, no library) the session still exists with `.error`
 saying why, so callers can report the reason; `ensure()` retries the initialisation on later
 scrapes with exponential back-off.
@@ -84,14 +85,25 @@ class NvmlSession:
         self._by_uuid: dict[str, DeviceIdentity] = {}
 
     @classmethod
-    def for_source(cls, capture: str | None, simulation: Any, scenarios: tuple[str, ...] = (),
-                   latencies: bool = False) -> NvmlSession:
-        """The session for a capture file, a simulated node, or (both None) the real library."""
+    def for_capture(cls, path: str, latencies: bool = False) -> NvmlSession:
+        """A session replaying a capture file (made by `capture`); an unreadable file leaves NVML
+        unavailable, saying why."""
         def make() -> NvmlBackend:
+            from exporter.nvml.fake import FakeBackend
+
             try:
-                return make_backend(capture, simulation, scenarios, latencies)
+                return FakeBackend.from_file(path, latencies=latencies)
             except (OSError, ValueError, KeyError) as e:
-                return UnavailableBackend(f"cannot load NVML capture {capture}: {e}")
+                return UnavailableBackend(f"cannot load NVML capture {path}: {e}")
+        return cls(make=make)
+
+    @classmethod
+    def real(cls) -> NvmlSession:
+        """A session on the real NVML library (pynvml), loaded on the first ensure()."""
+        def make() -> NvmlBackend:
+            from exporter.nvml.pynvml_backend import PynvmlBackend
+
+            return PynvmlBackend()
         return cls(make=make)
 
     @property
@@ -204,22 +216,6 @@ class NvmlSession:
             except NvmlError:
                 pass
             self._ok = False
-
-
-def make_backend(capture: str | None, simulation: Any, scenarios: tuple[str, ...] = (),
-                 latencies: bool = False) -> NvmlBackend:
-    """A capture's fake, a simulated node's fake, or (both None) the real library."""
-    if capture:
-        from exporter.nvml.fake import FakeBackend
-
-        return FakeBackend.from_file(capture, latencies=latencies)
-    if simulation is not None:
-        from exporter.nvml.fake import FakeBackend
-
-        return FakeBackend.for_profile(simulation.profile, scenarios, latencies=latencies)
-    from exporter.nvml.pynvml_backend import PynvmlBackend
-
-    return PynvmlBackend()
 
 
 class UnavailableBackend(NvmlBackend):

@@ -4,22 +4,52 @@ backend, so the exporter runs end to end on a machine without GPUs, EFA or Lustr
 Each source contributes a `SimSource` in a module of this package (discovered automatically):
 it builds its part of the tree, names the fault scenarios it understands, and advances its
 counters on each tick of the simulation clock.
+
+The simulation stays at the edge: the composition root (exporter.cli, a test, a bench) builds
+it, takes its config overrides (the roots of its tree) and its backends (`context()`: the fake
+NVML, the statvfs of its mounts, its fake IMDS), and runs its clock. No product module reads a
+Simulation.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import shutil
 import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.dmi import PRODUCT_NAME
 from exporter.profiles import PROFILES, SIMULATED, Profile
+
+if TYPE_CHECKING:
+    from exporter.collector import Context
+    from exporter.config import Config
+    from exporter.nvml.fake import FakeBackend
+    from exporter.nvml.session import NvmlSession
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The simulated node's size where it differs from its profile (config section `simulate`);
+    None keeps the profile's (or the source's) own."""
+
+    gpus: int | None = None
+    efa_devices: int | None = None
+    lustre_osts: int | None = None
+
+    @classmethod
+    def from_config(cls, config: Config) -> Shape:
+        sec = getattr(config, "simulate", None)
+        if sec is None:
+            return cls()
+        return cls(sec.gpus, sec.efa_devices, sec.lustre_osts)
 
 
 class SimSource(ABC):
@@ -30,6 +60,9 @@ class SimSource(ABC):
         self.root = root
         self.profile = profile
         self.active = scenarios & set(self.scenarios)
+
+    def configure(self, shape: Shape) -> None:
+        """Take the node's shape (called before build); the GPU and EFA counts are the profile's."""
 
     @abstractmethod
     def build(self) -> None:
@@ -63,7 +96,7 @@ class Simulation:
     """A simulated node under `root` (a temporary directory unless given)."""
 
     def __init__(self, instance_type: str, scenarios: list[str] | None = None,
-                 root: str | Path | None = None, tick_s: float = 1.0) -> None:
+                 root: str | Path | None = None, tick_s: float = 1.0, shape: Shape | None = None) -> None:
         if instance_type not in SIMULATED:
             raise ValueError(f"unknown simulated instance type {instance_type!r}; expected one of "
                              + ", ".join(SIMULATED))
@@ -71,12 +104,20 @@ class Simulation:
         unknown = [s for s in scenarios or [] if s not in known]
         if unknown:
             raise ValueError(f"unknown scenario {unknown[0]!r}; expected one of " + ", ".join(sorted(known)))
-        self.profile = PROFILES[instance_type]
+        self.shape = shape or Shape()
+        base = PROFILES[instance_type]
+        self.profile = replace(base, gpus=base.gpus if self.shape.gpus is None else self.shape.gpus,
+                               efa_devices=base.efa_devices if self.shape.efa_devices is None
+                               else self.shape.efa_devices)
         self.scenarios = set(scenarios or [])
         self._own_root = root is None
         self.root = Path(root or tempfile.mkdtemp(prefix="ghe-sim-"))
         self.tick_s = tick_s
         self.sources = [cls(self.root, self.profile, self.scenarios) for cls in source_classes()]
+        for src in self.sources:
+            src.configure(self.shape)
+        self._fake_nvml: list[FakeBackend] = []  # the fakes handed out, whose clocks play() moves
+        self._played: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = time.monotonic()
@@ -93,13 +134,78 @@ class Simulation:
         return self
 
     def config_overrides(self) -> dict[str, Any]:
-        return {
+        """The config keys the simulated node sets (they win over a config file): its roots, IMDS
+        off unless it serves its own fake, and, for a shape that is not the profile's, the
+        expected counts of that shape."""
+        from exporter import collectors
+
+        collectors.collector_classes()  # every section these keys are in is declared
+        out: dict[str, Any] = {
             "paths.sysfs": str(self.root / "sys"),
             "paths.procfs": str(self.root / "proc"),
             "paths.debugfs": str(self.root / "sys/kernel/debug"),
-            "paths.kmsg": str(self.root / "dev/kmsg"),
+            "paths.kmsg": self.kmsg_path,
             "paths.state_dir": str(self.root / "state"),
+            "instance.imds": self.imds_url is not None,
+            # its FSx mount is files in a tree: no `lfs` to run, no ioctl to make on it
+            "lustre.lfs_command": "",
+            "lustre.use_ioctl": False,
         }
+        if self.shape.gpus is not None:
+            out["node.expected_gpus"] = self.profile.gpus
+        if self.shape.efa_devices is not None:
+            out["efa.expected_devices"] = self.profile.efa_devices
+        return out
+
+    # -- the backends the composition root hands to the Context ------------------------------
+    def nvml_backend(self, latencies: bool = False) -> FakeBackend:
+        """A fake NVML of this node's GPUs with its `gpu-*` scenarios (one per NVML session)."""
+        from exporter.simulate.nvml import fake_backend
+
+        fake = fake_backend(self.profile, sorted(self.scenarios), latencies=latencies)
+        if self._played is not None:
+            fake.advance_to(self._played)
+        self._fake_nvml.append(fake)
+        return fake
+
+    def nvml_session(self, latencies: bool = False) -> NvmlSession:
+        """An NVML session over this node's fake, made on the session's first use."""
+        from exporter.nvml.session import NvmlSession
+
+        return NvmlSession(make=lambda: self.nvml_backend(latencies))
+
+    def statvfs(self, path: str) -> os.statvfs_result:
+        """What statvfs answers for the simulated node's mounts (written by its Lustre source)."""
+        from exporter.simulate.lustre import fake_statvfs
+
+        return fake_statvfs(self.root)(path)
+
+    def context(self, config: Config, nvml_latencies: bool = False) -> Context:
+        """The Context of this node: `config` (loaded with config_overrides()) and its backends
+        (tests and benches; exporter.cli builds the same, with the XID service named for it)."""
+        from exporter.collector import Context
+
+        return Context(config=config, nvml=self.nvml_session(nvml_latencies), statvfs=self.statvfs,
+                       imds_url=self.imds_url)
+
+    @property
+    def kmsg_path(self) -> str:
+        return str(self.root / "dev" / "kmsg")
+
+    @property
+    def kmsg_source(self) -> str:
+        """What names this node's kernel log in the XID state file (its root is a temp dir): each
+        set of scenario flags is its own kernel log, whose counts are kept apart."""
+        return f"simulated:{self.profile.instance_type}:{','.join(sorted(self.scenarios))}"
+
+    def play(self, elapsed_s: float) -> None:
+        """Freeze the node at `elapsed_s` seconds after its start, past the scenarios' onsets, for
+        a one-shot command (`check`, `ack`) that must see what the daemon sees a few seconds in:
+        its trees and kernel log, and its fake NVML's clock (now, and for fakes made later)."""
+        self._played = elapsed_s
+        self.advance(elapsed_s)
+        for fake in self._fake_nvml:
+            fake.advance_to(elapsed_s)
 
     def advance(self, elapsed_s: float | None = None) -> None:
         t = time.monotonic() - self._t0 if elapsed_s is None else elapsed_s

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from exporter.profiles import Profile
 from exporter.simulate import SimSource
@@ -179,6 +180,12 @@ class EfaSim(SimSource):
             self.devices.pop()
         self.sys = root / "sys"
         self.port_files, self.device_files, self.combined = kernel_files(self.kernel)
+
+    def configure(self, shape: Any) -> None:
+        layout = len(FAMILIES.get(family(self.profile), ("", 0, (0, 0), []))[3])
+        if shape.efa_devices is not None and shape.efa_devices > layout:
+            raise ValueError(f"simulate.efa_devices is {shape.efa_devices}; the {self.profile.instance_type} "
+                             f"layout has at most {layout} EFA devices")
 
     def build(self) -> None:
         gbps = self.gbps if self.kernel >= (6, 13) else 100  # older kernels always say 100

@@ -17,9 +17,9 @@ import uuid as uuidlib
 from pathlib import Path
 
 from exporter.nvml.fake import new_uuid
-from exporter.nvml.synth import P5_BUSES
 from exporter.profiles import Profile
 from exporter.simulate import SimSource
+from exporter.simulate.nvml_synth import P5_BUSES
 
 ONSET_S = 3.0
 SMS = 132  # H100 SXM streaming multiprocessors: an XID 13 flood logs ~3 lines per SM
@@ -105,7 +105,7 @@ def sxid_fatal(gpu: int) -> list[str]:
 
 def _scenario_lines(name: str) -> list[str]:
     """The driver's messages a scenario appends at its onset (none for scenarios of other sources)."""
-    from exporter.nvml.scenarios import FAULTY_GPU as F
+    from exporter.simulate.nvml_scenarios import FAULTY_GPU as F
 
     return {
         "xid-63": [xid_line(2, 63, "Row Remapper: New row (0x0000000000ab12c0) marked for remapping, reset "
@@ -117,7 +117,7 @@ def _scenario_lines(name: str) -> list[str]:
         "sxid-fatal": sxid_fatal(F),
         "xid-154": [xid_line(6, 154, "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot "
                              "Required)")],
-        # the kernel lines of the NVML scenarios (exporter/nvml/scenarios.py) that raise an XID
+        # the kernel lines of the NVML scenarios (exporter/simulate/nvml_scenarios.py) that raise an XID
         "gpu-lost": bus_loss_lines(F),
         "gpu-ecc-dbe": [xid_line(F, 48, "An uncorrectable double bit error (DBE) has been detected on "
                                  "GPU in the framebuffer at partition 6, subpartition 0.")],

@@ -92,6 +92,11 @@ class LustreSim(SimSource):
         if not 1 <= self.osts <= 0x10000:  # OST indexes are 4 hex digits in device names
             raise ValueError(f"simulated Lustre OST count {self.osts} is not between 1 and 65536")
 
+    def configure(self, shape: Any) -> None:
+        """The config file's `simulate.lustre_osts` (exporter.simulate.Shape)."""
+        if shape.lustre_osts is not None:
+            self.osts = shape.lustre_osts
+
     def build(self) -> None:
         self.t0 = int(time.time())
         self.network = "tcp" if self.profile.efa_devices < 8 else "efa"

@@ -23,6 +23,11 @@ MiB = 1024**2
 P5_BUSES = (0x53, 0x64, 0x75, 0x86, 0x97, 0xA8, 0xB9, 0xCA)
 
 
+def gpu_bus(index: int) -> int:
+    """GPU `index`'s PCI bus: a p5's, then (a larger simulated shape) 0x18, 0x19, ..."""
+    return P5_BUSES[index] if index < len(P5_BUSES) else 0x10 + index
+
+
 # Per-model facts that differ from the captured H200 (public spec sheets / nvidia-smi on the part).
 # memory: what NVML reports as total; power limit in mW; max SM and memory clocks in MHz;
 # pci device id; architecture (nvmlDeviceArchitecture: 7 Ampere, 9 Hopper, 10 Blackwell).
@@ -72,7 +77,7 @@ def node_capture(profile: Any, capture: dict[str, Any]) -> dict[str, Any]:
         serial = int(src.get("nvmlDeviceGetSerial", {}).get("ok") or "1653924043000")
         d["nvmlDeviceGetSerial"] = _ok(str(serial + 17 * (i + 1)), us("nvmlDeviceGetSerial"))
         d["nvmlDeviceGetMinorNumber"] = _ok(i, us("nvmlDeviceGetMinorNumber"))
-        bus = P5_BUSES[i % len(P5_BUSES)]
+        bus = gpu_bus(i)
         pci = dict(src.get("nvmlDeviceGetPciInfo", {}).get("ok") or {})
         pci.update(bus=bus, device=0, domain=0, busIdLegacy=f"0000:{bus:02X}:00.0")
         pci["busId"] = f"00000000:{bus:02X}:00.0"

@@ -13,7 +13,7 @@ from typing import Any
 
 from exporter.nvml.backend import FABRIC_INFO, NVML_ERROR_UNKNOWN
 from exporter.nvml.fake import FakeBackend
-from exporter.nvml.synth import fabric_entry
+from exporter.simulate.nvml_synth import fabric_entry
 
 ONSET_S = 3.0
 FAULTY_GPU = 3

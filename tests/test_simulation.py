@@ -1,0 +1,104 @@
+"""The simulation stays at the edge: the composition root builds it and hands its backends to the
+Context; no product module reads it; its shape can be set in the config file."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from exporter import collectors
+from exporter.cli import build_context, build_parser, main
+from exporter.runner import Runner
+from tests.helpers import ROOT, samples, scrape, value
+
+EDGE = {"exporter/cli.py"}  # the composition root; exporter/simulate/ is the simulation itself
+
+
+def _modules():
+    for path in sorted((ROOT / "exporter").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("exporter/simulate/") or rel in EDGE:
+            continue
+        yield rel, ast.parse(path.read_text(), rel)
+
+
+def test_no_product_module_reads_the_simulation():
+    found = []
+    for rel, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("exporter.simulate"):
+                found.append(f"{rel}:{node.lineno} imports {node.module}")
+            elif isinstance(node, ast.Import):
+                found += [f"{rel}:{node.lineno} imports {a.name}" for a in node.names
+                          if a.name.startswith("exporter.simulate")]
+            elif isinstance(node, ast.Attribute) and node.attr == "simulation":
+                found.append(f"{rel}:{node.lineno} reads .simulation")
+            elif isinstance(node, ast.Constant) and node.value == "simulation":
+                found.append(f"{rel}:{node.lineno} looks up 'simulation'")
+    assert found == []
+
+
+def test_nvml_package_does_not_import_the_simulation():
+    """nvml/fake, the scenarios and the synthesised node used to import each other; the scenarios
+    and the synthesis are the simulation's now, and exporter.nvml imports none of it."""
+    for path in sorted((ROOT / "exporter" / "nvml").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            assert not any(n.startswith("exporter.simulate") for n in names), (path.name, node.lineno)
+    assert not (ROOT / "exporter" / "nvml" / "scenarios.py").exists()
+    assert not (ROOT / "exporter" / "nvml" / "synth.py").exists()
+
+
+@pytest.fixture
+def shaped(tmp_path):
+    built = []
+
+    def make(text: str, *flags: str):
+        cfg = tmp_path / f"shape{len(built)}.yaml"
+        cfg.write_text(text)
+        ctx, sim = build_context(build_parser().parse_args(
+            ["--simulate", "p5.48xlarge", "--config", str(cfg), *flags]))
+        built.append(sim)
+        return ctx, sim
+
+    yield make
+    for sim in built:
+        sim.close()
+
+
+def test_the_simulated_node_takes_its_shape_from_the_config_file(shaped):
+    ctx, sim = shaped("simulate:\n  gpus: 2\n  efa_devices: 4\n  lustre_osts: 16\n")
+    assert ctx.nvml.ensure() and len(ctx.nvml.devices) == 2
+    assert len(list((sim.root / "sys" / "class" / "infiniband").iterdir())) == 4
+    osts = [p.name for p in (sim.root / "proc" / "fs" / "lustre" / "osc").iterdir()]
+    assert len(osts) == 16 and any("OST000f" in n for n in osts)
+    runner = Runner.from_config(collectors.build(ctx, ["gpu", "efa", "health"]), ctx.config)
+    try:
+        ss = samples(scrape(runner))
+    finally:
+        runner.close()
+    # the expected counts follow the shape: a smaller benchmark node is not a broken p5
+    assert value(ss, "gpu_devices") == value(ss, "gpu_devices_expected") == 2
+    assert value(ss, "efa_devices") == value(ss, "efa_devices_expected") == 4
+    assert value(ss, "gpu_node_health_verdict", verdict="healthy") == 1
+
+
+def test_the_default_shape_is_the_profile_and_the_node_says_so_in_dmi(shaped):
+    ctx, sim = shaped("{}\n")
+    assert (sim.root / "sys/devices/virtual/dmi/id/product_name").read_text().strip() == "p5.48xlarge"
+    assert ctx.identity.instance_type_source() == "dmi" and ctx.config.node.instance_type is None
+    assert ctx.nvml.ensure() and len(ctx.nvml.devices) == 8
+    assert len(list((sim.root / "proc" / "fs" / "lustre" / "osc").iterdir())) == 8
+    assert ctx.config.instance.imds is False and ctx.config.node.expected_gpus is None
+
+
+def test_a_shape_the_layout_cannot_have_is_a_config_error(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("simulate:\n  efa_devices: 33\n")
+    assert main(["check", "--simulate", "p5.48xlarge", "--config", str(cfg)]) == 2
+    assert "simulate.efa_devices is 33" in capsys.readouterr().err
+    cfg.write_text("simulate:\n  gpus: 99\n")
+    assert main(["check", "--simulate", "p5.48xlarge", "--config", str(cfg)]) == 2
+    assert "simulate.gpus" in capsys.readouterr().err
