@@ -1,17 +1,21 @@
-"""EC2 instance identity (instance type, instance id, availability zone) from IMDSv2 or config.
+"""EC2 instance identity (instance type, instance id, availability zone) from config, the DMI
+product name (the type only; exporter/dmi.py) and IMDSv2.
 
-IMDSv2: PUT /latest/api/token, then GETs with the token, each with a short timeout. The lookup
-runs on a background thread started once per process: the first try at start-up, then retries
-with capped exponential back-off (and jitter, so a fleet restarted together does not retry in
-step) until it succeeds. Start-up and scrapes never wait for it; until it succeeds the identity
-comes from config alone. `IdentitySource` (Context.identity, one per process) holds config and
-what IMDS found; exporter.node reads the instance type from it.
+IMDSv2: PUT /latest/api/token, then GETs with the token, over one requests Session with connect
+and read timeouts and bounded retries (ImdsClient). The daemon's lookup runs on a background
+thread started once per process: the first try at start-up, then retries with capped exponential
+back-off (and jitter, so a fleet restarted together does not retry in step) until it succeeds.
+Start-up and scrapes never wait for it; until it succeeds the identity comes from config and
+DMI alone. `check` asks once instead (IdentitySource.lookup_now). `IdentitySource`
+(Context.identity, one per process) holds all three; exporter.node reads the instance type.
 
-IMDS is never consulted under --simulate or --nvml-capture (not a real node), when
-`instance.imds` is false, or when the environment sets GPU_HEALTH_EXPORTER_IMDS=off (tests); a
-simulated node with scenario ec2-scheduled-reboot asks only its own fake IMDS on 127.0.0.1
-(exporter/simulate/imds.py).
-In a container, IMDSv2 needs the instance's metadata hop limit at 2 or more.
+IMDS is not asked when `instance.imds` is false (a simulated node and a replayed capture set it
+so: not a real node), or, for the real endpoint, when the environment sets
+GPU_HEALTH_EXPORTER_IMDS=off (tests); a simulated node with scenario ec2-scheduled-reboot asks
+only its own fake IMDS on 127.0.0.1 (exporter/simulate/imds.py), whose URL the composition root
+hands over (Context.imds_url).
+In a container, IMDSv2 needs the instance's metadata hop limit at 2 or more: with 1 the token's
+answer is dropped, each request times out (after its retries) and the lookup keeps backing off.
 """
 
 from __future__ import annotations
