@@ -187,7 +187,7 @@ class ImdsClient:
         try:
             resp = self._session.request(method, f"{self.endpoint}/latest/{path}", headers=headers,
                                          timeout=(self.timeout_s, self.timeout_s), allow_redirects=False)
-            return resp.status_code, resp.text
+            return resp.status_code, resp.content.decode("utf-8", "replace")  # no charset guessing
         except requests.RequestException as e:
             raise ImdsError(_describe(e)) from e
 
