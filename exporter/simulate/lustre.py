@@ -31,7 +31,7 @@ MOUNTPOINT = "/fsx"
 INSTANCE_ID = "ffff9c4b3a2f7800"
 INSTANCE = f"{FSNAME}-{INSTANCE_ID}"
 VERSION = "2.15.6"
-OSTS = 8  # the default; LustreSim(osts=N) or a profile's `lustre_osts` sets another count
+OSTS = 8  # the default; LustreSim(osts=N) or the config's `simulate.lustre_osts` (configure) sets another
 IDLE_OST = 7  # an OSC with no traffic goes IDLE after 20 s on 2.12+: normal, must not alert
 EVICTED_OST = 2
 DISCONN_OST = 3
