@@ -156,9 +156,11 @@ import logging
 collectors.collector_classes()
 limit_malloc_arenas()
 logging.disable(logging.ERROR)
-ctx, sim = build_context(build_parser().parse_args(
+built = build_context(build_parser().parse_args(
     ["--simulate", "p5.48xlarge", "--log-level", "error",
      "--nvml-capture", "/nonexistent/no-nvml-on-this-node.json", "--path.state-dir", sys.argv[2]]))
+# (ctx, simulation); a checkout from before issue 19 returned the Context, which held it
+ctx, sim = built if isinstance(built, tuple) else (built, built.simulation)
 from exporter.runner import Runner
 runner = Runner.from_config(collectors.build(ctx), ctx.config)
 server = Server(runner, "127.0.0.1", 0, None, limits_from_config(ctx.config))
