@@ -18,7 +18,7 @@ from tests.helpers import running_exporter
 
 
 def test_no_thread_is_created_per_scrape(monkeypatch):
-    ctx = build_context(build_parser().parse_args(["--simulate", "p5.48xlarge", "--nvml-latencies"]))
+    ctx, sim = build_context(build_parser().parse_args(["--simulate", "p5.48xlarge", "--nvml-latencies"]))
     runner = Runner(collectors.build(ctx), 5.0)
     srv = Server(runner, "127.0.0.1", 0)
     started: list[str] = []
@@ -42,7 +42,7 @@ def test_no_thread_is_created_per_scrape(monkeypatch):
         monkeypatch.undo()
         srv.shutdown()
         runner.close()
-        ctx.simulation.close()
+        sim.close()
     assert started == []
 
 
