@@ -227,6 +227,7 @@ def selected(args: argparse.Namespace) -> list[str] | None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    hold_sighup()  # before anything else (no thread exists yet): see there
     from exporter.webconfig import load_web_config
 
     try:
@@ -283,21 +284,40 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def hold_sighup() -> None:
+    """Keep SIGHUP pending instead of letting it act, from here on and across the reload's exec.
+
+    SIGHUP's default action ends the process, and a handler does not survive execve: with a
+    handler, a SIGHUP that came between the reload's exec and the new handler (two reloads about
+    a second apart) killed the exporter. A blocked signal stays pending, and both the mask and
+    the pending set survive execve; `Signals.wait` takes SIGHUP with sigtimedwait once serving.
+    Called first thing in serve(), before any thread starts, so every thread inherits the mask.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+
+
 class Signals:
-    """SIGTERM and SIGINT stop the exporter; SIGHUP asks it to reload its configuration."""
+    """SIGTERM and SIGINT stop the exporter; SIGHUP (held pending since start-up, see
+    hold_sighup) asks it to reload its configuration. A SIGHUP that arrives while a reload is
+    under way stays pending and is taken by the restarted process: a second reload, never a kill."""
+
+    POLL_S = 0.25  # how soon a SIGTERM caught on another thread ends the wait
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self._last = signal.SIGTERM
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handler)
+        hold_sighup()
 
     def _handler(self, signum: int, _frame: Any) -> None:
         self._last = signal.Signals(signum)
         self._event.set()
 
     def wait(self) -> signal.Signals:
-        self._event.wait()
+        while not self._event.is_set():
+            if signal.sigtimedwait({signal.SIGHUP}, self.POLL_S) is not None:
+                return signal.SIGHUP
         self._event.clear()
         return self._last
 
@@ -356,6 +376,7 @@ def _reexec() -> None:
 
 def console_main() -> None:
     """The `gpu-health-exporter` command: main(), then exit_now() (see there)."""
+    hold_sighup()  # as early as this entry point allows; a one-shot command lets it act again
     exit_now(main())
 
 
@@ -363,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cmds = _commands()
     if argv and argv[0] in cmds:
+        # A one-shot command keeps SIGHUP's default action (a closed terminal ends it).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
         mod = cmds[argv[0]]
         p = argparse.ArgumentParser(prog=f"gpu-health-exporter {argv[0]}", description=mod.HELP)
         add_source_options(p)

@@ -1,0 +1,102 @@
+"""SIGHUP is safe at any moment (issue 18 #4): a reload restarts the process in place with execve,
+and a SIGHUP that arrives while it does (two `systemctl reload`s in a row) must never kill the
+exporter. Real processes; every wait is for a condition, with a deadline."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from tests.helpers import ROOT, free_port, wait_until_serving
+
+pytestmark = pytest.mark.slow
+
+RELOADED = "SIGHUP: the configuration is valid; restarting in place"
+
+
+def start(tmp_path):
+    port = free_port()
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("log_level: info\n")
+    log = open(tmp_path / "exporter.log", "w+")  # noqa: SIM115 - read back while it runs
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--collectors", "lustre", "--config", str(cfg),
+                             "--path.state-dir", str(tmp_path / "state"), "--listen", f"127.0.0.1:{port}"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        wait_until_serving(url, proc, 60, "exporter")
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, url, log
+
+
+def text(log) -> str:
+    log.seek(0)
+    return log.read()
+
+
+def wait_for(cond, proc, log, what, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert proc.poll() is None, f"died ({proc.returncode}) waiting for {what}:\n{text(log)[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s:\n{text(log)[-3000:]}"
+        time.sleep(0.02)
+
+
+def serving(url) -> bool:
+    try:
+        return requests.get(url, timeout=5).ok
+    except requests.ConnectionError:
+        return False
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+def test_a_sighup_during_the_reload_exec_is_a_second_reload_not_a_kill(tmp_path):
+    proc, url, log = start(tmp_path)
+    try:
+        for n in (1, 2):
+            proc.send_signal(signal.SIGHUP)
+            # The old process has flushed and is about to exec: the new one has no handler yet.
+            wait_for(lambda n=n: text(log).count("shut down cleanly") >= n, proc, log, f"reload {n}")
+            proc.send_signal(signal.SIGHUP)
+            # The SIGHUP held across the exec is taken by the restarted process: one more reload.
+            wait_for(lambda n=n: text(log).count(RELOADED) >= 2 * n and serving(url), proc, log,
+                     f"the reload asked during reload {n}")
+        wait_for(lambda: serving(url), proc, log, "serving")
+        assert text(log).count(RELOADED) == 4
+        assert stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_back_to_back_sighups_never_kill_the_exporter(tmp_path):
+    proc, url, log = start(tmp_path)
+    try:
+        for _ in range(3):
+            before = text(log).count(RELOADED)
+            os.kill(proc.pid, signal.SIGHUP)
+            os.kill(proc.pid, signal.SIGHUP)
+            wait_for(lambda before=before: text(log).count(RELOADED) > before, proc, log, "a reload")
+            wait_for(lambda: serving(url), proc, log, "serving after the reloads")
+        assert serving(url) and proc.poll() is None
+        assert stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
