@@ -8,8 +8,10 @@ is generated from the schema (exporter.docs).
 
 from __future__ import annotations
 
+import os
+import stat
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,6 +141,54 @@ def declare_check(section: str, check: Callable[[dict[str, Any]], str | None]) -
     SECTION_CHECKS.setdefault(section, []).append(check)
 
 
+SHOW_LIMIT = 60  # characters of a value quoted in an error
+
+
+def show(value: Any, limit: int = SHOW_LIMIT) -> str:
+    """A value as an error quotes it: repr-like, cut to about `limit` characters without ever
+    building the whole repr (a value can be a huge string, a huge int or a deep structure)."""
+    out: list[str] = []
+    room = [limit]
+
+    def emit(text: str) -> None:
+        out.append(text[:room[0]])
+        if len(text) > room[0]:
+            raise _Full
+        room[0] -= len(text)
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            emit("{")
+            for i, (k, x) in enumerate(v.items()):
+                emit(", " if i else "")
+                walk(k)
+                emit(": ")
+                walk(x)
+            emit("}")
+        elif isinstance(v, list):
+            emit("[")
+            for i, x in enumerate(v):
+                emit(", " if i else "")
+                walk(x)
+            emit("]")
+        elif isinstance(v, str):
+            emit(repr(v[:limit + 1]))
+        elif isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 4 * limit:
+            emit(f"<an integer of {v.bit_length()} bits>")
+        else:
+            emit(repr(v))
+
+    try:
+        walk(value)
+    except _Full:
+        return "".join(out) + "..."
+    return "".join(out)
+
+
+class _Full(Exception):
+    pass
+
+
 def _check_value(where: str, key_name: str, key: Key, value: Any) -> Any:
     if value is None:
         if key.nullable:
@@ -146,13 +196,13 @@ def _check_value(where: str, key_name: str, key: Key, value: Any) -> Any:
         raise ConfigError(f"{where}: key '{key_name}' is null; expected {key.describe()}")
     types_ = key.type if isinstance(key.type, tuple) else (key.type,)
     ok = isinstance(value, types_) and not (isinstance(value, bool) and bool not in types_)
-    if not ok:
+    if not ok:  # checked before anything formats the value, and then only a bounded part of it
         raise ConfigError(
-            f"{where}: key '{key_name}' is {type(value).__name__} {value!r}; expected {key.describe()}")
+            f"{where}: key '{key_name}' is {type(value).__name__} {show(value)}; expected {key.describe()}")
     if key.check:
         problem = key.check(value)
         if problem:
-            raise ConfigError(f"{where}: key '{key_name}' is {value!r}; expected {problem}")
+            raise ConfigError(f"{where}: key '{key_name}' is {show(value)}; expected {problem}")
     return value
 
 
@@ -213,32 +263,135 @@ def validate(data: Any, source: str = "<defaults>", overrides: dict[str, Any] | 
     return cfg
 
 
+MAX_FILE_BYTES = 1 << 20  # a config file is a few KiB; this bounds what a wrong path can cost
+MAX_NODES = 100_000  # YAML nodes after alias expansion (an "alias bomb" of 1 KiB expands to 10^9)
+
+
+def read_config_file(p: Path) -> str:
+    """The file's text, refusing what is not a regular file before anything can block on it (a
+    FIFO, a device): it is opened non-blocking and checked with fstat."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read the config file: {e.strerror or e}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{p}: not a regular file (a {_file_kind(st.st_mode)}); expected a YAML file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise ConfigError(f"{p}: {st.st_size} bytes; expected a config file of at most {MAX_FILE_BYTES}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read the config file: {e.strerror or e}") from e
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{p}: more than {MAX_FILE_BYTES} bytes; expected a config file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})") from e
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return kind
+    return "special file"
+
+
+def parse_yaml(text: str, name: str) -> Any:
+    """The YAML document, or ConfigError naming the file, line and column."""
+    loader = None
+    try:
+        loader = _Loader(text)  # the reader refuses characters YAML does not allow here
+        loader.name = name  # marks name the file, not "<unicode string>"
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        what = "; ".join(str(x) for x in (e.context, e.problem) if x)
+        raise ConfigError(f"{name}: not valid YAML: {at}{what}") from None
+    except yaml.reader.ReaderError as e:
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        raise ConfigError(f"{name}: not valid YAML: line {line}, column {column}: character "
+                          f"#x{e.character:04x} is not allowed ({e.reason})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{name}: not valid YAML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{name}: not valid YAML: nested too deeply") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise ConfigError(f"{name}: not valid YAML: {show(str(e), 120)}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
 def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Config:
     """Load and validate a config file (None: defaults only)."""
     if path is None:
         return validate({}, overrides=overrides)
     p = Path(path)
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot read the config file: {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})") from e
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from e
+    data = parse_yaml(read_config_file(p), str(p))
     return validate(data, str(p), overrides)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+def _expanded_size(root: yaml.Node, limit: int) -> int:
+    """Nodes in the document with every alias expanded; raises ValueError past `limit` or on a
+    recursive alias. Each node is sized once (memo), so this costs the document's size."""
+    sizes: dict[int, int | None] = {}
+
+    def size(node: yaml.Node) -> int:
+        known = sizes.get(id(node), 0)
+        if known is None:
+            raise ValueError("a recursive alias (a node that contains itself)")
+        if known:
+            return known
+        sizes[id(node)] = None
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = []
+        total = 1
+        for child in children:
+            total += size(child)
+            if total > limit:
+                raise ValueError(f"more than {limit} values once its aliases are expanded (an alias bomb?)")
+        sizes[id(node)] = total
+        return total
+
+    return size(root)
+
+
+class _Loader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping (YAML says keys are unique; the
-    plain loader silently keeps the last one, so an edit could be ignored unnoticed)."""
+    plain loader silently keeps the last one, so an edit could be ignored unnoticed), a key that
+    cannot be a key (a mapping or a list), and a document whose aliases expand it beyond
+    MAX_NODES values (before anything is built from it)."""
+
+    def compose_document(self) -> yaml.Node:
+        node = super().compose_document()
+        if node is not None:
+            try:
+                _expanded_size(node, MAX_NODES)
+            except ValueError as e:
+                raise yaml.composer.ComposerError(None, None, str(e), node.start_mark) from None
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found a {type(key).__name__} as a key; expected a name", key_node.start_mark)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     "while constructing a mapping", node.start_mark,

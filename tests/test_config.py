@@ -1,5 +1,7 @@
+import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -92,3 +94,101 @@ def test_gpu_read_timeout_above_its_share_of_the_timeout_is_an_error(tmp_path):
                                           r"most 0.8 x gpu.timeout_seconds \(1.6\)"):
         load(p)
     assert load(write(tmp_path, "gpu:\n  timeout_seconds: 2\n  read_timeout_seconds: 1.6\n")) is not None
+
+
+# --- hostile files (issue 18 #6, #7, the config path's kind) ---
+
+def bomb(levels: int = 9) -> str:
+    """About 1 KB of YAML that expands to 9**levels strings, used as a known key's (wrong) value."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + f"\nlisten: *a{levels - 1}\n"
+
+
+def run_limited(args, timeout=60):
+    """Run the exporter's CLI with its address space capped at 1 GiB: a value expanded or formatted
+    whole dies there (the old code grew to 1.3 GB in 15 s) instead of eating the machine."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    return subprocess.run([sys.executable, "-m", "exporter", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=cap)
+
+
+def test_an_alias_bomb_is_refused_before_it_is_expanded(tmp_path):
+    text = bomb()
+    assert len(text) < 1200
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=r"config.yaml: not valid YAML: .*more than 100000 values once its "
+                                          r"aliases are expanded"):
+        load(p)
+    for args in (["check", "--config", str(p)], ["--config", str(p)]):
+        r = run_limited(args)
+        assert r.returncode == 2, r.stderr[-2000:]
+        assert "alias" in r.stderr and str(p) in r.stderr and len(r.stderr) < 500
+
+
+def test_a_long_value_is_cut_in_the_message(tmp_path):
+    p = write(tmp_path, "listen: [&a [" + ", ".join(["xxxxxxxxxx"] * 500) + "], *a, *a]\n")
+    with pytest.raises(ConfigError) as e:
+        load(p)
+    msg = str(e.value)
+    assert "key 'listen' is list [['xxxxxxxxxx', 'xxxxxxxxxx'" in msg and "..." in msg and len(msg) < 300
+    p = write(tmp_path, "log_level: " + "y" * 100_000 + "\n")
+    with pytest.raises(ConfigError, match=r"key 'log_level' is 'yyyy.*\.\.\.; expected one of") as e:
+        load(p)
+    assert len(str(e.value)) < 300
+
+
+def test_a_recursive_alias_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="recursive alias"):
+        load(write(tmp_path, "listen: &a [*a]\n"))
+
+
+@pytest.mark.parametrize("text", ["{{}}", "{[1]: 2}\n", "paths:\n  ? [a]\n  : 1\n"])
+def test_an_unhashable_key_is_a_config_error(tmp_path, text):
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=r"config.yaml: not valid YAML: line \d+, column \d+: .*as a key"):
+        load(p)
+    r = subprocess.run([sys.executable, "-m", "exporter", "--config", str(p)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and str(p) in r.stderr
+
+
+def test_a_fifo_or_a_directory_as_the_config_file_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    errors = []
+
+    def try_load():
+        try:
+            load(fifo)
+        except ConfigError as e:
+            errors.append(str(e))
+
+    t = threading.Thread(target=try_load, daemon=True)  # a regression blocks in open(): fail, not hang
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "load() blocked on a FIFO"
+    assert errors and "config.yaml: not a regular file (a FIFO)" in errors[0]
+    r = subprocess.run([sys.executable, "-m", "exporter", "check", "--config", str(fifo)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not a regular file (a FIFO)" in r.stderr
+    with pytest.raises(ConfigError, match=r"not a regular file \(a directory\)"):
+        load(tmp_path)
+
+
+def test_a_huge_integer_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="config.yaml: not valid YAML"):
+        load(write(tmp_path, "web:\n  workers: " + "1" * 5000 + "\n"))
+
+
+def test_yaml_syntax_errors_name_the_file_line_and_column(tmp_path):
+    p = write(tmp_path, "log_level: info\nlisten: [unclosed\n")
+    with pytest.raises(ConfigError) as e:
+        load(p)
+    assert str(e.value).startswith(f"{p}: not valid YAML: line 3, column 1: ")
+    assert "<unicode string>" not in str(e.value)
