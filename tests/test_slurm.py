@@ -207,6 +207,18 @@ def test_could_not_check_never_drains(cluster, tmp_path):
     assert cluster.node()["State"] == "IDLE"
 
 
+def test_a_config_error_never_drains(cluster, tmp_path):
+    """`check` exits 2 for a bad config as every command does; its verdict is `unknown`, not an action."""
+    cluster.reset()
+    bad = tmp_path / "config.yaml"
+    bad.write_text("log_level: loud\n")
+    bad.chmod(0o644)
+    tmp_path.chmod(0o755)
+    r = cluster.check(f"{SIM} --config {bad}")
+    assert r.returncode == 0 and "check could not run" in r.stderr and "log_level" in r.stderr, r.stderr
+    assert cluster.node()["State"] == "IDLE"
+
+
 def test_a_broken_check_never_drains(cluster):
     cluster.reset()
     r = cluster.check("--no-such-flag")

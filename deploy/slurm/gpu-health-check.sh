@@ -63,6 +63,9 @@ import json, sys
 rank = {"replace_required": 3, "reboot_required": 2, "reset_required": 1}
 d = json.load(sys.stdin)
 node = d["node"]
+if node["verdict"] == "unknown":  # exit 2 for a bad configuration: nothing was checked
+    print("none", "; ".join(d.get("problems", []))[:200])
+    sys.exit()
 parts, worst = [], rank.get(node["verdict"], 0)
 for g in d["gpus"]:
     r = rank.get(g["verdict"], 0)
@@ -84,6 +87,10 @@ if [ -z "$summary" ]; then
 fi
 action=${summary%% *}
 detail=${summary#* }
+if [ "$action" = none ]; then
+  log "check could not run: $detail (not draining)"
+  done_ok
+fi
 
 state=$("$scontrol" show node "$node" 2>/dev/null | sed -n 's/^ *State=\([^ ]*\).*/\1/p')
 case $state in
