@@ -100,3 +100,18 @@ def test_back_to_back_sighups_never_kill_the_exporter(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_sighup_with_an_alias_bomb_in_the_config_keeps_serving(tmp_path):
+    from tests.test_config import bomb
+
+    proc, url, log = start(tmp_path)
+    try:
+        (tmp_path / "config.yaml").write_text(bomb())
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "SIGHUP: not reloading" in text(log), proc, log, "the refused reload", timeout=30)
+        assert "aliases are expanded" in text(log) and serving(url)
+        assert stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
