@@ -52,13 +52,40 @@ def define(
         raise ValueError(f"counter {name} must end in _total")
     if type == "gauge" and name.endswith("_total"):
         raise ValueError(f"gauge {name} must not end in _total")
-    if not name.startswith(DOMAIN_PREFIXES):
-        raise ValueError(f"metric {name} must start with one of {DOMAIN_PREFIXES}")
+    _check_prefix(name, collector)
     if unit and unit not in name:
         raise ValueError(f"metric {name} must carry its unit {unit!r} in its name")
     spec = MetricSpec(name, type, help, tuple(labels), unit, collector, detail)
     _SPECS[name] = spec
     return spec
+
+
+# Collector name -> the prefixes its metrics may have: the exporter's own here, a collector's
+# from its class (exporter.collectors.register). A collector's metrics are defined before its
+# class is registered, so they are checked at registration, and at definition after it.
+_OWN: dict[str, tuple[str, ...]] = {"exporter": ("gpu_health_exporter_", "process_"), "test": DOMAIN_PREFIXES}
+
+
+def _check_prefix(name: str, collector: str) -> None:
+    allowed = _OWN.get(collector, None if collector else DOMAIN_PREFIXES)
+    if allowed is not None and not name.startswith(allowed):
+        raise ValueError(f"metric {name} of {collector or 'no collector'} must start with one of {allowed}")
+
+
+def own_prefixes(collector: str, prefixes: tuple[str, ...] | None) -> None:
+    """Set (None: forget) the prefixes of a collector's metrics, checking those defined so far."""
+    if prefixes is None:
+        _OWN.pop(collector, None)
+        return
+    _OWN[collector] = prefixes
+    for spec in _SPECS.values():
+        if spec.collector == collector:
+            _check_prefix(spec.name, collector)
+
+
+def forget(name: str) -> None:
+    """Drop a metric's declaration (tests that declare a collector of their own)."""
+    _SPECS.pop(name, None)
 
 
 def all_specs() -> list[MetricSpec]:

@@ -7,7 +7,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from exporter import dmi
 from exporter.catalog import Families
@@ -15,7 +15,7 @@ from exporter.imds import IdentitySource
 from exporter.nvml.session import NvmlSession
 
 if TYPE_CHECKING:
-    from exporter.config import Config
+    from exporter.config import Config, Section
     from exporter.xid.service import XidService
 
 
@@ -73,6 +73,11 @@ class Collector(ABC):
     this one (`Derived`), in the same collection. Most collectors return None."""
 
     name: str = ""
+    # Read by the registry (exporter.collectors): the typed config section (named as the
+    # collector, with `enabled`), the domain prefix of its metrics, its docs/metrics.md heading.
+    config_section: ClassVar[type[Section] | None] = None
+    prefix: ClassVar[str] = ""
+    docs_group: ClassVar[str] = ""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx

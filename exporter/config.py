@@ -1,26 +1,45 @@
-"""Configuration: a YAML file validated against a declared schema at start-up.
+"""Configuration: a YAML file validated against a typed schema at start-up.
 
-Every key is declared once with its type, default and documentation; sections are declared by
-the modules that own them (`declare_section`). An unknown key, a wrong type or an impossible
-value raises ConfigError naming the file, the key and what was expected. docs/configuration.md
-is generated from the schema (exporter.docs).
+The schema is made of sections, each a dataclass (a `Section`) whose fields carry their default
+and documentation (`setting`) and whose annotations give their types: the top-level keys
+(`TopLevel`), the core sections below (paths, web, node) and one section per collector, which the
+collector class declares (`Collector.config_section`, found through exporter.collectors'
+registry, so a section exists whether or not its module was imported by someone else).
+
+Every error in a file is reported at once, in one ConfigError that names the file and, for each
+error, the key path, what was expected and the value (cut to about 60 characters; values are
+type-checked before anything formats them). docs/configuration.md is generated from the schema
+(exporter.docs).
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 import stat
 import types
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+import typing
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import yaml
 
 
 class ConfigError(Exception):
-    """A bad configuration: the message names the file, the key and what was expected."""
+    """A bad configuration: names the file and, for each error, the key and what was expected."""
+
+    def __init__(self, message: str, errors: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.errors = errors or [message]
+
+    @classmethod
+    def of(cls, errors: list[str]) -> ConfigError:
+        if len(errors) == 1:
+            return cls(errors[0], errors)
+        return cls(f"{len(errors)} configuration errors:\n  " + "\n  ".join(errors), errors)
 
 
 @dataclass(frozen=True)
@@ -67,78 +86,296 @@ def host_port(v: Any) -> str | None:
     return None
 
 
+def setting(default: Any, doc: str, *, check: Callable[[Any], str | None] | None = None,
+            expected: str = "") -> Any:
+    """A field of a Section: its default, its documentation and an optional check of its value
+    (returns None when fine, else what was expected). The type is the field's annotation."""
+    meta = {"doc": doc, "check": check, "expected": expected}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+S = TypeVar("S", bound="Section")
+
+
+@dataclass
+class Section:
+    """A typed config section. Subclasses are dataclasses with `setting` fields; `name` is the
+    section's key in the file, the class docstring its documentation. `checks` look at several
+    keys together (one bounded by another) and return the problem, naming the keys, or None."""
+
+    name: ClassVar[str] = ""
+    checks: ClassVar[tuple[Callable[[Any], str | None], ...]] = ()
+
+    @classmethod
+    def doc(cls) -> str:
+        return " ".join((cls.__doc__ or "").split())
+
+    @classmethod
+    def keys(cls) -> dict[str, Key]:
+        cached = cls.__dict__.get("_keys")
+        if cached is None:
+            cached = _keys_of(cls)
+            cls._keys = cached  # type: ignore[attr-defined]
+        return cached
+
+
+def _keys_of(cls: type) -> dict[str, Key]:
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        types_, nullable = _types_of(hints[f.name])
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        out[f.name] = Key(types_ if len(types_) > 1 else types_[0], default, f.metadata.get("doc", ""),
+                          check=f.metadata.get("check"), nullable=nullable,
+                          expected=f.metadata.get("expected", ""))
+    return out
+
+
+def _types_of(hint: Any) -> tuple[tuple[type, ...], bool]:
+    """(accepted YAML types, nullable) of an annotation: float takes ints too; list[...] and
+    dict[...] are checked as lists and mappings (their items by the key's check)."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    out: list[type] = []
+    nullable = False
+    for a in args:
+        if a is type(None):
+            nullable = True
+            continue
+        a = typing.get_origin(a) or a
+        for t in ((int, float) if a is float else (a,)):
+            if t not in out:
+                out.append(t)
+    return tuple(out), nullable
+
+
 DEFAULT_PORT = 9858
 
-# Top-level keys, then sections: section name -> (doc, keys).
-TOP: dict[str, Key] = {
-    "listen": Key(str, f"0.0.0.0:{DEFAULT_PORT}", "Address and port of the HTTP endpoint.", check=host_port),
-    "log_level": Key(str, "info", "Log level.", check=one_of("debug", "info", "warning", "error")),
-    "collector_timeout_seconds": Key(
-        (int, float), 5.0,
-        "Deadline for each collector in one collection; a collector past it reports failure "
+
+@dataclass
+class TopLevel(Section):
+    """Top-level keys."""
+
+    listen: str = setting(f"0.0.0.0:{DEFAULT_PORT}", "Address and port of the HTTP endpoint "
+                          "(--web.listen-address, --listen).", check=host_port)
+    log_level: str = setting("info", "Log level (--log.level).",
+                             check=one_of("debug", "info", "warning", "error"))
+    log_format: str = setting("logfmt", "Log line format (--log.format): logfmt (`ts=... level=info ...`, "
+                              "values quoted where needed) or json (one JSON object per line).",
+                              check=one_of("logfmt", "json"))
+    collector_timeout_seconds: float = setting(
+        5.0, "Deadline for each collector in one collection; a collector past it reports failure "
         "for that scrape while the others are served. Keep it under Prometheus' scrape timeout.",
-        check=positive),
-    "shutdown_timeout_seconds": Key(
-        (int, float), 5.0,
-        "After SIGTERM (or a SIGHUP reload) the process exits within this many seconds, the XID state "
+        check=positive)
+    shutdown_timeout_seconds: float = setting(
+        5.0, "After SIGTERM (or a SIGHUP reload) the process exits within this many seconds, the XID state "
         "file flushed first, whatever a source is doing (a read blocked in NVML or the kernel is "
-        "abandoned).", check=positive),
-}
-SECTIONS: dict[str, tuple[str, dict[str, Key]]] = {
-    "paths": ("Where each file source is read from (node_exporter's --path.* style).", {
-        "sysfs": Key(str, "/sys", "Root of sysfs."),
-        "procfs": Key(str, "/proc", "Root of procfs."),
-        "debugfs": Key(str, "/sys/kernel/debug", "Root of debugfs."),
-        "kmsg": Key(str, "/dev/kmsg", "Kernel log device (or a file of /dev/kmsg records)."),
-        "state_dir": Key(str, "/var/lib/gpu-health-exporter", "Directory for the exporter's state file."),
-    }),
-    "web": ("The HTTP endpoint: TLS and basic auth from a web config file, and the server's limits "
-            "(see 'The web config file' below and docs/design.md).", {
-        "config_file": Key(str, None, "Web config file in the Prometheus exporter-toolkit format (TLS, "
-                           "basic auth); --web.config.file overrides. Unset: plain HTTP, no auth.",
-                           nullable=True),
-        "max_connections": Key(
-            int, 512, "Connections held at once (idle, slow or busy). At the limit a new connection "
-            "replaces the longest-idle one; lowered to fit the open-file limit.", check=positive),
-        "read_header_timeout_seconds": Key((int, float), 10.0, "Time a new connection has for its TLS "
-                                           "handshake and first request head.", check=positive),
-        "idle_timeout_seconds": Key((int, float), 60.0, "Time a kept-alive connection may wait for its next "
-                                    "request.", check=positive),
-        "write_timeout_seconds": Key((int, float), 10.0, "Time a client has to take a response.",
-                                     check=positive),
-        "workers": Key(int, 4, "Threads serving requests; more requests wait for one without a thread of "
-                       "their own (concurrent scrapes share one collection).", check=positive),
-    }),
-    "node": ("What the node is and what it should have.", {
-        "instance_type": Key(str, None, "EC2 instance type; when unset, the DMI product name (sysfs "
-                             "devices/virtual/dmi/id/product_name), else instance metadata.",
-                             nullable=True),
-        "expected_gpus": Key(int, None, "GPUs the node should have; from the instance type when unset.",
-                             nullable=True, check=non_negative),
-    }),
-}
+        "abandoned).", check=positive)
+
+
+@dataclass
+class Paths(Section):
+    """Where each file source is read from (node_exporter's --path.* style)."""
+
+    name: ClassVar[str] = "paths"
+    sysfs: str = setting("/sys", "Root of sysfs.")
+    procfs: str = setting("/proc", "Root of procfs.")
+    debugfs: str = setting("/sys/kernel/debug", "Root of debugfs.")
+    kmsg: str = setting("/dev/kmsg", "Kernel log device (or a file of /dev/kmsg records).")
+    state_dir: str = setting("/var/lib/gpu-health-exporter", "Directory for the exporter's state file.")
+
+
+def telemetry_path(v: Any) -> str | None:
+    if not v.startswith("/") or any(c in v for c in "?# ") or v in ("/healthz", "/readyz"):
+        return "a URL path starting with / (no query, no spaces; not /healthz or /readyz)"
+    return None
+
+
+@dataclass
+class Web(Section):
+    """The HTTP endpoint: TLS and basic auth from a web config file, and the server's limits
+    (see 'The web config file' below and docs/design.md)."""
+
+    name: ClassVar[str] = "web"
+    config_file: str | None = setting(None, "Web config file in the Prometheus exporter-toolkit format (TLS, "
+                                      "basic auth); --web.config.file overrides. Unset: plain HTTP, no auth.")
+    telemetry_path: str = setting("/metrics", "Path the metrics are served under (--web.telemetry-path).",
+                                  check=telemetry_path)
+    max_connections: int = setting(
+        512, "Connections held at once (idle, slow or busy). At the limit a new connection "
+        "replaces the longest-idle one; lowered to fit the open-file limit.", check=positive)
+    read_header_timeout_seconds: float = setting(10.0, "Time a new connection has for its TLS "
+                                                 "handshake and first request head.", check=positive)
+    idle_timeout_seconds: float = setting(60.0, "Time a kept-alive connection may wait for its next "
+                                          "request.", check=positive)
+    write_timeout_seconds: float = setting(10.0, "Time a client has to take a response.", check=positive)
+    workers: int = setting(4, "Threads serving requests; more requests wait for one without a thread of "
+                           "their own (concurrent scrapes share one collection).", check=positive)
+
+
+@dataclass
+class Node(Section):
+    """What the node is and what it should have."""
+
+    name: ClassVar[str] = "node"
+    instance_type: str | None = setting(None, "EC2 instance type; when unset, the DMI product name (sysfs "
+                                        "devices/virtual/dmi/id/product_name), else instance metadata.")
+    expected_gpus: int | None = setting(None, "GPUs the node should have; from the instance type when unset.",
+                                        check=non_negative)
+
+
+CORE_SECTIONS: tuple[type[Section], ...] = (Paths, Web, Node)
+TOP: dict[str, Key] = TopLevel.keys()
+
+# Sections declared the old way (declare_section: a name, a doc and a dict of Keys), made into
+# Section classes; kept so a module can still declare a section without a dataclass.
+_DECLARED: dict[str, type[Section]] = {}
 
 
 def declare_section(name: str, doc: str, keys: dict[str, Key]) -> None:
-    """Add (or extend) a section of the schema; collectors declare their own keys."""
-    if name in SECTIONS:
-        old_doc, old = SECTIONS[name]
-        clash = set(old) & set(keys)
+    """Add (or extend) a section from a dict of Keys (prefer a Section dataclass on the collector)."""
+    old = _DECLARED.get(name)
+    if old is not None:
+        clash = set(old.keys()) & set(keys)
         if clash:
             raise ValueError(f"config keys declared twice in {name}: {sorted(clash)}")
-        SECTIONS[name] = (old_doc or doc, {**old, **keys})
-    else:
-        SECTIONS[name] = (doc, dict(keys))
+        doc, keys = old.doc() or doc, {**old.keys(), **keys}
+    _DECLARED[name] = section_of_keys(name, doc, keys, old.checks if old else ())
 
 
-# Checks across the keys of one section: section -> [fn(values) -> problem or None].
-SECTION_CHECKS: dict[str, list[Callable[[dict[str, Any]], str | None]]] = {}
+def declare_check(section: str, check: Callable[[Any], str | None]) -> None:
+    """A check of a declare_section section's values together."""
+    cls = _DECLARED[section]
+    cls.checks = (*cls.checks, check)
 
 
-def declare_check(section: str, check: Callable[[dict[str, Any]], str | None]) -> None:
-    """A check of a section's values together (one key bounded by another); the problem it
-    returns names the keys."""
-    SECTION_CHECKS.setdefault(section, []).append(check)
+def section_of_keys(name: str, doc: str, keys: dict[str, Key],
+                    checks: Iterable[Callable[[Any], str | None]] = ()) -> type[Section]:
+    """A Section class from a dict of Keys (its type checks are the Keys' own)."""
+    fields = [(k, Any, field(default_factory=lambda d=key.default: copy.deepcopy(d)))
+              for k, key in keys.items()]
+    cls = dataclasses.make_dataclass(f"{name.title()}Section", fields, bases=(Section,))
+    cls.name, cls.__doc__, cls.checks = name, doc, tuple(checks)
+    cls._keys = dict(keys)  # type: ignore[attr-defined]
+    return cls
+
+
+def sections() -> dict[str, type[Section]]:
+    """Every section of the schema by name: the core ones, every registered collector's, and
+    those declared with declare_section."""
+    from exporter import collectors  # the registry imports the collectors, which import this module
+
+    out: dict[str, type[Section]] = {c.name: c for c in CORE_SECTIONS}
+    for name, cls in {**collectors.sections(), **_DECLARED}.items():
+        if name in out and out[name] is not cls:
+            raise ValueError(f"config section {name!r} declared twice ({out[name].__name__}, {cls.__name__})")
+        out[name] = cls
+    return out
+
+
+class Config:
+    """The validated configuration. Top-level keys and the core sections are typed attributes;
+    a collector's section is `cfg.section(GpuSection)` (typed) or `cfg.gpu`."""
+
+    listen: str
+    log_level: str
+    log_format: str
+    collector_timeout_seconds: float
+    shutdown_timeout_seconds: float
+    paths: Paths
+    web: Web
+    node: Node
+    source: str  # the file it came from, or "<defaults>"
+
+    def __init__(self, top: TopLevel, parts: dict[str, Section], source: str) -> None:
+        self.__dict__.update(vars(top))
+        self.sections = parts
+        self.__dict__.update(parts)
+        self.source = source
+
+    def section(self, cls: type[S]) -> S:
+        part = self.sections[cls.name]
+        assert isinstance(part, cls), (cls, type(part))
+        return part
+
+    def __repr__(self) -> str:
+        return f"Config(source={self.source!r})"
+
+
+def _check_value(key_name: str, key: Key, value: Any) -> str | None:
+    """The problem with `value` for `key` (naming the key, what was expected and the value), or None."""
+    if value is None:
+        return None if key.nullable else f"key '{key_name}' is null; expected {key.describe()}"
+    types_ = key.type if isinstance(key.type, tuple) else (key.type,)
+    ok = isinstance(value, types_) and not (isinstance(value, bool) and bool not in types_)
+    if not ok:  # checked before anything formats the value, and then only a bounded part of it
+        return f"key '{key_name}' is {type(value).__name__} {show(value)}; expected {key.describe()}"
+    if key.check:
+        problem = key.check(value)
+        if problem:
+            return f"key '{key_name}' is {show(value)}; expected {problem}"
+    return None
+
+
+def validate(data: Any, source: str = "<defaults>", overrides: dict[str, Any] | None = None) -> Config:
+    """Validate a parsed YAML document plus dotted-key overrides (from the CLI) into a Config;
+    raises one ConfigError listing every problem."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level is {type(data).__name__}; expected a mapping of keys")
+    schema = sections()
+    values: dict[str, dict[str, Any]] = {"": {}, **{name: {} for name in schema}}
+    errors: list[str] = []
+    bad: set[str] = set()  # sections with a bad key: their checks across keys are not run
+
+    def put(where: str, section: str, k: Any, v: Any) -> None:
+        keys = TOP if not section else schema[section].keys()
+        name = k if isinstance(k, str) and len(k) <= SHOW_LIMIT else show(k)
+        dotted = f"{section}.{name}" if section else name
+        if k not in keys:
+            known = ", ".join(f"{section}.{n}" for n in keys) if section else ", ".join([*keys, *schema])
+            errors.append(f"{where}: unknown key '{dotted}'; expected one of {known}")
+            bad.add(section)
+            return
+        problem = _check_value(dotted, keys[k], v)
+        if problem:
+            errors.append(f"{where}: {problem}")
+            bad.add(section)
+        else:
+            values[section][k] = v
+
+    for k, v in data.items():
+        if k in schema:
+            if v is None:
+                continue
+            if not isinstance(v, dict):
+                errors.append(f"{source}: key '{k}' is {type(v).__name__} {show(v)}; expected a mapping")
+                continue
+            for sk, sv in v.items():
+                put(source, k, sk, sv)
+        else:
+            put(source, "", k, v)
+    for dotted, v in (overrides or {}).items():
+        section, _, sk = dotted.partition(".")
+        if sk and section in schema:
+            put("command line", section, sk, v)
+        else:
+            put("command line", "", dotted, v)
+    top = TopLevel(**values[""])
+    parts: dict[str, Section] = {}
+    for name, cls in schema.items():
+        part = parts[name] = cls(**values[name])
+        if name in bad:
+            continue
+        for check in cls.checks:
+            problem = check(vars(part))
+            if problem:
+                errors.append(f"{source}: {problem}")
+    if errors:
+        raise ConfigError.of(errors)
+    return Config(top, parts, source)
 
 
 SHOW_LIMIT = 60  # characters of a value quoted in an error
@@ -187,80 +424,6 @@ def show(value: Any, limit: int = SHOW_LIMIT) -> str:
 
 class _Full(Exception):
     pass
-
-
-def _check_value(where: str, key_name: str, key: Key, value: Any) -> Any:
-    if value is None:
-        if key.nullable:
-            return None
-        raise ConfigError(f"{where}: key '{key_name}' is null; expected {key.describe()}")
-    types_ = key.type if isinstance(key.type, tuple) else (key.type,)
-    ok = isinstance(value, types_) and not (isinstance(value, bool) and bool not in types_)
-    if not ok:  # checked before anything formats the value, and then only a bounded part of it
-        raise ConfigError(
-            f"{where}: key '{key_name}' is {type(value).__name__} {show(value)}; expected {key.describe()}")
-    if key.check:
-        problem = key.check(value)
-        if problem:
-            raise ConfigError(f"{where}: key '{key_name}' is {show(value)}; expected {problem}")
-    return value
-
-
-def _namespace(values: dict[str, Any]) -> types.SimpleNamespace:
-    return types.SimpleNamespace(**values)
-
-
-class Config(types.SimpleNamespace):
-    """Top-level keys as attributes; each section as a namespace attribute (cfg.paths.sysfs)."""
-
-    source: str
-
-
-def defaults() -> dict[str, Any]:
-    out: dict[str, Any] = {k: key.default for k, key in TOP.items()}
-    for name, (_doc, keys) in SECTIONS.items():
-        out[name] = {k: key.default for k, key in keys.items()}
-    return out
-
-
-def validate(data: Any, source: str = "<defaults>", overrides: dict[str, Any] | None = None) -> Config:
-    """Validate a parsed YAML document plus dotted-key overrides (from the CLI) into a Config."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level is {type(data).__name__}; expected a mapping of keys")
-    merged = defaults()
-    for k, v in data.items():
-        if k in TOP:
-            merged[k] = _check_value(source, k, TOP[k], v)
-        elif k in SECTIONS:
-            if v is None:
-                continue
-            if not isinstance(v, dict):
-                raise ConfigError(f"{source}: key '{k}' is {type(v).__name__}; expected a mapping")
-            keys = SECTIONS[k][1]
-            for sk, sv in v.items():
-                if sk not in keys:
-                    raise ConfigError(f"{source}: unknown key '{k}.{sk}'; expected one of "
-                                      + ", ".join(f"{k}.{n}" for n in keys))
-                merged[k][sk] = _check_value(source, f"{k}.{sk}", keys[sk], sv)
-        else:
-            raise ConfigError(f"{source}: unknown key '{k}'; expected one of "
-                              + ", ".join(list(TOP) + list(SECTIONS)))
-    for dotted, v in (overrides or {}).items():
-        section, _, sk = dotted.partition(".")
-        if sk:
-            merged[section][sk] = _check_value("command line", dotted, SECTIONS[section][1][sk], v)
-        else:
-            merged[section] = _check_value("command line", dotted, TOP[section], v)
-    for section, checks in SECTION_CHECKS.items():
-        for check in checks:
-            problem = check(merged.get(section, {}))
-            if problem:
-                raise ConfigError(f"{source}: {problem}")
-    cfg = Config(**{k: (_namespace(v) if k in SECTIONS else v) for k, v in merged.items()})
-    cfg.source = source
-    return cfg
 
 
 MAX_FILE_BYTES = 1 << 20  # a config file is a few KiB; this bounds what a wrong path can cost

@@ -11,22 +11,27 @@ import sys
 from pathlib import Path
 
 from exporter import collectors, config, webconfig
-from exporter.catalog import all_specs
+from exporter.catalog import MetricSpec, all_specs
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
-_GROUPS = [
-    ("gpu_health_exporter_", "Exporter"),
-    ("gpu_xid_", "XIDs"),
-    ("gpu_health_", "GPU and node health verdicts"),
-    ("gpu_nvswitch_", "NVSwitch SXids"),
-    ("gpu_fabric_", "GPU NVLink fabric"),
-    ("gpu_", "GPU (NVML)"),
-    ("efa_", "EFA"),
-    ("lustre_client_", "FSx for Lustre client"),
-    ("ec2_", "EC2 scheduled events"),
-    ("process_", "The exporter's process"),
-]
+OWN_PREFIX = "gpu_health_exporter_"
+
+
+def _groups() -> list[tuple[str, list[MetricSpec]]]:
+    """(heading, specs): the exporter's own metrics (whichever collector reports them) first, then
+    each registered collector's under its docs group, then the process metrics."""
+    specs = [s for s in all_specs() if s.collector != "test"]
+    own = [s for s in specs if s.name.startswith(OWN_PREFIX)]
+    out = [("Exporter", own)]
+    for name, cls in collectors.collector_classes().items():
+        out.append((cls.docs_group, [s for s in specs if s.collector == name and s not in own]))
+    out.append(("The exporter's process", [s for s in specs if s.name.startswith("process_")]))
+    placed = {s.name for _, group in out for s in group}
+    stray = [s.name for s in specs if s.name not in placed]
+    if stray:  # a metric of no registered collector: the registry or its collector= is wrong
+        raise ValueError(f"metrics of no registered collector: {stray}")
+    return out
 
 
 def _load_everything() -> None:
@@ -47,15 +52,11 @@ def metrics_md() -> str:
         "the setting that adds it (docs/configuration.md: `efa.counters`, `gpu.detail`).",
         "",
     ]
-    done: set[str] = set()
-    for prefix, title in _GROUPS:
-        specs = [s for s in all_specs()
-                 if s.name.startswith(prefix) and s.name not in done and s.collector != "test"]
+    for title, specs in _groups():
         if not specs:
             continue
         lines += [f"## {title}", "", "| name | type | labels | exported by | help |", "|---|---|---|---|---|"]
         for s in specs:
-            done.add(s.name)
             labels = ", ".join(f"`{lbl}`" for lbl in s.labels) or "none"
             lines.append(f"| `{s.name}` | {s.type} | {labels} | {_cell(s.detail)} | {_cell(s.help)} |")
         lines.append("")
@@ -81,9 +82,10 @@ def configuration_md() -> str:
     ]
     for k, key in config.TOP.items():
         lines.append(_row(k, key))
-    for name, (doc, keys) in sorted(config.SECTIONS.items()):  # not import order: that varies
-        lines += ["", f"## `{name}`", "", doc, "", "| key | type | default | meaning |", "|---|---|---|---|"]
-        for k, key in keys.items():
+    for name, section in sorted(config.sections().items()):
+        lines += ["", f"## `{name}`", "", section.doc(), "", "| key | type | default | meaning |",
+                  "|---|---|---|---|"]
+        for k, key in section.keys().items():
             lines.append(_row(f"{name}.{k}", key))
     lines += ["", "## The web config file (`web.config_file`, `--web.config.file`)", "",
               inspect.cleandoc(webconfig.__doc__.split("\n", 2)[2]), ""]

@@ -27,9 +27,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from exporter.config import Key, declare_section, positive
+from exporter.config import Section, positive, setting
 
 if TYPE_CHECKING:
     from exporter.config import Config
@@ -42,25 +42,33 @@ TOKEN_TTL_S = 21600
 EVENTS_PATH = "events/maintenance/scheduled"
 T = TypeVar("T")
 
-declare_section(SECTION, "Instance identity: EC2 instance id and availability zone (the instance type is "
-                "node.instance_type), from config or the instance metadata service (IMDSv2).", {
-    "enabled": Key(bool, True, "Export gpu_health_exporter_instance_info."),
-    "imds": Key(bool, True, "Look the identity up from IMDSv2 in the background (never under --simulate "
-                "or --nvml-capture, or when the environment sets GPU_HEALTH_EXPORTER_IMDS=off)."),
-    "imds_endpoint": Key(str, "http://169.254.169.254", "IMDS base URL (IPv6-only: http://[fd00:ec2::254])."),
-    "imds_timeout_seconds": Key((int, float), 1.0, "Timeout of each IMDS request.", check=positive),
-    "imds_retry_max_seconds": Key((int, float), 600.0,
-                                  "Longest wait between IMDS retries (back-off starts at 5 s and doubles).",
-                                  check=positive),
-    "scheduled_events": Key(bool, True, "Poll IMDSv2 events/maintenance/scheduled in the background and "
-                            "export each active EC2 scheduled event (same conditions as `imds`)."),
-    "scheduled_events_interval_seconds": Key((int, float), 300.0,
-                                             "How often scheduled events are polled once a poll worked "
-                                             "(failures back off as the identity lookup does).",
-                                             check=positive),
-    "instance_id": Key(str, None, "EC2 instance id; from IMDS when unset.", nullable=True),
-    "availability_zone": Key(str, None, "Availability zone; from IMDS when unset.", nullable=True),
-})
+@dataclass
+class InstanceSection(Section):
+    """Instance identity: EC2 instance id and availability zone (the instance type is node.instance_type),
+    from config or the instance metadata service (IMDSv2)."""
+
+    name: ClassVar[str] = SECTION
+    enabled: bool = setting(
+        True, "Export gpu_health_exporter_instance_info.")
+    imds: bool = setting(
+        True, "Look the identity up from IMDSv2 in the background (never under --simulate or --nvml-"
+        "capture, or when the environment sets GPU_HEALTH_EXPORTER_IMDS=off).")
+    imds_endpoint: str = setting(
+        "http://169.254.169.254", "IMDS base URL (IPv6-only: http://[fd00:ec2::254]).")
+    imds_timeout_seconds: float = setting(
+        1.0, "Timeout of each IMDS request.", check=positive)
+    imds_retry_max_seconds: float = setting(
+        600.0, "Longest wait between IMDS retries (back-off starts at 5 s and doubles).", check=positive)
+    scheduled_events: bool = setting(
+        True, "Poll IMDSv2 events/maintenance/scheduled in the background and export each active EC2 "
+        "scheduled event (same conditions as `imds`).")
+    scheduled_events_interval_seconds: float = setting(
+        300.0, "How often scheduled events are polled once a poll worked (failures back off as the identity "
+        "lookup does).", check=positive)
+    instance_id: str | None = setting(
+        None, "EC2 instance id; from IMDS when unset.")
+    availability_zone: str | None = setting(
+        None, "Availability zone; from IMDS when unset.")
 
 
 @dataclass(frozen=True)

@@ -192,3 +192,47 @@ def test_yaml_syntax_errors_name_the_file_line_and_column(tmp_path):
         load(p)
     assert str(e.value).startswith(f"{p}: not valid YAML: line 3, column 1: ")
     assert "<unicode string>" not in str(e.value)
+
+
+# --- every error at once, typed sections (issue 21 #2, issue 19 #3) ---
+
+def test_every_error_is_reported_at_once_with_its_key_expectation_and_value(tmp_path):
+    p = write(tmp_path, "listen: nowhere\nbogus: 1\ngpu:\n  timeout_seconds: -1\n  parallel: maybe\n"
+                        "xid:\n  policy: {replace: [999999]}\n")
+    with pytest.raises(ConfigError) as e:
+        load(p, {"log_level": "loud"})
+    msg = str(e.value)
+    assert msg.startswith("6 configuration errors:\n")
+    for part in (f"{p}: key 'listen' is 'nowhere'; expected HOST:PORT",
+                 f"{p}: unknown key 'bogus'; expected one of listen,",
+                 f"{p}: key 'gpu.timeout_seconds' is -1; expected a number greater than 0",
+                 f"{p}: key 'gpu.parallel' is str 'maybe'; expected a boolean",
+                 f"{p}: key 'xid.policy' is {{'replace': [999999]}}; expected XID numbers from 1 to 99999 "
+                 "under 'replace' (item 0, 999999, is out of range)",
+                 "command line: key 'log_level' is 'loud'; expected one of debug"):
+        assert part in msg, part
+    assert len(e.value.errors) == 6
+
+
+def test_three_mistakes_exit_2_naming_all_three(tmp_path):
+    p = write(tmp_path, "listen: nowhere\nlog_level: loud\nefa:\n  read_workers: 0\n")
+    for args in (["--config", str(p)], ["check", "--config", str(p)],
+                 ["ack", "--config", str(p), "--gpu", "0"],
+                 ["capture", "--config", str(p), "--out", str(tmp_path / "c.json")]):
+        r = subprocess.run([sys.executable, "-m", "exporter", *args], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2, (args, r.stderr)
+        for key in ("'listen'", "'log_level'", "'efa.read_workers'"):
+            assert key in r.stderr, (args, key, r.stderr)
+
+
+def test_the_config_is_typed():
+    from exporter.collectors.efa import EfaSection
+    from exporter.collectors.gpu import GpuSection
+    from exporter.config import Config, Paths, Web
+
+    cfg = load(None)
+    assert isinstance(cfg, Config) and isinstance(cfg.paths, Paths) and isinstance(cfg.web, Web)
+    assert isinstance(cfg.section(GpuSection), GpuSection) and cfg.gpu is cfg.section(GpuSection)
+    assert cfg.section(EfaSection).counters == "default" and cfg.web.telemetry_path == "/metrics"
+    assert cfg.log_format == "logfmt"

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import resource
+from dataclasses import dataclass
+from typing import ClassVar
 
 from exporter import deadline, imds, node
 from exporter.catalog import Families, MetricSpec, define
 from exporter.collector import Collector, Context, ProblemLog
-from exporter.config import Key, declare_section, non_negative, positive
+from exporter.config import Section, non_negative, positive, setting
 from exporter.efa.discovery import Discovery, EfaDevice
 from exporter.efa.naming import INFO as INFO_ITEM
 from exporter.efa.naming import OPT_IN, C, check_counters, counter_set
@@ -20,30 +22,37 @@ from exporter.efa.reader import DeviceReader, DeviceReading
 from exporter.efa.sysfs import SysfsReader
 from exporter.metric import Sample
 
-declare_section(C, "EFA devices: counters from <paths.sysfs>/class/infiniband.", {
-    "enabled": Key(bool, True, "Run the EFA collector."),
-    "expected_devices": Key(int, None, "EFA devices the node should have; from the instance type when "
-                            "unset (p4d 4, p5/p5e 32, p5en 16, p6-b200 8).",
-                            nullable=True, check=non_negative),
-    "timeout_seconds": Key((int, float), None, "Deadline of the EFA collection; the global "
-                           "collector_timeout_seconds when unset.", nullable=True, check=positive),
-    "device_timeout_seconds": Key((int, float), 2.0,
-                                  "Deadline for reading one device, from the start of its read; a device "
-                                  "past it (a read blocked on an admin command that does not complete) is "
-                                  "reported with efa_device_up 0 while the others are served. Keep it "
-                                  "under the collector's deadline.", check=positive),
-    "counters": Key((str, list), "default",
-                    "Which counter files to read and export: default (what the shipped rules and "
-                    "dashboards use and what locates a fault on a device; docs/efa.md lists them), all "
-                    "(every file the driver has, names this exporter does not know included), or a "
-                    "list of file names (for example [tx_bytes, rx_bytes, rdma_read_bytes]; rate, "
-                    "lifespan and info (efa_info) too). Files not selected are not read.",
-                    check=check_counters, expected="default, all, or a list of counter file names"),
-    "read_workers": Key(int, 1, "Threads reading devices at once, each reading its share of the devices "
-                        "one after another. 1 (read in the collectors' own thread) costs the least "
-                        "CPU; more only shorten the collection when reads wait on the devices.",
-                        check=positive),
-})
+
+@dataclass
+class EfaSection(Section):
+    """EFA devices: counters from <paths.sysfs>/class/infiniband."""
+
+    name: ClassVar[str] = C
+    enabled: bool = setting(
+        True, "Run the EFA collector.")
+    expected_devices: int | None = setting(
+        None, "EFA devices the node should have; from the instance type when unset (p4d 4, p5/p5e 32, p5en "
+        "16, p6-b200 8).", check=non_negative)
+    timeout_seconds: float | None = setting(
+        None, "Deadline of the EFA collection; the global collector_timeout_seconds when unset.",
+        check=positive)
+    device_timeout_seconds: float = setting(
+        2.0, "Deadline for reading one device, from the start of its read; a device past it (a read "
+        "blocked on an admin command that does not complete) is reported with efa_device_up 0 while "
+        "the others are served. Keep it under the collector's deadline.", check=positive)
+    counters: str | list[str] = setting(
+        "default",
+        "Which counter files to read and export: default (what the shipped rules and dashboards use "
+        "and what locates a fault on a device; docs/efa.md lists them), all (every file the driver "
+        "has, names this exporter does not know included), or a list of file names (for example "
+        "[tx_bytes, rx_bytes, rdma_read_bytes]; rate, lifespan and info (efa_info) too). Files not "
+        "selected are not read.",
+        check=check_counters, expected="default, all, or a list of counter file names")
+    read_workers: int = setting(
+        1, "Threads reading devices at once, each reading its share of the devices one after another. 1 "
+        "(read in the collectors' own thread) costs the least CPU; more only shorten the collection "
+        "when reads wait on the devices.",
+        check=positive)
 
 DEVICES = define("efa_devices", "gauge",
                  "EFA devices found (RDMA devices with an EFA PCI id or bound to the efa driver).",
@@ -66,6 +75,9 @@ INFO = define(
 
 class EfaCollector(Collector):
     name = C
+    config_section = EfaSection
+    prefix = "efa_"
+    docs_group = "EFA"
 
     def __init__(self, ctx: Context, reader: SysfsReader | None = None,
                  pool: deadline.Pool | None = None) -> None:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from exporter import deadline
 from exporter.catalog import Families
 from exporter.collector import Collector, Context, Failed, ProblemLog
-from exporter.config import Key, declare_check, declare_section, positive
+from exporter.config import Section, positive, setting
 from exporter.gpu import metrics as m
 from exporter.gpu.reader import DETAIL, GpuReader, Reading, check_detail
 from exporter.health import GpuHealth, NodeGpuHealth
@@ -29,38 +30,6 @@ from exporter.metric import Sample
 from exporter.node import expected_gpus
 from exporter.nvml.backend import NvmlError
 from exporter.nvml.session import DeviceIdentity, NvmlSession
-
-declare_section("gpu", "GPU health from NVML (the real library, a capture, or the simulated node).", {
-    "enabled": Key(bool, True, "Run the GPU collector."),
-    "timeout_seconds": Key(
-        (int, float), 4.0,
-        "Deadline of the whole GPU collection in one scrape; past it the collector reports failure.",
-        check=positive),
-    "read_timeout_seconds": Key(
-        (int, float), 1.0,
-        "How long one scrape waits for one GPU's NVML reads. A GPU that takes longer (a hung GPU) "
-        "gets gpu_read_success 0 for that scrape and the other GPUs are served. At most 0.8 x "
-        "timeout_seconds (a config error otherwise).",
-        check=positive),
-    "slow_interval_seconds": Key(
-        (int, float), 15.0,
-        "How often the expensive counters (energy, throttle time, PCIe replays and errors, ECC mode, "
-        "NVLink) are read in the background; scrapes serve the last reading.",
-        check=positive),
-    "parallel": Key(
-        bool, False,
-        "Read the GPUs concurrently (one task per GPU) instead of one after another; see "
-        "docs/performance.md for why the default is off."),
-    "nvlink": Key(bool, True, "Read NVLink link state and error counters (slow cadence)."),
-    "detail": Key(
-        (str, list), [],
-        "Opt-in series beyond the default (which has what the rules, dashboards, runbooks and the "
-        "verdict use): a list of " + "; ".join(f"{k}: {v}" for k, v in DETAIL.items())
-        + "; or all. nvlink_per_link costs 680 series on a p5 (8 GPUs x 18 links x 5); the link "
-        "is named in the XID 74 log line either way.",
-        check=check_detail, expected="a list of detail names, or all"),
-})
-
 
 GPU_READ_SHARE = 0.8  # of gpu.timeout_seconds: all GPUs' reads, so the collection ends in time
 
@@ -73,7 +42,40 @@ def _read_within_budget(v: dict) -> str | None:
     return None
 
 
-declare_check("gpu", _read_within_budget)
+@dataclass
+class GpuSection(Section):
+    """GPU health from NVML (the real library, a capture, or the simulated node)."""
+
+    name: ClassVar[str] = "gpu"
+    checks: ClassVar[tuple] = (_read_within_budget,)
+    enabled: bool = setting(True, "Run the GPU collector.")
+    timeout_seconds: float = setting(
+        4.0,
+        "Deadline of the whole GPU collection in one scrape; past it the collector reports failure.",
+        check=positive)
+    read_timeout_seconds: float = setting(
+        1.0,
+        "How long one scrape waits for one GPU's NVML reads. A GPU that takes longer (a hung GPU) "
+        "gets gpu_read_success 0 for that scrape and the other GPUs are served. At most 0.8 x "
+        "timeout_seconds (a config error otherwise).",
+        check=positive)
+    slow_interval_seconds: float = setting(
+        15.0,
+        "How often the expensive counters (energy, throttle time, PCIe replays and errors, ECC mode, "
+        "NVLink) are read in the background; scrapes serve the last reading.",
+        check=positive)
+    parallel: bool = setting(
+        False,
+        "Read the GPUs concurrently (one task per GPU) instead of one after another; see "
+        "docs/performance.md for why the default is off.")
+    nvlink: bool = setting(True, "Read NVLink link state and error counters (slow cadence).")
+    detail: str | list[str] = setting(
+        [],
+        "Opt-in series beyond the default (which has what the rules, dashboards, runbooks and the "
+        "verdict use): a list of " + "; ".join(f"{k}: {v}" for k, v in DETAIL.items())
+        + "; or all. nvlink_per_link costs 680 series on a p5 (8 GPUs x 18 links x 5); the link "
+        "is named in the XID 74 log line either way.",
+        check=check_detail, expected="a list of detail names, or all")
 
 
 @dataclass
@@ -88,6 +90,9 @@ class _Gpu:
 
 class GpuCollector(Collector):
     name = "gpu"
+    config_section = GpuSection
+    prefix = "gpu_"
+    docs_group = "GPU (NVML)"
 
     def __init__(self, ctx: Context, pool: deadline.Pool | None = None) -> None:
         super().__init__(ctx)

@@ -11,11 +11,12 @@ enabled: the state file is loaded at start even when the xid and nvswitch collec
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from exporter.catalog import Families, define
 from exporter.collector import Context, Derived
-from exporter.config import Key, declare_section, non_negative
+from exporter.config import Section, non_negative, setting
 from exporter.node import expected_gpus
 from exporter.xid.parser import pci_key
 from exporter.xid.service import XidService
@@ -24,12 +25,16 @@ from exporter.xid.verdict import FABRIC_GRACE_S, VERDICTS, GpuInput, NodeVerdict
 
 G = ("gpu", "uuid", "pci_bus_id")
 
-declare_section("health", "The per-GPU and node health verdict (docs/xid.md).", {
-    "enabled": Key(bool, True, "Export the verdict."),
-    "fabric_grace_seconds": Key((int, float), 300.0,
-                                "Seconds after boot before a GPU whose NVLink fabric registration has not "
-                                "completed counts against the verdict (docs/fabric.md).", check=non_negative),
-})
+@dataclass
+class HealthSection(Section):
+    """The per-GPU and node health verdict (docs/xid.md)."""
+
+    name: ClassVar[str] = "health"
+    enabled: bool = setting(
+        True, "Export the verdict.")
+    fabric_grace_seconds: float = setting(
+        300.0, "Seconds after boot before a GPU whose NVLink fabric registration has not completed counts "
+        "against the verdict (docs/fabric.md).", check=non_negative)
 
 VERDICT = define(
     "gpu_health_verdict", "gauge",
@@ -50,6 +55,9 @@ NODE_REASON = define(
 
 class HealthCollector(Derived):
     name = "health"
+    config_section = HealthSection
+    prefix = "gpu_"
+    docs_group = "GPU and node health verdicts"
     # Inputs, by collector name: "gpu" -> NodeGpuHealth (None when the GPU collector did not
     # hand one over in this collection).
     depends_on = ("gpu",)

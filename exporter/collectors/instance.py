@@ -38,6 +38,9 @@ EVENTS_SUCCESS = define(
 
 class InstanceCollector(Collector):
     name = imds.SECTION
+    config_section = imds.InstanceSection
+    prefix = "ec2_"
+    docs_group = "EC2 instance and scheduled events"
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)

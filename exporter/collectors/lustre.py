@@ -12,11 +12,13 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from exporter.catalog import Families, MetricSpec, define
 from exporter.collector import Collector, Context, ProblemLog
-from exporter.config import Key, declare_section, positive
+from exporter.config import Section, positive, setting
 from exporter.lustre import discovery, parsers
 from exporter.lustre.discovery import Device, Mount
 from exporter.lustre.evictions import EvictionTracker
@@ -25,28 +27,32 @@ from exporter.metric import Sample
 
 NAME = "lustre"
 
-declare_section(NAME, "FSx for Lustre client statistics (docs/lustre.md).", {
-    "enabled": Key(bool, True, "Run the Lustre client collector."),
-    "per_target": Key(bool, False,
-                      "Export osc/mdc series per target (OST/MDT). Off: one series per file system and "
-                      "component, with an empty `target` label; a large file system has dozens of OSTs."),
-    "statfs": Key(bool, True, "Call statvfs on each Lustre mount for capacity and inodes."),
-    "probe_timeout_seconds": Key((int, float), 1.0,
-                                 "Longest wait for a statvfs or ioctl on a mount; a mount whose servers are "
-                                 "unreachable can hang such calls, and the rest of the collection goes on.",
-                                 check=positive),
-    "file_timeout_seconds": Key((int, float), 1.0,
-                                "Longest wait for one Lustre file read (a stats file of a client waiting on "
-                                "its servers can block); past it only that file's series are left out of "
-                                "the scrape, and the file is not read again until the blocked read returns.",
-                                check=positive),
-    "lfs_command": Key(str, "lfs", "`lfs` used to map a mount to its llite instance (`lfs getname`); "
-                                   "empty to skip it."),
-    "use_ioctl": Key(bool, True, "Map mounts to llite instances with the OBD_IOC_GETMDNAME ioctl when "
-                                 "`lfs` is missing."),
-    "rootfs": Key(str, "/", "Prefix added to mount points before statvfs and the ioctl (for example "
-                            "/host when the host's root is bind-mounted there in a container)."),
-})
+@dataclass
+class LustreSection(Section):
+    """FSx for Lustre client statistics (docs/lustre.md)."""
+
+    name: ClassVar[str] = NAME
+    enabled: bool = setting(
+        True, "Run the Lustre client collector.")
+    per_target: bool = setting(
+        False, "Export osc/mdc series per target (OST/MDT). Off: one series per file system and component, "
+        "with an empty `target` label; a large file system has dozens of OSTs.")
+    statfs: bool = setting(
+        True, "Call statvfs on each Lustre mount for capacity and inodes.")
+    probe_timeout_seconds: float = setting(
+        1.0, "Longest wait for a statvfs or ioctl on a mount; a mount whose servers are unreachable can "
+        "hang such calls, and the rest of the collection goes on.", check=positive)
+    file_timeout_seconds: float = setting(
+        1.0, "Longest wait for one Lustre file read (a stats file of a client waiting on its servers can "
+        "block); past it only that file's series are left out of the scrape, and the file is not read"
+        " again until the blocked read returns.", check=positive)
+    lfs_command: str = setting(
+        "lfs", "`lfs` used to map a mount to its llite instance (`lfs getname`); empty to skip it.")
+    use_ioctl: bool = setting(
+        True, "Map mounts to llite instances with the OBD_IOC_GETMDNAME ioctl when `lfs` is missing.")
+    rootfs: str = setting(
+        "/", "Prefix added to mount points before statvfs and the ioctl (for example /host when the host's"
+        " root is bind-mounted there in a container).")
 
 L = ("fsname", "mount")
 T = ("fsname", "mount", "component", "target")
@@ -194,6 +200,9 @@ def _tunable(text: str) -> int | None:
 
 class LustreCollector(Collector):
     name = NAME
+    config_section = LustreSection
+    prefix = "lustre_client_"
+    docs_group = "FSx for Lustre client"
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)

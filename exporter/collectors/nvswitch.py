@@ -5,22 +5,30 @@ feeds the SXid counter when `nvswitch.enabled`); this collector only reads the S
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
-from exporter.config import Key, declare_section
+from exporter.config import Section, setting
 from exporter.xid.sxid_catalog import check_fatal_tier, check_policy
 from exporter.xid.sxid_counter import sxid_lines
 
-declare_section("nvswitch", "NVSwitch SXid errors from the kernel log, counted since boot "
-                "(docs/fabric.md).", {
-    "enabled": Key(bool, True, "Export SXid counts and let them drive the node verdict."),
-    "fatal_tier": Key(str, "reboot", "Tier of an SXid the driver reports as Fatal: reboot or replace.",
-                      check=check_fatal_tier, expected="reboot or replace"),
-    "policy": Key(dict, {}, "Tier overrides: {tier: [sxid, ...]} with tiers replace, reboot, ignore. Listed "
-                            "SXids take that tier whatever their severity; the rest follow the severity "
-                            "(docs/fabric.md).", check=check_policy,
-                  expected="a mapping of tier to a list of SXids"),
-})
+
+@dataclass
+class NvswitchSection(Section):
+    """NVSwitch SXid errors from the kernel log, counted since boot (docs/fabric.md)."""
+
+    name: ClassVar[str] = "nvswitch"
+    enabled: bool = setting(
+        True, "Export SXid counts and let them drive the node verdict.")
+    fatal_tier: str = setting(
+        "reboot", "Tier of an SXid the driver reports as Fatal: reboot or replace.",
+        check=check_fatal_tier, expected="reboot or replace")
+    policy: dict[str, list[int]] = setting(
+        {}, "Tier overrides: {tier: [sxid, ...]} with tiers replace, reboot, ignore. Listed SXids take "
+        "that tier whatever their severity; the rest follow the severity (docs/fabric.md).",
+        check=check_policy, expected="a mapping of tier to a list of SXids")
 
 SXID_ERRORS = define(
     "gpu_nvswitch_sxid_errors_total", "counter",
@@ -37,6 +45,9 @@ SXID_DROPPED = define(
 
 class NvswitchCollector(Collector):
     name = "nvswitch"
+    config_section = NvswitchSection
+    prefix = "gpu_nvswitch_"
+    docs_group = "NVSwitch SXids"
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)

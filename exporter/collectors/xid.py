@@ -5,32 +5,39 @@ threads are started here); collect() only reads the counts."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
-from exporter.config import Key, declare_section, positive
+from exporter.config import Section, positive, setting
 from exporter.xid.policy import check_policy
 from exporter.xid.verdict import xid_lines
 
 G = ("gpu", "uuid", "pci_bus_id")
 
-declare_section("xid", "XIDs from the kernel log and NVML events, counted since boot (docs/xid.md).", {
-    "enabled": Key(bool, True, "Count XIDs."),
-    "kmsg": Key(bool, True, "Read the kernel log (paths.kmsg): the whole ring buffer at start, "
-                                "then follow it."),
-    "nvml_events": Key(bool, True, "Watch NVML events (XID critical errors; DBE, GPU unavailable and "
-                                   "recovery action where supported) in a background thread."),
-    "merge_window_seconds": Key((int, float), 10.0,
-                                "Reports of the same XID on the same GPU within this many seconds of an "
-                                "event's first report are that event (NVML + kernel log, XID 13 floods, "
-                                "multi-line reports).", check=positive),
-    "follow_poll_seconds": Key((int, float), 0.2,
-                               "How often a regular file given as the kernel log is checked for appended "
-                               "records (the device itself wakes us at once).", check=positive),
-    "policy": Key(dict, {}, "Tier overrides: {tier: [xid, ...]} with tiers replace, reboot, reset, "
-                            "application, ignore. Listed XIDs move to that tier; the rest keep the "
-                            "defaults in docs/xid.md.", check=check_policy,
-                  expected="a mapping of tier to a list of XIDs"),
-})
+@dataclass
+class XidSection(Section):
+    """XIDs from the kernel log and NVML events, counted since boot (docs/xid.md)."""
+
+    name: ClassVar[str] = "xid"
+    enabled: bool = setting(
+        True, "Count XIDs.")
+    kmsg: bool = setting(
+        True, "Read the kernel log (paths.kmsg): the whole ring buffer at start, then follow it.")
+    nvml_events: bool = setting(
+        True, "Watch NVML events (XID critical errors; DBE, GPU unavailable and recovery action where "
+        "supported) in a background thread.")
+    merge_window_seconds: float = setting(
+        10.0, "Reports of the same XID on the same GPU within this many seconds of an event's first report "
+        "are that event (NVML + kernel log, XID 13 floods, multi-line reports).", check=positive)
+    follow_poll_seconds: float = setting(
+        0.2, "How often a regular file given as the kernel log is checked for appended records (the device"
+        " itself wakes us at once).", check=positive)
+    policy: dict[str, list[int]] = setting(
+        {}, "Tier overrides: {tier: [xid, ...]} with tiers replace, reboot, reset, application, ignore. "
+        "Listed XIDs move to that tier; the rest keep the defaults in docs/xid.md.",
+        check=check_policy, expected="a mapping of tier to a list of XIDs")
 
 XID_ERRORS = define(
     "gpu_xid_errors_total", "counter",
@@ -118,6 +125,9 @@ STATE_ERRORS = define(
 
 class XidCollector(Collector):
     name = "xid"
+    config_section = XidSection
+    prefix = "gpu_"
+    docs_group = "XIDs"
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)

@@ -35,13 +35,19 @@ def check_tiers(value: Any, tiers: tuple[str, ...], noun: str) -> str | None:
     tiers. Returns a description of what is expected, or None when fine."""
     if not isinstance(value, Mapping):
         return f"a mapping of tier to a list of {noun}s"
+    from exporter.config import show  # bounded: the value may be anything a file holds
+
     seen: dict[int, str] = {}
     for tier, codes in value.items():
         if tier not in tiers:
-            return f"tiers among {', '.join(tiers)} (got {tier!r})"
-        if not isinstance(codes, list) or not all(isinstance(x, int) and not isinstance(x, bool)
-                                                  and 0 < x < 100000 for x in codes):
-            return f"a list of {noun} numbers under {tier!r}"
+            return f"tiers among {', '.join(tiers)} (got {show(tier)})"
+        if not isinstance(codes, list):
+            return f"a list of {noun} numbers under {tier!r} (got {type(codes).__name__} {show(codes)})"
+        for i, x in enumerate(codes):
+            if not isinstance(x, int) or isinstance(x, bool):
+                return f"{noun} numbers under {tier!r} (item {i} is {type(x).__name__} {show(x)})"
+            if not 0 < x < 100000:
+                return f"{noun} numbers from 1 to 99999 under {tier!r} (item {i}, {show(x)}, is out of range)"
         for x in codes:
             if x in seen and seen[x] != tier:
                 return f"each {noun} in one tier ({noun} {x} is under {seen[x]!r} and {tier!r})"
