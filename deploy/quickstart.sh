@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start: set up a virtual environment with the exporter and serve a simulated
 # p5.48xlarge node (8 H100s, 32 EFA devices, one FSx for Lustre mount) on
-# http://localhost:9858/metrics. Extra arguments go to the exporter, e.g. --scenario gpu-lost.
+# http://localhost:9858/metrics (or where --web.listen-address says). Extra arguments go to the
+# exporter, e.g. --scenario gpu-lost.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
@@ -16,5 +17,6 @@ if [ ! -x .venv/bin/gpu-health-exporter ] || [ pyproject.toml -nt .venv/.quickst
   .venv/bin/python -m pip install -q -e .
   touch .venv/.quickstart-installed
 fi
-echo "serving a simulated p5.48xlarge on http://localhost:9858/metrics (Ctrl-C stops it)" >&2
+# The exporter's first log line gives the address it actually serves (--web.listen-address moves it).
+echo "starting a simulated p5.48xlarge; its 'serving http://...' line below is the address (Ctrl-C stops it)" >&2
 exec .venv/bin/gpu-health-exporter --simulate p5.48xlarge "$@"

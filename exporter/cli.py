@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import inspect
 import logging
 import os
 import pkgutil
@@ -14,7 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from exporter import __version__, collectors, commands
+from exporter import __version__, collectors, commands, logs
 from exporter.collector import Context
 from exporter.config import DEFAULT_PORT, ConfigError, load
 from exporter.nvml.session import NvmlSession
@@ -39,8 +40,12 @@ PATH_FLAGS = {
 def add_source_options(p: argparse.ArgumentParser) -> None:
     """Options shared by the daemon and the one-shot commands: where every source reads from."""
     p.add_argument("--config", metavar="FILE", help="YAML configuration file (see docs/configuration.md).")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
-                   help="Log level (overrides log_level in the config).")
+    p.add_argument("--log.level", "--log-level", dest="log_level", metavar="LEVEL",
+                   choices=["debug", "info", "warn", "warning", "error"],
+                   help="Log level: debug, info, warn, error (overrides log_level in the config).")
+    p.add_argument("--log.format", dest="log_format", choices=logs.FORMATS,
+                   help="Log line format: logfmt (default) or json, one record a line "
+                        "(overrides log_format).")
     p.add_argument("--simulate", metavar="PROFILE", choices=SIMULATED,
                    help="Run against a simulated node: fake NVML and generated sysfs/procfs/debugfs "
                         "trees and kernel log. One of: " + ", ".join(SIMULATED) + ".")
@@ -57,7 +62,18 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
     for name, doc in PATH_FLAGS.items():
         p.add_argument(f"--path.{name}", dest=f"path_{name.replace('-', '_')}", metavar="PATH", help=doc)
     p.add_argument("--collectors", metavar="LIST",
-                   help="Comma-separated collectors to run (default: those enabled in the config).")
+                   help="Comma-separated collectors to run, and only those (default: those enabled in the "
+                        "config); the same as --collector.disable-defaults with --collector.NAME for each.")
+
+
+def add_collector_options(p: argparse.ArgumentParser) -> None:
+    """node_exporter's --collector.NAME / --no-collector.NAME for every registered collector."""
+    for name, cls in collectors.collector_classes().items():
+        p.add_argument(f"--collector.{name}", dest=f"collector_{name}", action=argparse.BooleanOptionalAction,
+                       help=f"Enable (or with --no-, disable) the {name} collector ({cls.docs_group}); "
+                            f"overrides {name}.enabled.")
+    p.add_argument("--collector.disable-defaults", dest="collector_disable_defaults", action="store_true",
+                   help="Disable every collector but those enabled with --collector.NAME.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,14 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
             f"'{n}' ({m.HELP})" for n, m in _commands().items()) + ". Run SUBCOMMAND --help for theirs.",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    p.add_argument("--listen", metavar="HOST:PORT",
+    p.add_argument("--web.listen-address", "--listen", dest="listen", metavar="HOST:PORT",
                    help=f"Address to serve on (default 0.0.0.0:{DEFAULT_PORT}).")
+    p.add_argument("--web.telemetry-path", dest="telemetry_path", metavar="PATH",
+                   help="Path under which to serve the metrics (default /metrics).")
     p.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
                    help="Web config file (exporter-toolkit format: TLS, basic auth); "
                         "see docs/configuration.md.")
     p.add_argument("--list-scenarios", action="store_true",
                    help="List the simulation's fault scenarios and exit.")
     add_source_options(p)
+    add_collector_options(p)
     return p
 
 
@@ -108,11 +127,8 @@ def limit_malloc_arenas(arenas: int = 1) -> None:
         pass
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()), stream=sys.stderr,
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
-    )
+def setup_logging(level: str, fmt: str = "logfmt") -> None:
+    logs.setup(level, fmt)
 
 
 def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]:
@@ -175,8 +191,13 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["listen"] = args.listen
     if getattr(args, "web_config_file", None):
         overrides["web.config_file"] = args.web_config_file
+    if getattr(args, "telemetry_path", None):
+        overrides["web.telemetry_path"] = args.telemetry_path
     if args.log_level:
         overrides["log_level"] = args.log_level
+    if args.log_format:
+        overrides["log_format"] = args.log_format
+    overrides.update({f"{name}.enabled": on for name, on in enabled_by_flags(args).items()})
     for name in PATH_FLAGS:
         v = getattr(args, f"path_{name.replace('-', '_')}")
         if v:
@@ -214,6 +235,22 @@ def kmsg_replay_path(path: str) -> str:
     return out
 
 
+def enabled_by_flags(args: argparse.Namespace) -> dict[str, bool]:
+    """Collectors switched on or off by --collectors, --collector.disable-defaults and
+    --[no-]collector.NAME (node_exporter's rules: disable-defaults turns off every collector not
+    named with --collector.NAME; --collectors LIST is that for the collectors listed)."""
+    known = collectors.collector_classes()
+    out: dict[str, bool] = {}
+    only = selected(args)
+    if only is not None or getattr(args, "collector_disable_defaults", False):
+        out = {name: name in (only or ()) for name in known}
+    for name in known:
+        on = getattr(args, f"collector_{name}", None)
+        if on is not None:
+            out[name] = on
+    return out
+
+
 def selected(args: argparse.Namespace) -> list[str] | None:
     if not args.collectors:
         return None
@@ -232,7 +269,6 @@ def serve(args: argparse.Namespace) -> int:
 
     try:
         ctx, simulation = build_context(args)
-        only = selected(args)
         web = load_web_config(ctx.config.web.config_file)
     except (ConfigError, ValueError) as e:
         print(f"gpu-health-exporter: {e}", file=sys.stderr)
@@ -241,13 +277,19 @@ def serve(args: argparse.Namespace) -> int:
     from exporter.server import Server, limits_from_config
 
     cfg = ctx.config
-    setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level, cfg.log_format)
     limit_malloc_arenas()
-    built = collectors.build(ctx, only)
+    built = collectors.build(ctx)
     runner = Runner.from_config(built, cfg)
     host, _, port = cfg.listen.rpartition(":")
+    path = cfg.web.telemetry_path
+    # The server takes the path once the http work lands (interfaces.md #3); until then /metrics only.
+    extra = {"telemetry_path": path} if "telemetry_path" in inspect.signature(Server).parameters else {}
+    if not extra and path != "/metrics":
+        print("gpu-health-exporter: --web.telemetry-path is not supported by this server", file=sys.stderr)
+        return 2
     try:
-        server = Server(runner, host.strip("[]"), int(port), web, limits_from_config(cfg))
+        server = Server(runner, host.strip("[]"), int(port), web, limits_from_config(cfg), **extra)
     except OSError as e:
         print(f"gpu-health-exporter: cannot listen on {cfg.listen}: {e.strerror or e}", file=sys.stderr)
         return 2
@@ -256,9 +298,8 @@ def serve(args: argparse.Namespace) -> int:
         simulation.start()
     runner.start()
     server.start()
-    log.info("serving %s://%s:%d/metrics%s with collectors %s%s", "https" if server.tls else "http", host,
-             server.port, " (basic auth)" if web.users else "",
-             ",".join(c.name for c in built),
+    log.info("serving %s%s with collectors %s%s", served_url(server.tls, host, server.port, path),
+             " (basic auth)" if web.users else "", ",".join(c.name for c in built),
              f" (simulated {simulation.profile.instance_type} under {simulation.root})"
              if simulation else "")
     reload = False
@@ -294,6 +335,16 @@ def hold_sighup() -> None:
     Called first thing in serve(), before any thread starts, so every thread inherits the mask.
     """
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+
+
+def served_url(tls: bool, host: str, port: int, path: str) -> str:
+    """The URL the endpoint answers on, with the port actually bound; for a wildcard address also
+    the URL to open from this host (the quick start's banner is this log line)."""
+    scheme = "https" if tls else "http"
+    url = f"{scheme}://{host}:{port}{path}"
+    if host.strip("[]") in ("", "0.0.0.0", "::"):
+        url += f" (every address; from this host: {scheme}://localhost:{port}{path})"
+    return url
 
 
 class Signals:
@@ -402,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu-health-exporter: {e}", file=sys.stderr)
             could_not_start = getattr(mod, "could_not_start", None)
             return could_not_start(args, str(e)) if could_not_start else 2
-        setup_logging(args.log_level or "warning")
+        setup_logging(args.log_level or "warning", args.log_format or ctx.config.log_format)
         try:
             if simulation is not None:  # a one-shot command sees what the daemon sees a minute in:
                 ctx.nvml.ensure()  # NVML found its GPUs at start, as the daemon's did

@@ -159,8 +159,8 @@ class TopLevel(Section):
 
     listen: str = setting(f"0.0.0.0:{DEFAULT_PORT}", "Address and port of the HTTP endpoint "
                           "(--web.listen-address, --listen).", check=host_port)
-    log_level: str = setting("info", "Log level (--log.level).",
-                             check=one_of("debug", "info", "warning", "error"))
+    log_level: str = setting("info", "Log level (--log.level): debug, info, warn (or warning), error.",
+                             check=one_of("debug", "info", "warn", "warning", "error"))
     log_format: str = setting("logfmt", "Log line format (--log.format): logfmt (`ts=... level=info ...`, "
                               "values quoted where needed) or json (one JSON object per line).",
                               check=one_of("logfmt", "json"))

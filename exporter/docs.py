@@ -72,8 +72,16 @@ def configuration_md() -> str:
         "",
         "The exporter reads one YAML file (`--config FILE`). Every key is optional; the defaults below "
         "apply. Every key is validated at start-up: an unknown key, a wrong type or an impossible value "
-        "stops the program with exit status 2 and one message naming the file, the key and what was "
-        "expected. Command-line flags override the file.",
+        "stops the program (the daemon and every subcommand) with exit status 2 and one message listing "
+        "every error, each with the file, the key, what was expected and the value (cut to about 60 "
+        "characters). A YAML syntax error names the file, line and column. The file must be a regular "
+        "file of at most 1 MiB (a FIFO or a directory is refused without blocking), and a document whose "
+        "aliases expand to more than 100,000 values is refused before it is built. Command-line flags "
+        "override the file. On SIGHUP the file is read again: a valid configuration restarts the process "
+        "in place (same pid), an invalid one is logged and the running one kept.",
+        "",
+        "Each collector declares its own section (a typed dataclass on the collector class, found by the "
+        "registry in exporter/collectors), so this page lists every collector's keys.",
         "",
         "## Top-level keys",
         "",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter import __version__, deadline
+from exporter.buildinfo import build_info
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Derived, Failed
 from exporter.config import Config
@@ -36,8 +37,10 @@ COLLECTOR_DURATION = define(
     ["collector"], unit="seconds", collector="exporter")
 BUILD_INFO = define(
     "gpu_health_exporter_build_info", "gauge",
-    "Always 1; the exporter's version and the Python it runs on.",
-    ["version", "python_version"], collector="exporter")
+    "Always 1; the exporter's version, the git revision and branch it was built from (\"unknown\" when "
+    "neither the checkout nor the build recorded them; see exporter/buildinfo.py) and the Python it runs on.",
+    ["version", "revision", "branch", "python_version"], collector="exporter")
+REVISION, BRANCH = build_info()
 SCRAPES = define(
     "gpu_health_exporter_scrapes_total", "counter",
     "Scrapes of /metrics served.", collector="exporter")
@@ -166,7 +169,8 @@ class Runner:
             own.add(COLLECTOR_DURATION, res.took, collector=c.name)
             if res.ok:
                 metrics.add(c.name, outs[c.name])
-        own.add(BUILD_INFO, 1, version=__version__, python_version=platform.python_version())
+        own.add(BUILD_INFO, 1, version=__version__, revision=REVISION, branch=BRANCH,
+                python_version=platform.python_version())
         own.add(SCRAPES, self.scrapes)
         own.add(COLLECTIONS, self.collections)
         metrics.add(RUNNER_PART, own)

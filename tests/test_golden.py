@@ -15,8 +15,9 @@ Volatile series, deliberately:
   tests/test_server.py checks their names against prometheus_client's ProcessCollector);
 - kept with the value masked as NaN: gpu_health_exporter_collector_duration_seconds (wall time),
   gpu_health_exporter_scrapes_total and gpu_health_exporter_collections_total (how many the
-  test's wait took); the label python_version of gpu_health_exporter_build_info is masked as
-  "masked" (the interpreter running the test).
+  test's wait took); the labels python_version, revision and branch of
+  gpu_health_exporter_build_info are masked as "masked" (the interpreter running the test, the
+  commit and branch of the checkout).
 
 Regenerate after an intended change (then review the diff like code):
 
@@ -49,7 +50,7 @@ CONFIGS = {  # golden file -> config (besides IDENTITY)
 EXCLUDED = re.compile(r"process_")
 MASKED_VALUES = re.compile(
     r"gpu_health_exporter_(collector_duration_seconds|scrapes_total|collections_total)\b")
-MASKED_LABELS = re.compile(r'(python_version=")[^"]*(")')
+MASKED_LABELS = re.compile(r'((?:python_version|revision|branch)=")[^"]*(")')
 UPDATE = os.environ.get("UPDATE_GOLDEN", "") not in ("", "0")
 
 
@@ -135,9 +136,11 @@ def test_the_mask_excludes_and_masks_only_the_volatile_series():
             f"# HELP {scrapes} Scrapes.\n# TYPE {scrapes} counter\n{scrapes} 3.0\n"
             'gpu_health_exporter_collector_duration_seconds{collector="gpu"} 0.01\n'
             'gpu_health_exporter_collector_success{collector="gpu"} 1.0\n'
-            'gpu_health_exporter_build_info{python_version="3.11.7",version="0.1.0"} 1.0\n')
+            'gpu_health_exporter_build_info{branch="main",python_version="3.11.7",revision="abc",'
+            'version="0.1.0"} 1.0\n')
     assert mask(text) == (
         f"# HELP {scrapes} Scrapes.\n# TYPE {scrapes} counter\n{scrapes} NaN\n"
         'gpu_health_exporter_collector_duration_seconds{collector="gpu"} NaN\n'
         'gpu_health_exporter_collector_success{collector="gpu"} 1.0\n'
-        'gpu_health_exporter_build_info{python_version="masked",version="0.1.0"} 1.0\n')
+        'gpu_health_exporter_build_info{branch="masked",python_version="masked",revision="masked",'
+        'version="0.1.0"} 1.0\n')
