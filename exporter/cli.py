@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import inspect
 import logging
 import os
 import pkgutil
@@ -283,13 +282,9 @@ def serve(args: argparse.Namespace) -> int:
     runner = Runner.from_config(built, cfg)
     host, _, port = cfg.listen.rpartition(":")
     path = cfg.web.telemetry_path
-    # The server takes the path once the http work lands (interfaces.md #3); until then /metrics only.
-    extra = {"telemetry_path": path} if "telemetry_path" in inspect.signature(Server).parameters else {}
-    if not extra and path != "/metrics":
-        print("gpu-health-exporter: --web.telemetry-path is not supported by this server", file=sys.stderr)
-        return 2
     try:
-        server = Server(runner, host.strip("[]"), int(port), web, limits_from_config(cfg), **extra)
+        server = Server(runner, host.strip("[]"), int(port), web, limits_from_config(cfg),
+                        telemetry_path=path)
     except OSError as e:
         print(f"gpu-health-exporter: cannot listen on {cfg.listen}: {e.strerror or e}", file=sys.stderr)
         return 2

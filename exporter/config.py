@@ -187,8 +187,8 @@ class Paths(Section):
 
 
 def telemetry_path(v: Any) -> str | None:
-    if not v.startswith("/") or any(c in v for c in "?# ") or v in ("/healthz", "/readyz"):
-        return "a URL path starting with / (no query, no spaces; not /healthz or /readyz)"
+    if not v.startswith("/") or any(c in v for c in "?# ") or v in ("/", "/healthz", "/readyz"):
+        return "a URL path starting with / (no query, no spaces; not /, /healthz or /readyz)"
     return None
 
 

@@ -152,3 +152,25 @@ def test_node_exporter_style_invocation_serves_json_logs_without_lustre(tmp_path
     lines = [json.loads(line) for line in log.read().splitlines()]
     assert lines and all({"ts", "level", "logger", "msg"} <= set(d) for d in lines)
     assert any(d["msg"].startswith(f"serving http://127.0.0.1:{port}/metrics") for d in lines)
+
+
+@pytest.mark.slow
+def test_web_telemetry_path_moves_the_metrics(tmp_path):
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--web.listen-address", f"127.0.0.1:{port}",
+                             "--web.telemetry-path", "/gpu-metrics", "--collectors", "lustre",
+                             "--path.state-dir", str(tmp_path / "state")],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_serving(base + "/gpu-metrics", proc, 60, "exporter")
+        assert "gpu_health_exporter_build_info" in requests.get(base + "/gpu-metrics", timeout=30).text
+        assert requests.get(base + "/metrics", timeout=30).status_code == 404
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+    with pytest.raises(Exception, match="web.telemetry_path"):
+        from exporter.config import load
+
+        load(None, {"web.telemetry_path": "/healthz"})
