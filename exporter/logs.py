@@ -15,6 +15,7 @@ import sys
 import time
 
 FORMATS = ("logfmt", "json")
+_HANDLER = "gpu-health-exporter"
 LEVELS = {"DEBUG": "debug", "INFO": "info", "WARNING": "warn", "ERROR": "error", "CRITICAL": "error"}
 
 
@@ -64,8 +65,10 @@ def setup(level: str, fmt: str = "logfmt") -> None:
     """Log to stderr at `level` (debug, info, warn/warning, error) in `fmt` (logfmt or json)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
+    handler.set_name(_HANDLER)
     root = logging.getLogger()
     for h in list(root.handlers):
-        root.removeHandler(h)
+        if h.get_name() == _HANDLER:  # ours from an earlier call (in-process reuse); others stay
+            root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(getattr(logging, {"warn": "WARNING"}.get(level, level.upper())))

@@ -174,3 +174,21 @@ def test_web_telemetry_path_moves_the_metrics(tmp_path):
         from exporter.config import load
 
         load(None, {"web.telemetry_path": "/healthz"})
+
+
+def test_log_setup_replaces_only_its_own_handler():
+    root = logging.getLogger()
+    other = logging.NullHandler()
+    root.addHandler(other)
+    saved = root.level
+    try:
+        logs.setup("info", "json")
+        logs.setup("warn", "logfmt")
+        ours = [h for h in root.handlers if h.get_name() == "gpu-health-exporter"]
+        assert len(ours) == 1 and isinstance(ours[0].formatter, logs.LogfmtFormatter)
+        assert other in root.handlers and root.level == logging.WARNING
+    finally:
+        root.removeHandler(other)
+        for h in [h for h in root.handlers if h.get_name() == "gpu-health-exporter"]:
+            root.removeHandler(h)
+        root.setLevel(saved)
