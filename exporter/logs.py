@@ -61,9 +61,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(fields(record, self), ensure_ascii=False)
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a record comes (a test harness swaps it)."""
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
 def setup(level: str, fmt: str = "logfmt") -> None:
     """Log to stderr at `level` (debug, info, warn/warning, error) in `fmt` (logfmt or json)."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
     handler.set_name(_HANDLER)
     root = logging.getLogger()
