@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from exporter import collectors, config, webconfig
+from exporter import collectors, config, migration, webconfig
 from exporter.catalog import MetricSpec, all_specs
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -60,7 +60,17 @@ def metrics_md() -> str:
             labels = ", ".join(f"`{lbl}`" for lbl in s.labels) or "none"
             lines.append(f"| `{s.name}` | {s.type} | {labels} | {_cell(s.detail)} | {_cell(s.help)} |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + _migration())
+
+
+def _migration() -> list[str]:
+    lines = ["## Coming from dcgm-exporter", "", migration.INTRO.strip(), "",
+             "| dcgm-exporter field | here | notes |", "|---|---|---|"]
+    lines += [f"| {_cell(field)} | {_cell(here)} | {_cell(note)} |" for field, here, note in migration.FIELDS]
+    lines += ["", migration.ONLY_HERE.strip(), "", "## `sum()` pitfalls", "",
+              "Some label sets overlap: summing across them counts the same error or second twice.", ""]
+    lines += [f"- {p.strip()}" for p in migration.PITFALLS]
+    return lines + [""]
 
 
 def configuration_md() -> str:

@@ -15,10 +15,32 @@ def test_configuration_md_matches_schema():
 
 
 def test_every_metric_documented_once():
-    text = docs.metrics_md()
+    text = docs.metrics_md().split("## Coming from dcgm-exporter")[0]  # the catalog's tables
     from exporter.catalog import all_specs
 
     for spec in all_specs():
         if spec.collector == "test":  # metrics the tests declare for themselves
             continue
         assert text.count(f"| `{spec.name}` |") == 1, spec.name
+
+
+def test_dcgm_migration_table_names_only_metrics_that_exist():
+    """Every series the dcgm-exporter table points to is in the catalog (a rename fails here), every
+    row says what to use or that it is not exported, and the profiling fields are out of scope."""
+    import re
+
+    from exporter import migration
+    from exporter.catalog import all_specs
+
+    docs.metrics_md()  # loads every collector's metrics
+    names = {s.name for s in all_specs()}
+    for field, here, _note in migration.FIELDS:
+        assert field.startswith("`DCGM_FI_"), field
+        if here == migration.NOT_EXPORTED:
+            continue
+        used = re.findall(r"`([a-z_]+)(?:\{[^`]*\})?`", here)
+        assert used, (field, here)
+        assert set(used) <= names, (field, set(used) - names)
+    assert any("DCGM_FI_PROF_" in f and h == migration.NOT_EXPORTED for f, h, _ in migration.FIELDS)
+    for pitfall in migration.PITFALLS:
+        assert set(re.findall(r"gpu_[a-z_]+_total", pitfall)) <= names, pitfall
