@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import os
 import random
 import re
 import shutil
@@ -107,6 +108,12 @@ class Figures:
     groups: dict[str, tuple[float, float, int]] = field(default_factory=dict)
     # rule (group/name) -> median evaluation time s
     rules: dict[str, float] = field(default_factory=dict)
+    # Prometheus itself: series in its head, resident memory after the measurement (and its peak),
+    # and CPU seconds (utime + stime) per round of every rule's query, rounds in isolation
+    head_series: int = 0
+    rss_bytes: int = 0
+    rss_peak_bytes: int = 0
+    cpu_s_per_round: list[float] = field(default_factory=list)
 
 
 def node_series() -> list[tuple[str, dict[str, str], float]]:
@@ -300,7 +307,10 @@ def measure(nodes: int, interval: int = 30, evaluations: int = 4, log=print, hea
             time.sleep(max(0.0, -late) + 1)
             _live(api, proc, config, tmp / "rules", evaluations, figs)
         else:
-            _isolated(api, end, evaluations, figs)
+            _isolated(api, end, evaluations, figs, proc.pid)
+        tsdb = requests.get(f"{api}/status/tsdb", timeout=60).json()["data"]
+        figs.head_series = int(tsdb["headStats"]["numSeries"])
+        figs.rss_bytes, figs.rss_peak_bytes = _rss(proc.pid)
         return figs
     finally:
         if proc is not None:
@@ -309,23 +319,46 @@ def measure(nodes: int, interval: int = 30, evaluations: int = 4, log=print, hea
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _isolated(api: str, at: int, repeats: int, figs: Figures) -> None:
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process, in seconds (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process in bytes."""
+    got = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            got[key] = int(value.split()[0]) * 1024
+    return got["VmRSS"], got["VmHWM"]
+
+
+def _isolated(api: str, at: int, repeats: int, figs: Figures, pid: int) -> None:
     """Each rule's expression as an instant query, one at a time, `repeats` times at slightly
     different times; a group's time is the sum of its rules' medians (Prometheus evaluates the
     rules of a group one after another). Prometheus' own execution time of the query
     (`stats=all`), so HTTP and JSON are not counted; the rules' writes (recorded series, ALERTS)
     are not either. `at`: the end of the history."""
     per_group: dict[str, list[tuple[float, float]]] = {}
-    for _, group, rule in all_rules():
-        times = []
-        for k in range(repeats):
+    times: dict[str, list[float]] = {}
+    # Round by round (every rule once per round), so that Prometheus' CPU time per round is measured
+    # as well: it includes parsing and the JSON answer, not the writes of the rules' output.
+    for k in range(repeats):
+        cpu = _cpu_s(pid)
+        for _, group, rule in all_rules():
             r = requests.get(f"{api}/query", params={"query": rule["expr"], "time": f"{at - k:.3f}",
                                                      "stats": "all"}, timeout=600).json()
             if r.get("status") != "success":
                 raise RuntimeError(f"{group}/{rule.get('alert') or rule.get('record')}: {r.get('error')}")
-            times.append(r["data"]["stats"]["timings"]["execTotalTime"])
-        figs.rules[f"{group}/{rule.get('alert') or rule.get('record')}"] = statistics.median(times)
-        per_group.setdefault(group, []).append((statistics.median(times), max(times)))
+            times.setdefault(f"{group}\0{rule.get('alert') or rule.get('record')}", []).append(
+                r["data"]["stats"]["timings"]["execTotalTime"])
+        figs.cpu_s_per_round.append(_cpu_s(pid) - cpu)
+    for key, ts in times.items():
+        group, name = key.split("\0")
+        figs.rules[f"{group}/{name}"] = statistics.median(ts)
+        per_group.setdefault(group, []).append((statistics.median(ts), max(ts)))
     for group, rules in sorted(per_group.items()):
         figs.groups[group] = (sum(m for m, _ in rules), sum(x for _, x in rules), len(rules))
 
@@ -381,6 +414,12 @@ def table(results: list[Figures]) -> str:
     lines.append(f"{'slowest group (max)':28} {'':>5} " + " ".join(f"{w * 1000:>22.1f}" for w in worst))
     total = [sum(med for med, _, _ in r.groups.values()) for r in results]
     lines.append(f"{'all groups once (sum)':28} {'':>5} " + " ".join(f"{t * 1000:>22.1f}" for t in total))
+    lines.append(f"{'Prometheus head series':28} {'':>5} "
+                 + " ".join(f"{r.head_series:>22,}" for r in results))
+    lines.append(f"{'Prometheus RSS (peak) MiB':28} {'':>5} " + " ".join(
+        f"{f'{r.rss_bytes / 2**20:,.0f} ({r.rss_peak_bytes / 2**20:,.0f})':>22}" for r in results))
+    lines.append(f"{'CPU s per round (min-max)':28} {'':>5} " + " ".join(
+        f"{f'{min(r.cpu_s_per_round or [0]):.2f}-{max(r.cpu_s_per_round or [0]):.2f}':>22}" for r in results))
     lines.append("series / samples in the TSDB: " + "; ".join(
         f"{r.nodes:,} nodes {r.series:,} / {r.samples:,}" for r in results))
     return "\n".join(lines)

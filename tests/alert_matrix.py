@@ -49,7 +49,9 @@ class Row:
     # PromQL whose value is the fault's Unix time, or a condition whose first sample is the fault
     fault_at: str = ""
     fault_when: str = ""
-    action: str = ""  # "restart": SIGTERM and start again; "kill": SIGKILL, KILL_S s down, start again
+    # "restart": SIGTERM and start again; "down": SIGTERM, DOWN_S s down, start again;
+    # "kill": SIGKILL, KILL_S s down, start again
+    action: str = ""
     resolves: tuple[str, ...] = ()  # alerts meant to resolve during the run (an event, not a state)
     note: str = ""
     extra: dict = field(default_factory=dict, hash=False, compare=False)
@@ -60,6 +62,12 @@ class Row:
 
 
 KILL_S = 120  # 15 minutes at SPEEDUP 7.5
+DOWN_S = 16  # 2 minutes at SPEEDUP 7.5
+# After every row is done: a rollout of every node's exporter (one after another, as a DaemonSet's
+# rolling update), while the pages are active; nothing may notify after it. Rows whose simulated
+# fault is a counter's history (the corrected-ECC rows) start it over on a restart, which a real
+# node's counters do not: they are restarted and watched for errors, not held to "no notification".
+ROLLOUT_EXEMPT = ("gpu-ecc-sbe-step", "gpu-ecc-sbe-burst", "gpu-ecc-volatile-reset")
 
 PAGE = "pager"
 TICKET = "ticket"
@@ -116,6 +124,10 @@ ROWS: tuple[Row, ...] = (
         ((PAGE, "GpuXidReplaceNow"), (PAGE, "GpuNodeReplaceRequired")), fault_at=XID_TIME, action="kill",
         note=f"after the page: SIGKILL, {KILL_S} s (15 min) down, start again; no resolve, no "
              "GpuHealthExporterDown ticket"),
+    Row("Exporter down 2 min during a replace-now fault, then serving the same series", ("xid-63",),
+        ((PAGE, "GpuXidReplaceNow"), (PAGE, "GpuNodeReplaceRequired")), fault_at=XID_TIME, action="down",
+        note=f"after the page: SIGTERM, {DOWN_S} s (2 min) down, start again with its state file; the "
+             "evaluation where it answers again must not fail, nothing more may arrive"),
     Row("Idle Lustre import", (), collectors="lustre,instance",
         note="the simulated client's OST0007 import is IDLE"),
     Row("New node with a corrected-ECC burst", ("gpu-ecc-sbe-burst",)),

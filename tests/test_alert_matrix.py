@@ -4,7 +4,10 @@ rules of rules/ time-compressed 7.5x) that sends to one real Alertmanager (the s
 compressed the same way) whose receivers are webhooks on 127.0.0.1. Each row injects its fault and
 the test asserts exactly which notifications arrive for that node (receiver, alertname, severity,
 node labels), that nothing resolves while the fault lasts, that the rows that must not notify
-notify nothing, and measures the time from the fault to the first notification. The table goes
+notify nothing, and measures the time from the fault to the first notification. When every row is
+done, every node's exporter is restarted one after another (a rollout while the pages are active):
+nothing may notify after it, and Prometheus' `prometheus_rule_evaluation_failures_total` must still
+be 0 at the end of the run. The table goes
 into docs/alerts.md (between the alert-matrix markers); test_doc_table_lists_the_matrix checks,
 cheaply, that the table there still lists the rows defined here.
 """
@@ -27,7 +30,9 @@ import requests
 import yaml
 
 from tests.alert_matrix import (
+    DOWN_S,
     KILL_S,
+    ROLLOUT_EXEMPT,
     ROWS,
     SCRAPE_S,
     SPEEDUP,
@@ -119,6 +124,9 @@ def _act(node: _Node) -> None:
     if node.row.action == "kill":
         node.stop(signal.SIGKILL)
         time.sleep(KILL_S)
+    elif node.row.action == "down":
+        node.stop()
+        time.sleep(DOWN_S)
     else:
         node.stop()
     node.start()
@@ -131,6 +139,24 @@ def _query(api: str, expr: str) -> float | None:
     assert r["status"] == "success", (expr, r)
     res = r["data"]["result"]
     return float(res[0]["value"][1]) if res else None
+
+
+def _rule_failures(prom_port: int) -> float:
+    """prometheus_rule_evaluation_failures_total over every rule group, from Prometheus' own /metrics."""
+    text = requests.get(f"http://127.0.0.1:{prom_port}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("prometheus_rule_evaluation_failures_total"))
+
+
+def _rollout(nodes: list[_Node]) -> float:
+    """Restart every node's exporter, one after another (a DaemonSet's rolling update): each is
+    stopped, started and serving before the next. Returns when the rollout began."""
+    began = time.time()
+    for n in nodes:
+        n.stop()
+        n.start()
+        wait_until_serving(f"http://127.0.0.1:{n.port}/metrics", n.proc, 120, f"exporter {n.row.name}")
+    return began
 
 
 def _fault_time(api: str, node: _Node, run_s: float) -> float | None:
@@ -210,6 +236,10 @@ def test_alert_matrix(tmp_path):
                 break
             time.sleep(1)
         time.sleep(3)  # stragglers: anything unexpected still on its way
+        # The rollout: every exporter restarted while the pages are active; then as long again as
+        # after an action for anything that should not come.
+        rollout_at = _rollout(nodes)
+        time.sleep(QUIET_S)
         run_s = time.time() - t0
         results, problems = {}, []
         for n in nodes:
@@ -239,14 +269,25 @@ def test_alert_matrix(tmp_path):
                     problems.append(f"{n.row.name}: the {n.row.action} never happened (no page first)")
                 elif late:
                     problems.append(f"{n.row.name}: notified again after the {n.row.action}: {late}")
+            if not any(s in ROLLOUT_EXEMPT for s in n.row.scenarios):
+                late = [f"{a['status']} {a['labels']['alertname']}" for t, _, a in events if t > rollout_at
+                        and a["labels"]["alertname"] not in n.row.resolves]
+                if late:
+                    problems.append(f"{n.row.name}: notified after the rollout of every node: {late}")
             if n.row.expect and secs is None:
                 problems.append(f"{n.row.name}: no fault time or no notification (fault={fault})")
+        failures = _rule_failures(prom_port)
+        if failures:
+            problems.append(f"prometheus_rule_evaluation_failures_total is {failures:g}, not 0: "
+                            + (tmp_path / "prometheus.log").read_text()[-2000:])
         if problems:  # context for whoever reads the failure: scrapes this loaded machine missed
             missed = {n.instance: _query(api, f'sum(count_over_time((up{{instance="{n.instance}"}} == 0)'
                                               f'[{int(run_s)}s:{SCRAPE_S}s]))') for n in nodes}
             problems.append(f"failed scrapes per node ({SCRAPE_S} s timeout): {missed}")
         write_doc(results, f"Measured on a 2-core machine with the whole matrix running at once, "
-                           f"{len(ROWS)} simulated nodes, in {run_s:.0f} s.")
+                           f"{len(ROWS)} simulated nodes, in {run_s:.0f} s, ending with a rollout of every "
+                           f"node's exporter while the pages were active; rule evaluation failures over "
+                           f"the whole run: {failures:g}.")
         assert not problems, "\n".join(problems)
     finally:
         for n in nodes:

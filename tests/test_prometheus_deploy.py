@@ -20,7 +20,7 @@ UPLOAD = ROOT / "deploy" / "amp" / "upload-rules.sh"
 RULE_FILES = sorted((ROOT / "rules").glob("*.yml"))
 
 
-@pytest.mark.parametrize("name", ["scrape.yml", "remote-write-amp.yml"])
+@pytest.mark.parametrize("name", ["scrape.yml", "remote-write-amp.yml", "sharded-scrape.yml"])
 def test_promtool_check_config(name):
     r = subprocess.run([promtool(), "check", "config", str(PROM / name)], capture_output=True, text=True,
                        timeout=60)
@@ -33,6 +33,22 @@ def test_scrape_config_has_alerting_region_and_cluster_relabel():
     (job,) = cfg["scrape_configs"]
     assert all(sd.get("region") for sd in job["ec2_sd_configs"])  # never a metadata lookup at start
     assert {"target_label": "cluster", "replacement": "my-training-cluster"} in job["relabel_configs"]
+
+
+def test_sharded_scrape_keeps_one_shard_of_nodes_by_node_name():
+    """The sharded example is scrape.yml's job plus a hashmod of (cluster, instance) after `instance`
+    is set, kept for this shard only; the shard number is an external label too."""
+    cfg = yaml.safe_load((PROM / "sharded-scrape.yml").read_text())
+    (job,) = cfg["scrape_configs"]
+    (plain,) = yaml.safe_load((PROM / "scrape.yml").read_text())["scrape_configs"]
+    relabel = job["relabel_configs"]
+    assert relabel[:len(plain["relabel_configs"])] == plain["relabel_configs"]
+    hashmod, keep = relabel[-2:]
+    assert hashmod["action"] == "hashmod" and hashmod["source_labels"] == ["cluster", "instance"]
+    assert hashmod["modulus"] >= 2 and keep == {"source_labels": [hashmod["target_label"]],
+                                                "regex": cfg["global"]["external_labels"]["shard"],
+                                                "action": "keep"}
+    assert cfg["rule_files"] == yaml.safe_load((PROM / "scrape.yml").read_text())["rule_files"]
 
 
 def test_remote_write_to_amp_is_sigv4_signed():

@@ -120,27 +120,31 @@ MUST_SURVIVE_RESTART = {
     "GpuNodeReplaceRequired", "GpuNodeRebootRequired",
     # GPU
     "GpuEccCorrectedRateAccelerating", "GpuEccCorrectedRateHigh", "GpuEccUncorrectedErrors",
-    "GpuRowRemapFailure", "GpuRowRemapPending", "GpuRecoveryActionRebootRequired", "GpuRecoveryActionRequired",
+    "GpuRowRemapFailure", "GpuRowRemapPending", "GpuRecoveryActionRebootRequired",
+    "GpuRecoveryActionRequired",
     "GpuLost", "GpuCountBelowExpected", "GpuHealthUnreadable", "GpuHwSlowdownActive", "GpuPowerBrakeActive",
     "GpuTemperatureNearSlowdown", "GpuPcieLinkWidthDegraded", "GpuPcieLinkGenerationDegraded",
     "GpuPcieReplayRateHigh", "GpuNvlinkErrorsRising", "GpuNvlinkDown",
     # NVSwitch, fabric, EC2
-    "NvswitchSxidReplaceNow", "NvswitchSxidRebootRequired", "NvswitchSxidUnknown", "NvswitchSxidNonFatalRateHigh",
+    "NvswitchSxidReplaceNow", "NvswitchSxidRebootRequired", "NvswitchSxidUnknown",
+    "NvswitchSxidNonFatalRateHigh",
     "GpuFabricNotCompleted", "GpuFabricRegistrationFailed",
     "Ec2ScheduledEventWithin7Days", "Ec2ScheduledRebootWithin24Hours",
     # EFA
-    "EfaDevicesBelowExpected", "EfaDeviceUnreadable", "EfaAdminCommandsNoCompletion", "EfaUnresponsiveRemoteEvents",
+    "EfaDevicesBelowExpected", "EfaDeviceUnreadable", "EfaAdminCommandsNoCompletion",
+    "EfaUnresponsiveRemoteEvents",
     "EfaImpairedRemoteConnections", "EfaRetransmitTimeouts", "EfaRetransmitRatioHigh", "EfaReceiveDrops",
     "EfaWorkRequestErrors",
     # FSx for Lustre
     "LustreImportNotConnected", "LustreClientEvicted", "LustreRpcTimeouts", "LustreMetadataLatencyHigh",
-    "LustreClientUnhealthy", "LustreStatsSourceUnreadable", "LustreMountUnresponsive", "LustreFilesystemNearlyFull",
+    "LustreClientUnhealthy", "LustreStatsSourceUnreadable", "LustreMountUnresponsive",
+    "LustreFilesystemNearlyFull",
     # the exporter's own: only the one that says no exporter is scraped at all
     "GpuHealthExporterAbsent",
 }
-RESTART_CHANGES = {"GpuHealthExporterDown", "GpuHealthExporterTargetMissing", "GpuHealthExporterCollectorFailing",
-                   "GpuHealthExporterScrapeSlow", "GpuHealthExporterXidSourceDown",
-                   "GpuHealthExporterStateFileFailing"}
+RESTART_CHANGES = {"GpuHealthExporterDown", "GpuHealthExporterTargetMissing",
+                   "GpuHealthExporterCollectorFailing", "GpuHealthExporterScrapeSlow",
+                   "GpuHealthExporterXidSourceDown", "GpuHealthExporterStateFileFailing"}
 HOLD_OVER = re.compile(r"\b[a-z_]+:[a-z_]+:held\b")
 
 
