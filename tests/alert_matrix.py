@@ -66,7 +66,9 @@ DOWN_S = 16  # 2 minutes at SPEEDUP 7.5
 # After every row is done: a rollout of every node's exporter (one after another, as a DaemonSet's
 # rolling update), while the pages are active; nothing may notify after it. Rows whose simulated
 # fault is a counter's history (the corrected-ECC rows) start it over on a restart, which a real
-# node's counters do not: they are restarted and watched for errors, not held to "no notification".
+# node's counters do not (a replayed burst on a node that now has history is a step): they are
+# restarted and count for the evaluation-failure check, their notifications are judged up to the
+# rollout.
 ROLLOUT_EXEMPT = ("gpu-ecc-sbe-step", "gpu-ecc-sbe-burst", "gpu-ecc-volatile-reset")
 
 PAGE = "pager"
