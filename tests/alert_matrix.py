@@ -65,11 +65,11 @@ KILL_S = 120  # 15 minutes at SPEEDUP 7.5
 DOWN_S = 16  # 2 minutes at SPEEDUP 7.5
 # After every row is done: a rollout of every node's exporter (one after another, as a DaemonSet's
 # rolling update), while the pages are active; nothing may notify after it. Rows whose simulated
-# fault is a counter's history (the corrected-ECC rows) start it over on a restart, which a real
-# node's counters do not (a replayed burst on a node that now has history is a step): they are
-# restarted and count for the evaluation-failure check, their notifications are judged up to the
-# rollout.
-ROLLOUT_EXEMPT = ("gpu-ecc-sbe-step", "gpu-ecc-sbe-burst", "gpu-ecc-volatile-reset")
+# fault is an ECC counter's history (the corrected-ECC rows) or an ECC event (the DBE row) play it
+# again from the start on a restart, which a real node's counters do not (a replayed burst on a node
+# that now has history is a step; a replayed DBE is a new uncorrectable error): they are restarted
+# and count for the evaluation-failure check, their notifications are judged up to the rollout.
+ROLLOUT_EXEMPT = ("gpu-ecc-sbe-step", "gpu-ecc-sbe-burst", "gpu-ecc-volatile-reset", "gpu-ecc-dbe")
 
 PAGE = "pager"
 TICKET = "ticket"
