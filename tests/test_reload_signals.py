@@ -24,7 +24,9 @@ def start(tmp_path):
     port = free_port()
     cfg = tmp_path / "config.yaml"
     cfg.write_text("log_level: info\n")
-    log = open(tmp_path / "exporter.log", "w+")  # noqa: SIM115 - read back while it runs
+    # O_APPEND, and read back through its own descriptor: a seek of ours must never move where the
+    # exporter writes (a shared offset let its lines overwrite earlier ones).
+    log = open(tmp_path / "exporter.log", "a")  # noqa: SIM115 - closed with the test's tmp_path
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "--collectors", "lustre", "--config", str(cfg),
                              "--path.state-dir", str(tmp_path / "state"), "--listen", f"127.0.0.1:{port}"],
@@ -39,8 +41,8 @@ def start(tmp_path):
 
 
 def text(log) -> str:
-    log.seek(0)
-    return log.read()
+    with open(log.name) as f:
+        return f.read()
 
 
 def wait_for(cond, proc, log, what, timeout=60.0):
