@@ -49,9 +49,16 @@ def test_failing_and_hanging_collectors_do_not_take_others_down(caplog):
     assert value(s2, "gpu_health_exporter_collector_success", collector="hung") == 0
     assert value(s2, "gpu_health_exporter_collector_duration_seconds", collector="hung") == 0.3
     hung.release.set()
-    time.sleep(0.05)
-    s3 = samples(scrape(r))
+    # Once its stuck read returns, the collector runs again (wait for that, however loaded the host).
+    deadline = time.monotonic() + 30
+    while True:
+        s3 = samples(scrape(r))
+        ok = value(s3, "gpu_health_exporter_collector_success", collector="hung") == 1
+        if ok or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     assert value(s3, "gpu_health_exporter_collector_success", collector="hung") == 1
+    assert hung.calls == 2
     r.close()
 
 
