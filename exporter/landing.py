@@ -107,7 +107,7 @@ def _subject(labels: dict[str, str]) -> str:
 
 
 def render_page(metrics: list[Metric] | None, status: dict, collected_at: float | None,
-                verdict: NodeVerdict | None = None) -> str:
+                verdict: NodeVerdict | None = None, telemetry_path: str = "/metrics") -> str:
     """`status`: collector name -> an object with ok (None/True/False), error and duration;
     `verdict`: the health collector's reading of that collection (None when it gave none)."""
     e = html.escape
@@ -115,7 +115,7 @@ def render_page(metrics: list[Metric] | None, status: dict, collected_at: float 
            "<style>body{font-family:sans-serif}td,th{padding:4px 8px;text-align:left;vertical-align:top}"
            ".bad{color:#b00020;font-weight:bold}.good{color:#1b5e20;font-weight:bold}</style></head><body>",
            f"<h1>gpu-health-exporter {e(__version__)}</h1>",
-           '<p><a href="/metrics">Metrics</a> &middot; <a href="/healthz">healthz</a> &middot; '
+           f'<p><a href="{e(telemetry_path)}">Metrics</a> &middot; <a href="/healthz">healthz</a> &middot; '
            '<a href="/readyz">readyz</a></p>']
     if metrics is None:
         out.append("<p>The first collection is not done yet; reload in a moment.</p></body></html>\n")

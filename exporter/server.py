@@ -114,7 +114,7 @@ class App:
         if self.last_at is None or time.time() - self.last_at > LANDING_MAX_AGE_S:
             self.collect(scrape=False)  # a fault injected a moment ago shows without a scrape
         verdict = self.runner.readings.get("health")
-        page = render_page(self.last, self.runner.status, self.last_at, verdict)
+        page = render_page(self.last, self.runner.status, self.last_at, verdict, self.telemetry_path)
         return Response(200, page.encode(), [("Content-Type", "text/html; charset=utf-8")])
 
 
