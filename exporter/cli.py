@@ -12,11 +12,12 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exporter import __version__, collectors, commands, logs
 from exporter.collector import Context
-from exporter.config import DEFAULT_PORT, ConfigError, load
+from exporter.config import DEFAULT_PORT, ConfigError, load, read_config_file
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import SIMULATED
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exporter")
 
+RELOADED_CONFIG_ENV = "GPU_HEALTH_EXPORTER_RELOADED_CONFIG"  # the text a reload validated, for its exec
+_reloaded: str | None = None
 SIM_PLAY_S = 60.0  # one-shot commands on a simulated node: the node as it is this long after start
 
 PATH_FLAGS = {
@@ -140,7 +143,7 @@ def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]
     if args.simulate:
         from exporter.simulate import Shape, Simulation
 
-        shape = Shape.from_config(load(args.config, cli_overrides(args)))  # the file's `simulate`
+        shape = Shape.from_config(load(args.config, cli_overrides(args), _reloaded))  # the file's `simulate`
         simulation = Simulation(args.simulate, args.scenario, shape=shape)
         overrides.update(simulation.config_overrides())  # its roots; no IMDS, lfs or ioctl probes
     elif args.scenario:
@@ -148,7 +151,7 @@ def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]
     if args.nvml_capture and simulation is None:
         overrides["instance.imds"] = False  # a replayed node is not this machine: no IMDS
     try:
-        cfg = load(args.config, {**overrides, **cli_overrides(args)})
+        cfg = load(args.config, {**overrides, **cli_overrides(args)}, _reloaded)
     except Exception:
         if simulation is not None:
             simulation.close()
@@ -303,12 +306,17 @@ def serve(args: argparse.Namespace) -> int:
         if sig != signal.SIGHUP:
             break
         try:  # validate before giving anything up: a bad edit must not take the exporter down
-            load_web_config(load(args.config, cli_overrides(args)).web.config_file)
+            text = read_config_file(Path(args.config)) if args.config else None
+            load_web_config(load(args.config, cli_overrides(args), text).web.config_file)
         except (ConfigError, ValueError) as e:
             log.error("SIGHUP: not reloading, the configuration is invalid (still serving the running "
                       "one): %s", e)
             continue
         reload = True
+        if text is not None and len(text) < 100_000 and "\0" not in text:
+            # the exec'd process starts from this validated text, not from a file that may have
+            # changed since (an edit between this check and the exec must not make it exit 2)
+            os.environ[RELOADED_CONFIG_ENV] = text
         break
     timeout = cfg.shutdown_timeout_seconds
     if reload:
@@ -427,6 +435,8 @@ def console_main() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _reloaded
+    _reloaded = os.environ.pop(RELOADED_CONFIG_ENV, None)  # set by the reload before its exec only
     argv = list(sys.argv[1:] if argv is None else argv)
     cmds = _commands()
     if argv and argv[0] in cmds:

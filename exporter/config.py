@@ -494,12 +494,13 @@ def parse_yaml(text: str, name: str) -> Any:
             loader.dispose()
 
 
-def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Config:
-    """Load and validate a config file (None: defaults only)."""
+def load(path: str | Path | None, overrides: dict[str, Any] | None = None, text: str | None = None) -> Config:
+    """Load and validate a config file (None: defaults only); `text`, when given, is the file's
+    content as read before (a reload's validated snapshot)."""
     if path is None:
         return validate({}, overrides=overrides)
     p = Path(path)
-    data = parse_yaml(read_config_file(p), str(p))
+    data = parse_yaml(read_config_file(p) if text is None else text, str(p))
     return validate(data, str(p), overrides)
 
 
