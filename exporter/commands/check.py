@@ -86,6 +86,12 @@ def node_verdict(nv: Any, code: int) -> str:
     return UNKNOWN if code == EXIT_UNKNOWN else nv.verdict
 
 
+def gpu_verdict(g: Any, code: int) -> str:
+    """A GPU's verdict as printed: when the check could not be made (exit 3), a GPU known only from
+    its kernel-log lines is not `healthy` (NVML was not asked); a worse reading stays."""
+    return UNKNOWN if code == EXIT_UNKNOWN and g.verdict == "healthy" else g.verdict
+
+
 def details(nv: Any, ctx: Context) -> dict[str, str]:
     """A sentence for each node reason whose numbers an operator needs (reason -> text)."""
     out = {}
@@ -114,7 +120,7 @@ def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Conte
                  "expected_gpus": nv.expected_gpus},
         "gpus": [{
             "gpu": int(g.gpu) if g.gpu.isdigit() else None, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id,
-            "verdict": g.verdict, "reasons": g.reasons, "fabric_state": g.fabric_state,
+            "verdict": gpu_verdict(g, code), "reasons": g.reasons, "fabric_state": g.fabric_state,
             "xids": [{"xid": x.xid, "count": x.count, "tier": x.tier, "last_seen": _iso(x.last_seen),
                       "acknowledged": x.acknowledged, "meaning": x.meaning} for x in g.xids],
         } for g in nv.gpus],
@@ -143,7 +149,8 @@ def table(nv: Any, problems: list[str], code: int, ctx: Context) -> str:
     for g in nv.gpus:
         xids = ", ".join(f"{x.xid} x{x.count} {x.tier}" + (" (acked)" if x.acknowledged else "")
                          for x in g.xids) or "-"
-        rows.append((g.gpu or "-", g.pci_bus_id, g.uuid or "-", g.verdict, ",".join(g.reasons) or "-", xids))
+        rows.append((g.gpu or "-", g.pci_bus_id, g.uuid or "-", gpu_verdict(g, code),
+                     ",".join(g.reasons) or "-", xids))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1])
