@@ -81,8 +81,8 @@ def one_of(*choices: str) -> Callable[[Any], str | None]:
 
 def host_port(v: Any) -> str | None:
     host, sep, port = str(v).rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        return "HOST:PORT with a port from 1 to 65535 (for example 0.0.0.0:9858)"
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:  # 0: any free port, logged
+        return "HOST:PORT with a port from 0 to 65535 (for example 0.0.0.0:9858)"
     return None
 
 

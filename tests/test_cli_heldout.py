@@ -86,6 +86,25 @@ def test_must_show_json_logs_no_lustre_collect_filter_and_build_info():
     assert any(f"127.0.0.1:{url.rsplit(':', 1)[1]}" in json.loads(ln)["msg"] for ln in lines)
 
 
+@pytest.mark.slow
+def test_port_0_logs_the_port_it_serves(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--log.format",
+                             "json",
+                             "--web.listen-address", "127.0.0.1:0"], env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 60
+        while "serving" not in line and time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stderr.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", line)
+        assert m and int(m.group(1)) > 0, line
+        wait_until_serving(m.group(0), proc, 60, "exporter")
+    finally:
+        rc, err = stop(proc)
+    assert rc == 0, err
+
+
 def _logfmt(line: str) -> dict[str, str]:
     """A strict logfmt parser: key=value pairs, value bare (no space, quote or =) or a quoted string."""
     out: dict[str, str] = {}
