@@ -158,7 +158,8 @@ class TopLevel(Section):
     """Top-level keys."""
 
     listen: str = setting(f"0.0.0.0:{DEFAULT_PORT}", "Address and port of the HTTP endpoint "
-                          "(--web.listen-address, --listen).", check=host_port)
+                          "(--web.listen-address, --listen); port 0 takes any free port, and the "
+                          "`serving http://...` log line gives the one taken.", check=host_port)
     log_level: str = setting("info", "Log level (--log.level): debug, info, warn (or warning), error.",
                              check=one_of("debug", "info", "warn", "warning", "error"))
     log_format: str = setting("logfmt", "Log line format (--log.format): logfmt (`ts=... level=info ...`, "

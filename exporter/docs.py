@@ -88,7 +88,9 @@ def configuration_md() -> str:
         "file of at most 1 MiB (a FIFO or a directory is refused without blocking), and a document whose "
         "aliases expand to more than 100,000 values is refused before it is built. Command-line flags "
         "override the file. On SIGHUP the file is read again: a valid configuration restarts the process "
-        "in place (same pid), an invalid one is logged and the running one kept.",
+        "in place (same pid) from the text just validated (an edit landing during the restart waits for "
+        "the next SIGHUP rather than stopping the exporter), an invalid one is logged and the running one "
+        "kept. An empty file is valid: every default.",
         "",
         "Each collector declares its own section (a typed dataclass on the collector class, found by the "
         "registry in exporter/collectors), so this page lists every collector's keys.",
