@@ -370,7 +370,10 @@ class Signals:
 
     def wait(self) -> signal.Signals:
         while not self._event.is_set():
-            if signal.sigtimedwait({signal.SIGHUP}, self.POLL_S) is not None:
+            info = signal.sigtimedwait({signal.SIGHUP}, self.POLL_S)
+            # CPython returns an empty siginfo (si_signo 0), not None, when the wait was interrupted
+            # (EINTR: SIGCONT after a SIGSTOP, SIGCHLD) and its timeout has passed meanwhile.
+            if info is not None and info.si_signo == signal.SIGHUP:
                 return signal.SIGHUP
         self._event.clear()
         return self._last

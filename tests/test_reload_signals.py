@@ -123,3 +123,23 @@ def test_a_sighup_with_an_alias_bomb_in_the_config_keeps_serving(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_stop_and_continue_is_not_a_reload(tmp_path):
+    """SIGSTOP then SIGCONT (a debugger, a cgroup freezer, a benchmark taking turns) interrupts the
+    wait for SIGHUP; CPython then hands back an empty siginfo instead of None once the wait's
+    timeout has passed, which the exporter took for a SIGHUP and reloaded (a restart, a dropped
+    connection). Fails on the old code."""
+    proc, url, log = start(tmp_path)
+    try:
+        for _ in range(3):
+            proc.send_signal(signal.SIGSTOP)
+            time.sleep(0.6)  # longer than the SIGHUP wait's poll: the interrupted wait times out
+            proc.send_signal(signal.SIGCONT)
+            wait_for(lambda: serving(url), proc, log, "serving after SIGCONT")
+        assert RELOADED not in text(log)
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
