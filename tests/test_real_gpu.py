@@ -134,8 +134,9 @@ def test_nvlink_calls_where_present(real):
             links.append((link, real.call(0, "nvmlDeviceGetNvLinkState", link)))
         except NvmlError as e:
             assert e.not_supported or e.code == 2, e  # PCIe parts: Not Supported / Invalid Argument
-    if "SXM" in name or "HBM3" in name:
-        assert links, f"{name} should have NVLink"
+    # No assumption that a model has NVLink: a passthrough H100 in a VM answers every link with
+    # Not Supported (seen on the lent H100 80GB HBM3), so only the answers' shape is checked.
+    assert name
     for link, state in links:
         assert state in (0, 1)
         for c in range(4):
@@ -172,7 +173,8 @@ def test_collector_serves_the_real_gpus(real):
     collector_classes()
     from exporter.collectors.gpu import GpuCollector
 
-    ctx = Context(config=load(None))  # no capture, no simulation: the real library
+    # No capture, no simulation: the real library; every detail level (gpu_clock_max_hertz is opt-in).
+    ctx = Context(config=load(None, {"gpu.detail": "all"}))
     c = GpuCollector(ctx)
     runner = Runner([c], deadline_s=10)
     scrape(runner)
