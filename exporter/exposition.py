@@ -25,6 +25,8 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 
 _MAX_CACHED = 200_000  # series prefixes kept; cleared when exceeded (label churn stays bounded)
 _prefixes: dict[tuple, str] = {}
+_MAX_CHUNKS = 4096  # families whose last rendering is kept; cleared when exceeded
+_chunks: dict[tuple, tuple[list, str]] = {}  # family (name, type, help, unit, format) -> (samples, text)
 _FAST_TYPES = frozenset(("gauge", "counter"))
 
 
@@ -65,25 +67,49 @@ def render_client(metrics: Iterable[Metric], openmetrics: bool = False) -> bytes
     return (om_generate_latest if openmetrics else generate_latest)(_Fixed(metrics))
 
 
+def _header(m: Metric, openmetrics: bool) -> str:
+    if openmetrics:
+        family = m.name
+        help_ = m.documentation.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+        h = f"# HELP {family} {help_}\n# TYPE {family} {m.type}\n"
+        return h + f"# UNIT {family} {m.unit}\n" if m.unit else h
+    family = m.name + "_total" if m.type == "counter" else m.name
+    help_ = m.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {family} {help_}\n# TYPE {family} {m.type}\n"
+
+
+def _same(old: list, new: list) -> bool:
+    """The same samples, spelled the same: equal, and no value that compares equal but is
+    written differently (0.0 and -0.0, 1 and 1.0)."""
+    if old != new:
+        return False
+    for a, b in zip(old, new, strict=True):
+        x, y = a[2], b[2]
+        if x.__class__ is not y.__class__ or (not x and repr(x) != repr(y)):
+            return False
+    return True
+
+
 def render(metrics: Iterable[Metric], openmetrics: bool = False) -> bytes:
     metrics = metrics if isinstance(metrics, list) else list(metrics)
     if any(m.type not in _FAST_TYPES for m in metrics):
         return render_client(metrics, openmetrics)
     out: list[str] = []
     append = out.append
+    get = _prefixes.get
     for m in metrics:
-        if openmetrics:
-            family = m.name
-            help_ = m.documentation.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-            append(f"# HELP {family} {help_}\n# TYPE {family} {m.type}\n")
-            if m.unit:
-                append(f"# UNIT {family} {m.unit}\n")
-        else:
-            family = m.name + "_total" if m.type == "counter" else m.name
-            help_ = m.documentation.replace("\\", r"\\").replace("\n", r"\n")
-            append(f"# HELP {family} {help_}\n# TYPE {family} {m.type}\n")
-        get = _prefixes.get
-        for s in m.samples:
+        # A family whose samples are what they were last time (most of a healthy node's: info
+        # series, error counters at 0, thresholds) reuses its text; comparing costs about a
+        # quarter of formatting.
+        head = (m.name, m.type, m.documentation, m.unit, openmetrics)
+        samples = m.samples
+        last = _chunks.get(head)
+        if last is not None and _same(last[0], samples):
+            append(last[1])
+            continue
+        start = len(out)
+        append(_header(m, openmetrics))
+        for s in samples:
             p = get((s.name, *s.labels.values())) or _prefix(s.name, s.labels)
             v = s.value
             # A finite float below 1e6 is spelled as Python's repr ("3.0", "1e-05"); from 1e6 up
@@ -92,6 +118,12 @@ def render(metrics: Iterable[Metric], openmetrics: bool = False) -> bytes:
                 append(f"{p}{v!r}\n")
             else:
                 append(f"{p}{go_float(v)}\n")
+        if len(_chunks) >= _MAX_CHUNKS:
+            _chunks.clear()
+        chunk = "".join(out[start:])
+        del out[start:]
+        append(chunk)
+        _chunks[head] = (list(samples), chunk)
     if openmetrics:
         append("# EOF\n")
     return "".join(out).encode()

@@ -93,6 +93,18 @@ def test_any_value_and_label_value_render_as_prometheus_client_does(v, label):
     assert_same_as_prometheus_client(list(out))
 
 
+@pytest.mark.parametrize("first, then", [(0.0, -0.0), (-0.0, 0.0), (1, 1.0), (1.0, 1), (0, 0.0),
+                                         (2.0, 2.0), (2.0, 3.0), (float("nan"), float("nan"))])
+def test_a_family_rendered_again_shows_its_new_values_however_they_compare(first, then):
+    """A family whose samples equal its last rendering's reuses that text, but not when a value
+    compares equal and is spelled differently (0.0 and -0.0, 1 and 1.0)."""
+    for v in (first, then, first):
+        out = Families()
+        out.add_samples(COUNTER, [Sample(COUNTER.name, {"k": "a"}, v)])
+        out.add_samples(GAUGE, [Sample(GAUGE.name, {"path": "p", "n": "1"}, v)])
+        assert_same_as_prometheus_client(list(out))
+
+
 def test_a_family_the_fast_path_does_not_know_is_rendered_by_prometheus_client():
     info = prometheus_client.metrics_core.InfoMetricFamily("gpu_test", "An info family.", {"a": "b"})
     fams = [*_tricky(), info]
