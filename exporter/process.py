@@ -10,8 +10,8 @@ import resource
 
 import psutil
 
-from exporter.catalog import Families, define
-from exporter.metric import Metric
+from exporter.catalog import define
+from exporter.metric import Metric, Sample
 
 CPU = define("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.",
              unit="seconds", collector="exporter")
@@ -27,6 +27,7 @@ START = define("process_start_time_seconds", "gauge",
 THREADS = define("process_threads", "gauge", "Number of OS threads in the process.", collector="exporter")
 
 _proc = psutil.Process()
+_SPECS = (CPU, RSS, VMS, OPEN_FDS, MAX_FDS, START, THREADS)
 
 
 class ProcessCollector:
@@ -37,15 +38,14 @@ class ProcessCollector:
 
 
 def process_metrics() -> list[Metric]:
-    out = Families()
-    with _proc.oneshot():
+    with _proc.oneshot():  # one read of each /proc/self file
         t = _proc.cpu_times()
         mem = _proc.memory_info()
-        out.add(CPU, t.user + t.system)
-        out.add(RSS, mem.rss)
-        out.add(VMS, mem.vms)
-        out.add(OPEN_FDS, _proc.num_fds())
-        out.add(MAX_FDS, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-        out.add(START, _proc.create_time())
-        out.add(THREADS, _proc.num_threads())
-    return list(out)
+        values = (t.user + t.system, mem.rss, mem.vms, _proc.num_fds(),
+                  resource.getrlimit(resource.RLIMIT_NOFILE)[0], _proc.create_time(), _proc.num_threads())
+    out = []
+    for spec, v in zip(_SPECS, values, strict=True):  # what Families.add makes, without its checks
+        fam = spec.family()
+        fam.samples.append(Sample(spec.name, {}, float(v)))
+        out.append(fam)
+    return out

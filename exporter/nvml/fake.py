@@ -74,8 +74,21 @@ def field_ids() -> dict[str, int]:
             if k.startswith("NVML_FI_DEV_") and isinstance(getattr(pynvml, k), int)}
 
 
+_call_keys: dict[tuple, str] = {}  # (fn, *args) -> call_key(fn, args); a few hundred at most
+
+
 def call_key(fn: str, args: Sequence[int]) -> str:
     """The capture's key for a call: enum arguments by name where the capture names them."""
+    memo = (fn, *args)
+    key = _call_keys.get(memo)
+    if key is None:
+        if len(_call_keys) >= 4096:
+            _call_keys.clear()
+        key = _call_keys[memo] = _call_key(fn, args)
+    return key
+
+
+def _call_key(fn: str, args: Sequence[int]) -> str:
     if fn in ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetMemoryErrorCounter") and len(args) >= 2:
         rest = "".join(f"/{a}" for a in args[2:])
         return f"{fn}/{_ECC_TYPE[args[0]]}/{_ECC_COUNTER[args[1]]}{rest}"
