@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 from collections.abc import Iterable
+from math import copysign
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as om_generate_latest
@@ -81,11 +82,15 @@ def _header(m: Metric, openmetrics: bool) -> str:
 def _same(old: list, new: list) -> bool:
     """The same samples, spelled the same: equal, and no value that compares equal but is
     written differently (0.0 and -0.0, 1 and 1.0)."""
-    if old != new:
+    if len(old) != len(new):
         return False
     for a, b in zip(old, new, strict=True):
+        if a is b:
+            continue
+        if a != b:
+            return False
         x, y = a[2], b[2]
-        if x.__class__ is not y.__class__ or (not x and repr(x) != repr(y)):
+        if x.__class__ is not y.__class__ or (not x and copysign(1.0, x) != copysign(1.0, y)):
             return False
     return True
 

@@ -86,6 +86,7 @@ STALL_S = 1.0  # a response its client has not taken within this is "left unread
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HTTP_METHODS = (b"GET ", b"HEAD ", b"POST ", b"PUT ", b"OPTIO", b"DELET", b"PATCH")  # first 5 bytes
 # Go's net/http (server.go) answers a plain HTTP request on a TLS port with these bytes.
+_REASONS = {s.value: s.phrase for s in HTTPStatus}  # status -> reason phrase
 _PLAIN_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
                  b"Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server; use https://\n")
 
@@ -494,11 +495,8 @@ class HttpServer:
             headers.append(("Connection", "close"))
         elif http10:
             headers.append(("Connection", "keep-alive"))
-        try:
-            reason = HTTPStatus(resp.status).phrase
-        except ValueError:
-            reason = ""
-        lines = [f"HTTP/1.1 {resp.status} {reason}"] + [f"{k}: {v}" for k, v in headers]
+        lines = [f"HTTP/1.1 {resp.status} {_REASONS.get(resp.status, '')}"]
+        lines += [f"{k}: {v}" for k, v in headers]
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         # One write: head and body leave in the same segments (HEAD: the GET's headers,
         # Content-Length included, and no body).
