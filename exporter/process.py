@@ -1,11 +1,13 @@
 """The exporter's own process metrics, under the names every Prometheus client library uses
 (process_cpu_seconds_total, process_resident_memory_bytes, ...), read through psutil in one
-`oneshot` per scrape (~0.1 ms). process_threads counts OS threads (the Rust and Java clients' name).
+`oneshot` per scrape (~0.1 ms; open descriptors counted without listing them, see open_fds).
+process_threads counts OS threads (the Rust and Java clients' name).
 psutil rather than prometheus_client's ProcessCollector: it reads /proc/self once per scrape and
 names the same series; `ProcessCollector` here is a prometheus_client custom collector."""
 
 from __future__ import annotations
 
+import os
 import resource
 
 import psutil
@@ -27,6 +29,7 @@ START = define("process_start_time_seconds", "gauge",
 THREADS = define("process_threads", "gauge", "Number of OS threads in the process.", collector="exporter")
 
 _proc = psutil.Process()
+_FD_DIR = "/proc/self/fd"
 _SPECS = (CPU, RSS, VMS, OPEN_FDS, MAX_FDS, START, THREADS)
 
 
@@ -37,11 +40,23 @@ class ProcessCollector:
         return process_metrics()
 
 
+def open_fds() -> int:
+    """psutil's num_fds(), which lists /proc/self/fd: 0.2-0.4 ms with the ~400 descriptors the
+    EFA and Lustre readers keep open. Linux 6.2+ gives the count as the directory's size (no
+    listing); the listing's own descriptor, which psutil and every client library count, is
+    added so the series keeps its meaning. Older kernels report size 0: psutil then."""
+    try:
+        n = os.stat(_FD_DIR).st_size
+    except OSError:
+        n = 0
+    return n + 1 if n > 0 else _proc.num_fds()
+
+
 def process_metrics() -> list[Metric]:
     with _proc.oneshot():  # one read of each /proc/self file
         t = _proc.cpu_times()
         mem = _proc.memory_info()
-        values = (t.user + t.system, mem.rss, mem.vms, _proc.num_fds(),
+        values = (t.user + t.system, mem.rss, mem.vms, open_fds(),
                   resource.getrlimit(resource.RLIMIT_NOFILE)[0], _proc.create_time(), _proc.num_threads())
     out = []
     for spec, v in zip(_SPECS, values, strict=True):  # what Families.add makes, without its checks
