@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from exporter.efa import reader as efa_reader
 from exporter.runner import Runner
 from exporter.simulate.efa import NETWORK, RDMA_WRITE, kernel_files
 from tests.efa_trees import FaultyReader, collect, collector, efa, mellanox, run
@@ -564,3 +565,22 @@ def test_a_scrape_after_the_pool_closed_ends_within_its_budget(tmp_path):
     ups = [s.value for fam in box["collected"] for s in fam.samples if s.name == "efa_device_up"]
     assert ups == [0.0]
     assert value(box["ss"], "gpu_health_exporter_collector_success", collector="efa") == 0
+
+
+def test_an_unchanged_counter_is_the_same_sample_and_a_changed_one_shows_its_new_value(tmp_path, monkeypatch):
+    """A file whose contents did not change since the last scrape gives the same Sample object
+    (no parsing; the renderer reuses its text); one that changed gives its new value."""
+    monkeypatch.setattr(efa_reader, "RACY_NS", 0)  # the tree was just written: trust its listing
+    vals = distinct_values((6, 17))
+    efa(tmp_path, "rdmap79s0", 79, kernel=(6, 17), values=vals)
+    c = collector(tmp_path)
+    first = [s for f in collect(c) for s in f.samples]
+    again = [s for f in collect(c) for s in f.samples]
+    assert [s.value for s in again] == [s.value for s in first]
+    counters = [(a, b) for a, b in zip(first, again, strict=True) if a.name.endswith("_total")]
+    assert counters and all(a is b for a, b in counters)
+    [tx] = list(tmp_path.rglob("hw_counters/tx_bytes"))
+    tx.write_text(f"{vals['tx_bytes'] + 7}\n")
+    ss = samples(run(c))
+    assert value(ss, "efa_tx_bytes_total", device="rdmap79s0", port="1") == vals["tx_bytes"] + 7
+    assert value(ss, "efa_rx_bytes_total", device="rdmap79s0", port="1") == vals["rx_bytes"]

@@ -107,6 +107,9 @@ class _Open:
     runs: list[tuple[MetricSpec, int, int]] = field(default_factory=list)  # the files of one metric
     checked_at: float = 0.0
     racy: bool = True  # a directory had changed within RACY_NS of the listing: check again next time
+    # each file's last contents and the Sample they made: a counter that did not change (most
+    # error counters) costs a bytes comparison, and the renderer sees the same Sample again
+    last: list[tuple[bytes | None, Sample | None]] = field(default_factory=list)
 
 
 def _key(st: os.stat_result) -> DirKey:
@@ -165,15 +168,25 @@ device is listed again). On sysfs a device's attributes change
             datas = self.reader.read_fds(o.fds, o.paths)
             samples = r.samples
             append = samples.append
+            last = o.last
+            if len(last) != len(datas):
+                last[:] = [(None, None)] * len(datas)
             try:
-                for data, parser, name, labels in zip(datas, o.parsers, o.names, o.labels, strict=True):
+                for i, (data, parser, name, labels) in enumerate(
+                        zip(datas, o.parsers, o.names, o.labels, strict=True)):
+                    prev = last[i]
+                    if prev[0] == data:  # unchanged since the last scrape: the same Sample
+                        append(prev[1])
+                        continue
                     if parser is None:
                         s = data.strip()
                         if not s.isdigit() or len(s) > U64_DIGITS:  # 310 digits would be +Inf
                             raise ValueError(counter_error(data))
-                        append(Sample(name, labels, float(s)))
+                        sample = Sample(name, labels, float(s))
                     else:
-                        append(Sample(name, labels, parser(data.decode("ascii", "replace"))))
+                        sample = Sample(name, labels, parser(data.decode("ascii", "replace")))
+                    append(sample)
+                    last[i] = (data, sample)
             except ValueError as err:
                 raise ValueError(f"{o.paths[len(samples)]}: {err}") from None
             r.specs, r.runs = o.specs, o.runs
