@@ -2,7 +2,8 @@
 
 Starts `python -m exporter --simulate PROFILE --nvml-latencies` (every collector unless
 --collectors), waits for it to settle, then either leaves it idle for --idle seconds or scrapes
-/metrics --scrapes times over one keep-alive gzip connection (as Prometheus does), and prints
+/metrics --scrapes times over one keep-alive gzip connection asking for OpenMetrics (as
+Prometheus does), and prints
 the process's CPU and each thread's (utime+stime from /proc/<pid>/task/<tid>/stat), per second
 idle or per scrape. Python does not name OS threads, so the exporter runs under a small wrapper
 that writes its threads' names (native id -> threading name) to a file the bench reads.
@@ -32,6 +33,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.helpers import free_port, wait_until_serving  # noqa: E402
+
+# What Prometheus 2.x/3.x sends: OpenMetrics preferred.
+ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+          "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
 
 # Runs in the exporter's process: names its threads into NAMES every half second, then serves.
 WRAPPER = """
@@ -84,7 +89,7 @@ class Exporter:
 
     def scrape(self) -> None:
         assert self.conn is not None
-        self.conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
+        self.conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip", "Accept": ACCEPT})
         self.conn.getresponse().read()
 
     def names(self) -> dict[int, str]:
