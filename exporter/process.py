@@ -44,7 +44,10 @@ def open_fds() -> int:
     """psutil's num_fds(), which lists /proc/self/fd: 0.2-0.4 ms with the ~400 descriptors the
     EFA and Lustre readers keep open. Linux 6.2+ gives the count as the directory's size (no
     listing); the listing's own descriptor, which psutil and every client library count, is
-    added so the series keeps its meaning. Older kernels report size 0: psutil then."""
+    added so the series keeps its meaning. One difference: the size also counts a descriptor a
+    thread has reserved but not yet installed (an open() blocked on a FIFO), which a listing
+    skips; it counts against the open-file limit all the same. Older kernels report size 0:
+    psutil then."""
     try:
         n = os.stat(_FD_DIR).st_size
     except OSError:
