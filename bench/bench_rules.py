@@ -220,21 +220,46 @@ def head_bodies(items: Iterable[History], start: int, stop: int) -> Iterator[byt
             yield remote_write.encode_labels(labels) + enc.encode(ts[lo:hi], values[lo:hi])
 
 
-def wait_for_compaction(metrics_url: str, since: float, quiet_s: float = 65) -> None:
-    """Waits until Prometheus has run its first compaction cycle (a minute after start) and its
-    blocks have stayed the same for `quiet_s`: it compacts the imported 2 h blocks into larger
-    ones in the background, which would otherwise run beside (and slow) the rules measured."""
-    watched = ("prometheus_tsdb_blocks_loaded", "prometheus_tsdb_compactions_total")
-    last, changed = None, time.monotonic()
+def _gauge(text: str, name: str) -> float:
+    """The value of an unlabelled sample `name` in a /metrics text (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def wait_for_compaction(metrics_url: str, stall_s: float = 900, log=print) -> None:
+    """Waits until Prometheus has compacted the imported blocks (into larger ones, in the
+    background, which would otherwise run beside and slow the rules measured): until a whole
+    compaction cycle has run and changed nothing.
+
+    Prometheus triggers a cycle a minute after the previous one ended
+    (`prometheus_tsdb_compactions_triggered_total` counts them) and runs it to the end before the
+    next one: once that counter is 2 past its value when the blocks (`blocks_loaded`,
+    `compactions_total`) last changed, a cycle that started after the change has ended with no
+    further change. There is no fixed deadline, which a loaded host overran (the old 15 minutes
+    counted from Prometheus' start, so a long push alone used it up): the wait fails only when no
+    cycle ends for `stall_s`."""
+    watched = ("prometheus_tsdb_blocks_loaded", "prometheus_tsdb_compactions_total",
+               "prometheus_tsdb_compactions_failed_total")
+    last: tuple[float, ...] | None = None
+    trig_at_change = trig = -1.0
+    progressed = time.monotonic()
     while True:
-        text = requests.get(metrics_url, timeout=30).text
-        now = [line for line in text.splitlines() if line.startswith(watched)]
+        text = requests.get(metrics_url, timeout=60).text
+        now = tuple(_gauge(text, n) for n in watched)
+        new_trig = _gauge(text, "prometheus_tsdb_compactions_triggered_total")
+        if new_trig != trig:
+            trig, progressed = new_trig, time.monotonic()
         if now != last:
-            last, changed = now, time.monotonic()
-        if time.monotonic() - since > 70 and time.monotonic() - changed > quiet_s:
+            if last is not None:
+                log(f"  compaction: blocks {now[0]:.0f}, compactions {now[1]:.0f} (cycle {trig:.0f})")
+            last, trig_at_change = now, trig
+        if trig >= trig_at_change + 2:
             return
-        if time.monotonic() - since > 900:
-            raise RuntimeError(f"Prometheus blocks still changing after 15 minutes: {now}")
+        if time.monotonic() - progressed > stall_s:
+            raise RuntimeError(f"no Prometheus compaction cycle ended in {stall_s:.0f} s: "
+                               f"{dict(zip(watched, now, strict=True))}, cycles {trig:.0f}")
         time.sleep(5)
 
 
@@ -283,7 +308,6 @@ def measure(nodes: int, interval: int = 30, evaluations: int = 4, log=print, hea
                                  "--storage.tsdb.retention.time=10y", "--web.enable-remote-write-receiver",
                                  f"--web.listen-address=127.0.0.1:{port}", "--log.level=error"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        prom_started = time.monotonic()
         wait_until_serving(f"{api}/status/tsdb", proc, 300, "prometheus")
         t = time.monotonic()
         # In slabs of at most SLAB_S, oldest first: the head refuses a sample older than an hour
@@ -292,11 +316,13 @@ def measure(nodes: int, interval: int = 30, evaluations: int = 4, log=print, hea
         for start in range(head_start, end + 1, SLAB_S):
             slab = head_bodies(histories(per_node, nodes, interval, end), start, min(start + SLAB_S, end + 1))
             pushed += remote_write.push(f"{api}/write", slab)
+            log(f"  pushed up to {min(start + SLAB_S, end + 1) - head_start} s of {HEAD_S} s "
+                f"({time.monotonic() - t:.0f} s)")
         log(f"{nodes} nodes: the last {HEAD_S // 60} minutes pushed into the head ({pushed:,} series-slabs) "
             f"in {time.monotonic() - t:.0f} s")
         PREP_S_PER_NODE[0] = 1.5 * (time.time() - started) / nodes  # for the next, larger run
         t = time.monotonic()
-        wait_for_compaction(f"http://127.0.0.1:{port}/metrics", prom_started)
+        wait_for_compaction(f"http://127.0.0.1:{port}/metrics", log=log)
         log(f"{nodes} nodes: block compaction settled in {time.monotonic() - t:.0f} s")
         late = time.time() - end if live else 0.0
         if late > 60:
