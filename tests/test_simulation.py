@@ -102,3 +102,40 @@ def test_a_shape_the_layout_cannot_have_is_a_config_error(tmp_path, capsys):
     cfg.write_text("simulate:\n  gpus: 99\n")
     assert main(["check", "--simulate", "p5.48xlarge", "--config", str(cfg)]) == 2
     assert "simulate.gpus" in capsys.readouterr().err
+
+
+def test_a_killed_simulation_root_is_removed_by_the_next_one(tmp_path, monkeypatch):
+    """Every SIGKILLed simulated exporter used to leave its tree under the temporary directory
+    (issue 18, minor). The next simulation removes roots whose owner process is gone, and leaves a
+    live one's alone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    from exporter.simulate import Simulation
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # the module caches gettempdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path), "GPU_HEALTH_EXPORTER_IMDS": "off"}
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge",
+                             "--web.listen-address", "127.0.0.1:0"], env=env, cwd=str(ROOT),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("ghe-sim-*/owner")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no simulated root appeared"
+        time.sleep(0.05)
+    (killed,) = tmp_path.glob("ghe-sim-*")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    live = Simulation("p5.48xlarge")
+    try:
+        assert not killed.exists()
+        assert live.root.exists() and live.root.parent == tmp_path
+        other = Simulation("p5.48xlarge")  # a live owner's root stays
+        assert live.root.exists()
+        other.close()
+    finally:
+        live.close()

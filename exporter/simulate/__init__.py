@@ -92,6 +92,38 @@ def all_scenarios() -> dict[str, str]:
     return out
 
 
+
+ROOT_PREFIX = "ghe-sim-"
+OWNER_FILE = "owner"  # "pid starttime" of the process that made the root
+
+
+def _process_identity(pid: int) -> str:
+    """pid and start time (clock ticks since boot, /proc/PID/stat field 22): a reused pid differs."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            start = f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        start = "?"
+    return f"{pid} {start}"
+
+
+def remove_abandoned_roots(tmp: str | None = None) -> list[Path]:
+    """Remove simulated-node roots whose owner process is gone (SIGKILLed, so close() never ran).
+    A root whose owner file is missing (being made, or made by an older version) is left alone."""
+    removed = []
+    for d in Path(tmp or tempfile.gettempdir()).glob(ROOT_PREFIX + "*"):
+        try:
+            if d.is_symlink() or d.stat().st_uid != os.getuid():
+                continue
+            owner = (d / OWNER_FILE).read_text().split()
+            if len(owner) != 2 or _process_identity(int(owner[0])) == " ".join(owner):
+                continue
+        except (OSError, ValueError):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
 class Simulation:
     """A simulated node under `root` (a temporary directory unless given)."""
 
@@ -111,7 +143,11 @@ class Simulation:
                                else self.shape.efa_devices)
         self.scenarios = set(scenarios or [])
         self._own_root = root is None
-        self.root = Path(root or tempfile.mkdtemp(prefix="ghe-sim-"))
+        if root is None:
+            remove_abandoned_roots()
+            root = tempfile.mkdtemp(prefix=ROOT_PREFIX)
+            (Path(root) / OWNER_FILE).write_text(_process_identity(os.getpid()))
+        self.root = Path(root)
         self.tick_s = tick_s
         self.sources = [cls(self.root, self.profile, self.scenarios) for cls in source_classes()]
         for src in self.sources:
