@@ -38,7 +38,6 @@ from __future__ import annotations
 import os
 import re
 import reprlib
-import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from exporter.config import ConfigError
+from exporter.config import ConfigError, NotRegularFile, read_regular
 
 if TYPE_CHECKING:
     import ssl  # imported when TLS is configured: ~5 MiB RSS a node without TLS does not pay
@@ -76,29 +75,19 @@ def _key(k: object) -> str:
 
 
 def read_regular_file(path: Path, what: str, origin: Path | None = None) -> bytes:
-    """The bytes of a regular file, opened without blocking (a FIFO would wait for a writer) and
-    capped at MAX_FILE_BYTES; otherwise ConfigError, starting with `origin` (the file that names
-    this one) when given, and naming `what` and the path."""
+    """The bytes of a regular file of at most MAX_FILE_BYTES (config.read_regular); otherwise
+    ConfigError, starting with `origin` (the file that names this one) when given, and naming
+    `what` and the path."""
     where = f"{origin}: {what} {path}" if origin is not None else f"{path}: the {what}"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_regular(path, MAX_FILE_BYTES)
+    except NotRegularFile as e:
+        raise ConfigError(f"{where}: not a regular file") from e
     except OSError as e:
         raise ConfigError(f"{where}: cannot be read: {e.strerror or e}") from e
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{where}: not a regular file")
-        chunks, total = [], 0
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > MAX_FILE_BYTES:
-                raise ConfigError(f"{where}: over {MAX_FILE_BYTES} bytes")
-        return b"".join(chunks)
-    except OSError as e:
-        raise ConfigError(f"{where}: cannot be read: {e.strerror or e}") from e
-    finally:
-        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{where}: over {MAX_FILE_BYTES} bytes")
+    return data
 
 
 @dataclass
