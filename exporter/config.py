@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
-import stat
 import types
 import typing
 from collections.abc import Callable, Hashable, Iterable
@@ -26,6 +24,8 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import yaml
+
+from exporter.regular_file import NotRegularFile, read_regular
 
 
 class ConfigError(Exception):
@@ -431,38 +431,12 @@ MAX_FILE_BYTES = 1 << 20  # a config file is a few KiB; this bounds what a wrong
 MAX_NODES = 100_000  # YAML nodes after alias expansion (an "alias bomb" of 1 KiB expands to 10^9)
 
 
-class NotRegularFile(OSError):
-    """What a path names is not a regular file (`kind`: a FIFO, a directory, ...)."""
-
-    def __init__(self, kind: str) -> None:
-        super().__init__(f"not a regular file (a {kind})")
-        self.kind = kind
-
-
-def read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of a regular file, at most `limit` + 1 of them (so the caller sees it is over),
-    refusing what is not a regular file before anything can block on it (a FIFO would wait for a
-    writer): opened non-blocking and checked with fstat. Raises NotRegularFile or OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(_file_kind(st.st_mode))
-        chunks, total = [], 0
-        while total <= limit and (chunk := os.read(fd, min(65536, limit + 1 - total))):
-            chunks.append(chunk)
-            total += len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def read_config_file(p: Path) -> str:
     """The file's text: a regular file of at most MAX_FILE_BYTES (read_regular)."""
     try:
         data = read_regular(p, MAX_FILE_BYTES)
     except NotRegularFile as e:
-        raise ConfigError(f"{p}: not a regular file (a {e.kind}); expected a YAML file") from e
+        raise ConfigError(f"{p}: not a regular file ({e.kind}); expected a YAML file") from e
     except OSError as e:
         raise ConfigError(f"{p}: cannot read the config file: {e.strerror or e}") from e
     if len(data) > MAX_FILE_BYTES:
@@ -473,13 +447,6 @@ def read_config_file(p: Path) -> str:
         raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})") from e
 
 
-def _file_kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"),
-                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-                       (stat.S_ISSOCK, "socket")):
-        if test(mode):
-            return kind
-    return "special file"
 
 
 def parse_yaml(text: str, name: str) -> Any:

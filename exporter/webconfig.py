@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from exporter.config import ConfigError, NotRegularFile, read_regular
+from exporter.config import ConfigError
+from exporter.regular_file import NotRegularFile, read_regular
 
 if TYPE_CHECKING:
     import ssl  # imported when TLS is configured: ~5 MiB RSS a node without TLS does not pay

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import stat
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from typing import Any
 
 from exporter.nvml.backend import FABRIC_INFO, NvmlBackend, NvmlError
 from exporter.nvml.fake import call_key, field_ids
+from exporter.regular_file import open_regular
 
 CAPTURE_FORMAT = "gpu-health-exporter capture 1"
 REPS = 3  # calls per key; the median latency is kept
@@ -151,9 +151,8 @@ def kmsg_of_capture(path: str | Path) -> str | None:
     try:
         # non-blocking and regular files only: a FIFO given as --kmsg-file must not hang start-up
         # (the kernel-log reader then refuses it with a clear error)
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode) or f.read(1) != b"{":
+        with os.fdopen(open_regular(p), "rb") as f:
+            if f.read(1) != b"{":
                 return None
             data = json.loads((b"{" + f.read()).decode("utf-8"))
     except (OSError, ValueError):

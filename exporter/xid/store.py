@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import re
-import stat
 import threading
 import time
 from collections import deque
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exporter.regular_file import NotRegularFile, open_regular, read_regular
 from exporter.xid.catalog import XID_MAX, XID_MIN, lookup, valid_xid
 from exporter.xid.identities import MAX_IDENTITIES, Identity  # noqa: F401 - Identity: re-exported
 
@@ -120,53 +120,13 @@ def write_json_atomic(path: Path, data: Any) -> None:
 MAX_STATE_BYTES = 16 << 20  # far above any state within the limits (a few hundred KiB at most)
 
 
-class NotRegularFile(OSError):
-    """The path is there but is not a regular file (a FIFO, a device, a directory, a link)."""
-
-
-def _kind(mode: int) -> str:
-    return ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
-            else "a symbolic link" if stat.S_ISLNK(mode) else "a device" if stat.S_ISCHR(mode) or
-            stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-
-
-def open_regular(path: str | os.PathLike, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
-    """Open `path` without blocking and without following a symlink at its last component, and
-    check it is a regular file before anything reads it: a FIFO planted there would block an
-    open() or read() forever (start-up, shutdown and `check` all read the state file). Raises
-    NotRegularFile naming what it is, or the OSError of the open."""
-    try:
-        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise NotRegularFile(errno.ELOOP, "a symbolic link, not a regular file", str(path)) from e
-        try:  # a socket (ENXIO), a device without its driver...: say what is there, not just why
-            mode = os.lstat(path).st_mode
-        except OSError:
-            raise e from None
-        if not stat.S_ISREG(mode):
-            raise NotRegularFile(e.errno, f"{_kind(mode)}, not a regular file", str(path)) from e
-        raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise NotRegularFile(errno.EINVAL, f"{_kind(st.st_mode)}, not a regular file", str(path))
-    return fd
-
-
-def read_regular(path: str | os.PathLike, max_bytes: int = MAX_STATE_BYTES) -> bytes:
-    """The content of a regular file (open_regular), at most `max_bytes` (more is an error)."""
-    fd = open_regular(path)
-    try:
-        data = b""
-        while len(data) <= max_bytes:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                return data
-            data += chunk
+def read_state_file(path: str | os.PathLike, max_bytes: int = MAX_STATE_BYTES) -> bytes:
+    """A state file's bytes: a regular file, its last component not a symbolic link (the state
+    directory may be shared with other tools), at most `max_bytes` (more is an error)."""
+    data = read_regular(path, max_bytes, follow=False)
+    if len(data) > max_bytes:
         raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes", str(path))
-    finally:
-        os.close(fd)
+    return data
 
 
 class StateError(ValueError):
@@ -567,7 +527,7 @@ def _ack_ident(a: dict) -> tuple:
 def read_boot_id(procfs: str) -> str:
     """The kernel's boot id (<procfs>/sys/kernel/random/boot_id); '' when unreadable."""
     try:
-        raw = read_regular(Path(procfs, "sys/kernel/random/boot_id"), 4096)
+        raw = read_state_file(Path(procfs, "sys/kernel/random/boot_id"), 4096)
         return raw.decode("ascii", "replace").strip()
     except OSError:
         return ""
@@ -634,7 +594,7 @@ class StateFile:
         fd = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            fd = open_regular(self.dir / (STATE_NAME + ".lock"), os.O_RDWR | os.O_CREAT)
+            fd = open_regular(self.dir / (STATE_NAME + ".lock"), os.O_RDWR | os.O_CREAT, follow=False)
             fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError:
             if fd is not None:
@@ -653,7 +613,7 @@ class StateFile:
             return None
         try:
             st = os.lstat(self.path)  # a dangling symlink is a symlink, not a missing file
-            raw = read_regular(self.path)
+            raw = read_state_file(self.path)
         except NotRegularFile as e:
             self._refuse(e)
             return None

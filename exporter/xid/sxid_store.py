@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.xid.store import _PCI_KEY_RE, OTHER, NotRegularFile, read_regular, write_json_atomic
+from exporter.regular_file import NotRegularFile
+from exporter.xid.store import _PCI_KEY_RE, OTHER, read_state_file, write_json_atomic
 from exporter.xid.sxid import SEVERITIES
 
 log = logging.getLogger("exporter.xid.sxid")
@@ -152,7 +153,7 @@ class SxidStateFile:
         if self.disabled:
             return None
         try:
-            raw = read_regular(self.path)
+            raw = read_state_file(self.path)
         except NotRegularFile as e:
             self.disabled = True
             log.error("SXid state file %s is %s: SXid counts are not persisted (kept in memory only)",
