@@ -133,6 +133,19 @@ def setup_logging(level: str, fmt: str = "logfmt") -> None:
     logs.setup(level, fmt)
 
 
+def cannot_start(args: argparse.Namespace, why: str) -> int:
+    """The daemon cannot start: say why and return exit status 2. With `--log.format` on the
+    command line the message is a log record in that format (a log pipeline reads it like any
+    other); otherwise plain text for the person at the terminal (the config file's log_format
+    may be what could not be read)."""
+    if args.log_format:
+        setup_logging("error", args.log_format)
+        log.error("cannot start: %s", why)
+    else:
+        print(f"gpu-health-exporter: {why}", file=sys.stderr)
+    return 2
+
+
 def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]:
     """Load the config (file, then simulation, then CLI flags) and build the sources' backends:
     the composition root. Returns the Context and the simulated node (None on a real node),
@@ -273,8 +286,7 @@ def serve(args: argparse.Namespace) -> int:
         ctx, simulation = build_context(args)
         web = load_web_config(ctx.config.web.config_file)
     except (ConfigError, ValueError) as e:
-        print(f"gpu-health-exporter: {e}", file=sys.stderr)
-        return 2
+        return cannot_start(args, str(e))
     from exporter.runner import Runner
     from exporter.server import Server, limits_from_config
 
@@ -289,8 +301,7 @@ def serve(args: argparse.Namespace) -> int:
         server = Server(runner, host.strip("[]"), int(port), web, limits_from_config(cfg),
                         telemetry_path=path)
     except OSError as e:
-        print(f"gpu-health-exporter: cannot listen on {cfg.listen}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        return cannot_start(args, f"cannot listen on {cfg.listen}: {e.strerror or e}")
     signals = Signals()
     if simulation is not None:
         simulation.start()

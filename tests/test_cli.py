@@ -192,3 +192,24 @@ def test_log_setup_replaces_only_its_own_handler():
         for h in [h for h in root.handlers if h.get_name() == "gpu-health-exporter"]:
             root.removeHandler(h)
         root.setLevel(saved)
+
+
+@pytest.mark.parametrize("fmt", ["json", "logfmt"])
+def test_start_up_errors_follow_log_format_given_on_the_command_line(tmp_path, fmt):
+    """A config the daemon cannot start with is reported in the --log.format asked for (one
+    record, every error in it), exit 2; without the flag it stays plain text for a terminal."""
+    bad = tmp_path / "config.yaml"
+    bad.write_text("listen: 12\ngpu:\n  timeout_seconds: soon\n")
+    cmd = [sys.executable, "-m", "exporter", "--config", str(bad), "--web.listen-address", "127.0.0.1:0"]
+    r = subprocess.run(cmd + ["--log.format", fmt], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    if fmt == "json":
+        rec = json.loads(lines[0])
+        assert rec["level"] == "error" and str(bad) in rec["msg"] and "gpu.timeout_seconds" in rec["msg"]
+    else:
+        assert lines[0].startswith("ts=") and " level=error " in lines[0]
+        assert "gpu.timeout_seconds" in lines[0]
+    plain = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 2 and plain.stderr.startswith("gpu-health-exporter: ")
