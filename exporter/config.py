@@ -431,16 +431,25 @@ MAX_FILE_BYTES = 1 << 20  # a config file is a few KiB; this bounds what a wrong
 MAX_NODES = 100_000  # YAML nodes after alias expansion (an "alias bomb" of 1 KiB expands to 10^9)
 
 
-def read_config_file(p: Path) -> str:
-    """The file's text: a regular file of at most MAX_FILE_BYTES (read_regular)."""
+def read_config_bytes(path: Path, what: str, origin: Path | None = None) -> bytes:
+    """The bytes of a regular file of at most MAX_FILE_BYTES (exporter.regular_file); otherwise
+    ConfigError, starting with `origin` (the file that names this one) when given, and naming
+    `what` and the path."""
+    where = f"{origin}: {what} {path}" if origin is not None else f"{path}: the {what}"
     try:
-        data = read_regular(p, MAX_FILE_BYTES)
+        data = read_regular(path, MAX_FILE_BYTES)
     except NotRegularFile as e:
-        raise ConfigError(f"{p}: not a regular file ({e.kind}); expected a YAML file") from e
+        raise ConfigError(f"{where}: not a regular file ({e.kind})") from e
     except OSError as e:
-        raise ConfigError(f"{p}: cannot read the config file: {e.strerror or e}") from e
+        raise ConfigError(f"{where}: cannot be read: {e.strerror or e}") from e
     if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{p}: more than {MAX_FILE_BYTES} bytes; expected a config file")
+        raise ConfigError(f"{where}: over {MAX_FILE_BYTES} bytes")
+    return data
+
+
+def read_config_file(p: Path) -> str:
+    """The config file's text (read_config_bytes), UTF-8."""
+    data = read_config_bytes(p, "config file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

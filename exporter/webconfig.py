@@ -45,8 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from exporter.config import ConfigError
-from exporter.regular_file import NotRegularFile, read_regular
+from exporter.config import ConfigError, read_config_bytes
 
 if TYPE_CHECKING:
     import ssl  # imported when TLS is configured: ~5 MiB RSS a node without TLS does not pay
@@ -75,22 +74,6 @@ def _key(k: object) -> str:
     return k if isinstance(k, str) and len(k) <= 60 else _short(k)
 
 
-def read_regular_file(path: Path, what: str, origin: Path | None = None) -> bytes:
-    """The bytes of a regular file of at most MAX_FILE_BYTES (config.read_regular); otherwise
-    ConfigError, starting with `origin` (the file that names this one) when given, and naming
-    `what` and the path."""
-    where = f"{origin}: {what} {path}" if origin is not None else f"{path}: the {what}"
-    try:
-        data = read_regular(path, MAX_FILE_BYTES)
-    except NotRegularFile as e:
-        raise ConfigError(f"{where}: not a regular file") from e
-    except OSError as e:
-        raise ConfigError(f"{where}: cannot be read: {e.strerror or e}") from e
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{where}: over {MAX_FILE_BYTES} bytes")
-    return data
-
-
 @dataclass
 class WebConfig:
     source: str = ""
@@ -105,7 +88,7 @@ def load_web_config(path: str | Path | None) -> WebConfig:
         return WebConfig()
     p = Path(path)
     try:
-        data = yaml.safe_load(read_regular_file(p, "web config file").decode())
+        data = yaml.safe_load(read_config_bytes(p, "web config file").decode())
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: not valid YAML: {e}") from e
     data = {} if data is None else data
@@ -177,14 +160,14 @@ def _tls(p: Path, c: dict) -> ssl.SSLContext | None:
             raise ConfigError(f"{p}: tls_server_config.{k} {v}: {e}") from e
     base = p.parent
     cert, key = base / s["cert_file"], base / s["key_file"]
-    read_regular_file(cert, "tls_server_config.cert_file", p)  # ssl would block on a FIFO
-    read_regular_file(key, "tls_server_config.key_file", p)
+    read_config_bytes(cert, "tls_server_config.cert_file", p)  # ssl would block on a FIFO
+    read_config_bytes(key, "tls_server_config.key_file", p)
     try:
         ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as e:
         raise ConfigError(f"{p}: tls_server_config cert_file {cert} / key_file {key}: {e}") from e
     if ca:
-        pem = read_regular_file(base / ca, "tls_server_config.client_ca_file", p)
+        pem = read_config_bytes(base / ca, "tls_server_config.client_ca_file", p)
         try:
             ctx.load_verify_locations(cadata=pem.decode("ascii", "replace"))
         except (OSError, ssl.SSLError) as e:

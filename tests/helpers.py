@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +86,44 @@ def wait_until_serving(url: str, proc: subprocess.Popen | None = None, timeout: 
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not answer {url} within {timeout:g} s")
         time.sleep(0.1)
+
+
+def start_exporter(log_dir: Path, *args: str, timeout: float = 60.0) -> tuple[subprocess.Popen, str, Path]:
+    """Start `python -m exporter ARGS --listen 127.0.0.1:PORT`, its stdout and stderr appended to
+    log_dir/exporter-PORT.log, and wait until /metrics answers. Returns the process, the metrics
+    URL and the log's path: read it with Path.read_text (O_APPEND, and no descriptor of ours
+    shares the exporter's offset, so a read never moves where it writes)."""
+    port = free_port()
+    log = log_dir / f"exporter-{port}.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(log, "a") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, "--listen", f"127.0.0.1:{port}"],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        wait_until_serving(url, proc, timeout, "exporter")
+    except BaseException as e:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"{e}\n{log.read_text()[-3000:]}") from e
+    return proc, url, log
+
+
+def stop_within(proc: subprocess.Popen, bound_s: float = 9.0) -> int:
+    """SIGTERM `proc`; fails the test unless it exits within `bound_s`. Returns its exit status."""
+    import pytest
+
+    t = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=bound_s + 20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"no exit {bound_s + 20:g} s after SIGTERM")
+    took = time.monotonic() - t
+    assert took <= bound_s, f"exit took {took:.1f} s after SIGTERM"
+    return rc
 
 
 @contextmanager

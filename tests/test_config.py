@@ -173,7 +173,7 @@ def test_a_fifo_or_a_directory_as_the_config_file_is_refused_without_blocking(tm
     t.start()
     t.join(30)
     assert not t.is_alive(), "load() blocked on a FIFO"
-    assert errors and "config.yaml: not a regular file (a FIFO)" in errors[0]
+    assert errors and "config.yaml: the config file: not a regular file (a FIFO)" in errors[0]
     r = subprocess.run([sys.executable, "-m", "exporter", "check", "--config", str(fifo)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not a regular file (a FIFO)" in r.stderr

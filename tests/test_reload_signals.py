@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import requests
 
-from tests.helpers import ROOT, free_port, wait_until_serving
+from tests.helpers import start_exporter, stop_within
 
 pytestmark = pytest.mark.slow
 
@@ -21,35 +19,17 @@ RELOADED = "SIGHUP: the configuration is valid; restarting in place"
 
 
 def start(tmp_path):
-    port = free_port()
     cfg = tmp_path / "config.yaml"
     cfg.write_text("log_level: info\n")
-    # O_APPEND, and read back through its own descriptor: a seek of ours must never move where the
-    # exporter writes (a shared offset let its lines overwrite earlier ones).
-    log = open(tmp_path / "exporter.log", "a")  # noqa: SIM115 - closed with the test's tmp_path
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--collectors", "lustre", "--config", str(cfg),
-                             "--path.state-dir", str(tmp_path / "state"), "--listen", f"127.0.0.1:{port}"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}/metrics"
-    try:
-        wait_until_serving(url, proc, 60, "exporter")
-    except BaseException:
-        proc.kill()
-        raise
-    return proc, url, log
-
-
-def text(log) -> str:
-    with open(log.name) as f:
-        return f.read()
+    return start_exporter(tmp_path, "--collectors", "lustre", "--config", str(cfg),
+                          "--path.state-dir", str(tmp_path / "state"))
 
 
 def wait_for(cond, proc, log, what, timeout=60.0):
     deadline = time.monotonic() + timeout
     while not cond():
-        assert proc.poll() is None, f"died ({proc.returncode}) waiting for {what}:\n{text(log)[-3000:]}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s:\n{text(log)[-3000:]}"
+        assert proc.poll() is None, f"died ({proc.returncode}) waiting for {what}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s:\n{log.read_text()[-3000:]}"
         time.sleep(0.02)
 
 
@@ -60,18 +40,9 @@ def serving(url) -> bool:
         return False
 
 
-def stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-
-
 def settled(log, reloads: int) -> bool:
     """`reloads` reloads done and the process that followed the last one is serving."""
-    t = text(log)
+    t = log.read_text()
     return t.count(RELOADED) >= reloads and t.count("msg=\"serving http") == t.count(RELOADED) + 1
 
 
@@ -79,16 +50,17 @@ def test_a_sighup_during_the_reload_exec_is_a_second_reload_not_a_kill(tmp_path)
     proc, url, log = start(tmp_path)
     try:
         for n in (1, 2):
-            before = text(log).count("shut down cleanly")
+            before = log.read_text().count("shut down cleanly")
             proc.send_signal(signal.SIGHUP)
             # The old process has flushed and is about to exec: the new one has no handler yet.
-            wait_for(lambda b=before: text(log).count("shut down cleanly") > b, proc, log, f"reload {n}")
+            wait_for(lambda b=before: log.read_text().count("shut down cleanly") > b, proc, log,
+                     f"reload {n}")
             proc.send_signal(signal.SIGHUP)
             # The SIGHUP held across the exec is taken by the restarted process: one more reload.
             wait_for(lambda b=before: settled(log, b + 2), proc, log, f"the reload asked during reload {n}")
         wait_for(lambda: serving(url), proc, log, "serving")
-        assert text(log).count(RELOADED) == 4
-        assert stop(proc) == 0
+        assert log.read_text().count(RELOADED) == 4
+        assert stop_within(proc, 30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -98,13 +70,13 @@ def test_back_to_back_sighups_never_kill_the_exporter(tmp_path):
     proc, url, log = start(tmp_path)
     try:
         for _ in range(3):
-            before = text(log).count(RELOADED)
+            before = log.read_text().count(RELOADED)
             os.kill(proc.pid, signal.SIGHUP)
             os.kill(proc.pid, signal.SIGHUP)
-            wait_for(lambda before=before: text(log).count(RELOADED) > before, proc, log, "a reload")
+            wait_for(lambda before=before: log.read_text().count(RELOADED) > before, proc, log, "a reload")
             wait_for(lambda: serving(url), proc, log, "serving after the reloads")
         assert serving(url) and proc.poll() is None
-        assert stop(proc) == 0
+        assert stop_within(proc, 30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -117,9 +89,10 @@ def test_a_sighup_with_an_alias_bomb_in_the_config_keeps_serving(tmp_path):
     try:
         (tmp_path / "config.yaml").write_text(bomb())
         proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "SIGHUP: not reloading" in text(log), proc, log, "the refused reload", timeout=30)
-        assert "aliases are expanded" in text(log) and serving(url)
-        assert stop(proc) == 0
+        wait_for(lambda: "SIGHUP: not reloading" in log.read_text(), proc, log, "the refused reload",
+                 timeout=30)
+        assert "aliases are expanded" in log.read_text() and serving(url)
+        assert stop_within(proc, 30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -137,9 +110,8 @@ def test_stop_and_continue_is_not_a_reload(tmp_path):
             time.sleep(0.6)  # longer than the SIGHUP wait's poll: the interrupted wait times out
             proc.send_signal(signal.SIGCONT)
             wait_for(lambda: serving(url), proc, log, "serving after SIGCONT")
-        assert RELOADED not in text(log)
+        assert RELOADED not in log.read_text()
         assert proc.poll() is None
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-        log.close()

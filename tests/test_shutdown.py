@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import requests
 
 from tests.efa_trees import efa
-from tests.helpers import ROOT, free_port, wait_until_serving
+from tests.helpers import start_exporter, stop_within
 from tests.lustre_tree import FsSpec, LustreTree
 
 pytestmark = pytest.mark.slow
@@ -25,49 +24,19 @@ pytestmark = pytest.mark.slow
 EXIT_BOUND_S = 9.0
 
 
-def start(tmp_path, *args):
-    port = free_port()
-    log = open(tmp_path / "exporter.log", "w+")  # noqa: SIM115 - read back after the process ends
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, "--listen", f"127.0.0.1:{port}"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}/metrics"
-    try:
-        wait_until_serving(url, proc, 60, "exporter")
-    except BaseException:
-        proc.kill()
-        raise
-    return proc, url, log
-
-
-def stop_within(proc, bound_s):
-    t = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(timeout=bound_s + 20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"no exit {bound_s + 20:g} s after SIGTERM")
-    took = time.monotonic() - t
-    assert took <= bound_s, f"exit took {took:.1f} s after SIGTERM"
-    return rc
-
-
-def log_text(log) -> str:
-    log.seek(0)
-    return log.read()
-
-
 def test_sigterm_with_a_hung_nvml_call_exits_in_time_and_flushes_the_state_file(tmp_path):
     state = tmp_path / "state"
-    proc, url, log = start(tmp_path, "--simulate", "p5.48xlarge", "--scenario", "gpu-nvml-hang",
-                           "--scenario", "xid-63", "--path.state-dir", str(state))
-    time.sleep(4)  # past the onset (3 s): GPU 3's NVML calls block for 600 s
-    text = requests.get(url, timeout=30).text
-    assert 'gpu_read_success{gpu="3"' in text and "gpu_read_success" in text
+    proc, url, log = start_exporter(tmp_path, "--simulate", "p5.48xlarge", "--scenario", "gpu-nvml-hang",
+                                    "--scenario", "xid-63", "--path.state-dir", str(state))
+    deadline = time.monotonic() + 60
+    while True:  # past the onset (3 s): GPU 3's NVML calls block for 600 s, and XID 63 is counted
+        text = requests.get(url, timeout=30).text
+        if re.search(r'gpu_read_success\{gpu="3"[^}]*\} 0', text) and 'xid="63"' in text:
+            break
+        assert time.monotonic() < deadline, "GPU 3 never hung or XID 63 was never counted"
+        time.sleep(0.2)
     rc = stop_within(proc, EXIT_BOUND_S)
-    out = log_text(log)
+    out = log.read_text()
     assert rc == 0, out[-3000:]
     assert "SIGTERM: shutting down, state file first" in out
     st = json.loads((state / "xid-state.json").read_text())
@@ -84,37 +53,38 @@ def test_sigterm_with_blocked_lustre_and_efa_reads_exits_in_time(tmp_path):
     counter = dev / "ports/1/hw_counters/tx_bytes"
     counter.unlink()
     os.mkfifo(counter)
-    proc, url, log = start(tmp_path, "--collectors", "lustre,efa", "--path.procfs", paths["paths.procfs"],
-                           "--path.sysfs", paths["paths.sysfs"], "--path.debugfs", paths["paths.debugfs"],
-                           "--path.state-dir", str(tmp_path / "state"))
+    proc, url, log = start_exporter(tmp_path, "--collectors", "lustre,efa", "--path.procfs",
+                                    paths["paths.procfs"], "--path.sysfs", paths["paths.sysfs"],
+                                    "--path.debugfs", paths["paths.debugfs"],
+                                    "--path.state-dir", str(tmp_path / "state"))
     text = requests.get(url, timeout=30).text
     assert 'gpu_health_exporter_collector_success{collector="lustre"} 1.0' in text
     assert 'efa_device_up{device="rdmap0s0"} 0.0' in text
     rc = stop_within(proc, EXIT_BOUND_S)
-    assert rc == 0, log_text(log)[-3000:]
+    assert rc == 0, log.read_text()[-3000:]
 
 
 def test_sighup_reloads_a_valid_config_in_place_and_keeps_serving_on_an_invalid_one(tmp_path):
     cfg = tmp_path / "config.yaml"
     cfg.write_text("lustre:\n  enabled: true\n")
-    proc, url, log = start(tmp_path, "--simulate", "p5.48xlarge", "--config", str(cfg),
-                           "--path.state-dir", str(tmp_path / "state"))
+    proc, url, log = start_exporter(tmp_path, "--simulate", "p5.48xlarge", "--config", str(cfg),
+                                    "--path.state-dir", str(tmp_path / "state"))
     try:
         assert 'collector="lustre"' in requests.get(url, timeout=30).text
         cfg.write_text("lustre:\n  enabled: true\n  no_such_key: 1\n")
         proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 20
-        while "SIGHUP: not reloading" not in log_text(log):
-            assert time.monotonic() < deadline, log_text(log)[-2000:]
+        while "SIGHUP: not reloading" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.1)
-        assert "no_such_key" in log_text(log) and proc.poll() is None
+        assert "no_such_key" in log.read_text() and proc.poll() is None
         assert 'collector="lustre"' in requests.get(url, timeout=30).text  # still the running config
         cfg.write_text("lustre:\n  enabled: false\n")
         proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 60
         while True:  # the same process (pid) serves again, with the new configuration
-            assert proc.poll() is None, log_text(log)[-2000:]
-            assert time.monotonic() < deadline, log_text(log)[-2000:]
+            assert proc.poll() is None, log.read_text()[-2000:]
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
             try:
                 text = requests.get(url, timeout=5).text
                 if 'collector="lustre"' not in text and 'collector="gpu"' in text:
@@ -122,7 +92,7 @@ def test_sighup_reloads_a_valid_config_in_place_and_keeps_serving_on_an_invalid_
             except requests.ConnectionError:
                 pass
             time.sleep(0.2)
-        assert "SIGHUP: the configuration is valid; restarting in place" in log_text(log)
+        assert "SIGHUP: the configuration is valid; restarting in place" in log.read_text()
         assert stop_within(proc, EXIT_BOUND_S) == 0
     finally:
         if proc.poll() is None:

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -36,7 +35,7 @@ from exporter.simulate.nvml_synth import node_capture
 from exporter.xid import kmsg as kmsg_mod
 from exporter.xid.service import one_shot
 from exporter.xid.sxid import SxidContinuation, SxidReport, parse_sxid
-from tests.helpers import ROOT, free_port, samples, scrape, value, wait_until_serving
+from tests.helpers import ROOT, samples, scrape, start_exporter, stop_within, value
 from tests.test_xid_service import make_ctx
 
 GPU2 = "0000:75:00"  # GPU 2 of the simulated/faked p5.48xlarge
@@ -831,34 +830,6 @@ def test_an_ack_made_while_the_daemon_was_down_is_logged_when_it_starts(tmp_path
 
 
 # ================================== end to end: the daemon ==========================================
-def start_daemon(tmp: Path, *args: str):
-    port = free_port()
-    log = open(tmp / f"exporter-{port}.log", "w+")  # noqa: SIM115 - read back after it ends
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, "--listen", f"127.0.0.1:{port}"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}/metrics"
-    try:
-        wait_until_serving(url, proc, 60, "exporter")
-    except BaseException:
-        proc.kill()
-        raise
-    return proc, url, log
-
-
-def stop(proc, bound_s: float = 9.0) -> int:
-    t = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(timeout=bound_s + 20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        pytest.fail("no exit after SIGTERM")
-    assert time.monotonic() - t <= bound_s
-    return rc
-
-
 def xid_total(url: str) -> float:
     text = requests.get(url, timeout=30).text
     return sum(v for (n, _), v in samples(text).items() if n == "gpu_xid_errors_total")
@@ -870,7 +841,7 @@ def test_daemon_rotated_log_counts_exactly_and_logs_each_event_once_across_a_res
     log.write_text("".join(rec(i, pci=GPU2) for i in range(40)))
     state = tmp_path / "state"
     args = ("--simulate", "p5.48xlarge", "--kmsg-file", str(log), "--path.state-dir", str(state))
-    proc, url, out = start_daemon(tmp_path, *args)
+    proc, url, out = start_exporter(tmp_path, *args)
     try:
         wait_for(lambda: xid_total(url) == 40, 30, "40 events")
         shutil.copyfile(log, tmp_path / "kmsg.new")
@@ -888,25 +859,23 @@ def test_daemon_rotated_log_counts_exactly_and_logs_each_event_once_across_a_res
         assert len(acked) == 1 and acked[0] >= t0 - 1
         requests.get(url, timeout=30)
         assert xid_total(url) == 48
-        assert stop(proc) == 0
+        assert stop_within(proc) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
-    out.seek(0)
-    first = out.read()
+    first = out.read_text()
     assert first.count("XID 31 counted on GPU 2 (PCI 00000000:75:00.0): tier application") == 48
     assert first.count("acknowledged all XIDs on GPU 2 (PCI 00000000:75:00.0)") == 1
-    proc, url, out = start_daemon(tmp_path, *args)
+    proc, url, out = start_exporter(tmp_path, *args)
     try:
         assert xid_total(url) == 48
         text = requests.get(url, timeout=30).text
         assert value(text, "gpu_xid_acknowledged_timestamp_seconds", gpu="2", xid="all") >= t0 - 1
-        assert stop(proc) == 0
+        assert stop_within(proc) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
-    out.seek(0)
-    second = out.read()
+    second = out.read_text()
     assert "counted on" not in second and "acknowledged" not in second
 
 
@@ -918,13 +887,13 @@ def test_daemon_with_a_socket_as_its_state_file_and_a_fifo_as_its_log_serves_and
         state.mkdir()
         keep = make_socket(state / "xid-state.json")
         os.mkfifo(tmp / "kmsg.fifo")  # used to hang start-up: --kmsg-file was opened to sniff a capture
-        proc, url, out = start_daemon(tmp, "--simulate", "p5.48xlarge", "--kmsg-file", str(tmp / "kmsg.fifo"),
-                                      "--path.state-dir", str(state))
+        proc, url, out = start_exporter(tmp, "--simulate", "p5.48xlarge", "--kmsg-file",
+                                        str(tmp / "kmsg.fifo"), "--path.state-dir", str(state))
         try:
             text = requests.get(url, timeout=30).text
             assert "gpu_health_exporter_state_file_ok 0.0" in text
             assert "gpu_health_exporter_kmsg_up 0.0" in text
-            assert stop(proc) == 0
+            assert stop_within(proc) == 0
         finally:
             if proc.poll() is None:
                 proc.kill()
