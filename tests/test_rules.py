@@ -83,7 +83,11 @@ def test_ecc_thresholds_are_overridable_in_one_place(tmp_path):
     text = (RULES_DIR / "gpu.yml").read_text()
     assert text.count("expr: vector(3)") == 1
     (tmp_path / "rules" / "gpu.yml").write_text(text.replace("expr: vector(3)", "expr: vector(20)"))
-    shutil.copy(SUITES_DIR / "gpu_ecc.test.yml", tmp_path / "tests" / "rules")
+    suite = load(SUITES_DIR / "gpu_ecc.test.yml")
+    suite["tests"] = [g for g in suite["tests"] if g["name"] in (
+        "step up to several times the baseline fires after for", "steady rate above the floor is silent")]
+    assert len(suite["tests"]) == 2
+    (tmp_path / "tests" / "rules" / "gpu_ecc.test.yml").write_text(yaml.safe_dump(suite))
     r = _run("test", "rules", str(tmp_path / "tests" / "rules" / "gpu_ecc.test.yml"))
     out = r.stdout + r.stderr
     assert r.returncode != 0
@@ -282,13 +286,16 @@ def test_alerts_table_lists_every_alert_with_severity_and_tests():
 BEFORE = ROOT / "tests" / "fixtures" / "rules_before_issue9"
 
 
-def _failing_groups(suite: Path, rules_dir: Path, tmp_path: Path) -> set[str]:
-    """Names of the suite's test groups that fail when its rule files come from `rules_dir`."""
+def _failing_groups(suite: Path, rules_dir: Path, tmp_path: Path, only: list[str]) -> set[str]:
+    """Names of the suite's test groups among `only` that fail when its rule files come from
+    `rules_dir` (the other groups are left out: they would only cost promtool's time)."""
     (tmp_path / "rules").mkdir(exist_ok=True)
     for f in rules_dir.glob("*.yml"):
         shutil.copy(f, tmp_path / "rules" / f.name)
     (tmp_path / "tests" / "rules").mkdir(parents=True, exist_ok=True)
-    shutil.copy(suite, tmp_path / "tests" / "rules" / suite.name)
+    data = load(suite)
+    data["tests"] = [g for g in data["tests"] if g["name"] in only]
+    (tmp_path / "tests" / "rules" / suite.name).write_text(yaml.safe_dump(data))
     r = _run("test", "rules", str(tmp_path / "tests" / "rules" / suite.name))
     return set(re.findall(r"^\s+name: (.*),$", r.stdout + r.stderr, re.M))
 
@@ -297,14 +304,12 @@ def _failing_groups(suite: Path, rules_dir: Path, tmp_path: Path) -> set[str]:
 def test_defect_cases_fail_on_the_rules_before_the_fix(suite, tmp_path):
     """Each promtool case for an issue-9 defect ("(defect N)" in its name) fails on the rules as they
     were before the fix (tests/fixtures/rules_before_issue9, runbook base moved to today's so only
-    behaviour differs) and passes on rules/."""
+    behaviour differs); test_promtool_unit_suite runs them on rules/."""
     path = SUITES_DIR / suite
     defects = [g["name"] for g in load(path)["tests"] if "(defect " in g["name"]]
     assert defects
-    failing = _failing_groups(path, BEFORE, tmp_path)
+    failing = _failing_groups(path, BEFORE, tmp_path, defects)
     assert set(defects) <= failing, f"pass on the old rules: {set(defects) - failing}"
-    r = _run("test", "rules", str(path))
-    assert r.returncode == 0, r.stdout + r.stderr
 
 
 BEFORE_20 = ROOT / "tests" / "fixtures" / "rules_before_issue20"
@@ -325,19 +330,16 @@ def _run_one_group(suite: dict, group: dict, rules_dir: Path, tmp_path: Path) ->
 def test_issue20_cases_fail_on_the_rules_before_the_fix(tmp_path):
     """Each promtool case for an issue-20 item ("(issue 20 item N)") fails on the rules as they were
     (tests/fixtures/rules_before_issue20, main at baf0381) and passes on rules/, as do the guards
-    ("(issue 20 guard)": what the fixes must keep). The exporter-restart case fails there by an
-    evaluation error."""
+    ("(issue 20 guard)": what the fixes must keep; test_promtool_unit_suite runs the whole suite on
+    rules/). The exporter-restart case fails there by an evaluation error."""
     suite = load(ISSUE20)
     items = {int(m) for g in suite["tests"] for m in re.findall(r"\(issue 20 item (\d)\)", g["name"])}
     assert items == {1, 2, 3, 4, 5}
-    for k, group in enumerate(suite["tests"]):
+    for k, group in enumerate(g for g in suite["tests"] if "(issue 20 item" in g["name"]):
         old = _run_one_group(suite, group, BEFORE_20, tmp_path / f"old{k}")
-        new = _run_one_group(suite, group, RULES_DIR, tmp_path / f"new{k}")
-        assert new.returncode == 0, group["name"] + new.stdout + new.stderr
-        if "(issue 20 item" in group["name"]:
-            assert old.returncode != 0, f"passes on the old rules: {group['name']}"
-            if "(issue 20 item 1)" in group["name"]:
-                assert "same labelset after applying alert labels" in old.stdout + old.stderr
+        assert old.returncode != 0, f"passes on the old rules: {group['name']}"
+        if "(issue 20 item 1)" in group["name"]:
+            assert "same labelset after applying alert labels" in old.stdout + old.stderr
 
 
 def test_every_or_with_an_alerts_arm_is_disjoint():
