@@ -14,9 +14,12 @@ Rows (NAME: command):
 - detail: bench/figures.py --row detail (series and in-process scrape, default and every detail);
 - gpu: bench/bench_gpu.py --skip-whole (GPU collector against a naive NVML reader);
 - memory: bench/bench_memory.py (RSS by stage);
+- render: bench/bench_render.py (the fast renderer against prometheus_client's);
+- xid: bench/bench_xid.py --samples 30 (record to /metrics, backfills);
+- shutdown: bench/bench_shutdown.py --runs 1 (SIGTERM to exit with stuck sources);
 - with --long (about 15 more minutes): whole-vs-single (bench/bench_gpu.py --only-whole) and rules
   (bench/bench_rules.py --nodes 2000).
-The default set takes 5-7 minutes on the 2-core development host.
+The default set takes about 10 minutes on the 2-core development host.
 
 --write replaces the table between the figures markers at the top of docs/performance.md.
 """
@@ -111,6 +114,26 @@ def parse_memory(text: str) -> Figures:
             "served": r["served"][[k for k in r["served"] if k.startswith("after")][-1]]}
 
 
+def parse_render(text: str) -> Figures:
+    return {"series": _num(r"(?m)^(\d+) series", text),
+            "fast": _num(r"fast render, OpenMetrics\s+([\d.]+)", text),
+            "client": _num(r"prometheus_client, OpenMetrics\s+([\d.]+)", text),
+            "families": _num(r"registry collect \(families\(\)\)\s+([\d.]+)", text)}
+
+
+def parse_xid(text: str) -> Figures:
+    return {"latency": _num(r"count in /metrics: median ([\d.]+) ms", text),
+            "p95": _num(r"count in /metrics: median [\d.]+ ms, p95 ([\d.]+) ms", text),
+            "backfill": _num(r"backfill 100,000 records .*?: ([\d.]+) s best", text),
+            "flood": _num(r"backfill 1,000,000 .*?: ([\d.]+) s best", text),
+            "flood_rss": _num(r"\(\+([\d.]+) MiB while reading\)", text)}
+
+
+def parse_shutdown(text: str) -> Figures:
+    return {"nvml": _num(r"(?m)^\| hung NVML call[^|]*\| ([\d.]+)", text),
+            "fifo": _num(r"(?m)^\| blocked Lustre[^|]*\| ([\d.]+)", text)}
+
+
 def parse_whole_vs_single(text: str) -> Figures:
     r = _json(text)["whole_scrape_vs_slowest_single_collector"]
     m = r["median_ms"]
@@ -154,6 +177,21 @@ ROWS = [
                    f"collection {f('first')}, after 1,000 collections {f('last')}; fake NVML, first "
                    f"collection {f('fake')}; `import pynvml` +{f('pynvml')}; the served exporter after 200 "
                    f"scrapes {f('served')}")),
+    Row("render", "Rendering /metrics (OpenMetrics, the families the registry yields for the simulated p5): "
+        "the cached fast renderer vs prometheus_client's, CPU per render",
+        [PY, "bench/bench_render.py", "--iterations", "200", "--repeat", "1"], parse_render,
+        lambda f: (f"{f('series')} series: fast renderer {f('fast')} ms vs prometheus_client "
+                   f"{f('client')} ms; collecting the families from the registry {f('families')} ms")),
+    Row("xid", "XID pipeline: kernel-log record to its count in /metrics (goal median ≤ 1 s); backfill of "
+        "100,000 records (goal ≤ 2 s) and of a 1,000,000-record XID 13 flood",
+        [PY, "bench/bench_xid.py", "--samples", "30"], parse_xid,
+        lambda f: (f"record to /metrics median {f('latency')} ms (p95 {f('p95')} ms); 100,000 records "
+                   f"{f('backfill')} s; 1,000,000 flood records {f('flood')} s, one event, "
+                   f"+{f('flood_rss')} MiB while reading")),
+    Row("shutdown", "SIGTERM to exit with a source stuck (goal ≤ 5 s)",
+        [PY, "bench/bench_shutdown.py", "--runs", "1"], parse_shutdown,
+        lambda f: (f"a GPU's NVML call hung: {f('nvml')} s; Lustre stats and an EFA counter blocked "
+                   f"(FIFOs): {f('fifo')} s; exit status 0")),
     Row("whole-vs-single", "Whole HTTP scrape vs slowest single collector, wall (goal ≤ 1.2×)",
         [PY, "bench/bench_gpu.py", "--only-whole", "--whole-scrapes", "100"], parse_whole_vs_single,
         lambda f: f"whole {f('whole')} ms vs slowest single {f('slowest')} ms: {f('ratio')}×", long=True),
