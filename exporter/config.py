@@ -456,8 +456,6 @@ def read_config_file(p: Path) -> str:
         raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})") from e
 
 
-
-
 def parse_yaml(text: str, name: str) -> Any:
     """The YAML document, or ConfigError naming the file, line and column."""
     loader = None

@@ -61,7 +61,6 @@ _TLS_REFUSED = {"cipher_suites", "curve_preferences", "client_allowed_sans", "ce
 _HEADERS = {"Strict-Transport-Security", "X-Content-Type-Options", "X-Frame-Options", "X-XSS-Protection",
             "Content-Security-Policy"}
 _BCRYPT = re.compile(r"^\$2[aby]?\$\d\d\$[./A-Za-z0-9]{53}$")
-MAX_FILE_BYTES = 1 << 20  # a web config, a certificate or a key is a few KiB
 _repr = reprlib.Repr()  # values in messages: bounded, whatever the file holds
 _repr.maxstring = _repr.maxother = 60
 _repr.maxlist = _repr.maxdict = 4
