@@ -135,7 +135,7 @@ class Scraper(threading.Thread):
                 self.latencies.append(time.perf_counter() - t)
             except (OSError, http.client.HTTPException) as e:
                 self.failures += 1
-                key = type(e).__name__
+                key = str(e) if type(e) is OSError else type(e).__name__  # "status 503": which answer
                 self.errors[key] = self.errors.get(key, 0) + 1
                 if conn is not None:
                     conn.close()
@@ -584,6 +584,8 @@ def abuse_phase(args: argparse.Namespace, tmp: Path) -> dict:
                 "xids_counted": counted, "xids_exact": counted == writer.written,
                 "rss_mib_start": round(rows[0][1], 1) if rows else None,
                 "rss_mib_end": round(rows[-1][1], 1) if rows else None,
+                "rss_mib_max": round(max(r[1] for r in rows), 1) if rows else None,
+                "rss_mib_last_half_max": round(max(r[1] for r in rows[len(rows) // 2:]), 1) if rows else None,
                 "rss_slope_kib_per_min": rss_slope_kib_per_min(rows),
                 "threads_max": max((r[2] for r in rows), default=None)}
     finally:

@@ -22,7 +22,8 @@ that runs the handler. The limits:
 `quick` (optional) answers cheap requests (health probes) on the event loop itself, so they never
 wait behind the worker pool or a password check. `auth` (optional) guards everything else: a
 cached credential is checked on the loop (one HMAC); an uncached one goes to at most
-`auth_workers` threads of its own, with at most `auth_queue` more waiting (beyond that, 429), and
+`auth_workers` threads of its own, with at most `auth_queue` more waiting (beyond that, 429; a
+request whose credentials are already being checked waits for that answer instead), and
 a check whose client has gone by its turn is dropped (so is a request that waited for a
 handler worker); after AUTH_FREE_FAILURES wrong passwords in a row, the address's next
 uncached check waits AUTH_BACKOFF_S, doubling with each further failure up to
@@ -188,6 +189,10 @@ class HttpServer:
         self._work_slots: asyncio.Semaphore | None = None  # requests in the handler pool
         self._auth_waiting = 0
         self._auth_backoff: dict[str, tuple[int, float, float]] = {}  # address -> (failures, until, wait)
+        # Checks running or queued, by Authorization header: a request with the same credentials
+        # waits for that answer (scrapers sharing a password at start-up cost one bcrypt, and none
+        # is refused for a full queue). At most auth_workers + auth_queue entries.
+        self._auth_checking: dict[str, asyncio.Future[bool | None]] = {}
         self._conns: dict[int, _Conn] = {}
         self._ids = itertools.count()
         self._loop = asyncio.new_event_loop()
@@ -368,6 +373,9 @@ class HttpServer:
         assert self.auth is not None and self._auth_slots is not None
         header = req.headers.get("authorization", "")
         ok = self.auth.cached(header)
+        while ok is None and header in self._auth_checking:
+            # None: that check was dropped (its client went away) before it ran: check it here
+            ok = await asyncio.shield(self._auth_checking[header])
         if ok is None:
             ip = req.peer.rsplit(":", 1)[0]
             now = time.monotonic()
@@ -382,6 +390,7 @@ class HttpServer:
                                 [("Retry-After", "1")])
             self._auth_waiting += 1
             conn.busy = False  # an unauthenticated client waiting for its turn may be evicted
+            shared = self._auth_checking[header] = asyncio.get_running_loop().create_future()
             try:
                 waits = self._auth_slots.locked()
                 async with self._auth_slots:
@@ -397,6 +406,9 @@ class HttpServer:
             finally:
                 self._auth_waiting -= 1
                 conn.busy = True
+                if self._auth_checking.get(header) is shared:
+                    del self._auth_checking[header]
+                shared.set_result(ok)
             self._note_auth(ip, ok)
         if ok:
             return None

@@ -65,13 +65,13 @@ def test_a_wrong_password_flood_leaves_scrapes_and_probes_answering(cost12_users
     try:
         _wait(lambda: requests.get(base + "/readyz", timeout=5).status_code == 200, "ready")
         assert requests.get(base + "/metrics", auth=good, timeout=10).status_code == 200  # cached now
-        wrong = (f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {_basic('prometheus', 'guess')}\r\n"
-                 "\r\n").encode()
         answers: list[bytes] = []
         during: list[int] = []
 
-        def flood(n: int, read: bool) -> None:
-            for _ in range(n):
+        def flood(k: int, n: int, read: bool) -> None:
+            for i in range(n):  # each guess a new one: no check shared, none answered from a cache
+                wrong = (f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                         f"{_basic('prometheus', f'guess-{k}-{i}')}\r\n\r\n").encode()
                 try:
                     if read:
                         answers.append(_head(srv.port, wrong, timeout=10))
@@ -81,7 +81,7 @@ def test_a_wrong_password_flood_leaves_scrapes_and_probes_answering(cost12_users
                 except OSError:
                     pass
 
-        threads = [threading.Thread(target=flood, args=(10, i % 2 == 0)) for i in range(30)]
+        threads = [threading.Thread(target=flood, args=(i, 10, i % 2 == 0)) for i in range(30)]
         for t in threads:
             t.start()
         # While the flood runs, a scrape with credentials is served.
@@ -106,6 +106,37 @@ def test_a_wrong_password_flood_leaves_scrapes_and_probes_answering(cost12_users
     assert srv.httpd.auth_rejected > 0
 
 
+def test_scrapers_sharing_uncached_credentials_share_one_check(cost12_users):
+    """Eight scrapers with the same right password at once, before it is cached (an exporter
+    restart under several Prometheus servers, bench/soak.py's start): every one is served and
+    bcrypt runs once. Before, all but the running and the one queued check got 429."""
+    srv, runner = _serve(cost12_users)
+    base = f"http://127.0.0.1:{srv.port}"
+    try:
+        _wait(lambda: requests.get(base + "/readyz", timeout=5).status_code == 200, "ready")
+        statuses: list[int] = []
+        go = threading.Barrier(8)
+
+        def scrape() -> None:
+            go.wait(10)
+            r = requests.get(base + "/metrics", auth=("prometheus", PASSWORD), timeout=30)
+            statuses.append(r.status_code)
+
+        threads = [threading.Thread(target=scrape) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        wrong = [requests.get(base + "/metrics", auth=("prometheus", "guess"), timeout=30).status_code
+                 for _ in range(2)]
+    finally:
+        srv.shutdown()
+        runner.close()
+    assert statuses == [200] * 8
+    assert srv.app.auth.bcrypt_checks == 2  # the right password once, the wrong one once
+    assert wrong == [401, 401]
+
+
 def test_a_wrong_password_takes_as_long_for_an_unknown_user():
     """Issue 18 item 3: the dummy hash has the configured hashes' cost, so an unknown user is
     not answered 150 times faster than a known one (CPU time of the checking thread)."""
@@ -126,15 +157,18 @@ def test_a_wrong_password_takes_as_long_for_an_unknown_user():
 def test_password_checks_queued_for_clients_that_left_are_dropped(cost12_users):
     """Issue 18 item 2: checks still queued when their client disconnects never run bcrypt."""
     srv, runner = _serve(cost12_users, auth_queue=4)
-    wrong = (f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {_basic('prometheus', 'guess')}\r\n"
-             "\r\n").encode()
+
+    def wrong(guess: str) -> bytes:  # a new guess each: a check of its own, not a shared one
+        return (f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {_basic('prometheus', guess)}\r\n"
+                "\r\n").encode()
+
     try:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as stays:
-            stays.sendall(wrong)  # its check takes the one auth thread for ~0.25 s
+            stays.sendall(wrong("guess"))  # its check takes the one auth thread for ~0.25 s
             _wait(lambda: srv.app.auth.bcrypt_checks >= 1, "the first check")
-            for _ in range(4):  # queued behind it (the queue holds 4), then gone
+            for i in range(4):  # queued behind it (the queue holds 4), then gone
                 with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
-                    s.sendall(wrong)
+                    s.sendall(wrong(f"guess-{i}"))
             assert stays.recv(100).startswith(b"HTTP/1.1 401 ")
         _wait(lambda: srv.httpd.auth_pending == 0, "the queue to empty")
     finally:
