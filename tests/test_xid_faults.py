@@ -286,13 +286,14 @@ def test_a_replayed_capture_s_kernel_log_is_written_privately(tmp_path):
 
 @pytest.mark.slow
 def test_the_daemon_with_a_fifo_state_file_serves_and_stops_in_time(tmp_path):
-    from tests.test_shutdown import EXIT_BOUND_S, log_text, start, stop_within
+    from tests.helpers import start_exporter, stop_within
+    from tests.test_shutdown import EXIT_BOUND_S
 
     state = tmp_path / "state"
     state.mkdir()
     os.mkfifo(state / "xid-state.json")  # used to hang start-up: port bound, never answering
-    proc, url, log = start(tmp_path, "--simulate", "p5.48xlarge", "--scenario", "xid-31-backlog",
-                           "--path.state-dir", str(state))
+    proc, url, log = start_exporter(tmp_path, "--simulate", "p5.48xlarge", "--scenario", "xid-31-backlog",
+                                    "--path.state-dir", str(state))
     try:
         text = requests.get(url, timeout=30).text
         assert 'gpu_health_exporter_state_file_ok 0.0' in text
@@ -301,4 +302,4 @@ def test_the_daemon_with_a_fifo_state_file_serves_and_stops_in_time(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert f"state file {state / 'xid-state.json'} is a FIFO" in log_text(log)
+    assert f"state file {state / 'xid-state.json'} is a FIFO" in log.read_text()
