@@ -13,6 +13,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -111,8 +112,6 @@ def start_exporter(log_dir: Path, *args: str, timeout: float = 60.0) -> tuple[su
 
 def stop_within(proc: subprocess.Popen, bound_s: float = 9.0) -> int:
     """SIGTERM `proc`; fails the test unless it exits within `bound_s`. Returns its exit status."""
-    import pytest
-
     t = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:

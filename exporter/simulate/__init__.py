@@ -92,7 +92,6 @@ def all_scenarios() -> dict[str, str]:
     return out
 
 
-
 ROOT_PREFIX = "ghe-sim-"
 OWNER_FILE = "owner"  # "pid starttime" of the process that made the root
 
@@ -123,6 +122,7 @@ def remove_abandoned_roots(tmp: str | None = None) -> list[Path]:
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)
     return removed
+
 
 class Simulation:
     """A simulated node under `root` (a temporary directory unless given)."""
