@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import logging
 import os
@@ -12,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,6 +129,46 @@ def limit_malloc_arenas(arenas: int = 1) -> None:
         libc.mallopt(-8, arenas)  # M_ARENA_MAX
     except (OSError, AttributeError):
         pass
+
+
+TRIM_EVERY_S = 60.0
+
+
+class MallocTrim:
+    """Hands the memory glibc's malloc holds freed back to the kernel (malloc_trim): once the
+    first collection is done, then at most every `every_s`, from the main thread's signal wait.
+
+    glibc gives freed memory back only from the top of the heap, above a threshold that grows
+    with the largest block freed, so the start-up peak (NVML's init, the first collection and
+    render) stayed resident: 59.5 to 67.9 MiB on a real H100 across runs, a steady 57.7 MiB with
+    a trim (docs/real-gpu.md). A trim of the exporter's heap takes well under a millisecond.
+    Where the C library is not glibc this does nothing."""
+
+    def __init__(self, ready: threading.Event, every_s: float = TRIM_EVERY_S,
+                 trim: Callable[[], Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ready, self.every_s, self.clock = ready, every_s, clock
+        self.trim = trim or _malloc_trim()
+        self.last: float | None = None
+        self.trims = 0
+
+    def tick(self) -> None:
+        if not self.ready.is_set():
+            return
+        now = self.clock()
+        if self.last is not None and now - self.last < self.every_s:
+            return
+        self.last = now
+        self.trims += 1
+        self.trim()
+
+
+def _malloc_trim() -> Callable[[], Any]:
+    import ctypes
+
+    try:
+        return functools.partial(ctypes.CDLL(None).malloc_trim, 0)  # the process's own libc
+    except (OSError, AttributeError):
+        return lambda: None
 
 
 def setup_logging(level: str, fmt: str = "logfmt") -> None:
@@ -312,8 +354,9 @@ def serve(args: argparse.Namespace) -> int:
              f" (simulated {simulation.profile.instance_type} under {simulation.root})"
              if simulation else "")
     reload = False
+    trim = MallocTrim(runner.ready)
     while True:
-        sig = signals.wait()
+        sig = signals.wait(tick=trim.tick)
         if sig != signal.SIGHUP:
             break
         try:  # validate before giving anything up: a bad edit must not take the exporter down
@@ -379,8 +422,11 @@ class Signals:
         self._last = signal.Signals(signum)
         self._event.set()
 
-    def wait(self) -> signal.Signals:
+    def wait(self, tick: Callable[[], Any] | None = None) -> signal.Signals:
+        """The next signal; `tick` runs every POLL_S meanwhile (on this, the main, thread)."""
         while not self._event.is_set():
+            if tick is not None:
+                tick()
             info = signal.sigtimedwait({signal.SIGHUP}, self.POLL_S)
             # CPython returns an empty siginfo (si_signo 0), not None, when the wait was interrupted
             # (EINTR: SIGCONT after a SIGSTOP, SIGCHLD) and its timeout has passed meanwhile.
