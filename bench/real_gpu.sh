@@ -161,7 +161,7 @@ if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" = "1" ]; then
 fi
 
 step "GPU bench, simulated p5.48xlarge with captured latencies (same host)"
-timeout 100 python3 bench/bench_gpu.py --scrapes 1000 --all-scrapes 200 --naive-scrapes 20 --json "$OUT/bench_sim.json" \
+timeout 100 python3 bench/bench_gpu.py --scrapes 1000 --all-scrapes 200 --naive-scrapes 20 --whole-scrapes 60 --json "$OUT/bench_sim.json" \
   > "$OUT/bench_sim.txt" 2>&1
 echo "bench rc=$?" | tee -a "$OUT/bench_sim.txt"
 grep -E '"(median_ms|cpu_ms_per_scrape|exporter_cpu_ms_per_scrape|peak_rss_mib|after_1000)"|^ "' "$OUT/bench_sim.txt" | head -40
