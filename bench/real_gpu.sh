@@ -87,15 +87,10 @@ while time.monotonic() - t0 < secs:
 report("keep-alive, gzip, OpenMetrics: as Prometheus scrapes", walls, c0, cpu())
 mem = proc.memory_full_info()
 print(f"exporter rss {mem.rss / 2**20:.1f} MiB, uss {mem.uss / 2**20:.1f} MiB")
-rss, where = {}, "?"  # where the RSS is: the largest mappings
-for line in open(f"/proc/{proc.pid}/smaps"):
-    parts = line.split()
-    if not parts[0].endswith(":"):
-        where = parts[5] if len(parts) > 5 else "[anon]"
-    elif parts[0] == "Rss:":
-        rss[where] = rss.get(where, 0) + int(parts[1])
-for where, kb in sorted(rss.items(), key=lambda x: -x[1])[:12]:
-    print(f"rss {kb / 1024:6.1f} MiB {where}")
+sys.path.insert(0, "bench")
+from bench_malloc import largest_mappings  # where the RSS is
+for where, mib in largest_mappings(proc.pid, 12).items():
+    print(f"rss {mib:6.1f} MiB {where}")
 for line in text.splitlines():
     if line.startswith(("gpu_health_exporter_collector_", "gpu_devices", "gpu_read_success", "gpu_lost", "gpu_info")):
         print(line)
