@@ -1,0 +1,1 @@
+"""Which Slurm job or Kubernetes pod holds each GPU (issue 26)."""
