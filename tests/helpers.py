@@ -89,7 +89,6 @@ def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condit
 # Servers started by tests bind port 0 and say which port they got: a port picked here and bound
 # later by another process can be handed to two servers at once (tests/test_suite_hygiene.py).
 _SERVING = re.compile(r"serving (https?://(?:\[[^\]]+\]|[^\s:/\"]+):(\d+))")
-_LISTENING = re.compile(r'msg="Listening on" address=(?:\[[^\]]+\]|[^\s:]+):(\d+)')
 
 
 def served_base(log: Path, proc: subprocess.Popen | None = None, timeout: float = 60.0,
@@ -123,23 +122,14 @@ def answers_now(log: Path, path: str = "/metrics") -> bool:
         return False
 
 
-def listening_port(log: Path, proc: subprocess.Popen | None = None, timeout: float = 30.0) -> int:
-    """The port a Prometheus-family server (Prometheus, Alertmanager, node_exporter: their
-    exporter-toolkit logs `msg="Listening on" address=HOST:PORT` with the bound port) started with
-    --web.listen-address=127.0.0.1:0 got, from its log file."""
-    def found() -> int | None:
-        m = _LISTENING.search(log.read_text(errors="replace"))
-        return int(m.group(1)) if m else None
-    return wait_for(found, timeout, "a 'Listening on' line", proc, log)
-
-
-def start_listening(cmd: list[str], log: Path, timeout: float = 30.0) -> tuple[subprocess.Popen, int]:
-    """Start a Prometheus-family server whose `cmd` includes --web.listen-address=127.0.0.1:0,
-    its output into `log`; returns the process and the port it bound."""
+def start_listening(cmd: list[str], log: Path, timeout: float = 60.0) -> tuple[subprocess.Popen, int]:
+    """Start a server whose `cmd` has it listen on 127.0.0.1:0 (Prometheus, Alertmanager,
+    node_exporter: --web.listen-address=127.0.0.1:0), its output into `log`; returns the process
+    and the port it bound."""
     with open(log, "a") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
-        return proc, listening_port(log, proc, timeout)
+        return proc, port_of(proc, timeout)
     except BaseException:
         proc.kill()
         proc.wait()
