@@ -510,7 +510,8 @@ class FakeBackend(NvmlBackend):
                 out.append(GpmValue(mid, int(item["ret"]), None))
             else:
                 delta = sample2.integrals.get(mid, 0.0) - sample1.integrals.get(mid, 0.0)
-                out.append(GpmValue(mid, 0, delta / dt if dt > 0 else 0.0))
+                # no time between the samples (a frozen clock): the level itself, the limit
+                out.append(GpmValue(mid, 0, delta / dt if dt > 0 else float(item.get("value", 0.0))))
         return out
 
     def gpm_sample_free(self, sample: _GpmSample) -> None:
