@@ -4,6 +4,7 @@ simulated nodes end to end (a p5 measured and busy, a p4d not measured and sayin
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 
@@ -296,3 +297,47 @@ def test_simulated_p4d_exports_no_activity_and_says_why(caplog):
     assert len(logged) == 8 and all("no GPM" in m for m in logged)  # once per GPU, not per scrape
     problems = summarise(runner.collect(), None).problems["gpu"]
     assert any("activity not measured (gpu_not_supported)" in p for p in problems), problems
+
+
+def test_the_pynvml_backend_fills_and_reads_the_binding_structs():
+    """The real backend against nvidia-ml-py's own structs (no GPU here): the request it builds for
+    nvmlGpmMetricsGet, each metric's return code and value read back, the support flag, and a
+    binding without GPM answering Function Not Found (driver_too_old)."""
+    import types
+
+    import pynvml
+
+    from exporter.nvml.backend import GpmValue
+    from exporter.nvml.pynvml_backend import PynvmlBackend
+
+    seen = {}
+
+    def metrics_get(req):  # what libnvidia-ml does with the request
+        seen.update(version=req.version, n=req.numMetrics)
+        for i in range(req.numMetrics):
+            req.metrics[i].value = 10.0 * req.metrics[i].metricId
+        req.metrics[1].nvmlReturn = nv.NVML_ERROR_NOT_SUPPORTED
+        return req
+
+    def support(handle):
+        s = pynvml.c_nvmlGpmSupport_t()
+        s.isSupportedDevice = 1
+        return s
+
+    binding = types.SimpleNamespace(
+        NVMLError=pynvml.NVMLError, c_nvmlGpmMetricsGet_t=pynvml.c_nvmlGpmMetricsGet_t,
+        NVML_GPM_METRICS_GET_VERSION=pynvml.NVML_GPM_METRICS_GET_VERSION, nvmlGpmMetricsGet=metrics_get,
+        nvmlGpmQueryDeviceSupport=support, nvmlDeviceGetHandleByIndex=lambda i: ctypes.c_void_p(0x1000 + i))
+    b = PynvmlBackend()
+    b._nvml = binding
+    s1, s2 = pynvml.c_nvmlGpmSample_t(), pynvml.c_nvmlGpmSample_t()
+    assert b.gpm_metrics_get(s1, s2, [SM, TENSOR, DRAM]) == [
+        GpmValue(SM, 0, 20.0), GpmValue(TENSOR, nv.NVML_ERROR_NOT_SUPPORTED, None), GpmValue(DRAM, 0, 100.0)]
+    assert seen == {"version": pynvml.NVML_GPM_METRICS_GET_VERSION, "n": 3}
+    assert b.gpm_query_device_support(0) is True
+    del binding.nvmlGpmQueryDeviceSupport
+    try:
+        b.gpm_query_device_support(0)
+        raise AssertionError("a binding without GPM must answer Function Not Found")
+    except nv.NvmlError as e:
+        assert e.code == nv.NVML_ERROR_FUNCTION_NOT_FOUND

@@ -38,7 +38,7 @@ class ActivityCounters:
         self.rates = frozenset(rates)
         self.totals: dict[int, float] = dict.fromkeys(sorted(self.ratios | self.rates), 0.0)
         self.baseline: float | None = None  # when the sample the next interval starts from was taken
-        self.dropped = 0  # intervals dropped as resets (for tests and the log)
+        self.dropped = 0  # intervals dropped as resets
 
     def start(self, t: float) -> None:
         """A new baseline taken at `t`: the next interval starts here; the totals stay."""

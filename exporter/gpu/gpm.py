@@ -153,11 +153,3 @@ class GpmReader:
             return
         self._samples = [newer, older]
         self.reason, self.error = MEASURED, ""
-
-    def close(self) -> None:
-        for s in self._samples:
-            try:
-                self.backend.gpm_sample_free(s)
-            except NvmlError:
-                pass
-        self._samples = []
