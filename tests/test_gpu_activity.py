@@ -227,6 +227,17 @@ def test_mig_mode_profiler_and_an_old_driver_say_why():
     assert read(reader).activity == "driver_too_old"
 
 
+def test_mig_enabled_while_running_says_so_at_once():
+    fake, reader = gpm()
+    assert read(reader).activity == "measured"
+    fake.set_value(0, "nvmlDeviceGetMigMode", [1, 1])  # enabled, and the GPU reset
+    fake.fail(0, "nvmlGpmSampleGet", nv.NVML_ERROR_NOT_SUPPORTED)
+    fake.advance_to(5.0)
+    r = read(reader)
+    assert r.activity == "mig_mode" and metric(r, "gpu_sm_active_seconds_total") is None
+    assert metric(r, "gpu_activity_measured") == 0
+
+
 def test_detail_adds_the_pipes_and_the_traffic():
     fake, reader = gpm(detail=frozenset(["activity_pipes", "activity_traffic"]))
     read(reader)

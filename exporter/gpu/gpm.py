@@ -145,8 +145,10 @@ class GpmReader:
             if e.code in _IN_USE:
                 self.reason = "counters_in_use"
                 self.counters.forget()  # the holder may have reprogrammed them
-            elif e.code in _UNSUPPORTED:  # e.g. MIG enabled since the probe: find out why
-                self.reason = ""
+            elif e.code in _UNSUPPORTED:  # e.g. MIG enabled since the probe: ask again why
+                why = self._probe()
+                self.reason = _UNSUPPORTED[e.code] if why == MEASURED else why
+                self.error = self.error or str(e)
                 self.counters.forget()
             else:
                 self.reason = SAMPLE_FAILED  # the older sample stays the baseline
