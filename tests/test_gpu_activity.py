@@ -352,3 +352,11 @@ def test_the_pynvml_backend_fills_and_reads_the_binding_structs():
         raise AssertionError("a binding without GPM must answer Function Not Found")
     except nv.NvmlError as e:
         assert e.code == nv.NVML_ERROR_FUNCTION_NOT_FOUND
+
+
+def test_gpm_on_every_profile_follows_the_gpu_generation():
+    """H100, H200 and B200 profiles measure activity; the A100 profiles answer as an A100 does."""
+    for name, profile in PROFILES.items():
+        fake, reader = gpm(name)
+        want = "gpu_not_supported" if "A100" in profile.gpu_model else "measured"
+        assert read(reader).activity == want, name
