@@ -153,8 +153,8 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
 ONLY_HERE = (
     'Only here (no DCGM field): the per-GPU and node verdict (`gpu_health_verdict`, '
     '`gpu_node_health_verdict` and their reasons), `gpu_lost`, `gpu_recovery_action`, '
-    '`gpu_row_remapper_banks`, NVSwitch SXids, fabric registration, EFA devices and FSx for Lustre '
-    'clients. '
+    '`gpu_row_remapper_banks`, `gpu_activity_measured` (whether and why not a GPU\'s activity is '
+    'measured), NVSwitch SXids, fabric registration, EFA devices and FSx for Lustre clients. '
 )
 
 PITFALLS: tuple[str, ...] = (
