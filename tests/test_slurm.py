@@ -7,6 +7,7 @@ slurmd also runs the script itself as its HealthCheckProgram, every 5 s."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -96,7 +97,16 @@ def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    d = tmp_path_factory.mktemp("slurm")
+    with run_cluster(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
+
+
+@contextlib.contextmanager
+def run_cluster(d: Path, extra_conf: str = "", node_conf: str = "", cpus: int = 1,
+                health_check: bool = True) -> Iterator[Cluster]:
+    """A single-node Slurm under `d`; `extra_conf` is added to slurm.conf, `node_conf` to its
+    NodeName line, which has `cpus` CPUs (tests/test_workload_slurm.py: GPUs in gres, a Prolog and
+    an Epilog, jobs side by side)."""
     for sub in ("state", "spool", "logs"):
         (d / sub).mkdir()
     logs = d / "logs"
@@ -134,9 +144,10 @@ JobCompType=jobcomp/none
 SelectType=select/linear
 MpiDefault=none
 ReturnToService=2
-HealthCheckProgram={hc}
+{f"HealthCheckProgram={hc}" if health_check else ""}
 HealthCheckInterval=5
-NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={host} CPUs=1 State=UNKNOWN
+{extra_conf}
+NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={host} CPUs={cpus} {node_conf} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES State=UP
 """)
     env = {**os.environ, "SLURM_CONF": str(conf)}
