@@ -38,7 +38,7 @@ def job(j):
 def test_names_are_gpu_indexes_or_mig_instances_and_other_files_are_ignored():
     assert slurm_mapping.parse_name("2") == 2
     assert slurm_mapping.parse_name("2.1") == 2
-    for other in ("2.tmp.123", ".lock", "gpu2", "2.", "", "-1", "2.1.1"):
+    for other in ("2.tmp.123", ".lock", "gpu2", "2.", "", "-1", "2.1.1", "\u0663"):  # an Arabic-Indic 3
         assert slurm_mapping.parse_name(other) is None
 
 
@@ -95,6 +95,13 @@ V1 = ("12:pids:/slurm/uid_1000/job_{j}/step_0/task_0\n11:devices:/slurm/uid_1000
 V1_PREPEND = "4:memory:/cluster7/uid_0/job_{j}/step_extern\n"
 NOT_A_JOB = ["0::/system.slice/sshd.service\n", "0::/kubepods/pod1234/abc\n",
              "0::/system.slice/slurmstepd.scope/system\n", "0::/user.slice/job_12/x\n"]
+
+
+@settings(max_examples=200, derandomize=True)
+@given(st.text(max_size=300))
+def test_no_cgroup_text_makes_the_parser_raise_or_invent_a_non_numeric_job(text):
+    job = slurm_cgroup.parse_cgroup(text)
+    assert job is None or (job.isascii() and job.isdigit())
 
 
 @pytest.mark.parametrize("shape", [V2, V2_MULTI, V1, V1_PREPEND])

@@ -35,9 +35,9 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_RESOURCES = ["nvidia.com/gpu", "nvidia.com/mig-*"]
 MAX_MESSAGE_BYTES = 16 << 20  # a node's pods and devices; the kubelet's own limit is 16 MiB
 
-_MIG_OLD = re.compile(r"MIG-(GPU-[0-9a-fA-F-]+)/\d+/\d+")
-_INDEX = re.compile(r"(\d{1,4})(?::\d{1,4})?")
-_MINOR = re.compile(r"nvidia(\d{1,4})")
+_MIG_OLD = re.compile(r"MIG-(GPU-[0-9a-fA-F-]+)/[0-9]+/[0-9]+")
+_INDEX = re.compile(r"([0-9]{1,4})(?::[0-9]{1,4})?")
+_MINOR = re.compile(r"nvidia([0-9]{1,4})")
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,9 @@ class KubeletClient:
     two threads at once (the workload source serialises its readings)."""
 
     def __init__(self, socket_path: str, timeout_s: float) -> None:
+        # gRPC's C core logs to stderr past the exporter's log format (a kubelet restart's GOAWAY
+        # at INFO); its errors still show, and our own messages name the socket.
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
         import grpc  # only when this kind is enabled
 
         from exporter.workload.podresources import api_pb2, api_pb2_grpc

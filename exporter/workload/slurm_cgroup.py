@@ -13,6 +13,7 @@ NVML's PIDs are its own. `parse_cgroup` is pure; the rest reads NVML and procfs.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Sequence
 
@@ -20,8 +21,8 @@ from exporter.nvml.backend import NvmlBackend, NvmlError
 from exporter.nvml.session import DeviceIdentity
 from exporter.workload.model import Workload
 
-_V2 = re.compile(r"/(?:[^/]+_)?slurmstepd\.scope/job_(\d+)(?:/|$)")
-_V1 = re.compile(r"/uid_\d+/job_(\d+)(?:/|$)")
+_V2 = re.compile(r"/(?:[^/]+_)?slurmstepd\.scope/job_([0-9]+)(?:/|$)")
+_V1 = re.compile(r"/uid_[0-9]+/job_([0-9]+)(?:/|$)")
 PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
 MAX_CGROUP_BYTES = 64 * 1024
 
@@ -56,10 +57,16 @@ def gpu_pids(backend: NvmlBackend, index: int) -> set[int]:
 def job_of_pid(procfs: str, pid: int) -> str | None:
     """The job of process `pid` from {procfs}/PID/cgroup; None when it is in no job (or gone)."""
     try:
-        with open(f"{procfs}/{pid}/cgroup", "rb") as f:
-            return parse_cgroup(f.read(MAX_CGROUP_BYTES).decode("utf-8", "replace"))
+        fd = os.open(f"{procfs}/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, ProcessLookupError):
         return None  # exited since NVML listed it
+    try:
+        data = os.read(fd, MAX_CGROUP_BYTES)
+    except ProcessLookupError:
+        return None
+    finally:
+        os.close(fd)
+    return parse_cgroup(data.decode("utf-8", "replace"))
 
 
 def jobs_by_uuid(backend: NvmlBackend, procfs: str, gpus: Sequence[DeviceIdentity],

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from exporter.nvml.session import DeviceIdentity
 from exporter.workload.model import Workload
 
-NAME = re.compile(r"(\d{1,4})(?:\.(\d{1,4}))?")  # as dcgm-exporter: ^\d+(\.\d+)?$
+NAME = re.compile(r"([0-9]{1,4})(?:\.([0-9]{1,4}))?")  # as dcgm-exporter: ^\d+(\.\d+)?$
 JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?(?:\+[0-9]+)?")  # 123, array 123_4, het 123+1
 MAX_FILE_BYTES = 64 * 1024  # a file names a few jobs; a larger one is not a mapping file
 MAX_FILES = 4096
@@ -73,8 +73,7 @@ def read_dir(path: str) -> DirReading:
             continue
         where = os.path.join(path, name)
         try:
-            with open(where, "rb") as f:
-                data = f.read(MAX_FILE_BYTES + 1)
+            data = _read(where)
             if len(data) > MAX_FILE_BYTES:
                 raise MappingError(f"{where}: over {MAX_FILE_BYTES} bytes")
             jobs = parse_jobs(data.decode("utf-8", "replace"), where)
@@ -86,6 +85,16 @@ def read_dir(path: str) -> DirReading:
             continue
         out.jobs.setdefault(index, set()).update(jobs)
     return out
+
+
+def _read(path: str) -> bytes:
+    """Up to MAX_FILE_BYTES + 1 bytes (one read: the files are a few bytes); os.open, not open():
+    no buffered file object for a file read once, and O_NONBLOCK so a FIFO put there cannot block."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        return os.read(fd, MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
 
 
 def by_uuid(reading: DirReading,
