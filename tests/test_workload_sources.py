@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exporter.catalog import Families
 from exporter.collectors.workload import WorkloadCollector
 from exporter.config import load
+from exporter.landing import summarise
 from exporter.nvml.fake import FakeBackend, load_capture
 from exporter.nvml.session import DeviceIdentity, NvmlSession
 from exporter.profiles import PROFILES
@@ -301,6 +303,10 @@ def test_a_partly_bad_directory_marks_the_source_and_keeps_the_rest(tmp_path):
     assert value(s, "gpu_health_exporter_workload_source_up", source="slurm_mapping") == 0
     assert value(s, "gpu_workload_info", gpu="2", hpc_job="7") == 1
     runner.close()
+    out = Families()
+    WorkloadCollector(ctx).collect(out)
+    assert summarise(out, None).problems == {
+        "workload": ["source slurm_mapping: could not tell which workload holds some GPUs (see the log)"]}
 
 
 def test_overflow_is_exported_per_gpu(tmp_path):
@@ -313,3 +319,28 @@ def test_overflow_is_exported_per_gpu(tmp_path):
     assert value(s, "gpu_health_exporter_workload_overflow", gpu="0") == 3
     assert len([1 for (n, _) in s if n == "gpu_workload_info"]) == 2
     runner.close()
+
+
+# --- the simulated node -----------------------------------------------------------------------
+
+def test_the_simulated_node_shows_a_slurm_job_and_pods(tmp_path):
+    """`--simulate p5.48xlarge --scenario slurm-job --scenario k8s-pods`, as the quick start runs it
+    (the composition root: config overrides from the simulation, its fake NVML, its gRPC server)."""
+    from exporter.cli import build_context, build_parser
+
+    args = build_parser().parse_args(["--simulate", "p5.48xlarge", "--scenario", "slurm-job",
+                                      "--scenario", "k8s-pods"])
+    ctx, sim = build_context(args)
+    try:
+        runner = Runner([WorkloadCollector(ctx)], deadline_s=5)
+        s = samples(scrape(runner))
+        info = [dict(ls) for (n, ls) in s if n == "gpu_workload_info"]
+        jobs = {x["gpu"] for x in info if "hpc_job" in x}
+        pods = {x["gpu"]: x["pod"] for x in info if "pod" in x}
+        assert jobs == {str(i) for i in range(8)}
+        assert pods == {**{str(i): "llama-pretrain-0" for i in range(4)},
+                        **{str(i): "llama-pretrain-1" for i in range(4, 8)}}
+        assert value(s, "gpu_health_exporter_workload_source_up", source="kubelet") == 1  # efa0 is no GPU
+        runner.close()
+    finally:
+        sim.close()
