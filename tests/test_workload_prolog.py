@@ -58,6 +58,14 @@ def test_two_jobs_sharing_a_gpu_keep_each_other(tmp_path):
     assert jobs(tmp_path) == {}
 
 
+def test_the_epilog_clears_the_job_even_without_its_gpu_list(tmp_path):
+    run("prolog.sh", tmp_path, 300, "1,4")
+    (tmp_path / "4.1").write_text("300\n301\n")  # a MIG instance's file, as AWS's scripts may write
+    run("prolog.sh", tmp_path, 301, "4")
+    run("epilog.sh", tmp_path, 300, "")
+    assert jobs(tmp_path) == {4: ["301"]} and (tmp_path / "4.1").read_text() == "301\n"
+
+
 def test_an_aws_lifecycle_file_is_kept_and_extended(tmp_path):
     (tmp_path / "3").write_text("900\n")  # written by HyperPod's own prolog
     run("prolog.sh", tmp_path, 901, "3")

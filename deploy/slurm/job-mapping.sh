@@ -5,7 +5,9 @@
 # GPU, one a line. docs/deploy.md, "Workloads", says how to install it.
 #
 #   job-mapping.sh add      from the Prolog (prolog.sh):  SLURM_JOB_ID's line into each of SLURM_JOB_GPUS
-#   job-mapping.sh remove   from the Epilog (epilog.sh):  that line out again; a file left empty goes
+#   job-mapping.sh remove   from the Epilog (epilog.sh):  that line out of every GPU's file (whatever
+#                           SLURM_JOB_GPUS says, so a Slurm that does not give it to the Epilog
+#                           leaves no ended job behind); a file left empty goes
 #
 # Each change is made under one lock (flock on <dir>/.lock) and lands whole: the new content is
 # written to a temporary file in the directory and renamed over the old one, so a reader sees the
@@ -72,13 +74,25 @@ update() {
 main() {
   case $action in add | remove) ;; *) say "usage: job-mapping.sh add|remove (got '$action')"; return 0 ;; esac
   [[ $job =~ ^[0-9]+$ ]] || { say "SLURM_JOB_ID '$job' is not a job id; nothing done"; return 0; }
-  [[ -n $gpus ]] || return 0 # a job without GPUs
-  mkdir -p -m 0755 -- "$dir" || { say "cannot create $dir"; return 0; }
+  local targets=() f
+  if [[ $action == add ]]; then
+    [[ -n $gpus ]] || return 0 # a job without GPUs
+    mkdir -p -m 0755 -- "$dir" || { say "cannot create $dir"; return 0; }
+  else
+    [[ -d $dir ]] || return 0
+  fi
   exec 9>>"$dir/.lock" || { say "cannot open $dir/.lock"; return 0; }
   flock -w 30 9 || { say "job $job: $dir/.lock still held after 30 s; mapping not updated"; return 0; }
-  local gpu
-  for gpu in $(indexes "$gpus"); do
-    update "$gpu" || say "job $job: could not $action its line in $dir/$gpu"
+  if [[ $action == add ]]; then
+    mapfile -t targets < <(indexes "$gpus")
+  else
+    for f in "$dir"/*; do
+      f=${f##*/}
+      [[ $f =~ ^[0-9]+(\.[0-9]+)?$ ]] && targets+=("$f")
+    done
+  fi
+  for f in "${targets[@]}"; do
+    update "$f" || say "job $job: could not $action its line in $dir/$f"
   done
   return 0
 }

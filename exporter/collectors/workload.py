@@ -127,7 +127,8 @@ class WorkloadCollector(Collector):
         gpus = [g for g in nvml.devices if g.uuid]
         obs = self.source.observe(gpus)
         for kind in self.source.kinds:
-            self.problems.report(f"{kind.name}", "; ".join(obs.problems.get(kind.name, [])))
+            if kind.name not in obs.failed:  # a failed kind is the collector's failure, logged by the runner
+                self.problems.report(kind.name, "; ".join(obs.problems.get(kind.name, [])))
         if obs.failed:
             raise Failed("; ".join(f"{k}: {p}" for k in obs.failed for p in obs.problems[k]), obs.reading)
         index = {g.uuid: str(g.index) for g in gpus}

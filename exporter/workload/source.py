@@ -160,9 +160,10 @@ class WorkloadSource:
         if not owner:
             try:
                 return fut.result(timeout=self.timeout_s + 1.0)
-            except (FutureTimeout, Exception) as e:  # noqa: BLE001 - the owner's failure is its own
-                return Observation(WorkloadReading(self._clock(), {}), {"workload": [f"no reading: {e!r}"]},
-                                   failed=[k.name for k in self.kinds])
+            except Exception as e:  # the owner's failure or its overrun: this caller observed nothing
+                why = "the reading in flight did not end in time" if isinstance(e, FutureTimeout) else repr(e)
+                return Observation(WorkloadReading(self._clock(), {}),
+                                   {k.name: [why] for k in self.kinds}, failed=[k.name for k in self.kinds])
         try:
             obs = self._observe(gpus)
             fut.set_result(obs)
