@@ -67,9 +67,12 @@ def sbatch(cluster, gpus, seconds):
 
 
 def job_state(cluster, job):
-    r = subprocess.run([need("squeue"), "-h", "-j", job, "-o", "%T"], env=cluster.env, capture_output=True,
+    """squeue's state; RUNNING only once its Prolog is done (Slurm shows a job whose Prolog still
+    runs as RUNNING with the reason Prolog; its batch script starts after the Prolog)."""
+    r = subprocess.run([need("squeue"), "-h", "-j", job, "-o", "%T %r"], env=cluster.env, capture_output=True,
                        text=True, timeout=30)
-    return r.stdout.strip() or "GONE"
+    state, _, reason = r.stdout.strip().partition(" ")
+    return "PROLOG" if state == "RUNNING" and reason == "Prolog" else (state or "GONE")
 
 
 def wait_for(what, check, cluster, timeout=60.0):
@@ -98,8 +101,7 @@ def test_a_job_on_gpus_2_and_5_is_in_the_info_series_while_it_runs(gpu_cluster, 
         assert "2" not in workloads(url) and "5" not in workloads(url)
 
         job = sbatch(c, 2, 8)
-        wait_for("job not running", lambda: job_state(c, job) != "PENDING"
-                 and job_state(c, job) != "CONFIGURING", c)
+        wait_for("job not running", lambda: job_state(c, job) not in ("PENDING", "CONFIGURING", "PROLOG"), c)
         assert job_state(c, job) == "RUNNING", "the job ended before it was seen running; make it longer"
         seen = workloads(url)  # the first collection after its start
         assert seen["2"] == [job] and seen["5"] == [job]
