@@ -122,6 +122,7 @@ def main() -> None:
     for i in range(8):
         (mapping / str(i)).write_text(f"{1000 + i}\n")
     proc = tmp / "proc"
+    (proc / "1").mkdir(parents=True)  # init: the cgroup kind checks that procfs shows others' processes
     for i in range(8):
         pid = 5000 + i
         (proc / str(pid)).mkdir(parents=True)

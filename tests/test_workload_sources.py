@@ -3,6 +3,7 @@ dcgm-exporter's format, NVML's processes mapped through generated /proc trees (c
 v2), what a reading says when a kind fails or hangs, the per-GPU limit, readings from another
 thread, and the collector's series."""
 
+import os
 import threading
 import time
 
@@ -133,8 +134,8 @@ def proc_tree(root, cgroups):
 @pytest.mark.parametrize("shape", [V1, V2])
 def test_jobs_from_the_processes_on_each_gpu(tmp_path, shape):
     fake, session = fake_p5()
-    procfs = proc_tree(tmp_path / "proc", {101: shape.format(j=7), 102: shape.format(j=7),
-                                          201: shape.format(j=8), 301: NOT_A_JOB[0]})
+    procfs = proc_tree(tmp_path / "proc", {1: "0::/init.scope\n", 101: shape.format(j=7),
+                                          102: shape.format(j=7), 201: shape.format(j=8), 301: NOT_A_JOB[0]})
     procs = {2: [101], 5: [102, 201], 6: [301], 7: [999]}  # 999: exited since NVML listed it
     for i, pids in procs.items():
         fake.set_value(i, "nvmlDeviceGetComputeRunningProcesses", [{"pid": p, "usedGpuMemory": 1 << 30}
@@ -148,8 +149,17 @@ def test_jobs_from_the_processes_on_each_gpu(tmp_path, shape):
     assert by_index[6] == () and by_index[7] == () and by_index[0] == ()  # no job: never invented
 
 
+def test_a_procfs_that_hides_other_users_processes_is_a_failure_not_idle_gpus(tmp_path):
+    fake, session = fake_p5()
+    procfs = proc_tree(tmp_path / "proc", {os.getpid(): V2.format(j=7)})  # only our own process
+    fake.set_value(2, "nvmlDeviceGetComputeRunningProcesses", [{"pid": 4321}])
+    with pytest.raises(RuntimeError, match="ProtectProc=invisible"):
+        SlurmCgroupKind(session, procfs).read(session.devices)
+
+
 def test_a_gpu_whose_processes_cannot_be_listed_is_not_observed(tmp_path):
     fake, session = fake_p5()
+    (tmp_path / "1").mkdir()
     fake.fail(3, "nvmlDeviceGetComputeRunningProcesses", 999)
     fake.fail(3, "nvmlDeviceGetGraphicsRunningProcesses", 999)
     out, problems = SlurmCgroupKind(session, str(tmp_path)).read(session.devices)

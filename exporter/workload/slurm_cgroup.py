@@ -54,6 +54,15 @@ def gpu_pids(backend: NvmlBackend, index: int) -> set[int]:
     return pids
 
 
+def check_procfs(procfs: str) -> None:
+    """Raise RuntimeError when procfs hides other users' processes (mounted with hidepid, or
+    systemd's ProtectProc=invisible): their jobs could not be told from ended processes, so every
+    GPU would look idle. PID 1 is root's: visible only when the others are."""
+    if not os.path.exists(f"{procfs}/1"):
+        raise RuntimeError(f"{procfs} does not show other users' processes (hidepid, or systemd's "
+                           "ProtectProc=invisible): the Slurm cgroup kind cannot see the jobs' processes")
+
+
 def job_of_pid(procfs: str, pid: int) -> str | None:
     """The job of process `pid` from {procfs}/PID/cgroup; None when it is in no job (or gone)."""
     try:

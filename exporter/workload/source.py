@@ -92,6 +92,7 @@ class SlurmCgroupKind(Kind):
     def read(self, gpus: Sequence[DeviceIdentity]) -> KindResult:
         if not self.nvml.ensure():
             raise RuntimeError(f"NVML is not available for the processes on the GPUs: {self.nvml.error}")
+        slurm_cgroup.check_procfs(self.procfs)
         return slurm_cgroup.jobs_by_uuid(self.nvml.backend, self.procfs, gpus, skip=self.nvml.lost)
 
 
