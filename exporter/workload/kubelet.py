@@ -34,6 +34,7 @@ from exporter.workload.model import Workload
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_RESOURCES = ["nvidia.com/gpu", "nvidia.com/mig-*"]
 MAX_MESSAGE_BYTES = 16 << 20  # a node's pods and devices; the kubelet's own limit is 16 MiB
+MAX_PROBLEMS = 5  # unmatched device ids named in one reading's problems
 
 _MIG_OLD = re.compile(r"MIG-(GPU-[0-9a-fA-F-]+)/[0-9]+/[0-9]+")
 _INDEX = re.compile(r"([0-9]{1,4})(?::[0-9]{1,4})?")
@@ -103,6 +104,8 @@ def assign(devices: Iterable[Device], gpus: Sequence[DeviceIdentity], resources:
         held.setdefault(uuid, set()).add(Workload(namespace=d.namespace, pod=d.pod, container=d.container))
     out = {g.uuid: tuple(sorted(held.get(g.uuid, ()))) for g in gpus
            if g.uuid and (not unmatched or g.uuid in held)}
+    if len(unmatched) > MAX_PROBLEMS:
+        unmatched[MAX_PROBLEMS:] = [f"and {len(unmatched) - MAX_PROBLEMS} more device ids that match no GPU"]
     return out, unmatched
 
 
