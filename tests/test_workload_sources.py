@@ -277,7 +277,7 @@ def test_one_info_series_per_gpu_per_job_none_for_idle_gpus(tmp_path):
     (d / "2").write_text("4242\n")
     (d / "5").write_text("4242\n4243\n")
     text = scrape(runner)
-    promtool_check_metrics(text)
+    assert promtool_check_metrics(text) == ""
     s = samples(text)
     info = sorted((dict(ls)["gpu"], dict(ls)["hpc_job"]) for (n, ls) in s if n == "gpu_workload_info")
     assert info == [("2", "4242"), ("5", "4242"), ("5", "4243")]
@@ -343,7 +343,9 @@ def test_the_simulated_node_shows_a_slurm_job_and_pods(tmp_path):
     ctx, sim = build_context(args)
     try:
         runner = Runner([WorkloadCollector(ctx)], deadline_s=5)
-        s = samples(scrape(runner))
+        text = scrape(runner)
+        assert promtool_check_metrics(text) == ""  # both label sets in one family
+        s = samples(text)
         info = [dict(ls) for (n, ls) in s if n == "gpu_workload_info"]
         jobs = {x["gpu"] for x in info if "hpc_job" in x}
         pods = {x["gpu"]: x["pod"] for x in info if "pod" in x}

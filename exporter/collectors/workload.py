@@ -88,7 +88,8 @@ WORKLOAD_INFO = define(
     "Always 1; one series per GPU per workload holding it: a Slurm job has `hpc_job` (and no "
     "namespace, pod, container), a Kubernetes container `namespace`, `pod`, `container` (and no "
     "hpc_job), label names as dcgm-exporter's. None for an idle GPU or one not observed. Join on "
-    "`gpu` or `uuid`: `... * on(gpu) group_left(hpc_job) gpu_workload_info`.",
+    "`gpu` with the info series on the left, since a GPU can have several: "
+    "`gpu_workload_info * on(gpu) group_left() (gpu_lost == 1)` names the workloads of lost GPUs.",
     ("gpu", "uuid", "hpc_job", "namespace", "pod", "container"), collector="workload")
 SOURCE_UP = define(
     "gpu_health_exporter_workload_source_up", "gauge",
