@@ -13,6 +13,8 @@ from concurrent import futures
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.collectors.workload import WorkloadCollector
 from exporter.config import load
@@ -187,3 +189,11 @@ def test_the_committed_protobuf_modules_are_generated_from_the_committed_proto(t
         assert filecmp.cmp(out / "exporter/workload/podresources" / name, PROTO_DIR / name, shallow=False), (
             f"{name} differs from what grpc_tools.protoc makes of api.proto: regenerate it with "
             f"`python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. {rel}`")
+
+
+@settings(max_examples=200, derandomize=True)
+@given(st.text(max_size=120))
+def test_no_device_id_makes_matching_raise_or_find_a_gpu_that_is_not_there(device_id):
+    gpus = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(8)]
+    index = kubelet.GpuIndex({u.lower(): u for u in gpus}, dict(enumerate(gpus)), dict(enumerate(gpus)), {})
+    assert index.find(device_id) in (None, *gpus)
