@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exporter.collectors.gpu import GpuCollector
 from exporter.collectors.workload import WorkloadCollector
 from exporter.config import load
 from exporter.nvml.fake import MIG_DEVICE_UUIDS
@@ -197,3 +198,24 @@ def test_no_device_id_makes_matching_raise_or_find_a_gpu_that_is_not_there(devic
     gpus = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(8)]
     index = kubelet.GpuIndex({u.lower(): u for u in gpus}, dict(enumerate(gpus)), dict(enumerate(gpus)), {})
     assert index.find(device_id) in (None, *gpus)
+
+
+def test_a_silent_kubelet_never_holds_up_the_gpu_reading(node, tmp_path):
+    _, session, sock, servers = node
+    gate = threading.Event()
+    servers.append(serve(sock, Lister([], hang=gate)))
+    ctx = make_ctx(tmp_path, "", nvml=session)
+    ctx.config = load(None, {"workload.kubelet_socket": str(sock), "workload.timeout_seconds": 0.5})
+    ctx.workload = from_config(ctx.config, session)
+    runner = Runner.from_config([GpuCollector(ctx), WorkloadCollector(ctx)], ctx.config)
+    try:
+        t = time.monotonic()
+        s = samples(scrape(runner))
+        assert time.monotonic() - t < 3.0
+        assert value(s, "gpu_health_exporter_collector_success", collector="gpu") == 1
+        assert value(s, "gpu_health_exporter_collector_success", collector="workload") == 0
+        assert "did not answer List within 0.4s" in runner.status["workload"].error
+        assert len([1 for (n, _) in s if n == "gpu_lost"]) == 8
+    finally:
+        gate.set()
+        runner.close()
