@@ -134,7 +134,7 @@ class WorkloadCollector(Collector):
             raise Failed("; ".join(f"{k}: {p}" for k in obs.failed for p in obs.problems[k]), obs.reading)
         index = {g.uuid: str(g.index) for g in gpus}
         by_uuid = obs.reading.by_uuid
-        samples = [self._sample(str(g.index), g.uuid, w) for g in gpus if g.uuid for w in by_uuid.get(g.uuid, ())]
+        samples = [self._sample(str(g.index), g.uuid, w) for g in gpus for w in by_uuid.get(g.uuid, ())]
         out.declare(WORKLOAD_INFO)
         out.add_samples(WORKLOAD_INFO, samples)
         for kind in self.source.kinds:
