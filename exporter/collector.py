@@ -16,6 +16,7 @@ from exporter.nvml.session import NvmlSession
 
 if TYPE_CHECKING:
     from exporter.config import Config, Section
+    from exporter.workload.source import WorkloadSource
     from exporter.xid.service import XidService
 
 
@@ -36,6 +37,9 @@ class Context:
       config's `instance.imds_endpoint`. Whether IMDS is asked at all is config's `instance.imds`.
     - `identity`: the instance identity (config, the DMI product name under the sysfs root, then
       the IMDS lookup). None: made from the above.
+    - `workload`: the workload source (exporter.workload.source: which job or pod holds each
+      GPU; the workload collector and fault attribution read it). None: made from the config's
+      `workload` section, and left None when no kind is configured.
     - `xid`: the XID service (xid, nvswitch and health collectors, `check`, `ack`): its parts
       (kernel-log follower, XID and SXid counters, identities, state files). The composition
       root builds it (naming the kernel log its counts come from); None: made from the config.
@@ -46,6 +50,7 @@ class Context:
     statvfs: Callable[[str], os.statvfs_result] = os.statvfs
     imds_url: str | None = None
     identity: IdentitySource | None = None
+    workload: WorkloadSource | None = None
     xid: XidService | None = None
 
     def __post_init__(self) -> None:
@@ -54,6 +59,10 @@ class Context:
         if self.identity is None:
             self.identity = IdentitySource(self.config, imds_url=self.imds_url,
                                            dmi_instance_type=dmi.instance_type(self.config.paths.sysfs))
+        if self.workload is None and getattr(self.config, "workload", None) is not None:
+            from exporter.workload.source import from_config
+
+            self.workload = from_config(self.config, self.nvml)
         if self.xid is None and getattr(self.config, "xid", None) is not None:
             from exporter.xid.service import XidService
 

@@ -36,6 +36,7 @@ _BAD_WHEN_ZERO = {
     "gpu_health_exporter_kmsg_up": "kernel log not readable (XIDs from the log are missed)",
     "gpu_health_exporter_nvml_event_watcher_up": "NVML event watcher not running",
     "gpu_health_exporter_state_file_ok": "XID state file corrupt, unreadable or unwritable",
+    "gpu_health_exporter_workload_source_up": "could not tell which workload holds some GPUs (see the log)",
 }
 _HAVE_VS_EXPECTED = {"gpu_devices": "gpu_devices_expected", "efa_devices": "efa_devices_expected"}
 _SUBJECT_LABELS = ("gpu", "pci_bus_id", "device", "port", "mount", "fsname", "source", "link", "problem",

@@ -191,3 +191,9 @@ class NvmlBackend(ABC):
 
     def gpm_sample_free(self, sample: Any) -> None:
         """nvmlGpmSampleFree."""
+
+    def mig_device_uuids(self, index: int) -> list[str]:
+        """The UUIDs (MIG-...) of GPU `index`'s MIG devices, [] when MIG is off (the workload
+        source matches the kubelet's MIG device ids to their GPU with them). A backend that
+        cannot enumerate MIG devices raises FUNCTION_NOT_FOUND."""
+        raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, "MIG devices cannot be listed by this backend")

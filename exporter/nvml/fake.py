@@ -54,6 +54,7 @@ from exporter.nvml.backend import (
 
 DATA = Path(__file__).resolve().parent.parent / "data"  # shipped as package data
 DEFAULT_FIELD_US = 2.7  # a cheap field, per field_cost.json
+MIG_DEVICE_UUIDS = "mig_device_uuids"  # the key of NvmlBackend.mig_device_uuids' answer
 
 # Capture keys of calls whose arguments are enums recorded by name.
 _ECC_TYPE = ("corrected", "uncorrected")
@@ -552,6 +553,16 @@ class FakeBackend(NvmlBackend):
                 if self._timed and self._manual_t is None:
                     remaining = min(remaining, max(0.0, self._timed[0][0] - self.now()))
                 self._event_cv.wait(remaining)
+
+    def mig_device_uuids(self, index: int) -> list[str]:
+        """The capture's `mig_device_uuids` entry (set_value(index, MIG_DEVICE_UUIDS, [...]));
+        [] when it has none (MIG off)."""
+        try:
+            return list(self.call(index, MIG_DEVICE_UUIDS))
+        except NvmlError as e:
+            if e.code == NVML_ERROR_FUNCTION_NOT_FOUND:
+                return []
+            raise
 
     def event_set_free(self, event_set: _EventSet) -> None:
         with self._state:

@@ -20,6 +20,7 @@ from exporter.nvml.backend import (
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_LIBRARY_NOT_FOUND,
+    NVML_ERROR_NOT_FOUND,
     NVML_ERROR_UNINITIALIZED,
     NVML_ERROR_UNKNOWN,
     Event,
@@ -230,6 +231,29 @@ class PynvmlBackend(NvmlBackend):
             n.nvmlEventSetFree(event_set)
         except n.NVMLError as e:
             raise self._err(e) from e
+
+    def mig_device_uuids(self, index: int) -> list[str]:
+        n = self._n()
+        h = self._handle(index)
+        try:
+            current, _pending = n.nvmlDeviceGetMigMode(h)
+            if current != 1:  # NVML_DEVICE_MIG_ENABLE
+                return []
+            out = []
+            for i in range(int(n.nvmlDeviceGetMaxMigDeviceCount(h))):
+                try:
+                    mig = n.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+                except n.NVMLError as e:
+                    if getattr(e, "value", None) == NVML_ERROR_NOT_FOUND:
+                        continue  # no instance in this slot
+                    raise
+                out.append(plain(n.nvmlDeviceGetUUID(mig)))
+            return out
+        except n.NVMLError as e:
+            err = self._err(e)
+            if err.not_supported:
+                return []  # not a MIG-capable GPU
+            raise err from e
 
 
     # --- GPM --------------------------------------------------------------------------------
