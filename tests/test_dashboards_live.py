@@ -33,7 +33,7 @@ SCRAPE_S = 1
 NODES = {  # node name -> (cluster, simulated fault scenarios)
     "healthy-node-1": ("healthy", []),
     "faulty-node-1": ("faulty", ["xid-94", "gpu-lost", "efa-retrans-timeouts", "efa-counters-unreadable",
-                                 "lustre-eviction", "sxid-fatal", "gpu-idle-allocation"]),
+                                 "lustre-eviction", "sxid-fatal", "gpu-idle-allocation", "slurm-job"]),
     "faulty-node-2": ("faulty", ["gpu-row-remap-pending", "gpu-recovery-action-reboot", "gpu-ecc-sbe-storm",
                                  "lustre-debugfs-missing", "sxid-nonfatal-burst", "gpu-fabric-manager-down",
                                  "ec2-scheduled-reboot", "gpu-thermal-slowdown", "gpu-gpm-in-use"]),
@@ -44,10 +44,6 @@ LOST = ("faulty-node-1", "3")  # gpu-lost: GPU 3 falls off the bus
 EMPTY_ON_PURPOSE = {
     ("gpu-health-fsx", "Imports not connected"):
         "the FSx eviction's import recovers to FULL, and no listed fault keeps one disconnected",
-    # gpu_workload_info comes from the workload source (issue 26, another branch): these panels read
-    # nothing until it is merged and a simulated node exports it; then drop these two entries.
-    ("gpu-health-node", "SM activity per workload"): "no gpu_workload_info on this branch yet (issue 26)",
-    ("gpu-health-fleet", "Least busy workloads"): "no gpu_workload_info on this branch yet (issue 26)",
 }
 # Grafana's $__rate_interval at a 1 s scrape is 4 s; 10 s leaves room for a loaded CI.
 RATE_INTERVAL = "10s"

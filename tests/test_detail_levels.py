@@ -154,8 +154,12 @@ def test_rules_and_dashboards_are_fed_by_the_default_config(default_scrape):
                    if n not in specs or specs[n].detail != "default" or not _enabled_by_default(specs[n])}
     assert not_default == {}, "used by rules/dashboards but not exported by the default config"
     event_only = sorted(missing)
-    event_sources = ("instance", "nvswitch", "xid", "lustre")
+    event_sources = ("instance", "nvswitch", "xid", "lustre", *ON_ONCE_CONFIGURED)
     assert all(specs[n].collector in event_sources for n in event_only), event_only
+
+
+# Collectors with nothing to read until the node says where: on by default once configured.
+ON_ONCE_CONFIGURED = {"workload": "the workload source (a Slurm mapping directory, cgroups or the kubelet)"}
 
 
 def _enabled_by_default(spec) -> bool:  # noqa: ANN001
@@ -163,7 +167,7 @@ def _enabled_by_default(spec) -> bool:  # noqa: ANN001
 
     cfg = load(None)
     section = getattr(cfg, spec.collector, None)
-    return section is None or getattr(section, "enabled", True)
+    return section is None or getattr(section, "enabled", True) or spec.collector in ON_ONCE_CONFIGURED
 
 
 def test_default_stays_within_the_series_budget(default_scrape):
