@@ -82,8 +82,8 @@ def configuration_md() -> str:
         "",
         "The exporter reads one YAML file (`--config FILE`). Every key is optional; the defaults below "
         "apply. Every key is validated at start-up: an unknown key, a wrong type or an impossible value "
-        "stops the program (the daemon and every subcommand) with exit status 2 and one message listing "
-        "every error, each with the file, the key, what was expected and the value (cut to about 60 "
+        "stops the program (the daemon, `ack` and `capture` with exit status 2; `check` with 3, could not "
+        "check, so that no wrapper drains a node for it) with one message listing every error, each with the file, the key, what was expected and the value (cut to about 60 "
         "characters). A YAML syntax error names the file, line and column. The file must be a regular "
         "file of at most 1 MiB (a FIFO or a directory is refused without blocking), and a document whose "
         "aliases expand to more than 100,000 values is refused before it is built. Command-line flags "
