@@ -2,11 +2,11 @@
 
 The wrappers: deploy/slurm/gpu-health-check.sh (as the health check and as a prolog) and every
 fenced block marked ```` ```sh wrapper ```` in README.md and docs/*.md (the convention:
-tests/doc_blocks.py, docs/design.md). Each runs with a fake `scontrol` that records what it is asked and the real
-`gpu-health-exporter check` (this checkout) given one of three faults: a configuration error and a
-kernel log of `dmesg -T` output (tool errors: no drain), and XID 63 on a simulated p5 (action
-required: a drain, so the test can see one). "Drained" is a `scontrol update` to DRAIN, FAIL or
-DOWN, or a non-zero exit (a prolog's non-zero exit drains the node).
+tests/doc_blocks.py, docs/design.md). Each runs with a fake `scontrol` that records what it is
+asked and the real `gpu-health-exporter check` (this checkout) given one of three faults: a
+configuration error and a kernel log of `dmesg -T` output (tool errors: no drain), and XID 63 on
+a simulated p5 (action required: a drain, so the test can see one). "Drained" is a `scontrol
+update` to DRAIN, FAIL or DOWN, or a non-zero exit (a prolog's non-zero exit drains the node).
 """
 
 from __future__ import annotations
