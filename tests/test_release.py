@@ -72,11 +72,15 @@ def test_installed_commands_render_rules_manifests_and_dashboards(installed):  #
 
 def test_checkout_generators_refuse_to_write_into_site_packages(installed):  # noqa: F811
     site_packages = installed.site_packages()
-    for module in ("exporter.docs", "exporter.deploygen", "exporter.release"):
+    for module in ("exporter.docs", "exporter.release"):
         r = installed.run(installed.python, "-m", module)
         assert r.returncode == 2 and "not a checkout" in r.stderr, (module, r)
         assert "nothing written" in r.stderr
     assert not (site_packages / "docs").exists() and not (site_packages / "deploy").exists()
+    r = installed.run(installed.python, "-m", "exporter.deploygen")  # no tree to regenerate: a copy here
+    assert r.returncode == 0 and "gpu-health-exporter-deploy" in r.stdout, r
+    copy = installed.work / "gpu-health-exporter-deploy"
+    assert (copy / "deploy/kubernetes/overlays/eks/kustomization.yaml").is_file()
     r = installed.run(installed.python, "-m", "exporter.runbooks", "--out", "rb")
     assert r.returncode == 0 and 'id="gpuxidreplacenow"' in (installed.work / "rb/runbooks.html").read_text()
 
