@@ -151,3 +151,19 @@ def test_no_instance_metadata_call_when_config_gives_everything(monkeypatch):
         poller.close()
     finally:
         fake.close()
+
+
+def test_the_same_imds_failure_reads_the_same_so_it_is_logged_once():
+    """Off AWS every retry times out on a new connection object; its address in the message made
+    each retry a new error, logged every time (the poller logs a failure when its text changes)."""
+    import requests
+    from urllib3.connection import HTTPConnection
+    from urllib3.exceptions import ConnectTimeoutError, MaxRetryError
+
+    def timeout() -> Exception:
+        inner = ConnectTimeoutError(HTTPConnection("169.254.169.254"),
+                                    "Connection to 169.254.169.254 timed out. (connect timeout=1.0)")
+        return requests.exceptions.ConnectTimeout(MaxRetryError(None, "/latest/api/token", inner))
+
+    first, second = imds._describe(timeout()), imds._describe(timeout())
+    assert first == second and first.startswith("Timeout: ") and " at 0x" not in first
