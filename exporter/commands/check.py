@@ -207,7 +207,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     try:
         return _run(args, ctx)
     except Exception as e:  # noqa: BLE001 - a bug or an unforeseen input is "could not check"
-        log.exception("check failed")
+        log.debug("check failed", exc_info=True)  # the traceback at --log.level debug
         problem = f"the check failed: {type(e).__name__}: {e}"
         print(f"gpu-health-exporter check: {problem}", file=sys.stderr)
         unknown([problem], EXIT_UNKNOWN, args.json)
