@@ -165,7 +165,7 @@ def render_copy(out: Path, base: str, src: Path | None = None) -> int:
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         data = (src / rel).read_bytes()
-        if rel.parts[0] != "docs":  # the docs describe the default; the artifacts carry the links
+        if rel.parts[0] not in ("docs", "README.md"):  # prose describes the default; artifacts link
             try:
                 data = rebase(data.decode(), base).encode()
             except UnicodeDecodeError:

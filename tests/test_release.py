@@ -59,7 +59,9 @@ def test_installed_commands_render_rules_manifests_and_dashboards(installed):  #
                 "deploy/config.example.yaml", "deploy/slurm/gpu-health-check.sh"):
         assert (site / rel).is_file(), rel
     assert (site / "deploy/slurm/gpu-health-check.sh").stat().st_mode & 0o111  # still executable
-    text = "\n".join(p.read_text() for p in site.rglob("*") if p.is_file() and p.parts[-2] != "docs")
+    artifacts = [p for p in site.rglob("*")
+                 if p.is_file() and p.relative_to(site).parts[0] not in ("docs", "README.md")]
+    text = "\n".join(p.read_text() for p in artifacts)
     assert DEFAULT_RUNBOOK_BASE not in text and not any(ph in text for ph in PLACEHOLDERS)
     assert f"Documentation={BASE}" in (site / "deploy/systemd/gpu-health-exporter.service").read_text()
     fleet = (site / "dashboards/gpu-health-fleet.json").read_text()
