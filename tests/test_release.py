@@ -111,3 +111,8 @@ def test_no_shipped_file_links_to_a_placeholder():
         text = path.read_text(errors="replace")
         for ph in PLACEHOLDERS:
             assert ph not in text, f"{path.relative_to(share.CHECKOUT)} links to the placeholder {ph}"
+
+
+def test_ci_builds_the_release():
+    ci = (share.CHECKOUT / ".ci" / "run").read_text()
+    assert re.search(r"^\.venv/bin/python -m exporter\.release$", ci, re.M)
