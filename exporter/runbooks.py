@@ -64,12 +64,13 @@ def render(markdown: str, title: str = "Runbooks") -> str:
         line = lines[i]
         heading = re.match(r"^(#{1,6})\s+(.*?)\s*#*\s*$", line)
         item = _ITEM.match(line)
-        if line.startswith("```"):
+        if line.lstrip().startswith("```"):  # a fence, also one indented under a list item
             flush()
+            indent = len(line) - len(line.lstrip())
             body = []
             i += 1
-            while i < len(lines) and not lines[i].startswith("```"):
-                body.append(lines[i])
+            while i < len(lines) and not lines[i].lstrip().startswith("```"):
+                body.append(lines[i][indent:] if lines[i][:indent].isspace() else lines[i].lstrip())
                 i += 1
             out.append(f"<pre><code>{html.escape(chr(10).join(body))}</code></pre>")
         elif heading:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FENCE = re.compile(r"^```(\S*)[ \t]*(.*)$")
+FENCE = re.compile(r"^[ \t]*```(\S*)[ \t]*(.*)$")  # indented too (a block under a list item)
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def fenced_blocks() -> list[Block]:
                 continue
             start, body = i, []
             i += 1
-            while i < len(lines) and not lines[i].startswith("```"):
+            while i < len(lines) and not lines[i].lstrip().startswith("```"):
                 body.append(lines[i])
                 i += 1
             out.append(Block(str(path.relative_to(ROOT)), start + 1, m.group(1), tuple(m.group(2).split()),

@@ -116,3 +116,19 @@ def test_no_shipped_file_links_to_a_placeholder():
 def test_ci_builds_the_release():
     ci = (share.CHECKOUT / ".ci" / "run").read_text()
     assert re.search(r"^\.venv/bin/python -m exporter\.release$", ci, re.M)
+
+
+def test_the_runbooks_page_has_every_section_and_code_block():
+    md = (share.CHECKOUT / "docs" / "runbooks.md").read_text()
+    page = runbooks.render(md)
+    fences = sum(1 for line in md.splitlines() if line.lstrip().startswith("```"))
+    assert page.count("<pre><code>") == fences // 2 and "```" not in page
+    headings = [line.lstrip("#").strip() for line in md.splitlines() if line.startswith("#")]
+    ids = re.findall(r'<h\d id="([^"]+)"', page)
+    assert ids == [runbooks.anchor(h) for h in headings]
+    assert {r["alert"].lower() for r in yaml_alerts()} <= set(ids)
+
+
+def yaml_alerts() -> list[dict]:
+    return [r for f in sorted((share.CHECKOUT / "rules").glob("*.yml"))
+            for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if "alert" in r]
