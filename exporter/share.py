@@ -24,8 +24,8 @@ RUNBOOKS_HTML = "docs/runbooks.html"  # rendered from docs/runbooks.md when a wh
 def in_checkout() -> bool:
     """True when the package runs from a source checkout (an editable install counts), which
     generators may rewrite; False when installed from a wheel."""
-    return (CHECKOUT / "pyproject.toml").is_file() and (CHECKOUT / "rules").is_dir() \
-        and (CHECKOUT / "exporter" / "share.py").is_file()
+    return all((CHECKOUT / name).is_file() for name in ("pyproject.toml", "setup.py")) \
+        and (CHECKOUT / "rules").is_dir()
 
 
 def root() -> Path:
