@@ -31,6 +31,9 @@ NAME = "gpu-health-exporter"
 
 
 def build_wheel(out: Path) -> Path:
+    # setuptools builds in the checkout's build/ and keeps what an earlier build left there (a
+    # module since removed would ship): start from nothing.
+    shutil.rmtree(share.CHECKOUT / "build", ignore_errors=True)
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                         "-w", tmp, str(share.CHECKOUT)], check=True, cwd=share.CHECKOUT)
