@@ -3,7 +3,8 @@
 Checked in README.md and docs/*.md (docs/metrics.md and docs/configuration.md are generated):
 - a number of rule files, collectors, dashboards or alerts ("seven rule files", "56 alerts");
 - a list of rule files or collectors (three or more names in backquotes, in a row): all of them;
-- every repository path in backquotes (`deploy/slurm/gpu-health-check.sh`, `rules/*.yml`) exists.
+- every repository path in backquotes (`deploy/slurm/gpu-health-check.sh`, `rules/*.yml`) exists;
+- every table row has as many cells as its header.
 A sentence that means a subset says so in words instead of a backquoted list.
 """
 
@@ -93,3 +94,28 @@ def test_repository_paths_the_docs_name_exist(name, text):
             continue
         hits = list(ROOT.glob(path)) if "*" in path else [ROOT / path] if (ROOT / path).exists() else []
         assert hits, f"{name}:{where(text, m.start())}: `{path}` is not in the tree"
+
+
+def cells(row: str) -> int:
+    """Cells of a markdown table row: `|` outside code spans and not escaped."""
+    n, code, prev = 0, False, ""
+    for ch in row.strip().strip("|"):
+        if ch == "`":
+            code = not code
+        elif ch == "|" and not code and prev != "\\":
+            n += 1
+        prev = ch
+    return n + 1
+
+
+@pytest.mark.parametrize(("name", "text"), docs(), ids=[n for n, _ in docs()])
+def test_every_table_row_has_its_headers_cells(name, text):
+    lines = text.splitlines()
+    for i, line in enumerate(lines[1:], 1):
+        if re.match(r"^\|(\s*:?-+:?\s*\|)+\s*$", line):  # the separator under a header
+            width = cells(lines[i - 1])
+            j = i + 1
+            while j < len(lines) and lines[j].startswith("|"):
+                got = cells(lines[j])
+                assert got == width, f"{name}:{j + 1}: {got} cells under {width} headers"
+                j += 1
