@@ -63,7 +63,7 @@ import json, sys
 rank = {"replace_required": 3, "reboot_required": 2, "reset_required": 1}
 d = json.load(sys.stdin)
 node = d["node"]
-if node["verdict"] == "unknown":  # exit 2 for a bad configuration: nothing was checked
+if node["verdict"] == "unknown":  # nothing was checked (older exporters exited 2 on a bad config)
     print("none", "; ".join(d.get("problems", []))[:200])
     sys.exit()
 parts, worst = [], rank.get(node["verdict"], 0)
