@@ -21,6 +21,7 @@ from exporter import __version__, collectors, commands, logs
 from exporter.collector import Context
 from exporter.collectors import workload as workload_flags
 from exporter.config import DEFAULT_PORT, ConfigError, load, read_config_file
+from exporter.deadline import Pool
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import SIMULATED
 
@@ -211,16 +212,18 @@ def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]
         if simulation is not None:
             simulation.close()
         raise
-    capture = NvmlSession.for_capture(args.nvml_capture, args.nvml_latencies) if args.nvml_capture else None
+    pool = Pool()  # every read under a deadline (exporter.deadline); closed by shutdown()
+    capture = (NvmlSession.for_capture(args.nvml_capture, args.nvml_latencies, pool)
+               if args.nvml_capture else None)
     if simulation is not None:
         simulation.build()
         # a capture's GPUs on the simulated node's trees, else its fake NVML
-        nvml = capture or simulation.nvml_session(args.nvml_latencies)
+        nvml = capture or simulation.nvml_session(args.nvml_latencies, pool)
         statvfs, imds_url = simulation.statvfs, simulation.imds_url
     else:
-        nvml, statvfs, imds_url = capture or NvmlSession.real(), os.statvfs, None
+        nvml, statvfs, imds_url = capture or NvmlSession.real(pool), os.statvfs, None
     ctx = Context(config=cfg, nvml=nvml, statvfs=statvfs, imds_url=imds_url,
-                  xid=build_xid(cfg, nvml, simulation, args.kmsg_file))
+                  xid=build_xid(cfg, nvml, simulation, args.kmsg_file), pool=pool)
     return ctx, simulation
 
 
@@ -337,7 +340,7 @@ def serve(args: argparse.Namespace) -> int:
     setup_logging(cfg.log_level, cfg.log_format)
     limit_malloc_arenas()
     built = collectors.build(ctx)
-    runner = Runner.from_config(built, cfg)
+    runner = Runner.from_config(built, cfg, ctx.pool)
     host, _, port = cfg.listen.rpartition(":")
     path = cfg.web.telemetry_path
     try:
@@ -461,6 +464,7 @@ def shutdown(ctx: Context, server: Any, runner: Any, timeout_s: float, then: Any
         ctx.xid.stop(max(0.1, (deadline - time.monotonic()) * 0.5))
     server.shutdown()
     runner.close()
+    ctx.pool.close()  # idle workers leave; one blocked in a read leaves when it returns
     if simulation is not None:
         simulation.close()
     done.set()
@@ -530,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
                 simulation.play(SIM_PLAY_S)
             return mod.run(args, ctx)
         finally:
+            ctx.pool.close()
             if simulation is not None:
                 simulation.close()
     args = build_parser().parse_args(argv)

@@ -6,11 +6,12 @@ import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from exporter import dmi
 from exporter.catalog import Families
+from exporter.deadline import Pool
 from exporter.imds import IdentitySource
 from exporter.nvml.session import NvmlSession
 
@@ -40,6 +41,9 @@ class Context:
     - `workload`: the workload source (exporter.workload.source: which job or pod holds each
       GPU; the workload collector and fault attribution read it). None: made from the config's
       `workload` section, and left None when no kind is configured.
+    - `pool`: the threads every read under a deadline runs on (exporter.deadline): the runner's
+      collectors, their device reads, probes. The composition root creates it and closes it at
+      shutdown; a Context made without one (a test) gets a pool of its own.
     - `xid`: the XID service (xid, nvswitch and health collectors, `check`, `ack`): its parts
       (kernel-log follower, XID and SXid counters, identities, state files). The composition
       root builds it (naming the kernel log its counts come from); None: made from the config.
@@ -52,6 +56,7 @@ class Context:
     identity: IdentitySource | None = None
     workload: WorkloadSource | None = None
     xid: XidService | None = None
+    pool: Pool = field(default_factory=Pool)
 
     def __post_init__(self) -> None:
         if self.nvml is None:
@@ -62,7 +67,7 @@ class Context:
         if self.workload is None and getattr(self.config, "workload", None) is not None:
             from exporter.workload.source import from_config
 
-            self.workload = from_config(self.config, self.nvml)
+            self.workload = from_config(self.config, self.nvml, self.pool)
         if self.xid is None and getattr(self.config, "xid", None) is not None:
             from exporter.xid.service import XidService
 

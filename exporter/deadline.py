@@ -1,32 +1,30 @@
-"""Read items under deadlines on one bounded pool of threads: the mechanism every read that can
-block uses (the collectors themselves, NVML calls per GPU, EFA devices, Lustre files).
+"""The one deadline primitive: items read on a bounded pool of threads, each under its own
+deadline. Every read that can block goes through it: the collectors (the runner), a
+collector's devices (GPUs, EFA devices, Lustre files, workload kinds), Lustre's mount probes and
+NVML's GPU identities.
 
-Why threads at all: a read blocked in the kernel or a driver (an NVML call on a sick GPU, a sysfs
-read waiting on an EFA admin command, a Lustre stats file whose client waits on its server)
-cannot be interrupted. So the items are read on a worker while the caller watches the item in
-progress; past that item's deadline the caller writes the worker off (it stays blocked in the
-read and rejoins the pool, or leaves, once the read returns) and the items after it go to
-another worker. Until that read returns the item is not read again: a hung item costs its
-deadline once, holds at most one thread, and the other items are served.
+A read blocked in the kernel or a driver (an NVML call on a sick GPU, a sysfs read waiting on an
+EFA admin command, statvfs of a Lustre mount whose servers are gone) cannot be interrupted. So
+`read(items)` hands the items to a pool worker, which reads them in order, and the caller waits
+for the item in progress until its deadline. Past it, the caller writes that worker off (it stays
+blocked in the read and rejoins the pool, or leaves, once the read returns), reports the item
+TIMEOUT and hands the items after it to another worker. Until that read returns the item is not
+read again (BLOCKED): a hung item costs its deadline once and holds one thread at most.
 
-Why one worker per read rather than one per item: the reads are short system calls that each
-release the GIL; several threads reading at once hand the GIL back and forth on every call,
-which on a 2-CPU node costs more than the reads. A read of N items is one hand-over to a worker
-and one back.
+One worker per read, not one per item: the reads are short system calls that each release the
+GIL, and threads reading at once would hand the GIL back and forth on every call. A read costs
+one hand-over to a worker and one back. `handover` bounds how long a slow item (within its
+deadline) holds up the ones after it (the runner's collectors); `lanes` splits the items
+between that many workers reading at once (None: one each; GPUs read at once, mounts probed at
+once). A read inside an item of another read (a
+collector's devices) is just another read: the item's worker waits for it like any caller.
 
-A read inside another reader's item (a collector's devices, read inside the collectors' chain)
-runs right there, in that item's worker, and the outer chain's watcher holds each inner item to
-its own deadline too: one hand-over per collection, not one per collector. When an inner item
-overruns, the watcher writes that worker off and runs the outer item again on another worker;
-the inner read then returns at once what it had read, TIMEOUT for the overrun item and BLOCKED
-for it later.
+The pool: `size` threads at most do work; they are started on demand and kept (no thread per
+read once the pool has grown). A written-off thread does not count against `size`. Threads are
+daemons: a read stuck in the kernel never holds up exit. The composition root (exporter.cli)
+creates the pool and closes it at shutdown; a closed pool runs nothing (reads return SKIPPED).
 
-Pool: `size` threads at most do work; they are started on demand and then kept (no thread is
-created per scrape once the pool has grown to what a scrape needs). A written-off thread does
-not count against `size`. Threads are daemons: a read stuck in the kernel never holds up exit.
-
-    pool = default_pool()                       # the process's pool (or Pool(n) of one's own)
-    reader = DeadlineReader(read_device, timeout=2.0, key=lambda d: d.path, pool=pool)
+    reader = DeadlineReader(read_device, 2.0, key=lambda d: d.path, pool=pool)
     outcomes = reader.read(devices, budget=3.2)  # outcomes[i] is devices[i]'s, in order
 """
 
@@ -36,13 +34,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-# a scrape needs 1 (the collectors' chain; their reads run inline in it), a GPU slow refresh 2
+# What a scrape of a p5 needs at once: the collectors' worker, the devices' worker of the
+# collector it runs, one more pair when a slow collector hands the rest over, and the GPU
+# collector's background refresh.
 DEFAULT_POOL_SIZE = 5
-POLL_S = 0.05  # how often a watcher looks at a chain it has no deadline for yet (not started, or an
-# inline read may start inside its item): a deadline is seen that much late at most
+POLL_S = 0.05  # how often a caller looks at a read no worker has started yet (a busy pool)
 
 # Outcome statuses
 OK = "ok"
@@ -178,65 +176,25 @@ class Pool:
                 return
 
 
-_default: Pool | None = None
-_default_lock = threading.Lock()
-
-
-def default_pool() -> Pool:
-    """The process's pool, shared by the runner and every collector that reads under deadlines
-    (a new one if the last was closed)."""
-    global _default
-    with _default_lock:
-        if _default is None or _default.closed:
-            _default = Pool(DEFAULT_POOL_SIZE, "worker")
-        return _default
-
-
-_local = threading.local()  # .chain, .item: the chain and item this worker thread is running
-
-
-class _Abandoned(BaseException):  # noqa: N818 - not an error: unwinds a written-off worker
-    """Raised in a worker whose chain the watcher gave up on, once its blocked inner read returns."""
-
-
-@dataclass
-class _Inner:
-    """An item of a read run inline inside a chain's item (a collector's device read inside the
-    collectors' chain)."""
-    reader: DeadlineReader
-    key: Hashable
-    item: Any  # the outer item the inline read belongs to
-    start: float
-    limit: float  # monotonic deadline of this inner item
-    status: str  # what it is when it overruns: TIMEOUT (its own deadline) or BUDGET (the read's)
-    end: float  # the inline read's budget end
-
-
 class _Chain:
-    """Items read in order by one worker. `end` may be moved down by the watcher (hand-over)."""
+    """Items read in order by one worker. `end` may be moved down by the caller (hand-over)."""
 
-    __slots__ = ("items", "idx", "fn", "wake", "lock", "results", "pos", "end", "since", "started",
-                 "cancelled", "done", "job", "inner", "first_since")
+    __slots__ = ("items", "idx", "fn", "lock", "results", "pos", "end", "since", "started",
+                 "cancelled", "done", "job")
 
-    def __init__(self, items: list[Any], idx: list[int], fn: Callable[[Any], Any],
-                 wake: threading.Event, first_since: float | None = None) -> None:
+    def __init__(self, items: list[Any], idx: list[int], fn: Callable[[Any], Any]) -> None:
         self.items = items
         self.idx = idx  # the caller's position of each item
         self.fn = fn
-        self.wake = wake
         self.lock = threading.Lock()
         self.results: list[tuple[int, str, Any, float]] = []  # (chain position, status, value, took)
         self.pos = 0  # the item being read
         self.end = len(items)
         self.since = 0.0  # when the item being read started
         self.started = False
-        self.cancelled = False
+        self.cancelled = False  # written off (or never started): its results are not wanted
         self.done = False
         self.job: Job | None = None
-        # set by a DeadlineReader read run inline by this chain's item: the item inside it being
-        # read, which the watcher holds to its own deadline (see DeadlineReader._read_inline)
-        self.inner: _Inner | None = None
-        self.first_since = first_since  # the first item's start, when it is a restarted one
 
     def run(self) -> None:
         fn, lock, results = self.fn, self.lock, self.results
@@ -245,18 +203,13 @@ class _Chain:
             with lock:
                 if self.cancelled:
                     return
-                self.started, self.since = True, self.first_since or monotonic()
+                self.started, self.since = True, monotonic()
                 i, since = self.pos, self.since
             while True:
-                _local.chain, _local.item = self, self.items[i]
                 try:
                     status, value = OK, fn(self.items[i])
-                except _Abandoned:
-                    return  # the watcher gave up on this worker while an inner read was blocked
                 except Exception as e:  # noqa: BLE001 - reported as the item's outcome
                     status, value = ERROR, e
-                finally:
-                    _local.chain = _local.item = None
                 now = monotonic()
                 with lock:
                     if self.cancelled:
@@ -279,30 +232,24 @@ class DeadlineReader:
       item); past it the item's outcome is TIMEOUT and its worker is written off.
     - `key(item)`: what identifies an item across reads (a device path, a GPU index): an item
       whose earlier read is still blocked gets BLOCKED at once and is not read again.
-    - `handover`: when an item has run this long (but is within its deadline), the items after
-      it go to another worker, so a slow item delays the rest by `handover` at most (the
-      collectors' chain uses it; without it they wait until the slow item's deadline).
-    - `lanes`: split the items into this many chains read at once (GPUs read concurrently).
+    - `handover`: when an item has run this long (within its deadline), the items after it go
+      to another worker, so a slow item delays the rest by `handover` at most.
+    - `lanes`: split the items into this many chains read at once (None: one chain per item).
 
     One `read` at a time (the callers serialise: one collection, one collector).
     """
 
     def __init__(self, fn: Callable[[Any], Any], timeout: float | Callable[[Any], float], *,
-                 key: Callable[[Any], Hashable] = lambda item: item, pool: Pool | None = None,
-                 handover: float | None = None, lanes: int = 1) -> None:
+                 pool: Pool, key: Callable[[Any], Hashable] = lambda item: item,
+                 handover: float | None = None, lanes: int | None = 1) -> None:
         self.fn = fn
         self._timeout = timeout if callable(timeout) else (lambda _item, t=float(timeout): t)
         self.key = key
-        self.pool = pool if pool is not None else default_pool()
+        self.pool = pool
         self.handover = handover
-        self.lanes = max(1, lanes)
+        self.lanes = lanes
         self._stuck: dict[Hashable, _Chain] = {}  # key -> the chain left blocked reading it
         self.abandoned = 0  # reads written off, ever
-        self.inline = True  # run inside a chain's item: read there, the chain's watcher watching
-        # An inline read whose worker was given up on: the outcomes it had (and the overrun item's),
-        # for the same outer item's restart: (outer item, budget end, key -> outcome)
-        self._partial: dict[Hashable, Outcome] = {}
-        self._resume: tuple[Any, float, dict[Hashable, Outcome]] | None = None
 
     def stuck(self) -> list[Hashable]:
         """Keys whose abandoned read has not returned yet."""
@@ -310,42 +257,27 @@ class DeadlineReader:
 
     def read(self, items: Sequence[Any], budget: float | None = None) -> list[Outcome]:
         """Each item's outcome, in order; every item's read starts within `budget` seconds (from
-        now) or is SKIPPED, and one running when the budget ends is abandoned (BUDGET).
-
-        Called inside an item of another reader's chain (a collector run by the runner), the
-        items are read right there, in that worker, and the outer chain's watcher holds each to
-        its deadline: no hand-over to another thread. When one overruns, the watcher writes that
-        worker off and starts the outer item again on another worker; this read then returns
-        at once what it had read, the overrun item's TIMEOUT (or BUDGET) and BLOCKED for it
-        afterwards."""
-        ch = getattr(_local, "chain", None)
-        if ch is not None and self.inline and self.lanes == 1:
-            return self._read_inline(ch, _local.item, items, budget)
-        now = time.monotonic()
-        end = now + budget if budget is not None else float("inf")
+        now) or is SKIPPED, and one running when the budget ends is abandoned (BUDGET)."""
+        end = time.monotonic() + budget if budget is not None else float("inf")
         out: list[Outcome | None] = [None] * len(items)
-        todo: list[int] = []
+        self._stuck = {k: ch for k, ch in self._stuck.items() if not ch.done}
+        todo = []
         for i, item in enumerate(items):
-            ch = self._stuck.get(self.key(item))
-            if ch is not None:
-                if not ch.done:
-                    out[i] = Outcome(BLOCKED)
-                    continue
-                del self._stuck[self.key(item)]
-            todo.append(i)
-        for k in [k for k, ch in self._stuck.items() if ch.done]:
-            del self._stuck[k]
-        wake = threading.Event()
-        n = min(self.lanes, len(todo))
+            if self.key(item) in self._stuck:
+                out[i] = Outcome(BLOCKED)
+            else:
+                todo.append(i)
+        wake = threading.Event()  # set when a worker is done with a chain
+        n = len(todo) if self.lanes is None else min(max(1, self.lanes), len(todo))
         active = [self._submit(items, todo[j * len(todo) // n:(j + 1) * len(todo) // n], wake)
                   for j in range(n)]
         while active:
             wake.clear()
             now = time.monotonic()
-            nxt = end
+            nxt = end  # when to look again
             still: list[_Chain] = []
-            restart: tuple[list[int], float] | None = None
             for ch in active:
+                rest: list[int] = []
                 with ch.lock:
                     for pos, status, value, took in ch.results:
                         out[ch.idx[pos]] = Outcome(status, value, took)
@@ -353,54 +285,31 @@ class DeadlineReader:
                     if ch.done:
                         continue
                     if not ch.started:
-                        if now >= end or (ch.job is not None and ch.job.finished):
-                            # no worker took it in time (a busy pool), or none ever will (closed)
+                        if now >= end or ch.job.finished:  # no worker took it in time, or none will
                             ch.cancelled = True
-                            continue
-                        still.append(ch)
-                        nxt = min(nxt, now + POLL_S)  # look again once it has started
+                        else:
+                            still.append(ch)
+                            nxt = min(nxt, now + POLL_S)
                         continue
                     pos, since = ch.pos, ch.since
-                    item = ch.items[pos]
-                    limit = since + self._timeout(item)
-                    inner = ch.inner
-                    if inner is not None and now >= inner.limit and now < limit and now < end:
-                        # an inline read inside this item overran: write the worker off and run
-                        # the item again elsewhere (from its own start, so its deadline holds)
-                        ch.cancelled = True
-                        inner.reader._give_up_inner(ch, inner, now)
-                        restart = (ch.idx[pos:ch.end], since)
-                        ch.end = pos + 1
-                        rest = []
-                    elif now >= limit or now >= end:
+                    limit = since + self._timeout(ch.items[pos])
+                    if now >= limit or now >= end:
                         ch.cancelled = True
                         out[ch.idx[pos]] = Outcome(TIMEOUT if now >= limit else BUDGET, None, now - since)
                         rest = ch.idx[pos + 1:ch.end]
-                        ch.end = pos + 1
-                    elif self.handover is not None and now >= since + self.handover and pos + 1 < ch.end:
-                        rest = ch.idx[pos + 1:ch.end]
-                        ch.end = pos + 1  # it ends with the slow item; the rest go on elsewhere
                     else:
-                        rest = []
-                        if self.handover is not None and pos + 1 < ch.end:
-                            nxt = min(nxt, since + self.handover)
-                    if not ch.cancelled:
-                        # an inline read may start inside the item: look again at least every
-                        # POLL_S (an overrun inside it is seen that much late at most)
-                        nxt = min(nxt, limit, inner.limit if inner is not None else now + POLL_S)
                         still.append(ch)
-                if restart is not None:
-                    if ch.job is not None:
-                        self.pool.write_off(ch.job)
-                    still.append(self._submit(items, restart[0], wake, restart[1]))
-                    nxt = min(nxt, now + POLL_S)  # look again once it has started
-                    restart = None
-                    continue
-                if ch.cancelled and ch.started:
-                    self._stuck[self.key(ch.items[ch.pos])] = ch
+                        nxt = min(nxt, limit)
+                        if self.handover is not None and pos + 1 < ch.end:
+                            if now >= since + self.handover:
+                                rest = ch.idx[pos + 1:ch.end]
+                                ch.end = pos + 1  # it ends with the slow item; the rest go on elsewhere
+                            else:
+                                nxt = min(nxt, since + self.handover)
+                if ch.cancelled:
+                    self._stuck[self.key(ch.items[pos])] = ch
                     self.abandoned += 1
-                    if ch.job is not None:
-                        self.pool.write_off(ch.job)
+                    self.pool.write_off(ch.job)
                 if rest and now < end:
                     still.append(self._submit(items, rest, wake))
                     nxt = min(nxt, now + POLL_S)
@@ -409,65 +318,8 @@ class DeadlineReader:
                 wake.wait(None if nxt == float("inf") else max(nxt - time.monotonic(), 0.0005))
         return [o if o is not None else Outcome(SKIPPED) for o in out]
 
-    def _read_inline(self, ch: _Chain, outer: Any, items: Sequence[Any],
-                     budget: float | None) -> list[Outcome]:
-        monotonic = time.monotonic
-        resume, self._resume = self._resume, None
-        if resume is not None and resume[0] is outer:  # this outer item's restart
-            end, done = resume[1], resume[2]
-        else:
-            end, done = (monotonic() + budget if budget is not None else float("inf")), {}
-        partial = self._partial = {}
-        out: list[Outcome] = []
-        fn, timeout, lock = self.fn, self._timeout, ch.lock
-        for item in items:
-            key = self.key(item)
-            o = done.get(key)
-            if o is not None:
-                out.append(o)
-                continue
-            stuck = self._stuck.get(key)
-            if stuck is not None:
-                if not stuck.done:
-                    out.append(Outcome(BLOCKED))
-                    continue
-                del self._stuck[key]
-            start = monotonic()
-            if start >= end:
-                out.append(Outcome(SKIPPED))
-                continue
-            limit = start + timeout(item)
-            inner = _Inner(self, key, outer, start, min(limit, end), TIMEOUT if limit <= end else BUDGET, end)
-            with lock:
-                if ch.cancelled:
-                    raise _Abandoned
-                ch.inner = inner
-            try:
-                status, value = OK, fn(item)
-            except Exception as e:  # noqa: BLE001 - reported as the item's outcome
-                status, value = ERROR, e
-            took = monotonic() - start
-            with lock:
-                ch.inner = None
-                if ch.cancelled:
-                    raise _Abandoned
-            o = partial[key] = Outcome(status, value, took)
-            out.append(o)
-        self._partial = {}
-        return out
-
-    def _give_up_inner(self, ch: _Chain, inner: _Inner, now: float) -> None:
-        """The watcher's side: `inner` overran; `ch`'s worker is written off (the caller holds
-        ch.lock and cancels it) and the outer item will start again."""
-        self._stuck[inner.key] = ch
-        self.abandoned += 1
-        done = dict(self._partial)
-        done[inner.key] = Outcome(inner.status, None, now - inner.start)
-        self._resume = (inner.item, inner.end, done)
-
-    def _submit(self, items: Sequence[Any], idx: list[int], wake: threading.Event,
-                first_since: float | None = None) -> _Chain:
-        ch = _Chain([items[i] for i in idx], idx, self.fn, wake, first_since)
+    def _submit(self, items: Sequence[Any], idx: list[int], wake: threading.Event) -> _Chain:
+        ch = _Chain([items[i] for i in idx], idx, self.fn)
         ch.job = self.pool.submit(ch.run, wake.set)  # woken once the worker is free again
         if ch.job.finished:  # a closed pool: nothing will run it
             ch.cancelled = ch.done = True

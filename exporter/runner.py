@@ -1,9 +1,10 @@
 """Runs the collectors for a scrape: one shared in-flight collection, per-collector deadlines,
 per-collector success and duration metrics, and errors logged when a source's state changes.
 
-The collectors run one after another on a worker of the process's pool (exporter.deadline),
-each under its own deadline; derived collectors (exporter.collector.Derived, the verdict) run
-after the sources, with the readings the sources returned in the same collection."""
+The collectors run one after another on a worker of the pool the composition root hands it
+(exporter.deadline), each under its own deadline; derived collectors (exporter.collector.Derived,
+the verdict) run after the sources, with the readings the sources returned in the same
+collection."""
 
 from __future__ import annotations
 
@@ -75,11 +76,12 @@ class Runner:
         self.deadline_s = deadline_s
         self.deadlines = deadlines or {}
         self.status = {c.name: CollectorStatus() for c in self.collectors}
-        # collectors run one after another on a worker of the process's pool, not a thread each:
-        # most of a collection is short system calls, which threads running at once would turn
-        # into GIL hand-overs
+        # collectors run one after another on a pool worker, not a thread each: most of a
+        # collection is short system calls, which threads running at once would turn into GIL
+        # hand-overs. Without a pool (a test's runner) it has one of its own.
+        self._own_pool = deadline.Pool() if pool is None else None
         self._reader = deadline.DeadlineReader(self._run, self._deadline, key=lambda item: item[0].name,
-                                               pool=pool, handover=HANDOVER_S)
+                                               pool=pool or self._own_pool, handover=HANDOVER_S)
         self._lock = threading.Lock()
         self._inflight: Future | None = None
         self.readings: dict[str, Any] = {}  # the last collection's readings (what dependants got)
@@ -91,13 +93,14 @@ class Runner:
         self.ready = threading.Event()
 
     @classmethod
-    def from_config(cls, collectors: Iterable[Collector], cfg: Config) -> Runner:
+    def from_config(cls, collectors: Iterable[Collector], cfg: Config,
+                    pool: deadline.Pool | None = None) -> Runner:
         """Each collector's deadline is its section's `timeout_seconds` where it has one, else
         the top-level `collector_timeout_seconds`."""
         collectors = list(collectors)
         deadlines = {c.name: getattr(cfg, c.name).timeout_seconds for c in collectors
                      if getattr(getattr(cfg, c.name, None), "timeout_seconds", None)}
-        return cls(collectors, cfg.collector_timeout_seconds, deadlines)
+        return cls(collectors, cfg.collector_timeout_seconds, deadlines, pool)
 
     def start(self) -> None:
         for c in self.collectors:
@@ -109,6 +112,8 @@ class Runner:
                 c.close()
             except Exception:  # noqa: BLE001 - shutdown must go on
                 log.exception("closing collector %s", c.name)
+        if self._own_pool is not None:
+            self._own_pool.close()
 
     def collect(self, scrape: bool = True, arrived: float | None = None) -> Collection:
         """Return one complete collection; joins the one in flight when there is one. A caller
@@ -197,8 +202,8 @@ class Runner:
 
     @classmethod
     def _run(cls, item: tuple[Collector, Mapping[str, Any] | None]) -> tuple[Outcome, Families]:
-        """One collector's run, into Families of its own: a run given up on and started again
-        (exporter.deadline) leaves what it had added behind."""
+        """One collector's run, into Families of its own: a run past its deadline (written off
+        by exporter.deadline) leaves what it had added behind."""
         c, inputs = item
         out = Families()
         return cls._timed(c, out, inputs), out

@@ -29,7 +29,8 @@ def mellanox(sys_root: Path, name: str = "mlx5_0", bus: int = 0x30) -> Path:
 def collector(sys_root: Path, reader: SysfsReader | None = None, pool=None, **overrides) -> EfaCollector:
     # every counter unless a test asks otherwise: most tests check how each file is read
     cfg = load(None, {"paths.sysfs": str(sys_root), "efa.counters": "all", **overrides})
-    return EfaCollector(Context(config=cfg), reader=reader, pool=pool)
+    ctx = Context(config=cfg) if pool is None else Context(config=cfg, pool=pool)
+    return EfaCollector(ctx, reader=reader)
 
 
 def run(c: EfaCollector) -> str:

@@ -154,38 +154,44 @@ def test_a_pool_needs_a_thread(size):
 
 # --- a read inside another reader's item (a collector's devices inside the collectors' chain) ----
 class Outer:
-    """The outer item: reads its inner items with `inner` (a DeadlineReader), as a collector does."""
+    """The outer item: reads its inner items with `inner` (a DeadlineReader on the same pool), as a
+    collector does."""
 
-    def __init__(self, inner_fn, timeout=0.2, budget=None):
+    def __init__(self, inner_fn, pool, timeout=0.2, budget=None):
         self.runs = 0
-        self.inner = DeadlineReader(inner_fn, timeout, pool=Pool(2))
+        self.threads: list[int] = []
+        self.inner = DeadlineReader(inner_fn, timeout, pool=pool)
         self.budget = budget
 
     def __call__(self, item):
         self.runs += 1
+        self.threads.append(threading.get_ident())
         return [(o.status, o.value) for o in self.inner.read(["a", "b", "c", "d"], self.budget)]
 
 
-def test_an_inner_read_runs_in_the_outer_worker_without_a_hand_over():
+def test_an_inner_read_is_one_hand_over_to_another_worker_of_the_same_pool():
     fn = Items()
-    outer = Outer(fn)
-    out = DeadlineReader(outer, 2.0, pool=Pool(2)).read(["x"])
+    pool = Pool(3)
+    outer = Outer(fn, pool)
+    out = DeadlineReader(outer, 2.0, pool=pool).read(["x"])
     assert out[0].value == [(OK, "A"), (OK, "B"), (OK, "C"), (OK, "D")]
-    assert len({t for _, t in fn.calls}) == 1 and outer.inner.pool.started == 0
+    inner_threads = {t for _, t in fn.calls}
+    assert len(inner_threads) == 1 and inner_threads != set(outer.threads)
+    assert pool.started == 2
 
 
-def test_a_hung_inner_item_costs_only_itself_and_is_not_read_again():
+def test_a_hung_inner_item_costs_only_itself_and_the_outer_item_runs_once():
     fn = Items(hang={"c"})
-    outer = Outer(fn, timeout=0.2)
-    pool = Pool(2)
+    pool = Pool(3)
+    outer = Outer(fn, pool, timeout=0.2)
     r = DeadlineReader(outer, 3.0, pool=pool)
     try:
         t = time.monotonic()
         out = r.read(["x"])
         assert 0.2 <= time.monotonic() - t < 1.5
         assert out[0].status == OK and out[0].value == [(OK, "A"), (OK, "B"), (TIMEOUT, None), (OK, "D")]
-        assert [c[0] for c in fn.calls] == ["a", "b", "c", "d"]  # what was read is not read again
-        assert outer.runs == 2 and pool.written_off == 1 and outer.inner.stuck() == ["c"]
+        assert [c[0] for c in fn.calls] == ["a", "b", "c", "d"]
+        assert outer.runs == 1 and pool.written_off == 1 and outer.inner.stuck() == ["c"]
         t = time.monotonic()
         out = r.read(["x"])
         assert time.monotonic() - t < 0.15
@@ -199,21 +205,23 @@ def test_a_hung_inner_item_costs_only_itself_and_is_not_read_again():
 
 def test_an_inner_budget_keeps_what_was_read_and_skips_the_rest():
     fn = Items(slow={"a": 0.15, "b": 0.15, "c": 0.15, "d": 0.15})
-    outer = Outer(fn, timeout=1.0, budget=0.4)
+    pool = Pool(3)
+    outer = Outer(fn, pool, timeout=1.0, budget=0.4)
     t = time.monotonic()
-    out = DeadlineReader(outer, 3.0, pool=Pool(2)).read(["x"])
+    out = DeadlineReader(outer, 3.0, pool=pool).read(["x"])
     assert time.monotonic() - t < 1.0
     assert [s for s, _ in out[0].value] == [OK, OK, BUDGET, SKIPPED]
 
 
-def test_the_outer_deadline_still_holds_over_a_restart():
+def test_the_outer_deadline_holds_over_hung_inner_items():
     fn = Items(hang={"b", "c"})
-    outer = Outer(fn, timeout=0.3)
+    pool = Pool(3)
+    outer = Outer(fn, pool, timeout=0.3)
     try:
         t = time.monotonic()
-        out = DeadlineReader(outer, 0.5, pool=Pool(2)).read(["x"])
+        out = DeadlineReader(outer, 0.5, pool=pool).read(["x"])
         assert time.monotonic() - t < 1.2
-        assert out[0].status == TIMEOUT
+        assert out[0].status == TIMEOUT and outer.runs == 1
     finally:
         fn.release.set()
 

@@ -11,6 +11,7 @@ import pytest
 from exporter.collector import Context
 from exporter.collectors.lustre import IMPORT_STATES, LustreCollector
 from exporter.config import load
+from exporter.deadline import Pool
 from exporter.lustre.evictions import EvictionTracker, appended
 from exporter.runner import Runner
 from tests.helpers import promtool_check_metrics, samples, scrape, value
@@ -432,7 +433,8 @@ def test_a_file_is_read_only_in_the_trees_up_to_the_one_that_has_it(tmp_path):
         read.append(path)
         return read_text(path)
 
-    tree = Tree(str(proc), str(sys_), str(dbg), reader=reader)  # no version: 2.12+ order, debugfs first
+    # no version: 2.12+ order, debugfs first
+    tree = Tree(str(proc), str(sys_), str(dbg), Pool(), 1.0, reader=reader)
     assert tree.read_many([("stats", "osc", "dev0")]) == ["from debugfs\n"]
     assert read == [f"{dbg}/lustre/osc/dev0/stats"]  # procfs's copy is not read
     (dbg / "lustre/osc/dev0/stats").unlink()

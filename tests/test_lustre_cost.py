@@ -19,7 +19,7 @@ from exporter.lustre import parsers, sources
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
 from exporter.simulate import lustre as sim_lustre
-from tests.helpers import FIXTURES, samples, scrape, value
+from tests.helpers import FIXTURES, samples, scrape, value, wait_for
 from tests.lustre_tree import FakeStatvfs, FsSpec, LustreTree, import_file
 
 DIR = FIXTURES / "lustre"
@@ -160,38 +160,36 @@ def test_statvfs_comes_from_the_context_and_no_thread_is_made_per_scrape(tmp_pat
         threading.Thread.start = real_start
     assert made == []
     assert statvfs.calls == 12
-    assert c.probe.threads() == 2  # one worker per mount, kept
     s = samples(scrape(Runner([c], deadline_s=5)))
     assert value(s, "lustre_client_filesystem_size_bytes", mount="/fsy") == 2 * TiB
 
 
-def test_probe_workers_of_unmounted_file_systems_go(tmp_path):
+def test_a_hung_mount_is_not_probed_again_until_its_call_returns_and_the_others_are_served(tmp_path):
     tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx"), FsSpec("fs2", "/fsy", "ffff02")]).build()
-    overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
-    statvfs = FakeStatvfs({"/fsx": TiB, "/fsy": TiB})
-    c = LustreCollector(Context(config=load(None, overrides), statvfs=statvfs))
-    c.collect(Families())
-    assert c.probe.threads() == 2
-    tree.filesystems.pop()
-    tree.write_mounts()
-    c.collect(Families())
-    assert c.probe.threads() == 1
-
-
-def test_probe_worker_serves_its_mount_again_once_a_hung_call_returns():
+    overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False,
+                 "lustre.probe_timeout_seconds": 0.2}
     release = threading.Event()
-    probe = sources.TimedProbe(0.2)
-    assert probe.run("/fsx", lambda: release.wait(10) and "late") is sources.TimedProbe.HUNG
-    assert probe.run("/fsx", lambda: "again") is sources.TimedProbe.HUNG  # still stuck: not started
-    assert probe.run("/fsy", lambda: "other mount") == "other mount"
-    release.set()
-    deadline = threading.Event()
-    for _ in range(100):  # wait for the stuck call to return (no fixed sleep)
-        if probe.run("/fsx", lambda: "again") == "again":
-            break
-        deadline.wait(0.05)
-    assert probe.run("/fsx", lambda: "again") == "again"
-    assert probe.threads() == 2
+    calls: list[str] = []
+
+    def statvfs(path):
+        calls.append(path)
+        if path.endswith("/fsx"):
+            release.wait(10)
+        return FakeStatvfs({"/fsx": TiB, "/fsy": 2 * TiB})(path)
+
+    c = LustreCollector(Context(config=load(None, overrides), statvfs=statvfs))
+    try:
+        for _ in range(3):
+            s = samples(scrape(Runner([c], deadline_s=5)))
+            assert value(s, "lustre_client_filesystem_size_bytes", mount="/fsy") == 2 * TiB
+            assert value(s, "lustre_client_statfs_success", mount="/fsx") == 0
+        assert sum(p.endswith("/fsx") for p in calls) == 1  # the stuck call is not started again
+        assert c.ctx.pool.written_off == 1
+    finally:
+        release.set()
+    wait_for(lambda: not c.probe.stuck())
+    s = samples(scrape(Runner([c], deadline_s=5)))
+    assert value(s, "lustre_client_filesystem_size_bytes", mount="/fsx") == TiB
 
 
 @pytest.mark.parametrize("osts", [1, 40, 300])

@@ -19,7 +19,7 @@ from tests.helpers import running_exporter
 
 def test_no_thread_is_created_per_scrape(monkeypatch):
     ctx, sim = build_context(build_parser().parse_args(["--simulate", "p5.48xlarge", "--nvml-latencies"]))
-    runner = Runner(collectors.build(ctx), 5.0)
+    runner = Runner(collectors.build(ctx), 5.0, pool=ctx.pool)
     srv = Server(runner, "127.0.0.1", 0)
     started: list[str] = []
     real_start = threading.Thread.start

@@ -163,7 +163,7 @@ def test_the_collector_over_a_real_socket(node, tmp_path):
     servers.append(serve(sock, Lister([("ml", "a", "main", "nvidia.com/gpu", [gpus[2].uuid, gpus[5].uuid])])))
     ctx = make_ctx(tmp_path, "", nvml=session)
     ctx.config = load(None, {"workload.kubelet_socket": str(sock), "workload.timeout_seconds": 1.0})
-    ctx.workload = from_config(ctx.config, session)
+    ctx.workload = from_config(ctx.config, session, ctx.pool)
     runner = Runner([WorkloadCollector(ctx)], deadline_s=5)
     s = samples(scrape(runner))
     for g in (2, 5):
@@ -206,7 +206,7 @@ def test_a_silent_kubelet_never_holds_up_the_gpu_reading(node, tmp_path):
     servers.append(serve(sock, Lister([], hang=gate)))
     ctx = make_ctx(tmp_path, "", nvml=session)
     ctx.config = load(None, {"workload.kubelet_socket": str(sock), "workload.timeout_seconds": 0.5})
-    ctx.workload = from_config(ctx.config, session)
+    ctx.workload = from_config(ctx.config, session, ctx.pool)
     runner = Runner.from_config([GpuCollector(ctx), WorkloadCollector(ctx)], ctx.config)
     try:
         t = time.monotonic()

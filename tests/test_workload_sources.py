@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from exporter.catalog import Families
 from exporter.collectors.workload import WorkloadCollector
 from exporter.config import load
+from exporter.deadline import Pool
 from exporter.landing import summarise
 from exporter.nvml.fake import FakeBackend, load_capture
 from exporter.nvml.session import DeviceIdentity, NvmlSession
@@ -186,12 +187,12 @@ class Fixed(Kind):
 def test_a_gpu_is_observed_only_when_every_kind_observed_it():
     a = Fixed("a", {U[0]: (job("1"),), U[1]: (), U[2]: ()})
     b = Fixed("b", {U[0]: (), U[1]: (Workload(namespace="n", pod="p", container="c"),)})
-    r = WorkloadSource([a, b], 1.0, 8).read(GPUS)
+    r = WorkloadSource([a, b], 1.0, 8, Pool()).read(GPUS)
     assert r.by_uuid == {U[0]: (job("1"),), U[1]: (Workload(namespace="n", pod="p", container="c"),)}
 
 
 def test_a_failed_kind_observes_nothing_and_says_why():
-    src = WorkloadSource([Fixed("a", {u: () for u in U}), Fixed("b", {}, fail="socket gone")], 1.0, 8)
+    src = WorkloadSource([Fixed("a", {u: () for u in U}), Fixed("b", {}, fail="socket gone")], 1.0, 8, Pool())
     obs = src.observe(GPUS)
     assert obs.reading.by_uuid == {} and obs.failed == ["b"] and obs.problems == {"b": ["socket gone"]}
 
@@ -199,7 +200,7 @@ def test_a_failed_kind_observes_nothing_and_says_why():
 def test_a_hung_kind_misses_the_deadline_and_is_not_read_again_until_it_returns():
     release = threading.Event()
     hung = Fixed("hung", {u: () for u in U}, hang=release)
-    src = WorkloadSource([Fixed("ok", {u: () for u in U}), hung], 0.3, 8)
+    src = WorkloadSource([Fixed("ok", {u: () for u in U}), hung], 0.3, 8, Pool())
     t = time.monotonic()
     obs = src.observe(GPUS)
     assert time.monotonic() - t < 2.0
@@ -215,14 +216,14 @@ def test_a_hung_kind_misses_the_deadline_and_is_not_read_again_until_it_returns(
 
 def test_the_per_gpu_limit_keeps_the_first_workloads_and_counts_the_rest():
     many = tuple(job(str(1000 + i)) for i in range(5))
-    obs = WorkloadSource([Fixed("a", {U[0]: many, U[1]: ()})], 1.0, 3).observe(GPUS)
+    obs = WorkloadSource([Fixed("a", {U[0]: many, U[1]: ()})], 1.0, 3, Pool()).observe(GPUS)
     assert obs.reading.by_uuid[U[0]] == many[:3] and obs.overflow == {U[0]: 2}
 
 
 def test_readings_from_another_thread_share_the_one_in_flight_and_set_latest():
     gate = threading.Event()
     kind = Fixed("a", {U[0]: (job("1"),)}, hang=gate)
-    src = WorkloadSource([kind], 5.0, 8)
+    src = WorkloadSource([kind], 5.0, 8, Pool())
     got = []
     threads = [threading.Thread(target=lambda: got.append(src.read(GPUS))) for _ in range(3)]
     for t in threads:
@@ -242,9 +243,9 @@ def test_readings_from_another_thread_share_the_one_in_flight_and_set_latest():
 
 def test_off_unless_a_kind_is_configured():
     assert load(None).workload.enabled is False
-    assert from_config(load(None), NvmlSession(FakeBackend({}))) is None
+    assert from_config(load(None), NvmlSession(FakeBackend({})), Pool()) is None
     cfg = load(None, {"workload.slurm_job_mapping_dir": "/run/slurm/dcgm_job_mapping"})
-    src = from_config(cfg, NvmlSession(FakeBackend({})))
+    src = from_config(cfg, NvmlSession(FakeBackend({})), Pool())
     assert cfg.workload.enabled and [type(k) for k in src.kinds] == [SlurmMappingKind]
 
 
@@ -263,7 +264,7 @@ def collector_ctx(tmp_path, **overrides):
     ctx = make_ctx(tmp_path, "", nvml=session)
     ctx.config = load(None, {**{"paths.procfs": str(tmp_path / "proc")},
                              **{f"workload.{k}": v for k, v in overrides.items()}})
-    ctx.workload = from_config(ctx.config, session)
+    ctx.workload = from_config(ctx.config, session, ctx.pool)
     return fake, session, ctx
 
 

@@ -79,8 +79,7 @@ class EfaCollector(Collector):
     prefix = "efa_"
     docs_group = "EFA"
 
-    def __init__(self, ctx: Context, reader: SysfsReader | None = None,
-                 pool: deadline.Pool | None = None) -> None:
+    def __init__(self, ctx: Context, reader: SysfsReader | None = None) -> None:
         super().__init__(ctx)
         cfg = ctx.config.efa
         self.reader = reader or SysfsReader()
@@ -89,12 +88,11 @@ class EfaCollector(Collector):
         wanted = counter_set(cfg.counters)
         self.devices = DeviceReader(self.reader, wanted)
         self.info = wanted is None or INFO_ITEM in wanted
-        self.pool = pool if pool is not None else deadline.default_pool()
         limit = cfg.timeout_seconds or ctx.config.collector_timeout_seconds
         self.budget = limit * 0.8  # all devices' reads, so the collection ends within its deadline
         self.device_timeout = min(cfg.device_timeout_seconds, self.budget)
         self.reads = deadline.DeadlineReader(self._read_one, self.device_timeout, key=lambda d: d.path,
-                                             pool=self.pool, lanes=cfg.read_workers)
+                                             pool=ctx.pool, lanes=cfg.read_workers)
         self._recheck = False  # a read failed: list the devices again next scrape
         self._known: list[EfaDevice] | None = None  # the device list of the last scrape
         self._version = ""  # the driver's, read when the devices are listed

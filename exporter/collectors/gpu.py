@@ -2,7 +2,7 @@
 
 Each GPU is read under its own deadline (gpu.read_timeout_seconds) by exporter.deadline: NVML
 calls can block for tens of seconds on a sick GPU and cannot be interrupted, so reads run on a
-worker of the process's pool and a GPU whose read overruns is reported unread
+worker of the process's pool (Context.pool) and a GPU whose read overruns is reported unread
 (gpu_read_success 0) while the other GPUs are served; until its stuck call returns it is not
 read again (one stuck thread per GPU at most). One worker reads the GPUs in turn (with
 gpu.parallel, one worker per GPU) and, when a GPU overruns, another carries on with the rest.
@@ -95,7 +95,7 @@ class GpuCollector(Collector):
     prefix = "gpu_"
     docs_group = "GPU (NVML)"
 
-    def __init__(self, ctx: Context, pool: deadline.Pool | None = None) -> None:
+    def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         cfg = ctx.config.gpu
         self.budget = cfg.timeout_seconds * GPU_READ_SHARE
@@ -106,10 +106,11 @@ class GpuCollector(Collector):
         self.detail = frozenset(DETAIL) if cfg.detail == "all" else frozenset(cfg.detail)
         self.session: NvmlSession = ctx.nvml
         self.gpus: dict[int, _Gpu] = {}
-        self.pool = pool if pool is not None else deadline.default_pool()
-        self._fast = deadline.DeadlineReader(self._read_fast, self.read_timeout, pool=self.pool)
+        self.pool = ctx.pool
+        lanes = None if self.parallel else 1  # gpu.parallel: a worker per GPU
+        self._fast = deadline.DeadlineReader(self._read_fast, self.read_timeout, pool=self.pool, lanes=lanes)
         # a slow read holds its GPU's lock: one that hangs is left to its deadline like a fast one
-        self._slow = deadline.DeadlineReader(self._read_slow, self.budget, pool=self.pool)
+        self._slow = deadline.DeadlineReader(self._read_slow, self.budget, pool=self.pool, lanes=lanes)
         self._slow_lock = threading.Lock()  # one refresh at a time
         self._slow_due = 0.0  # monotonic time the next background refresh is due
         self._started = False
@@ -140,8 +141,6 @@ class GpuCollector(Collector):
                             for d in s.devices}
                     for d in s.devices:
                         gpus[d.index].reader.labels = identity_labels(d)
-                    if self.parallel:
-                        self._fast.lanes = self._slow.lanes = max(1, len(gpus))
                     self.gpus = gpus
         return s
 

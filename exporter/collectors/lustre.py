@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from exporter import deadline
 from exporter.catalog import Families, MetricSpec, define
 from exporter.collector import Collector, Context, ProblemLog
 from exporter.config import Section, positive, setting
 from exporter.lustre import discovery, parsers
 from exporter.lustre.discovery import Device, Mount
 from exporter.lustre.evictions import EvictionTracker
-from exporter.lustre.sources import SOURCES, DeadlineReader, KeptFiles, StatvfsFn, TimedProbe, Tree
+from exporter.lustre.sources import SOURCES, KeptFiles, StatvfsFn, Tree
 from exporter.metric import Sample
 
 NAME = "lustre"
@@ -211,12 +212,17 @@ class LustreCollector(Collector):
         self.procfs = Path(paths.procfs)
         # the files are read through descriptors kept open between scrapes (see KeptFiles)
         self.files = KeptFiles()
-        self.read = DeadlineReader(cfg.file_timeout_seconds, read=self.files)
-        self.tree = Tree(paths.procfs, paths.sysfs, paths.debugfs, reader=self.read)
+        self.tree = Tree(paths.procfs, paths.sysfs, paths.debugfs, ctx.pool, cfg.file_timeout_seconds,
+                         reader=self.files)
         self.per_target: bool = cfg.per_target
         self.do_statfs: bool = cfg.statfs
         self.rootfs: str = cfg.rootfs
-        self.probe = TimedProbe(cfg.probe_timeout_seconds)
+        # statvfs and the instance probes (lfs, ioctl) of a mount that lost its servers hang: each
+        # mount's call on a worker of its own, under probe_timeout_seconds; a mount whose call is
+        # still stuck is not probed again until it returns. Items: (mount path, call of the path).
+        self.probe_timeout_s: float = cfg.probe_timeout_seconds
+        self.probe = deadline.DeadlineReader(lambda item: item[1](item[0]), self.probe_timeout_s,
+                                             key=lambda item: item[0], pool=ctx.pool, lanes=None)
         # Seams (tests replace these attributes): the simulated node passes its fake statvfs in
         # the Context and turns the mount probes (lfs, ioctl) off in its config.
         self.statvfs: StatvfsFn = ctx.statvfs
@@ -260,8 +266,6 @@ class LustreCollector(Collector):
             self._count_bad("version", 1)
         tree.version = parsers.version_tuple(version)
         out.add(MOUNTS, len(mounts))
-        # the probe workers of mounts that are gone are let go
-        self.probe.retain({self._host_path(m.mountpoint) for m in mounts})
         if not mounts:  # nothing mounted: only the module's health, and no source is "down"
             if version_text is not None:
                 self._health(out)
@@ -325,7 +329,7 @@ class LustreCollector(Collector):
         for rel, parse in (("1/mountinfo", discovery.parse_mountinfo), ("1/mounts", discovery.parse_mounts),
                            ("self/mountinfo", discovery.parse_mountinfo), ("mounts", discovery.parse_mounts)):
             try:
-                text = self.read(str(self.procfs / rel))
+                text = self.tree.read_file(str(self.procfs / rel))
             except OSError as e:
                 last = e
                 continue
@@ -360,17 +364,15 @@ class LustreCollector(Collector):
 
     def _probe_instance(self, m: Mount, listed: set[str]) -> str | None:
         path = self._host_path(m.mountpoint)
-        candidates: list[Callable[[], str | None]] = []
+        candidates: list[Callable[[str], str | None]] = []
         if self.lfs:
             lfs = self.lfs
-            candidates.append(lambda: discovery.lfs_getname(lfs, path, self.probe.timeout_s))
+            candidates.append(lambda p: discovery.lfs_getname(lfs, p, self.probe_timeout_s))
         if self.use_ioctl:
-            candidates.append(lambda: discovery.ioctl_getmdname(path))
+            candidates.append(discovery.ioctl_getmdname)
         for fn in candidates:
-            try:
-                inst = self.probe.run(path, fn)  # the mount's probe worker (see _statfs_all)
-            except Exception:  # noqa: BLE001 - fall through to the next method
-                continue
+            o = self.probe.read([(path, fn)])[0]  # a failure falls through to the next method
+            inst = o.value if o.ok else None
             if isinstance(inst, str) and inst in listed:
                 parts = discovery.split_instance(inst)
                 if parts and parts[0] == m.fsname:
@@ -559,29 +561,24 @@ class LustreCollector(Collector):
             acc.add(MAX_RPCS, t.max_rpcs, labels)
 
     def _statfs_all(self, mounts: list[Mount], out: Families) -> None:
-        """statvfs of every mount in parallel (one long-lived probe worker per mount), all within
-        one probe timeout: a hung mount costs the collection at most probe_timeout_seconds once,
-        then nothing while stuck."""
-        handles = []
-        for m in mounts:
-            path = self._host_path(m.mountpoint)
-            handles.append((m, path, self.probe.start(path, lambda p=path: self.statvfs(p))))
-        deadline = time.monotonic() + self.probe.timeout_s
-        for m, path, handle in handles:
+        """statvfs of every mount at once (a pool worker each), each within the probe timeout: a
+        hung mount costs the collection at most probe_timeout_seconds once, then nothing while
+        stuck."""
+        paths = [self._host_path(m.mountpoint) for m in mounts]
+        outcomes = self.probe.read([(p, self.statvfs) for p in paths])
+        for m, path, o in zip(mounts, paths, outcomes, strict=True):
             labels = {"fsname": m.fsname, "mount": m.mountpoint}
             subject = f"statfs {m.mountpoint}"
-            try:
-                st = self.probe.wait(handle, deadline)
-            except OSError as e:
-                self.problems.report(subject, f"statvfs({path}) failed: {e.strerror or e}")
+            if o.status == deadline.ERROR and not isinstance(o.value, OSError):
+                raise o.value
+            if not o.ok:
+                why = (f"failed: {o.value.strerror or o.value}" if o.status == deadline.ERROR else
+                       f"did not answer within {self.probe_timeout_s:g}s (file system unreachable?); "
+                       "capacity not exported")
+                self.problems.report(subject, f"statvfs({path}) {why}")
                 out.add(STATFS_OK, 0, **labels)
                 continue
-            if st is TimedProbe.HUNG:
-                self.problems.report(subject, f"statvfs({path}) did not answer within "
-                                     f"{self.probe.timeout_s:g}s (file system unreachable?); "
-                                     "capacity not exported")
-                out.add(STATFS_OK, 0, **labels)
-                continue
+            st = o.value
             self.problems.report(subject, "")
             frsize = st.f_frsize or getattr(st, "f_bsize", 0)
             out.add(STATFS_OK, 1, **labels)

@@ -111,7 +111,7 @@ class WorkloadCollector(Collector):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        source = ctx.workload if ctx.workload is not None else from_config(ctx.config, ctx.nvml)
+        source = ctx.workload if ctx.workload is not None else from_config(ctx.config, ctx.nvml, ctx.pool)
         if source is None:
             raise ValueError("the workload collector needs a kind configured")
         self.source: WorkloadSource = source

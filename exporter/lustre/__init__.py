@@ -2,5 +2,5 @@
 
 The collector (exporter.collectors.lustre) ties them together and owns every stateful object
 here: the eviction tracker, the `Tree` (client version, this scrape's source problems) and the
-`TimedProbe` (calls still stuck on a hung mount).
+the mount probes (a `DeadlineReader`: calls still stuck on a hung mount).
 """

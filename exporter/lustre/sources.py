@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
-import queue
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -260,62 +258,22 @@ class KeptFiles:
         return len(self._files)
 
 
-class DeadlineReader:
-    """Reads files under exporter.deadline, each read under its own deadline (`timeout_s`).
-
-    A Lustre client's stats file can block in the kernel (a client waiting on a server), and a
-    blocked read cannot be interrupted. Read without a deadline, one such file would lose every
-    Lustre series. Here the collection waits at most `timeout_s` per file: past it that file's
-    read fails with TimeoutError (only its series are missing), the thread is left blocked in
-    the kernel and the rest are read on another. While that read is still blocked the same path
-    is not read again (it fails at once), so a hung file costs its deadline once. Inside the
-    collectors' chain the files are read right in the collector's thread (no hand-over); see
-    exporter/deadline.py.
-    """
-
-    def __init__(self, timeout_s: float, read: Callable[[str], str] = read_text,
-                 pool: deadline.Pool | None = None) -> None:
-        self.timeout_s = timeout_s
-        self._read = read
-        self._reader = deadline.DeadlineReader(read, timeout_s, pool=pool)
-
-    @property
-    def abandoned(self) -> int:
-        """Reads left blocked past their deadline, ever."""
-        return self._reader.abandoned
-
-    def __call__(self, path: str) -> str:
-        r = self.read_many([path])[0]
-        if isinstance(r, BaseException):
-            raise r
-        return r
-
-    def read_many(self, paths: list[str]) -> list[str | BaseException]:
-        """Each path's text, or the exception its read raised (TimeoutError past the deadline)."""
-        out: list[str | BaseException] = []
-        for p, o in zip(paths, self._reader.read(paths), strict=True):
-            if o.status in (deadline.OK, deadline.ERROR):
-                out.append(o.value)
-            elif o.status == deadline.BLOCKED:
-                out.append(TimeoutError(errno.ETIMEDOUT, "an earlier read is still blocked", p))
-            elif o.status == deadline.SKIPPED:
-                out.append(TimeoutError(errno.ETIMEDOUT, "not read: no thread to read it", p))
-            else:
-                why = f"read did not finish within {self.timeout_s:g}s"
-                out.append(TimeoutError(errno.ETIMEDOUT, why, p))
-        return out
-
-
 class Tree:
     """The three Lustre trees of one node, with per-scrape source problems recorded."""
 
-    def __init__(self, procfs: str, sysfs: str, debugfs: str,
+    def __init__(self, procfs: str, sysfs: str, debugfs: str, pool: deadline.Pool, timeout_s: float,
                  reader: Callable[[str], str] = read_text) -> None:
         self.debugfs_root = Path(debugfs)
         self.roots = {"procfs": Path(procfs) / "fs/lustre", "sysfs": Path(sysfs) / "fs/lustre",
                       "debugfs": self.debugfs_root / "lustre"}
         self._root_str = {k: str(v) for k, v in self.roots.items()}
-        self.reader = reader
+        # A Lustre client's stats file can block in the kernel (a client waiting on a server), and
+        # a blocked read cannot be interrupted: each file is read under its own deadline
+        # (`timeout_s`, exporter.deadline). A hung file fails with TimeoutError (only its series
+        # are missing) and is not read again until its read returns: it costs its deadline once.
+        self.reader = reader  # path -> text (tests wrap it)
+        self.timeout_s = timeout_s
+        self._files = deadline.DeadlineReader(lambda path: self.reader(path), timeout_s, pool=pool)
         self.version: tuple[int, ...] | None = None
         self.state = {s: SourceState() for s in SOURCES}
         self._reach: dict[str, int] = {}  # file kind -> trees to read at first (see read_many)
@@ -371,6 +329,29 @@ class Tree:
                 out.setdefault(n, src)
         return out
 
+    def read_files(self, paths: list[str]) -> list[str | BaseException]:
+        """Each path's text, or the exception its read raised (TimeoutError past its deadline),
+        all of them read in one hand-over to a pool worker."""
+        out: list[str | BaseException] = []
+        for p, o in zip(paths, self._files.read(paths), strict=True):
+            if o.status in (deadline.OK, deadline.ERROR):
+                out.append(o.value)
+            elif o.status == deadline.BLOCKED:
+                out.append(TimeoutError(errno.ETIMEDOUT, "an earlier read is still blocked", p))
+            elif o.status == deadline.SKIPPED:
+                out.append(TimeoutError(errno.ETIMEDOUT, "not read: no thread to read it", p))
+            else:
+                why = f"read did not finish within {self.timeout_s:g}s"
+                out.append(TimeoutError(errno.ETIMEDOUT, why, p))
+        return out
+
+    def read_file(self, path: str) -> str:
+        """One file's text under its deadline; raises what the read raised."""
+        r = self.read_files([path])[0]
+        if isinstance(r, BaseException):
+            raise r
+        return r
+
     def read(self, kind: str, *parts: str) -> str | None:
         """The text of the file `kind` under `<tree>/<parts>/`, trying the version's trees in
         order; None when no tree has it. A permission or I/O error marks that tree failed for
@@ -387,7 +368,6 @@ class Tree:
         if layout != self._cands_layout:
             self._cands, self._cands_old, self._cands_layout = {}, {}, layout
             self._batches, self._batches_old = {}, {}
-        read_many = getattr(self.reader, "read_many", None)
         first: list[str | BaseException] | None = None
         if not any(v > 1 for v in self._reach.values()):
             # The usual scrape: every kind was found in its first tree last time, so the first
@@ -400,7 +380,7 @@ class Tree:
                          dict.fromkeys({req[0] for req in requests}, 1))
             self._batches[id(requests)] = batch
             paths = batch[1]
-            first = read_many(paths) if read_many else [_call(self.reader, p) for p in paths]
+            first = self.read_files(paths)
             if set(map(type, first)) <= _ONLY_STR:
                 self._reach.update(batch[2])
                 return first  # type: ignore[return-value]
@@ -414,7 +394,7 @@ class Tree:
                 got, first = first, None
             else:
                 paths = [p for _, p in batch]
-                got = read_many(paths) if read_many else [_call(self.reader, p) for p in paths]
+                got = self.read_files(paths)
             for (i, _), r in zip(batch, got, strict=True):
                 texts[i].append(r)
             todo = []
@@ -462,13 +442,6 @@ class Tree:
 _ONLY_STR = frozenset({str})
 
 
-def _call(fn: Callable[[str], str], path: str) -> str | BaseException:
-    try:
-        return fn(path)
-    except Exception as e:  # noqa: BLE001 - sorted out by Tree._first
-        return e
-
-
 def _has_entries(path: Path) -> bool:
     try:
         return any(True for _ in os.scandir(path))
@@ -479,89 +452,4 @@ def _has_entries(path: Path) -> bool:
 StatvfsFn = Callable[[str], Any]
 
 
-class _Call:
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-        self.done = threading.Event()
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-
-class _ProbeWorker:
-    """One long-lived daemon thread running the calls of one key (a mount), one at a time."""
-
-    def __init__(self, key: str) -> None:
-        self.busy = False  # a call is submitted and has not returned (set under TimedProbe's lock)
-        self._q: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name=f"lustre-probe {key}", daemon=True).start()
-
-    def submit(self, fn: Callable[[], Any]) -> _Call:
-        call = _Call(fn)
-        self.busy = True
-        self._q.put(call)
-        return call
-
-    def retire(self) -> None:
-        self._q.put(None)  # it exits once the call it may be stuck in returns
-
-    def _loop(self) -> None:
-        while (call := self._q.get()) is not None:
-            try:
-                call.value = call.fn()
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                call.error = e
-            self.busy = False
-            call.done.set()
-
-
-class TimedProbe:
-    """Runs calls that may hang (statvfs or an ioctl on a Lustre mount that lost its servers)
-    and waits at most `timeout_s`. Each key (a mount) has one worker thread, made when the key is
-    first probed and kept: calls for different keys run in parallel, no thread is created per
-    call, and while a key's call is stuck a new one for that key is not started (the result is
-    'hung' until it returns; the worker then serves the key again). `retain` lets the workers of
-    keys no longer probed go."""
-
-    HUNG = object()
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self._workers: dict[str, _ProbeWorker] = {}
-        self._lock = threading.Lock()
-
-    def start(self, key: str, fn: Callable[[], Any]) -> Any:
-        """Hand fn() to `key`'s worker; returns a handle for `wait`, or HUNG when the previous
-        call for `key` is still running."""
-        with self._lock:
-            w = self._workers.get(key)
-            if w is None:
-                w = self._workers[key] = _ProbeWorker(key)
-            elif w.busy:
-                return self.HUNG
-            return w.submit(fn)
-
-    def wait(self, handle: Any, deadline: float) -> Any:
-        """The call's result, HUNG if it is still running at `deadline` (time.monotonic()),
-        or raises the call's exception."""
-        if handle is self.HUNG or not handle.done.wait(max(0.0, deadline - time.monotonic())):
-            return self.HUNG
-        if handle.error is not None:
-            raise handle.error
-        return handle.value
-
-    def run(self, key: str, fn: Callable[[], Any]) -> Any:
-        """fn()'s result within timeout_s, HUNG, or raises fn's exception."""
-        return self.wait(self.start(key, fn), time.monotonic() + self.timeout_s)
-
-    def retain(self, keys: set[str]) -> None:
-        """Let the workers of other keys go (a stuck one exits when its call returns)."""
-        with self._lock:
-            for k in [k for k in self._workers if k not in keys]:
-                self._workers.pop(k).retire()
-
-    def threads(self) -> int:
-        return len(self._workers)
-
-
-__all__ = ["MAX_FILE_BYTES", "MAX_MOUNTS_BYTES", "SOURCES", "DeadlineReader", "KeptFiles", "StatvfsFn",
-           "Tree", "TimedProbe", "read_text"]
+__all__ = ["MAX_FILE_BYTES", "MAX_MOUNTS_BYTES", "SOURCES", "KeptFiles", "StatvfsFn", "Tree", "read_text"]

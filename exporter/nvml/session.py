@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.deadline import DeadlineReader, Pool
 from exporter.nvml.backend import (
     NVML_ERROR_LIBRARY_NOT_FOUND,
     NVML_ERROR_UNINITIALIZED,
@@ -65,11 +66,14 @@ class NvmlSession:
 
     def __init__(self, backend: NvmlBackend | None = None, clock: Any = time.monotonic,
                  identity_timeout_s: float = IDENTITY_TIMEOUT_S,
-                 make: Callable[[], NvmlBackend] | None = None) -> None:
-        """Give the backend, or `make`, which makes it on the first ensure()."""
+                 make: Callable[[], NvmlBackend] | None = None, pool: Pool | None = None) -> None:
+        """Give the backend, or `make`, which makes it on the first ensure(); `pool`: the
+        process's (exporter.deadline), where the GPUs' identities are read (none: one of its own)."""
         self._make = make
         self.backend: NvmlBackend = backend if backend is not None else UnavailableBackend("not loaded yet")
         self.identity_timeout_s = identity_timeout_s
+        # a worker per GPU: a GPU whose identity calls hang is not waited for past the deadline
+        self._ids = DeadlineReader(self._identity, identity_timeout_s, pool=pool or Pool(), lanes=None)
         self.devices: list[DeviceIdentity] = []
         self.lost: set[int] = set()
         self.error = "not initialised yet"
@@ -85,7 +89,7 @@ class NvmlSession:
         self._by_uuid: dict[str, DeviceIdentity] = {}
 
     @classmethod
-    def for_capture(cls, path: str, latencies: bool = False) -> NvmlSession:
+    def for_capture(cls, path: str, latencies: bool = False, pool: Pool | None = None) -> NvmlSession:
         """A session replaying a capture file (made by `capture`); an unreadable file leaves NVML
         unavailable, saying why."""
         def make() -> NvmlBackend:
@@ -95,16 +99,16 @@ class NvmlSession:
                 return FakeBackend.from_file(path, latencies=latencies)
             except (OSError, ValueError, KeyError) as e:
                 return UnavailableBackend(f"cannot load NVML capture {path}: {e}")
-        return cls(make=make)
+        return cls(make=make, pool=pool)
 
     @classmethod
-    def real(cls) -> NvmlSession:
+    def real(cls, pool: Pool | None = None) -> NvmlSession:
         """A session on the real NVML library (pynvml), loaded on the first ensure()."""
         def make() -> NvmlBackend:
             from exporter.nvml.pynvml_backend import PynvmlBackend
 
             return PynvmlBackend()
-        return cls(make=make)
+        return cls(make=make, pool=pool)
 
     @property
     def ok(self) -> bool:
@@ -165,23 +169,12 @@ class NvmlSession:
         """Every GPU's identity, read concurrently under one deadline: a GPU whose calls hang
         (they cannot be interrupted) is listed with empty uuid and address, to be read again
         once it answers (refresh_identity), instead of holding up the whole node."""
-        found: dict[int, DeviceIdentity] = {}
-
-        def read(i: int) -> None:
-            found[i] = self._identity(i)
-
-        threads = [threading.Thread(target=read, args=(i,), name=f"nvml-identity-{i}", daemon=True)
-                   for i in range(count)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + self.identity_timeout_s
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        missing = [i for i in range(count) if i not in found]
+        outcomes = self._ids.read(range(count), self.identity_timeout_s)
+        missing = [i for i, o in enumerate(outcomes) if not o.ok]
         if missing:
             log.warning("NVML did not answer identity calls of GPU(s) %s within %gs", missing,
                         self.identity_timeout_s)
-        return [found.get(i) or DeviceIdentity(i, "", "", "") for i in range(count)]
+        return [o.value if o.ok else DeviceIdentity(i, "", "", "") for i, o in enumerate(outcomes)]
 
     def _set_devices(self, devices: list[DeviceIdentity]) -> None:
         self.devices = devices

@@ -31,6 +31,7 @@ from exporter.profiles import PROFILES, SIMULATED, Profile
 if TYPE_CHECKING:
     from exporter.collector import Context
     from exporter.config import Config
+    from exporter.deadline import Pool
     from exporter.nvml.fake import FakeBackend
     from exporter.nvml.session import NvmlSession
 
@@ -210,11 +211,11 @@ class Simulation:
         self._fake_nvml.append(fake)
         return fake
 
-    def nvml_session(self, latencies: bool = False) -> NvmlSession:
+    def nvml_session(self, latencies: bool = False, pool: Pool | None = None) -> NvmlSession:
         """An NVML session over this node's fake, made on the session's first use."""
         from exporter.nvml.session import NvmlSession
 
-        return NvmlSession(make=lambda: self.nvml_backend(latencies))
+        return NvmlSession(make=lambda: self.nvml_backend(latencies), pool=pool)
 
     def statvfs(self, path: str) -> os.statvfs_result:
         """What statvfs answers for the simulated node's mounts (written by its Lustre source)."""
@@ -226,9 +227,11 @@ class Simulation:
         """The Context of this node: `config` (loaded with config_overrides()) and its backends
         (tests and benches; exporter.cli builds the same, with the XID service named for it)."""
         from exporter.collector import Context
+        from exporter.deadline import Pool
 
-        return Context(config=config, nvml=self.nvml_session(nvml_latencies), statvfs=self.statvfs,
-                       imds_url=self.imds_url)
+        pool = Pool()
+        return Context(config=config, nvml=self.nvml_session(nvml_latencies, pool), statvfs=self.statvfs,
+                       imds_url=self.imds_url, pool=pool)
 
     @property
     def kmsg_path(self) -> str:

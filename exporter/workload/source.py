@@ -134,13 +134,14 @@ class KubeletKind(Kind):
 class WorkloadSource:
     """The configured kinds, read under one deadline; see the module docstring."""
 
-    def __init__(self, kinds: Sequence[Kind], timeout_s: float, max_per_gpu: int,
+    def __init__(self, kinds: Sequence[Kind], timeout_s: float, max_per_gpu: int, pool: deadline.Pool,
                  clock: Callable[[], float] = time.time) -> None:
         self.kinds = list(kinds)
         self.timeout_s = timeout_s
         self.max_per_gpu = max_per_gpu
         self._clock = clock
-        self._reader = deadline.DeadlineReader(lambda k: k.read(self._gpus), timeout_s, key=lambda k: k.name)
+        self._reader = deadline.DeadlineReader(lambda k: k.read(self._gpus), timeout_s, key=lambda k: k.name,
+                                               pool=pool)
         self._gpus: Sequence[DeviceIdentity] = ()
         self._lock = threading.Lock()
         self._inflight: Future | None = None
@@ -226,7 +227,7 @@ def _why(o: Any, timeout_s: float) -> str:
     return "not read: the kinds before it used the deadline"
 
 
-def from_config(config: Any, nvml: NvmlSession) -> WorkloadSource | None:
+def from_config(config: Any, nvml: NvmlSession, pool: deadline.Pool) -> WorkloadSource | None:
     """The source of the config's `workload` section; None when no kind is configured (or the
     collector is disabled)."""
     sec = getattr(config, "workload", None)
@@ -242,4 +243,4 @@ def from_config(config: Any, nvml: NvmlSession) -> WorkloadSource | None:
                                  sec.timeout_seconds * KUBELET_SHARE))
     if not kinds:
         return None
-    return WorkloadSource(kinds, sec.timeout_seconds, sec.max_per_gpu)
+    return WorkloadSource(kinds, sec.timeout_seconds, sec.max_per_gpu, pool)
