@@ -60,7 +60,7 @@ class Context:
 
     def __post_init__(self) -> None:
         if self.nvml is None:
-            self.nvml = NvmlSession.real()
+            self.nvml = NvmlSession.real(self.pool)
         if self.identity is None:
             self.identity = IdentitySource(self.config, imds_url=self.imds_url,
                                            dmi_instance_type=dmi.instance_type(self.config.paths.sysfs))

@@ -16,8 +16,8 @@ GIL, and threads reading at once would hand the GIL back and forth on every call
 one hand-over to a worker and one back. `handover` bounds how long a slow item (within its
 deadline) holds up the ones after it (the runner's collectors); `lanes` splits the items
 between that many workers reading at once (None: one each; GPUs read at once, mounts probed at
-once). A read inside an item of another read (a
-collector's devices) is just another read: the item's worker waits for it like any caller.
+once). A read inside an item of another read (a collector's devices) is just another read: the
+item's worker waits for it like any caller.
 
 The pool: `size` threads at most do work; they are started on demand and kept (no thread per
 read once the pool has grown). A written-off thread does not count against `size`. Threads are
@@ -36,9 +36,9 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
-# What a scrape of a p5 needs at once: the collectors' worker, the devices' worker of the
-# collector it runs, one more pair when a slow collector hands the rest over, and the GPU
-# collector's background refresh.
+# A scrape's reads at once: the collectors' worker and the devices' worker of the collector it
+# runs, one more pair while a slow collector has handed the rest over or while the GPUs' slow
+# counters are refreshed in the background. Past that, reads wait their turn.
 DEFAULT_POOL_SIZE = 5
 POLL_S = 0.05  # how often a caller looks at a read no worker has started yet (a busy pool)
 

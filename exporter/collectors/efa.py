@@ -50,7 +50,7 @@ class EfaSection(Section):
         check=check_counters, expected="default, all, or a list of counter file names")
     read_workers: int = setting(
         1, "Threads reading devices at once, each reading its share of the devices one after another. 1 "
-        "(read in the collectors' own thread) costs the least CPU; more only shorten the collection "
+        "(one pool thread) costs the least CPU; more only shorten the collection "
         "when reads wait on the devices.",
         check=positive)
 
