@@ -16,6 +16,7 @@ from exporter.nvml.session import NvmlSession
 
 if TYPE_CHECKING:
     from exporter.config import Config, Section
+    from exporter.workload.attribution import WorkloadHistory
     from exporter.xid.service import XidService
 
 
@@ -39,6 +40,9 @@ class Context:
     - `xid`: the XID service (xid, nvswitch and health collectors, `check`, `ack`): its parts
       (kernel-log follower, XID and SXid counters, identities, state files). The composition
       root builds it (naming the kernel log its counts come from); None: made from the config.
+    - `workloads`: what the workload source observed on each GPU lately. The collector that reads
+      the source hands each WorkloadReading to `workloads.observe()`; the XID service asks it who
+      a counted fault hit (exporter.workload.attribution). None: a new, empty one.
     """
 
     config: Config
@@ -47,8 +51,13 @@ class Context:
     imds_url: str | None = None
     identity: IdentitySource | None = None
     xid: XidService | None = None
+    workloads: WorkloadHistory | None = None
 
     def __post_init__(self) -> None:
+        if self.workloads is None:
+            from exporter.workload.attribution import WorkloadHistory
+
+            self.workloads = WorkloadHistory()
         if self.nvml is None:
             self.nvml = NvmlSession.real()
         if self.identity is None:
@@ -57,7 +66,7 @@ class Context:
         if self.xid is None and getattr(self.config, "xid", None) is not None:
             from exporter.xid.service import XidService
 
-            self.xid = XidService(self.config, self.nvml)
+            self.xid = XidService(self.config, self.nvml, workloads=self.workloads)
 
     @property
     def paths(self) -> Any:

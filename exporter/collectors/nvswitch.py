@@ -11,6 +11,8 @@ from typing import ClassVar
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
 from exporter.config import Section, setting
+from exporter.workload.attribution import SXID, WORKLOAD_LABELS, last_seen, series_labels
+from exporter.xid.parser import pci_label
 from exporter.xid.sxid_catalog import check_fatal_tier, check_policy
 from exporter.xid.sxid_counter import sxid_lines
 
@@ -37,6 +39,14 @@ SXID_ERRORS = define(
     "unknown; not `severity`, which alerts use for routing); kept across exporter restarts. tier is the "
     "policy tier (reboot, replace, ignore, unknown).",
     ("switch", "pci_bus_id", "sxid", "sxid_severity", "tier"), collector="nvswitch")
+SXID_WORKLOAD = define(
+    "gpu_nvswitch_sxid_workload_last_seen_timestamp_seconds", "gauge",
+    "Unix time of the last report of this SXid by this NVSwitch while this workload held one of the "
+    "node's GPUs (an NVSwitch fault fails NVLink for all of them): a Slurm job (hpc_job) or a "
+    "Kubernetes container (namespace, pod, container). Kept after the workload ended and across "
+    "restarts, until every GPU it held is acknowledged (`ack`) or the node reboots. Join on "
+    "(instance, pci_bus_id, sxid).",
+    ("switch", "pci_bus_id", "sxid") + WORKLOAD_LABELS, unit="seconds", collector="nvswitch")
 SXID_DROPPED = define(
     "gpu_health_exporter_sxid_reports_dropped_total", "counter",
     "SXid reports not counted: a code outside 10000-99999 or more than 256 series (a guard against a "
@@ -62,6 +72,12 @@ class NvswitchCollector(Collector):
         for x in sxid_lines(svc.sxids, svc.sxid_policy):
             out.add(SXID_ERRORS, x.count, switch=x.switch, pci_bus_id=x.pci_bus_id, sxid=str(x.sxid),
                     sxid_severity=x.severity, tier=x.tier)
+        out.declare(SXID_WORKLOAD)
+        switches = dict(svc.sxids.switches)
+        hits = last_seen(svc.attribution.ledger.visible(svc.store.acks_snapshot()), SXID)
+        for (pci, sxid, w), t in sorted(hits.items()):
+            out.add(SXID_WORKLOAD, t, switch=str(switches.get(pci, "")), pci_bus_id=pci_label(pci),
+                    sxid=str(sxid), **series_labels(w))
         out.add(SXID_DROPPED, svc.sxids.dropped)
 
 

@@ -1,0 +1,299 @@
+"""Fault attribution: which workloads held a GPU when an XID or SXid was counted on it, kept after
+the workload is gone (the job usually dies of the XID and its epilog removes its mapping seconds
+later, before any alert is evaluated).
+
+Parts, one job each:
+- WorkloadHistory: what the workload source observed on each GPU lately. Whatever produces
+  WorkloadReadings (the workload collector) calls `observe(reading)`; the composition root
+  (exporter.cli) builds one history and hands it to that producer and to the XID service.
+- AttributionLedger: the attributed events, the last few per GPU, with what an ack clears.
+- FaultAttribution: asks the history about the GPU(s) of a counted event and records the answer.
+
+Semantics (docs/xid.md, "Who the fault hit"):
+- An observation of a GPU stands from the reading that made it until the next reading that
+  observed that GPU, at most STAND_S (a source that stops answering does not keep a job on a GPU
+  for ever). An event is attributed to the workloads of the observation standing at its time;
+  an empty set is "no workload" (the GPU was observed idle).
+- An event before the first observation of its GPU that is still remembered (the kernel-log
+  backfill at start-up, an XID older than the job) is "unknown": never the current workload.
+- An SXid is attributed, on every GPU the node lists, to that GPU's workloads at its time.
+- An acknowledgement of a GPU (`ack`) clears its attributions up to the ack's time (`ack --xid X`
+  only those of XID X); later events stay.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import re
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.workload.model import Workload, WorkloadReading
+
+log = logging.getLogger("exporter.workload")
+
+KEEP_S = 3600.0  # observations older than this (once a newer one stands) are forgotten
+STAND_S = 900.0  # an observation stands at most this long when no newer reading observed the GPU
+MAX_SEGMENTS = 256  # per GPU: changes of its workload set remembered (a job every 15 s for an hour)
+MAX_GPUS = 64  # GPU UUIDs remembered (an 8-GPU node uses 8; MIG-heavy nodes more)
+MAX_WORKLOADS = 16  # workloads remembered on one GPU at one time (more are dropped, counted)
+MAX_PER_GPU = 8  # attributed events kept per GPU (distinct event and workload set; oldest go first)
+MERGE_S = 10.0  # an "unknown" within this of a recorded attribution of the same event is that event
+MAX_LABEL_CHARS = 253  # a Kubernetes name's limit; Slurm job ids are far shorter
+_BAD_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+XID, SXID = "xid", "sxid"
+
+
+def valid_label(v: Any) -> bool:
+    """A label value fit for a series, a log line and the state file: a string of at most
+    MAX_LABEL_CHARS characters, no control characters, encodable as UTF-8."""
+    if not isinstance(v, str) or len(v) > MAX_LABEL_CHARS or _BAD_CHARS.search(v):
+        return False
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (JSON can carry one as an escape)
+        return False
+    return True
+
+
+def valid_workload(w: Any) -> bool:
+    """A Slurm job (hpc_job only) or a container (namespace, pod, container; no hpc_job)."""
+    if not isinstance(w, Workload):
+        return False
+    fields = (w.hpc_job, w.namespace, w.pod, w.container)
+    if not all(valid_label(f) for f in fields):
+        return False
+    return bool(w.hpc_job) and not (w.namespace or w.pod or w.container) or \
+        not w.hpc_job and bool(w.pod)
+
+
+def describe(workloads: tuple[Workload, ...] | None) -> str:
+    """`workloads: slurm job 42, ...`, `no workload (the GPU was idle)` or `workload unknown`."""
+    if workloads is None:
+        return "workload unknown (the GPU was not observed then)"
+    if not workloads:
+        return "no workload (the GPU was idle)"
+    return "workloads: " + ", ".join(w.describe() for w in workloads)
+
+
+@dataclass
+class _Segment:
+    workloads: tuple[Workload, ...]
+    first: float  # unix time of the first reading that observed this set
+    last: float  # and of the last one
+
+
+class WorkloadHistory:
+    """Per GPU UUID, the workload sets the source observed and when. Thread-safe: readings come
+    from the collector's thread, questions from the kernel-log follower's."""
+
+    def __init__(self, keep_s: float = KEEP_S, stand_s: float = STAND_S) -> None:
+        self.keep_s = keep_s
+        self.stand_s = stand_s
+        self.lock = threading.Lock()
+        self._gpus: dict[str, list[_Segment]] = {}
+        self.rejected = 0  # workloads or GPUs refused by the limits or as malformed
+
+    def observe(self, reading: WorkloadReading) -> None:
+        """Take one reading of the workload source (GPUs missing from it are not observed by it)."""
+        at = float(reading.at)
+        if not math.isfinite(at):
+            return
+        with self.lock:
+            for uuid, workloads in reading.by_uuid.items():
+                ws = self._clean(workloads)
+                segs = self._gpus.get(uuid)
+                if segs is None:
+                    if not valid_label(uuid) or not uuid or len(self._gpus) >= MAX_GPUS:
+                        self.rejected += 1
+                        continue
+                    segs = self._gpus[uuid] = []
+                if segs and at < segs[-1].last:
+                    continue  # older than what we know: a late reading tells nothing new
+                if segs and segs[-1].workloads == ws and at - segs[-1].last <= self.stand_s:
+                    segs[-1].last = at
+                else:
+                    segs.append(_Segment(ws, at, at))
+                self._prune(segs, at)
+
+    def _clean(self, workloads: Iterable[Workload]) -> tuple[Workload, ...]:
+        given = tuple(workloads)
+        ok = sorted({w for w in given if valid_workload(w)})
+        dropped = sum(not valid_workload(w) for w in given)
+        if len(ok) > MAX_WORKLOADS:
+            dropped += len(ok) - MAX_WORKLOADS
+            ok = ok[:MAX_WORKLOADS]
+        self.rejected += max(0, dropped)
+        return tuple(ok)
+
+    def _prune(self, segs: list[_Segment], now: float) -> None:
+        # A segment is needed while an event in it may still be attributed: until KEEP_S after
+        # the next segment began (or its own stand ended).
+        while len(segs) > 1 and min(segs[1].first, segs[0].last + self.stand_s) < now - self.keep_s:
+            del segs[0]
+        del segs[:-MAX_SEGMENTS]
+
+    def at(self, uuid: str, t: float) -> tuple[Workload, ...] | None:
+        """The workloads on GPU `uuid` at unix time `t`: () when it was observed idle, None when
+        unknown (not observed then: before the first remembered observation of that GPU, or more
+        than STAND_S after the last one before `t`)."""
+        with self.lock:
+            segs = self._gpus.get(uuid)
+            if not segs or t < segs[0].first:
+                return None
+            i = bisect.bisect_right([s.first for s in segs], t) - 1
+            seg = segs[i]
+            # Within the segment (first..last) its set was seen at both ends; after `last` it
+            # stands until the next segment's first reading, or STAND_S.
+            if t > seg.last + self.stand_s:
+                return None
+            return seg.workloads
+
+    def uuids(self) -> list[str]:
+        with self.lock:
+            return list(self._gpus)
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """An attributed event on one GPU: the last `kind` event `code` (an XID, or an SXid reported
+    by the NVSwitch at `switch`) with these workloads, at unix time `time`."""
+
+    pci: str  # the GPU's PCI key (exporter.xid.parser.pci_key)
+    kind: str  # XID or SXID
+    code: int
+    switch: str  # the NVSwitch's PCI key for an SXid, "" for an XID
+    time: float
+    workloads: tuple[Workload, ...] | None  # None: unknown; (): the GPU was idle
+
+    @property
+    def event(self) -> tuple[str, str, int, str]:
+        return (self.pci, self.kind, self.code, self.switch)
+
+    def cleared_by(self, acks: Iterable[Any]) -> bool:
+        """An ack of this GPU at or after the event (of every XID, or of this XID) clears it."""
+        return any(a.pci == self.pci and a.time >= self.time
+                   and (a.xid is None or (self.kind == XID and a.xid == self.code)) for a in acks)
+
+
+class AttributionLedger:
+    """The attributed events, at most MAX_PER_GPU per GPU (a repeat of an event with the same
+    workloads updates its time; the oldest go first). Thread-safe."""
+
+    def __init__(self, per_gpu: int = MAX_PER_GPU) -> None:
+        self.per_gpu = per_gpu
+        self.lock = threading.Lock()
+        self._by_gpu: dict[str, list[Attribution]] = {}
+        self.version = 0  # bumps on every change worth writing
+
+    def add(self, rec: Attribution) -> None:
+        with self.lock:
+            recs = self._by_gpu.get(rec.pci)
+            if recs is None:
+                if len(self._by_gpu) >= MAX_GPUS:
+                    return
+                recs = self._by_gpu[rec.pci] = []
+            if rec.workloads is None and any(r.event == rec.event and r.workloads is not None
+                                             and abs(r.time - rec.time) <= MERGE_S for r in recs):
+                return  # counted again by a one-shot command, attributed by the daemon already
+            same = next((r for r in recs if r.event == rec.event and r.workloads == rec.workloads), None)
+            if same is not None:
+                if same.time >= rec.time:
+                    return
+                recs.remove(same)
+            recs.append(rec)
+            recs.sort(key=lambda r: r.time)
+            del recs[:-self.per_gpu]
+            self.version += 1
+
+    def visible(self, acks: Iterable[Any] = ()) -> list[Attribution]:
+        """Every record no ack has cleared, oldest first."""
+        acks = list(acks)
+        with self.lock:
+            recs = [r for rs in self._by_gpu.values() for r in rs]
+        return sorted((r for r in recs if not r.cleared_by(acks)), key=lambda r: (r.time, r.pci))
+
+    def prune(self, acks: Iterable[Any]) -> None:
+        """Forget the records acks have cleared (before writing them out)."""
+        acks = list(acks)
+        with self.lock:
+            for pci, recs in list(self._by_gpu.items()):
+                kept = [r for r in recs if not r.cleared_by(acks)]
+                if len(kept) != len(recs):
+                    self.version += 1
+                    if kept:
+                        self._by_gpu[pci] = kept
+                    else:
+                        del self._by_gpu[pci]
+
+    def records(self) -> list[Attribution]:
+        with self.lock:
+            return [r for rs in self._by_gpu.values() for r in rs]
+
+
+class FaultAttribution:
+    """Attributes counted events: the GPU's identity (`identities`: PCI key -> index, UUID, as the
+    XID service knows them) asks the history (`history`) and the answer goes to the ledger."""
+
+    def __init__(self, history: WorkloadHistory, identities: Any,
+                 ledger: AttributionLedger | None = None) -> None:
+        self.history = history
+        self.identities = identities
+        self.ledger = ledger or AttributionLedger()
+
+    def xid(self, pci: str, xid: int, wall: float) -> Attribution:
+        """Record an XID counted on the GPU at `pci` at unix time `wall`; returns the record."""
+        uuid = self.identities.labels(pci, ask_nvml=False)[1]
+        rec = Attribution(pci, XID, xid, "", wall, self.history.at(uuid, wall) if uuid else None)
+        self.ledger.add(rec)
+        return rec
+
+    def sxid(self, switch: str, sxid: int, wall: float) -> list[Attribution]:
+        """Record an SXid reported by the NVSwitch at PCI key `switch` against every GPU the node
+        lists (an NVSwitch fault fails NVLink for all of them); returns the records."""
+        out = []
+        for pci, ident in sorted(self.identities.to_state().items()):
+            if ident.get("index") is None or not ident.get("uuid"):
+                continue  # an address known only from a kernel-log line: not a GPU of this node
+            rec = Attribution(pci, SXID, sxid, switch, wall, self.history.at(ident["uuid"], wall))
+            self.ledger.add(rec)
+            out.append(rec)
+        return out
+
+
+def describe_sxid(recs: list[Attribution]) -> str:
+    """One phrase for an SXid's records across the node's GPUs (for its log line)."""
+    if not recs:
+        return "workload unknown (no GPU known on the node yet)"
+    if any(r.workloads is None for r in recs) and not any(r.workloads for r in recs):
+        return describe(None)
+    workloads = tuple(sorted({w for r in recs for w in r.workloads or ()}))
+    unknown = sum(r.workloads is None for r in recs)
+    return describe(workloads) + (f" (unknown on {unknown} GPU(s))" if unknown else "")
+
+
+def last_seen(records: Iterable[Attribution], kind: str) -> dict[tuple[str, int, Workload], float]:
+    """The exported attribution series of `kind`: per (the GPU's PCI key for an XID, the
+    NVSwitch's for an SXid; code; workload) the time of the last such event. Unknown and idle
+    attributions have no series (no workload is ever invented)."""
+    out: dict[tuple[str, int, Workload], float] = {}
+    for r in records:
+        if r.kind != kind:
+            continue
+        for w in r.workloads or ():
+            key = (r.pci if kind == XID else r.switch, r.code, w)
+            out[key] = max(out.get(key, 0.0), r.time)
+    return out
+
+
+WORKLOAD_LABELS = ("hpc_job", "namespace", "pod", "container")
+
+
+def series_labels(w: Workload) -> dict[str, str]:
+    """All four workload labels of an attribution series (those of the other kind empty)."""
+    return {n: getattr(w, n) for n in WORKLOAD_LABELS}

@@ -1,0 +1,265 @@
+"""Fault attribution (issue 26 item 3): which workloads an XID or SXid hit, after the workload
+ended, never invented for an idle GPU or an event from before the GPU was observed, cleared by an
+ack, kept across a restart. The history is fed WorkloadReadings built here (the contract of
+exporter.workload.model); events come from kernel-log files as the daemon reads them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+
+import pytest
+
+from exporter.collectors.nvswitch import NvswitchCollector
+from exporter.collectors.xid import XidCollector
+from exporter.commands import ack as ack_cmd
+from exporter.runner import Runner
+from exporter.workload.attribution import (
+    MAX_PER_GPU,
+    STAND_S,
+    Attribution,
+    AttributionLedger,
+    WorkloadHistory,
+)
+from exporter.workload.attribution_state import STATE_NAME, validate_state
+from exporter.workload.model import Workload, WorkloadReading
+from exporter.xid.parser import pci_key
+from exporter.xid.service import one_shot
+from tests.helpers import promtool_check_metrics, samples, scrape
+from tests.test_xid_service import fake_p5, make_ctx
+
+JOB42, JOB43 = Workload(hpc_job="42"), Workload(hpc_job="43")
+POD = Workload(namespace="train", pod="llama-0", container="trainer")
+T0 = 1_800_000_000.0
+
+
+# -- the history ---------------------------------------------------------------------------------
+def history(*readings: tuple[float, dict]) -> WorkloadHistory:
+    h = WorkloadHistory()
+    for at, by_uuid in readings:
+        h.observe(WorkloadReading(at, by_uuid))
+    return h
+
+
+def test_an_event_while_the_job_runs_names_it():
+    h = history((T0, {"GPU-a": (JOB42,)}), (T0 + 15, {"GPU-a": (JOB42,)}))
+    assert h.at("GPU-a", T0 + 7) == (JOB42,)
+    assert h.at("GPU-a", T0 + 15) == (JOB42,)
+
+
+def test_the_last_observation_stands_until_the_next_so_a_job_that_died_of_it_is_named():
+    # The XID at T0+20 kills the job; the epilog removed its mapping before the reading at T0+30.
+    h = history((T0, {"GPU-a": (JOB42,)}), (T0 + 15, {"GPU-a": (JOB42,)}), (T0 + 30, {"GPU-a": ()}))
+    assert h.at("GPU-a", T0 + 20) == (JOB42,)
+    assert h.at("GPU-a", T0 + 31) == ()  # after the idle observation: no workload, not job 42
+
+
+def test_an_event_before_the_gpu_was_observed_is_unknown_never_the_current_job():
+    h = history((T0, {"GPU-a": (JOB42,)}))
+    assert h.at("GPU-a", T0 - 1) is None  # backfill at start-up, or an XID older than the job
+    assert h.at("GPU-b", T0) is None  # a GPU the source never observed
+    h.observe(WorkloadReading(T0 + 10, {"GPU-b": (JOB43,)}))
+    assert h.at("GPU-b", T0 + 5) is None  # GPU-b first observed at T0+10
+
+
+def test_a_gpu_missing_from_a_reading_is_not_observed_by_it_and_a_stale_observation_expires():
+    h = history((T0, {"GPU-a": (JOB42,), "GPU-b": ()}), (T0 + 15, {"GPU-b": ()}))
+    assert h.at("GPU-a", T0 + 60) == (JOB42,)  # the reading at T0+15 did not observe GPU-a
+    assert h.at("GPU-a", T0 + STAND_S + 1) is None  # no reading of it for STAND_S: unknown
+
+
+def test_two_jobs_sharing_a_gpu_are_both_named():
+    h = history((T0, {"GPU-a": (JOB43, JOB42, JOB42)}))
+    assert h.at("GPU-a", T0 + 1) == (JOB42, JOB43)
+
+
+def test_malformed_workloads_and_late_readings_are_refused():
+    h = history((T0, {"GPU-a": (Workload(hpc_job="4\n2"), Workload(hpc_job="7", pod="p"), JOB42)}))
+    assert h.at("GPU-a", T0) == (JOB42,) and h.rejected == 2
+    h.observe(WorkloadReading(T0 - 100, {"GPU-a": (JOB43,)}))  # older than what is known
+    assert h.at("GPU-a", T0) == (JOB42,)
+
+
+def test_the_ledger_keeps_the_last_few_per_gpu_and_a_repeat_updates_the_time():
+    led = AttributionLedger()
+    for i in range(MAX_PER_GPU + 3):
+        led.add(Attribution("00000000:53:00", "xid", 13, "", T0 + i, (Workload(hpc_job=str(i)),)))
+    led.add(Attribution("00000000:53:00", "xid", 13, "", T0 + 99, (Workload(hpc_job="5"),)))
+    recs = led.records()
+    assert len(recs) == MAX_PER_GPU
+    assert [r.workloads[0].hpc_job for r in recs][-1] == "5" and recs[-1].time == T0 + 99
+
+
+# -- through the XID service ---------------------------------------------------------------------
+def kernel_usec(svc, wall: float) -> int:
+    """The kernel-log timestamp the service's clock maps to unix time `wall`."""
+    return int((wall - (time.time() - svc.clock.now())) * 1e6)
+
+
+def xid_line(seq: int, usec: int, xid: int, pci: str = "0000:53:00") -> str:
+    return f"3,{seq},{usec},-;NVRM: Xid (PCI:{pci}): {xid}, pid=77, name=python, Ch 00000008\n"
+
+
+def sxid_line(seq: int, usec: int) -> str:
+    return (f"3,{seq},{usec},-;nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, "
+            "Link 48 LTSSM Fault Up\n")
+
+
+class Node:
+    """An XID service on a simulated p5 (fake NVML), its kernel log a file we append to."""
+
+    def __init__(self, tmp_path, text: str | None = "") -> None:
+        self.tmp_path = tmp_path
+        self.fake, session = fake_p5()
+        self.ctx = make_ctx(tmp_path, text, nvml=session)
+        self.svc = self.ctx.xid
+        self.uuid = {d.index: d.uuid for d in session.devices}
+        self.pci = {d.index: pci_key(d.pci_bus_id) for d in session.devices}
+        self.seq = 1000 if text == "" else 5000
+
+    def now_usec(self, offset_s: float = 0.0) -> int:
+        return kernel_usec(self.svc, time.time() + offset_s)
+
+    def observe(self, at: float, by_index: dict[int, tuple[Workload, ...]]) -> None:
+        self.ctx.workloads.observe(WorkloadReading(at, {self.uuid[i]: w for i, w in by_index.items()}))
+
+    def log(self, line_of_seq) -> None:
+        self.seq += 1
+        with open(self.tmp_path / "kmsg", "a") as f:
+            f.write(line_of_seq(self.seq))
+        self.svc.read_kmsg()
+
+    def scrape(self) -> dict:
+        return samples(scrape(Runner([XidCollector(self.ctx), NvswitchCollector(self.ctx)], deadline_s=5)))
+
+
+def hits(s: dict, name: str = "gpu_xid_workload_last_seen_timestamp_seconds") -> set[tuple]:
+    out = set()
+    for (n, ls), _ in s.items():
+        if n == name:
+            d = dict(ls)
+            out.add((d.get("gpu", d.get("switch")), d.get("xid", d.get("sxid")), d["hpc_job"], d["pod"]))
+    return out
+
+
+def test_an_xid_names_the_job_in_the_log_line_the_series_and_the_state_file_after_it_ended(tmp_path, caplog):
+    node = Node(tmp_path)
+    one_shot(node.ctx)
+    node.svc.counter.log_events = True
+    now = time.time()
+    node.observe(now - 30, {0: (JOB42,), 1: ()})
+    node.observe(now - 15, {0: (JOB42,), 1: ()})
+    with caplog.at_level(logging.WARNING, "exporter.xid"):
+        node.log(lambda seq: xid_line(seq, node.now_usec(-5), 79))  # between the readings: job 42
+        node.log(lambda seq: xid_line(seq, node.now_usec(-5), 13, "0000:64:00"))  # GPU 1 was idle
+    node.observe(now, {0: (), 1: ()})  # the epilog removed job 42's mapping
+    assert "XID 79 counted on GPU 0" in caplog.text and "workloads: slurm job 42" in caplog.text
+    assert "XID 13 counted on GPU 1" in caplog.text and "no workload (the GPU was idle)" in caplog.text
+    s = node.scrape()
+    assert hits(s) == {("0", "79", "42", "")}  # none for the idle GPU
+    assert promtool_check_metrics(scrape(Runner([XidCollector(node.ctx)], deadline_s=5))) == ""
+    node.svc.flush_state(force=True)
+    doc = json.loads((tmp_path / "state" / STATE_NAME).read_text())
+    recs = validate_state(doc)
+    assert {(r.code, r.workloads) for r in recs} == {(79, (JOB42,)), (13, ())}
+
+
+def test_the_backlog_at_start_up_is_unknown_never_the_current_workload(tmp_path, caplog):
+    # XIDs in the ring buffer from before the exporter (and the workload source) started.
+    node = Node(tmp_path, None)
+    backlog = xid_line(1, node.now_usec(-60), 94) + xid_line(2, node.now_usec(-10), 31)
+    (tmp_path / "kmsg").write_text(backlog)
+    node.observe(time.time() - 5, {0: (JOB43,)})  # job 43 runs now, observed after both XIDs
+    node.svc.counter.log_events = True
+    with caplog.at_level(logging.WARNING, "exporter.xid"):
+        one_shot(node.ctx)
+    assert caplog.text.count("workload unknown") == 2 and "43" not in caplog.text
+    assert hits(node.scrape()) == set()
+    assert {r.workloads for r in node.svc.attribution.ledger.records()} == {None}
+
+
+def test_two_jobs_sharing_a_gpu_both_get_a_series(tmp_path):
+    node = Node(tmp_path)
+    one_shot(node.ctx)
+    node.observe(time.time() - 10, {2: (JOB42, POD)})
+    node.log(lambda seq: xid_line(seq, node.now_usec(-1), 48, "0000:75:00"))
+    assert hits(node.scrape()) == {("2", "48", "42", ""), ("2", "48", "", "llama-0")}
+
+
+def test_an_sxid_is_attributed_to_the_workloads_on_every_gpu(tmp_path, caplog):
+    node = Node(tmp_path)
+    one_shot(node.ctx)
+    node.svc.sxid_counter.log_events = True
+    node.observe(time.time() - 10, {0: (JOB42,), 1: (JOB42,), 5: (POD,), 6: ()})
+    with caplog.at_level(logging.WARNING, "exporter.sxid"):
+        node.log(lambda seq: sxid_line(seq, node.now_usec(-1)))
+    assert "slurm job 42" in caplog.text and "pod train/llama-0" in caplog.text
+    name = "gpu_nvswitch_sxid_workload_last_seen_timestamp_seconds"
+    assert hits(node.scrape(), name) == {("1", "20034", "42", ""), ("1", "20034", "", "llama-0")}
+    by_gpu = {r.pci: r.workloads for r in node.svc.attribution.ledger.records()}
+    assert by_gpu[node.pci[0]] == (JOB42,) and by_gpu[node.pci[5]] == (POD,) and by_gpu[node.pci[6]] == ()
+    assert by_gpu[node.pci[7]] is None
+    assert len(by_gpu) == 8  # the GPUs never observed are unknown, not skipped
+
+
+def test_an_ack_clears_the_gpu_and_a_later_event_is_attributed_again(tmp_path):
+    node = Node(tmp_path)
+    one_shot(node.ctx)
+    node.svc.start()  # the daemon: the follower thread writes the state files
+    try:
+        node.observe(time.time() - 10, {0: (JOB42,), 1: (JOB43,)})
+        node.log(lambda seq: xid_line(seq, node.now_usec(-2), 94))
+        node.log(lambda seq: xid_line(seq, node.now_usec(-2), 94, "0000:64:00"))
+        assert len(hits(node.scrape())) == 2
+        node.svc.flush_state(force=True)
+        # `gpu-health-exporter ack --gpu 0` in its own process (a second context on the same files)
+        other = Node(tmp_path, None)
+        assert ack_cmd.run(argparse.Namespace(gpu="0", xid=None), other.ctx) == 0
+        assert hits(node.scrape()) == {("1", "94", "43", "")}  # GPU 0's cleared; GPU 1's stay
+        node.observe(time.time(), {0: (JOB43,)})
+        node.log(lambda seq: xid_line(seq, node.now_usec(), 95))
+        assert hits(node.scrape()) == {("1", "94", "43", ""), ("0", "95", "43", "")}
+    finally:
+        node.svc.stop()
+    recs = validate_state(json.loads((tmp_path / "state" / STATE_NAME).read_text()))
+    assert {(r.pci, r.code) for r in recs} == {("00000000:64:00", 94), ("00000000:53:00", 95)}
+
+
+def test_a_restart_keeps_the_attribution_through_the_state_file(tmp_path):
+    node = Node(tmp_path)
+    one_shot(node.ctx)
+    node.observe(time.time() - 10, {3: (POD,)})
+    node.log(lambda seq: xid_line(seq, node.now_usec(-1), 63, "0000:86:00"))
+    node.svc.flush_state(force=True)
+    # A new process: the history is empty, the kernel log holds the XID already counted.
+    again = Node(tmp_path, None)
+    one_shot(again.ctx)
+    assert hits(again.scrape()) == {("3", "63", "", "llama-0")}
+    assert again.svc.attribution.ledger.records()[0].workloads == (POD,)
+
+
+def doc(*row) -> dict:
+    return {"version": 1, "boot_id": "boot-1", "kmsg": "k", "records": [list(row)]}
+
+
+@pytest.mark.parametrize("bad", [
+    doc("00000000:53:00", "xid", 1000, "", 1.0, None),  # not an XID
+    doc("00000000:53:00", "xid", 79, "", float("nan"), None),
+    doc("00000000:53:00", "xid", 79, "", 1.0, [["4\u00002", "", "", ""]]),  # a control character
+    doc("00000000:53:00", "xid", 79, "", 1.0, [["\ud800", "", "", ""]]),  # not encodable
+    doc("00000000:53:00", "xid", 79, "", 1.0, [["x" * 300, "", "", ""]]),
+    doc("00000000:53:00", "xid", 79, "", 1.0, [["42", "ns", "pod", ""]]),  # a job and a pod at once
+    doc("00000000:53:00", "sxid", 20034, "", 1.0, None),  # an SXid without its switch
+    doc("junk", "xid", 79, "", 1.0, None),
+])
+def test_a_bad_state_file_is_refused_with_the_field_named_and_ignored(tmp_path, bad, caplog):
+    with pytest.raises(ValueError, match=r"records\[0\]"):
+        validate_state(bad)
+    node = Node(tmp_path)
+    (tmp_path / "state").mkdir(exist_ok=True)
+    (tmp_path / "state" / STATE_NAME).write_text(json.dumps({**bad, "kmsg": str(tmp_path / "kmsg")}))
+    with caplog.at_level(logging.WARNING, "exporter.workload"):
+        one_shot(node.ctx)
+    assert "corrupt, ignored" in caplog.text and node.svc.attribution.ledger.records() == []
