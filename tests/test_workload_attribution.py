@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -15,6 +18,7 @@ import pytest
 from exporter.collectors.nvswitch import NvswitchCollector
 from exporter.collectors.xid import XidCollector
 from exporter.commands import ack as ack_cmd
+from exporter.commands import check
 from exporter.runner import Runner
 from exporter.workload.attribution import (
     MAX_PER_GPU,
@@ -27,7 +31,7 @@ from exporter.workload.attribution_state import STATE_NAME, validate_state
 from exporter.workload.model import Workload, WorkloadReading
 from exporter.xid.parser import pci_key
 from exporter.xid.service import one_shot
-from tests.helpers import promtool_check_metrics, samples, scrape
+from tests.helpers import ROOT, promtool_check_metrics, samples, scrape
 from tests.test_xid_service import fake_p5, make_ctx
 
 JOB42, JOB43 = Workload(hpc_job="42"), Workload(hpc_job="43")
@@ -263,3 +267,44 @@ def test_a_bad_state_file_is_refused_with_the_field_named_and_ignored(tmp_path, 
     with caplog.at_level(logging.WARNING, "exporter.workload"):
         one_shot(node.ctx)
     assert "corrupt, ignored" in caplog.text and node.svc.attribution.ledger.records() == []
+
+
+# -- check and the Slurm health check ------------------------------------------------------------
+def test_check_and_the_slurm_drain_reason_name_the_job_after_it_ended(tmp_path, capsys):
+    node = Node(tmp_path)
+    one_shot(node.ctx)
+    node.observe(time.time() - 30, {1: (JOB42,)})
+    node.log(lambda seq: xid_line(seq, node.now_usec(-20), 94, "0000:64:00"))
+    node.observe(time.time() - 10, {1: ()})  # the job died of it; its epilog removed the mapping
+    node.log(lambda seq: xid_line(seq, node.now_usec(-5), 13, "0000:64:00"))  # idle by then
+    node.svc.flush_state(force=True)
+    # `check` in its own process: the state files, the kernel log, NVML (no workload source)
+    ctx = Node(tmp_path, None).ctx
+    nv, svc, problems = check.gather(ctx)
+    doc = check.to_json(nv, svc, problems, 2, ctx)
+    g1 = next(g for g in doc["gpus"] if g["gpu"] == 1)
+    assert [(e["event"], e["xid"], e["workload_known"], e["workloads"]) for e in g1["workloads_hit"]] == [
+        ("xid", 94, True, [{"kind": "slurm", "hpc_job": "42"}]), ("xid", 13, True, [])]
+    assert all(not g["workloads_hit"] for g in doc["gpus"] if g["gpu"] != 1)
+    text = check.table(nv, problems, 2, ctx, svc)
+    assert "GPU 1 (00000000:64:00.0) XID 94 at " in text and ": workloads: slurm job 42" in text
+    assert "XID 13 at" in text and "no workload (the GPU was idle)" in text
+
+    # deploy/slurm/gpu-health-check.sh drains with that report (check's exit 2: action required)
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(doc))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "exporter").write_text(f"#!/bin/sh\ncat {report}\nexit 2\n")
+    (fake / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'scontrol.log'}\n"
+                                   "[ \"$1\" = show ] && echo '   State=IDLE ThreadsPerCore=2'\nexit 0\n")
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "GPU_HEALTH_EXPORTER": str(fake / "exporter"),
+           "GPU_HEALTH_PYTHON": sys.executable, "SCONTROL": str(fake / "scontrol"),
+           "GPU_HEALTH_HYPERPOD": "no", "GPU_HEALTH_CHECK_CONFIG": "/nonexistent", "SLURMD_NODENAME": "n1"}
+    subprocess.run([str(ROOT / "deploy/slurm/gpu-health-check.sh")], env=env, check=True, timeout=60,
+                   capture_output=True)
+    update = (tmp_path / "scontrol.log").read_text().splitlines()[-1]
+    assert update == ("update NodeName=n1 State=DRAIN "
+                      "Reason=gpu-health: GPU 1 replace (xid_replace: XID 94; job 42)")
