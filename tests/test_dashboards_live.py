@@ -42,6 +42,10 @@ LOST = ("faulty-node-1", "3")  # gpu-lost: GPU 3 falls off the bus
 # (dashboard, panel title) -> why it may be empty on the faulty cluster. A new panel gets data by
 # adding the scenario of its fault to a faulty node above, or is listed here with the reason.
 EMPTY_ON_PURPOSE = {
+    # issue 26: the simulated nodes run no workload (no workload source feeds them a reading)
+    ("gpu-health-node", "Workloads on the GPUs now"): "no workload runs on a simulated node",
+    ("gpu-health-node", "Workloads the faults hit"): "no workload runs on a simulated node",
+    ("gpu-health-fleet", "Faults by job"): "no workload runs on a simulated node",
     ("gpu-health-fsx", "Imports not connected"):
         "the FSx eviction's import recovers to FULL, and no listed fault keeps one disconnected",
 }
@@ -112,7 +116,8 @@ def _range(api: str, expr: str, end: float) -> list[dict]:
 
 
 def _substitute(expr: str, cluster: str, instance: str) -> str:
-    return (expr.replace("$__rate_interval", RATE_INTERVAL).replace("$cluster", cluster)
+    return (expr.replace("$__rate_interval", RATE_INTERVAL).replace("$__range_s", "3600")
+            .replace("$__range", "1h").replace("$cluster", cluster)
             .replace("$instance", instance).replace("$gpu", ".*"))
 
 

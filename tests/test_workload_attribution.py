@@ -308,3 +308,38 @@ def test_check_and_the_slurm_drain_reason_name_the_job_after_it_ended(tmp_path, 
     update = (tmp_path / "scontrol.log").read_text().splitlines()[-1]
     assert update == ("update NodeName=n1 State=DRAIN "
                       "Reason=gpu-health: GPU 1 replace (xid_replace: XID 94; job 42)")
+
+
+# -- the fleet dashboard's table, through Prometheus' engine (promtool) --------------------------
+def test_the_fleet_table_lists_the_jobs_hit_within_the_range_after_they_ended(tmp_path):
+    from dashboards.build import dashboards
+    from tests.helpers import promtool
+
+    panel = next(p for p in dashboards()["gpu-health-fleet"]["panels"] if p["title"] == "Faults by job")
+    exprs = [t["expr"].replace("$__range_s", "3600").replace("$__range", "1h").replace("$cluster", ".*")
+             .replace("$instance", ".+") for t in panel["targets"]]
+    node = 'cluster="c1", instance="gpu-node-1", job="gpu-health-exporter"'
+    xid = f'gpu_xid_workload_last_seen_timestamp_seconds{{{node}, gpu="1", uuid="GPU-1", ' \
+          'pci_bus_id="00000000:64:00.0", xid="94", namespace="", pod="", container=""'
+    sxid = f'gpu_nvswitch_sxid_workload_last_seen_timestamp_seconds{{{node}, switch="1", ' \
+           'pci_bus_id="00000000:06:00.0", sxid="20034", hpc_job="", container="c"'
+    suite = {"evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            # job 42 hit at 15m, acknowledged at 40m (its series gone): in the range ending at 70m
+            {"series": xid + ', hpc_job="42"}', "values": "_x15 900x25"},
+            # job 7 hit at 1m, before the range: not listed although its series still stands
+            {"series": xid.replace('xid="94"', 'xid="79"') + ', hpc_job="7"}', "values": "60x70"},
+            {"series": sxid + ', namespace="train", pod="llama-0"}', "values": "_x30 1800x40"},
+        ],
+        "promql_expr_test": [
+            {"expr": exprs[0], "eval_time": "70m", "exp_samples": [
+                {"labels": '{cluster="c1", instance="gpu-node-1", hpc_job="42", xid="94"}', "value": 9e5}]},
+            {"expr": exprs[1], "eval_time": "70m", "exp_samples": [
+                {"labels": '{cluster="c1", instance="gpu-node-1", namespace="train", pod="llama-0", '
+                           'sxid="20034"}', "value": 1.8e6}]},
+        ]}]}
+    path = tmp_path / "fleet.test.yml"
+    path.write_text(json.dumps(suite))
+    r = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
