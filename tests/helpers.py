@@ -4,15 +4,20 @@ starting the exporter as a subprocess on 127.0.0.1."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -64,10 +69,80 @@ def promtool_check_metrics(text: str) -> str:
     return (r.stdout + r.stderr).strip() if r.returncode != 0 or r.stdout.strip() or r.stderr.strip() else ""
 
 
-def free_port() -> int:
+def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condition",
+             proc: subprocess.Popen | None = None, log: Path | None = None, interval: float = 0.02) -> Any:
+    """Poll `cond()` until it returns something true, and return that. Fails naming `what` after
+    `timeout` s, or at once when `proc` has exited; either failure quotes the end of `log`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        tail = f":\n{log.read_text(errors='replace')[-3000:]}" if log is not None and log.exists() else ""
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode} while waiting for {what}{tail}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout:g} s{tail}")
+        time.sleep(interval)
+
+
+# Servers started by tests bind port 0 and say which port they got: a port picked here and bound
+# later by another process can be handed to two servers at once (tests/test_suite_hygiene.py).
+_SERVING = re.compile(r"serving (https?://(?:\[[^\]]+\]|[^\s:/\"]+):(\d+))")
+
+
+def served_base(log: Path, proc: subprocess.Popen | None = None, timeout: float = 60.0,
+                after: int = 0) -> str:
+    """The base URL (scheme://host:port) of the last "serving ..." line the exporter logged into
+    `log` after byte offset `after` (a reload with port 0 binds a new port: pass the log's size
+    before the SIGHUP)."""
+    def found() -> str | None:
+        hits = _SERVING.findall(log.read_bytes()[after:].decode(errors="replace"))
+        return hits[-1][0] if hits else None
+    return wait_for(found, timeout, "a 'serving' line", proc, log)
+
+
+def port_of(proc: subprocess.Popen, timeout: float = 60.0) -> int:
+    """The TCP port `proc` listens on, read from the kernel's socket table (for a server that does not
+    log its address, as the exporter at --log.level warn); waits until it listens on exactly one."""
+    def found() -> int | None:
+        ports = {c.laddr.port for c in psutil.Process(proc.pid).net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN}
+        return ports.pop() if len(ports) == 1 else None
+    return wait_for(found, timeout, "a listening socket", proc)
+
+
+def answers_now(log: Path, path: str = "/metrics") -> bool:
+    """Whether `path` answers 200 on the port the exporter last logged it serves (a restart in place
+    with --listen 127.0.0.1:0 binds a new port); for wait_for."""
+    hits = _SERVING.findall(log.read_text(errors="replace"))
+    try:
+        return bool(hits) and requests.get(hits[-1][0] + path, timeout=5).ok
+    except requests.ConnectionError:
+        return False
+
+
+def start_listening(cmd: list[str], log: Path, timeout: float = 60.0) -> tuple[subprocess.Popen, int]:
+    """Start a server whose `cmd` has it listen on 127.0.0.1:0 (Prometheus, Alertmanager,
+    node_exporter: --web.listen-address=127.0.0.1:0), its output into `log`; returns the process
+    and the port it bound."""
+    with open(log, "a") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        return proc, port_of(proc, timeout)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+@contextmanager
+def refused_address() -> Iterator[str]:
+    """A 127.0.0.1:PORT that refuses connections for as long as the block runs: the port is held
+    bound (no listen), so no other server can be handed it meanwhile."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def wait_until_serving(url: str, proc: subprocess.Popen | None = None, timeout: float = 30.0,
@@ -89,20 +164,23 @@ def wait_until_serving(url: str, proc: subprocess.Popen | None = None, timeout: 
         time.sleep(0.1)
 
 
-def start_exporter(log_dir: Path, *args: str, timeout: float = 60.0) -> tuple[subprocess.Popen, str, Path]:
-    """Start `python -m exporter ARGS --listen 127.0.0.1:PORT`, its stdout and stderr appended to
-    log_dir/exporter-PORT.log, and wait until /metrics answers. Returns the process, the metrics
-    URL and the log's path: read it with Path.read_text (O_APPEND, and no descriptor of ours
-    shares the exporter's offset, so a read never moves where it writes)."""
-    port = free_port()
-    log = log_dir / f"exporter-{port}.log"
+def start_exporter(log_dir: Path, *args: str, timeout: float = 60.0, path: str = "/metrics",
+                   listen_flag: str = "--listen", **get_kw) -> tuple[subprocess.Popen, str, Path]:
+    """Start `python -m exporter ARGS --listen 127.0.0.1:0`, its stdout and stderr appended to a
+    new log in log_dir, and wait until `path` answers on the port it logs (`get_kw` goes to
+    requests.get: verify= for HTTPS). Returns the process,
+    the URL of `path` and the log's path: read it with Path.read_text (O_APPEND, and no descriptor of
+    ours shares the exporter's offset, so a read never moves where it writes)."""
+    fd, name = tempfile.mkstemp(prefix="exporter-", suffix=".log", dir=log_dir)
+    os.close(fd)
+    log = Path(name)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log, "a") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, "--listen", f"127.0.0.1:{port}"],
+        proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, listen_flag, "127.0.0.1:0"],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}/metrics"
     try:
-        wait_until_serving(url, proc, timeout, "exporter")
+        url = served_base(log, proc, timeout) + path
+        wait_until_serving(url, proc, timeout, "exporter", **get_kw)
     except BaseException as e:
         proc.kill()
         proc.wait()
@@ -127,22 +205,18 @@ def stop_within(proc: subprocess.Popen, bound_s: float = 9.0) -> int:
 
 @contextmanager
 def running_exporter(*args: str, timeout: float = 30.0):
-    """Start `python -m exporter ARGS --listen 127.0.0.1:PORT`; yields the base URL once /readyz
-    answers after a first scrape. Stops it with SIGTERM and checks it exits cleanly."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, "--listen", f"127.0.0.1:{port}"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_serving(url + "/metrics", proc, timeout, "exporter")
-        yield url
-    finally:
-        proc.terminate()
+    """Start `python -m exporter ARGS --listen 127.0.0.1:0`; yields the base URL once /metrics
+    answers. Stops it with SIGTERM and checks it exits cleanly."""
+    with tempfile.TemporaryDirectory(prefix="ghe-test-") as tmp:
+        proc, url, log = start_exporter(Path(tmp), *args, timeout=timeout)
         try:
-            rc = proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    # SIGTERM shuts the exporter down cleanly (checked only when the body did not fail first).
-    assert rc == 0, f"exporter exited {rc} on SIGTERM: {proc.stderr.read()[-2000:]}"
+            yield url.removesuffix("/metrics")
+        finally:
+            proc.terminate()
+            try:
+                rc = proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
+        # SIGTERM shuts the exporter down cleanly (checked only when the body did not fail first).
+        assert rc == 0, f"exporter exited {rc} on SIGTERM: {log.read_text()[-2000:]}"

@@ -14,7 +14,7 @@ import pytest
 import requests
 import yaml
 
-from tests.helpers import ROOT, free_port, wait_until_serving
+from tests.helpers import ROOT, refused_address, start_listening, wait_until_serving
 from tests.rules_lint import alerts
 
 CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
@@ -120,11 +120,11 @@ def test_replace_and_reboot_pages_repeat_rarely(labels, receiver, repeat):
     assert _route_of(labels) == [receiver, repeat]
 
 
-def _config_for_test(tmp_path: Path) -> Path:
-    """The shipped config with receivers pointing at a closed local port: nothing is delivered, the
-    test reads Alertmanager's API."""
+def _config_for_test(tmp_path: Path, refused: str) -> Path:
+    """The shipped config with receivers pointing at `refused`, a closed local address: nothing is
+    delivered, the test reads Alertmanager's API."""
     cfg = yaml.safe_load(CONFIG.read_text())
-    dead = f"http://127.0.0.1:{free_port()}/"
+    dead = f"http://{refused}/"
     for rcv in cfg["receivers"]:
         for w in rcv.get("webhook_configs", []):
             w["url"] = dead
@@ -142,12 +142,15 @@ def _alert(name: str, severity: str, instance: str, **labels: str) -> dict:
 
 
 def test_live_alertmanager_inhibits_a_replaced_or_rebooting_nodes_warnings(tmp_path):
-    port = free_port()
-    proc = subprocess.Popen(
-        [_tool("prometheus-alertmanager"), f"--config.file={_config_for_test(tmp_path)}",
-         f"--storage.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-         "--cluster.listen-address=", "--log.level=warn"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with refused_address() as refused:
+        _inhibition(tmp_path, refused)
+
+
+def _inhibition(tmp_path: Path, refused: str) -> None:
+    proc, port = start_listening(
+        [_tool("prometheus-alertmanager"), f"--config.file={_config_for_test(tmp_path, refused)}",
+         f"--storage.path={tmp_path / 'data'}", "--web.listen-address=127.0.0.1:0",
+         "--cluster.listen-address=", "--log.level=warn"], tmp_path / "alertmanager.log")
     url = f"http://127.0.0.1:{port}/api/v2"
     try:
         wait_until_serving(f"{url}/status", proc, 60, "alertmanager")  # a deadline: slow on a loaded host

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from exporter.cli import main
-from tests.helpers import FIXTURES, free_port
+from tests.helpers import FIXTURES
 
 REAL = (FIXTURES / "kmsg" / "kmsg_nvidia.txt").read_text()
 # A saved kernel log of a p5 node (GPU 2 at 0000:75:00, GPU 5 at 0000:a8:00) plus the real H200
@@ -130,36 +130,35 @@ def test_check_gives_the_daemons_reasons_in_simulation(tmp_path):
     daemon sees a few seconds in (it used to read NVML before the fault happened)."""
     import subprocess
     import sys
-    import time
 
     import requests
 
-    from tests.helpers import ROOT, samples, wait_until_serving
+    from tests.helpers import ROOT, samples, start_exporter, wait_for
 
     scenarios = ["gpu-ecc-dbe", "gpu-lost", "gpu-nvml-hang"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     daemons = {}
     try:
         for s in scenarios:
-            port = free_port()
-            daemons[s] = (subprocess.Popen(
-                [sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--scenario", s, "--listen",
-                 f"127.0.0.1:{port}", "--path.state-dir", str(tmp_path / f"d-{s}")], env=env,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}/metrics")
-        for proc, url in daemons.values():
-            wait_until_serving(url, proc, 60, "exporter")
-        time.sleep(5)  # past the scenarios' onset (3 s)
+            daemons[s] = start_exporter(tmp_path, "--simulate", "p5.48xlarge", "--scenario", s,
+                                        "--path.state-dir", str(tmp_path / f"d-{s}"))
         for s in scenarios:
-            got = samples(requests.get(daemons[s][1], timeout=30).text)
-            daemon = sorted(dict(ls)["reason"] for (n, ls), v in got.items()
-                            if n == "gpu_node_health_reason" and v)
             r = subprocess.run([sys.executable, "-m", "exporter", "check", "--simulate", "p5.48xlarge",
                                 "--scenario", s, "--json", "--path.state-dir", str(tmp_path / f"c-{s}")],
                                env=env, capture_output=True, text=True, timeout=120)
-            assert sorted(json.loads(r.stdout)["node"]["reasons"]) == daemon, s
-            assert daemon or s == "gpu-nvml-hang"
+            checked = sorted(json.loads(r.stdout)["node"]["reasons"])
+            assert checked or s == "gpu-nvml-hang"
+            proc, url, log = daemons[s]
+
+            def daemon_reasons(url=url) -> list[str]:
+                got = samples(requests.get(url, timeout=30).text)
+                return sorted(dict(ls)["reason"] for (n, ls), v in got.items()
+                              if n == "gpu_node_health_reason" and v)
+            # the daemon gets there once its scenario's onset (3 s) has passed
+            wait_for(lambda d=daemon_reasons, c=checked: d() == c, 60, f"{s}: the daemon's reasons {checked}",
+                     proc, log)
     finally:
-        for proc, _ in daemons.values():
+        for proc, _, _ in daemons.values():
             proc.terminate()
             proc.wait(30)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ import requests
 
 from exporter import buildinfo, logs
 from exporter.cli import build_parser, cli_overrides, served_url
-from tests.helpers import ROOT, free_port, names, value, wait_until_serving
+from tests.helpers import ROOT, names, start_exporter, value
 
 
 def overrides(*argv: str) -> dict:
@@ -130,16 +129,10 @@ def test_build_info_reads_packed_refs_detached_heads_and_no_checkout(tmp_path):
 def test_node_exporter_style_invocation_serves_json_logs_without_lustre(tmp_path):
     """Issue 21: `--web.listen-address 127.0.0.1:PORT --simulate p5.48xlarge --no-collector.lustre
     --log.format json` serves with no Lustre series and logs JSON lines; build_info has revision."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    log = open(tmp_path / "exporter.log", "w+")  # noqa: SIM115 - read back after it stops
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--web.listen-address", f"127.0.0.1:{port}",
-                             "--simulate", "p5.48xlarge", "--no-collector.lustre", "--log.format", "json",
-                             "--path.state-dir", str(tmp_path / "state")],
-                            env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
-    url = f"http://127.0.0.1:{port}/metrics"
+    proc, url, log = start_exporter(tmp_path, "--simulate", "p5.48xlarge", "--no-collector.lustre",
+                                    "--log.format", "json", "--path.state-dir", str(tmp_path / "state"),
+                                    listen_flag="--web.listen-address")
     try:
-        wait_until_serving(url, proc, 60, "exporter")
         text = requests.get(url, timeout=30).text
     finally:
         proc.terminate()
@@ -148,24 +141,18 @@ def test_node_exporter_style_invocation_serves_json_logs_without_lustre(tmp_path
     assert not [n for n in names(text) if n.startswith("lustre_")]
     assert "gpu_temperature_celsius" in names(text) and "efa_devices" in names(text)
     assert value(text, "gpu_health_exporter_build_info", revision=buildinfo.build_info()[0]) == 1
-    log.seek(0)
-    lines = [json.loads(line) for line in log.read().splitlines()]
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert lines and all({"ts", "level", "logger", "msg"} <= set(d) for d in lines)
-    assert any(d["msg"].startswith(f"serving http://127.0.0.1:{port}/metrics") for d in lines)
+    assert any(d["msg"].startswith(f"serving {url}") for d in lines)
 
 
 @pytest.mark.slow
 def test_web_telemetry_path_moves_the_metrics(tmp_path):
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--web.listen-address", f"127.0.0.1:{port}",
-                             "--web.telemetry-path", "/gpu-metrics", "--collectors", "lustre",
-                             "--path.state-dir", str(tmp_path / "state")],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
+    proc, url, _ = start_exporter(tmp_path, "--web.telemetry-path", "/gpu-metrics", "--collectors", "lustre",
+                                  "--path.state-dir", str(tmp_path / "state"), path="/gpu-metrics")
+    base = url.removesuffix("/gpu-metrics")
     try:
-        wait_until_serving(base + "/gpu-metrics", proc, 60, "exporter")
-        assert "gpu_health_exporter_build_info" in requests.get(base + "/gpu-metrics", timeout=30).text
+        assert "gpu_health_exporter_build_info" in requests.get(url, timeout=30).text
         assert requests.get(base + "/metrics", timeout=30).status_code == 404
     finally:
         proc.terminate()

@@ -9,14 +9,16 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import requests
 
-from tests.helpers import FIXTURES, ROOT, free_port, wait_until_serving
+from tests.helpers import FIXTURES, ROOT, answers_now, port_of, wait_for, wait_until_serving
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_HEALTH_EXPORTER_IMDS": "off"}
 CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"  # one real H200
@@ -29,28 +31,32 @@ def cli(*args: str, timeout: float = 30, prefix: tuple[str, ...] = ()) -> subpro
 
 
 @contextmanager
-def serving(*args: str, port: int | None = None):
-    port = port or free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, "--web.listen-address",
-                             f"127.0.0.1:{port}"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+def serving(*args: str, path: str = "/metrics", listen_flag: str = "--web.listen-address"):
+    """The exporter on 127.0.0.1:0, its stderr into a log file; yields (process, base URL, log) once
+    `path` answers. The port is read from the socket table: at --log.level warn nothing says it."""
+    with tempfile.TemporaryDirectory(prefix="ghe-test-") as tmp:
+        log = Path(tmp) / "exporter.log"
+        with open(log, "a") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, listen_flag, "127.0.0.1:0"],
+                                    env=ENV, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        try:
+            url = f"http://127.0.0.1:{port_of(proc)}"
+            wait_until_serving(url + path, proc, 60, "exporter")
+            yield proc, url, log
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
-def stop(proc: subprocess.Popen) -> tuple[int, str]:
+def stop(proc: subprocess.Popen, log: Path) -> tuple[int, str]:
     proc.terminate()
-    _, err = proc.communicate(timeout=15)
-    return proc.returncode, err
+    proc.wait(timeout=15)
+    return proc.returncode, log.read_text()
 
 
 def series(text: str) -> set[str]:
@@ -61,8 +67,8 @@ def series(text: str) -> set[str]:
 
 @pytest.mark.slow
 def test_must_show_json_logs_no_lustre_collect_filter_and_build_info():
-    with serving("--simulate", "p5.48xlarge", "--no-collector.lustre", "--log.format", "json") as (proc, url):
-        wait_until_serving(url + "/metrics", proc, 60, "exporter")
+    with serving("--simulate", "p5.48xlarge", "--no-collector.lustre", "--log.format",
+                 "json") as (proc, url, log):
         full = requests.get(url + "/metrics", timeout=10).text
         assert not any(n.startswith("lustre_") for n in series(full))
         assert any(n.startswith("efa_") for n in series(full))
@@ -74,7 +80,7 @@ def test_must_show_json_logs_no_lustre_collect_filter_and_build_info():
         assert len(info) == 1
         for label in ("revision", "branch", "version", "python_version"):
             assert re.search(rf'\b{label}="[^"]+"', info[0]), info[0]
-        rc, err = stop(proc)
+        rc, err = stop(proc, log)
     assert rc == 0, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert lines
@@ -88,20 +94,9 @@ def test_must_show_json_logs_no_lustre_collect_filter_and_build_info():
 
 @pytest.mark.slow
 def test_port_0_logs_the_port_it_serves(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--log.format",
-                             "json",
-                             "--web.listen-address", "127.0.0.1:0"], env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        line = ""
-        deadline = time.monotonic() + 60
-        while "serving" not in line and time.monotonic() < deadline and proc.poll() is None:
-            line = proc.stderr.readline()
-        m = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", line)
-        assert m and int(m.group(1)) > 0, line
-        wait_until_serving(m.group(0), proc, 60, "exporter")
-    finally:
-        rc, err = stop(proc)
+    with serving("--simulate", "p5.48xlarge", "--log.format", "json") as (proc, url, log):
+        assert re.fullmatch(r"http://127\.0\.0\.1:[1-9]\d*", url), url  # answered on that port
+        rc, err = stop(proc, log)
     assert rc == 0, err
 
 
@@ -123,28 +118,21 @@ def _logfmt(line: str) -> dict[str, str]:
 def test_telemetry_path_aliases_and_logfmt():
     """Old aliases (--collectors, --log-level), a moved telemetry path linked from the landing page,
     and logfmt lines a strict parser reads, with the address actually served."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p4d.24xlarge", "--collectors",
-                             "gpu,efa", "--log-level", "debug", "--web.telemetry-path", "/m",
-                             "--listen", f"127.0.0.1:{port}"], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_serving(url + "/m", proc, 60, "exporter")
+    with serving("--simulate", "p4d.24xlarge", "--collectors", "gpu,efa", "--log-level", "debug",
+                 "--web.telemetry-path", "/m", path="/m", listen_flag="--listen") as (proc, url, log):
         names = series(requests.get(url + "/m", timeout=10).text)
         assert any(n.startswith("gpu_") for n in names) and any(n.startswith("efa_") for n in names)
         assert not any(n.startswith("lustre_") for n in names)
         assert 'href="/m"' in requests.get(url + "/", timeout=10).text
         assert requests.get(url + "/metrics", timeout=10).status_code == 404
-    finally:
-        rc, err = stop(proc)
+        rc, err = stop(proc, log)
     assert rc == 0, err
     recs = [_logfmt(ln) for ln in err.splitlines() if ln.strip()]
     assert any(r["level"] == "debug" for r in recs)
     for r in recs:
         assert r["level"] in {"debug", "info", "warn", "error"}
         datetime.fromisoformat(r["ts"].replace("Z", "+00:00"))
-    assert any(f"127.0.0.1:{port}/m" in r["msg"] for r in recs)
+    assert any(f"{url}/m" in r["msg"] for r in recs)
 
 
 def test_logfmt_quotes_what_needs_it():
@@ -166,13 +154,12 @@ def test_logfmt_quotes_what_needs_it():
 ])
 @pytest.mark.slow
 def test_collector_flags(args, serves, absent):
-    with serving("--simulate", "p5.48xlarge", "--log.level", "warn", *args) as (proc, url):
-        wait_until_serving(url + "/metrics", proc, 60, "exporter")
+    with serving("--simulate", "p5.48xlarge", "--log.level", "warn", *args) as (proc, url, log):
         names = series(requests.get(url + "/metrics", timeout=10).text)
         assert any(n.startswith(serves) for n in names)
         for a in absent:
             assert not any(n.startswith(a) for n in names), a
-        rc, err = stop(proc)
+        rc, err = stop(proc, log)
     assert rc == 0 and not [ln for ln in err.splitlines() if "level=info" in ln], err
 
 
@@ -200,7 +187,7 @@ def test_three_mistakes_named_in_every_command(tmp_path, sub):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(THREE)
     sub = [str(tmp_path / "o.json") if a == "OUT" else a for a in sub]
-    extra = ["--web.listen-address", f"127.0.0.1:{free_port()}"] if not sub else []
+    extra = ["--web.listen-address", "127.0.0.1:0"] if not sub else []
     r = cli(*sub, "--config", str(cfg), "--simulate", "p5.48xlarge", "--path.state-dir",
             str(tmp_path / "st"), *extra)
     assert r.returncode == 2, r.stderr
@@ -233,7 +220,7 @@ def test_bad_documents_exit_2_quickly_in_bounded_memory(tmp_path, name, sub):
     cfg = tmp_path / "c.yaml"
     (cfg.write_bytes if isinstance(text, bytes) else cfg.write_text)(text)
     assert len(BOMB) < 1500
-    extra = ["--web.listen-address", f"127.0.0.1:{free_port()}"] if not sub else []
+    extra = ["--web.listen-address", "127.0.0.1:0"] if not sub else []
     t0 = time.monotonic()
     r = cli(*sub, "--config", str(cfg), "--simulate", "p5.48xlarge", "--path.state-dir", str(tmp_path / "st"),
             *extra, prefix=("prlimit", "--as=1073741824", "--"), timeout=30)
@@ -258,7 +245,7 @@ def test_fifo_config_errors_without_hanging(tmp_path):
     fifo = tmp_path / "c.yaml"
     os.mkfifo(fifo)
     for sub in ([], ["check"]):
-        extra = ["--web.listen-address", f"127.0.0.1:{free_port()}"] if not sub else []
+        extra = ["--web.listen-address", "127.0.0.1:0"] if not sub else []
         r = cli(*sub, "--config", str(fifo), "--simulate", "p5.48xlarge", *extra, timeout=20)
         assert r.returncode == 2 and str(fifo) in r.stderr, r.stderr
 
@@ -275,52 +262,32 @@ def test_sighup_storms_and_a_bomb_on_reload(tmp_path):
     memory stays bounded, SIGTERM still stops it."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text("log_level: info\n")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--config",
-                             str(cfg),
-                             "--path.state-dir", str(tmp_path / "st"), "--web.listen-address",
-                             f"127.0.0.1:{port}"], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    url = f"http://127.0.0.1:{port}/metrics"
+    log = tmp_path / "exporter.log"
+    with open(log, "a") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--config",
+                                 str(cfg), "--path.state-dir", str(tmp_path / "st"), "--web.listen-address",
+                                 "127.0.0.1:0"], env=ENV, stdout=subprocess.DEVNULL, stderr=err, text=True)
     try:
         # (a SIGHUP before the interpreter runs kills any program: its default action; not tested)
-        wait_until_serving(url, proc, 60, "exporter")
+        wait_for(lambda: answers_now(log), 60, "the exporter serving", proc, log)
         for gap in (0.0, 0.3, 1.5):
             proc.send_signal(signal.SIGHUP)
             time.sleep(gap)  # the gap between signals is the subject here, not a wait for a condition
             proc.send_signal(signal.SIGHUP)
             assert proc.poll() is None
-        wait_until_serving(url, proc, 60, "exporter after SIGHUPs")
+        wait_for(lambda: answers_now(log), 60, "the exporter serving after SIGHUPs", proc, log)
         for _ in range(3):
             proc.send_signal(signal.SIGHUP)
-        wait_until_serving(url, proc, 60, "exporter after a burst")
+        wait_for(lambda: answers_now(log), 60, "the exporter serving after a burst", proc, log)
         cfg.write_text(BOMB)
         proc.send_signal(signal.SIGHUP)
         proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 30
-        while "alias" not in (tail := _stderr_so_far(proc)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert proc.poll() is None, tail
-        wait_until_serving(url, proc, 30, "exporter after a bad reload")
+        wait_for(lambda: "alias" in log.read_text(), 30, "the bomb refused", proc, log)
+        wait_for(lambda: answers_now(log), 30, "the exporter serving after a bad reload", proc, log)
         assert _rss_kib(proc.pid) < 400 * 1024
     finally:
-        rc, _ = stop(proc) if proc.poll() is None else (proc.returncode, "")
-    assert rc == 0, tail
-
-
-_ERR: dict[int, str] = {}
-
-
-def _stderr_so_far(proc: subprocess.Popen) -> str:
-    import select
-    buf = _ERR.get(proc.pid, "")
-    while select.select([proc.stderr], [], [], 0)[0]:
-        chunk = os.read(proc.stderr.fileno(), 65536).decode(errors="replace")
-        if not chunk:
-            break
-        buf += chunk
-    _ERR[proc.pid] = buf
-    return buf
+        rc, tail = stop(proc, log) if proc.poll() is None else (proc.returncode, log.read_text())
+    assert rc == 0, tail[-3000:]
 
 
 # --- issue 20 #2: check's expected GPU count -------------------------------------------------------

@@ -14,10 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
-from tests.helpers import ROOT, free_port, samples, wait_until_serving
+from tests.helpers import ROOT, samples, served_base, wait_until_serving
 
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 
@@ -76,17 +77,19 @@ def test_simulated_node_on_a_read_only_root(tmp_path):
     bwrap = shutil.which("bwrap")
     assert bwrap, "bwrap is missing: install Debian's bubblewrap (.ci/run does)"
     exe = Path(sys.executable).parent / "gpu-health-exporter"
-    port = free_port()
     # The checkout and its venv may live under /tmp (a CI clone): bind them back over the tmpfs.
     keep = [a for d in {str(ROOT), sys.prefix} for a in ("--ro-bind", d, d)]
-    proc = subprocess.Popen(
-        [bwrap, "--ro-bind", "/", "/", "--tmpfs", "/tmp", *keep, "--proc", "/proc", "--dev", "/dev",
-         "--die-with-parent", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-         str(exe), "--simulate", "p5.48xlarge", "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "exporter.log"
+    with open(log, "a") as out:
+        proc = subprocess.Popen(
+            [bwrap, "--ro-bind", "/", "/", "--tmpfs", "/tmp", *keep, "--proc", "/proc", "--dev", "/dev",
+             "--die-with-parent", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+             str(exe), "--simulate", "p5.48xlarge", "--listen", "127.0.0.1:0"],
+            stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_until_serving(f"http://127.0.0.1:{port}/metrics", proc, 60, "exporter under bwrap")
-        ss = samples(requests.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text)
+        url = served_base(log, proc) + "/metrics"
+        wait_until_serving(url, proc, 60, "exporter under bwrap")
+        ss = samples(requests.get(url, timeout=30).text)
         written = subprocess.run([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "touch", "/probe"],
                                  capture_output=True, text=True, timeout=30)
     finally:
@@ -138,24 +141,26 @@ def _in_image(root: Path, config: dict, argv: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_image_serves_the_simulated_node_as_non_root_on_a_read_only_root(image_root):
+def test_image_serves_the_simulated_node_as_non_root_on_a_read_only_root(image_root, tmp_path):
     root, config = image_root
     uid = int(config["User"].split(":")[0])
     assert uid != 0
-    port = free_port()
-    argv = [*config["Entrypoint"], "--simulate", "p5.48xlarge", "--listen", f"127.0.0.1:{port}"]
-    proc = subprocess.Popen(_in_image(root, config, argv), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    argv = [*config["Entrypoint"], "--simulate", "p5.48xlarge", "--listen", "127.0.0.1:0"]
+    log = tmp_path / "exporter.log"
+    with open(log, "a") as out:
+        proc = subprocess.Popen(_in_image(root, config, argv), stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_until_serving(f"http://127.0.0.1:{port}/readyz", proc, 120, "the image's exporter")
-        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
-        owners = {os.stat(f"/proc/{p}").st_uid for p in os.listdir("/proc") if p.isdigit()
-                  and f"127.0.0.1:{port}".encode() in _cmdline(p) and not _cmdline(p).startswith(b"bwrap")}
+        base = served_base(log, proc, 120)
+        wait_until_serving(f"{base}/readyz", proc, 120, "the image's exporter")
+        text = requests.get(f"{base}/metrics", timeout=30).text
+        owners = {p.uids().real for p in psutil.Process(proc.pid).children(recursive=True)
+                  if p.name() != "bwrap"}
         written = subprocess.run(_in_image(root, config, ["touch", "/probe"]), capture_output=True,
                                  text=True, timeout=60)
     finally:
         proc.terminate()
-        out, _ = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        out = log.read_text()
     ss = samples(text)
     success = {dict(k)["collector"]: v for (n, k), v in ss.items()
                if n == "gpu_health_exporter_collector_success"}
@@ -163,11 +168,3 @@ def test_image_serves_the_simulated_node_as_non_root_on_a_read_only_root(image_r
     assert ss[("gpu_devices", frozenset())] == 8
     assert owners == {uid}, owners  # the exporter ran as the image's user, not root
     assert written.returncode != 0 and "Read-only" in written.stderr
-
-
-def _cmdline(pid: str) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""

@@ -24,7 +24,7 @@ import requests
 import yaml
 
 from dashboards.build import dashboards
-from tests.helpers import ROOT, free_port, wait_until_serving
+from tests.helpers import ROOT, served_base, start_listening, wait_until_serving
 from tests.rules_lint import RULES_DIR
 
 pytestmark = pytest.mark.slow
@@ -57,15 +57,18 @@ def _start_exporters(tmp_path) -> dict[str, tuple[subprocess.Popen, str]]:
     """Every simulated node at once (each startup imports and builds its node: slow in series)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = {}
+    started = {}
     for name, (_, scenarios) in NODES.items():
-        port = free_port()
         args = [sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge",
-                "--path.state-dir", str(tmp_path / name), "--listen", f"127.0.0.1:{port}"]
+                "--path.state-dir", str(tmp_path / name), "--listen", "127.0.0.1:0"]
         args += [a for s in scenarios for a in ("--scenario", s)]
-        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        out[name] = (proc, f"127.0.0.1:{port}")
-    for name, (proc, addr) in out.items():
-        wait_until_serving(f"http://{addr}/metrics", proc, 60, f"exporter {name}")
+        log = tmp_path / f"{name}.log"
+        with open(log, "a") as err:
+            started[name] = (subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=err), log)
+    for name, (proc, log) in started.items():
+        base = served_base(log, proc)
+        wait_until_serving(f"{base}/metrics", proc, 60, f"exporter {name}")
+        out[name] = (proc, base.removeprefix("http://"))
     return out
 
 
@@ -86,12 +89,10 @@ def _start_prometheus(tmp_path, targets: dict[str, str]) -> tuple[subprocess.Pop
         }],
     }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-    port = free_port()
-    proc = subprocess.Popen(
+    proc, port = start_listening(
         [shutil.which("prometheus") or "prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
-         "--log.level=warn"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", "--web.listen-address=127.0.0.1:0",
+         "--log.level=warn"], tmp_path / "prometheus.log")
     url = f"http://127.0.0.1:{port}"
     wait_until_serving(url + "/-/ready", proc, 60, "prometheus")
     return proc, url + "/api/v1"

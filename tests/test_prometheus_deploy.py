@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 
 import pytest
 import requests
 import yaml
 
-from tests.helpers import ROOT, free_port, promtool, running_exporter
+from tests.helpers import ROOT, promtool, refused_address, running_exporter, start_listening, wait_for
 
 PROM = ROOT / "deploy" / "prometheus"
 UPLOAD = ROOT / "deploy" / "amp" / "upload-rules.sh"
@@ -68,6 +67,16 @@ def test_stored_series_carry_cluster_and_node_name(tmp_path):
     """The shipped job, its EC2 discovery left out (it would call AWS), against a file target the way
     slurm-targets.sh writes it: every stored series has cluster and instance = the node name."""
     assert shutil.which("prometheus"), "prometheus is missing: install Debian's 'prometheus' package"
+    with refused_address() as alertmanager:
+        up, gpus, unlabelled = _scrape_stored(tmp_path, alertmanager)
+    assert [s["metric"] for s in up] == [{"__name__": "up", "job": "gpu-health-exporter",
+                                          "cluster": "my-training-cluster", "instance": "gpunode1"}]
+    assert [(s["metric"], s["value"][1]) for s in gpus] == [
+        ({"cluster": "my-training-cluster", "instance": "gpunode1"}, "8")]
+    assert unlabelled == []
+
+
+def _scrape_stored(tmp_path, alertmanager: str) -> tuple[list, list, list]:
     cfg = yaml.safe_load((PROM / "scrape.yml").read_text())
     (job,) = cfg["scrape_configs"]
     del job["ec2_sd_configs"]
@@ -75,41 +84,33 @@ def test_stored_series_carry_cluster_and_node_name(tmp_path):
     job["file_sd_configs"] = [{"files": [str(tmp_path / "targets" / "*.json")], "refresh_interval": "1s"}]
     cfg["global"].update({"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"})
     cfg["rule_files"] = []
-    cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{free_port()}"]
+    cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [alertmanager]
     (tmp_path / "targets").mkdir()
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
     with running_exporter("--simulate", "p5.48xlarge") as url:
         target = url.removeprefix("http://")
         (tmp_path / "targets" / "slurm.json").write_text(json.dumps(
             [{"targets": [target], "labels": {"instance": "gpunode1"}}]))
-        port = free_port()
-        proc = subprocess.Popen(
+        proc, port = start_listening(
             [shutil.which("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
-             "--log.level=warn"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             f"--storage.tsdb.path={tmp_path / 'tsdb'}", "--web.listen-address=127.0.0.1:0",
+             "--log.level=warn"], tmp_path / "prometheus.log")
         api = f"http://127.0.0.1:{port}/api/v1"
+
+        def stored() -> tuple | None:
+            try:
+                up = _query(api, 'up{job="gpu-health-exporter"}')
+                gpus = _query(api, 'count by (cluster, instance) (gpu_info)')
+            except requests.ConnectionError:
+                return None
+            return (up, gpus) if up and gpus else None
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, proc.stdout.read()
-                try:
-                    up = _query(api, 'up{job="gpu-health-exporter"}')
-                    gpus = _query(api, 'count by (cluster, instance) (gpu_info)')
-                    if up and gpus:
-                        break
-                except requests.ConnectionError:
-                    pass
-                assert time.monotonic() < deadline, "Prometheus stored no scrape of the exporter in 60 s"
-                time.sleep(0.5)
-            unlabelled = _query(api, '{job="gpu-health-exporter", cluster=""}')
+            up, gpus = wait_for(stored, 60, "a stored scrape of the exporter", proc,
+                                tmp_path / "prometheus.log")
+            return up, gpus, _query(api, '{job="gpu-health-exporter", cluster=""}')
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-    assert [s["metric"] for s in up] == [{"__name__": "up", "job": "gpu-health-exporter",
-                                          "cluster": "my-training-cluster", "instance": "gpunode1"}]
-    assert [(s["metric"], s["value"][1]) for s in gpus] == [
-        ({"cluster": "my-training-cluster", "instance": "gpunode1"}, "8")]
-    assert unlabelled == []
 
 
 def _fake_aws(tmp_path, namespaces_exist: bool):

@@ -9,9 +9,8 @@ import signal
 import time
 
 import pytest
-import requests
 
-from tests.helpers import start_exporter, stop_within
+from tests.helpers import answers_now, start_exporter, stop_within, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -25,21 +24,6 @@ def start(tmp_path):
                           "--path.state-dir", str(tmp_path / "state"))
 
 
-def wait_for(cond, proc, log, what, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert proc.poll() is None, f"died ({proc.returncode}) waiting for {what}:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s:\n{log.read_text()[-3000:]}"
-        time.sleep(0.02)
-
-
-def serving(url) -> bool:
-    try:
-        return requests.get(url, timeout=5).ok
-    except requests.ConnectionError:
-        return False
-
-
 def settled(log, reloads: int) -> bool:
     """`reloads` reloads done and the process that followed the last one is serving."""
     t = log.read_text()
@@ -47,18 +31,19 @@ def settled(log, reloads: int) -> bool:
 
 
 def test_a_sighup_during_the_reload_exec_is_a_second_reload_not_a_kill(tmp_path):
-    proc, url, log = start(tmp_path)
+    proc, _, log = start(tmp_path)
     try:
         for n in (1, 2):
             before = log.read_text().count("shut down cleanly")
             proc.send_signal(signal.SIGHUP)
             # The old process has flushed and is about to exec: the new one has no handler yet.
-            wait_for(lambda b=before: log.read_text().count("shut down cleanly") > b, proc, log,
-                     f"reload {n}")
+            wait_for(lambda b=before: log.read_text().count("shut down cleanly") > b, 60, f"reload {n}",
+                     proc, log)
             proc.send_signal(signal.SIGHUP)
             # The SIGHUP held across the exec is taken by the restarted process: one more reload.
-            wait_for(lambda b=before: settled(log, b + 2), proc, log, f"the reload asked during reload {n}")
-        wait_for(lambda: serving(url), proc, log, "serving")
+            wait_for(lambda b=before: settled(log, b + 2), 60, f"the reload asked during reload {n}",
+                     proc, log)
+        wait_for(lambda: answers_now(log), 60, "serving", proc, log)
         assert log.read_text().count(RELOADED) == 4
         assert stop_within(proc, 30) == 0
     finally:
@@ -67,15 +52,16 @@ def test_a_sighup_during_the_reload_exec_is_a_second_reload_not_a_kill(tmp_path)
 
 
 def test_back_to_back_sighups_never_kill_the_exporter(tmp_path):
-    proc, url, log = start(tmp_path)
+    proc, _, log = start(tmp_path)
     try:
         for _ in range(3):
             before = log.read_text().count(RELOADED)
             os.kill(proc.pid, signal.SIGHUP)
             os.kill(proc.pid, signal.SIGHUP)
-            wait_for(lambda before=before: log.read_text().count(RELOADED) > before, proc, log, "a reload")
-            wait_for(lambda: serving(url), proc, log, "serving after the reloads")
-        assert serving(url) and proc.poll() is None
+            wait_for(lambda before=before: log.read_text().count(RELOADED) > before, 60, "a reload",
+                     proc, log)
+            wait_for(lambda: answers_now(log), 60, "serving after the reloads", proc, log)
+        assert answers_now(log) and proc.poll() is None
         assert stop_within(proc, 30) == 0
     finally:
         if proc.poll() is None:
@@ -85,13 +71,12 @@ def test_back_to_back_sighups_never_kill_the_exporter(tmp_path):
 def test_a_sighup_with_an_alias_bomb_in_the_config_keeps_serving(tmp_path):
     from tests.test_config import bomb
 
-    proc, url, log = start(tmp_path)
+    proc, _, log = start(tmp_path)
     try:
         (tmp_path / "config.yaml").write_text(bomb())
         proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "SIGHUP: not reloading" in log.read_text(), proc, log, "the refused reload",
-                 timeout=30)
-        assert "aliases are expanded" in log.read_text() and serving(url)
+        wait_for(lambda: "SIGHUP: not reloading" in log.read_text(), 30, "the refused reload", proc, log)
+        assert "aliases are expanded" in log.read_text() and answers_now(log)
         assert stop_within(proc, 30) == 0
     finally:
         if proc.poll() is None:
@@ -103,13 +88,13 @@ def test_stop_and_continue_is_not_a_reload(tmp_path):
     wait for SIGHUP; CPython then hands back an empty siginfo instead of None once the wait's
     timeout has passed, which the exporter took for a SIGHUP and reloaded (a restart, a dropped
     connection). Fails on the old code."""
-    proc, url, log = start(tmp_path)
+    proc, _, log = start(tmp_path)
     try:
         for _ in range(3):
             proc.send_signal(signal.SIGSTOP)
             time.sleep(0.6)  # longer than the SIGHUP wait's poll: the interrupted wait times out
             proc.send_signal(signal.SIGCONT)
-            wait_for(lambda: serving(url), proc, log, "serving after SIGCONT")
+            wait_for(lambda: answers_now(log), 60, "serving after SIGCONT", proc, log)
         assert RELOADED not in log.read_text()
         assert proc.poll() is None
     finally:

@@ -22,7 +22,7 @@ import yaml
 
 from dashboards.build import dashboards
 from exporter.rules import DEFAULT_RUNBOOK_BASE
-from tests.helpers import ROOT, free_port, running_exporter, wait_until_serving
+from tests.helpers import ROOT, running_exporter, start_listening, wait_until_serving
 from tests.rules_lint import RULES_DIR, rule_files
 
 SCENARIOS = ["xid-63", "xid-13-flood", "gpu-row-remap-pending", "gpu-thermal-slowdown", "efa-device-missing",
@@ -65,12 +65,10 @@ def _start_alertmanager(tmp_path, hook_url: str) -> tuple[subprocess.Popen, str]
         for w in r.get("webhook_configs", []):
             w["url"] = f"{hook_url}/{r['name']}"
     (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(cfg))
-    port = free_port()
-    proc = subprocess.Popen(
+    proc, port = start_listening(
         [shutil.which("prometheus-alertmanager") or "prometheus-alertmanager",
          f"--config.file={tmp_path / 'alertmanager.yml'}", f"--storage.path={tmp_path / 'am-data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         "--web.listen-address=127.0.0.1:0", "--cluster.listen-address="], tmp_path / "alertmanager.log")
     return proc, f"127.0.0.1:{port}"
 
 
@@ -87,7 +85,6 @@ def dashboard_queries() -> list[str]:
 
 
 def _start_prometheus(tmp_path, target: str, alertmanager: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
     rules = tmp_path / "rules"
     rules.mkdir()
     for src in RULES_DIR.glob("*.yml"):  # every group at the 1 s evaluation (gpu-ecc-baseline: 5m)
@@ -101,20 +98,21 @@ def _start_prometheus(tmp_path, target: str, alertmanager: str) -> tuple[subproc
            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
            "scrape_configs": [{"job_name": "gpu-health-exporter", "static_configs": [{"targets": [target]}]}]}
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-    proc = subprocess.Popen(
+    proc, port = start_listening(
         [shutil.which("prometheus") or "prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
-         "--log.level=warn"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", "--web.listen-address=127.0.0.1:0",
+         "--log.level=warn"], tmp_path / "prometheus.log")
     return proc, f"http://127.0.0.1:{port}/api/v1"
 
 
 def _get(url: str, **params: str) -> dict | list | None:
-    """The `data` of a Prometheus API answer; None while Prometheus is not listening yet."""
+    """The `data` of a Prometheus API answer; None while Prometheus is not ready yet (not listening,
+    or 503 while it starts)."""
     try:
-        return requests.get(url, params=params, timeout=5).json()["data"]
+        r = requests.get(url, params=params, timeout=5)
     except requests.ConnectionError:
         return None
+    return r.json()["data"] if r.ok else None
 
 
 def _unix(rfc3339: str) -> float:
@@ -139,7 +137,7 @@ def _wait_for_alerts(proc: subprocess.Popen, api: str, timeout: float = 180.0) -
     seen_up = None
     alerts: dict[str, list[dict]] = {}
     while True:
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, f"prometheus exited {proc.returncode}"
         if seen_up is None:
             if _get(f"{api}/query", query='up{job="gpu-health-exporter"} == 1'):
                 seen_up = time.time()

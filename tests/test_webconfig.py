@@ -5,7 +5,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import bcrypt
 import pytest
@@ -14,7 +13,7 @@ import requests
 from exporter.runner import Runner
 from exporter.server import Server
 from exporter.webconfig import ConfigError, load_web_config
-from tests.helpers import ROOT, free_port, value, wait_until_serving
+from tests.helpers import ROOT, start_exporter, value, wait_for
 from tests.test_runner import Probe
 
 PASSWORD = "s3cret-scrape"
@@ -151,14 +150,11 @@ def test_daemon_with_web_config_file(pki, tmp_path):
     """--web.config.file end to end: the daemon serves HTTPS with basic auth; a bad file exits 2."""
     web = _web(pki, f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/server.key\n"
                + _users())
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--collectors",
-                             "efa", "--listen", f"127.0.0.1:{port}", "--web.config.file", str(web)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"https://127.0.0.1:{port}"
+    ca = str(pki / "ca.crt")
+    proc, url, _ = start_exporter(tmp_path, "--simulate", "p5.48xlarge", "--collectors", "efa",
+                                  "--web.config.file", str(web), path="/readyz", verify=ca)
+    url = url.removesuffix("/readyz")
     try:
-        ca = str(pki / "ca.crt")
-        wait_until_serving(url + "/readyz", proc, 60, "exporter", verify=ca)
         assert requests.get(url + "/metrics", verify=ca, timeout=10).status_code == 401
         r = requests.get(url + "/metrics", auth=("prometheus", PASSWORD), verify=ca, timeout=10)
         assert r.status_code == 200 and value(r.text, "efa_devices") > 0
@@ -167,7 +163,7 @@ def test_daemon_with_web_config_file(pki, tmp_path):
         proc.wait(15)
     bad = tmp_path / "bad.yml"
     bad.write_text("basic_auth_users: [x]\n")
-    r = subprocess.run([sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{free_port()}",
+    r = subprocess.run([sys.executable, "-m", "exporter", "--listen", "127.0.0.1:0",
                         "--web.config.file", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and str(bad) in r.stderr and "basic_auth_users" in r.stderr
 
@@ -178,25 +174,16 @@ def test_sighup_with_a_broken_web_config_keeps_serving(tmp_path):
     must not turn into an exporter that cannot start."""
     web = tmp_path / "web.yml"
     web.write_text(_users())
-    port = free_port()
-    log = open(tmp_path / "exporter.log", "w+")  # noqa: SIM115 - read back below
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--collectors",
-                             "efa", "--listen", f"127.0.0.1:{port}", "--web.config.file", str(web)],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    proc, url, log = start_exporter(tmp_path, "--simulate", "p5.48xlarge", "--collectors", "efa",
+                                    "--web.config.file", str(web), path="/readyz")
+    url = url.removesuffix("/readyz")
     try:
-        wait_until_serving(url + "/readyz", proc, 60, "exporter")
         web.write_text("basic_auth_users:\n  prometheus: not-a-hash\n")
         proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 20
-        while "SIGHUP: not reloading" not in (log.seek(0) or log.read()):
-            assert time.monotonic() < deadline, "no reload refusal logged"
-            time.sleep(0.1)
-        log.seek(0)
-        assert "basic_auth_users.prometheus" in log.read() and proc.poll() is None
+        wait_for(lambda: "SIGHUP: not reloading" in log.read_text(), 20, "the reload refusal", proc, log)
+        assert "basic_auth_users.prometheus" in log.read_text() and proc.poll() is None
         r = requests.get(url + "/metrics", auth=("prometheus", PASSWORD), timeout=10)
         assert r.status_code == 200  # still the running configuration
     finally:
         proc.terminate()
         proc.wait(15)
-        log.close()
