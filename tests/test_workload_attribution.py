@@ -14,6 +14,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from exporter.collectors.nvswitch import NvswitchCollector
 from exporter.collectors.xid import XidCollector
@@ -84,6 +86,26 @@ def test_malformed_workloads_and_late_readings_are_refused():
     assert h.at("GPU-a", T0) == (JOB42,) and h.rejected == 2
     h.observe(WorkloadReading(T0 - 100, {"GPU-a": (JOB43,)}))  # older than what is known
     assert h.at("GPU-a", T0) == (JOB42,)
+
+
+SETS = [(), (JOB42,), (JOB43,), (JOB42, JOB43), (POD,)]
+
+
+@given(st.lists(st.tuples(st.floats(0, STAND_S * 1.5), st.sampled_from(range(len(SETS)))), max_size=40),
+       st.lists(st.floats(-100, STAND_S * 40), max_size=20))
+def test_the_history_answers_what_the_last_observation_before_the_event_saw(steps, events):
+    """Property: for readings in time order (within the kept hour), at(t) is the set of the last
+    reading at or before t, if it is at most STAND_S old; None before the first reading or later."""
+    h, seen, at = WorkloadHistory(keep_s=1e9), [], T0
+    for gap, i in steps:
+        at += gap
+        h.observe(WorkloadReading(at, {"GPU-a": SETS[i]}))
+        seen.append((at, tuple(sorted(SETS[i]))))
+    for dt in events:
+        t = T0 + dt
+        before = [(a, ws) for a, ws in seen if a <= t]
+        want = before[-1][1] if before and t - before[-1][0] <= STAND_S else None
+        assert h.at("GPU-a", t) == want
 
 
 def test_the_ledger_keeps_the_last_few_per_gpu_and_a_repeat_updates_the_time():
