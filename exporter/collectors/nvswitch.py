@@ -5,13 +5,22 @@ feeds the SXid counter when `nvswitch.enabled`); this collector only reads the S
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
 from exporter.config import Section, setting
-from exporter.workload.attribution import SXID, WORKLOAD_LABELS, last_seen, series_labels
+from exporter.metric import Sample
+from exporter.workload.attribution import (
+    SXID,
+    WORKLOAD_LABELS,
+    PreparedSeries,
+    acks_key,
+    last_seen,
+    series_labels,
+)
 from exporter.xid.parser import pci_label
 from exporter.xid.sxid_catalog import check_fatal_tier, check_policy
 from exporter.xid.sxid_counter import sxid_lines
@@ -62,9 +71,18 @@ class NvswitchCollector(Collector):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self.service = ctx.xid
+        self._workload_series = PreparedSeries()
 
     def start(self) -> None:
         self.service.start()  # idempotent: the xid collector starts the same follower
+
+    def _workload_samples(self, acks: list) -> Iterator[Sample]:
+        svc = self.service
+        switches = dict(svc.sxids.switches)
+        for (pci, sxid, w), t in sorted(last_seen(svc.attribution.ledger.visible(acks), SXID).items()):
+            labels = dict(switch=str(switches.get(pci, "")), pci_bus_id=pci_label(pci), sxid=str(sxid),
+                          **series_labels(w))
+            yield Sample(SXID_WORKLOAD.name, labels, t)
 
     def collect(self, out: Families) -> None:
         svc = self.service
@@ -73,11 +91,9 @@ class NvswitchCollector(Collector):
             out.add(SXID_ERRORS, x.count, switch=x.switch, pci_bus_id=x.pci_bus_id, sxid=str(x.sxid),
                     sxid_severity=x.severity, tier=x.tier)
         out.declare(SXID_WORKLOAD)
-        switches = dict(svc.sxids.switches)
-        hits = last_seen(svc.attribution.ledger.visible(svc.store.acks_snapshot()), SXID)
-        for (pci, sxid, w), t in sorted(hits.items()):
-            out.add(SXID_WORKLOAD, t, switch=str(switches.get(pci, "")), pci_bus_id=pci_label(pci),
-                    sxid=str(sxid), **series_labels(w))
+        acks = svc.store.acks_snapshot()
+        key = (svc.attribution.ledger.version, acks_key(acks), len(svc.sxids.switches))
+        out.add_samples(SXID_WORKLOAD, self._workload_series.get(key, lambda: self._workload_samples(acks)))
         out.add(SXID_DROPPED, svc.sxids.dropped)
 
 

@@ -5,13 +5,22 @@ threads are started here); collect() only reads the counts."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
 from exporter.config import Section, positive, setting
-from exporter.workload.attribution import WORKLOAD_LABELS, XID, last_seen, series_labels
+from exporter.metric import Sample
+from exporter.workload.attribution import (
+    WORKLOAD_LABELS,
+    XID,
+    PreparedSeries,
+    acks_key,
+    last_seen,
+    series_labels,
+)
 from exporter.xid.policy import check_policy
 from exporter.xid.verdict import xid_lines
 
@@ -141,9 +150,18 @@ class XidCollector(Collector):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self.service = ctx.xid
+        self._workload_series = PreparedSeries()
 
     def start(self) -> None:
         self.service.start()
+
+    def _workload_samples(self, acks: list) -> Iterator[Sample]:
+        svc = self.service
+        gpus: dict[str, tuple[str, str, str]] = {}  # a few GPUs, up to 8 events x workloads each
+        for (pci, xid, w), t in sorted(last_seen(svc.attribution.ledger.visible(acks), XID).items()):
+            gpu, uuid, bus_id = gpus.get(pci) or gpus.setdefault(pci, svc.gpu_labels(pci))
+            labels = dict(gpu=gpu, uuid=uuid, pci_bus_id=bus_id, xid=str(xid), **series_labels(w))
+            yield Sample(XID_WORKLOAD.name, labels, t)
 
     def close(self) -> None:
         self.service.stop()
@@ -160,10 +178,8 @@ class XidCollector(Collector):
                 out.add(XID_LAST_SEEN, line.last_seen, **labels)
         acks = svc.store.acks_snapshot()
         out.declare(XID_WORKLOAD)
-        for (pci, xid, w), t in sorted(last_seen(svc.attribution.ledger.visible(acks), XID).items()):
-            gpu, uuid, bus_id = svc.gpu_labels(pci)
-            out.add(XID_WORKLOAD, t, gpu=gpu, uuid=uuid, pci_bus_id=bus_id, xid=str(xid),
-                    **series_labels(w))
+        key = (svc.attribution.ledger.version, acks_key(acks), svc.identities.version)
+        out.add_samples(XID_WORKLOAD, self._workload_series.get(key, lambda: self._workload_samples(acks)))
         out.declare(ACKED)
         acked: dict[tuple[str, str], float] = {}
         for a in acks:
