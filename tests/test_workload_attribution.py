@@ -118,6 +118,26 @@ def test_the_ledger_keeps_the_last_few_per_gpu_and_a_repeat_updates_the_time():
     assert [r.workloads[0].hpc_job for r in recs][-1] == "5" and recs[-1].time == T0 + 99
 
 
+def test_a_gpu_ack_clears_its_records_up_to_its_time_and_an_xid_ack_only_that_xid():
+    from exporter.xid.store import Ack
+
+    led = AttributionLedger()
+    gpu0, gpu1 = "00000000:53:00", "00000000:64:00"
+    led.add(Attribution(gpu0, "xid", 94, "", T0, (JOB42,)))
+    led.add(Attribution(gpu0, "xid", 13, "", T0, (JOB42,)))
+    led.add(Attribution(gpu0, "sxid", 20034, "00000000:06:00", T0, (JOB42,)))
+    led.add(Attribution(gpu1, "sxid", 20034, "00000000:06:00", T0, (JOB42,)))
+    led.add(Attribution(gpu0, "xid", 94, "", T0 + 60, (JOB43,)))  # after the acks below
+    only_94 = Ack(gpu0, 0, "GPU-0", 94, T0 + 10, {})
+    assert {(r.code, r.pci) for r in led.visible([only_94])} == {
+        (13, gpu0), (20034, gpu0), (20034, gpu1), (94, gpu0)}
+    assert [r.workloads for r in led.visible([only_94]) if r.code == 94] == [(JOB43,)]
+    whole = Ack(gpu0, 0, "GPU-0", None, T0 + 10, {})
+    assert {(r.code, r.pci) for r in led.visible([whole])} == {(20034, gpu1), (94, gpu0)}
+    led.prune([whole])
+    assert len(led.records()) == 2
+
+
 # -- through the XID service ---------------------------------------------------------------------
 def kernel_usec(svc, wall: float) -> int:
     """The kernel-log timestamp the service's clock maps to unix time `wall`."""
@@ -190,6 +210,22 @@ def test_an_xid_names_the_job_in_the_log_line_the_series_and_the_state_file_afte
     doc = json.loads((tmp_path / "state" / STATE_NAME).read_text())
     recs = validate_state(doc)
     assert {(r.code, r.workloads) for r in recs} == {(79, (JOB42,)), (13, ())}
+
+
+def test_the_same_xid_under_two_jobs_in_turn_is_attributed_to_each_exactly(tmp_path):
+    node = Node(tmp_path)
+    one_shot(node.ctx)
+    now = time.time()
+    node.observe(now - 100, {4: (JOB42,)})
+    node.log(lambda seq: xid_line(seq, node.now_usec(-90), 13, "0000:97:00"))  # job 42's
+    node.observe(now - 80, {4: ()})  # job 42 ended
+    node.observe(now - 60, {4: (JOB43,)})  # job 43 started
+    node.log(lambda seq: xid_line(seq, node.now_usec(-50), 13, "0000:97:00"))  # job 43's
+    node.observe(now - 40, {4: ()})
+    node.log(lambda seq: xid_line(seq, node.now_usec(-30), 13, "0000:97:00"))  # nobody's
+    recs = sorted(node.svc.attribution.ledger.records(), key=lambda r: r.time)
+    assert [r.workloads for r in recs] == [(JOB42,), (JOB43,), ()]
+    assert hits(node.scrape()) == {("4", "13", "42", ""), ("4", "13", "43", "")}
 
 
 def test_the_backlog_at_start_up_is_unknown_never_the_current_workload(tmp_path, caplog):
