@@ -24,7 +24,6 @@ Semantics (docs/xid.md, "Who the fault hit"):
 from __future__ import annotations
 
 import bisect
-import logging
 import math
 import re
 import threading
@@ -34,8 +33,6 @@ from typing import Any
 
 from exporter.metric import Sample
 from exporter.workload.model import Workload, WorkloadReading
-
-log = logging.getLogger("exporter.workload")
 
 KEEP_S = 3600.0  # observations older than this (once a newer one stands) are forgotten
 STAND_S = 900.0  # an observation stands at most this long when no newer reading observed the GPU
@@ -155,10 +152,6 @@ class WorkloadHistory:
                 return None
             return seg.workloads
 
-    def uuids(self) -> list[str]:
-        with self.lock:
-            return list(self._gpus)
-
 
 @dataclass(frozen=True)
 class Attribution:
@@ -269,13 +262,13 @@ class FaultAttribution:
 
 def describe_sxid(recs: list[Attribution]) -> str:
     """One phrase for an SXid's records across the node's GPUs (for its log line)."""
-    if not recs:
-        return "workload unknown (no GPU known on the node yet)"
-    if any(r.workloads is None for r in recs) and not any(r.workloads for r in recs):
-        return describe(None)
     workloads = tuple(sorted({w for r in recs for w in r.workloads or ()}))
     unknown = sum(r.workloads is None for r in recs)
-    return describe(workloads) + (f" (unknown on {unknown} GPU(s))" if unknown else "")
+    if workloads:
+        return describe(workloads) + (f" (unknown on {unknown} GPU(s))" if unknown else "")
+    if unknown or not recs:
+        return f"workload unknown ({unknown} of {len(recs)} GPU(s) not observed then)"
+    return "no workload (the GPUs were idle)"
 
 
 def last_seen(records: Iterable[Attribution], kind: str) -> dict[tuple[str, int, Workload], float]:
