@@ -27,6 +27,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from tests.helpers import served_base
+
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "correct horse battery staple"
 SECOND_PASSWORD = "second-user-secret"
@@ -37,12 +39,6 @@ def _basic(user: str, password: str) -> str:
 
 
 GOOD = _basic("prometheus", PASSWORD)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _request(path: str, auth: str | None = None, extra: str = "", close: bool = True) -> bytes:
@@ -102,7 +98,6 @@ class Exporter:
     """The exporter's CLI on 127.0.0.1; its output goes to a file (a pipe nobody reads can block)."""
 
     def __init__(self, tmp: Path, web: str, tls: bool = False) -> None:
-        self.port = _free_port()
         self.tls = tls
         (tmp / "web.yml").write_text(web)
         self.log = tmp / "exporter.log"
@@ -110,10 +105,11 @@ class Exporter:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--web.config.file",
-                 str(tmp / "web.yml"), "--listen", f"127.0.0.1:{self.port}",
+                 str(tmp / "web.yml"), "--listen", "127.0.0.1:0",
                  "--path.state-dir", str(tmp / "state")],
                 env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
+            self.port = int(served_base(self.log, self.proc).rsplit(":", 1)[1])
             _wait_for(lambda: self.proc.poll() is None and get(self.port, "/readyz", tls=tls)[0] == 200
                       or self._died(), "exporter ready", 60)
         except BaseException:

@@ -17,7 +17,7 @@ from exporter.exposition import choose_encoding
 from exporter.httpd import Limits
 from exporter.runner import Runner
 from exporter.server import Server
-from tests.helpers import ROOT, free_port, promtool_check_metrics, samples, value, wait_until_serving
+from tests.helpers import ROOT, port_of, promtool_check_metrics, samples, value, wait_until_serving
 from tests.test_runner import Probe
 
 
@@ -218,14 +218,14 @@ def test_1100_idle_connections_under_a_1024_fd_limit_do_not_block_scrapes():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 1400:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
-    port = free_port()
 
     def limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
 
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--collectors",
-                             "efa", "--listen", f"127.0.0.1:{port}"], cwd=ROOT, preexec_fn=limit,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             "efa", "--listen", "127.0.0.1:0"], cwd=ROOT, preexec_fn=limit,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = port_of(proc)
     socks = []
     try:
         wait_until_serving(f"http://127.0.0.1:{port}/readyz", proc, 60, "exporter")

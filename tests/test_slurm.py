@@ -1,9 +1,11 @@
 """deploy/slurm/gpu-health-check.sh against a real single-node Slurm: Debian's munged, slurmctld and
-slurmd started here on 127.0.0.1 with their own key, ports, state and spool in a temporary directory,
-torn down at the end. The check runs on the simulated p5.48xlarge: a replace-now XID drains the node
-with a reason naming the GPU and the cause, a healthy node stays idle, "could not check" never drains,
-and HyperPod mode fails the node with the Action:Replace / Action:Reboot reason its auto-resume acts on.
-slurmd also runs the script itself as its HealthCheckProgram, every 5 s."""
+slurmd started here with their own key, state and spool in a temporary directory, torn down at the
+end. slurmctld and slurmd listen on Slurm's fixed ports in a network namespace of their own (a
+port picked here and bound later by them could be handed to another test's server meanwhile); every
+Slurm client the test runs enters it. The check runs on the simulated p5.48xlarge: a replace-now
+XID drains the node with a reason naming the GPU and the cause, a healthy node stays idle, "could not
+check" never drains, and HyperPod mode fails the node with the Action:Replace / Action:Reboot reason
+its auto-resume acts on. slurmd also runs the script itself as its HealthCheckProgram, every 5 s."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, free_port
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -41,10 +43,16 @@ class Cluster:
     env: dict[str, str]
     procs: list[subprocess.Popen]
     logs: Path
+    netns: list[str]  # the command prefix that enters the cluster's network namespace
+
+    def run(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 30,
+            ) -> subprocess.CompletedProcess:
+        """argv in the cluster's network namespace, with its SLURM_CONF."""
+        return subprocess.run([*self.netns, *argv], env=env or self.env, capture_output=True, text=True,
+                              timeout=timeout)
 
     def scontrol(self, *args: str) -> str:
-        r = subprocess.run([need("scontrol"), *args], env=self.env, capture_output=True, text=True,
-                           timeout=30)
+        r = self.run([need("scontrol"), *args])
         assert r.returncode == 0, f"scontrol {' '.join(args)}: {r.stderr}"
         return r.stdout
 
@@ -84,7 +92,7 @@ class Cluster:
         env = {**self.env, "SLURMD_NODENAME": NODE, "GPU_HEALTH_EXPORTER": str(EXPORTER),
                "GPU_HEALTH_HYPERPOD": "yes" if hyperpod else "no", "GPU_HEALTH_CHECK_ARGS": args,
                "GPU_HEALTH_CHECK_CONFIG": "/nonexistent"}
-        return subprocess.run([str(SCRIPT), *extra], env=env, capture_output=True, text=True, timeout=120)
+        return self.run([str(SCRIPT), *extra], env, timeout=120)
 
     def tail(self) -> str:
         return "\n".join(f"--- {f.name}\n{f.read_text()[-1500:]}" for f in sorted(self.logs.glob("*")))
@@ -95,7 +103,24 @@ def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[Cluster]:
+def netns() -> Iterator[list[str]]:
+    """A network namespace with only its loopback up, held by a sleeping process; yields the command
+    prefix that runs a program in it. Slurm resolves 127.0.0.1 with AF_INET and AI_ADDRCONFIG, which
+    glibc answers only where an IPv4 address other than 127.0.0.1 exists: 127.0.0.2 on lo is one."""
+    holder = subprocess.Popen(["unshare", "--net", "sh", "-c", "ip link set lo up && ip addr add "
+                               "127.0.0.2/32 dev lo && echo up && exec sleep infinity"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        up = holder.stdout.readline().strip() == "up"
+        assert up, f"no network namespace: unshare exited {holder.wait()}"
+        yield ["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, netns) -> Iterator[Cluster]:
     d = tmp_path_factory.mktemp("slurm")
     for sub in ("state", "spool", "logs"):
         (d / sub).mkdir()
@@ -113,8 +138,8 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     conf = d / "slurm.conf"
     conf.write_text(f"""ClusterName=test
 SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
+SlurmctldPort=6817
+SlurmdPort=6818
 AuthType=auth/munge
 AuthInfo=socket={sock}
 CredType=cred/munge
@@ -141,7 +166,7 @@ PartitionName=debug Nodes=ALL Default=YES State=UP
 """)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     procs: list[subprocess.Popen] = []
-    c = Cluster(env, procs, logs)
+    c = Cluster(env, procs, logs, netns)
     try:
         procs.append(_start([need("munged"), "-F", "-f", f"--socket={sock}", f"--key-file={key}",
                              f"--pid-file={d}/munged.pid", f"--seed-file={d}/munged.seed",
@@ -150,12 +175,11 @@ PartitionName=debug Nodes=ALL Default=YES State=UP
         while not sock.exists():
             assert procs[0].poll() is None and time.monotonic() < deadline, c.tail()
             time.sleep(0.1)
-        procs.append(_start([need("slurmctld"), "-D", "-i"], env, logs / "slurmctld.out"))
-        procs.append(_start([need("slurmd"), "-D", "-N", NODE], env, logs / "slurmd.out"))
+        procs.append(_start([*netns, need("slurmctld"), "-D", "-i"], env, logs / "slurmctld.out"))
+        procs.append(_start([*netns, need("slurmd"), "-D", "-N", NODE], env, logs / "slurmd.out"))
         deadline = time.monotonic() + 40
         while True:
-            r = subprocess.run([need("scontrol"), "show", "node", NODE], env=env, capture_output=True,
-                               text=True, timeout=30)
+            r = c.run([need("scontrol"), "show", "node", NODE])
             if r.returncode == 0 and "State=IDLE " in r.stdout:
                 break
             for p in procs:
@@ -250,8 +274,7 @@ def test_prolog_requeues_and_an_existing_reason_is_kept(cluster):
 def test_prometheus_targets_from_sinfo(cluster, tmp_path):
     """deploy/prometheus/slurm-targets.sh: one file_sd target per node, `instance` the Slurm name."""
     out = tmp_path / "slurm.json"
-    r = subprocess.run([str(ROOT / "deploy" / "prometheus" / "slurm-targets.sh"), str(out)], env=cluster.env,
-                       capture_output=True, text=True, timeout=60)
+    r = cluster.run([str(ROOT / "deploy" / "prometheus" / "slurm-targets.sh"), str(out)], timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text()) == [{"targets": ["127.0.0.1:9858"], "labels": {"instance": NODE}}]
     assert [p.name for p in tmp_path.iterdir()] == ["slurm.json"]  # no temporary file left
