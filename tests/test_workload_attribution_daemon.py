@@ -2,20 +2,22 @@
 on a simulated p5 following a kernel-log file, every collector, the HTTP endpoint; a workload
 reading handed to the hook the workload source uses (Context.workloads). XIDs appended to the log
 while a job runs name it on /metrics and in the log line, still after the job ended and after a
-restart; an XID written while the daemon was down (read as backlog at start-up) names no one.
+restart, and in `check --json`; an XID written while the daemon was down (read as backlog at
+start-up) names no one.
 
 In-process, because the daemon as a process has no workload source on this branch to read a job
 from (the other half of issue 26); everything else is the daemon's own code."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
 import requests
 
 from exporter import collectors
-from exporter.cli import build_context, build_parser, shutdown
+from exporter.cli import build_context, build_parser, main, shutdown
 from exporter.runner import Runner
 from exporter.server import Server
 from exporter.workload.model import Workload, WorkloadReading
@@ -75,7 +77,7 @@ def append(path, seq: int, xid: int, pci: str) -> None:
         f.write(f"3,{seq},{usec},-;NVRM: Xid (PCI:{pci}): {xid}, pid=9, name=python, Ch 00000010\n")
 
 
-def test_an_xid_names_the_job_on_metrics_after_it_ended_and_after_a_restart(tmp_path, caplog):
+def test_an_xid_names_the_job_on_metrics_after_it_ended_and_after_a_restart(tmp_path, caplog, capsys):
     log = tmp_path / "kmsg"
     log.write_text("")
     caplog.set_level(logging.WARNING, "exporter.xid")
@@ -104,3 +106,11 @@ def test_an_xid_names_the_job_on_metrics_after_it_ended_and_after_a_restart(tmp_
         assert set(hits(samples(text))) == {("5", "79", "4242")}  # kept; the backlog XID names no one
     finally:
         again.stop()
+    # `check --json` afterwards, as an operator or the Slurm health check runs it
+    capsys.readouterr()
+    main(["check", "--simulate", "p5.48xlarge", "--kmsg-file", str(log), "--path.state-dir",
+          str(tmp_path / "state"), "--json"])
+    gpus = {g["gpu"]: g for g in json.loads(capsys.readouterr().out)["gpus"]}
+    assert [(e["xid"], e["workloads"]) for e in gpus[5]["workloads_hit"]] == [
+        (79, [{"kind": "slurm", "hpc_job": "4242"}])]
+    assert [(e["xid"], e["workload_known"]) for e in gpus[2]["workloads_hit"]] == [(31, False)]
