@@ -116,6 +116,14 @@ def test_the_ledger_keeps_the_last_few_per_gpu_and_a_repeat_updates_the_time():
     recs = led.records()
     assert len(recs) == MAX_PER_GPU
     assert [r.workloads[0].hpc_job for r in recs][-1] == "5" and recs[-1].time == T0 + 99
+    # events that name no workload (idle, unknown) give way before those that do
+    for code in (31, 43, 48):
+        led.add(Attribution("00000000:53:00", "xid", code, "", T0 + 100 + code, None))
+    led.add(Attribution("00000000:53:00", "xid", 79, "", T0 + 200, (JOB42,)))
+    recs = led.records()  # 31 took the oldest job's place, 43 and 48 each the one before it,
+    assert len(recs) == MAX_PER_GPU  # and 79 (a job) the last unknown's
+    assert [r.workloads for r in recs if r.code != 13] == [(JOB42,)]
+    assert [r.workloads[0].hpc_job for r in recs if r.code == 13] == ["4", "6", "7", "8", "9", "10", "5"]
 
 
 def test_a_gpu_ack_clears_its_records_up_to_its_time_and_an_xid_ack_only_that_xid():

@@ -177,7 +177,8 @@ class Attribution:
 
 class AttributionLedger:
     """The attributed events, at most MAX_PER_GPU per GPU (a repeat of an event with the same
-    workloads updates its time; the oldest go first). Thread-safe."""
+    workloads updates its time; beyond the bound the oldest earlier one that names no workload goes
+    first, else the oldest: an unknown or idle event does not push a job's out). Thread-safe."""
 
     def __init__(self, per_gpu: int = MAX_PER_GPU) -> None:
         self.per_gpu = per_gpu
@@ -202,7 +203,8 @@ class AttributionLedger:
                 recs.remove(same)
             recs.append(rec)
             recs.sort(key=lambda r: r.time)
-            del recs[:-self.per_gpu]
+            while len(recs) > self.per_gpu:  # the oldest that names no workload goes first
+                recs.remove(next((r for r in recs if not r.workloads and r is not rec), recs[0]))
             self.version += 1
 
     def visible(self, acks: Iterable[Any] = ()) -> list[Attribution]:
