@@ -17,6 +17,8 @@ Rows (NAME: command):
 - render: bench/bench_render.py (the fast renderer against prometheus_client's);
 - xid: bench/bench_xid.py --samples 30 (record to /metrics, backfills);
 - shutdown: bench/bench_shutdown.py --runs 1 (SIGTERM to exit with stuck sources);
+- activity: bench/bench_activity.py --scrapes 300 (what GPU activity from NVML GPM adds to a GPU
+  collection on 8 simulated H100s, with and without GPM alternating; series added);
 - with --long (about 15 more minutes): whole-vs-single (bench/bench_gpu.py --only-whole) and rules
   (bench/bench_rules.py --nodes 2000).
 The default set takes about 10 minutes on the 2-core development host.
@@ -134,6 +136,13 @@ def parse_shutdown(text: str) -> Figures:
             "fifo": _num(r"(?m)^\| blocked Lustre[^|]*\| ([\d.]+)", text)}
 
 
+def parse_activity(text: str) -> Figures:
+    r = _json(text)
+    return {"cpu": r["gpm_cpu_ms_added"], "wall": r["gpm_wall_ms_added"],
+            "with": r["cpu_ms_per_collection"]["with"], "without": r["cpu_ms_per_collection"]["without"],
+            "series": r["series_added_total"]}
+
+
 def parse_whole_vs_single(text: str) -> Figures:
     r = _json(text)["whole_scrape_vs_slowest_single_collector"]
     m = r["median_ms"]
@@ -192,6 +201,11 @@ ROWS = [
         [PY, "bench/bench_shutdown.py", "--runs", "1"], parse_shutdown,
         lambda f: (f"a GPU's NVML call hung: {f('nvml')} s; Lustre stats and an EFA counter blocked "
                    f"(FIFOs): {f('fifo')} s; exit status 0")),
+    Row("activity", "GPU activity (NVML GPM) added to a GPU collection, 8 simulated H100s with the GPM "
+        "latencies estimated, CPU per collection (goal ≤ 1 ms) and series",
+        [PY, "bench/bench_activity.py", "--scrapes", "300", "--rounds", "3"], parse_activity,
+        lambda f: (f"+{f('cpu')} ms CPU ({f('with')} with GPM vs {f('without')} ms without), "
+                   f"+{f('wall')} ms wall; +{f('series')} series")),
     Row("whole-vs-single", "Whole HTTP scrape vs slowest single collector, wall (goal ≤ 1.2×)",
         [PY, "bench/bench_gpu.py", "--only-whole", "--whole-scrapes", "100"], parse_whole_vs_single,
         lambda f: f"whole {f('whole')} ms vs slowest single {f('slowest')} ms: {f('ratio')}×", long=True),

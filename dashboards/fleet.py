@@ -11,6 +11,7 @@ from dashboards.lib import (
     NEUTRAL,
     OK_RED,
     VERDICT_COLOURS,
+    WORKLOAD,
     colour,
     coloured_cells,
     dashboard,
@@ -18,11 +19,13 @@ from dashboards.lib import (
     override,
     query,
     sel,
+    since,
     stat_panel,
     steps,
     table_panel,
     timeseries_panel,
     value_text,
+    workload_join,
 )
 from dashboards.runbooks import RUNBOOK_BASE, alert_regex, relative, runbook_properties
 
@@ -33,12 +36,6 @@ RECOVERY_ACTIONS = {
     "4": ("drain and reset", "orange"),
     "5": ("recover the IMEX domain", "orange"),
 }
-
-
-def _since(expr: str) -> str:
-    """When `expr` (a filter, 1 while active) became true within the last day, in ms for Grafana's
-    dateTimeFromNow; a condition newer than the subquery's last minute step shows as now."""
-    return f"min_over_time(timestamp({expr})[1d:1m]) * 1000 or timestamp({expr}) * 1000"
 
 
 def overview() -> list:
@@ -81,8 +78,8 @@ def action() -> list:
         "reason and since when (first minute of the last day it was active). Click a node for its "
         "dashboard, scoped to that GPU. Reasons: docs/xid.md.",
         "dateTimeFromNow", "one row per active reason (a healthy fleet shows none)",
-        instant(_since(f"gpu_health_reason{sel()} == 1"), "since"),
-        instant(_since(f"gpu_node_health_reason{sel()} == 1"), "since (node)"),
+        instant(since(f"gpu_health_reason{sel()} == 1"), "since"),
+        instant(since(f"gpu_node_health_reason{sel()} == 1"), "since (node)"),
         width=12, height=8, gpu_link=True)
     firing = sel('alertstate="firing"', f'alertname=~"{alert_regex()}"')
     alerts = table_panel(
@@ -121,13 +118,10 @@ def action() -> list:
     return [needing, alerts, xids, by_code, faults_by_workload()]
 
 
-WORKLOAD = "hpc_job, namespace, pod"
-
-
 def faults_by_workload() -> list:
     """Which jobs and pods faults hit within the dashboard's time range (issue 26)."""
     def last(metric: str, code: str) -> str:
-        return (f"(max by (cluster, instance, {WORKLOAD}, {code}) (max_over_time({metric}{sel()}[$__range]))"
+        return (f"(max by (instance, {WORKLOAD}, {code}) (max_over_time({metric}{sel()}[$__range]))"
                 f" > time() - $__range_s) * 1000")
     return table_panel(
         "Faults by job",
@@ -180,6 +174,59 @@ def memory() -> list:
         instant(f"gpu_recovery_action{sel()} > 0", "action"),
         width=12, height=6, gpu_link=True, mappings=value_text(RECOVERY_ACTIONS))
     return [ecc, ecc_ts, remaps, recovery]
+
+
+def activity() -> list:
+    """What the GPUs are doing (NVML GPM, Hopper and newer): the least busy nodes and workloads, and
+    GPUs held but idle (rules/gpu.yml, gpu-activity)."""
+    fleet = timeseries_panel(
+        "Fleet SM and tensor activity",
+        "Mean SM and tensor activity over the selection's measured GPUs (DCGM_FI_PROF_SM_ACTIVE and "
+        "PIPE_TENSOR_ACTIVE from NVML GPM; A100 and MIG-mode GPUs are not measured).",
+        "percentunit", "2 series",
+        query(f"avg(instance:gpu_sm_active:ratio5m_avg{sel()})", "SM active"),
+        query(f"avg(instance:gpu_tensor_active:ratio5m_avg{sel()})", "tensor active"),
+        minimum=0, maximum=1, width=8)
+    nodes = table_panel(
+        "Least busy nodes",
+        "The 20 nodes whose GPUs' mean SM activity (5 m) is lowest, with their tensor activity. A node of "
+        "a running job far below its peers is often a straggler, a stuck rank or a node waiting on "
+        "data. Click a node for its dashboard.",
+        "percentunit", "bottom 20 nodes",
+        instant(f"bottomk(20, instance:gpu_sm_active:ratio5m_avg{sel()})", "SM active"),
+        instant(f"instance:gpu_tensor_active:ratio5m_avg{sel()} and bottomk(20, "
+                f"instance:gpu_sm_active:ratio5m_avg{sel()})", "tensor active"),
+        width=8, height=8)
+    workloads = table_panel(
+        "Least busy workloads",
+        "The 20 workloads (Slurm job, or pod) whose GPUs' mean SM activity is lowest over the rate "
+        "interval, and how many GPUs they hold: a job holding many GPUs it barely uses. From the "
+        "workload source's gpu_workload_info; empty where it does not run.",
+        "percentunit", "bottom 20 workloads",
+        instant(f"bottomk(20, avg by ({WORKLOAD}) ("
+                f"{workload_join(f'rate(gpu_sm_active_seconds_total{sel()}[$__rate_interval])')}))",
+                "SM active"),
+        width=8, height=8, node_link=False)
+    longest = "bottomk(50, " + since(f"gpu:gpu_allocated_idle:ratio5m{sel()}") + ")"
+    idle = table_panel(
+        "Allocated GPUs near idle",
+        "GPUs held by a workload (named by the workload source, or a process holding more than a tenth "
+        "of the memory) with SM activity under 5 % (5 m), and since when (within the last day). Idle for "
+        "an hour or more is counted beside; nothing pages.",
+        "percentunit", "the 50 GPUs idle longest",
+        instant(f"gpu:gpu_allocated_idle:ratio5m{sel()} and {longest}", "SM active"),
+        instant(longest, "near idle since"),
+        width=16, height=8, gpu_link=True, overrides=[override("near idle since", unit="dateTimeFromNow")])
+    long_idle = stat_panel(
+        "GPUs idle for an hour or more",
+        "GPUs held by a workload and under 5 % SM activity for at least the last hour "
+        "(gpu:gpu_allocated_idle:ratio1h), and the nodes they are on.",
+        "none", "two values",
+        query(f"count(gpu:gpu_allocated_idle:ratio1h{sel()}) or vector(0)", "GPUs"),
+        query(f"count(count by (cluster, instance) (gpu:gpu_allocated_idle:ratio1h{sel()})) or vector(0)",
+              "nodes"),
+        thresholds=steps((None, "green"), (1, "orange")), width=8, height=8)
+    return [fleet, nodes, workloads, idle, long_idle]
 
 
 def fabric() -> list:
@@ -261,6 +308,7 @@ def build() -> db.Dashboard:
                          "docs as you browse them)."))
     for title, panels in (("Overview", overview()), ("Needs action", action()),
                           ("GPU memory and recovery", memory()),
+                          ("Activity (SM, tensor)", activity()),
                           ("NVSwitch, fabric and EC2 events", fabric()), ("Exporter", exporter())):
         d = d.with_row(db.Row(title))
         for p in panels:

@@ -57,6 +57,24 @@ def sel(*matchers: str) -> str:
     return "{" + ", ".join(['cluster=~"$cluster"', 'instance=~"$instance"', *matchers]) + "}"
 
 
+def since(expr: str) -> str:
+    """When `expr` (a filter, 1 while active) became true within the last day, in ms for Grafana's
+    dateTimeFromNow; a condition newer than the subquery's last minute step shows as now."""
+    return f"min_over_time(timestamp({expr})[1d:1m]) * 1000 or timestamp({expr}) * 1000"
+
+
+def workload_join(expr: str) -> str:
+    """`expr` (one series per GPU, with `cluster`, `instance` and `gpu`) once per workload holding
+    the GPU, with the workload's labels (hpc_job for a Slurm job; namespace, pod and container for
+    a pod): a join on gpu_workload_info, the workload source's series (one per GPU and workload;
+    no data where the source does not run)."""
+    return f"({expr}) * on (cluster, instance, gpu) group_right () gpu_workload_info{sel()}"
+
+
+WORKLOAD = "cluster, hpc_job, namespace, pod"  # a workload's labels, for `by (...)`
+WORKLOAD_LEGEND = "{{hpc_job}}{{namespace}} {{pod}}"
+
+
 def node_url(with_gpu: bool = False) -> str:
     """Data link from a table row (with `cluster` and `instance` columns) to the node dashboard."""
     url = (f"/d/{UIDS['node']}/?var-datasource=${{datasource}}&var-cluster=${{__data.fields.cluster}}"

@@ -13,6 +13,8 @@ from dashboards.lib import (
     UIDS,
     UP_DOWN,
     VERDICT_COLOURS,
+    WORKLOAD,
+    WORKLOAD_LEGEND,
     bargauge_panel,
     colour,
     dashboard,
@@ -20,11 +22,13 @@ from dashboards.lib import (
     override,
     query,
     sel,
+    since,
     stat_panel,
     steps,
     table_panel,
     timeseries_panel,
     value_text,
+    workload_join,
 )
 
 
@@ -244,6 +248,70 @@ def thermal_power() -> list:
     return [temps, margin, throttle, throttle_time, power, util]
 
 
+def rate_of(counter: str) -> str:
+    """An activity counter's ratio (0-1) per GPU over the rate interval."""
+    return f"rate({counter}{G}[$__rate_interval])"
+
+
+def activity() -> list:
+    """What the GPUs are doing (NVML GPM, Hopper and newer; docs/metrics.md)."""
+    gpm = ("From NVML GPU Performance Monitoring (Hopper and newer; DCGM's profiling field "
+           "{field}), no DCGM needed.")
+    sm = timeseries_panel(
+        "SM activity",
+        "Fraction of the time each GPU's SMs had work resident. A better measure of a training job's "
+        "use of the GPU than utilisation, which counts any kernel running. "
+        + gpm.format(field="DCGM_FI_PROF_SM_ACTIVE"),
+        "percentunit", GPUS,
+        query(rate_of("gpu_sm_active_seconds_total"), GPU_LEGEND),
+        minimum=0, maximum=1, width=8)
+    tensor = timeseries_panel(
+        "Tensor activity",
+        "Fraction of the time each GPU's tensor (matrix) pipes were busy: what mixed-precision "
+        "training is bound by. " + gpm.format(field="DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
+        "percentunit", GPUS,
+        query(rate_of("gpu_tensor_active_seconds_total"), GPU_LEGEND),
+        minimum=0, maximum=1, width=8)
+    node = timeseries_panel(
+        "Node activity",
+        "The node's mean over its measured GPUs: SM activity, SM occupancy, tensor activity and "
+        "memory bandwidth use (HBM).",
+        "percentunit", "4 series",
+        *[query(f"avg({rate_of(c)})", label) for c, label in (
+            ("gpu_sm_active_seconds_total", "SM active"), ("gpu_sm_occupancy_seconds_total", "SM occupancy"),
+            ("gpu_tensor_active_seconds_total", "tensor active"),
+            ("gpu_dram_active_seconds_total", "memory bandwidth"))],
+        minimum=0, maximum=1, width=8)
+    idle = table_panel(
+        "Allocated GPUs near idle",
+        "GPUs held by a workload (a Slurm job or pod the workload source names, or a process holding "
+        "more than a tenth of the memory) whose SM activity is under 5 % (5 m; rules/gpu.yml "
+        "gpu-activity), and since when (within the last day). Held and idle for an hour or more is "
+        "waste worth a word with the owner; nothing pages.",
+        "percentunit", "the node's GPUs held and near idle",
+        instant(f"gpu:gpu_allocated_idle:ratio5m{G}", "SM active"),
+        instant(since(f"gpu:gpu_allocated_idle:ratio5m{G}"), "near idle since"),
+        width=8, node_link=False,
+        overrides=[_gpu_link(), override("near idle since", unit="dateTimeFromNow")])
+    workloads = timeseries_panel(
+        "SM activity per workload",
+        "Mean SM activity of each workload's GPUs on this node (Slurm job, or pod), from the workload "
+        "source's gpu_workload_info; empty where it does not run.",
+        "percentunit", "the workloads on the node (up to 8)",
+        query(f"avg by ({WORKLOAD}) ({workload_join(rate_of('gpu_sm_active_seconds_total'))})",
+              WORKLOAD_LEGEND),
+        minimum=0, maximum=1, width=8)
+    measured = table_panel(
+        "GPUs without activity measurement",
+        "GPUs whose activity is not measured, and why: gpu_not_supported (before Hopper: A100), "
+        "driver_too_old, mig_mode, counters_in_use (DCGM's profiling module or Nsight holds the "
+        "counters), no_permission, sample_failed. Empty when every GPU is measured.",
+        "none", "the node's GPUs not measured",
+        instant(f"gpu_activity_measured{G} == 0", "not measured"),
+        width=8, node_link=False, hide=("Value",), overrides=[_gpu_link()])
+    return [sm, tensor, node, idle, workloads, measured]
+
+
 def interconnect() -> list:
     pcie = table_panel(
         "PCIe link",
@@ -374,6 +442,7 @@ def build() -> db.Dashboard:
                           "and the exporter's health on it.", node=True)
     for title, panels in (("Verdict", verdict()), ("XIDs", xids()), ("GPU memory", memory()),
                           ("Thermal, power and utilisation", thermal_power()),
+                          ("Activity (SM, tensor, memory)", activity()),
                           ("PCIe and NVLink", interconnect()),
                           ("NVSwitch, fabric and EC2 events", fabric()), ("EFA and FSx", efa_fsx()),
                           ("Exporter on this node", exporter())):

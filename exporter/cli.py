@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter import __version__, collectors, commands, logs
 from exporter.collector import Context
+from exporter.collectors import workload as workload_flags
 from exporter.config import DEFAULT_PORT, ConfigError, load, read_config_file
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import SIMULATED
@@ -66,6 +67,7 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
                         "records, instead of the device.")
     for name, doc in PATH_FLAGS.items():
         p.add_argument(f"--path.{name}", dest=f"path_{name.replace('-', '_')}", metavar="PATH", help=doc)
+    workload_flags.add_flags(p)
     p.add_argument("--collectors", metavar="LIST",
                    help="Comma-separated collectors to run, and only those (default: those enabled in the "
                         "config); the same as --collector.disable-defaults with --collector.NAME for each.")
@@ -264,6 +266,7 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
             overrides[f"paths.{name.replace('-', '_')}"] = v
     if args.kmsg_file:
         overrides["paths.kmsg"] = kmsg_replay_path(args.kmsg_file)
+    overrides.update(workload_flags.flag_overrides(args))
     return overrides
 
 

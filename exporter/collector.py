@@ -17,6 +17,7 @@ from exporter.nvml.session import NvmlSession
 if TYPE_CHECKING:
     from exporter.config import Config, Section
     from exporter.workload.attribution import WorkloadHistory
+    from exporter.workload.source import WorkloadSource
     from exporter.xid.service import XidService
 
 
@@ -37,12 +38,15 @@ class Context:
       config's `instance.imds_endpoint`. Whether IMDS is asked at all is config's `instance.imds`.
     - `identity`: the instance identity (config, the DMI product name under the sysfs root, then
       the IMDS lookup). None: made from the above.
+    - `workload`: the workload source (exporter.workload.source: which job or pod holds each
+      GPU; the workload collector and fault attribution read it). None: made from the config's
+      `workload` section, and left None when no kind is configured.
     - `xid`: the XID service (xid, nvswitch and health collectors, `check`, `ack`): its parts
       (kernel-log follower, XID and SXid counters, identities, state files). The composition
       root builds it (naming the kernel log its counts come from); None: made from the config.
-    - `workloads`: what the workload source observed on each GPU lately. The collector that reads
-      the source hands each WorkloadReading to `workloads.observe()`; the XID service asks it who
-      a counted fault hit (exporter.workload.attribution). None: a new, empty one.
+    - `workloads`: what the workload source observed on each GPU lately, for fault attribution
+      (exporter.workload.attribution): it hears every reading the source takes, and the XID
+      service asks it who a counted fault hit. None: a new, empty one.
     """
 
     config: Config
@@ -50,6 +54,7 @@ class Context:
     statvfs: Callable[[str], os.statvfs_result] = os.statvfs
     imds_url: str | None = None
     identity: IdentitySource | None = None
+    workload: WorkloadSource | None = None
     xid: XidService | None = None
     workloads: WorkloadHistory | None = None
 
@@ -63,10 +68,20 @@ class Context:
         if self.identity is None:
             self.identity = IdentitySource(self.config, imds_url=self.imds_url,
                                            dmi_instance_type=dmi.instance_type(self.config.paths.sysfs))
+        if self.workload is None and getattr(self.config, "workload", None) is not None:
+            from exporter.workload.source import from_config
+
+            self.workload = from_config(self.config, self.nvml)
         if self.xid is None and getattr(self.config, "xid", None) is not None:
             from exporter.xid.service import XidService
 
             self.xid = XidService(self.config, self.nvml, workloads=self.workloads)
+        if self.workload is not None:  # fault attribution hears every reading the source takes
+            self.workload.listeners.append(self.workloads.observe)
+            if self.xid is not None:  # and asks for one when a fault is counted
+                from exporter.workload.attribution import fresh_reading
+
+                self.xid.attribution.fresh = fresh_reading(self.workload, self.nvml)
 
     @property
     def paths(self) -> Any:

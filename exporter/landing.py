@@ -30,11 +30,13 @@ _PRESENT = {"ec2_scheduled_event_start_timestamp_seconds": "EC2 scheduled event"
 # at 0 is reported by its name.
 _BAD_WHEN_ZERO = {
     "gpu_read_success": "NVML reads failed or timed out",
+    "gpu_activity_measured": "SM, tensor and DRAM activity not measured",  # + its reason label
     "efa_device_up": "EFA device not readable (down, removed or failing admin commands)",
     "lustre_client_source_up": "Lustre source not readable",
     "gpu_health_exporter_kmsg_up": "kernel log not readable (XIDs from the log are missed)",
     "gpu_health_exporter_nvml_event_watcher_up": "NVML event watcher not running",
     "gpu_health_exporter_state_file_ok": "XID state file corrupt, unreadable or unwritable",
+    "gpu_health_exporter_workload_source_up": "could not tell which workload holds some GPUs (see the log)",
 }
 _HAVE_VS_EXPECTED = {"gpu_devices": "gpu_devices_expected", "efa_devices": "efa_devices_expected"}
 _SUBJECT_LABELS = ("gpu", "pci_bus_id", "device", "port", "mount", "fsname", "source", "link", "problem",
@@ -87,7 +89,8 @@ def _problem(name: str, type_: str, labels: dict[str, str], v: float) -> str:
     """What this sample says is wrong ('' when nothing)."""
     if (name in _BAD_WHEN_ONE and v == 1) or (_is_status(name, type_) and v == 0):
         what = _BAD_WHEN_ONE.get(name) or _BAD_WHEN_ZERO.get(name) or f"{name} is {v:g}"
-        return f"{_subject(labels)}{what}"
+        why = f" ({labels['reason']})" if labels.get("reason") else ""
+        return f"{_subject(labels)}{what}{why}"
     if name in _GOOD_STATES and v == 1:
         label, good = _GOOD_STATES[name]
         return "" if labels[label] in good else f"{name}: {label} {labels[label]}"

@@ -108,14 +108,43 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ('`DCGM_FI_DRIVER_VERSION` (label)',
      '`gpu_driver_info{driver_version, nvml_version, cuda_driver_version}`',
      ''),
-    (('`DCGM_FI_PROF_*` (GR_ENGINE_ACTIVE, SM_ACTIVE, SM_OCCUPANCY, PIPE_TENSOR_ACTIVE, '
-      'DRAM_ACTIVE, PCIE_TX/RX_BYTES, NVLINK_TX/RX_BYTES)'),
+    ('`DCGM_FI_PROF_SM_ACTIVE`',
+     '`gpu_sm_active_seconds_total`',
+     ('a counter of seconds from NVML GPM (Hopper and newer, no DCGM): the ratio is '
+      '`rate(gpu_sm_active_seconds_total[5m])` (0-1, as DCGM), recorded as `gpu:gpu_sm_active:ratio5m`; '
+      'where `gpu_activity_measured` is 0 (A100, MIG mode, a profiler holding the counters) there is no '
+      'series')),
+    ('`DCGM_FI_PROF_SM_OCCUPANCY`',
+     '`gpu_sm_occupancy_seconds_total`',
+     '`rate(gpu_sm_occupancy_seconds_total[5m])`'),
+    ('`DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`',
+     '`gpu_tensor_active_seconds_total`',
+     '`rate(gpu_tensor_active_seconds_total[5m])`, recorded as `gpu:gpu_tensor_active:ratio5m`'),
+    ('`DCGM_FI_PROF_DRAM_ACTIVE`',
+     '`gpu_dram_active_seconds_total`',
+     '`rate(gpu_dram_active_seconds_total[5m])`'),
+    ('`DCGM_FI_PROF_PIPE_FP64_ACTIVE`, `DCGM_FI_PROF_PIPE_FP32_ACTIVE`, `DCGM_FI_PROF_PIPE_FP16_ACTIVE`',
+     '`gpu_pipe_active_seconds_total{pipe="fp64"|"fp32"|"fp16"}`',
+     '`rate(...[5m])`, with `gpu.detail: [activity_pipes]`'),
+    ('`DCGM_FI_PROF_NVLINK_TX_BYTES`, `DCGM_FI_PROF_NVLINK_RX_BYTES`',
+     '`gpu_nvlink_bytes_total{direction="tx"|"rx"}`',
+     ('bytes per second: `rate(gpu_nvlink_bytes_total[5m])` (DCGM: bytes per second over its sampling '
+      'interval); with `gpu.detail: [activity_traffic]`')),
+    ('`DCGM_FI_PROF_PCIE_TX_BYTES`, `DCGM_FI_PROF_PCIE_RX_BYTES`',
+     '`gpu_pcie_bytes_total{direction="tx"|"rx"}`',
+     '`rate(gpu_pcie_bytes_total[5m])`; with `gpu.detail: [activity_traffic]`'),
+    (('`DCGM_FI_PROF_GR_ENGINE_ACTIVE`, `DCGM_FI_PROF_PIPE_INT_ACTIVE`, the per-precision tensor pipes '
+      '(`DCGM_FI_PROF_PIPE_TENSOR_HMMA/IMMA/DFMA_ACTIVE`), the profiling fields on A100 and per MIG '
+      'instance'),
      NOT_EXPORTED,
-     "profiling needs DCGM's host engine and its profiling module; out of scope for a health agent"),
+     ('the activity above is whole-GPU and Hopper-and-newer only (NVML GPM); A100 has no GPM, and '
+      'per-MIG-instance samples (nvmlGpmMigSampleGet) are not read. Never run both on one GPU: DCGM\'s '
+      'profiling module holds the counters and this exporter then reports `gpu_activity_measured{reason='
+      '"counters_in_use"} 0`')),
     (('`DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL`, `DCGM_FI_DEV_PCIE_TX_THROUGHPUT`, '
       '`DCGM_FI_DEV_PCIE_RX_THROUGHPUT`'),
      NOT_EXPORTED,
-     'throughput, not health'),
+     'throughput, not health (the GPM bytes above answer the same question on Hopper)'),
     ('`DCGM_FI_DEV_ENC_UTIL`, `DCGM_FI_DEV_DEC_UTIL`, `DCGM_FI_DEV_VGPU_*`',
      NOT_EXPORTED,
      ''),
@@ -124,8 +153,8 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
 ONLY_HERE = (
     'Only here (no DCGM field): the per-GPU and node verdict (`gpu_health_verdict`, '
     '`gpu_node_health_verdict` and their reasons), `gpu_lost`, `gpu_recovery_action`, '
-    '`gpu_row_remapper_banks`, NVSwitch SXids, fabric registration, EFA devices and FSx for Lustre '
-    'clients. '
+    '`gpu_row_remapper_banks`, `gpu_activity_measured` (whether and why not a GPU\'s activity is '
+    'measured), NVSwitch SXids, fabric registration, EFA devices and FSx for Lustre clients. '
 )
 
 PITFALLS: tuple[str, ...] = (

@@ -9,8 +9,8 @@ deployment: Prometheus scrapes and evaluates every 2 s, and every duration in ru
 times 7.5 is then its time at a 15 s scrape (an upper bound: the exporter's own latency, which does
 not scale, is multiplied too). (A 1 s scrape, x15, left 18 exporters on a loaded 2-core machine
 missing a fifth of their scrapes.) The corrected-ECC groups (ECC_GROUPS) get their own,
-stronger compression, ECC_WINDOWS, so that the 7 hours of history a relative judgement needs take 75
-seconds.
+stronger compression, ECC_WINDOWS (their windows must stay valid ranges at a 2 s evaluation; their
+time-driven behaviour is tested by promtool).
 
 Adding a row: append a Row to ROWS (the scenarios it runs on a simulated node, the notifications
 it must cause, how to read the fault's time); the doc table follows on the next run.

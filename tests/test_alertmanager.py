@@ -160,6 +160,8 @@ def _inhibition(tmp_path: Path, refused: str) -> None:
             _alert("GpuRowRemapPending", "warning", "gpu-node-1", gpu="5"),
             _alert("EfaReceiveDrops", "warning", "gpu-node-1", device="rdmap16s27"),
             _alert("GpuLost", "critical", "gpu-node-1", node_action="reboot", gpu="3"),
+            # its exporter killed for 15 minutes meanwhile (tests/rules/outage.test.yml)
+            _alert("GpuHealthExporterDown", "warning", "gpu-node-1", job="gpu-health-exporter"),
             # node 2: only a warning
             _alert("GpuRowRemapPending", "warning", "gpu-node-2", gpu="5"),
             # node 3: a lost GPU; its exporter is down too (the latch keeps GpuLost firing)
@@ -172,6 +174,7 @@ def _inhibition(tmp_path: Path, refused: str) -> None:
         ]
         assert requests.post(f"{url}/alerts", json=posted, timeout=5).ok
         muted = [("GpuRowRemapPending", "gpu-node-1"), ("EfaReceiveDrops", "gpu-node-1"),
+                 ("GpuHealthExporterDown", "gpu-node-1"),
                  ("GpuHealthExporterDown", "gpu-node-3"), ("LustreClientEvicted", "gpu-node-4")]
         deadline = time.monotonic() + 60
         while True:

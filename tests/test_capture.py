@@ -65,3 +65,36 @@ def test_capture_without_nvml_fails_clearly(tmp_path, capsys):
     missing = str(tmp_path / "missing.json")
     assert main(["capture", "--nvml-capture", missing, "--out", str(tmp_path / "x")]) == 2
     assert "missing.json" in capsys.readouterr().err
+
+
+def test_capture_records_gpm_and_the_replay_measures_it(tmp_path, capsys):
+    """GPM: support, a sample's cost and the metrics over an interval, per GPU; on an A100 the
+    support query says no and a sample answers Not Supported. The replay serves the recorded
+    levels as the GPU's activity."""
+    from exporter.nvml import backend as nv
+    from exporter.nvml.fake import FakeBackend
+    from exporter.simulate.nvml_synth import TRAINING_LEVELS
+
+    out = tmp_path / "p5.json"
+    assert main(["capture", "--simulate", "p5.48xlarge", "--out", str(out)]) == 0
+    dev = json.loads(out.read_text())["devices"][0]
+    assert dev["nvmlGpmQueryDeviceSupport"]["ok"]["isSupportedDevice"] == 1
+    assert dev["nvmlGpmSampleGet"]["us_median"] >= 0 and "ok" in dev["nvmlGpmSampleGet"]
+    sm = dev["nvmlGpmMetricsGet"]["ok"][str(nv.GPM_SM_UTIL)]
+    assert sm["ret"] == 0 and abs(sm["value"] - TRAINING_LEVELS[nv.GPM_SM_UTIL]) < 1.0
+    fake = FakeBackend.from_file(out)
+    fake.init()
+    fake.advance_to(0.0)
+    s1, s2 = fake.gpm_sample_alloc(), fake.gpm_sample_alloc()
+    fake.gpm_sample_get(0, s1)
+    fake.advance_to(10.0)
+    fake.gpm_sample_get(0, s2)
+    (v,) = fake.gpm_metrics_get(s1, s2, [nv.GPM_SM_UTIL])
+    assert v.ret == 0 and abs(v.value - sm["value"]) < 1e-6
+
+    out = tmp_path / "p4d.json"
+    assert main(["capture", "--simulate", "p4d.24xlarge", "--out", str(out)]) == 0
+    capsys.readouterr()
+    dev = json.loads(out.read_text())["devices"][0]
+    assert dev["nvmlGpmQueryDeviceSupport"]["ok"]["isSupportedDevice"] == 0
+    assert dev["nvmlGpmSampleGet"]["code"] == nv.NVML_ERROR_NOT_SUPPORTED

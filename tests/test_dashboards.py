@@ -17,7 +17,7 @@ import yaml
 from dashboards import build
 from dashboards.lib import TAG, UIDS
 from tests.helpers import ROOT, promtool
-from tests.rules_lint import PROMETHEUS_SERIES, metric_names, recorded
+from tests.rules_lint import PENDING_SERIES, PROMETHEUS_SERIES, metric_names, recorded
 from tests.test_rules import _catalog
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -33,9 +33,6 @@ RAW_COUNTERS = {
 }
 SUBSTITUTIONS = {"$__rate_interval": "5m", "$__range_s": "3600", "$__range": "1h", "$cluster": ".*",
                  "$instance": ".+", "$gpu": ".*"}
-# Exported by the workload source's collector (issue 26, the other half of the issue, on its own
-# branch): the node dashboard shows it. Drop this once both halves are merged.
-FROM_WORKLOAD_SOURCE = {"gpu_workload_info"}
 _RATE = re.compile(r"\b(?:rate|irate|increase)\(\s*$")  # directly the argument of a rate
 
 MODELS = build.dashboards()
@@ -185,11 +182,36 @@ def test_every_query_is_valid_promql_on_existing_metrics(tmp_path):
     catalog, rec = _catalog(), recorded()
     exprs = _all_queries()
     missing = {name for e in exprs for name in metric_names(_concrete(e))
-               if not (name in catalog or name in rec or name in PROMETHEUS_OWN)} - FROM_WORKLOAD_SOURCE
+               if not (name in catalog or name in rec or name in PROMETHEUS_OWN or name in PENDING_SERIES)}
     assert not missing, f"dashboard queries metrics nobody exports or records: {missing}"
     rules = {"groups": [{"name": "dashboard", "rules": [
         {"record": f"dashboard:query:{i}", "expr": _concrete(e)} for i, e in enumerate(exprs)]}]}
     path = tmp_path / "dashboard-queries.yml"
     path.write_text(yaml.safe_dump(rules))
     r = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_workload_panels_join_on_gpu_workload_info(tmp_path):
+    """The per-workload activity panels read gpu_workload_info, the workload source's series (issue
+    26: one per GPU and workload holding it). Given it, each gives a workload's mean SM activity over
+    its GPUs: a Slurm job on two GPUs, a pod on a third; a GPU nobody holds counts for nobody."""
+    exprs = {p["title"]: t["expr"] for _, p in ALL_PANELS for t in p["targets"]
+             if "gpu_workload_info" in t["expr"] and "gpu_sm_active" in t["expr"]}
+    assert set(exprs) == {"SM activity per workload", "Least busy workloads"}
+    common = 'cluster="c1", instance="n1", job="gpu-health-exporter"'
+    series = [{"series": f'gpu_sm_active_seconds_total{{{common}, gpu="{g}", uuid="GPU-{g}"}}', "values": v}
+              for g, v in (("0", "0+54x10"), ("1", "0+30x10"), ("2", "0+6x10"), ("3", "0+60x10"))]
+    series += [{"series": f'gpu_workload_info{{{common}, gpu="{g}", uuid="GPU-{g}", {w}}}', "values": "1x10"}
+               for g, w in (("0", 'hpc_job="77"'), ("1", 'hpc_job="77"'),
+                            ("2", 'namespace="ml", pod="nb-1", container="jupyter"'))]
+    expected = [{"labels": '{cluster="c1", hpc_job="77"}', "value": 0.7},
+                {"labels": '{cluster="c1", namespace="ml", pod="nb-1"}', "value": 0.1}]
+    suite = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [{"expr": _concrete(e), "eval_time": "10m", "exp_samples": expected}
+                             for e in exprs.values()]}]}
+    path = tmp_path / "workloads.test.yml"
+    path.write_text(yaml.safe_dump(suite))
+    r = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr

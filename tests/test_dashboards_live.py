@@ -33,19 +33,15 @@ SCRAPE_S = 1
 NODES = {  # node name -> (cluster, simulated fault scenarios)
     "healthy-node-1": ("healthy", []),
     "faulty-node-1": ("faulty", ["xid-94", "gpu-lost", "efa-retrans-timeouts", "efa-counters-unreadable",
-                                 "lustre-eviction", "sxid-fatal"]),
+                                 "lustre-eviction", "sxid-fatal", "gpu-idle-allocation", "slurm-job"]),
     "faulty-node-2": ("faulty", ["gpu-row-remap-pending", "gpu-recovery-action-reboot", "gpu-ecc-sbe-storm",
                                  "lustre-debugfs-missing", "sxid-nonfatal-burst", "gpu-fabric-manager-down",
-                                 "ec2-scheduled-reboot", "gpu-thermal-slowdown"]),
+                                 "ec2-scheduled-reboot", "gpu-thermal-slowdown", "gpu-gpm-in-use"]),
 }
 LOST = ("faulty-node-1", "3")  # gpu-lost: GPU 3 falls off the bus
 # (dashboard, panel title) -> why it may be empty on the faulty cluster. A new panel gets data by
 # adding the scenario of its fault to a faulty node above, or is listed here with the reason.
 EMPTY_ON_PURPOSE = {
-    # issue 26: the simulated nodes run no workload (no workload source feeds them a reading)
-    ("gpu-health-node", "Workloads on the GPUs now"): "no workload runs on a simulated node",
-    ("gpu-health-node", "Workloads the faults hit"): "no workload runs on a simulated node",
-    ("gpu-health-fleet", "Faults by job"): "no workload runs on a simulated node",
     ("gpu-health-fsx", "Imports not connected"):
         "the FSx eviction's import recovers to FULL, and no listed fault keeps one disconnected",
 }
@@ -164,6 +160,10 @@ def _wait_for_faults(api: str) -> None:
         "fabric not registered": 'gpu_fabric_state{instance="faulty-node-2", state="in_progress"} == 1',
         "EC2 event": 'ec2_scheduled_event_start_timestamp_seconds{instance="faulty-node-2"}',
         "alerts firing": 'ALERTS{alertstate="firing", cluster="faulty"}',
+        "GPU activity": 'instance:gpu_sm_active:ratio5m_avg{instance="faulty-node-2"} > 0',
+        "allocated GPUs idle": 'gpu:gpu_allocated_idle:ratio5m{instance="faulty-node-1"}',
+        "activity not measured":
+            'gpu_activity_measured{instance="faulty-node-2", reason="counters_in_use"} == 0',
         f"{RATE_INTERVAL} of samples":
             f'count_over_time(up{{instance="faulty-node-2"}}[{RATE_INTERVAL}]) >= 8',
     }

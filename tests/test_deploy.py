@@ -171,6 +171,21 @@ def test_config_is_valid_and_every_path_is_mounted(rendered, overlay, tmp_path):
 
 
 @pytest.mark.parametrize("overlay", OVERLAY_IDS)
+def test_the_pod_resources_directory_is_mounted_read_only_not_the_socket(rendered, overlay, tmp_path):
+    """A kubelet restart replaces its socket: a mount of the old socket file would go stale."""
+    docs = rendered[overlay]
+    (cm,) = [d for d in by_kind(docs, "ConfigMap") if "config.yaml" in d.get("data", {})]
+    sock = yaml.safe_load(cm["data"]["config.yaml"])["workload"]["kubelet_socket"]
+    mounts = {m["mountPath"]: m for m in exporter_container(docs)["volumeMounts"]}
+    mount = mounts[os.path.dirname(sock)]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod_spec(docs)["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert volume["hostPath"]["type"] in ("Directory", "DirectoryOrCreate")
+    assert not any(v.get("hostPath", {}).get("path", "").endswith(".sock") for v in pod_spec(docs)["volumes"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAY_IDS)
 def test_probes_and_resources(rendered, overlay):
     c = exporter_container(rendered[overlay])
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"

@@ -26,7 +26,8 @@ def test_every_metric_documented_once():
 
 def test_dcgm_migration_table_names_only_metrics_that_exist():
     """Every series the dcgm-exporter table points to is in the catalog (a rename fails here), every
-    row says what to use or that it is not exported, and the profiling fields are out of scope."""
+    row says what to use or that it is not exported; the profiling fields NVML's GPM gives are mapped
+    to the activity counters (issue 27), the rest still needs DCGM."""
     import re
 
     from exporter import migration
@@ -42,5 +43,11 @@ def test_dcgm_migration_table_names_only_metrics_that_exist():
         assert used, (field, here)
         assert set(used) <= names, (field, set(used) - names)
     assert any("DCGM_FI_PROF_" in f and h == migration.NOT_EXPORTED for f, h, _ in migration.FIELDS)
+    mapped = {f: h for f, h, _ in migration.FIELDS}
+    for dcgm, ours in (("SM_ACTIVE", "gpu_sm_active_seconds_total"),
+                       ("SM_OCCUPANCY", "gpu_sm_occupancy_seconds_total"),
+                       ("PIPE_TENSOR_ACTIVE", "gpu_tensor_active_seconds_total"),
+                       ("DRAM_ACTIVE", "gpu_dram_active_seconds_total")):
+        assert mapped[f"`DCGM_FI_PROF_{dcgm}`"] == f"`{ours}`"
     for pitfall in migration.PITFALLS:
         assert set(re.findall(r"gpu_[a-z_]+_total", pitfall)) <= names, pitfall

@@ -25,6 +25,7 @@ from tests.helpers import FIXTURES, promtool_check_metrics, running_exporter, sa
 
 collector_classes()  # declares the config sections
 from exporter.collectors.gpu import GpuCollector  # noqa: E402
+from exporter.gpu.reader import DETAIL  # noqa: E402
 
 CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"
 CAP = json.loads(CAPTURE.read_text())
@@ -466,8 +467,7 @@ def test_exporter_replays_a_capture():
         ok("nvmlDeviceGetRowRemapperHistogram")["max"]
 
 
-@pytest.mark.parametrize("detail", [frozenset(), frozenset(["nvlink_per_link", "limits", "pcie_errors",
-                                                              "throttle_time", "routine_clock_events"])])
+@pytest.mark.parametrize("detail", [frozenset(), frozenset(DETAIL)])
 def test_reader_samples_carry_exactly_their_metrics_labels(detail):
     """Samples are served as prepared Samples (no per-sample label check at
     scrape time), so every one must carry exactly its metric's labels."""

@@ -204,3 +204,33 @@ def test_collector_serves_the_real_gpus(real):
     assert h.count == n and not any(g.lost for g in h.gpus.values())
     runner.close()
     c.close()
+
+
+def test_gpm_activity_on_the_real_gpus(real):
+    """GPM (issue 27): a Hopper or newer GPU (compute capability 9+) is measured, two samples a
+    second apart give ratios in [0, 1]; an older GPU says gpu_not_supported; the capture records GPM
+    with its cost per call (written to $OUT/gpm_capture.json for docs/real-gpu.md)."""
+    import time
+
+    from exporter.gpu.gpm import GpmReader
+    from exporter.gpu.reader import Reading
+    from exporter.nvml.capture import record_gpm
+
+    for i in range(real.device_count()):
+        cc = real.call(i, "nvmlDeviceGetCudaComputeCapability")
+        reader = GpmReader(real, i)
+        r = Reading(labels={"gpu": str(i), "uuid": "", "pci_bus_id": ""})
+        reader.read(r)
+        if cc[0] < 9:
+            assert r.activity == "gpu_not_supported", (cc, r.activity, r.activity_error)
+            continue
+        assert r.activity in ("measured", "mig_mode", "counters_in_use"), (r.activity, r.activity_error)
+        if r.activity != "measured":
+            continue
+        time.sleep(1.0)
+        r = Reading(labels={"gpu": str(i), "uuid": "", "pci_bus_id": ""})
+        reader.read(r)
+        assert r.activity == "measured", r.activity_error
+        for mid, total in reader.counters.totals.items():
+            assert 0 <= total <= 1.5, (mid, total)  # seconds of activity within ~1 s
+    _write("gpm_capture.json", record_gpm(real, real.device_count()))

@@ -12,7 +12,8 @@ import sys
 from tests.helpers import ROOT
 
 PRESENT = ["prometheus_client", "prometheus_client.metrics_core", "prometheus_client.samples"]
-ABSENT = ["requests", "urllib3", "bcrypt", "pynvml", "asyncio", "multiprocessing"]
+ABSENT = ["requests", "urllib3", "bcrypt", "pynvml", "asyncio", "multiprocessing",
+          "grpc", "google.protobuf"]  # grpc: only with workload.kubelet_socket
 
 CHILD = """
 import json, sys

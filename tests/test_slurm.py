@@ -9,6 +9,7 @@ its auto-resume acts on. slurmd also runs the script itself as its HealthCheckPr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -46,10 +47,10 @@ class Cluster:
     netns: list[str]  # the command prefix that enters the cluster's network namespace
 
     def run(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 30,
-            ) -> subprocess.CompletedProcess:
+            check: bool = False) -> subprocess.CompletedProcess:
         """argv in the cluster's network namespace, with its SLURM_CONF."""
         return subprocess.run([*self.netns, *argv], env=env or self.env, capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=timeout, check=check)
 
     def scontrol(self, *args: str) -> str:
         r = self.run([need("scontrol"), *args])
@@ -103,7 +104,13 @@ def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def netns() -> Iterator[list[str]]:
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    with run_cluster(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
+
+
+@contextlib.contextmanager
+def network_namespace() -> Iterator[list[str]]:
     """A network namespace with only its loopback up, held by a sleeping process; yields the command
     prefix that runs a program in it. Slurm resolves 127.0.0.1 with AF_INET and AI_ADDRCONFIG, which
     glibc answers only where an IPv4 address other than 127.0.0.1 exists: 127.0.0.2 on lo is one."""
@@ -119,9 +126,12 @@ def netns() -> Iterator[list[str]]:
         holder.wait()
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, netns) -> Iterator[Cluster]:
-    d = tmp_path_factory.mktemp("slurm")
+@contextlib.contextmanager
+def run_cluster(d: Path, extra_conf: str = "", node_conf: str = "", cpus: int = 1,
+                health_check: bool = True) -> Iterator[Cluster]:
+    """A single-node Slurm under `d`; `extra_conf` is added to slurm.conf, `node_conf` to its
+    NodeName line, which has `cpus` CPUs (tests/test_workload_slurm.py: GPUs in gres, a Prolog and
+    an Epilog, jobs side by side)."""
     for sub in ("state", "spool", "logs"):
         (d / sub).mkdir()
     logs = d / "logs"
@@ -159,22 +169,23 @@ JobCompType=jobcomp/none
 SelectType=select/linear
 MpiDefault=none
 ReturnToService=2
-HealthCheckProgram={hc}
+{f"HealthCheckProgram={hc}" if health_check else ""}
 HealthCheckInterval=5
-NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={host} CPUs=1 State=UNKNOWN
+{extra_conf}
+NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={host} CPUs={cpus} {node_conf} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES State=UP
 """)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     procs: list[subprocess.Popen] = []
-    c = Cluster(env, procs, logs, netns)
-    try:
+    with contextlib.ExitStack() as stack:
+        netns = stack.enter_context(network_namespace())
+        c = Cluster(env, procs, logs, netns)
+        stack.callback(_stop, procs)
+
         procs.append(_start([need("munged"), "-F", "-f", f"--socket={sock}", f"--key-file={key}",
                              f"--pid-file={d}/munged.pid", f"--seed-file={d}/munged.seed",
                              f"--log-file={logs}/munged.log"], env, logs / "munged.out"))
-        deadline = time.monotonic() + 20
-        while not sock.exists():
-            assert procs[0].poll() is None and time.monotonic() < deadline, c.tail()
-            time.sleep(0.1)
+        wait_for(sock.exists, 20, "munged's socket", procs[0], logs / "munged.out")
         procs.append(_start([*netns, need("slurmctld"), "-D", "-i"], env, logs / "slurmctld.out"))
         procs.append(_start([*netns, need("slurmd"), "-D", "-N", NODE], env, logs / "slurmd.out"))
         deadline = time.monotonic() + 40
@@ -187,15 +198,17 @@ PartitionName=debug Nodes=ALL Default=YES State=UP
             assert time.monotonic() < deadline, f"Slurm did not come up: {r.stdout}{r.stderr}{c.tail()}"
             time.sleep(0.3)
         yield c
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in reversed(procs):
+        p.terminate()
+    for p in reversed(procs):
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
 
 
 def test_slurmd_runs_the_health_check_and_the_healthy_node_stays_idle(cluster):

@@ -5,14 +5,15 @@
 # lifecycle-script S3 prefix, e.g.:
 #   bash ./gpu-health-exporter/hyperpod-lifecycle.sh ./gpu-health-exporter
 # What it does (docs/deploy.md, "HyperPod Slurm"):
-#   1. a venv at /opt/gpu-health-exporter with the wheel; the systemd unit; the config;
+#   1. a venv at /opt/gpu-health-exporter with the wheel; the systemd unit; the config; the job
+#      mapping prolog/epilog in /opt/gpu-health-exporter/slurm/ when DIR has them (not wired in);
 #   2. the health check at /opt/gpu-health-exporter/slurm/gpu-health-check.sh (HyperPod mode is
 #      detected from /opt/ml/config/resource_config.json: drains become state FAIL with the reason
 #      Action:Replace / Action:Reboot that HyperPod's auto-resume acts on);
 #   3. on the controller only: HealthCheckProgram/Interval in slurm.conf unless one is set already,
 #      then `scontrol reconfigure`.
 set -euo pipefail
-src=${1:?usage: hyperpod-lifecycle.sh DIR (holding the wheel, gpu-health-exporter.service, gpu-health-check.sh, config.yaml)}
+src=${1:?usage: hyperpod-lifecycle.sh DIR (holding the wheel, gpu-health-exporter.service, gpu-health-check.sh, config.yaml, and optionally job-mapping.sh, prolog.sh, epilog.sh)}
 prefix=/opt/gpu-health-exporter
 slurm_conf=${SLURM_CONF:-/opt/slurm/etc/slurm.conf}
 
@@ -21,6 +22,11 @@ python3 -m venv "$prefix"
 install -d -m 0755 /etc/gpu-health-exporter "$prefix/slurm"
 [ -e /etc/gpu-health-exporter/config.yaml ] || install -m 0644 "$src/config.yaml" /etc/gpu-health-exporter/
 install -m 0755 "$src/gpu-health-check.sh" "$prefix/slurm/gpu-health-check.sh"
+# The job mapping directory's prolog and epilog (docs/deploy.md, "Workloads"), for clusters whose own
+# prolog does not write /run/slurm/dcgm_job_mapping; wiring them into slurm.conf is left to the admin.
+for f in job-mapping.sh prolog.sh epilog.sh; do
+  if [ -e "$src/$f" ]; then install -m 0755 "$src/$f" "$prefix/slurm/$f"; fi
+done
 install -m 0644 "$src/gpu-health-exporter.service" /etc/systemd/system/
 systemctl daemon-reload
 systemctl enable --now gpu-health-exporter

@@ -24,6 +24,7 @@ from exporter.catalog import Families
 from exporter.collector import Collector, Context, Failed, ProblemLog
 from exporter.config import Section, positive, setting
 from exporter.gpu import metrics as m
+from exporter.gpu.gpm import REASONS
 from exporter.gpu.reader import DETAIL, GpuReader, Reading, check_detail
 from exporter.health import GpuHealth, NodeGpuHealth
 from exporter.metric import Sample
@@ -115,6 +116,7 @@ class GpuCollector(Collector):
         self._closed = False
         self._init_lock = threading.Lock()
         self.problems = ProblemLog(self.log)
+        self._activity: dict[int, str] = {}  # GPU index -> its last activity reason (logged on change)
         self._stuck_msg = (f"NVML did not answer within {self.read_timeout:g}s; the GPU is not read again "
                            "until that call returns, the other GPUs are served")
 
@@ -285,6 +287,11 @@ class GpuCollector(Collector):
         if isinstance(r, Reading):
             for spec, samples in r.all_groups():
                 out.add_samples(spec, samples)
+            if r.activity and r.activity != self._activity.get(i):
+                self._activity[i] = r.activity
+                self.log.info("GPU %d activity (SM, tensor, DRAM): %s%s", i,
+                              REASONS.get(r.activity, r.activity),
+                              f" ({r.activity_error})" if r.activity_error else "")
             gh.row_remap_pending, gh.row_remap_failure = r.remap_pending, r.remap_failure
             gh.recovery_action = r.recovery_action
             gh.ecc_uncorrected_volatile = r.ecc_uncorrected_volatile

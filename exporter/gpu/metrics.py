@@ -120,3 +120,43 @@ FABRIC_HEALTH = _d("gpu_fabric_health_problem", "gauge",
                    "route_unhealthy, access_timeout_recovery, incorrect_configuration), 0 if it reports it "
                    "absent. Only problems the driver reports (newer drivers, multi-node NVLink) appear.",
                    (*G, "problem"))
+
+# Activity from NVML's GPU Performance Monitoring (GPM; Hopper and newer), exporter/gpu/gpm.py.
+ACTIVITY = ("Counted from NVML GPU Performance Monitoring samples taken at each collection (Hopper and "
+            "newer; absent where gpu_activity_measured is 0): the interval's average times its length, so "
+            "rate() over any window is the {what} as a ratio 0-1 ({dcgm}).")
+SM_ACTIVE = _d("gpu_sm_active_seconds_total", "counter",
+               "Seconds of SM activity: the fraction of the GPU's SMs with at least one warp resident, "
+               "times time. " + ACTIVITY.format(what="SM activity", dcgm="DCGM_FI_PROF_SM_ACTIVE"),
+               unit="seconds")
+SM_OCCUPANCY = _d("gpu_sm_occupancy_seconds_total", "counter",
+                  "Occupancy-weighted seconds: resident warps against the SMs' maximum, times time. "
+                  + ACTIVITY.format(what="SM occupancy", dcgm="DCGM_FI_PROF_SM_OCCUPANCY"), unit="seconds")
+TENSOR_ACTIVE = _d("gpu_tensor_active_seconds_total", "counter",
+                   "Seconds the tensor (matrix) pipes were active, any precision. "
+                   + ACTIVITY.format(what="tensor pipe activity", dcgm="DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
+                   unit="seconds")
+DRAM_ACTIVE = _d("gpu_dram_active_seconds_total", "counter",
+                 "Seconds of device memory (HBM) bandwidth use: the fraction of peak bandwidth used, "
+                 "times time. "
+                 + ACTIVITY.format(what="memory bandwidth use", dcgm="DCGM_FI_PROF_DRAM_ACTIVE"),
+                 unit="seconds")
+PIPE_ACTIVE = _d("gpu_pipe_active_seconds_total", "counter",
+                 "Seconds the non-tensor FP64, FP32 or FP16 pipes were active. "
+                 + ACTIVITY.format(what="pipe's activity", dcgm="DCGM_FI_PROF_PIPE_FP64/FP32/FP16_ACTIVE"),
+                 (*G, "pipe"), unit="seconds", detail="`gpu.detail`: activity_pipes")
+NVLINK_BYTES = _d("gpu_nvlink_bytes_total", "counter",
+                  "Bytes sent (tx) and received (rx) over all the GPU's NVLinks, from GPM's NVLink "
+                  "throughput averaged over each collection interval (DCGM_FI_PROF_NVLINK_TX/RX_BYTES).",
+                  (*G, "direction"), unit="bytes", detail="`gpu.detail`: activity_traffic")
+PCIE_BYTES = _d("gpu_pcie_bytes_total", "counter",
+                "Bytes the GPU sent (tx) and received (rx) over PCIe, from GPM's PCIe throughput averaged "
+                "over each collection interval (DCGM_FI_PROF_PCIE_TX/RX_BYTES).",
+                (*G, "direction"), unit="bytes", detail="`gpu.detail`: activity_traffic")
+ACTIVITY_MEASURED = _d("gpu_activity_measured", "gauge",
+                       "1 if the GPU's activity (gpu_sm_active_seconds_total and the other GPM counters) is "
+                       "measured, else 0 with why: gpu_not_supported (no GPM: before Hopper, e.g. A100), "
+                       "driver_too_old (no GPM functions in the driver or nvidia-ml-py), mig_mode, "
+                       "counters_in_use (held by DCGM's profiling module or Nsight), no_permission, "
+                       "sample_failed (this collection's sample failed; the next one covers the gap). One "
+                       "series per GPU: its current reason (measured when 1).", (*G, "reason"))

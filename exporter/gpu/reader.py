@@ -22,6 +22,7 @@ from typing import Any
 from exporter.catalog import MetricSpec
 from exporter.gpu import metrics as m
 from exporter.gpu.fabric import FabricInfo, decode
+from exporter.gpu.gpm import GpmReader
 from exporter.metric import Sample
 from exporter.nvml.backend import (
     FABRIC_INFO,
@@ -97,6 +98,9 @@ DETAIL = {
               "and memory_max, which the node dashboard draws, are default)",
     "routine_clock_events": "gpu_clock_event_active for idle, sync_boost and sw_power_cap (normal under "
                             "load; the thermal, slowdown and power-brake reasons are default)",
+    "activity_pipes": "gpu_pipe_active_seconds_total for the FP64, FP32 and FP16 pipes (3 per GPU with GPM)",
+    "activity_traffic": "gpu_nvlink_bytes_total and gpu_pcie_bytes_total by direction from GPM (4 per GPU "
+                        "with GPM; throughput, not health)",
 }
 ROUTINE_CLOCK_REASONS = 0x1 | 0x4 | 0x10  # idle, sw_power_cap, sync_boost
 DEFAULT_THRESHOLDS = ("slowdown", "memory_max")
@@ -130,6 +134,8 @@ class Reading:
     ecc_uncorrected_volatile: int | None = None
     ecc_uncorrected_aggregate: int | None = None
     fabric: FabricInfo | None = None  # None: not read or not supported
+    activity: str = ""  # GPM: "measured" or why not (exporter.gpu.gpm.REASONS); "" not read
+    activity_error: str = ""  # the NVML error behind it, if any
     # label dicts with extra labels, by (metric, extra values): shared by the GPU's readings while
     # its labels stay the same, so a scrape builds none
     label_cache: dict[tuple, Labels] = field(default_factory=dict)
@@ -198,6 +204,7 @@ class GpuReader:
         self._static_groups: tuple[Static, Labels, list] | None = None
         self.unsupported: set[Any] = set()
         self._probed = time.monotonic()
+        self.gpm = GpmReader(backend, index, detail)
 
     # --- plumbing -------------------------------------------------------------------------
     def _cache(self) -> dict[tuple, Labels]:
@@ -307,7 +314,15 @@ class GpuReader:
 
     # --- every scrape ---------------------------------------------------------------------
     def read_fast(self) -> Reading:
-        """The health-critical values; raises NvmlError(GPU_IS_LOST) when the GPU is lost."""
+        """The health-critical values and the GPU's activity; raises NvmlError(GPU_IS_LOST) when
+        the GPU is lost."""
+        try:
+            return self._read_fast()
+        except NvmlError:
+            self.gpm.counters.forget()  # lost before its sample: the next interval starts anew
+            raise
+
+    def _read_fast(self) -> Reading:
         self._ensure_static()
         self._maybe_reprobe()
         r = Reading(labels=self.labels, label_cache=self._cache())
@@ -356,6 +371,7 @@ class GpuReader:
         r.add(m.PCIE_GEN, self._call(r, "nvmlDeviceGetCurrPcieLinkGeneration"))
         r.add(m.PCIE_WIDTH, self._call(r, "nvmlDeviceGetCurrPcieLinkWidth"))
         self._read_fabric(r)
+        self.gpm.read(r)
         r.static = self.static_groups()
         return r
 

@@ -29,6 +29,8 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_IN_USE = 19  # GPM: the counters are held by another client (DCGM profiling, Nsight)
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 NVML_ERROR_UNKNOWN = 999
 
@@ -45,6 +47,8 @@ ERROR_STRINGS = {
     NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
     NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
+    NVML_ERROR_IN_USE: "In use by another client",
+    NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient resources",
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
     NVML_ERROR_UNKNOWN: "Unknown Error",
 }
@@ -64,6 +68,21 @@ EVENT_RECOVERY_ACTION = 0x8000
 # the caller); the fake replays the capture's entry of that name. NOT_SUPPORTED where the GPU
 # has no fabric support; SUCCESS with state 0 is the same answer on drivers that say so.
 FABRIC_INFO = "nvmlDeviceGetGpuFabricInfoV"
+
+
+# GPU Performance Monitoring (GPM, Hopper and newer): nvmlGpmMetricId_t values the exporter reads.
+# Ratios are percent (0-100) over the interval between two samples, traffic MiB/s.
+GPM_SM_UTIL = 2
+GPM_SM_OCCUPANCY = 3
+GPM_ANY_TENSOR_UTIL = 5
+GPM_DRAM_BW_UTIL = 10
+GPM_FP64_UTIL = 11
+GPM_FP32_UTIL = 12
+GPM_FP16_UTIL = 13
+GPM_PCIE_TX_PER_SEC = 20
+GPM_PCIE_RX_PER_SEC = 21
+GPM_NVLINK_TOTAL_RX_PER_SEC = 60
+GPM_NVLINK_TOTAL_TX_PER_SEC = 61
 
 
 class NvmlError(Exception):
@@ -89,6 +108,15 @@ class FieldValue:
     field_id: int
     ret: int
     value: int | float | None
+
+
+@dataclass(frozen=True)
+class GpmValue:
+    """One metric of nvmlGpmMetricsGet: `ret` is the per-metric NVML return code."""
+
+    metric_id: int
+    ret: int
+    value: float | None
 
 
 @dataclass(frozen=True)
@@ -141,3 +169,31 @@ class NvmlBackend(ABC):
 
     @abstractmethod
     def event_set_free(self, event_set: Any) -> None: ...
+
+    # GPU Performance Monitoring (nvmlGpm*). Samples are opaque to callers. Backends without GPM
+    # answer Function Not Found, as a driver without the symbols does.
+    def gpm_query_device_support(self, index: int) -> bool:
+        """nvmlGpmQueryDeviceSupport: whether GPU `index` has GPM (isSupportedDevice)."""
+        raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, "nvmlGpmQueryDeviceSupport")
+
+    def gpm_sample_alloc(self) -> Any:
+        raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, "nvmlGpmSampleAlloc")
+
+    def gpm_sample_get(self, index: int, sample: Any) -> float:
+        """nvmlGpmSampleGet into `sample`; returns when it was taken (seconds, on a monotonic
+        clock of this backend's own: intervals are differences of these)."""
+        raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, "nvmlGpmSampleGet")
+
+    def gpm_metrics_get(self, sample1: Any, sample2: Any, metric_ids: Sequence[int]) -> list[GpmValue]:
+        """nvmlGpmMetricsGet over the interval from `sample1` to `sample2`; per-metric failures
+        are in GpmValue.ret."""
+        raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, "nvmlGpmMetricsGet")
+
+    def gpm_sample_free(self, sample: Any) -> None:
+        """nvmlGpmSampleFree."""
+
+    def mig_device_uuids(self, index: int) -> list[str]:
+        """The UUIDs (MIG-...) of GPU `index`'s MIG devices, [] when MIG is off (the workload
+        source matches the kubelet's MIG device ids to their GPU with them). A backend that
+        cannot enumerate MIG devices raises FUNCTION_NOT_FOUND."""
+        raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, "MIG devices cannot be listed by this backend")

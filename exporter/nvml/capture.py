@@ -6,6 +6,12 @@ and its median latency, and every field value by NVML_FI_DEV_* name. It adds `km
 log's NVIDIA records (NVRM, nvidia, Xid, SXid lines) as /dev/kmsg records, which `--kmsg-file`
 replays from the same file. Recorded through the backend interface, so a capture can be made of
 the real library, of another capture, or of a simulated node (how the tests check it).
+
+GPU Performance Monitoring (GPM) is recorded per device as the fake replays it: the support query,
+a sample (its cost, or its error: Not Supported on an A100, In Use while a profiler holds the
+counters), and the metrics the exporter reads over GPM_INTERVAL_S between two samples with the
+cost of computing them. The values are what the GPU was doing during the capture; the fake replays
+them as the GPU's steady activity.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from exporter.gpu.gpm import ACTIVITY_METRICS, TRAFFIC_METRICS
 from exporter.nvml.backend import FABRIC_INFO, NvmlBackend, NvmlError
 from exporter.nvml.fake import call_key, field_ids
 from exporter.regular_file import open_regular
@@ -26,6 +33,8 @@ from exporter.regular_file import open_regular
 CAPTURE_FORMAT = "gpu-health-exporter capture 1"
 REPS = 3  # calls per key; the median latency is kept
 FIELD_BATCH = 64
+GPM_INTERVAL_S = 1.0  # between the two GPM samples the recorded metrics are computed over
+GPM_METRIC_IDS = sorted({mid for mid, *_ in (*ACTIVITY_METRICS, *TRAFFIC_METRICS)})
 
 SYSTEM_CALLS = ("nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion", "nvmlSystemGetCudaDriverVersion",
                 "nvmlDeviceGetCount")
@@ -86,6 +95,48 @@ def _timed(fn: Callable[[], Any], reps: int = REPS) -> dict[str, Any]:
     return out
 
 
+def record_gpm(backend: NvmlBackend, count: int, reps: int = REPS,
+               interval_s: float = GPM_INTERVAL_S) -> list[dict[str, Any]]:
+    """Each GPU's GPM entries: support, a sample, and the metrics over `interval_s` (one wait for
+    all the GPUs: every first sample, the wait, every second sample)."""
+    out: list[dict[str, Any]] = [{} for _ in range(count)]
+    samples: dict[int, list[Any]] = {}
+    try:
+        for i in range(count):
+            out[i]["nvmlGpmQueryDeviceSupport"] = _timed(
+                lambda i=i: {"version": 1, "isSupportedDevice": int(backend.gpm_query_device_support(i))},
+                reps)
+            try:
+                samples[i] = [backend.gpm_sample_alloc(), backend.gpm_sample_alloc()]
+            except NvmlError as e:
+                out[i]["nvmlGpmSampleGet"] = {"error": str(e), "code": e.code, "us_median": 0.0}
+                continue
+            out[i]["nvmlGpmSampleGet"] = _timed(lambda i=i: backend.gpm_sample_get(i, samples[i][0]) and None,
+                                                reps)
+        taken = [i for i in samples if "ok" in out[i]["nvmlGpmSampleGet"]]
+        if taken:
+            time.sleep(interval_s)
+        for i in taken:
+            second = _timed(lambda i=i: backend.gpm_sample_get(i, samples[i][1]) and None, reps)
+            if "ok" not in second:
+                out[i]["nvmlGpmSampleGet"] = second
+                continue
+
+            def metrics(i: int = i) -> dict[str, dict]:
+                values = backend.gpm_metrics_get(samples[i][0], samples[i][1], GPM_METRIC_IDS)
+                return {str(v.metric_id): {"ret": v.ret, **({"value": v.value} if v.ret == 0 else {})}
+                        for v in values}
+            out[i]["nvmlGpmMetricsGet"] = _timed(metrics, reps)
+    finally:
+        for pair in samples.values():
+            for smp in pair:
+                try:
+                    backend.gpm_sample_free(smp)
+                except NvmlError:
+                    pass
+    return out
+
+
 def record_nvml(backend: NvmlBackend, reps: int = REPS) -> dict[str, Any]:
     """Every system call, per-device call and field value of an initialised backend."""
     system = {fn: _timed(lambda fn=fn: backend.system(fn), reps) for fn in SYSTEM_CALLS}
@@ -110,6 +161,8 @@ def record_nvml(backend: NvmlBackend, reps: int = REPS) -> dict[str, Any]:
                 fv[names[v.field_id]] = {"ret": v.ret, **({"value": v.value} if v.ret == 0 else {})}
         d["field_values"] = fv
         devices.append(d)
+    for d, gpm in zip(devices, record_gpm(backend, len(devices), reps), strict=True):
+        d.update(gpm)
     return {"system": system, "devices": devices}
 
 

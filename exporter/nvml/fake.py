@@ -14,6 +14,14 @@ not be measured on a one-GPU machine). The cost is slept (releasing the GIL, as 
 call does inside ctypes) through a per-thread balance: time.sleep overshoots by tens of
 microseconds, so the overshoot is credited to the thread's next calls and the total time spent
 matches the captured latencies, while a single cheap call may cost nothing or one sleep.
+
+GPU Performance Monitoring (GPM): a capture's `nvmlGpmMetricsGet` entry holds what each metric
+read over the capture's interval (percent, or MiB/s), {metric id: {"ret", "value"}}. The fake
+replays those as the GPU's activity levels from its start: a sample records the integral of each
+level up to the sample's time, so the metrics between two samples are the average level over
+the interval between them, as the hardware's counters give. Scripts change the levels
+(`set_gpm_levels`); the support query and a sample's errors are the capture's entries
+`nvmlGpmQueryDeviceSupport` and `nvmlGpmSampleGet`.
 """
 
 from __future__ import annotations
@@ -39,12 +47,14 @@ from exporter.nvml.backend import (
     NVML_ERROR_UNINITIALIZED,
     Event,
     FieldValue,
+    GpmValue,
     NvmlBackend,
     NvmlError,
 )
 
 DATA = Path(__file__).resolve().parent.parent / "data"  # shipped as package data
 DEFAULT_FIELD_US = 2.7  # a cheap field, per field_cost.json
+MIG_DEVICE_UUIDS = "mig_device_uuids"  # the key of NvmlBackend.mig_device_uuids' answer
 
 # Capture keys of calls whose arguments are enums recorded by name.
 _ECC_TYPE = ("corrected", "uncorrected")
@@ -121,6 +131,15 @@ class _Growth:
 
 
 @dataclass
+class _GpmSample:
+    """A fake nvmlGpmSample_t: which GPU, when, and each metric's integral up to then."""
+
+    index: int = -1
+    t: float = 0.0
+    integrals: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
 class _EventSet:
     registered: dict[int, int] = field(default_factory=dict)  # index -> event mask
     queue: deque = field(default_factory=deque)
@@ -167,6 +186,9 @@ class FakeBackend(NvmlBackend):
         self._t0 = time.monotonic()
         self._manual_t: float | None = None
         self.calls_made = 0
+        # GPM: per GPU, each metric's integral of its level and when it was last brought up to date
+        self._gpm_integrals: list[dict[int, float]] = [{} for _ in self.devices]
+        self._gpm_t = [0.0 for _ in self.devices]
 
     # --- construction ---------------------------------------------------------------------
     @classmethod
@@ -251,9 +273,40 @@ class FakeBackend(NvmlBackend):
             else:
                 self.devices[index][key] = {"error": f"NVML error {code}", "code": code, "us_median": 2.0}
 
+    def gpm_levels(self, index: int) -> dict[int, float]:
+        """GPU `index`'s current GPM levels (metric id -> percent or MiB/s) that read successfully."""
+        entry = self.devices[index].get("nvmlGpmMetricsGet", {}).get("ok") or {}
+        return {int(k): float(v.get("value", 0.0)) for k, v in entry.items() if not v.get("ret")}
+
+    def _gpm_integrate(self, index: int) -> dict[int, float]:
+        """Bring GPU `index`'s GPM integrals up to now (holding self._state)."""
+        now = self.now()
+        dt = max(0.0, now - self._gpm_t[index])
+        integrals = self._gpm_integrals[index]
+        for mid, level in self.gpm_levels(index).items():
+            integrals[mid] = integrals.get(mid, 0.0) + level * dt
+        self._gpm_t[index] = now
+        return integrals
+
+    def set_gpm_levels(self, index: int, levels: dict[int, float], at_s: float | None = None) -> None:
+        """From now (or `at_s`), GPU `index`'s GPM metrics read `levels` (metric id -> percent or
+        MiB/s); metrics not named keep their level."""
+        def do() -> None:
+            with self._state:
+                self._gpm_integrate(index)
+                entry = self.devices[index].setdefault("nvmlGpmMetricsGet", {"ok": {}, "us_median": 20.0})
+                ok = entry.setdefault("ok", {})
+                for mid, v in levels.items():
+                    ok[str(mid)] = {"ret": 0, "value": float(v)}
+        if at_s is None:
+            do()
+        else:
+            self.at(at_s, do)
+
     def fail(self, index: int, fn: str, code: int) -> None:
-        """Make every call of `fn` (a name, or a full capture key) on GPU `index` raise `code`;
-        fn "nvmlDeviceGetFieldValues" fails whole field batches."""
+        """Make every call of `fn` (a name, or a full capture key) on GPU `index` raise `code` (0:
+        answer again); fn "nvmlDeviceGetFieldValues" fails whole field batches, the nvmlGpm*
+        names fail those GPM calls."""
         self._failures[(index, fn)] = code
 
     def grow(self, index: int, key: str, rate: float, accel: float = 0.0, start_s: float = 0.0,
@@ -413,6 +466,58 @@ class FakeBackend(NvmlBackend):
                 out.append(FieldValue(fid, ret, item.get("value") if ret == 0 else None))
         return out
 
+    # --- GPM ------------------------------------------------------------------------------
+    def _gpm_call(self, index: int, fn: str) -> dict | None:
+        """A GPM call on GPU `index`: its captured entry, after its cost and scripted failures."""
+        self.calls_made += 1
+        entry = self._device(index).get(fn)
+        self._cost(index, (entry or {}).get("us_median", 2.0), fn)
+        if index in self.lost:
+            raise NvmlError(NVML_ERROR_GPU_IS_LOST)
+        code = self._failures.get((index, fn))
+        if code:
+            raise NvmlError(code)
+        return entry
+
+    def gpm_query_device_support(self, index: int) -> bool:
+        entry = self._gpm_call(index, "nvmlGpmQueryDeviceSupport")
+        return bool(_result(entry, "nvmlGpmQueryDeviceSupport").get("isSupportedDevice"))
+
+    def gpm_sample_alloc(self) -> _GpmSample:
+        self._check_init()
+        return _GpmSample()
+
+    def gpm_sample_get(self, index: int, sample: _GpmSample) -> float:
+        entry = self._gpm_call(index, "nvmlGpmSampleGet")
+        _result(entry, "nvmlGpmSampleGet")  # its captured error, if any
+        with self._state:
+            sample.index, sample.t = index, self.now()
+            sample.integrals = dict(self._gpm_integrate(index))
+        return sample.t
+
+    def gpm_metrics_get(self, sample1: _GpmSample, sample2: _GpmSample,
+                        metric_ids: Sequence[int]) -> list[GpmValue]:
+        if sample1.index < 0 or sample1.index != sample2.index:
+            raise NvmlError(NVML_ERROR_INVALID_ARGUMENT, "GPM samples not taken, or of two GPUs")
+        entry = self._gpm_call(sample2.index, "nvmlGpmMetricsGet")
+        captured = _result(entry, "nvmlGpmMetricsGet")
+        dt = sample2.t - sample1.t
+        out = []
+        for mid in metric_ids:
+            item = captured.get(str(mid))
+            if item is None:
+                out.append(GpmValue(mid, NVML_ERROR_NOT_SUPPORTED, None))
+            elif item.get("ret"):
+                out.append(GpmValue(mid, int(item["ret"]), None))
+            else:
+                delta = sample2.integrals.get(mid, 0.0) - sample1.integrals.get(mid, 0.0)
+                # no time between the samples (a frozen clock): the level itself, the limit
+                out.append(GpmValue(mid, 0, delta / dt if dt > 0 else float(item.get("value", 0.0))))
+        return out
+
+    def gpm_sample_free(self, sample: _GpmSample) -> None:
+        sample.index = -1
+
     # --- events ---------------------------------------------------------------------------
     def event_set_create(self) -> _EventSet:
         self._check_init()
@@ -448,6 +553,16 @@ class FakeBackend(NvmlBackend):
                 if self._timed and self._manual_t is None:
                     remaining = min(remaining, max(0.0, self._timed[0][0] - self.now()))
                 self._event_cv.wait(remaining)
+
+    def mig_device_uuids(self, index: int) -> list[str]:
+        """The capture's `mig_device_uuids` entry (set_value(index, MIG_DEVICE_UUIDS, [...]));
+        [] when it has none (MIG off)."""
+        try:
+            return list(self.call(index, MIG_DEVICE_UUIDS))
+        except NvmlError as e:
+            if e.code == NVML_ERROR_FUNCTION_NOT_FOUND:
+                return []
+            raise
 
     def event_set_free(self, event_set: _EventSet) -> None:
         with self._state:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,10 +20,12 @@ from exporter.nvml.backend import (
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_LIBRARY_NOT_FOUND,
+    NVML_ERROR_NOT_FOUND,
     NVML_ERROR_UNINITIALIZED,
     NVML_ERROR_UNKNOWN,
     Event,
     FieldValue,
+    GpmValue,
     NvmlBackend,
     NvmlError,
 )
@@ -228,6 +231,91 @@ class PynvmlBackend(NvmlBackend):
             n.nvmlEventSetFree(event_set)
         except n.NVMLError as e:
             raise self._err(e) from e
+
+    def mig_device_uuids(self, index: int) -> list[str]:
+        n = self._n()
+        h = self._handle(index)
+        try:
+            current, _pending = n.nvmlDeviceGetMigMode(h)
+            if current != 1:  # NVML_DEVICE_MIG_ENABLE
+                return []
+            out = []
+            for i in range(int(n.nvmlDeviceGetMaxMigDeviceCount(h))):
+                try:
+                    mig = n.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+                except n.NVMLError as e:
+                    if getattr(e, "value", None) == NVML_ERROR_NOT_FOUND:
+                        continue  # no instance in this slot
+                    raise
+                out.append(plain(n.nvmlDeviceGetUUID(mig)))
+            return out
+        except n.NVMLError as e:
+            err = self._err(e)
+            if err.not_supported:
+                return []  # not a MIG-capable GPU
+            raise err from e
+
+
+    # --- GPM --------------------------------------------------------------------------------
+    def _gpm(self, fn: str) -> Any:
+        """A GPM function of the binding; Function Not Found where the binding predates GPM (a
+        driver that predates it answers the same from the library)."""
+        f = getattr(self._n(), fn, None)
+        if f is None:
+            raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, f"{fn} is not in this pynvml")
+        return f
+
+    def gpm_query_device_support(self, index: int) -> bool:
+        n, f = self._n(), self._gpm("nvmlGpmQueryDeviceSupport")
+        try:
+            return bool(f(self._handle(index)).isSupportedDevice)
+        except n.NVMLError as e:
+            raise self._err(e) from e
+
+    def gpm_sample_alloc(self) -> Any:
+        n, f = self._n(), self._gpm("nvmlGpmSampleAlloc")
+        try:
+            return f()
+        except n.NVMLError as e:
+            raise self._err(e) from e
+
+    def gpm_sample_get(self, index: int, sample: Any) -> float:
+        n, f = self._n(), self._gpm("nvmlGpmSampleGet")
+        h = self._handles.get(index) or self._handle(index)
+        try:
+            f(h, sample)
+        except n.NVMLError as e:
+            raise self._err(e) from e
+        return time.monotonic()
+
+    def gpm_metrics_get(self, sample1: Any, sample2: Any, metric_ids: Sequence[int]) -> list[GpmValue]:
+        n, f = self._n(), self._gpm("nvmlGpmMetricsGet")
+        req = n.c_nvmlGpmMetricsGet_t()
+        req.version = n.NVML_GPM_METRICS_GET_VERSION
+        req.numMetrics = len(metric_ids)
+        req.sample1, req.sample2 = sample1, sample2
+        for i, mid in enumerate(metric_ids):
+            req.metrics[i].metricId = mid
+        try:
+            f(req)
+        except n.NVMLError as e:
+            raise self._err(e) from e
+        get = ctypes.Structure.__getattribute__  # skips pynvml's per-attribute str conversion
+        out = []
+        for i, mid in enumerate(metric_ids):
+            m = req.metrics[i]
+            ret = int(get(m, "nvmlReturn"))
+            out.append(GpmValue(mid, ret, float(get(m, "value")) if ret == 0 else None))
+        return out
+
+    def gpm_sample_free(self, sample: Any) -> None:
+        n = self._n()
+        f = getattr(n, "nvmlGpmSampleFree", None)
+        if f is not None:
+            try:
+                f(sample)
+            except n.NVMLError as e:
+                raise self._err(e) from e
 
 
 def _fabric_dict(info: Any, api: str) -> dict[str, Any]:

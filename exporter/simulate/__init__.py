@@ -71,6 +71,10 @@ class SimSource(ABC):
     def advance(self, elapsed_s: float) -> None:
         """Move the source's counters forward to `elapsed_s` seconds since the start."""
 
+    def config_overrides(self) -> dict[str, Any]:
+        """Config keys this source's scenarios set (where the exporter finds what it built)."""
+        return {}
+
     def close(self) -> None:
         """Stop what build() started (a server)."""
 
@@ -187,6 +191,8 @@ class Simulation:
             "lustre.lfs_command": "",
             "lustre.use_ioctl": False,
         }
+        for src in self.sources:
+            out.update(src.config_overrides())
         if self.shape.gpus is not None:
             out["node.expected_gpus"] = self.profile.gpus
         if self.shape.efa_devices is not None:

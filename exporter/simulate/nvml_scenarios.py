@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from exporter.nvml.backend import FABRIC_INFO, NVML_ERROR_UNKNOWN
+from exporter.nvml.backend import FABRIC_INFO, NVML_ERROR_IN_USE, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN
 from exporter.nvml.fake import FakeBackend
-from exporter.simulate.nvml_synth import fabric_entry
+from exporter.simulate.nvml_synth import activity_levels, fabric_entry
 
 ONSET_S = 3.0
 FAULTY_GPU = 3
@@ -162,6 +162,26 @@ def _fabric_status_error(f: FakeBackend, p: Any) -> None:
         f.set_value(FAULTY_GPU, FABRIC_INFO, fabric_entry(3, NVML_ERROR_UNKNOWN)["ok"])
 
 
+IDLE_UTIL = 0.01
+
+
+def _idle_allocation(f: FakeBackend, p: Any) -> None:
+    # A job holds every GPU (its memory stays allocated) but barely runs a kernel: waiting on data,
+    # a hung rank, a notebook left open.
+    for i in range(len(f.devices)):
+        f.set_value(i, "nvmlDeviceGetUtilizationRates", {"gpu": round(IDLE_UTIL * 100), "memory": 0})
+        f.set_gpm_levels(i, activity_levels(IDLE_UTIL))
+
+
+def _gpm_in_use(f: FakeBackend, p: Any) -> None:
+    f.fail(FAULTY_GPU, "nvmlGpmSampleGet", NVML_ERROR_IN_USE)
+
+
+def _mig_mode(f: FakeBackend, p: Any) -> None:
+    f.set_value(FAULTY_GPU, "nvmlDeviceGetMigMode", [1, 1])
+    f.fail(FAULTY_GPU, "nvmlGpmSampleGet", NVML_ERROR_NOT_SUPPORTED)
+
+
 def _hang(f: FakeBackend, p: Any) -> None:
     f.hang(FAULTY_GPU, seconds=600.0, at_s=ONSET_S)
 
@@ -205,6 +225,11 @@ SCENARIOS: dict[str, tuple[str, Callable[[FakeBackend, Any], None]]] = {
                             _fabric_manager_down),
     "gpu-fabric-status-error": (f"GPU {FAULTY_GPU}'s fabric registration completed with an error status "
                             "(SXM Hopper profiles)", _fabric_status_error),
+    "gpu-idle-allocation": ("every GPU is held by a job (three quarters of its memory used) but nearly idle: "
+                            f"utilisation {IDLE_UTIL:.0%}, SM and tensor activity near 0", _idle_allocation),
+    "gpu-gpm-in-use": (f"GPU {FAULTY_GPU}'s performance counters are held by a profiler (DCGM profiling, "
+                       "Nsight): GPM samples fail with In Use", _gpm_in_use),
+    "gpu-mig-mode": (f"GPU {FAULTY_GPU} is in MIG mode: no GPM activity for it", _mig_mode),
     "gpu-nvml-hang": (f"every NVML call on GPU {FAULTY_GPU} blocks for 600s from {ONSET_S:g}s", _hang),
     "gpu-nvml-slow": (f"every NVML call on GPU {FAULTY_GPU} takes 50 ms longer from {ONSET_S:g}s", _slow),
     **{f"gpu-xid-event-{x}": (f"NVML delivers an XID {x} event for GPU {FAULTY_GPU} after {ONSET_S:g}s "

@@ -7,6 +7,12 @@ limit and clocks of that part, distinct UUIDs and serials, the PCI bus ids of a 
 capture has none: it came from a PCIe VM). Hopper SXM GPUs (behind NVSwitches) report a completed
 fabric registration with success and no health mask, as H100 does (docs/fabric.md); other parts
 answer Not Supported.
+
+The node is training: every GPU busy (utilisation TRAINING_UTIL, three quarters of its memory
+used) and, on Hopper and Blackwell, GPM activity that follows the utilisation (`activity_levels`).
+Parts before Hopper answer GPM's support query with isSupportedDevice 0 and a sample with Not
+Supported, as NVML does on an A100. The GPM latencies are estimates (GPM_US) until a capture
+of a Hopper GPU records them (gpu-health-exporter capture does).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from exporter.nvml import backend as nv
 from exporter.nvml.backend import FABRIC_INFO, NVML_ERROR_NOT_SUPPORTED
 from exporter.nvml.fake import new_uuid
 
@@ -48,6 +55,43 @@ NVLINK_STATE_US = 10.0  # a guess: the capture has only the Not Supported path (
 NVLINK_COUNTER_US = 6.0
 NVLINK_COUNTERS = 5  # replay, recovery, crc flit, crc data, ecc data
 FABRIC_US = 8.7  # the capture's v1 fabric call (it failed in the binding; the V call costs the same)
+
+
+# GPM per-call latencies in microseconds: ESTIMATES (no capture of a Hopper GPU has recorded them
+# yet; docs/performance.md). nvmlGpmSampleGet reads the counters from the GPU; the metrics are
+# computed on the CPU from two samples.
+GPM_US = {"nvmlGpmQueryDeviceSupport": 2.0, "nvmlGpmSampleGet": 40.0, "nvmlGpmMetricsGet": 15.0}
+TRAINING_UTIL = 0.97  # a data-parallel training step keeps every GPU's kernels running
+# GPM levels of a GPU running such a step, at TRAINING_UTIL: percent, or MiB/s for traffic
+# (dense bf16 training on H100: SM ~90 %, tensor ~55 %, HBM ~45 %, all-reduce over NVLink).
+TRAINING_LEVELS = {nv.GPM_SM_UTIL: 88.0, nv.GPM_SM_OCCUPANCY: 42.0, nv.GPM_ANY_TENSOR_UTIL: 55.0,
+                   nv.GPM_DRAM_BW_UTIL: 47.0, nv.GPM_FP64_UTIL: 0.2, nv.GPM_FP32_UTIL: 9.0,
+                   nv.GPM_FP16_UTIL: 4.0, nv.GPM_PCIE_TX_PER_SEC: 900.0, nv.GPM_PCIE_RX_PER_SEC: 1200.0,
+                   nv.GPM_NVLINK_TOTAL_TX_PER_SEC: 95000.0, nv.GPM_NVLINK_TOTAL_RX_PER_SEC: 95000.0}
+
+
+def activity_levels(util: float) -> dict[int, float]:
+    """GPM levels of a GPU whose utilisation is `util` (0-1): the training levels, scaled."""
+    return {mid: v * util / TRAINING_UTIL for mid, v in TRAINING_LEVELS.items()}
+
+
+def gpm_metrics_entry(levels: dict[int, float]) -> dict[str, Any]:
+    return _ok({str(mid): {"ret": 0, "value": round(v, 3)} for mid, v in levels.items()},
+               GPM_US["nvmlGpmMetricsGet"])
+
+
+def _gpm_entries(supported: bool, util: float) -> dict[str, Any]:
+    """A device's GPM entries as a capture records them."""
+    if not supported:
+        nope = {"error": "Not Supported", "code": NVML_ERROR_NOT_SUPPORTED}
+        return {"nvmlGpmQueryDeviceSupport": _ok({"version": 1, "isSupportedDevice": 0},
+                                                 GPM_US["nvmlGpmQueryDeviceSupport"]),
+                "nvmlGpmSampleGet": {**nope, "us_median": 1.0},
+                "nvmlGpmMetricsGet": {**nope, "us_median": 1.0}}
+    return {"nvmlGpmQueryDeviceSupport": _ok({"version": 1, "isSupportedDevice": 1},
+                                             GPM_US["nvmlGpmQueryDeviceSupport"]),
+            "nvmlGpmSampleGet": _ok(None, GPM_US["nvmlGpmSampleGet"]),
+            "nvmlGpmMetricsGet": gpm_metrics_entry(activity_levels(util))}
 
 
 def _ok(v: Any, us: float) -> dict[str, Any]:
@@ -105,6 +149,14 @@ def node_capture(profile: Any, capture: dict[str, Any]) -> dict[str, Any]:
         if "NVML_FI_DEV_MEMORY_TEMP" in fv:
             fv["NVML_FI_DEV_MEMORY_TEMP"]["value"] += (i + 1) % 3
         d["nvmlDeviceGetPowerUsage"]["ok"] += 1000 * i
+        # Training: busy kernels, memory three quarters used, and (Hopper on) GPM activity to match.
+        util = TRAINING_UTIL - 0.01 * (i % 3)
+        d["nvmlDeviceGetUtilizationRates"]["ok"] = {"gpu": round(util * 100), "memory": 38 + i % 3}
+        mem = dict(d["nvmlDeviceGetMemoryInfo"]["ok"])
+        mem["used"] = mem["total"] * 3 // 4
+        mem["free"] = mem["total"] - mem["used"]
+        d["nvmlDeviceGetMemoryInfo"]["ok"] = mem
+        d.update(_gpm_entries(model.get("arch", 9) >= 9, util))
         for link in range(64):
             d.pop(f"nvmlDeviceGetNvLinkState/{link}", None)
             for c in range(NVLINK_COUNTERS):

@@ -12,7 +12,8 @@ Parts, one job each:
 Semantics (docs/xid.md, "Who the fault hit"):
 - An observation of a GPU stands from the reading that made it until the next reading that
   observed that GPU, at most STAND_S (a source that stops answering does not keep a job on a GPU
-  for ever). An event is attributed to the workloads of the observation standing at its time;
+  for ever). An event is attributed to the workloads of the observation standing at its time,
+  with those of a reading taken at most FRESH_S after it (a live event asks the source for one);
   an empty set is "no workload" (the GPU was observed idle).
 - An event before the first observation of its GPU that is still remembered (the kernel-log
   backfill at start-up, an XID older than the job) is "unknown": never the current workload.
@@ -24,15 +25,19 @@ Semantics (docs/xid.md, "Who the fault hit"):
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from exporter.metric import Sample
 from exporter.workload.model import Workload, WorkloadReading
+
+log = logging.getLogger("exporter.workload")
 
 KEEP_S = 3600.0  # observations older than this (once a newer one stands) are forgotten
 STAND_S = 900.0  # an observation stands at most this long when no newer reading observed the GPU
@@ -41,6 +46,12 @@ MAX_GPUS = 64  # GPU UUIDs remembered (an 8-GPU node uses 8; MIG-heavy nodes mor
 MAX_WORKLOADS = 16  # workloads remembered on one GPU at one time (more are dropped, counted)
 MAX_PER_GPU = 8  # attributed events kept per GPU (distinct event and workload set; oldest go first)
 MERGE_S = 10.0  # an "unknown" within this of a recorded attribution of the same event is that event
+# A reading taken this soon after an event saw the GPU as the event found it: a job that started
+# since the last reading is on it, and one that died of the event is not gone yet (its epilog takes
+# seconds). A live event asks the source for one (FaultAttribution): taken within milliseconds of
+# the kernel-log record on /dev/kmsg, 0.2 s on a followed file. Short, so that a job starting just
+# after the event is seldom named with it.
+FRESH_S = 1.0
 MAX_LABEL_CHARS = 253  # a Kubernetes name's limit; Slurm job ids are far shorter
 _BAD_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -137,20 +148,29 @@ class WorkloadHistory:
         del segs[:-MAX_SEGMENTS]
 
     def at(self, uuid: str, t: float) -> tuple[Workload, ...] | None:
-        """The workloads on GPU `uuid` at unix time `t`: () when it was observed idle, None when
-        unknown (not observed then: before the first remembered observation of that GPU, or more
-        than STAND_S after the last one before `t`)."""
+        """The workloads on GPU `uuid` at unix time `t`: those of the last observation at or
+        before `t` (if at most STAND_S old), with those of the next one if it was taken at most
+        FRESH_S after `t` (the reading the event asked for: a job started since the last reading
+        is on the GPU then). () when observed idle; None when unknown (neither: before the first
+        remembered observation of that GPU, or long after the last)."""
         with self.lock:
             segs = self._gpus.get(uuid)
-            if not segs or t < segs[0].first:
+            if not segs:
                 return None
             i = bisect.bisect_right([s.first for s in segs], t) - 1
-            seg = segs[i]
-            # Within the segment (first..last) its set was seen at both ends; after `last` it
-            # stands until the next segment's first reading, or STAND_S.
-            if t > seg.last + self.stand_s:
-                return None
-            return seg.workloads
+            if i >= 0 and t < segs[i].last:
+                return segs[i].workloads  # seen before and after `t`: the same set
+            standing = segs[i].workloads if i >= 0 and t <= segs[i].last + self.stand_s else None
+            nxt = segs[i + 1] if i + 1 < len(segs) else None
+            if nxt is None or nxt.first - t > FRESH_S:
+                return standing
+            return tuple(sorted(set(standing or ()) | set(nxt.workloads)))
+
+    def observed_since(self, uuid: str, t: float) -> bool:
+        """Whether a reading at or after `t` observed GPU `uuid`."""
+        with self.lock:
+            segs = self._gpus.get(uuid)
+            return bool(segs) and segs[-1].last >= t
 
 
 @dataclass(frozen=True)
@@ -234,17 +254,25 @@ class AttributionLedger:
 
 class FaultAttribution:
     """Attributes counted events: the GPU's identity (`identities`: PCI key -> index, UUID, as the
-    XID service knows them) asks the history (`history`) and the answer goes to the ledger."""
+    XID service knows them) asks the history (`history`) and the answer goes to the ledger.
+
+    `fresh` (set by the composition root when a workload source is configured) takes a reading
+    now, which reaches the history through the source's listeners: a live event (at most FRESH_S
+    old) whose GPU no reading has observed since asks for one before it is attributed. It runs
+    on the thread that counted the event, under the source's own deadline."""
 
     def __init__(self, history: WorkloadHistory, identities: Any,
                  ledger: AttributionLedger | None = None) -> None:
         self.history = history
         self.identities = identities
         self.ledger = ledger or AttributionLedger()
+        self.fresh: Callable[[], Any] | None = None
 
     def xid(self, pci: str, xid: int, wall: float) -> Attribution:
         """Record an XID counted on the GPU at `pci` at unix time `wall`; returns the record."""
         uuid = self.identities.labels(pci, ask_nvml=False)[1]
+        if uuid:
+            self._refresh([uuid], wall)
         rec = Attribution(pci, XID, xid, "", wall, self.history.at(uuid, wall) if uuid else None)
         self.ledger.add(rec)
         return rec
@@ -252,14 +280,35 @@ class FaultAttribution:
     def sxid(self, switch: str, sxid: int, wall: float) -> list[Attribution]:
         """Record an SXid reported by the NVSwitch at PCI key `switch` against every GPU the node
         lists (an NVSwitch fault fails NVLink for all of them); returns the records."""
+        gpus = [(pci, ident["uuid"]) for pci, ident in sorted(self.identities.to_state().items())
+                if ident.get("index") is not None and ident.get("uuid")]  # not a line's stray address
+        self._refresh([uuid for _, uuid in gpus], wall)
         out = []
-        for pci, ident in sorted(self.identities.to_state().items()):
-            if ident.get("index") is None or not ident.get("uuid"):
-                continue  # an address known only from a kernel-log line: not a GPU of this node
-            rec = Attribution(pci, SXID, sxid, switch, wall, self.history.at(ident["uuid"], wall))
+        for pci, uuid in gpus:
+            rec = Attribution(pci, SXID, sxid, switch, wall, self.history.at(uuid, wall))
             self.ledger.add(rec)
             out.append(rec)
         return out
+
+    def _refresh(self, uuids: list[str], wall: float) -> None:
+        if self.fresh is None or time.time() - wall > FRESH_S:
+            return  # no source, or not a live event (the backlog: what is on the GPU now is not news)
+        if uuids and all(self.history.observed_since(u, wall) for u in uuids):
+            return  # a reading since the event (the one an event of the same burst asked for)
+        try:
+            self.fresh()
+        except Exception as e:  # noqa: BLE001 - the source's trouble never stops the counting
+            log.debug("fresh workload reading failed: %s", e)
+
+
+def fresh_reading(source: Any, nvml: Any) -> Callable[[], Any]:
+    """A reading of the workload source `source` now, of the GPUs the NVML session lists (none
+    while NVML is not initialised: the source needs the list, and this never initialises it)."""
+    def read() -> Any:
+        if getattr(nvml, "ok", False):
+            return source.read(list(nvml.devices))
+        return None
+    return read
 
 
 def describe_sxid(recs: list[Attribution]) -> str:

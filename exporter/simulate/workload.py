@@ -1,0 +1,103 @@
+"""The simulated node's workloads, so the quick start shows gpu_workload_info:
+
+- `slurm-job`: Slurm job 4242 holds every GPU: the mapping directory
+  root/run/slurm/dcgm_job_mapping is written as deploy/slurm/prolog.sh writes it, and the exporter
+  is pointed at it (workload.slurm_job_mapping_dir).
+- `k8s-pods`: two training pods hold half of the GPUs each (by UUID, as the NVIDIA device plugin
+  names them), served by a tiny kubelet pod-resources v1 server on a unix socket under the root
+  (workload.kubelet_socket); it also lists a non-GPU device, which is not a GPU's workload.
+
+Each scenario can run with the other; both start holding the GPUs at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from exporter.simulate import SimSource
+from exporter.simulate.kmsg import gpu_uuid
+
+SLURM_JOB = "4242"
+PODS = (("training", "llama-pretrain-0", "trainer"), ("training", "llama-pretrain-1", "trainer"))
+
+
+def pod_resources(uuids: list[str]) -> list[tuple[str, str, str, str, list[str]]]:
+    """(namespace, pod, container, resource, device ids) the simulated kubelet lists."""
+    half = (len(uuids) + 1) // 2
+    out = [(*PODS[0], "nvidia.com/gpu", uuids[:half]), (*PODS[1], "nvidia.com/gpu", uuids[half:])]
+    out.append(("training", "llama-pretrain-0", "trainer", "vpc.amazonaws.com/efa", ["efa0"]))
+    return [x for x in out if x[4]]
+
+
+class PodResourcesServer:
+    """A kubelet pod-resources v1 server (List only) on a unix socket, from the committed .proto."""
+
+    def __init__(self, socket_path: str, pods: list[tuple[str, str, str, str, list[str]]]) -> None:
+        from concurrent import futures
+
+        import grpc
+
+        from exporter.workload.podresources import api_pb2, api_pb2_grpc
+
+        class Lister(api_pb2_grpc.PodResourcesListerServicer):
+            def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - the RPC's name
+                resp = api_pb2.ListPodResourcesResponse()
+                for ns, pod, container, resource, ids in pods:
+                    p = resp.pod_resources.add(name=pod, namespace=ns)
+                    c = p.containers.add(name=container)
+                    c.devices.add(resource_name=resource, device_ids=ids)
+                return resp
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+        api_pb2_grpc.add_PodResourcesListerServicer_to_server(Lister(), self.server)
+        self.server.add_insecure_port(f"unix://{socket_path}")
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(0)
+
+
+class WorkloadSimSource(SimSource):
+    name = "workload"
+    scenarios = {
+        "slurm-job": "Slurm job 4242 holds every GPU (a mapping directory as the prolog writes it)",
+        "k8s-pods": "two pods hold half the GPUs each (a kubelet pod-resources server on a unix socket)",
+    }
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.server: PodResourcesServer | None = None
+
+    @property
+    def mapping_dir(self) -> Path:
+        return self.root / "run/slurm/dcgm_job_mapping"
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "var/lib/kubelet/pod-resources/kubelet.sock"
+
+    def build(self) -> None:
+        uuids = [gpu_uuid(self.profile, i) for i in range(self.profile.gpus)]
+        if "slurm-job" in self.active:
+            self.mapping_dir.mkdir(parents=True, exist_ok=True)
+            for i in range(self.profile.gpus):
+                (self.mapping_dir / str(i)).write_text(SLURM_JOB + "\n")
+        if "k8s-pods" in self.active:
+            self.socket.parent.mkdir(parents=True, exist_ok=True)
+            self.server = PodResourcesServer(str(self.socket), pod_resources(uuids))
+
+    def config_overrides(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if "slurm-job" in self.active:
+            out["workload.slurm_job_mapping_dir"] = str(self.mapping_dir)
+        if "k8s-pods" in self.active:
+            out["workload.kubelet_socket"] = str(self.socket)
+        return out
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+SOURCE = WorkloadSimSource

@@ -1,0 +1,251 @@
+"""The workload source: which Slurm jobs and Kubernetes containers hold each GPU, from the kinds
+configured (section `workload`):
+
+- `slurm_mapping`: the Slurm job mapping directory (exporter.workload.slurm_mapping);
+- `slurm_cgroup`: NVML's processes and their Slurm cgroups (exporter.workload.slurm_cgroup);
+- `kubelet`: the kubelet's pod-resources API (exporter.workload.kubelet).
+
+The interface fault attribution uses (exporter.workload.model has the types):
+
+- `WorkloadSource.read(gpus) -> WorkloadReading`: a fresh reading of the GPUs `gpus` (the NVML
+  session's `devices`), taken now under the source's own deadline (`workload.timeout_seconds`):
+  safe to call from any thread (the XID follower when it counts an XID). Concurrent callers
+  share one reading in flight. A kind that fails, hangs or misses the deadline observes no GPU,
+  so those GPUs are missing from the reading (not observed), never reported idle.
+- `WorkloadSource.latest`: the last reading taken (by a scrape or by `read`), None before the
+  first.
+- The `workload` collector (exporter.collectors.workload) returns each scrape's reading from its
+  `collect`, so a `Derived` collector gets it with `depends_on = ("workload",)`.
+- `Context.workload` is the process's one source (None when no kind is configured).
+- `WorkloadSource.listeners`: called with every reading taken (Context connects fault
+  attribution's history, exporter.workload.attribution.WorkloadHistory.observe).
+
+A GPU in a reading is observed by every configured kind; its workloads are the union of theirs,
+sorted, at most `workload.max_per_gpu` (the rest counted in `Observation.overflow`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter import deadline
+from exporter.nvml.session import DeviceIdentity, NvmlSession
+from exporter.workload import kubelet, slurm_cgroup, slurm_mapping
+from exporter.workload.model import Workload, WorkloadReading
+
+log = logging.getLogger("exporter.workload")
+
+KUBELET_SHARE = 0.8  # of the source's deadline: the gRPC call's own timeout, so it ends in time
+
+
+@dataclass
+class Observation:
+    """One reading and what went wrong: `problems` per kind (a kind with a problem observed
+    some or none of the GPUs), `overflow` per GPU UUID (workloads beyond max_per_gpu)."""
+
+    reading: WorkloadReading
+    problems: dict[str, list[str]] = field(default_factory=dict)
+    overflow: dict[str, int] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)  # kinds that observed no GPU
+
+
+KindResult = tuple[dict[str, tuple[Workload, ...]], list[str]]
+
+
+class Kind:
+    """One way of finding workloads. `read` returns (workloads by GPU UUID for the GPUs it
+    observed, problems) or raises when it observed nothing."""
+
+    name = ""
+
+    def read(self, gpus: Sequence[DeviceIdentity]) -> KindResult:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class SlurmMappingKind(Kind):
+    name = "slurm_mapping"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def read(self, gpus: Sequence[DeviceIdentity]) -> KindResult:
+        try:
+            found = slurm_mapping.read_dir(self.path)
+        except OSError as e:
+            raise OSError(f"Slurm job mapping directory {self.path}: {e.strerror or e}") from None
+        return slurm_mapping.by_uuid(found, gpus)
+
+
+class SlurmCgroupKind(Kind):
+    name = "slurm_cgroup"
+
+    def __init__(self, nvml: NvmlSession, procfs: str) -> None:
+        self.nvml, self.procfs = nvml, procfs
+
+    def read(self, gpus: Sequence[DeviceIdentity]) -> KindResult:
+        if not self.nvml.ensure():
+            raise RuntimeError(f"NVML is not available for the processes on the GPUs: {self.nvml.error}")
+        slurm_cgroup.check_procfs(self.procfs)
+        return slurm_cgroup.jobs_by_uuid(self.nvml.backend, self.procfs, gpus, skip=self.nvml.lost)
+
+
+class KubeletKind(Kind):
+    name = "kubelet"
+
+    def __init__(self, nvml: NvmlSession, socket_path: str, resources: Sequence[str],
+                 timeout_s: float) -> None:
+        self.nvml = nvml
+        self.resources = list(resources)
+        self.client = kubelet.KubeletClient(socket_path, timeout_s)
+        self._index: kubelet.GpuIndex | None = None
+        self._index_of: tuple[str, ...] = ()
+        self._index_at = 0.0
+
+    def read(self, gpus: Sequence[DeviceIdentity]) -> KindResult:
+        devices = self.client.list()
+        index = self._gpu_index(gpus)
+        out, unmatched = kubelet.assign(devices, gpus, self.resources, index)
+        if unmatched and time.monotonic() - self._index_at > 60:  # MIG reconfigured since: read again
+            out, unmatched = kubelet.assign(devices, gpus, self.resources, self._gpu_index(gpus, True))
+        return out, unmatched
+
+    def _gpu_index(self, gpus: Sequence[DeviceIdentity], fresh: bool = False) -> kubelet.GpuIndex:
+        key = tuple(g.uuid for g in gpus)
+        if self._index is None or fresh or key != self._index_of:
+            if self.nvml.ensure():
+                self._index = kubelet.gpu_index(self.nvml.backend, gpus)
+            else:  # UUIDs still match; minors and MIG devices wait for NVML
+                self._index = kubelet.GpuIndex({g.uuid.lower(): g.uuid for g in gpus if g.uuid}, {},
+                                               {g.index: g.uuid for g in gpus if g.uuid}, {})
+            self._index_of, self._index_at = key, time.monotonic()
+        return self._index
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class WorkloadSource:
+    """The configured kinds, read under one deadline; see the module docstring."""
+
+    def __init__(self, kinds: Sequence[Kind], timeout_s: float, max_per_gpu: int,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.kinds = list(kinds)
+        self.timeout_s = timeout_s
+        self.max_per_gpu = max_per_gpu
+        self._clock = clock
+        self._reader = deadline.DeadlineReader(lambda k: k.read(self._gpus), timeout_s, key=lambda k: k.name)
+        self._gpus: Sequence[DeviceIdentity] = ()
+        self._lock = threading.Lock()
+        self._inflight: Future | None = None
+        self.latest: WorkloadReading | None = None
+        self.last: Observation | None = None
+        # told every reading, the scrape's and a fresh one alike (fault attribution's history)
+        self.listeners: list[Callable[[WorkloadReading], Any]] = []
+
+    def read(self, gpus: Sequence[DeviceIdentity]) -> WorkloadReading:
+        """A fresh reading (see the module docstring)."""
+        return self.observe(gpus).reading
+
+    def observe(self, gpus: Sequence[DeviceIdentity]) -> Observation:
+        """A fresh reading with its problems and overflow; joins a reading in flight."""
+        with self._lock:
+            fut = self._inflight
+            owner = fut is None
+            if owner:
+                fut = self._inflight = Future()
+        if not owner:
+            try:
+                return fut.result(timeout=self.timeout_s + 1.0)
+            except Exception as e:  # the owner's failure or its overrun: this caller observed nothing
+                why = "the reading in flight did not end in time" if isinstance(e, FutureTimeout) else repr(e)
+                return Observation(WorkloadReading(self._clock(), {}),
+                                   {k.name: [why] for k in self.kinds}, failed=[k.name for k in self.kinds])
+        try:
+            obs = self._observe(gpus)
+            fut.set_result(obs)
+            return obs
+        except BaseException as e:  # a written-off worker unwinds here too: never leave joiners waiting
+            fut.set_exception(e if isinstance(e, Exception) else RuntimeError("abandoned"))
+            raise
+        finally:
+            with self._lock:
+                self._inflight = None
+
+    def _observe(self, gpus: Sequence[DeviceIdentity]) -> Observation:
+        at = self._clock()
+        self._gpus = list(gpus)
+        outcomes = self._reader.read(self.kinds, budget=self.timeout_s)
+        problems: dict[str, list[str]] = {}
+        failed: list[str] = []
+        results: list[dict[str, tuple[Workload, ...]]] = []
+        for kind, o in zip(self.kinds, outcomes, strict=True):
+            if o.status == deadline.OK:
+                found, kind_problems = o.value
+                results.append(found)
+                if kind_problems:
+                    problems[kind.name] = kind_problems
+                continue
+            failed.append(kind.name)
+            results.append({})
+            problems[kind.name] = [_why(o, self.timeout_s)]
+        observed = set.intersection(*(set(r) for r in results)) if results else set()
+        by_uuid: dict[str, tuple[Workload, ...]] = {}
+        overflow: dict[str, int] = {}
+        for uuid in observed:
+            held = sorted({w for r in results for w in r[uuid]})
+            if len(held) > self.max_per_gpu:
+                overflow[uuid] = len(held) - self.max_per_gpu
+                held = held[:self.max_per_gpu]
+            by_uuid[uuid] = tuple(held)
+        obs = Observation(WorkloadReading(at, by_uuid), problems, overflow, failed)
+        self.latest, self.last = obs.reading, obs
+        for listener in self.listeners:
+            listener(obs.reading)
+        return obs
+
+    def close(self) -> None:
+        for k in self.kinds:
+            try:
+                k.close()
+            except Exception:  # noqa: BLE001 - shutdown goes on
+                log.exception("closing workload kind %s", k.name)
+
+
+def _why(o: Any, timeout_s: float) -> str:
+    if o.status == deadline.ERROR:
+        e = o.value
+        known = isinstance(e, (OSError, RuntimeError, kubelet.KubeletError))
+        return str(e) if known else f"{type(e).__name__}: {e}"
+    if o.status == deadline.BLOCKED:
+        return "an earlier reading is still blocked; not read again until it returns"
+    if o.status in (deadline.TIMEOUT, deadline.BUDGET):
+        return f"did not answer within {timeout_s:g}s"
+    return "not read: the kinds before it used the deadline"
+
+
+def from_config(config: Any, nvml: NvmlSession) -> WorkloadSource | None:
+    """The source of the config's `workload` section; None when no kind is configured (or the
+    collector is disabled)."""
+    sec = getattr(config, "workload", None)
+    if sec is None or not sec.enabled:
+        return None
+    kinds: list[Kind] = []
+    if sec.slurm_job_mapping_dir:
+        kinds.append(SlurmMappingKind(sec.slurm_job_mapping_dir))
+    if sec.slurm_cgroup:
+        kinds.append(SlurmCgroupKind(nvml, config.paths.procfs))
+    if sec.kubelet_socket:
+        kinds.append(KubeletKind(nvml, sec.kubelet_socket, sec.kubelet_resource_names,
+                                 sec.timeout_seconds * KUBELET_SHARE))
+    if not kinds:
+        return None
+    return WorkloadSource(kinds, sec.timeout_seconds, sec.max_per_gpu)

@@ -1,0 +1,221 @@
+"""The kubelet kind against a real gRPC server on a unix socket implementing PodResourcesLister
+v1 from the committed .proto: whole GPUs, MIG devices and a non-GPU resource; a kubelet that
+answers Unimplemented, a missing socket, the socket removed and created again (a kubelet
+restart), a kubelet that never answers. And the committed protobuf modules are exactly what
+grpcio-tools makes of the committed .proto."""
+
+import filecmp
+import subprocess
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter.collectors.gpu import GpuCollector
+from exporter.collectors.workload import WorkloadCollector
+from exporter.config import load
+from exporter.nvml.fake import MIG_DEVICE_UUIDS
+from exporter.runner import Runner
+from exporter.workload import kubelet
+from exporter.workload.model import Workload
+from exporter.workload.podresources import api_pb2, api_pb2_grpc
+from exporter.workload.source import KubeletKind, from_config
+from tests.helpers import ROOT, samples, scrape, value
+from tests.test_workload_sources import fake_p5
+from tests.test_xid_service import make_ctx
+
+PROTO_DIR = ROOT / "exporter/workload/podresources"
+
+
+class Lister(api_pb2_grpc.PodResourcesListerServicer):
+    """Lists `pods`: [(namespace, pod, container, resource, [device ids])]; with `hang` set,
+    List waits on it (a kubelet that never answers)."""
+
+    def __init__(self, pods, hang=None):
+        self.pods, self.hang, self.calls = pods, hang, 0
+
+    def List(self, request, context):  # noqa: N802 - the RPC's name
+        self.calls += 1
+        if self.hang is not None:
+            self.hang.wait(30)
+        resp = api_pb2.ListPodResourcesResponse()
+        for ns, pod, container, resource, ids in self.pods:
+            p = resp.pod_resources.add(name=pod, namespace=ns)
+            p.containers.add(name=container).devices.add(resource_name=resource, device_ids=ids)
+        return resp
+
+
+def serve(path, servicer):
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    if servicer is not None:
+        api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
+    server.add_insecure_port(f"unix://{path}")
+    server.start()
+    return server
+
+
+class Unimplemented(api_pb2_grpc.PodResourcesListerServicer):
+    pass  # the generated base answers UNIMPLEMENTED, as a kubelet without v1 List does
+
+
+@pytest.fixture
+def node(tmp_path):
+    fake, session = fake_p5()
+    servers = []
+    yield fake, session, tmp_path / "kubelet.sock", servers
+    for s in servers:
+        s.stop(0)
+
+
+def kind(session, sock, timeout_s=2.0, resources=kubelet.DEFAULT_RESOURCES):
+    return KubeletKind(session, str(sock), resources, timeout_s)
+
+
+def pod(name, container="main"):
+    return Workload(namespace="ml", pod=name, container=container)
+
+
+def test_whole_gpus_mig_devices_and_other_resources(node):
+    fake, session, sock, servers = node
+    gpus = session.devices
+    mig_uuid = "MIG-5b2d4f1c-9a4e-5c1b-8e0d-000000000003"
+    fake.set_value(3, MIG_DEVICE_UUIDS, [mig_uuid, "MIG-5b2d4f1c-9a4e-5c1b-8e0d-000000000004"])
+    servers.append(serve(sock, Lister([
+        ("ml", "a", "main", "nvidia.com/gpu", [gpus[0].uuid, gpus[1].uuid.lower()]),
+        ("ml", "b", "main", "nvidia.com/gpu", ["nvidia2"]),  # device-name ids
+        ("ml", "c", "main", "nvidia.com/mig-1g.10gb", [mig_uuid + "::7"]),  # EKS's form
+        ("ml", "d", "main", "nvidia.com/mig-3g.40gb", [f"MIG-{gpus[4].uuid}/1/0"]),  # the old form
+        ("ml", "e", "main", "nvidia.com/gpu", [f"{gpus[5].uuid}::2"]),  # a time-slicing replica
+        ("ml", "f", "side", "nvidia.com/gpu", [f"{gpus[5].uuid}::3"]),
+        ("ml", "a", "main", "vpc.amazonaws.com/efa", ["efa0"]),  # not a GPU
+        ("ml", "g", "main", "example.com/fpga", [gpus[6].uuid]),  # a resource not configured
+    ])))
+    out, problems = kind(session, sock).read(gpus)
+    assert problems == []
+    assert {g.index: out[g.uuid] for g in gpus} == {
+        0: (pod("a"),), 1: (pod("a"),), 2: (pod("b"),), 3: (pod("c"),), 4: (pod("d"),),
+        5: (pod("e"), pod("f", "side")), 6: (), 7: ()}
+
+
+def test_resource_names_are_configurable(node):
+    _, session, sock, servers = node
+    gpus = session.devices
+    servers.append(serve(sock, Lister([("ml", "g", "main", "example.com/gpu", [gpus[6].uuid])])))
+    out, _ = kind(session, sock, resources=["example.com/*"]).read(gpus)
+    assert out[gpus[6].uuid] == (pod("g"),)
+
+
+def test_a_device_matching_no_gpu_is_a_problem_and_no_gpu_is_called_idle(node):
+    _, session, sock, servers = node
+    gpus = session.devices
+    servers.append(serve(sock, Lister([("ml", "a", "main", "nvidia.com/gpu", [gpus[0].uuid]),
+                                       ("ml", "x", "main", "nvidia.com/mig-1g.10gb", ["MIG-unknown"])])))
+    out, problems = kind(session, sock).read(gpus)
+    assert out == {gpus[0].uuid: (pod("a"),)}
+    assert "MIG-unknown" in problems[0] and "ml/x" in problems[0]
+
+
+def test_unimplemented_missing_socket_and_restart(node):
+    _, session, sock, servers = node
+    gpus = session.devices
+    k = kind(session, sock)
+    with pytest.raises(kubelet.KubeletError, match="does not exist"):
+        k.read(gpus)
+    servers.append(serve(sock, Unimplemented()))
+    with pytest.raises(kubelet.KubeletError, match="Unimplemented"):
+        k.read(gpus)
+    servers.pop().stop(0)
+    sock.unlink(missing_ok=True)
+    servers.append(serve(sock, Lister([("ml", "a", "main", "nvidia.com/gpu", [gpus[0].uuid])])))
+    assert k.read(gpus)[0][gpus[0].uuid] == (pod("a"),)
+    # the kubelet restarts: its socket is removed and created again by a new server
+    servers.pop().stop(0)
+    sock.unlink(missing_ok=True)
+    servers.append(serve(sock, Lister([("ml", "b", "main", "nvidia.com/gpu", [gpus[1].uuid])])))
+    out, _ = k.read(gpus)  # at once: no back-off on the dead connection
+    assert out[gpus[1].uuid] == (pod("b"),) and out[gpus[0].uuid] == ()
+
+
+def test_a_kubelet_that_never_answers_misses_the_deadline_and_the_next_reading_works(node):
+    _, session, sock, servers = node
+    gpus = session.devices
+    gate = threading.Event()
+    lister = Lister([("ml", "a", "main", "nvidia.com/gpu", [gpus[0].uuid])], hang=gate)
+    servers.append(serve(sock, lister))
+    k = kind(session, sock, timeout_s=0.5)
+    t = time.monotonic()
+    with pytest.raises(kubelet.KubeletError, match="did not answer List within 0.5s"):
+        k.read(gpus)
+    assert time.monotonic() - t < 5
+    gate.set()
+    lister.hang = None
+    assert k.read(gpus)[0][gpus[0].uuid] == (pod("a"),)
+
+
+def test_the_collector_over_a_real_socket(node, tmp_path):
+    _, session, sock, servers = node
+    gpus = session.devices
+    servers.append(serve(sock, Lister([("ml", "a", "main", "nvidia.com/gpu", [gpus[2].uuid, gpus[5].uuid])])))
+    ctx = make_ctx(tmp_path, "", nvml=session)
+    ctx.config = load(None, {"workload.kubelet_socket": str(sock), "workload.timeout_seconds": 1.0})
+    ctx.workload = from_config(ctx.config, session)
+    runner = Runner([WorkloadCollector(ctx)], deadline_s=5)
+    s = samples(scrape(runner))
+    for g in (2, 5):
+        assert value(s, "gpu_workload_info", gpu=str(g), namespace="ml", pod="a", container="main") == 1
+    assert {frozenset(dict(ls)) for (n, ls) in s if n == "gpu_workload_info"} == {
+        frozenset({"gpu", "uuid", "namespace", "pod", "container"})}
+    servers.pop().stop(0)
+    sock.unlink(missing_ok=True)  # grpc removes it on stop; a killed kubelet leaves it
+    s = samples(scrape(runner))
+    assert value(s, "gpu_health_exporter_collector_success", collector="workload") == 0
+    assert "does not exist" in runner.status["workload"].error
+    assert not [n for (n, _) in s if n == "gpu_workload_info"]
+    runner.close()
+
+
+def test_the_committed_protobuf_modules_are_generated_from_the_committed_proto(tmp_path):
+    """grpcio-tools (a test dependency only) regenerates them; any difference fails."""
+    rel = "exporter/workload/podresources/api.proto"
+    out = tmp_path / "gen"
+    out.mkdir()
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", str(ROOT), f"--python_out={out}",
+                    f"--grpc_python_out={out}", str(ROOT / rel)], check=True, timeout=120)
+    for name in ("api_pb2.py", "api_pb2_grpc.py"):
+        assert filecmp.cmp(out / "exporter/workload/podresources" / name, PROTO_DIR / name, shallow=False), (
+            f"{name} differs from what grpc_tools.protoc makes of api.proto: regenerate it with "
+            f"`python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. {rel}`")
+
+
+@settings(max_examples=200, derandomize=True)
+@given(st.text(max_size=120))
+def test_no_device_id_makes_matching_raise_or_find_a_gpu_that_is_not_there(device_id):
+    gpus = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(8)]
+    index = kubelet.GpuIndex({u.lower(): u for u in gpus}, dict(enumerate(gpus)), dict(enumerate(gpus)), {})
+    assert index.find(device_id) in (None, *gpus)
+
+
+def test_a_silent_kubelet_never_holds_up_the_gpu_reading(node, tmp_path):
+    _, session, sock, servers = node
+    gate = threading.Event()
+    servers.append(serve(sock, Lister([], hang=gate)))
+    ctx = make_ctx(tmp_path, "", nvml=session)
+    ctx.config = load(None, {"workload.kubelet_socket": str(sock), "workload.timeout_seconds": 0.5})
+    ctx.workload = from_config(ctx.config, session)
+    runner = Runner.from_config([GpuCollector(ctx), WorkloadCollector(ctx)], ctx.config)
+    try:
+        t = time.monotonic()
+        s = samples(scrape(runner))
+        assert time.monotonic() - t < 3.0
+        assert value(s, "gpu_health_exporter_collector_success", collector="gpu") == 1
+        assert value(s, "gpu_health_exporter_collector_success", collector="workload") == 0
+        assert "did not answer List within 0.4s" in runner.status["workload"].error
+        assert len([1 for (n, _) in s if n == "gpu_lost"]) == 8
+    finally:
+        gate.set()
+        runner.close()
