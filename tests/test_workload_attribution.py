@@ -23,7 +23,6 @@ from exporter.commands import ack as ack_cmd
 from exporter.commands import check
 from exporter.runner import Runner
 from exporter.workload.attribution import (
-    FRESH_S,
     MAX_PER_GPU,
     STAND_S,
     Attribution,
@@ -65,8 +64,9 @@ def test_the_last_observation_stands_until_the_next_so_a_job_that_died_of_it_is_
 
 def test_an_event_before_the_gpu_was_observed_is_unknown_never_the_current_job():
     h = history((T0, {"GPU-a": (JOB42,)}))
-    assert h.at("GPU-a", T0 - FRESH_S - 1) is None  # backfill at start-up, an XID older than the job
-    assert h.at("GPU-a", T0 - FRESH_S / 2) == (JOB42,)  # a reading right after it: the event's own
+    assert h.at("GPU-a", T0 - 1) is None  # backfill at start-up, or an XID older than the job
+    # a live event counted after the reading: that reading saw the GPU as the event left it
+    assert h.at("GPU-a", T0 - 1, until=T0 + 0.2) == (JOB42,)
     assert h.at("GPU-b", T0) is None  # a GPU the source never observed
     h.observe(WorkloadReading(T0 + 10, {"GPU-b": (JOB43,)}))
     assert h.at("GPU-b", T0 + 5) is None  # GPU-b first observed at T0+10
@@ -93,24 +93,27 @@ def test_malformed_workloads_and_late_readings_are_refused():
 SETS = [(), (JOB42,), (JOB43,), (JOB42, JOB43), (POD,)]
 
 
-@given(st.lists(st.tuples(st.one_of(st.floats(0, 3 * FRESH_S), st.floats(0, STAND_S * 1.5)),
+@given(st.lists(st.tuples(st.one_of(st.floats(0, 3.0), st.floats(0, STAND_S * 1.5)),
                           st.sampled_from(range(len(SETS)))), max_size=40),
-       st.lists(st.floats(-100, STAND_S * 40), max_size=20))
+       st.lists(st.tuples(st.floats(-100, STAND_S * 40), st.one_of(st.none(), st.floats(0, 10))),
+                max_size=20))
 def test_the_history_answers_what_the_readings_around_the_event_saw(steps, events):
     """Property: for readings in time order (within the kept hour), at(t) is the set of the last
-    reading at or before t if it is at most STAND_S old, joined with the set of the next reading if
-    it came at most FRESH_S after t; None when there is neither."""
+    reading at or before t if it is at most STAND_S old, joined with the sets of the readings after
+    t up to `until` (a live event's counting); None when there is none of either."""
     h, seen, at = WorkloadHistory(keep_s=1e9), [], T0
     for gap, i in steps:
         at += gap
         h.observe(WorkloadReading(at, {"GPU-a": SETS[i]}))
         seen.append((at, tuple(sorted(SETS[i]))))
-    for dt in events + [a - T0 + d for a, _ in seen[:10] for d in (-FRESH_S, -0.5, 0.0, 0.5)]:
+    near = [(a - T0 + d, u) for a, _ in seen[:10] for d in (-1.0, -0.5, 0.0, 0.5) for u in (None, 0.7)]
+    for dt, u in events + near:
         t = T0 + dt
+        until = None if u is None else t + u
         before = [ws for a, ws in seen if a <= t and t - a <= STAND_S][-1:]
-        after = [ws for a, ws in seen if t < a <= t + FRESH_S][:1]
+        after = [ws for a, ws in seen if until is not None and t < a <= until]
         want = tuple(sorted({w for ws in before + after for w in ws})) if before or after else None
-        assert h.at("GPU-a", t) == want
+        assert h.at("GPU-a", t, until) == want
 
 
 def test_the_ledger_keeps_the_last_few_per_gpu_and_a_repeat_updates_the_time():

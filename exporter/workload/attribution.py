@@ -12,9 +12,11 @@ Parts, one job each:
 Semantics (docs/xid.md, "Who the fault hit"):
 - An observation of a GPU stands from the reading that made it until the next reading that
   observed that GPU, at most STAND_S (a source that stops answering does not keep a job on a GPU
-  for ever). An event is attributed to the workloads of the observation standing at its time,
-  with those of a reading taken at most FRESH_S after it (a live event asks the source for one);
-  an empty set is "no workload" (the GPU was observed idle).
+  for ever). An event is attributed to the workloads of the observation standing at its time;
+  a live event (counted at most LIVE_S after it happened) also to those of the readings taken
+  between it and its counting, one of which it asks the source for: the GPU as the event left it
+  (a job started since the last reading is on it; one that died of the event is not gone yet).
+  An empty set is "no workload" (the GPU was observed idle).
 - An event before the first observation of its GPU that is still remembered (the kernel-log
   backfill at start-up, an XID older than the job) is "unknown": never the current workload.
 - An SXid is attributed, on every GPU the node lists, to that GPU's workloads at its time.
@@ -46,12 +48,11 @@ MAX_GPUS = 64  # GPU UUIDs remembered (an 8-GPU node uses 8; MIG-heavy nodes mor
 MAX_WORKLOADS = 16  # workloads remembered on one GPU at one time (more are dropped, counted)
 MAX_PER_GPU = 8  # attributed events kept per GPU (distinct event and workload set; oldest go first)
 MERGE_S = 10.0  # an "unknown" within this of a recorded attribution of the same event is that event
-# A reading taken this soon after an event saw the GPU as the event found it: a job that started
-# since the last reading is on it, and one that died of the event is not gone yet (its epilog takes
-# seconds). A live event asks the source for one (FaultAttribution): taken within milliseconds of
-# the kernel-log record on /dev/kmsg, 0.2 s on a followed file. Short, so that a job starting just
-# after the event is seldom named with it.
-FRESH_S = 1.0
+# An event counted at most this long after it happened is live: it asks the source for a reading
+# (FaultAttribution), and the readings taken between it and its counting saw the GPU as the event
+# left it. On /dev/kmsg a record is counted within milliseconds (a followed file: 0.2 s); older
+# ones are the start-up backlog, whose GPUs are not as those events left them.
+LIVE_S = 5.0
 MAX_LABEL_CHARS = 253  # a Kubernetes name's limit; Slurm job ids are far shorter
 _BAD_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -147,24 +148,22 @@ class WorkloadHistory:
             del segs[0]
         del segs[:-MAX_SEGMENTS]
 
-    def at(self, uuid: str, t: float) -> tuple[Workload, ...] | None:
+    def at(self, uuid: str, t: float, until: float | None = None) -> tuple[Workload, ...] | None:
         """The workloads on GPU `uuid` at unix time `t`: those of the last observation at or
-        before `t` (if at most STAND_S old), with those of the next one if it was taken at most
-        FRESH_S after `t` (the reading the event asked for: a job started since the last reading
-        is on the GPU then). () when observed idle; None when unknown (neither: before the first
-        remembered observation of that GPU, or long after the last)."""
+        before `t` (if at most STAND_S old), with those of every observation after `t` up to
+        `until` (the readings taken between a live event and its counting). () when observed
+        idle; None when unknown (no such observation: before the first remembered observation of
+        that GPU, or long after the last)."""
         with self.lock:
             segs = self._gpus.get(uuid)
             if not segs:
                 return None
             i = bisect.bisect_right([s.first for s in segs], t) - 1
-            if i >= 0 and t < segs[i].last:
-                return segs[i].workloads  # seen before and after `t`: the same set
             standing = segs[i].workloads if i >= 0 and t <= segs[i].last + self.stand_s else None
-            nxt = segs[i + 1] if i + 1 < len(segs) else None
-            if nxt is None or nxt.first - t > FRESH_S:
+            later = [s.workloads for s in segs[i + 1:] if until is not None and s.first <= until]
+            if not later:
                 return standing
-            return tuple(sorted(set(standing or ()) | set(nxt.workloads)))
+            return tuple(sorted({w for ws in (standing or (), *later) for w in ws}))
 
     def observed_since(self, uuid: str, t: float) -> bool:
         """Whether a reading at or after `t` observed GPU `uuid`."""
@@ -257,9 +256,9 @@ class FaultAttribution:
     XID service knows them) asks the history (`history`) and the answer goes to the ledger.
 
     `fresh` (set by the composition root when a workload source is configured) takes a reading
-    now, which reaches the history through the source's listeners: a live event (at most FRESH_S
-    old) whose GPU no reading has observed since asks for one before it is attributed. It runs
-    on the thread that counted the event, under the source's own deadline."""
+    now, which reaches the history through the source's listeners. A live event (counted at most
+    LIVE_S after it happened) whose GPU no reading has observed since asks for one before it is
+    attributed, on the thread that counted it, under the source's own deadline."""
 
     def __init__(self, history: WorkloadHistory, identities: Any,
                  ledger: AttributionLedger | None = None) -> None:
@@ -271,9 +270,8 @@ class FaultAttribution:
     def xid(self, pci: str, xid: int, wall: float) -> Attribution:
         """Record an XID counted on the GPU at `pci` at unix time `wall`; returns the record."""
         uuid = self.identities.labels(pci, ask_nvml=False)[1]
-        if uuid:
-            self._refresh([uuid], wall)
-        rec = Attribution(pci, XID, xid, "", wall, self.history.at(uuid, wall) if uuid else None)
+        until = self._refresh([uuid] if uuid else [], wall)
+        rec = Attribution(pci, XID, xid, "", wall, self.history.at(uuid, wall, until) if uuid else None)
         self.ledger.add(rec)
         return rec
 
@@ -282,23 +280,25 @@ class FaultAttribution:
         lists (an NVSwitch fault fails NVLink for all of them); returns the records."""
         gpus = [(pci, ident["uuid"]) for pci, ident in sorted(self.identities.to_state().items())
                 if ident.get("index") is not None and ident.get("uuid")]  # not a line's stray address
-        self._refresh([uuid for _, uuid in gpus], wall)
+        until = self._refresh([uuid for _, uuid in gpus], wall)
         out = []
         for pci, uuid in gpus:
-            rec = Attribution(pci, SXID, sxid, switch, wall, self.history.at(uuid, wall))
+            rec = Attribution(pci, SXID, sxid, switch, wall, self.history.at(uuid, wall, until))
             self.ledger.add(rec)
             out.append(rec)
         return out
 
-    def _refresh(self, uuids: list[str], wall: float) -> None:
-        if self.fresh is None or time.time() - wall > FRESH_S:
-            return  # no source, or not a live event (the backlog: what is on the GPU now is not news)
-        if uuids and all(self.history.observed_since(u, wall) for u in uuids):
-            return  # a reading since the event (the one an event of the same burst asked for)
-        try:
-            self.fresh()
-        except Exception as e:  # noqa: BLE001 - the source's trouble never stops the counting
-            log.debug("fresh workload reading failed: %s", e)
+    def _refresh(self, uuids: list[str], wall: float) -> float | None:
+        """For a live event: a reading since it (asked for unless one of the same burst did),
+        and the time up to which readings saw the GPUs as it left them. None otherwise."""
+        if time.time() - wall > LIVE_S:
+            return None  # the backlog: what is on the GPU now is not what the event hit
+        if self.fresh is not None and uuids and not all(self.history.observed_since(u, wall) for u in uuids):
+            try:
+                self.fresh()
+            except Exception as e:  # noqa: BLE001 - the source's trouble never stops the counting
+                log.debug("fresh workload reading failed: %s", e)
+        return time.time()  # after the fresh reading: it is one of them
 
 
 def fresh_reading(source: Any, nvml: Any) -> Callable[[], Any]:
