@@ -220,8 +220,8 @@ def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]
         statvfs, imds_url = simulation.statvfs, simulation.imds_url
     else:
         nvml, statvfs, imds_url = capture or NvmlSession.real(), os.statvfs, None
-    # One history of the workloads on each GPU: the workload source's collector feeds it
-    # (ctx.workloads.observe), the XID service attributes faults from it.
+    # One history of the workloads on each GPU: it hears every reading of the workload source
+    # (Context connects them), the XID service attributes faults from it.
     workloads = WorkloadHistory()
     ctx = Context(config=cfg, nvml=nvml, statvfs=statvfs, imds_url=imds_url, workloads=workloads,
                   xid=build_xid(cfg, nvml, simulation, args.kmsg_file, workloads))
