@@ -27,7 +27,7 @@ from dashboards.lib import (
     value_text,
     workload_join,
 )
-from dashboards.runbooks import RUNBOOK_BASE, alert_regex, relative, runbook_properties
+from dashboards.runbooks import alert_regex, runbook_properties
 
 RECOVERY_ACTIONS = {
     "1": ("GPU reset", "orange"),
@@ -299,13 +299,6 @@ def _problem(expr: str, problem: str, item_label: str) -> str:
 
 def build() -> db.Dashboard:
     d = dashboard("fleet", "Fleet GPU health: what needs action now, and whether every node is watched.")
-    if relative():  # runbook_url annotations relative to the repository: say where it is browsed
-        d = d.with_variable(
-            db.TextBoxVariable("runbook_base").label("Runbook base URL").default_value(RUNBOOK_BASE)
-            .current(dm.VariableOption(text=RUNBOOK_BASE, value=RUNBOOK_BASE, selected=True))
-            .options([dm.VariableOption(text=RUNBOOK_BASE, value=RUNBOOK_BASE, selected=True)])
-            .description("Prefix of the relative runbook_url annotations of rules/ (the repository's "
-                         "docs as you browse them)."))
     for title, panels in (("Overview", overview()), ("Needs action", action()),
                           ("GPU memory and recovery", memory()),
                           ("Activity (SM, tensor)", activity()),

@@ -10,8 +10,6 @@ import yaml
 from grafana_foundation_sdk.models import dashboard as dm
 
 RULES = Path(__file__).resolve().parent.parent / "rules"
-# Prepended to relative runbook URLs (docs/runbooks.md#...): where the repository's docs are browsed.
-RUNBOOK_BASE = "https://github.com/your-org/gpu-health-exporter/blob/main/"
 
 
 def runbooks() -> dict[str, str]:
@@ -30,17 +28,14 @@ def alert_regex() -> str:
     return "|".join(sorted(runbooks()))
 
 
-def relative() -> bool:
-    return any(not url.startswith(("http://", "https://")) for url in runbooks().values())
-
-
 def runbook_properties() -> list[dm.DynamicConfigValue]:
     """Field properties for a `runbook` column holding the alert name: a value mapping from each
     name to its runbook URL (shown as text) and a link opening it (${__value.text} is the mapped
-    text; relative URLs get the `runbook_base` variable in front)."""
+    text). The URLs carry the default runbook base; `python -m exporter.deploygen --runbook-base`
+    moves them with every other shipped link."""
     mapping = dm.ValueMap(options={name: dm.ValueMappingResult(text=url, index=i)
                                    for i, (name, url) in enumerate(sorted(runbooks().items()))})
-    url = "${runbook_base}${__value.text}" if relative() else "${__value.text}"
+    url = "${__value.text}"
     return [dm.DynamicConfigValue(id_val="mappings", value=[mapping]),
             dm.DynamicConfigValue(id_val="links", value=[{"title": "Open the runbook", "url": url,
                                                           "targetBlank": True}])]

@@ -512,18 +512,22 @@ def main(argv: list[str] | None = None) -> int:
         p = argparse.ArgumentParser(prog=f"gpu-health-exporter {argv[0]}", description=mod.HELP)
         add_source_options(p)
         mod.add_arguments(p)
-        args = p.parse_args(argv[1:])
+        try:
+            args = p.parse_args(argv[1:])
+        except SystemExit as e:  # a usage error: the command's own status for it (check: 3)
+            return getattr(mod, "USAGE_EXIT", 2) if e.code == 2 else int(e.code or 0)
+        could_not_start = getattr(mod, "could_not_start", None)  # check: its own status and output
         try:
             selected(args)  # a usage error, as for the daemon
-        except ConfigError as e:
-            print(f"gpu-health-exporter: {e}", file=sys.stderr)
-            return 2
-        try:
             ctx, simulation = build_context(args)
         except (ConfigError, ValueError) as e:
             print(f"gpu-health-exporter: {e}", file=sys.stderr)
-            could_not_start = getattr(mod, "could_not_start", None)
             return could_not_start(args, str(e)) if could_not_start else 2
+        except Exception as e:
+            if could_not_start is None:
+                raise
+            print(f"gpu-health-exporter: {type(e).__name__}: {e}", file=sys.stderr)
+            return could_not_start(args, f"{type(e).__name__}: {e}")
         setup_logging(args.log_level or "warning", args.log_format or ctx.config.log_format)
         try:
             if simulation is not None:  # a one-shot command sees what the daemon sees a minute in:

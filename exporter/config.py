@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import types
 import typing
 from collections.abc import Callable, Hashable, Iterable
@@ -51,6 +52,7 @@ class Key:
     check: Callable[[Any], str | None] | None = None
     nullable: bool = False
     expected: str = ""  # how to describe the type in errors and docs; derived when empty
+    path: bool = False  # a file or directory: relative in a config file = relative to that file
 
     def describe(self) -> str:
         if self.expected:
@@ -87,10 +89,11 @@ def host_port(v: Any) -> str | None:
 
 
 def setting(default: Any, doc: str, *, check: Callable[[Any], str | None] | None = None,
-            expected: str = "") -> Any:
+            expected: str = "", path: bool = False) -> Any:
     """A field of a Section: its default, its documentation and an optional check of its value
-    (returns None when fine, else what was expected). The type is the field's annotation."""
-    meta = {"doc": doc, "check": check, "expected": expected}
+    (returns None when fine, else what was expected). The type is the field's annotation.
+    `path`: the value names a file or directory (see resolve_paths)."""
+    meta = {"doc": doc, "check": check, "expected": expected, "path": path}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -129,7 +132,7 @@ def _keys_of(cls: type) -> dict[str, Key]:
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         out[f.name] = Key(types_ if len(types_) > 1 else types_[0], default, f.metadata.get("doc", ""),
                           check=f.metadata.get("check"), nullable=nullable,
-                          expected=f.metadata.get("expected", ""))
+                          expected=f.metadata.get("expected", ""), path=f.metadata.get("path", False))
     return out
 
 
@@ -177,14 +180,17 @@ class TopLevel(Section):
 
 @dataclass
 class Paths(Section):
-    """Where each file source is read from (node_exporter's --path.* style)."""
+    """Where each file source is read from (node_exporter's --path.* style). A relative path in the
+    config file (here, `web.config_file`, `lustre.rootfs`) is relative to the config file's directory;
+    on the command line, to the working directory."""
 
     name: ClassVar[str] = "paths"
-    sysfs: str = setting("/sys", "Root of sysfs.")
-    procfs: str = setting("/proc", "Root of procfs.")
-    debugfs: str = setting("/sys/kernel/debug", "Root of debugfs.")
-    kmsg: str = setting("/dev/kmsg", "Kernel log device (or a file of /dev/kmsg records).")
-    state_dir: str = setting("/var/lib/gpu-health-exporter", "Directory for the exporter's state file.")
+    sysfs: str = setting("/sys", "Root of sysfs.", path=True)
+    procfs: str = setting("/proc", "Root of procfs.", path=True)
+    debugfs: str = setting("/sys/kernel/debug", "Root of debugfs.", path=True)
+    kmsg: str = setting("/dev/kmsg", "Kernel log device (or a file of /dev/kmsg records).", path=True)
+    state_dir: str = setting("/var/lib/gpu-health-exporter", "Directory for the exporter's state file.",
+                             path=True)
 
 
 def telemetry_path(v: Any) -> str | None:
@@ -200,7 +206,8 @@ class Web(Section):
 
     name: ClassVar[str] = "web"
     config_file: str | None = setting(None, "Web config file in the Prometheus exporter-toolkit format (TLS, "
-                                      "basic auth); --web.config.file overrides. Unset: plain HTTP, no auth.")
+                                      "basic auth); --web.config.file overrides. Unset: plain HTTP, no auth.",
+                                      path=True)
     telemetry_path: str = setting("/metrics", "Path the metrics are served under (--web.telemetry-path).",
                                   check=telemetry_path)
     max_connections: int = setting(
@@ -491,7 +498,26 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None, text:
         return validate({}, overrides=overrides)
     p = Path(path)
     data = parse_yaml(read_config_file(p) if text is None else text, str(p))
-    return validate(data, str(p), overrides)
+    return validate(resolve_paths(data, Path(os.path.abspath(p)).parent), str(p), overrides)
+
+
+def resolve_paths(data: Any, base: Path) -> Any:
+    """The document with every relative path value (a `path` key's string) made absolute
+    against `base`, the config file's directory: the file means the same whatever the working
+    directory (systemd's is /). Command-line values stay relative to the working directory.
+    Anything not a string is left for validate() to report."""
+    if not isinstance(data, dict):
+        return data
+    schema = sections()
+    out = dict(data)
+    for name, part in data.items():
+        if name not in schema or not isinstance(part, dict):
+            continue
+        keys = schema[name].keys()
+        out[name] = {k: os.path.abspath(base / v) if isinstance(v, str) and v and k in keys and keys[k].path
+                     and not os.path.isabs(v) else v
+                     for k, v in part.items()}
+    return out
 
 
 def _expanded_size(root: yaml.Node, limit: int) -> int:

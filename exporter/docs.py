@@ -1,6 +1,7 @@
 """Generate docs/metrics.md and docs/configuration.md from the catalog and the config schema.
 
-`python -m exporter.docs` rewrites both; tests/test_docs.py fails when they drift from the code.
+`python -m exporter.docs` rewrites both in a checkout (and refuses to run from an installed
+package); tests/test_docs.py fails when they drift from the code.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def metrics_md() -> str:
     lines = [
         "# Metrics",
         "",
-        "Generated from the metric catalog by `python -m exporter.docs`; do not edit by hand.",
+        "Generated from the metric catalog by `python -m exporter.docs` (in a checkout); do not edit by "
+        "hand.",
         "Every series of a GPU metric carries `gpu` (index), `uuid` and `pci_bus_id` unless said otherwise.",
         "\"exported by\" says which detail level exports the metric: `default` (the default config), or "
         "the setting that adds it (docs/configuration.md: `efa.counters`, `gpu.detail`).",
@@ -78,13 +80,15 @@ def configuration_md() -> str:
     lines = [
         "# Configuration",
         "",
-        "Generated from the config schema by `python -m exporter.docs`; do not edit by hand.",
+        "Generated from the config schema by `python -m exporter.docs` (in a checkout); do not edit by hand.",
         "",
         "The exporter reads one YAML file (`--config FILE`). Every key is optional; the defaults below "
         "apply. Every key is validated at start-up: an unknown key, a wrong type or an impossible value "
-        "stops the program (the daemon and every subcommand) with exit status 2 and one message listing "
-        "every error, each with the file, the key, what was expected and the value (cut to about 60 "
-        "characters). A YAML syntax error names the file, line and column. The file must be a regular "
+        "stops the program (the daemon, `ack` and `capture` with exit status 2; `check` with 3, could not "
+        "check, so that no wrapper drains a node for it) with one message listing every error, each with "
+        "the file, the key, what was expected and the value (cut to about 60 characters). A relative path "
+        "in the file is relative to the file's directory. A YAML syntax error names the file, line and "
+        "column. The file must be a regular "
         "file of at most 1 MiB (a FIFO or a directory is refused without blocking), and a document whose "
         "aliases expand to more than 100,000 values is refused before it is built. Command-line flags "
         "override the file. On SIGHUP the file is read again: a valid configuration restarts the process "
@@ -122,6 +126,11 @@ def _row(k: str, key: config.Key) -> str:
 
 
 def main() -> int:
+    from exporter import share
+
+    if not share.in_checkout():  # installed: DOCS would be site-packages/docs
+        print(share.not_in_checkout("python -m exporter.docs"), file=sys.stderr)
+        return 2
     DOCS.mkdir(exist_ok=True)
     (DOCS / "metrics.md").write_text(metrics_md())
     (DOCS / "configuration.md").write_text(configuration_md())

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -254,7 +255,10 @@ def _describe(e: Exception) -> str:
             break
         cause = inner
     timed_out = isinstance(e, requests.Timeout) or "timed out" in str(cause).lower()
-    return f"{'Timeout' if timed_out else type(cause).__name__}: {cause}"
+    # urllib3 puts the connection object in some errors ("<HTTPConnection(...) at 0x7f...>"):
+    # without its address the same failure reads the same, and is logged once, not every retry.
+    text = re.sub(r"(<[^<>]*?)(?: object)? at 0x[0-9a-f]+>", r"\1>", str(cause))
+    return f"{'Timeout' if timed_out else type(cause).__name__}: {text}"
 
 
 class ImdsPoller(Generic[T]):

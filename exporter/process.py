@@ -7,6 +7,7 @@ names the same series; `ProcessCollector` here is a prometheus_client custom col
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 
@@ -28,9 +29,14 @@ START = define("process_start_time_seconds", "gauge",
                "Start time of the process since unix epoch in seconds.", unit="seconds", collector="exporter")
 THREADS = define("process_threads", "gauge", "Number of OS threads in the process.", collector="exporter")
 
-_proc = psutil.Process()
 _FD_DIR = "/proc/self/fd"
 _SPECS = (CPU, RSS, VMS, OPEN_FDS, MAX_FDS, START, THREADS)
+
+
+@functools.cache
+def _process() -> psutil.Process:
+    """This process, built on first use rather than on import."""
+    return psutil.Process()
 
 
 class ProcessCollector:
@@ -52,15 +58,16 @@ def open_fds() -> int:
         n = os.stat(_FD_DIR).st_size
     except OSError:
         n = 0
-    return n + 1 if n > 0 else _proc.num_fds()
+    return n + 1 if n > 0 else _process().num_fds()
 
 
 def process_metrics() -> list[Metric]:
-    with _proc.oneshot():  # one read of each /proc/self file
-        t = _proc.cpu_times()
-        mem = _proc.memory_info()
+    proc = _process()
+    with proc.oneshot():  # one read of each /proc/self file
+        t = proc.cpu_times()
+        mem = proc.memory_info()
         values = (t.user + t.system, mem.rss, mem.vms, open_fds(),
-                  resource.getrlimit(resource.RLIMIT_NOFILE)[0], _proc.create_time(), _proc.num_threads())
+                  resource.getrlimit(resource.RLIMIT_NOFILE)[0], proc.create_time(), proc.num_threads())
     out = []
     for spec, v in zip(_SPECS, values, strict=True):  # what Families.add makes, without its checks
         fam = spec.family()

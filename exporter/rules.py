@@ -1,11 +1,14 @@
 """Render a copy of the alert rules (rules/*.yml) for a runbook base URL.
 
-    python -m exporter.rules --runbook-base https://wiki.example.com/gpu/runbooks.md \
+    python -m exporter.rules --runbook-base https://wiki.example.com/gpu/runbooks.html \
         --out /etc/prometheus/rules/gpu-health-exporter
 
-Every alert's `runbook_url` in rules/ is DEFAULT_RUNBOOK_BASE + "#<alert name in lower case>" (the
-runbooks in this repository); the rendered copy has the same anchors on the given base. Nothing
-else changes, so the copy is what `promtool check rules` and the promtool suites check.
+Every alert's `runbook_url` in rules/ is DEFAULT_RUNBOOK_BASE + "#<alert name in lower case>": the
+rendered runbooks every release installs there (docs/deploy.md, "Runbook links"). The rendered
+copy has the same anchors on the given base. Nothing else changes, so the copy is what `promtool
+check rules` and the promtool suites check. `python -m exporter.deploygen --runbook-base URL --out
+DIR` moves the same base in every other shipped file too (dashboards, PrometheusRule, systemd unit).
+Works from a checkout and from an installed wheel alike (exporter.share).
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ import re
 import sys
 from pathlib import Path
 
-DEFAULT_RUNBOOK_BASE = "https://github.com/gpu-health-exporter/gpu-health-exporter/blob/main/docs/runbooks.md"
-RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+from exporter import share
+
+# Where every release puts the rendered runbooks (the manual install, the container image and
+# `python -m exporter.deploygen --out DIR` as DIR/docs/runbooks.html): a page a user really has.
+DEFAULT_RUNBOOK_BASE = "file:///usr/share/doc/gpu-health-exporter/runbooks.html"
+RULES_DIR = share.root() / "rules"
 _URL = re.compile(r"^([ \t]*runbook_url:[ \t]*)(\S+)#([a-z0-9-]+)[ \t]*$", re.M)
 
 
@@ -30,16 +37,24 @@ def render(text: str, base: str, source: str = "rules") -> str:
     return _URL.sub(swap, text)
 
 
+def rebase(text: str, base: str) -> str:
+    """Any shipped text (a dashboard, a manifest, the unit) with the default base moved to `base`."""
+    return text.replace(DEFAULT_RUNBOOK_BASE, base)
+
+
 def check_base(base: str) -> str:
-    if not re.match(r"^https?://[^\s#]+$", base):
-        raise ValueError(f"--runbook-base: {base!r} is not an http(s) URL without a fragment")
+    # No quote, backslash, brace or space: the base lands unquoted in YAML, in JSON strings and in
+    # Prometheus templates.
+    if not re.match(r"^(https?://|file:///)[^\s#\"'\\{}<>]+$", base):
+        raise ValueError(f"--runbook-base: {base!r} is not an http(s) or file:/// URL without a fragment, "
+                         "quotes or spaces")
     return base
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m exporter.rules", description=__doc__.splitlines()[0])
     p.add_argument("--runbook-base", default=DEFAULT_RUNBOOK_BASE, metavar="URL",
-                   help="URL of the runbooks document; each alert links to URL#<alert name in lower case> "
+                   help="URL of the runbooks page; each alert links to URL#<alert name in lower case> "
                         f"(default: {DEFAULT_RUNBOOK_BASE}).")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="Directory to write the rendered rule files to.")

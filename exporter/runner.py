@@ -40,7 +40,6 @@ BUILD_INFO = define(
     "Always 1; the exporter's version, the git revision and branch it was built from (\"unknown\" when "
     "neither the checkout nor the build recorded them; see exporter/buildinfo.py) and the Python it runs on.",
     ["version", "revision", "branch", "python_version"], collector="exporter")
-REVISION, BRANCH = build_info()
 SCRAPES = define(
     "gpu_health_exporter_scrapes_total", "counter",
     "Scrapes of /metrics served.", collector="exporter")
@@ -88,6 +87,7 @@ class Runner:
         self._last: tuple[float, float, Collection] | None = None  # (started, finished, result)
         self.scrapes = 0
         self.collections = 0
+        self._build = build_info()  # (revision, branch): read here, not on import
         self.ready = threading.Event()
 
     @classmethod
@@ -169,7 +169,7 @@ class Runner:
             own.add(COLLECTOR_DURATION, res.took, collector=c.name)
             if res.ok:
                 metrics.add(c.name, outs[c.name])
-        own.add(BUILD_INFO, 1, version=__version__, revision=REVISION, branch=BRANCH,
+        own.add(BUILD_INFO, 1, version=__version__, revision=self._build[0], branch=self._build[1],
                 python_version=platform.python_version())
         own.add(SCRAPES, self.scrapes)
         own.add(COLLECTIONS, self.collections)

@@ -164,14 +164,16 @@ def test_check_gives_the_daemons_reasons_in_simulation(tmp_path):
 
 
 def test_command_line_and_config_errors_of_check_and_ack(tmp_path, capsys):
-    assert main(["check", "--collectors", "nope"]) == 2  # as the daemon
+    assert main(["check", "--collectors", "nope"]) == 3  # could not check: never 2, which drains
     assert "unknown collector 'nope'" in capsys.readouterr().err
+    assert main(["check", "--no-such-flag"]) == 3
+    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
     bad = tmp_path / "config.yaml"
     bad.write_bytes(b"gpu:\n  parallel: yes please\n\xff\n")
     code, out = run_check(capsys, "--config", str(bad), "--json")
     doc = json.loads(out)  # a config error is still a JSON document under --json
-    # exit 2, as the README says for every command
-    assert code == 2 and doc["node"]["exit_status"] == 2 and str(bad) in doc["problems"][0]
+    # exit 3 (could not check), never 2: a wrapper drains on 2 alone
+    assert code == 3 and doc["node"]["exit_status"] == 3 and str(bad) in doc["problems"][0]
     assert doc["node"]["verdict"] == "unknown"
     state = str(tmp_path / "state")
     sim = ["--simulate", "p5.48xlarge", "--scenario", "xid-63", "--path.state-dir", state]

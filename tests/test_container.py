@@ -168,3 +168,24 @@ def test_image_serves_the_simulated_node_as_non_root_on_a_read_only_root(image_r
     assert ss[("gpu_devices", frozenset())] == 8
     assert owners == {uid}, owners  # the exporter ran as the image's user, not root
     assert written.returncode != 0 and "Read-only" in written.stderr
+
+
+@pytest.mark.slow
+def test_image_carries_the_release_files(image_root):
+    """Issue 29: the runbooks page every alert links to by default, and the wheel's package data,
+    from which `python -m exporter.deploygen --out DIR` renders the manifests inside the image."""
+    from exporter import share
+    from exporter.rules import DEFAULT_RUNBOOK_BASE
+
+    root, config = image_root
+    page = root / DEFAULT_RUNBOOK_BASE.removeprefix("file:///")
+    assert page.is_file() and 'id="gpuxidreplacenow"' in page.read_text()
+    venv_lib = root / "opt" / "gpu-health-exporter" / "lib"
+    shipped = next(venv_lib.glob("python3*/site-packages/exporter/shipped"))
+    for rel in share.files(share.CHECKOUT):
+        assert (shipped / rel).read_bytes() == (share.CHECKOUT / rel).read_bytes(), rel
+    render = ("cd /tmp && python3 -m exporter.deploygen --out r "
+              "&& test -s r/deploy/systemd/gpu-health-exporter.service")
+    r = subprocess.run(_in_image(root, config, ["sh", "-c", render]), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr

@@ -8,13 +8,7 @@ import time
 import pytest
 
 from exporter.deadline import BLOCKED, BUDGET, ERROR, OK, SKIPPED, TIMEOUT, DeadlineReader, Pool
-
-
-def wait_for(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "condition not met in time"
-        time.sleep(0.005)
+from tests.helpers import wait_for
 
 
 class Items:

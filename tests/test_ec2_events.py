@@ -12,7 +12,7 @@ import pytest
 from exporter import imds
 from exporter.collectors.instance import InstanceCollector
 from exporter.runner import Runner
-from tests.helpers import names, promtool_check_metrics, samples, scrape, value
+from tests.helpers import names, promtool_check_metrics, samples, scrape, value, wait_for
 from tests.test_imds import ctx_for, fake, imds_allowed  # noqa: F401 - fixtures
 
 # The EC2 user guide's example (instance metadata, scheduled events), as IMDS serves it.
@@ -65,14 +65,6 @@ def event_series(text):
     return {(n, dict(ls)["code"], dict(ls)["event_id"]): v for (n, ls), v in samples(text).items()
             if n.startswith("ec2_scheduled_event")}
 
-
-def wait_for(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_poll_exports_active_events_and_follows_changes(fake):  # noqa: F811

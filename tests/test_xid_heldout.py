@@ -35,7 +35,7 @@ from exporter.simulate.nvml_synth import node_capture
 from exporter.xid import kmsg as kmsg_mod
 from exporter.xid.service import one_shot
 from exporter.xid.sxid import SxidContinuation, SxidReport, parse_sxid
-from tests.helpers import ROOT, samples, scrape, start_exporter, stop_within, value
+from tests.helpers import ROOT, samples, scrape, start_exporter, stop_within, value, wait_for
 from tests.test_xid_service import make_ctx
 
 GPU2 = "0000:75:00"  # GPU 2 of the simulated/faked p5.48xlarge
@@ -77,15 +77,6 @@ def bounded(fn, timeout_s: float = 15.0):
         raise out["e"]
     return out.get("v")
 
-
-def wait_for(cond, timeout_s: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = cond()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def p5_session():

@@ -15,7 +15,7 @@ from exporter.collectors.nvswitch import NvswitchCollector
 from exporter.collectors.xid import XidCollector
 from exporter.runner import Runner
 from exporter.xid.service import one_shot
-from tests.helpers import samples, scrape, value
+from tests.helpers import samples, scrape, value, wait_for
 from tests.test_xid_service import counts, fake_p5, make_ctx
 
 XID63 = "NVRM: Xid (PCI:0000:75:00): 63, pid='<unknown>', name=<unknown>, Row Remapper: New row marked"
@@ -29,12 +29,6 @@ def records(*msgs: str, start: int = 0) -> str:
 def sxid_counts(svc):
     return {k: c.count for k, c in svc.sxids.snapshot().items()}
 
-
-def wait_for(cond, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def test_one_reader_feeds_both_counters(tmp_path):

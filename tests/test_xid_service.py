@@ -16,7 +16,7 @@ from exporter.profiles import PROFILES
 from exporter.runner import Runner
 from exporter.simulate.nvml_synth import node_capture
 from exporter.xid.service import one_shot
-from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, value
+from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, value, wait_for
 
 KMSG = FIXTURES / "kmsg"
 P5 = PROFILES["p5.48xlarge"]
@@ -258,7 +258,7 @@ def test_nvml_xid_154_waits_for_the_kernel_line_that_names_the_action(tmp_path):
             assert time.monotonic() < deadline
             time.sleep(0.02)
         fake.queue_event(6, 154)  # NVML: no action code
-        time.sleep(0.5)
+        wait_for(lambda: c.service.watcher.status.events >= 1, 10, "the NVML event taken")  # then the line
         with open(tmp_path / "kmsg", "a") as f:
             f.write(f"4,0,{int(time.monotonic() * 1e6)},-;NVRM: Xid (PCI:0000:b9:00): 154, GPU recovery "
                     "action changed from 0x0 (None) to 0x2 (Node Reboot Required)\n")

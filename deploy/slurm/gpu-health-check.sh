@@ -65,7 +65,7 @@ import json, sys
 rank = {"replace_required": 3, "reboot_required": 2, "reset_required": 1}
 d = json.load(sys.stdin)
 node = d["node"]
-if node["verdict"] == "unknown":  # exit 2 for a bad configuration: nothing was checked
+if node["verdict"] == "unknown":  # nothing was checked (older exporters exited 2 on a bad config)
     print("none", "; ".join(d.get("problems", []))[:200])
     sys.exit()
 def hit(events):  # the workloads the faults hit, as check recorded them: "job 42", "pod ns/name"

@@ -5,7 +5,8 @@
 # lifecycle-script S3 prefix, e.g.:
 #   bash ./gpu-health-exporter/hyperpod-lifecycle.sh ./gpu-health-exporter
 # What it does (docs/deploy.md, "HyperPod Slurm"):
-#   1. a venv at /opt/gpu-health-exporter with the wheel; the systemd unit; the config; the job
+#   1. a venv at /opt/gpu-health-exporter with the wheel; the runbooks at
+#      /usr/share/doc/gpu-health-exporter/runbooks.html; the systemd unit; the config; the job
 #      mapping prolog/epilog in /opt/gpu-health-exporter/slurm/ when DIR has them (not wired in);
 #   2. the health check at /opt/gpu-health-exporter/slurm/gpu-health-check.sh (HyperPod mode is
 #      detected from /opt/ml/config/resource_config.json: drains become state FAIL with the reason
@@ -19,6 +20,8 @@ slurm_conf=${SLURM_CONF:-/opt/slurm/etc/slurm.conf}
 
 python3 -m venv "$prefix"
 "$prefix/bin/pip" install -q "$src"/gpu_health_exporter-*.whl
+# the runbooks every alert links to by default (docs/deploy.md, "Runbook links")
+"$prefix/bin/python" -m exporter.runbooks --out /usr/share/doc/gpu-health-exporter >/dev/null
 install -d -m 0755 /etc/gpu-health-exporter "$prefix/slurm"
 [ -e /etc/gpu-health-exporter/config.yaml ] || install -m 0644 "$src/config.yaml" /etc/gpu-health-exporter/
 install -m 0755 "$src/gpu-health-check.sh" "$prefix/slurm/gpu-health-check.sh"

@@ -52,7 +52,7 @@ class LustreSection(Section):
         True, "Map mounts to llite instances with the OBD_IOC_GETMDNAME ioctl when `lfs` is missing.")
     rootfs: str = setting(
         "/", "Prefix added to mount points before statvfs and the ioctl (for example /host when the host's"
-        " root is bind-mounted there in a container).")
+        " root is bind-mounted there in a container).", path=True)
 
 L = ("fsname", "mount")
 T = ("fsname", "mount", "component", "target")

@@ -26,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", required=True, metavar="N",
                    help="GPU index (as NVML numbers them) or PCI address (for a GPU NVML no longer lists).")
     p.add_argument("--xid", type=int, metavar="X", help="Acknowledge only this XID (default: all).")
+    p.add_argument("--force", action="store_true",
+                   help="Record the ack for a PCI address this node shows no GPU at (NVML does not list "
+                        "it, and neither the kernel log nor the state file names one there).")
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -46,6 +49,12 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if pci is None:
         print(f"gpu-health-exporter ack: no GPU {target!r} (give an index NVML lists or a PCI address)",
               file=sys.stderr)
+        return 2
+    if not (svc.identities.is_listed(pci) or pci in svc.store.counts or args.force):
+        # a typo'd address would otherwise silence nothing and say it did
+        print(f"gpu-health-exporter ack: this node has no GPU at {pci_label(pci)}: NVML does not list it "
+              "and neither the kernel log nor the state file names it; check the address, or give "
+              "--force to record the ack anyway", file=sys.stderr)
         return 2
     if args.xid is not None:
         counted = {split_key(k)[0] for k in svc.store.counts.get(pci, {})}

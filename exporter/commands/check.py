@@ -5,8 +5,10 @@ Reads NVML once (through the GPU collector), the kernel-log backlog and the daem
 0 healthy, 1 degraded, 2 action required (reset, reboot or replace), 3 could not check (NVML
 unusable, or neither the kernel log nor a state file for this boot could be read) unless what
 could be read already shows that action is required. Exit 3 always comes with the node verdict
-`unknown`, never with another verdict. A configuration or command-line error exits 2 (as every
-command does), verdict `unknown`, the error under `problems`.
+`unknown`, never with another verdict. A tool error is never a node fault: a configuration or
+command-line error, a kernel log none of whose lines is a record (`dmesg -T` output given to
+--kmsg-file), or any error of the check itself exits 3, verdict `unknown`, the reason under
+`problems` (exit 2 is only ever "this node needs action", so a wrapper may drain on it alone).
 
 The expected GPU count needs the instance type: config, else the DMI product name, else one
 IMDS request with the configured timeout (the check starts no background lookup).
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from typing import Any
@@ -26,12 +29,14 @@ from exporter.workload.attribution import XID, Attribution, describe
 from exporter.xid.parser import pci_key, pci_label
 from exporter.xid.service import XidService, one_shot
 
+log = logging.getLogger("exporter.check")
+
 HELP = ("one-shot health check without a daemon: per-GPU and node verdict; exit 0 healthy, 1 degraded, "
-        "2 action required (or a configuration error), 3 could not check (verdict unknown)")
+        "2 action required, 3 could not check (verdict unknown: also a configuration error)")
 
 EXIT = {"healthy": 0, "degraded": 1}
 EXIT_ACTION, EXIT_UNKNOWN = 2, 3
-EXIT_CONFIG = 2
+USAGE_EXIT = EXIT_UNKNOWN  # a command-line error (cli.main): the check was not made
 UNKNOWN = "unknown"
 
 
@@ -73,7 +78,22 @@ def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
                         "the kernel log alone and may be incomplete")
     if svc.kmsg.enabled and not svc.kmsg.ok and not svc.state_found:  # the state alone has the counts
         problems.append(f"kernel log: {svc.kmsg.error} and no state file for this boot")
+    unparsed = unparseable_kmsg(svc)
+    if unparsed:
+        problems.append(unparsed)
     return nv, svc, problems
+
+
+def unparseable_kmsg(svc: XidService) -> str:
+    """Why the kernel log read is no evidence: not one of its lines was a record (a `dmesg -T`
+    or journal dump given as --kmsg-file). Its XIDs cannot have been counted, so "healthy" from
+    it would be a guess, whatever the state file says. Empty when at least one record parsed."""
+    st = svc.reader.stats
+    if not (svc.kmsg.enabled and svc.kmsg.ok) or st.records or not st.malformed:
+        return ""
+    return (f"kernel log {svc.kmsg_path}: none of its {st.malformed} line(s) is a /dev/kmsg record "
+            f"(`prio,seq,usec,flags;message`, as `cat /dev/kmsg` or `capture` saves them; `dmesg` "
+            f"output is not); last line not parsed: {st.last_malformed[:80]!r}")
 
 
 def exit_status(verdict: str, could_not_check: bool) -> int:
@@ -209,12 +229,25 @@ def unknown(problems: list[str], code: int, as_json: bool) -> None:
 
 
 def could_not_start(args: argparse.Namespace, problem: str) -> int:
-    """A bad configuration or command line: exit 2, as for every command."""
-    unknown([problem], EXIT_CONFIG, args.json)
-    return EXIT_CONFIG
+    """A bad configuration or command line: nothing was checked, exit 3 (never 2, which a
+    wrapper reads as "drain this node")."""
+    unknown([problem], EXIT_UNKNOWN, getattr(args, "json", False))
+    return EXIT_UNKNOWN
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    """The check; any error of its own is exit 3 with the reason, never a verdict."""
+    try:
+        return _run(args, ctx)
+    except Exception as e:  # noqa: BLE001 - a bug or an unforeseen input is "could not check"
+        log.debug("check failed", exc_info=True)  # the traceback at --log.level debug
+        problem = f"the check failed: {type(e).__name__}: {e}"
+        print(f"gpu-health-exporter check: {problem}", file=sys.stderr)
+        unknown([problem], EXIT_UNKNOWN, args.json)
+        return EXIT_UNKNOWN
+
+
+def _run(args: argparse.Namespace, ctx: Context) -> int:
     ctx.identity.lookup_now()
     nv, svc, problems = gather(ctx)
     if nv is None:

@@ -1,0 +1,134 @@
+"""The release a user takes whole (issue 29): the wheel, installed in a fresh virtual environment
+and used from a directory outside the checkout, renders the rules, the Kubernetes manifests and
+the dashboards; carries exactly the checkout's shipped files (the one source: no drift); and its
+checkout-only generators refuse to write into site-packages. The release tarball holds the same.
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+
+import yaml
+
+from exporter import __version__, runbooks, share
+from exporter.release import build_tarball
+from exporter.rules import DEFAULT_RUNBOOK_BASE
+from tests.release import installed  # noqa: F401 - the session fixture
+
+BASE = "https://wiki.example.com/gpu/runbooks.html"
+PLACEHOLDERS = ("github.com/gpu-health-exporter/gpu-health-exporter", "github.com/your-org/")
+
+
+def alert_links(rules_dir) -> list[str]:
+    return [r["annotations"]["runbook_url"] for f in sorted(rules_dir.glob("*.yml"))
+            for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if "alert" in r]
+
+
+def test_the_wheel_carries_the_checkouts_files_unchanged(installed):  # noqa: F811
+    shipped = installed.site_packages() / "exporter" / "shipped"
+    want = share.files(share.CHECKOUT)
+    got = {str(p.relative_to(shipped)) for p in shipped.rglob("*") if p.is_file()}
+    assert got == {*map(str, want), share.RUNBOOKS_HTML}
+    for rel in want:
+        assert (shipped / rel).read_bytes() == (share.CHECKOUT / rel).read_bytes(), rel
+    assert (shipped / share.RUNBOOKS_HTML).read_text() == runbooks.render(
+        (share.CHECKOUT / "docs" / "runbooks.md").read_text())
+    assert any(str(p).startswith("deploy/kubernetes/components/runbooks/") for p in want)
+
+
+def test_installed_commands_render_rules_manifests_and_dashboards(installed):  # noqa: F811
+    r = installed.run(installed.python, "-c", "import exporter; print(exporter.__file__)")
+    assert str(installed.venv) in r.stdout, r  # the wheel's package, not the checkout's
+    r = installed.run(installed.python, "-m", "exporter.rules", "--out", "rules")
+    assert r.returncode == 0, r.stderr
+    links = alert_links(installed.work / "rules")
+    assert len(links) == len(alert_links(share.CHECKOUT / "rules")) > 50
+    assert all(u.startswith(DEFAULT_RUNBOOK_BASE + "#") for u in links)
+    r = installed.run(installed.python, "-m", "exporter.rules", "--runbook-base", BASE, "--out", "rules2")
+    assert r.returncode == 0 and all(u.startswith(BASE + "#") for u in alert_links(installed.work / "rules2"))
+
+    r = installed.run(installed.python, "-m", "exporter.deploygen", "--runbook-base", BASE, "--out", "site")
+    assert r.returncode == 0, r.stderr
+    site = installed.work / "site"
+    for rel in ("deploy/kubernetes/components/prometheus-operator/prometheusrules.yaml",
+                "deploy/kubernetes/components/grafana-dashboards/gpu-health-fleet.yaml",
+                "deploy/kubernetes/overlays/eks/kustomization.yaml",
+                "deploy/systemd/gpu-health-exporter.service",
+                "dashboards/gpu-health-fleet.json", "rules/xid.yml", "docs/runbooks.html",
+                "deploy/config.example.yaml", "deploy/slurm/gpu-health-check.sh"):
+        assert (site / rel).is_file(), rel
+    assert (site / "deploy/slurm/gpu-health-check.sh").stat().st_mode & 0o111  # still executable
+    artifacts = [p for p in site.rglob("*")
+                 if p.is_file() and p.relative_to(site).parts[0] not in ("docs", "README.md")]
+    text = "\n".join(p.read_text() for p in artifacts)
+    assert DEFAULT_RUNBOOK_BASE not in text and not any(ph in text for ph in PLACEHOLDERS)
+    assert f"Documentation={BASE}" in (site / "deploy/systemd/gpu-health-exporter.service").read_text()
+    fleet = (site / "dashboards/gpu-health-fleet.json").read_text()
+    assert len(re.findall(re.escape(BASE) + "#", fleet)) == len(links)
+    prom = (site / "deploy/kubernetes/components/prometheus-operator/prometheusrules.yaml").read_text()
+    assert len(re.findall(re.escape(BASE) + "#", prom)) == len(links)
+    anchors = set(re.findall(r'id="([^"]+)"', (site / "docs/runbooks.html").read_text()))
+    assert {u.split("#", 1)[1] for u in links} <= anchors  # every link opens a section
+
+
+def test_checkout_generators_refuse_to_write_into_site_packages(installed):  # noqa: F811
+    site_packages = installed.site_packages()
+    for module in ("exporter.docs", "exporter.release"):
+        r = installed.run(installed.python, "-m", module)
+        assert r.returncode == 2 and "not a checkout" in r.stderr, (module, r)
+        assert "nothing written" in r.stderr
+    assert not (site_packages / "docs").exists() and not (site_packages / "deploy").exists()
+    r = installed.run(installed.python, "-m", "exporter.deploygen")  # no tree to regenerate: a copy here
+    assert r.returncode == 0 and "gpu-health-exporter-deploy" in r.stdout, r
+    copy = installed.work / "gpu-health-exporter-deploy"
+    assert (copy / "deploy/kubernetes/overlays/eks/kustomization.yaml").is_file()
+    r = installed.run(installed.python, "-m", "exporter.runbooks", "--out", "rb")
+    assert r.returncode == 0 and 'id="gpuxidreplacenow"' in (installed.work / "rb/runbooks.html").read_text()
+
+
+def test_the_installed_exporter_checks_a_simulated_node(installed):  # noqa: F811
+    r = installed.run("gpu-health-exporter", "check", "--simulate", "p5.48xlarge", "--path.state-dir", "st")
+    assert r.returncode == 0 and "HEALTHY" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_release_tarball_holds_the_wheel_and_the_rendered_files(installed, tmp_path):  # noqa: F811
+    path = build_tarball(tmp_path, installed.wheel)
+    top = f"gpu-health-exporter-{__version__}"
+    with tarfile.open(path) as tar:
+        names = set(tar.getnames())
+        unit = tar.extractfile(f"{top}/deploy/systemd/gpu-health-exporter.service").read().decode()
+    assert f"{top}/{installed.wheel.name}" in names and f"{top}/docs/runbooks.html" in names
+    assert {f"{top}/{p}" for p in map(str, share.files(share.CHECKOUT))} <= names
+    assert f"Documentation={DEFAULT_RUNBOOK_BASE}" in unit
+
+
+def test_no_shipped_file_links_to_a_placeholder():
+    """Every shipped file, and the code that writes links (defaults, generators, the image)."""
+    code = [*(share.CHECKOUT / "exporter").rglob("*.py"), share.CHECKOUT / "pyproject.toml",
+            share.CHECKOUT / "setup.py"]
+    for path in [share.CHECKOUT / p for p in share.files(share.CHECKOUT)] + code:
+        text = path.read_text(errors="replace")
+        for ph in PLACEHOLDERS:
+            assert ph not in text, f"{path.relative_to(share.CHECKOUT)} links to the placeholder {ph}"
+
+
+def test_ci_builds_the_release():
+    ci = (share.CHECKOUT / ".ci" / "run").read_text()
+    assert re.search(r"^\.venv/bin/python -m exporter\.release$", ci, re.M)
+
+
+def test_the_runbooks_page_has_every_section_and_code_block():
+    md = (share.CHECKOUT / "docs" / "runbooks.md").read_text()
+    page = runbooks.render(md)
+    fences = sum(1 for line in md.splitlines() if line.lstrip().startswith("```"))
+    assert page.count("<pre><code>") == fences // 2 and "```" not in page
+    headings = [line.lstrip("#").strip() for line in md.splitlines() if line.startswith("#")]
+    ids = re.findall(r'<h\d id="([^"]+)"', page)
+    assert ids == [runbooks.anchor(h) for h in headings]
+    assert {r["alert"].lower() for r in yaml_alerts()} <= set(ids)
+
+
+def yaml_alerts() -> list[dict]:
+    return [r for f in sorted((share.CHECKOUT / "rules").glob("*.yml"))
+            for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if "alert" in r]
