@@ -53,7 +53,7 @@ case $status in
   0) done_ok ;;
   1) log "degraded (not draining): $(printf '%s' "$report" | head -c 300 | tr '\n' ' ')"; done_ok ;;
   2) ;;
-  3) log "could not check (not draining)"; done_ok ;;
+  3) log "could not check (not draining): $(printf '%s' "$report" | tr -d '\n' | head -c 300)"; done_ok ;;
   124) log "check timed out after ${timeout_s}s (not draining)"; done_ok ;;
   *) log "check failed with exit status $status (not draining)"; done_ok ;;
 esac
