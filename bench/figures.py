@@ -252,7 +252,7 @@ def detail_levels(n: int) -> str:
         argv = ["--simulate", "p5.48xlarge", "--nvml-latencies", *extra]
         ctx, sim = build_context(build_parser().parse_args(argv))
         built = collectors.build(ctx)
-        runner = Runner.from_config(built, ctx.config)
+        runner = Runner.from_config(built, ctx.config, ctx.pool)
         for c in built:
             if hasattr(c, "refresh_slow"):
                 c.refresh_slow(timeout=10)

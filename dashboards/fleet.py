@@ -115,7 +115,24 @@ def action() -> list:
         query(f"topk(20, sum by (xid, tier) (increase(gpu_xid_errors_total{sel()}[$__rate_interval])))",
               "XID {{xid}} ({{tier}})"),
         bars=True, width=12)
-    return [needing, alerts, xids, by_code]
+    return [needing, alerts, xids, by_code, faults_by_workload()]
+
+
+def faults_by_workload() -> list:
+    """Which jobs and pods faults hit within the dashboard's time range (issue 26)."""
+    def last(metric: str, code: str) -> str:
+        return (f"(max by (instance, {WORKLOAD}, {code}) (max_over_time({metric}{sel()}[$__range]))"
+                f" > time() - $__range_s) * 1000")
+    return table_panel(
+        "Faults by job",
+        "Every Slurm job (hpc_job) and pod whose GPUs logged an XID, or whose node's NVSwitch logged an "
+        "SXid, within the selected time range: node, code and the time of the last such fault. Kept after "
+        "the job ended, so the job an XID killed is here; a fault on an idle GPU is not. Sort by job to see "
+        "a job hit on several nodes, by node for a node that keeps killing jobs.",
+        "dateTimeFromNow", "one row per job or pod, node and code hit in the range",
+        instant(last("gpu_xid_workload_last_seen_timestamp_seconds", "xid"), "last XID"),
+        instant(last("gpu_nvswitch_sxid_workload_last_seen_timestamp_seconds", "sxid"), "last SXid"),
+        width=24, height=8)
 
 
 def memory() -> list:

@@ -95,7 +95,29 @@ def xids() -> list:
         query(f"sum by (gpu, xid) (increase(gpu_xid_errors_total{G}[$__rate_interval]))",
               "GPU {{gpu}} XID {{xid}}"),
         bars=True)
-    return [table, over_time]
+    return [table, over_time, *workloads()]
+
+
+def workloads() -> list:
+    """Who holds each GPU now, and who the faults hit (issue 26; docs/xid.md "Who the fault hit")."""
+    now = table_panel(
+        "Workloads on the GPUs now",
+        "The Slurm job (hpc_job) or Kubernetes pod and container holding each GPU, as the workload "
+        "source reads it (gpu_workload_info). An idle GPU has no row; two jobs sharing a GPU have two.",
+        "none", "one row per GPU and workload (none for an idle GPU)",
+        instant(f"gpu_workload_info{G}", "workload"),
+        width=12, height=8, node_link=False, hide=("Value",), overrides=[_gpu_link()])
+    hit = table_panel(
+        "Workloads the faults hit",
+        "The workloads on each GPU when an XID (or, for all GPUs, an NVSwitch SXid) was counted, and when "
+        "the last such fault was: kept after the job died of it and across exporter restarts, until the "
+        "GPU is acknowledged (gpu-health-exporter ack) or the node reboots. A fault on an idle GPU, or "
+        "one from before the workload source observed the GPU, names none.",
+        "dateTimeFromNow", "at most 8 rows per GPU, plus one per SXid and workload",
+        instant(f"gpu_xid_workload_last_seen_timestamp_seconds{G} * 1000", "last XID"),
+        instant(f"gpu_nvswitch_sxid_workload_last_seen_timestamp_seconds{sel()} * 1000", "last SXid"),
+        width=12, height=8, node_link=False, overrides=[_gpu_link()])
+    return [now, hit]
 
 
 COMPLETED = gsel('state="completed"')

@@ -24,6 +24,7 @@ from exporter.config import DEFAULT_PORT, ConfigError, load, read_config_file
 from exporter.deadline import Pool
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import SIMULATED
+from exporter.workload.attribution import WorkloadHistory
 
 if TYPE_CHECKING:
     from exporter.simulate import Simulation
@@ -222,12 +223,16 @@ def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]
         statvfs, imds_url = simulation.statvfs, simulation.imds_url
     else:
         nvml, statvfs, imds_url = capture or NvmlSession.real(pool), os.statvfs, None
-    ctx = Context(config=cfg, nvml=nvml, statvfs=statvfs, imds_url=imds_url,
-                  xid=build_xid(cfg, nvml, simulation, args.kmsg_file), pool=pool)
+    # One history of the workloads on each GPU: it hears every reading of the workload source
+    # (Context connects them), the XID service attributes faults from it.
+    workloads = WorkloadHistory()
+    ctx = Context(config=cfg, nvml=nvml, statvfs=statvfs, imds_url=imds_url, workloads=workloads,
+                  xid=build_xid(cfg, nvml, simulation, args.kmsg_file, workloads), pool=pool)
     return ctx, simulation
 
 
-def build_xid(cfg: Any, nvml: Any, simulation: Simulation | None, kmsg_file: str | None) -> Any:
+def build_xid(cfg: Any, nvml: Any, simulation: Simulation | None, kmsg_file: str | None,
+              workloads: WorkloadHistory | None = None) -> Any:
     """The XID service, told which kernel log its counts come from: the simulated node's (each
     set of scenario flags its own, the node's acks shared), a replayed capture (its file, not
     the temporary copy of its records), else paths.kmsg. None when no collector declared the
@@ -241,7 +246,7 @@ def build_xid(cfg: Any, nvml: Any, simulation: Simulation | None, kmsg_file: str
         source, shared = simulation.kmsg_source, True
     elif kmsg_file and cfg.paths.kmsg != kmsg_file:
         source = os.path.abspath(kmsg_file)
-    return XidService(cfg, nvml, source=source, shared_acks=shared)
+    return XidService(cfg, nvml, source=source, shared_acks=shared, workloads=workloads)
 
 
 def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:

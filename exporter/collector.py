@@ -17,6 +17,7 @@ from exporter.nvml.session import NvmlSession
 
 if TYPE_CHECKING:
     from exporter.config import Config, Section
+    from exporter.workload.attribution import WorkloadHistory
     from exporter.workload.source import WorkloadSource
     from exporter.xid.service import XidService
 
@@ -47,6 +48,9 @@ class Context:
     - `xid`: the XID service (xid, nvswitch and health collectors, `check`, `ack`): its parts
       (kernel-log follower, XID and SXid counters, identities, state files). The composition
       root builds it (naming the kernel log its counts come from); None: made from the config.
+    - `workloads`: what the workload source observed on each GPU lately, for fault attribution
+      (exporter.workload.attribution): it hears every reading the source takes, and the XID
+      service asks it who a counted fault hit. None: a new, empty one.
     """
 
     config: Config
@@ -56,9 +60,14 @@ class Context:
     identity: IdentitySource | None = None
     workload: WorkloadSource | None = None
     xid: XidService | None = None
+    workloads: WorkloadHistory | None = None
     pool: Pool = field(default_factory=Pool)
 
     def __post_init__(self) -> None:
+        if self.workloads is None:
+            from exporter.workload.attribution import WorkloadHistory
+
+            self.workloads = WorkloadHistory()
         if self.nvml is None:
             self.nvml = NvmlSession.real(self.pool)
         if self.identity is None:
@@ -71,7 +80,13 @@ class Context:
         if self.xid is None and getattr(self.config, "xid", None) is not None:
             from exporter.xid.service import XidService
 
-            self.xid = XidService(self.config, self.nvml)
+            self.xid = XidService(self.config, self.nvml, workloads=self.workloads)
+        if self.workload is not None:  # fault attribution hears every reading the source takes
+            self.workload.listeners.append(self.workloads.observe)
+            if self.xid is not None:  # and asks for one when a fault is counted
+                from exporter.workload.attribution import fresh_reading
+
+                self.xid.attribution.fresh = fresh_reading(self.workload, self.nvml)
 
     @property
     def paths(self) -> Any:

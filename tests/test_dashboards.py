@@ -31,8 +31,8 @@ RAW_COUNTERS = {
     "lustre_client_import_evictions_total": "evictions seen per target, shown as counts in a table",
     "gpu_nvswitch_sxid_errors_total": "SXids since boot per switch and code are the point of the SXid tables",
 }
-SUBSTITUTIONS = {"$__rate_interval": "5m", "$__range": "1h", "$cluster": ".*", "$instance": ".+",
-                 "$gpu": ".*"}
+SUBSTITUTIONS = {"$__rate_interval": "5m", "$__range_s": "3600", "$__range": "1h", "$cluster": ".*",
+                 "$instance": ".+", "$gpu": ".*"}
 _RATE = re.compile(r"\b(?:rate|irate|increase)\(\s*$")  # directly the argument of a rate
 
 MODELS = build.dashboards()
@@ -197,7 +197,7 @@ def test_workload_panels_join_on_gpu_workload_info(tmp_path):
     26: one per GPU and workload holding it). Given it, each gives a workload's mean SM activity over
     its GPUs: a Slurm job on two GPUs, a pod on a third; a GPU nobody holds counts for nobody."""
     exprs = {p["title"]: t["expr"] for _, p in ALL_PANELS for t in p["targets"]
-             if "gpu_workload_info" in t["expr"]}
+             if "gpu_workload_info" in t["expr"] and "gpu_sm_active" in t["expr"]}
     assert set(exprs) == {"SM activity per workload", "Least busy workloads"}
     common = 'cluster="c1", instance="n1", job="gpu-health-exporter"'
     series = [{"series": f'gpu_sm_active_seconds_total{{{common}, gpu="{g}", uuid="GPU-{g}"}}', "values": v}

@@ -113,7 +113,8 @@ def _range(api: str, expr: str, end: float) -> list[dict]:
 
 
 def _substitute(expr: str, cluster: str, instance: str) -> str:
-    return (expr.replace("$__rate_interval", RATE_INTERVAL).replace("$cluster", cluster)
+    return (expr.replace("$__rate_interval", RATE_INTERVAL).replace("$__range_s", "3600")
+            .replace("$__range", "1h").replace("$cluster", cluster)
             .replace("$instance", instance).replace("$gpu", ".*"))
 
 

@@ -80,7 +80,7 @@ def _paged() -> set[tuple[str, str | None]]:
 
 def dashboard_queries() -> list[str]:
     return [t["expr"].replace("$__rate_interval", "1m").replace("$instance", ".*").replace("$cluster", ".*")
-            .replace("$gpu", ".*")
+            .replace("$gpu", ".*").replace("$__range_s", "3600").replace("$__range", "1h")
             for d in dashboards().values() for p in d["panels"] if p["type"] != "row" for t in p["targets"]]
 
 

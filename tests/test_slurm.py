@@ -245,14 +245,15 @@ def test_could_not_check_never_drains(cluster, tmp_path):
 
 
 def test_a_config_error_never_drains(cluster, tmp_path):
-    """`check` exits 2 for a bad config as every command does; its verdict is `unknown`, not an action."""
+    """`check` exits 3 (could not check) for a bad config, with the reason; the script logs it and
+    does not drain."""
     cluster.reset()
     bad = tmp_path / "config.yaml"
     bad.write_text("log_level: loud\n")
     bad.chmod(0o644)
     tmp_path.chmod(0o755)
     r = cluster.check(f"{SIM} --config {bad}")
-    assert r.returncode == 0 and "check could not run" in r.stderr and "log_level" in r.stderr, r.stderr
+    assert r.returncode == 0 and "could not check" in r.stderr and "log_level" in r.stderr, r.stderr
     assert cluster.node()["State"] == "IDLE"
 
 

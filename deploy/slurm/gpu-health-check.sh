@@ -10,6 +10,8 @@
 #   0 healthy, 1 degraded      nothing (degraded is an alert, not a drain)
 #   2 action required          drain the node with a reason naming the GPUs and the cause:
 #                                "gpu-health: GPU 1 replace (xid_replace: XID 94)"
+#                              and the Slurm jobs or pods the faults hit, as `check` recorded them
+#                              (kept after the job died of it): "... XID 94; job 4242)"
 #                              on HyperPod Slurm instead state FAIL with the reason its auto-resume acts
 #                              on, "Action:Replace" or "Action:Reboot" (a GPU reset is done by a reboot
 #                              there); the details go to syslog (tag gpu-health-check)
@@ -51,7 +53,7 @@ case $status in
   0) done_ok ;;
   1) log "degraded (not draining): $(printf '%s' "$report" | head -c 300 | tr '\n' ' ')"; done_ok ;;
   2) ;;
-  3) log "could not check (not draining)"; done_ok ;;
+  3) log "could not check (not draining): $(printf '%s' "$report" | tr -d '\n' | head -c 300)"; done_ok ;;
   124) log "check timed out after ${timeout_s}s (not draining)"; done_ok ;;
   *) log "check failed with exit status $status (not draining)"; done_ok ;;
 esac
@@ -66,6 +68,14 @@ node = d["node"]
 if node["verdict"] == "unknown":  # nothing was checked (older exporters exited 2 on a bad config)
     print("none", "; ".join(d.get("problems", []))[:200])
     sys.exit()
+def hit(events):  # the workloads the faults hit, as check recorded them: "job 42", "pod ns/name"
+    names = []
+    for e in events:
+        for w in e["workloads"]:
+            n = "job " + w["hpc_job"] if w["kind"] == "slurm" else "pod %s/%s" % (w["namespace"], w["pod"])
+            if n not in names:
+                names.append(n)
+    return ("; " + ",".join(names)) if names else ""
 parts, worst = [], rank.get(node["verdict"], 0)
 for g in d["gpus"]:
     r = rank.get(g["verdict"], 0)
@@ -75,10 +85,13 @@ for g in d["gpus"]:
     xids = sorted({x["xid"] for x in g["xids"]
                    if x["tier"] in ("replace", "reboot", "reset") and not x["acknowledged"]})
     cause = ",".join(g["reasons"]) + (": XID " + ",".join(map(str, xids)) if xids else "")
+    events = [e for e in g.get("workloads_hit", []) if e["event"] == "xid"]
+    cause += hit([e for e in events if e["xid"] in xids] or events)
     parts.append("GPU %s %s (%s)" % (g["gpu"], g["verdict"].replace("_required", ""), cause))
-if not parts:  # a node-level cause, e.g. fewer GPUs than the instance type has
-    parts.append("node %s (%s; GPUs %s/%s)" % (node["verdict"].replace("_required", ""),
-                 ",".join(node["reasons"]), node["gpu_count"], node["expected_gpus"]))
+if not parts:  # a node-level cause, e.g. fewer GPUs than the instance type has, an NVSwitch SXid
+    parts.append("node %s (%s; GPUs %s/%s%s)" % (node["verdict"].replace("_required", ""),
+                 ",".join(node["reasons"]), node["gpu_count"], node["expected_gpus"],
+                 hit([e for g in d["gpus"] for e in g.get("workloads_hit", []) if e["event"] == "sxid"])))
 print({3: "replace", 2: "reboot"}.get(worst, "reset"), "gpu-health: " + "; ".join(parts)[:200])
 ' 2>/dev/null)
 if [ -z "$summary" ]; then

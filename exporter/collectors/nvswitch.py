@@ -5,12 +5,23 @@ feeds the SXid counter when `nvswitch.enabled`); this collector only reads the S
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
 from exporter.config import Section, setting
+from exporter.metric import Sample
+from exporter.workload.attribution import (
+    SXID,
+    WORKLOAD_LABELS,
+    PreparedSeries,
+    acks_key,
+    last_seen,
+    series_labels,
+)
+from exporter.xid.parser import pci_label
 from exporter.xid.sxid_catalog import check_fatal_tier, check_policy
 from exporter.xid.sxid_counter import sxid_lines
 
@@ -37,6 +48,14 @@ SXID_ERRORS = define(
     "unknown; not `severity`, which alerts use for routing); kept across exporter restarts. tier is the "
     "policy tier (reboot, replace, ignore, unknown).",
     ("switch", "pci_bus_id", "sxid", "sxid_severity", "tier"), collector="nvswitch")
+SXID_WORKLOAD = define(
+    "gpu_nvswitch_sxid_workload_last_seen_timestamp_seconds", "gauge",
+    "Unix time of the last report of this SXid by this NVSwitch while this workload held one of the "
+    "node's GPUs (an NVSwitch fault fails NVLink for all of them): a Slurm job (hpc_job) or a "
+    "Kubernetes container (namespace, pod, container). Kept after the workload ended and across "
+    "restarts, until every GPU it held is acknowledged (`ack`) or the node reboots. Join on "
+    "(instance, pci_bus_id, sxid).",
+    ("switch", "pci_bus_id", "sxid") + WORKLOAD_LABELS, unit="seconds", collector="nvswitch")
 SXID_DROPPED = define(
     "gpu_health_exporter_sxid_reports_dropped_total", "counter",
     "SXid reports not counted: a code outside 10000-99999 or more than 256 series (a guard against a "
@@ -52,9 +71,18 @@ class NvswitchCollector(Collector):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self.service = ctx.xid
+        self._workload_series = PreparedSeries()
 
     def start(self) -> None:
         self.service.start()  # idempotent: the xid collector starts the same follower
+
+    def _workload_samples(self, acks: list) -> Iterator[Sample]:
+        svc = self.service
+        switches = dict(svc.sxids.switches)
+        for (pci, sxid, w), t in sorted(last_seen(svc.attribution.ledger.visible(acks), SXID).items()):
+            labels = dict(switch=str(switches.get(pci, "")), pci_bus_id=pci_label(pci), sxid=str(sxid),
+                          **series_labels(w))
+            yield Sample(SXID_WORKLOAD.name, labels, t)
 
     def collect(self, out: Families) -> None:
         svc = self.service
@@ -62,6 +90,10 @@ class NvswitchCollector(Collector):
         for x in sxid_lines(svc.sxids, svc.sxid_policy):
             out.add(SXID_ERRORS, x.count, switch=x.switch, pci_bus_id=x.pci_bus_id, sxid=str(x.sxid),
                     sxid_severity=x.severity, tier=x.tier)
+        out.declare(SXID_WORKLOAD)
+        acks = svc.store.acks_snapshot()
+        key = (svc.attribution.ledger.version, acks_key(acks), len(svc.sxids.switches))
+        out.add_samples(SXID_WORKLOAD, self._workload_series.get(key, lambda: self._workload_samples(acks)))
         out.add(SXID_DROPPED, svc.sxids.dropped)
 
 

@@ -5,12 +5,22 @@ threads are started here); collect() only reads the counts."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
 from exporter.config import Section, positive, setting
+from exporter.metric import Sample
+from exporter.workload.attribution import (
+    WORKLOAD_LABELS,
+    XID,
+    PreparedSeries,
+    acks_key,
+    last_seen,
+    series_labels,
+)
 from exporter.xid.policy import check_policy
 from exporter.xid.verdict import xid_lines
 
@@ -48,6 +58,14 @@ XID_LAST_SEEN = define(
     "gpu_xid_last_seen_timestamp_seconds", "gauge",
     "Unix time of the last event of this XID on this GPU.", G + ("xid", "tier"), unit="seconds",
     collector="xid")
+XID_WORKLOAD = define(
+    "gpu_xid_workload_last_seen_timestamp_seconds", "gauge",
+    "Unix time of the last event of this XID on this GPU while this workload held it: a Slurm job "
+    "(hpc_job) or a Kubernetes container (namespace, pod, container), as the workload source observed "
+    "them then. Kept after the workload ended and across exporter restarts, until the GPU is "
+    "acknowledged (`ack`) or the node reboots; at most 8 events per GPU. An XID on an idle GPU, or "
+    "from before the source observed the GPU, has none. Join on (instance, pci_bus_id, xid).",
+    G + ("xid",) + WORKLOAD_LABELS, unit="seconds", collector="xid")
 NVML_EVENTS = define(
     "gpu_nvml_events_total", "counter",
     "NVML events received by the exporter since it started, by type (xid, double_bit_ecc, "
@@ -132,9 +150,18 @@ class XidCollector(Collector):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self.service = ctx.xid
+        self._workload_series = PreparedSeries()
 
     def start(self) -> None:
         self.service.start()
+
+    def _workload_samples(self, acks: list) -> Iterator[Sample]:
+        svc = self.service
+        gpus: dict[str, tuple[str, str, str]] = {}  # a few GPUs, up to 8 events x workloads each
+        for (pci, xid, w), t in sorted(last_seen(svc.attribution.ledger.visible(acks), XID).items()):
+            gpu, uuid, bus_id = gpus.get(pci) or gpus.setdefault(pci, svc.gpu_labels(pci))
+            labels = dict(gpu=gpu, uuid=uuid, pci_bus_id=bus_id, xid=str(xid), **series_labels(w))
+            yield Sample(XID_WORKLOAD.name, labels, t)
 
     def close(self) -> None:
         self.service.stop()
@@ -149,9 +176,13 @@ class XidCollector(Collector):
                 labels = dict(gpu=gpu, uuid=uuid, pci_bus_id=bus_id, xid=str(line.xid), tier=line.tier)
                 out.add(XID_ERRORS, line.count, **labels)
                 out.add(XID_LAST_SEEN, line.last_seen, **labels)
+        acks = svc.store.acks_snapshot()
+        out.declare(XID_WORKLOAD)
+        key = (svc.attribution.ledger.version, acks_key(acks), svc.identities.version)
+        out.add_samples(XID_WORKLOAD, self._workload_series.get(key, lambda: self._workload_samples(acks)))
         out.declare(ACKED)
         acked: dict[tuple[str, str], float] = {}
-        for a in svc.store.acks_snapshot():
+        for a in acks:
             key = (a.pci, "all" if a.xid is None else str(a.xid))
             acked[key] = max(acked.get(key, 0.0), a.time)
         for (pci, xid), t in sorted(acked.items()):

@@ -25,6 +25,8 @@ from typing import Any
 
 from exporter.collector import Context
 from exporter.node import instance_type
+from exporter.workload.attribution import XID, Attribution, describe
+from exporter.xid.parser import pci_key, pci_label
 from exporter.xid.service import XidService, one_shot
 
 log = logging.getLogger("exporter.check")
@@ -48,7 +50,7 @@ def verdict(ctx: Context) -> tuple[Any, list[str]]:
     from exporter import collectors
     from exporter.runner import Runner
 
-    runner = Runner.from_config(collectors.build(ctx, only=["gpu", "health"]), ctx.config)
+    runner = Runner.from_config(collectors.build(ctx, only=["gpu", "health"]), ctx.config, ctx.pool)
     try:
         runner.collect()
     finally:
@@ -131,8 +133,30 @@ def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts else ""
 
 
+def attributions(svc: XidService) -> dict[str, list[Attribution]]:
+    """The workloads faults hit, per GPU PCI key (those acks cleared left out), oldest first."""
+    out: dict[str, list[Attribution]] = {}
+    for r in svc.attribution.ledger.visible(svc.store.acks_snapshot()):
+        out.setdefault(r.pci, []).append(r)
+    return out
+
+
+def _hit_json(r: Attribution) -> dict:
+    event = {"event": r.kind, r.kind: r.code}
+    if r.kind != XID:
+        event["switch_pci_bus_id"] = pci_label(r.switch)
+    return {**event, "time": _iso(r.time), "workload_known": r.workloads is not None,
+            "workloads": [{"kind": w.kind, **w.labels()} for w in r.workloads or ()]}
+
+
+def _hit_text(r: Attribution) -> str:
+    event = f"XID {r.code}" if r.kind == XID else f"SXid {r.code} (NVSwitch {pci_label(r.switch)})"
+    return f"{event} at {_iso(r.time)}: {describe(r.workloads)}"
+
+
 def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Context) -> dict:
     st = svc.reader.stats
+    hits = attributions(svc)
     return {
         "node": {"verdict": node_verdict(nv, code), "reasons": nv.reasons, "details": details(nv, ctx),
                  "exit_status": code, "instance_type": instance_type(ctx),
@@ -143,6 +167,8 @@ def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Conte
             "verdict": gpu_verdict(g, code), "reasons": g.reasons, "fabric_state": g.fabric_state,
             "xids": [{"xid": x.xid, "count": x.count, "tier": x.tier, "last_seen": _iso(x.last_seen),
                       "acknowledged": x.acknowledged, "meaning": x.meaning} for x in g.xids],
+            # the workloads on this GPU when each fault was counted, kept after they ended
+            "workloads_hit": [_hit_json(r) for r in hits.get(pci_key(g.pci_bus_id) or "", [])],
         } for g in nv.gpus],
         "nvswitch_sxids": [{"switch": int(x.switch) if x.switch.isdigit() else None,
                             "pci_bus_id": x.pci_bus_id, "sxid": x.sxid, "severity": x.severity,
@@ -158,7 +184,7 @@ def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Conte
     }
 
 
-def table(nv: Any, problems: list[str], code: int, ctx: Context) -> str:
+def table(nv: Any, problems: list[str], code: int, ctx: Context, svc: XidService | None = None) -> str:
     count = "?" if nv.gpu_count is None else str(nv.gpu_count)
     expected = "?" if nv.expected_gpus is None else str(nv.expected_gpus)
     lines = [f"node {instance_type(ctx) or '(instance type unknown)'}: {node_verdict(nv, code).upper()}"
@@ -178,6 +204,13 @@ def table(nv: Any, problems: list[str], code: int, ctx: Context) -> str:
         lines.append("")
         lines.append("NVSwitch SXids since boot (switch pci sxid x count severity tier): " + ", ".join(
             f"{x.switch or '?'} {x.pci_bus_id} {x.sxid} x{x.count} {x.severity} {x.tier}" for x in nv.sxids))
+    hits = attributions(svc) if svc is not None else {}
+    if hits:
+        lines.append("")
+        lines.append("Workloads the faults hit (kept after they ended; `ack` clears a GPU's):")
+        for g in nv.gpus:
+            lines += [f"  GPU {g.gpu or '-'} ({g.pci_bus_id}) {_hit_text(r)}"
+                      for r in hits.get(pci_key(g.pci_bus_id) or "", [])]
     for p in problems:
         lines.append(f"could not check fully: {p}")
     return "\n".join(lines)
@@ -225,5 +258,5 @@ def _run(args: argparse.Namespace, ctx: Context) -> int:
     if args.json:
         print(json.dumps(to_json(nv, svc, problems, code, ctx), indent=2))
     else:
-        print(table(nv, problems, code, ctx))
+        print(table(nv, problems, code, ctx, svc))
     return code

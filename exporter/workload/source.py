@@ -17,6 +17,8 @@ The interface fault attribution uses (exporter.workload.model has the types):
 - The `workload` collector (exporter.collectors.workload) returns each scrape's reading from its
   `collect`, so a `Derived` collector gets it with `depends_on = ("workload",)`.
 - `Context.workload` is the process's one source (None when no kind is configured).
+- `WorkloadSource.listeners`: called with every reading taken (Context connects fault
+  attribution's history, exporter.workload.attribution.WorkloadHistory.observe).
 
 A GPU in a reading is observed by every configured kind; its workloads are the union of theirs,
 sorted, at most `workload.max_per_gpu` (the rest counted in `Observation.overflow`)."""
@@ -147,6 +149,8 @@ class WorkloadSource:
         self._inflight: Future | None = None
         self.latest: WorkloadReading | None = None
         self.last: Observation | None = None
+        # told every reading, the scrape's and a fresh one alike (fault attribution's history)
+        self.listeners: list[Callable[[WorkloadReading], Any]] = []
 
     def read(self, gpus: Sequence[DeviceIdentity]) -> WorkloadReading:
         """A fresh reading (see the module docstring)."""
@@ -205,6 +209,8 @@ class WorkloadSource:
             by_uuid[uuid] = tuple(held)
         obs = Observation(WorkloadReading(at, by_uuid), problems, overflow, failed)
         self.latest, self.last = obs.reading, obs
+        for listener in self.listeners:
+            listener(obs.reading)
         return obs
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from exporter.nvml.backend import EVENT_XID, Event
+from exporter.workload.attribution import describe
 from exporter.xid.catalog import lookup
 from exporter.xid.clock import KernelClock
 from exporter.xid.identities import GpuIdentities
@@ -44,6 +45,7 @@ class XidCounter:
         self.parser = KernelLogParser()
         self.skip_through: int | None = None  # records up to this seq were counted before (state file)
         self.log_events = False  # the daemon logs each counted event; one-shot commands print them
+        self.attribution: Any = None  # FaultAttribution: records the workloads each event hit
         self.nvml_events: dict[tuple[str, str], int] = {}  # (pci key, event type name) -> count
         self._pending_154: list[tuple[float, str, float, float]] = []  # (due, pci, kernel_s, wall)
         self._held_logs: list[tuple[float, tuple]] = []  # (due, _log_event args): GPU not known yet
@@ -119,25 +121,31 @@ class XidCounter:
                action: int | None = None, wall_of: Any = None, text: str = "") -> None:
         counted = self.store.report(source, pci, xid, kernel_s, wall, action, wall_of,
                                     listed=self.identities.is_listed(pci))
-        if counted and self.log_events:
-            other = pci not in self.store.counts  # beyond the guards: counted under "other"
-            self._log_event(source, pci, xid, action, text, other)
+        if not counted:
+            return
+        other = pci not in self.store.counts  # beyond the guards: counted under "other"
+        hit = ""
+        if self.attribution is not None and not other:
+            at = wall if wall is not None else (wall_of(kernel_s) if wall_of is not None else time.time())
+            hit = describe(self.attribution.xid(pci, xid, at).workloads)
+        if self.log_events:
+            self._log_event(source, pci, xid, action, text, other, hit)
 
     def _nvml_ready(self) -> bool:
         s = self.identities.nvml
         return s is None or bool(getattr(s, "ok", True))
 
     def _log_event(self, source: str, pci: str, xid: int, action: int | None, text: str, other: bool,
-                   hold: bool = True) -> None:
+                   hit: str = "", hold: bool = True) -> None:
         gpu, _, bus_id = self.identities.labels(pci, ask_nvml=False)
         if not gpu and hold and not self._nvml_ready():
             with self._lock:
                 if len(self._held_logs) < MAX_HELD_LOGS:
                     self._held_logs.append((time.monotonic() + LOG_HOLD_S,
-                                            (source, pci, xid, action, text, other)))
+                                            (source, pci, xid, action, text, other, hit)))
                     return
         info = lookup(xid)
-        log.warning("XID %d counted on GPU %s (PCI %s): tier %s, from %s%s%s", xid, gpu or "-",
+        log.warning("XID %d counted on GPU %s (PCI %s): tier %s, from %s%s%s%s", xid, gpu or "-",
                     f"{pci_label(pci)}, counted under \"{OTHER}\"" if other else bus_id,
-                    self.policy.tier(xid, action), source,
+                    self.policy.tier(xid, action), source, f"; {hit}" if hit else "",
                     f"; {info.meaning}" if info else "", f"; {text[:160]}" if text else "")

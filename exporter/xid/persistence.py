@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
+from exporter.workload.attribution_state import AttributionPersistence
 from exporter.xid.identities import GpuIdentities
 from exporter.xid.store import Ack, StateFile, XidStore
 from exporter.xid.sxid_store import SxidStateFile, SxidStore
@@ -24,7 +25,7 @@ STATE_WRITE_IDLE_S = 60.0  # write the sequence number now and then even without
 class XidPersistence:
     def __init__(self, state: StateFile, sxid_state: SxidStateFile, store: XidStore,
                  identities: GpuIdentities, sxids: SxidStore, write_xids: bool = True,
-                 sxids_enabled: bool = True) -> None:
+                 sxids_enabled: bool = True, attribution: AttributionPersistence | None = None) -> None:
         self.state = state
         self.sxid_state = sxid_state
         self.store = store
@@ -32,6 +33,7 @@ class XidPersistence:
         self.sxids = sxids
         self.write_xids = write_xids  # False when XIDs are not counted: the file is only read
         self.sxids_enabled = sxids_enabled  # False: the SXid state is neither read nor written
+        self.attribution = attribution  # the workloads the events hit (exporter.workload.attribution)
         self.loaded = False
         self.found = False  # a state file for this boot and kernel log was read
         self._lock = threading.Lock()  # one flush or intake at a time
@@ -61,6 +63,8 @@ class XidPersistence:
                 if sx is not None:
                     self.sxids.load(sx)
             self._sxid_written = self.sxids.version
+            if self.attribution is not None:
+                self.attribution.load()
             self._written_version = self._version()
             self.loaded = True
 
@@ -87,6 +91,8 @@ class XidPersistence:
             now = time.monotonic()
             if self.sxids_enabled:
                 self._flush_sxids(now, force)
+            if self.attribution is not None:
+                self.attribution.flush(self.store.acks_snapshot())
             if not self.write_xids:
                 return False
             version, seq = self._version(), self.store.last_seq

@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any
 
+from exporter.workload.attribution import FaultAttribution, WorkloadHistory
+from exporter.workload.attribution_state import AttributionPersistence, AttributionStateFile
 from exporter.xid.clock import KernelClock
 from exporter.xid.counter import XidCounter
 from exporter.xid.follower import KmsgFollower
@@ -40,10 +42,13 @@ KMSG_RETRY_S = 10.0
 
 
 class XidService:
-    def __init__(self, config: Any, nvml: Any, source: str | None = None, shared_acks: bool = False) -> None:
+    def __init__(self, config: Any, nvml: Any, source: str | None = None, shared_acks: bool = False,
+                 workloads: WorkloadHistory | None = None) -> None:
         """`source` names the kernel log the state's counts come from (default: paths.kmsg; a
         simulated node or a replayed capture has its own); `shared_acks`: acks in a state file
-        of another source of this node still apply (the simulated node's scenario sets)."""
+        of another source of this node still apply (the simulated node's scenario sets);
+        `workloads`: what the workload source observed, fed by whatever produces its readings
+        (None: an empty history of our own, so every event is attributed as unknown)."""
         cfg = config.xid
         self.cfg = cfg
         nvswitch = getattr(config, "nvswitch", None)  # the section the nvswitch collector declares
@@ -61,6 +66,11 @@ class XidService:
             if self.xid_enabled else None
         self.sxid_counter = SxidCounter(self.sxids, self.sxid_policy, self.clock) \
             if self.sxid_enabled else None
+        # Each counted event records the workloads on its GPU(s) then (exporter.workload.attribution).
+        self.attribution = FaultAttribution(workloads or WorkloadHistory(), self.identities)
+        for c in (self.counter, self.sxid_counter):
+            if c is not None:
+                c.attribution = self.attribution
         consumers = [c.handle_record for c in (self.counter, self.sxid_counter) if c is not None]
         self.follower = KmsgFollower(self.kmsg_path, consumers, self.clock, enabled=cfg.kmsg)
         source = source or self.kmsg_path
@@ -69,7 +79,10 @@ class XidService:
         self.sxid_state = SxidStateFile(config.paths.state_dir, boot_id, source)
         self.persistence = XidPersistence(self.state, self.sxid_state, self.store, self.identities,
                                           self.sxids, write_xids=self.xid_enabled,
-                                          sxids_enabled=self.sxid_enabled)
+                                          sxids_enabled=self.sxid_enabled,
+                                          attribution=AttributionPersistence(
+                                              AttributionStateFile(config.paths.state_dir, boot_id, source),
+                                              self.attribution.ledger))
         self.watcher: NvmlEventWatcher | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -5,7 +5,9 @@ once, and lists the counts with their policy tier, as exported and judged."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+from exporter.workload.attribution import describe_sxid
 from exporter.xid.clock import KernelClock
 from exporter.xid.kmsg import Record
 from exporter.xid.parser import pci_label
@@ -25,6 +27,7 @@ class SxidCounter:
         self.clock = clock
         self.skip_through: int | None = None  # records up to this seq had their SXids counted before
         self.log_events = False  # the daemon logs each counted report; one-shot commands print them
+        self.attribution: Any = None  # FaultAttribution: records the workloads each report hit
 
     def handle_record(self, rec: Record) -> None:
         new = self.skip_through is None or rec.seq > self.skip_through
@@ -33,11 +36,15 @@ class SxidCounter:
             wall = self.clock.wall(rec.usec / 1e6)
             counted = isinstance(parsed, SxidReport) and \
                 self.store.report(parsed.pci, parsed.switch, parsed.sxid, parsed.severity, wall)
+            hit = ""
+            if counted and self.attribution is not None:
+                hit = describe_sxid(self.attribution.sxid(parsed.pci, parsed.sxid, wall))
             if counted and self.log_events:
-                log.warning("SXid %05d counted on NVSwitch %d (PCI %s): severity %s, tier %s%s; %s",
+                log.warning("SXid %05d counted on NVSwitch %d (PCI %s): severity %s, tier %s%s; %s; %s",
                             parsed.sxid, parsed.switch, pci_label(parsed.pci), parsed.severity,
                             self.policy.tier(parsed.sxid, parsed.severity),
-                            f", link {parsed.link}" if parsed.link is not None else "", parsed.text[:160])
+                            f", link {parsed.link}" if parsed.link is not None else "", hit or "-",
+                            parsed.text[:160])
         self.store.last_seq = rec.seq
 
 

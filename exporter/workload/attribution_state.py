@@ -1,0 +1,168 @@
+"""The attributions across restarts: `workload-state.json` in `state_dir`, beside the XID and SXid
+state files and keyed like them by the boot id and the kernel log the counts come from.
+
+A file of its own: the XID state file's format stays as it is, and an exporter without fault
+attribution ignores this one. Only the daemon writes it (atomically, when the ledger changed);
+`check` reads it. Every field is validated before use: a bad file is logged once and ignored
+(attribution starts over; the counts are untouched).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from exporter.regular_file import NotRegularFile
+from exporter.workload.attribution import (
+    MAX_GPUS,
+    MAX_PER_GPU,
+    MAX_WORKLOADS,
+    SXID,
+    XID,
+    Attribution,
+    AttributionLedger,
+    valid_label,
+    valid_workload,
+)
+from exporter.workload.model import Workload
+from exporter.xid.catalog import XID_MAX, XID_MIN
+from exporter.xid.store import _PCI_KEY_RE, read_state_file, write_json_atomic
+from exporter.xid.sxid_store import SXID_MAX, SXID_MIN
+
+log = logging.getLogger("exporter.workload")
+
+STATE_NAME = "workload-state.json"
+STATE_VERSION = 1
+MAX_RECORDS = MAX_GPUS * MAX_PER_GPU
+_CODES = {XID: (XID_MIN, XID_MAX), SXID: (SXID_MIN, SXID_MAX)}
+
+
+def to_state(ledger: AttributionLedger, boot_id: str, source: str) -> dict:
+    return {"version": STATE_VERSION, "boot_id": boot_id, "kmsg": source, "records": [
+        [r.pci, r.kind, r.code, r.switch, round(r.time, 3),
+         None if r.workloads is None else [[w.hpc_job, w.namespace, w.pod, w.container] for w in r.workloads]]
+        for r in ledger.records()]}
+
+
+def validate_state(st: Any) -> list[Attribution]:
+    """The records of a state document; ValueError naming the first field out of shape."""
+    if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
+        raise ValueError(f"not a version-{STATE_VERSION} workload state document")
+    if not isinstance(st.get("boot_id", ""), str) or not isinstance(st.get("kmsg", ""), str):
+        raise ValueError("boot_id or kmsg is not a string")
+    rows = st.get("records")
+    if not isinstance(rows, list) or len(rows) > MAX_RECORDS:
+        raise ValueError(f"records: expected a list of at most {MAX_RECORDS} entries")
+    return [_record(row, f"records[{i}]") for i, row in enumerate(rows)]
+
+
+def _record(row: Any, where: str) -> Attribution:
+    if not isinstance(row, list) or len(row) != 6:
+        raise ValueError(f"{where}: expected [pci, kind, code, switch, unix time, workloads or null]")
+    pci, kind, code, switch, t, ws = row
+    if not isinstance(pci, str) or not _PCI_KEY_RE.fullmatch(pci):
+        raise ValueError(f"{where}: {pci!r} is not a GPU's PCI key")
+    if kind not in _CODES:
+        raise ValueError(f"{where}: kind {kind!r} is not xid or sxid")
+    lo, hi = _CODES[kind]
+    if isinstance(code, bool) or not isinstance(code, int) or not lo <= code <= hi:
+        raise ValueError(f"{where}: {kind} {code!r} is not an integer from {lo} to {hi}")
+    if not isinstance(switch, str) or (kind == SXID) != bool(_PCI_KEY_RE.fullmatch(switch)) \
+            or (kind == XID and switch):
+        raise ValueError(f"{where}: switch {switch!r}: an SXid names its NVSwitch's PCI key, an XID none")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise ValueError(f"{where}: time {t!r} is not a finite unix time")
+    if ws is None:
+        return Attribution(pci, kind, code, switch, float(t), None)
+    if not isinstance(ws, list) or len(ws) > MAX_WORKLOADS:
+        raise ValueError(f"{where}: workloads: expected null or a list of at most {MAX_WORKLOADS}")
+    workloads = []
+    for j, w in enumerate(ws):
+        if not isinstance(w, list) or len(w) != 4 or not all(valid_label(f) for f in w):
+            raise ValueError(f"{where}: workloads[{j}]: expected [hpc_job, namespace, pod, container], "
+                             "strings without control characters")
+        wl = Workload(*w)
+        if not valid_workload(wl):
+            raise ValueError(f"{where}: workloads[{j}]: neither a Slurm job (hpc_job alone) nor a pod")
+        workloads.append(wl)
+    return Attribution(pci, kind, code, switch, float(t), tuple(sorted(set(workloads))))
+
+
+class AttributionStateFile:
+    """`workload-state.json`: read for this boot and kernel log, written atomically. Never raises;
+    `problem` says what went wrong last ("" when fine)."""
+
+    def __init__(self, state_dir: str, boot_id: str, source: str) -> None:
+        self.path = Path(state_dir) / STATE_NAME
+        self.boot_id = boot_id
+        self.source = source
+        self.problem = ""
+        self.disabled = False  # the path is not a regular file: not read nor written this run
+
+    def _fail(self, kind: str, msg: str) -> None:
+        if self.problem != kind:
+            log.warning("workload state file %s: %s", self.path, msg)
+        self.problem = kind
+
+    def read(self) -> list[Attribution] | None:
+        """The records kept for this boot and kernel log; None when there are none to take."""
+        if self.disabled:
+            return None
+        try:
+            raw = read_state_file(self.path)
+        except NotRegularFile as e:
+            self.disabled = True
+            self._fail("unreadable", f"is {e.strerror}: attributions are kept in memory only")
+            return None
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self._fail("unreadable", f"cannot read: {e.strerror or e}")
+            return None
+        try:
+            st = json.loads(raw.decode("utf-8"))
+            records = validate_state(st)
+        except (ValueError, RecursionError) as e:
+            self._fail("corrupt", f"corrupt, ignored (attributions start over): {str(e)[:300]}")
+            return None
+        if not self.boot_id or st.get("boot_id") != self.boot_id or st.get("kmsg") != self.source:
+            return None  # another boot or another kernel log: start over
+        self.problem = ""
+        return records
+
+    def load(self, ledger: AttributionLedger) -> None:
+        for rec in self.read() or []:
+            ledger.add(rec)
+
+    def write(self, ledger: AttributionLedger) -> bool:
+        if self.disabled:
+            return False
+        try:
+            write_json_atomic(self.path, to_state(ledger, self.boot_id, self.source))  # the daemon only
+        except OSError as e:
+            self._fail("unwritable", f"cannot write (attributions kept in memory): {e.strerror or e}")
+            return False
+        self.problem = ""
+        return True
+
+
+class AttributionPersistence:
+    """Loads the ledger at start and writes it when it changed (acks' cleared records dropped)."""
+
+    def __init__(self, file: AttributionStateFile, ledger: AttributionLedger) -> None:
+        self.file = file
+        self.ledger = ledger
+        self._written = -1
+
+    def load(self) -> None:
+        self.file.load(self.ledger)
+        self._written = self.ledger.version
+
+    def flush(self, acks: list[Any]) -> None:
+        self.ledger.prune(acks)
+        version = self.ledger.version
+        if version != self._written and self.file.write(self.ledger):
+            self._written = version
