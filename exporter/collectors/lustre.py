@@ -199,6 +199,12 @@ def _tunable(text: str) -> int | None:
     return parsers.parse_int(text)
 
 
+# Where the mounts are listed, in order of preference (see LustreCollector._mounts).
+_MOUNT_FILES = (("1/mountinfo", discovery.parse_mountinfo), ("1/mounts", discovery.parse_mounts),
+                ("self/mountinfo", discovery.parse_mountinfo), ("mounts", discovery.parse_mounts))
+_VERSION_HEALTH = [("version",), ("health_check",)]  # read together, at the start of a collection
+
+
 class LustreCollector(Collector):
     name = NAME
     config_section = LustreSection
@@ -229,6 +235,7 @@ class LustreCollector(Collector):
         self.lfs: str | None = shutil.which(cfg.lfs_command) if cfg.lfs_command else None
         self.use_ioctl: bool = cfg.use_ioctl
         self.evictions = EvictionTracker()
+        self._mounts_at = 0  # the _MOUNT_FILES entry read last time
         # device -> (state file text, its current state, malformed lines, newest eviction)
         self._states: dict[str, tuple[str, str | None, int, int]] = {}
         # osc/mdc directory names -> their devices, and per (fsname, llite instance) the mount's
@@ -260,7 +267,7 @@ class LustreCollector(Collector):
         mounts = self._mounts()
         tree = self.tree
         tree.begin()
-        version_text = tree.read("version")
+        version_text, health_text = tree.read_many(_VERSION_HEALTH)  # one hand-over for both
         version = parsers.parse_version(version_text) if version_text else None
         if version_text is not None and version is None:
             self._count_bad("version", 1)
@@ -268,7 +275,7 @@ class LustreCollector(Collector):
         out.add(MOUNTS, len(mounts))
         if not mounts:  # nothing mounted: only the module's health, and no source is "down"
             if version_text is not None:
-                self._health(out)
+                self._health(out, health_text)
             self.files.sweep()
             return
         tree.check_roots()
@@ -311,7 +318,7 @@ class LustreCollector(Collector):
                 del d[k]
         if self.do_statfs:
             self._statfs_all(mounts, out)
-        self._health(out)
+        self._health(out, health_text)
         self._sources(out, mounts)
         self.files.sweep()  # descriptors of files no longer read are closed
         for kind, n in self._malformed.items():
@@ -324,19 +331,22 @@ class LustreCollector(Collector):
         even in a container that bind-mounts the host's /proc, where <procfs>/mounts would be the
         exporter's own namespace), then <procfs>/self/mountinfo, then <procfs>/mounts. mountinfo
         tells bind mounts apart (same device); a mounts file cannot. No readable file is a failure.
+        The file that answered last time is read alone first (one hand-over to the reader); only
+        when it fails are all of them read again, in order.
         """
-        last: OSError | None = None
-        for rel, parse in (("1/mountinfo", discovery.parse_mountinfo), ("1/mounts", discovery.parse_mounts),
-                           ("self/mountinfo", discovery.parse_mountinfo), ("mounts", discovery.parse_mounts)):
-            try:
-                text = self.tree.read_file(str(self.procfs / rel))
-            except OSError as e:
-                last = e
-                continue
-            mounts, bad = parse(text)
-            self._count_bad("mounts", bad)
-            return discovery.distinct_mounts(mounts)
-        raise OSError(f"cannot read the mounts file under {self.procfs}: {last}")
+        paths = [str(self.procfs / rel) for rel, _ in _MOUNT_FILES]
+        first = self.tree.read_files([paths[self._mounts_at]])[0]
+        texts = [first] if isinstance(first, str) else self.tree.read_files(paths)
+        at = self._mounts_at if isinstance(first, str) else 0
+        for i, text in enumerate(texts, at):
+            if isinstance(text, str):
+                self._mounts_at = i
+                mounts, bad = _MOUNT_FILES[i][1](text)
+                self._count_bad("mounts", bad)
+                return discovery.distinct_mounts(mounts)
+            if not isinstance(text, OSError):
+                raise text
+        raise OSError(f"cannot read the mounts file under {self.procfs}: {texts[-1]}")
 
     def _map_instances(self, mounts: list[Mount], instances: list[str]) -> dict[str, str]:
         """mountpoint -> llite instance: lfs getname, else the ioctl, else a unique fsname."""
@@ -588,8 +598,7 @@ class LustreCollector(Collector):
             out.add(FS_INODES, st.f_files, **labels)
             out.add(FS_INODES_FREE, st.f_ffree, **labels)
 
-    def _health(self, out: Families) -> None:
-        text = self.tree.read("health_check")
+    def _health(self, out: Families, text: str | None) -> None:
         if text is None:
             return
         status = parsers.parse_health_check(text)
