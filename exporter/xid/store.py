@@ -34,9 +34,8 @@ from typing import Any
 from exporter.regular_file import NotRegularFile, open_regular, read_regular
 from exporter.xid.catalog import XID_MAX, XID_MIN, lookup, valid_xid
 from exporter.xid.identities import MAX_IDENTITIES, Identity  # noqa: F401 - Identity: re-exported
-from exporter.xid.state_values import (  # noqa: F401 - StateError, PCI_KEY_RE: re-exported
+from exporter.xid.state_values import (  # noqa: F401 - StateError: re-exported
     MAX_SEQ,
-    PCI_KEY_RE,
     StateError,
     integer,
     mapping,
@@ -72,7 +71,6 @@ MAX_UUID_CHARS = 96  # NVML's UUID buffer (NVML_DEVICE_UUID_V2_BUFFER_SIZE)
 MAX_BOOT_ID_CHARS = 64  # a boot id is 36
 MAX_SOURCE_CHARS = 4096  # the kernel log's path (PATH_MAX) or a simulated node's name
 MAX_SOURCES, MAX_SOURCE_NAME_CHARS = 8, 32  # an open event's sources: kmsg, nvml
-_PCI_KEY_RE = PCI_KEY_RE
 
 
 def count_key(xid: int, action: int | None = None) -> str:
@@ -537,6 +535,14 @@ def file_identity(st: os.stat_result) -> tuple:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def identity_on_disk(path: Path) -> tuple | None:
+    """The file_identity of what is at `path` now (not following a symlink); None when nothing."""
+    try:
+        return file_identity(os.lstat(path))
+    except OSError:
+        return None
+
+
 def encodable(s: str) -> str:
     """`s` as UTF-8 can encode it (a path's undecodable bytes, held as lone surrogates, replaced)."""
     return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
@@ -642,7 +648,6 @@ class StateFile:
         try:
             ident = file_identity(os.lstat(self.path))  # a dangling symlink is a symlink, not missing
             if ident == self._bad:  # the same corrupt file as before: its verdict stands
-                self.status.read_errors += 1
                 return None
             raw = read_state_file(self.path)
         except NotRegularFile as e:
@@ -712,24 +717,18 @@ class StateFile:
                   "inspect %s (gpu_health_exporter_state_file_recoveries_total counts these)",
                   self.path, why, aside.name, aside)
 
-    def _on_disk(self) -> tuple | None:
-        try:
-            return file_identity(os.lstat(self.path))
-        except OSError:
-            return None
-
     def changed_on_disk(self) -> bool:
         """True when someone else (ack) wrote the file since we last read or wrote it (or our last
         write kept acks from it that we have not read)."""
         if self._stale:
             return True
-        now = self._on_disk()
+        now = identity_on_disk(self.path)
         return now is not None and now != self._ident and now != self._bad
 
     def behind(self) -> bool:
         """True when the file on disk is not the one we last wrote (set aside, removed, replaced,
         another boot's, written by `ack`): the holder writes what it holds back."""
-        return not self.disabled and (self._behind or self._on_disk() != self._written)
+        return not self.disabled and (self._behind or identity_on_disk(self.path) != self._written)
 
     def read_news(self) -> dict | None:
         """The file's content when it changed since we last read it (see changed_on_disk)."""
@@ -758,7 +757,7 @@ class StateFile:
             data = {**data, "boot_id": self.boot_id, "kmsg": self.kmsg, "recoveries": self.recoveries}
             try:
                 write_json_atomic(self.path, data)
-                self._ident = self._written = self._on_disk()
+                self._ident = self._written = identity_on_disk(self.path)
                 self._behind = False
             except OSError as e:
                 self._problem("unwritable", f"cannot write (counts kept in memory): {e.strerror or e}",

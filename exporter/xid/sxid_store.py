@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from exporter.xid.store import (
     MAX_STATE_BYTES,
     OTHER,
     encodable,
-    file_identity,
+    identity_on_disk,
     read_state_file,
     set_aside,
     write_json_atomic,
@@ -220,15 +219,9 @@ class SxidStateFile:
         log.error("SXid state file %s: corrupt (%s); set aside as %s (SXids are counted from the kernel "
                   "log)", self.path, why, aside.name)
 
-    def _on_disk(self) -> tuple | None:
-        try:
-            return file_identity(os.lstat(self.path))
-        except OSError:
-            return None
-
     def behind(self) -> bool:
         """True when the file on disk is not the one we last wrote (set aside, removed, replaced)."""
-        return not self.disabled and (self._behind or self._on_disk() != self._written)
+        return not self.disabled and (self._behind or identity_on_disk(self.path) != self._written)
 
     def write(self, store: SxidStore) -> bool:
         if self.disabled:
@@ -236,7 +229,7 @@ class SxidStateFile:
         data = store.to_state(self.boot_id, self.source)
         try:
             write_json_atomic(self.path, data)  # only the daemon writes it
-            self._written, self._behind = self._on_disk(), False
+            self._written, self._behind = identity_on_disk(self.path), False
         except OSError as e:
             self._fail("unwritable", f"cannot write (counts kept in memory): {e.strerror or e}")
             return False
