@@ -465,3 +465,21 @@ def test_a_failing_tick_is_logged_not_a_raw_thread_traceback(monkeypatch, caplog
         sim.close()
     assert hooked == [] and "advancing the simulated node failed" in caplog.text
     assert not sim.root.exists()
+
+
+def test_what_the_exporter_learns_it_can_write_and_read_back(tmp_path):
+    """Identities come from kernel lines and NVML and go to the state file: a UUID the file could
+    not hold (too long, unencodable) is not taken, so a restart never sets the file aside."""
+    from exporter.xid.identities import GpuIdentities
+    from exporter.xid.parser import parse_message
+
+    long_line = "NVRM: GPU at PCI:0000:53:00: GPU-" + "a" * 200
+    assert getattr(parse_message(long_line), "uuid", None) is None
+    ids = GpuIdentities(None)
+    ids.identify(PCI, 0, "GPU-\udcff")
+    ids.identify("00000000:64:00", 5000, "GPU-" + "b" * 100)
+    assert ids.get(PCI).uuid == "" and ids.get("00000000:64:00").index is None
+    svc = load_doc(tmp_path, good_doc()).xid
+    svc.identities.load(ids.to_state())
+    assert svc.flush_state(force=True)
+    assert one_shot(make_ctx(tmp_path, None)).state.status.problem == ""

@@ -15,6 +15,8 @@ from typing import Any
 # exposition would overflow long before a value like 1e300.
 MAX_TIME_S = 1e10
 MAX_SEQ = 2**63 - 1  # /dev/kmsg sequence numbers are u64; Python's JSON has no other bound
+MAX_UUID_CHARS = 96  # NVML's UUID buffer (NVML_DEVICE_UUID_V2_BUFFER_SIZE)
+MAX_INDEX = 1023  # a GPU index
 PCI_KEY_RE = re.compile(r"[0-9a-f]{8}:[0-9a-f]{2}:[0-9a-f]{2}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -56,6 +58,15 @@ def text(v: Any, where: str, max_chars: int) -> str:
     if _CONTROL.search(v):
         raise StateError(f"{where} is {show(v)}; control characters are not expected")
     return v
+
+
+def storable_uuid(uuid: str) -> str:
+    """`uuid` when a state file may hold it, else "" (a GPU's identity from NVML or a kernel line
+    is written to the state file: what the exporter writes, it must accept when it reads)."""
+    try:
+        return text(uuid, "uuid", MAX_UUID_CHARS)
+    except StateError:
+        return ""
 
 
 def mapping(v: Any, where: str) -> dict:

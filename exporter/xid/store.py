@@ -35,7 +35,9 @@ from exporter.regular_file import NotRegularFile, open_regular, read_regular
 from exporter.xid.catalog import XID_MAX, XID_MIN, lookup, valid_xid
 from exporter.xid.identities import MAX_IDENTITIES, Identity  # noqa: F401 - Identity: re-exported
 from exporter.xid.state_values import (  # noqa: F401 - StateError: re-exported
+    MAX_INDEX,
     MAX_SEQ,
+    MAX_UUID_CHARS,
     StateError,
     integer,
     mapping,
@@ -66,8 +68,6 @@ MAX_ADDRESSES = MAX_IDENTITIES + MAX_UNKNOWN_GPUS + 1  # count keys a state file
 # Bounds of a sane state file: an XID a second for 30 years is under 1e9.
 MAX_COUNT = 10**9
 MAX_ACTION = 255
-MAX_INDEX = 1023  # a GPU index
-MAX_UUID_CHARS = 96  # NVML's UUID buffer (NVML_DEVICE_UUID_V2_BUFFER_SIZE)
 MAX_BOOT_ID_CHARS = 64  # a boot id is 36
 MAX_SOURCE_CHARS = 4096  # the kernel log's path (PATH_MAX) or a simulated node's name
 MAX_SOURCES, MAX_SOURCE_NAME_CHARS = 8, 32  # an open event's sources: kmsg, nvml
