@@ -493,6 +493,15 @@ def console_main() -> None:
     exit_now(main())
 
 
+def command_failed(mod: Any, args: argparse.Namespace, e: Exception) -> int:
+    """An unexpected error of a one-shot command: its `failed(args, error)` answers (check exits
+    3 with the reason, never a traceback's 1), else it propagates."""
+    failed = getattr(mod, "failed", None)
+    if failed is None:
+        raise e
+    return failed(args, e)
+
+
 def main(argv: list[str] | None = None) -> int:
     reload_snapshot.take_over()  # what the reload that exec'd this process validated, if one did
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -516,12 +525,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu-health-exporter: {e}", file=sys.stderr)
             could_not_start = getattr(mod, "could_not_start", None)
             return could_not_start(args, str(e)) if could_not_start else 2
+        except Exception as e:  # noqa: BLE001 - a command may answer its own failure (check: exit 3)
+            return command_failed(mod, args, e)
         setup_logging(args.log_level or "warning", args.log_format or ctx.config.log_format)
         try:
             if simulation is not None:  # a one-shot command sees what the daemon sees a minute in:
                 ctx.nvml.ensure()  # NVML found its GPUs at start, as the daemon's did
                 simulation.play(SIM_PLAY_S)
             return mod.run(args, ctx)
+        except Exception as e:  # noqa: BLE001 - as above
+            return command_failed(mod, args, e)
         finally:
             if simulation is not None:
                 simulation.close()

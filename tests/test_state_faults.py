@@ -335,6 +335,20 @@ def test_any_error_inside_check_is_exit_3_with_the_reason(tmp_path, capsys, monk
     assert "could not check" in capsys.readouterr().err
 
 
+def test_an_error_before_the_check_runs_is_exit_3_too(tmp_path, capsys, monkeypatch):
+    import exporter.cli
+
+    def broken(*_a, **_k):
+        raise PermissionError(13, "Permission denied", "/var/lib/gpu-health-exporter")
+
+    monkeypatch.setattr(exporter.cli, "build_context", broken)
+    assert main(["check", "--json"]) == 3
+    out = json.loads(capsys.readouterr().out)
+    assert out["node"]["verdict"] == "unknown" and "PermissionError" in out["problems"][0]
+    with pytest.raises(PermissionError):  # a command without its own answer: as before
+        main(["ack", "--gpu", "0"])
+
+
 # -- 5. a record counts only when whole, by every reader ------------------------------------------
 HALF = "4,520,6000000,-;NVRM: Xid (PCI:0000:53:00): 6"
 REST = "3, pid=1, name=p, Row Remapper: New row marked for remapping, reset gpu to activate.\n"

@@ -181,19 +181,16 @@ def could_not_start(args: argparse.Namespace, problem: str) -> int:
     return EXIT_CONFIG
 
 
+def failed(args: argparse.Namespace, e: Exception) -> int:
+    """Any error of the check's own (a bug, hostile input; exporter.cli calls this): exit 3 with
+    the reason, never a traceback's exit 1, which reads "degraded" and does not drain."""
+    problem = f"the check failed: {type(e).__name__}: {str(e)[:300]}"
+    print(f"gpu-health-exporter check: could not check: {problem}", file=sys.stderr)
+    unknown([problem], EXIT_UNKNOWN, args.json)
+    return EXIT_UNKNOWN
+
+
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    """The check; an error of its own (a bug, hostile input) is exit 3 with the reason, never
-    another verdict (a traceback exits 1, "degraded", which does not drain)."""
-    try:
-        return _run(args, ctx)
-    except Exception as e:  # noqa: BLE001 - any failure of the check itself: could not check
-        problem = f"the check failed: {type(e).__name__}: {str(e)[:300]}"
-        print(f"gpu-health-exporter check: could not check: {problem}", file=sys.stderr)
-        unknown([problem], EXIT_UNKNOWN, args.json)
-        return EXIT_UNKNOWN
-
-
-def _run(args: argparse.Namespace, ctx: Context) -> int:
     ctx.identity.lookup_now()
     nv, svc, problems = gather(ctx)
     if nv is None:
