@@ -195,11 +195,16 @@ class KmsgReader:
                 yield rec
 
     def _lines(self, data: bytes) -> Iterator[Record]:
-        for raw in data.split(b"\n"):
-            if len(raw) > MAX_LINE_BYTES:  # the same rule as for a line that arrives in pieces
-                self._malformed(raw[:120].decode("utf-8", "replace"))
-                continue
-            line = raw.decode("utf-8", "replace").lstrip("\x00")  # NULs: a copytruncate'd file
+        raw: list[bytes] | None = None
+        for i, line in enumerate(data.decode("utf-8", "replace").split("\n")):
+            # A character is 1 to 4 bytes: only a line this long can be over the limit in bytes,
+            # the same rule as for a line that arrives in pieces (measured in the bytes read).
+            if len(line) > MAX_LINE_BYTES // 4:
+                raw = raw or data.split(b"\n")  # line i of the text is line i of the bytes
+                if len(raw[i]) > MAX_LINE_BYTES:
+                    self._malformed(line[:120])
+                    continue
+            line = line.lstrip("\x00")  # NULs: a copytruncate'd file whose writer kept its offset
             if not line or line[0] == " ":  # continuation line (KEY=value) or blank
                 continue
             rec = parse_record(line)
