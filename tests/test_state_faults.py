@@ -497,3 +497,16 @@ def test_what_the_exporter_learns_it_can_write_and_read_back(tmp_path):
     svc.identities.load(ids.to_state())
     assert svc.flush_state(force=True)
     assert one_shot(make_ctx(tmp_path, None)).state.status.problem == ""
+
+
+def test_record_numbers_the_state_file_could_not_hold_are_malformed(tmp_path):
+    """A sequence number beyond 2^63-1 or an uptime beyond 30 years is no kernel's (a forged or
+    corrupted file): counted, it made a state file the next start set aside (and a 5,000-digit
+    number raised ValueError out of the reader)."""
+    bad = "NVRM: Xid (PCI:0000:53:00): 94, pid=1, name=p, x\n"
+    text = (f"4,{2**64},1000000,-;{bad}4,2,{10**16},-;{bad}4,3,{'9' * 5000},-;{bad}"
+            "4,4,2000000,-;NVRM: Xid (PCI:0000:64:00): 31, pid=1, name=p, x\n")
+    svc = one_shot(make_ctx(tmp_path, text))
+    assert counts(svc) == {("00000000:64:00", "31"): 1} and svc.reader.stats.malformed == 3
+    assert svc.flush_state(force=True)
+    assert one_shot(make_ctx(tmp_path, None)).state.status.problem == ""

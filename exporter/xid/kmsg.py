@@ -36,6 +36,10 @@ KERNEL_FACILITY_MAX_PRIO = 7  # facility 0 (kernel): prio 0..7; user space canno
 # A record is at most a few KiB (the kernel's own limit is 8 KiB with its prefix); a longer line
 # in a file is not a record: it is dropped up to its newline, never kept whole in memory.
 MAX_LINE_BYTES = 64 << 10
+# Bounds of a record's numbers: what the state file holds of them (the sequence number, times
+# derived from the kernel clock) must pass its validation (exporter.xid.state_values).
+MAX_SEQ = 2**63 - 1
+MAX_USEC = 10**15  # 31.7 years since boot
 MARK_BYTES = 256  # the start of the last line read, compared on every poll (rewritten in place?)
 
 
@@ -58,9 +62,12 @@ def parse_record(text: str) -> Record | None:
     if not sep:
         return None
     parts = head.split(",", 4)
-    if len(parts) < 4 or not all(p.isascii() and p.isdigit() for p in parts[:3]):
-        return None  # the three numbers are plain non-negative decimals
-    return Record(int(parts[0]), int(parts[1]), int(parts[2]), parts[3], message.rstrip("\n"))
+    if len(parts) < 4 or not all(p.isascii() and p.isdigit() and len(p) <= 19 for p in parts[:3]):
+        return None  # the three numbers are plain non-negative decimals, of at most 19 digits
+    prio, seq, usec = int(parts[0]), int(parts[1]), int(parts[2])
+    if seq > MAX_SEQ or usec > MAX_USEC:
+        return None  # no kernel numbers its records so, nor has run for 30 years
+    return Record(prio, seq, usec, parts[3], message.rstrip("\n"))
 
 
 @dataclass
