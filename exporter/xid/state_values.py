@@ -2,7 +2,7 @@
 strict as the config's: the right type, in range, numbers finite and within sane bounds, strings
 bounded and encodable (UTF-8 without lone surrogates, no control characters), so that nothing read
 back can fail a scrape, a JSON dump or a date conversion later. A failed check raises StateError
-naming the field; the file is then set aside (docs/xid.md, "The state file").
+naming the field; the file is then set aside (docs/xid.md, "What a state file must hold").
 """
 
 from __future__ import annotations

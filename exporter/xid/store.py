@@ -161,7 +161,7 @@ def _optional(d: dict, key: str, check: Callable[[Any, str], Any], where: str) -
 
 def validate_state(st: Any) -> None:
     """Raise StateError naming the first field of a state document that is out of shape or range:
-    every field the exporter reads (docs/xid.md, "The state file"). Numbers are integers or
+    every field the exporter reads (docs/xid.md, "What a state file must hold"). Numbers are integers or
     finite times in range, strings bounded and encodable, and each acknowledgement is of counts
     the file holds (its baseline is never above the count it acknowledges)."""
     if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
