@@ -204,6 +204,15 @@ def test_a_corrupt_file_set_aside_while_running_loses_nothing_and_is_written_bac
         svc.stop()
 
 
+def test_a_reader_that_does_not_write_back_counts_the_recovery(tmp_path):
+    """Without the follower (the verdict alone reads the state, or xid.enabled false) nothing
+    writes the counts back: a corrupt file set aside then may lose them, so it is a recovery."""
+    svc = load_doc(tmp_path, good_doc()).xid
+    state_path(tmp_path).write_bytes(b"{truncated")
+    svc.refresh_acks()
+    assert set_aside(tmp_path) and svc.state.recoveries == 1
+
+
 def test_a_recovery_persists_for_the_boot_even_without_new_events(tmp_path):
     """A corrupt file at start may have lost counts: a recovery, written to the new state file at
     once and kept by every later run of this boot. Fails on the old code (nothing was written

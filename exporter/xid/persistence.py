@@ -61,7 +61,6 @@ class XidPersistence:
                 self.identities.load(data.get("gpus") or {})
                 self.store.merge_state(data, listed=self.identities.is_listed)
             self.found = data is not None
-            self.state.holds = self.write_xids  # what the file held is in the store from now on
             if self.sxids_enabled:
                 sx = self.sxid_state.read()
                 if sx is not None:

@@ -148,6 +148,9 @@ class XidService:
                 return
             if not self.persistence.loaded:
                 self.load_state()
+            # From here the daemon holds what the file held and writes it back whenever the file
+            # is not what it holds: a corrupt file set aside now loses nothing (no recovery).
+            self.state.holds = self.xid_enabled
             for c in (self.counter, self.sxid_counter):
                 if c is not None:
                     c.log_events = True  # the daemon's log is the trail of every counted event

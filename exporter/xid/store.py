@@ -589,8 +589,8 @@ class StateFile:
         # are kept apart) of the same node, whose acknowledgements must not be lost.
         self.shared_acks = False
         self.foreign: dict | None = None
-        # Set once the caller holds what the file held (the daemon after its load): a corrupt file
-        # set aside from then on loses nothing, so it is no recovery (the holder writes back).
+        # Set once the caller holds what the file held and writes it back (the daemon once it
+        # runs): a corrupt file set aside from then on loses nothing, so it is no recovery.
         self.holds = False
         self._ident: tuple | None = None  # the file as we last read or wrote it (file_identity)
         self._written: tuple | None = None  # the file as we last wrote it
