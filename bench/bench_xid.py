@@ -79,7 +79,7 @@ ctx = Context(config=load(None, {"paths.kmsg": sys.argv[2], "paths.state_dir": s
 svc = ctx.xid
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
-n = svc.read_kmsg(final=True)
+n = svc.read_kmsg()
 dt = time.perf_counter() - t
 rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 events = sum(c.count for ks in svc.store.counts.values() for c in ks.values())

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, TypeVar
 
 import yaml
 
+from exporter import reload_snapshot
 from exporter.regular_file import NotRegularFile, read_regular
 
 
@@ -444,7 +445,8 @@ def read_config_bytes(path: Path, what: str, origin: Path | None = None) -> byte
     `what` and the path."""
     where = f"{origin}: {what} {path}" if origin is not None else f"{path}: the {what}"
     try:
-        data = read_regular(path, MAX_FILE_BYTES)
+        # during a reload's start-up, the bytes it validated (exporter.reload_snapshot)
+        data = reload_snapshot.read(path, lambda: read_regular(path, MAX_FILE_BYTES))
     except NotRegularFile as e:
         raise ConfigError(f"{where}: not a regular file ({e.kind})") from e
     except OSError as e:

@@ -14,6 +14,7 @@ Simulation.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import pkgutil
 import shutil
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from exporter.config import Config
     from exporter.nvml.fake import FakeBackend
     from exporter.nvml.session import NvmlSession
+
+log = logging.getLogger("exporter.simulate")
 
 
 @dataclass(frozen=True)
@@ -257,7 +260,10 @@ class Simulation:
     def start(self) -> None:
         def loop() -> None:
             while not self._stop.wait(self.tick_s):
-                self.advance()
+                try:
+                    self.advance()
+                except Exception:  # noqa: BLE001 - a tick that failed; the next one tries again
+                    log.exception("simulation: advancing the simulated node failed")
 
         self._thread = threading.Thread(target=loop, name="simulation", daemon=True)
         self._thread.start()
@@ -267,8 +273,16 @@ class Simulation:
         """The simulated IMDS (scenario ec2-scheduled-reboot) on 127.0.0.1, else None: IMDS off."""
         return next((s.url for s in self.sources if getattr(s, "url", None)), None)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the clock's thread, then the sources, then remove the tree: a tick still writing
+        into the tree while it is deleted leaves files behind (and the thread a traceback)."""
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():  # a tick stuck in a write: the tree cannot be removed safely
+                log.error("simulation: the clock thread did not stop within %gs; leaving %s",
+                          timeout_s, self.root)
+                return
         for s in self.sources:
             s.close()
         if self._own_root:
