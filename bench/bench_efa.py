@@ -52,7 +52,7 @@ from exporter.config import load  # noqa: E402
 from exporter.efa import reader as efa_reader  # noqa: E402
 from exporter.profiles import PROFILES  # noqa: E402
 from exporter.simulate.efa import EfaSim, kernel_files  # noqa: E402
-from tests.helpers import free_port, wait_until_serving  # noqa: E402
+from tests.helpers import port_of, wait_until_serving  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -152,40 +152,36 @@ def main() -> int:
             inproc.append(time.perf_counter() - t)
         files_read = sum(col.devices.read(d).files_read for d in col.discovery.discover())
 
-        ours_port, ne_port = free_port(), free_port()
-
-        def exporter(checkout: Path, port: int) -> subprocess.Popen:
+        # Every server binds port 0; the ports they took are read back once all are started.
+        def exporter(checkout: Path) -> subprocess.Popen:
             env = {**os.environ, "PYTHONPATH": str(checkout), "GPU_HEALTH_EXPORTER_IMDS": "off"}
             p = subprocess.Popen([sys.executable, "-m", "exporter", "--config", str(cfg),
                                   "--collectors", "efa", "--path.sysfs", str(sysfs),
-                                  "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
+                                  "--listen", "127.0.0.1:0", "--log-level", "warning"],
                                  cwd=checkout, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                  text=True)
             procs.append(p)
             return p
 
-        ours = exporter(ROOT, ours_port)
-        servers = {"ours": (ours, ours_port)}
+        servers = {"ours": exporter(ROOT)}
         if args.baseline_checkout:
-            base_port = free_port()
-            servers["base"] = (exporter(args.baseline_checkout.resolve(), base_port), base_port)
+            servers["base"] = exporter(args.baseline_checkout.resolve())
 
-        def node_exporter(tree: Path, port: int) -> subprocess.Popen:
+        def node_exporter(tree: Path) -> subprocess.Popen:
             p = subprocess.Popen([args.node_exporter, "--collector.disable-defaults",
                                   "--collector.infiniband", f"--path.sysfs={tree}",
-                                  f"--web.listen-address=127.0.0.1:{port}"],
+                                  "--web.listen-address=127.0.0.1:0"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             procs.append(p)
             return p
 
-        ne = node_exporter(sysfs, ne_port)
-        servers["ne"] = (ne, ne_port)
-        for proc, port in servers.values():
-            wait_until_serving(f"http://127.0.0.1:{port}/metrics", proc)
+        servers["ne"] = node_exporter(sysfs)
+        ports = {n: port_of(proc) for n, proc in servers.items()}
+        for n, proc in servers.items():
+            wait_until_serving(f"http://127.0.0.1:{ports[n]}/metrics", proc)
 
-        conns = {n: http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                 for n, (_, port) in servers.items()}
-        pids = {n: proc.pid for n, (proc, _) in servers.items()}
+        conns = {n: http.client.HTTPConnection("127.0.0.1", ports[n], timeout=30) for n in servers}
+        pids = {n: proc.pid for n, proc in servers.items()}
 
         def get(name: str) -> str:
             c = conns[name]
@@ -217,8 +213,8 @@ def main() -> int:
                                              collector="efa") or 0.0)
 
         # node_exporter on the faithful tree
-        ne2_port = free_port()
-        ne2 = node_exporter(faithful, ne2_port)
+        ne2 = node_exporter(faithful)
+        ne2_port = port_of(ne2)
         wait_until_serving(f"http://127.0.0.1:{ne2_port}/metrics", ne2)
         c = http.client.HTTPConnection("127.0.0.1", ne2_port, timeout=30)
         c.request("GET", "/metrics")
@@ -281,13 +277,13 @@ def whole_node(args: argparse.Namespace) -> int:
     ports: dict[str, int] = {}
     try:
         for name, ck in checkouts.items():
-            ports[name] = free_port()
             env = {**os.environ, "PYTHONPATH": str(ck), "GPU_HEALTH_EXPORTER_IMDS": "off"}
             procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--listen",
-                 f"127.0.0.1:{ports[name]}", "--log-level", "error"],
+                 "127.0.0.1:0", "--log-level", "error"],
                 cwd=ck, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for name in checkouts:
+            ports[name] = port_of(procs[name])
             wait_until_serving(f"http://127.0.0.1:{ports[name]}/metrics", procs[name], 60)
         conns = {n: http.client.HTTPConnection("127.0.0.1", ports[n], timeout=30) for n in checkouts}
 

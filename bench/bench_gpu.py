@@ -39,7 +39,7 @@ from exporter.collector import Context  # noqa: E402
 from exporter.config import load  # noqa: E402
 from exporter.nvml.backend import NvmlError  # noqa: E402
 from exporter.runner import Runner  # noqa: E402
-from tests.helpers import free_port, wait_until_serving  # noqa: E402
+from tests.helpers import port_of, wait_until_serving  # noqa: E402
 
 
 def ms(xs: list[float]) -> dict[str, float]:
@@ -189,17 +189,16 @@ def exporter_process(real: bool, profile: str,
                      only: str | None) -> Iterator[tuple[subprocess.Popen, str, list[str]]]:
     """The exporter as deployed (a subprocess serving HTTP), simulated unless `real`; yields the
     process, its /metrics URL and its command line once it has served a first scrape."""
-    port = free_port()
     root = Path(__file__).resolve().parent.parent
-    cmd = [sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{port}", "--log-level", "warning"]
+    cmd = [sys.executable, "-m", "exporter", "--listen", "127.0.0.1:0", "--log-level", "warning"]
     if not real:
         cmd += ["--simulate", profile, "--nvml-latencies"]
     if only:
         cmd += ["--collectors", only]
     proc = subprocess.Popen(cmd, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}/metrics"
     try:
+        url = f"http://127.0.0.1:{port_of(proc)}/metrics"  # it binds port 0, logs nothing at warning
         wait_until_serving(url, proc, 60, "exporter")
         yield proc, url, cmd
     finally:

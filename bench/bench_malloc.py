@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.helpers import port_of  # noqa: E402
 
 NO_TRIM = """
 import sys
@@ -46,12 +50,10 @@ def largest_mappings(pid: int, n: int = 4) -> dict[str, float]:
 
 
 def run(name: str, code: str, args: list[str]) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-c", code, "--listen", f"127.0.0.1:{port}", "--log-level", "warning", *args]
+    cmd = [sys.executable, "-c", code, "--listen", "127.0.0.1:0", "--log-level", "warning", *args]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        port = port_of(p)  # it logs nothing at warning
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while True:

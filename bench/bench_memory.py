@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers import port_of  # noqa: E402
 
 CHILD = r"""
 import json, sys, time
@@ -109,17 +111,14 @@ def _vmrss(pid: int) -> float:
 
 
 def served(scrapes: int) -> dict:
-    with socket.socket() as s:  # a free port on loopback
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = f"http://127.0.0.1:{port}"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with tempfile.TemporaryDirectory() as state:
         proc = subprocess.Popen(
             [sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--log-level", "error",
-             "--nvml-capture", "/nonexistent/no-nvml-on-this-node.json", "--listen", f"127.0.0.1:{port}",
+             "--nvml-capture", "/nonexistent/no-nvml-on-this-node.json", "--listen", "127.0.0.1:0",
              "--path.state-dir", state], cwd=ROOT, stderr=subprocess.DEVNULL)
         try:
+            base = f"http://127.0.0.1:{port_of(proc)}"  # it logs nothing at error
             deadline = time.monotonic() + 60
             while True:
                 try:
@@ -185,7 +184,6 @@ sim.close()
 def imds_cost(scrapes: int, root: Path = ROOT) -> dict:
     """VmRSS of a serving exporter before and after its first IMDS lookup, and of a control that
     makes no lookup (see the docstring)."""
-    sys.path.insert(0, str(ROOT))
     from exporter.simulate.imds import FakeImdsServer
 
     fake = FakeImdsServer({"instance-type": "p5.48xlarge", "instance-id": "i-0123456789abcdef0",

@@ -51,7 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import remote_write  # noqa: E402  (bench/, beside this file)
 
-from tests.helpers import free_port, running_exporter, wait_until_serving  # noqa: E402
+from tests.helpers import running_exporter, start_listening, wait_until_serving  # noqa: E402
 from tests.rules_lint import all_rules, metric_names  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -287,8 +287,6 @@ def measure(nodes: int, interval: int = 30, evaluations: int = 4, log=print, hea
     started = time.time()
     end = int(started + 30 + SETTLE_S + nodes * PREP_S_PER_NODE[0]) if live else int(started)
     head_start = end - HEAD_S if head else end + 1
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api/v1"
     config = tmp / "prometheus.yml"
     proc = None
     try:
@@ -303,11 +301,11 @@ def measure(nodes: int, interval: int = 30, evaluations: int = 4, log=print, hea
         log(f"{nodes} nodes: {series:,} series, {samples:,} samples; {in_blocks:,} of them written to blocks "
             f"in {time.monotonic() - t:.0f} s")
         config.write_text(yaml.safe_dump({"global": {"evaluation_interval": f"{EVAL_S}s"}}))
-        proc = subprocess.Popen(["prometheus", f"--config.file={config}",
-                                 f"--storage.tsdb.path={tmp / 'tsdb'}",
-                                 "--storage.tsdb.retention.time=10y", "--web.enable-remote-write-receiver",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=error"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc, port = start_listening(
+            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+             "--storage.tsdb.retention.time=10y", "--web.enable-remote-write-receiver",
+             "--web.listen-address=127.0.0.1:0", "--log.level=error"], tmp / "prometheus.log", timeout=300)
+        api = f"http://127.0.0.1:{port}/api/v1"
         wait_until_serving(f"{api}/status/tsdb", proc, 300, "prometheus")
         t = time.monotonic()
         # In slabs of at most SLAB_S, oldest first: the head refuses a sample older than an hour

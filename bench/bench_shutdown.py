@@ -15,7 +15,6 @@ import argparse
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,31 +27,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.efa_trees import efa  # noqa: E402
+from tests.helpers import port_of  # noqa: E402
 from tests.lustre_tree import FsSpec, LustreTree  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def sigterm_to_exit(args: list[str], settle_s: float) -> tuple[float, int]:
-    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_HEALTH_EXPORTER_IMDS": "off"}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, "--listen", f"127.0.0.1:{port}"],
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, "--listen", "127.0.0.1:0"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/metrics"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            requests.get(url, timeout=30)
-            break
-        except requests.ConnectionError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("exporter did not start") from None
-            time.sleep(0.1)
+    try:
+        url = f"http://127.0.0.1:{port_of(proc)}/metrics"
+    except AssertionError as e:
+        proc.kill()
+        raise RuntimeError(f"exporter did not start: {e}") from None
+    requests.get(url, timeout=30)  # the first scrape (it listens: the connection is accepted)
     time.sleep(settle_s)
     requests.get(url, timeout=30)  # a scrape with the stuck read in it
     t = time.monotonic()

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from exporter.simulate.nvml_synth import P5_BUSES as BUSES  # noqa: E402 - the simulated p5's GPU buses
-from tests.helpers import free_port, samples, wait_until_serving  # noqa: E402
+from tests.helpers import port_of, samples, wait_until_serving  # noqa: E402
 
 
 def busy_log(n: int, path: Path) -> int:
@@ -105,13 +105,12 @@ def latency(samples_n: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "kmsg"
         log.write_text("6,0,0,-;Linux version 6.8.0\n")
-        port = free_port()
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--kmsg-file",
-                                 str(log), "--collectors", "xid", "--listen", f"127.0.0.1:{port}"],
+                                 str(log), "--collectors", "xid", "--listen", "127.0.0.1:0"],
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}/metrics"
         try:
+            url = f"http://127.0.0.1:{port_of(proc, 15)}/metrics"
             wait_until_serving(url, proc, 15, "exporter")
             out = []
             for i in range(samples_n):

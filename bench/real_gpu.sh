@@ -30,16 +30,18 @@ tail -25 "$OUT/pytest_real_gpu.txt"
 
 serve() {  # serve NAME SECONDS ARGS...: run the exporter, save a scrape, its log and timings
   local name=$1 secs=$2; shift 2
-  local port
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  timeout $((secs + 20)) python3 -m exporter --listen "127.0.0.1:$port" --log-level info "$@" \
+  # Port 0: the exporter takes a free port and logs it ("serving http://127.0.0.1:PORT/metrics").
+  timeout $((secs + 20)) python3 -m exporter --listen 127.0.0.1:0 --log-level info "$@" \
     > "$OUT/exporter_$name.log" 2>&1 &
   local pid=$!
-  timeout $((secs + 15)) python3 - "$port" "$secs" "$OUT/metrics_$name.txt" <<'EOF' > "$OUT/scrape_$name.txt" 2>&1
+  timeout $((secs + 15)) python3 - "$pid" "$OUT/exporter_$name.log" "$secs" "$OUT/metrics_$name.txt" <<'EOF' > "$OUT/scrape_$name.txt" 2>&1
 import http.client, sys, time, statistics, psutil, requests
-port, secs, path = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-base = f"http://127.0.0.1:{port}"
+from pathlib import Path
+from tests.helpers import served_base
+pid, log, secs, path = int(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 t0 = time.monotonic()
+base = served_base(log, timeout=30)
+port = base.rsplit(":", 1)[1]
 while True:
     try:  # /readyz turns 200 after the first collection, which the first scrape triggers
         requests.get(base + "/metrics", timeout=10)
@@ -52,8 +54,7 @@ while True:
     time.sleep(0.2)
 ready = time.monotonic()
 print(f"ready after {ready - t0:.2f}s")
-proc = next(p for p in psutil.process_iter(["cmdline"])  # the python under `timeout`
-            if (cmd := p.info["cmdline"] or [""]) and "python" in cmd[0] and f"127.0.0.1:{port}" in cmd)
+proc = psutil.Process(pid).children()[0]  # the python under `timeout`
 def cpu():
     t = proc.cpu_times()
     return t.user + t.system

@@ -56,16 +56,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.thread_cpu import thread_cpu  # noqa: E402
-from tests.helpers import free_port, samples, value, wait_until_serving  # noqa: E402
+from tests.helpers import port_of, samples, value, wait_until_serving  # noqa: E402
 
 HOST = "127.0.0.1"
 HEADERS = {"Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
            "Accept-Encoding": "gzip"}
 
 
-def start(port: int, nofile: int, *extra: str, log: Path | None = None,
-          names: Path | None = None) -> subprocess.Popen:
-    """`names`: run under bench/thread_cpu.py's wrapper, which writes the threads' names there."""
+def start(nofile: int, *extra: str, log: Path | None = None,
+          names: Path | None = None) -> tuple[subprocess.Popen, int]:
+    """The exporter on 127.0.0.1:0, once ready: the process and the port it took. `names`: run
+    under bench/thread_cpu.py's wrapper, which writes the threads' names there."""
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, max(nofile, resource.getrlimit(
             resource.RLIMIT_NOFILE)[1])))
@@ -77,13 +78,14 @@ def start(port: int, nofile: int, *extra: str, log: Path | None = None,
     from bench.thread_cpu import WRAPPER
     head = [sys.executable, "-c", WRAPPER, str(names)] if names else [sys.executable, "-m", "exporter"]
     proc = subprocess.Popen([*head, "--simulate", "p5.48xlarge", *extra,
-                             "--listen", f"{HOST}:{port}", "--log-level", "warning"],
+                             "--listen", f"{HOST}:0", "--log-level", "warning"],
                             env=env, preexec_fn=limit, stdout=subprocess.DEVNULL, stderr=err, text=True)
     try:
+        port = port_of(proc)  # it logs nothing at warning
         wait_until_serving(f"http://{HOST}:{port}/readyz", proc, 60, "exporter")
-    except RuntimeError as e:
+    except (AssertionError, RuntimeError) as e:
         raise RuntimeError(f"{e}\n{log.read_text()[-4000:] if log else ''}") from None
-    return proc
+    return proc, port
 
 
 class Scraper(threading.Thread):
@@ -305,8 +307,7 @@ def leak_phase(port: int, proc: subprocess.Popen, n: int) -> dict:
 
 
 def shutdown_phase(nofile: int) -> dict:
-    port = free_port()
-    proc = start(port, nofile, "--scenario", "gpu-nvml-hang")
+    proc, port = start(nofile, "--scenario", "gpu-nvml-hang")
     url = f"http://{HOST}:{port}/metrics"
     import requests
 
@@ -506,10 +507,9 @@ def abuse_phase(args: argparse.Namespace, tmp: Path) -> dict:
     web.write_text(f"basic_auth_users:\n  {USER}: '{hashed}'\n")
     kmsg = tmp / "kmsg"
     writer = KmsgRewriter(kmsg, args.rewrite_every)
-    port = free_port()
     names = tmp / "threads.json"
-    proc = start(port, args.nofile, "--web.config.file", str(web), "--kmsg-file", str(kmsg),
-                 log=tmp / "exporter-abuse.log", names=names)
+    proc, port = start(args.nofile, "--web.config.file", str(web), "--kmsg-file", str(kmsg),
+                       log=tmp / "exporter-abuse.log", names=names)
     auth = basic(USER, PASSWORD)
     try:
         stop = threading.Event()
@@ -628,8 +628,7 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if not (args.skip_load and args.skip_leak):
-        port = free_port()
-        proc = start(port, args.nofile)
+        proc, port = start(args.nofile)
         try:
             if not args.skip_load:
                 out["load"] = load_phase(port, proc, args)

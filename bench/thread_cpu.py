@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.helpers import free_port, wait_until_serving  # noqa: E402
+from tests.helpers import port_of, wait_until_serving  # noqa: E402
 
 # What Prometheus 2.x/3.x sends: OpenMetrics preferred.
 ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
@@ -71,9 +71,8 @@ class Exporter:
     """One simulated exporter process (from `checkout`) with a keep-alive connection."""
 
     def __init__(self, checkout: Path, tmp: str, tag: str, args: argparse.Namespace) -> None:
-        self.port = free_port()
         self.names_file = os.path.join(tmp, f"threads-{tag}.json")
-        cmd = [sys.executable, "-c", WRAPPER, self.names_file, "--listen", f"127.0.0.1:{self.port}",
+        cmd = [sys.executable, "-c", WRAPPER, self.names_file, "--listen", "127.0.0.1:0",
                "--log-level", "warning", "--simulate", args.profile, "--nvml-latencies"]
         if args.collectors:
             cmd += ["--collectors", args.collectors]
@@ -82,8 +81,9 @@ class Exporter:
         self.conn: http.client.HTTPConnection | None = None
 
     def ready(self) -> None:
-        wait_until_serving(f"http://127.0.0.1:{self.port}/metrics", self.proc, 60, "exporter")
-        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        port = port_of(self.proc)  # it binds port 0, logs nothing at warning
+        wait_until_serving(f"http://127.0.0.1:{port}/metrics", self.proc, 60, "exporter")
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         for _ in range(10):
             self.scrape()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -16,7 +15,7 @@ from exporter.nvml.fake import FakeBackend
 from exporter.nvml.session import NvmlSession
 from exporter.runner import Runner
 from exporter.simulate.imds import FakeImdsServer
-from tests.helpers import FIXTURES, names, promtool_check_metrics, samples, scrape, value
+from tests.helpers import FIXTURES, names, promtool_check_metrics, refused_address, samples, scrape, value
 
 META = {"instance-type": "p5.48xlarge", "instance-id": "i-0123456789abcdef0",
         "placement/availability-zone": "us-east-2b"}
@@ -35,12 +34,6 @@ def imds_allowed(monkeypatch):
     monkeypatch.delenv(imds.ENV_SWITCH, raising=False)
 
 
-def closed_port_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
-
-
 def ctx_for(url: str, **overrides) -> Context:
     return Context(config=load(None, {"instance.imds_endpoint": url, "instance.imds_timeout_seconds": 0.3,
                                       **overrides}))
@@ -57,8 +50,8 @@ def test_client_errors(fake):
     fake.token_status = 403  # IMDS disabled or IMDSv2 refused
     with pytest.raises(imds.ImdsError, match="403"):
         imds.ImdsClient(fake.url, timeout_s=1).fetch()
-    with pytest.raises(imds.ImdsError):
-        imds.ImdsClient(closed_port_url(), timeout_s=0.5).fetch()
+    with refused_address() as addr, pytest.raises(imds.ImdsError):
+        imds.ImdsClient(f"http://{addr}", timeout_s=0.5).fetch()
 
 
 def test_client_times_out_quickly(fake):
@@ -173,11 +166,12 @@ def test_imds_off_in_simulation_env_and_config(fake, monkeypatch, tmp_path):
 
 
 def test_proxy_environment_is_ignored(fake, monkeypatch):
-    monkeypatch.setenv("HTTP_PROXY", closed_port_url())
-    monkeypatch.setenv("http_proxy", closed_port_url())
-    monkeypatch.delenv("NO_PROXY", raising=False)
-    monkeypatch.delenv("no_proxy", raising=False)
-    assert imds.ImdsClient(fake.url, timeout_s=1).fetch().instance_type == "p5.48xlarge"
+    with refused_address() as proxy:  # a proxy that refused would fail the lookup
+        monkeypatch.setenv("HTTP_PROXY", f"http://{proxy}")
+        monkeypatch.setenv("http_proxy", f"http://{proxy}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        assert imds.ImdsClient(fake.url, timeout_s=1).fetch().instance_type == "p5.48xlarge"
 
 
 CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"  # a real one-GPU H200 node
