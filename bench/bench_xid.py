@@ -76,7 +76,8 @@ from exporter.config import load
 from exporter import collectors
 collectors.discover()  # the collectors' config sections
 ctx = Context(config=load(None, {"paths.kmsg": sys.argv[2], "paths.state_dir": sys.argv[3],
-                                 "paths.procfs": sys.argv[3], "xid.nvml_events": False}))
+                                 "paths.procfs": sys.argv[3], "xid.nvml_events": False,
+                                 "instance.imds": False}))
 svc = ctx.xid
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()

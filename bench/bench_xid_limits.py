@@ -48,7 +48,8 @@ def main() -> None:
     nvml.backend.fail_init(12, "no NVML in this bench")
     collectors.discover()  # the composition root: the collectors' config sections
     cfg = load(None, {"paths.procfs": str(d / "proc"), "paths.kmsg": str(d / "kmsg"),
-                      "paths.state_dir": str(d / "state"), "xid.nvml_events": False})
+                      "paths.state_dir": str(d / "state"), "xid.nvml_events": False,
+                      "instance.imds": False})  # nothing beyond loopback
     ctx = Context(config=cfg, nvml=nvml)
     t = time.process_time()
     svc = one_shot(ctx)
