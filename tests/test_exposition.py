@@ -16,8 +16,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample as ClientSample
 
-from exporter import collectors
-from exporter.catalog import Families, MetricSpec, all_specs
+from exporter import catalog, collectors
+from exporter.catalog import Families, MetricSpec, all_specs, define
 from exporter.cli import build_context, build_parser
 from exporter.collection import Collection
 from exporter.exposition import encode, negotiate, render
@@ -105,6 +105,20 @@ def test_a_family_rendered_again_shows_its_new_values_however_they_compare(first
         out.add_samples(COUNTER, [Sample(COUNTER.name, {"k": "a"}, v)])
         out.add_samples(GAUGE, [Sample(GAUGE.name, {"path": "p", "n": "1"}, v)])
         assert_same_as_prometheus_client(list(out))
+
+
+def test_the_catalog_makes_the_checks_a_registry_would():
+    """What direct rendering relies on (docs/design.md): a metric name is declared once, and is a
+    gauge or a counter, the types the renderer handles."""
+    spec = define("gpu_test_once", "gauge", "Declared once.", collector="test")
+    try:
+        with pytest.raises(ValueError, match="declared twice"):
+            define("gpu_test_once", "gauge", "Again.", collector="test")
+    finally:
+        catalog.forget(spec.name)
+    for kind in ("info", "histogram", "summary", "stateset", "unknown"):
+        with pytest.raises(ValueError, match="gauge or counter"):
+            define("gpu_test_kind", kind, "Not rendered.", collector="test")
 
 
 def _collect_scenario(scenario: str | None, config) -> Collection:
