@@ -190,7 +190,7 @@ def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]
     """Load the config (file, then simulation, then CLI flags) and build the sources' backends:
     the composition root. Returns the Context and the simulated node (None on a real node),
     which the caller starts, plays and closes."""
-    collectors.collector_classes()  # collectors declare their config sections on import
+    collectors.discover()  # the collectors add their config sections to the schema
     overrides: dict[str, Any] = {}
     simulation = None
     if args.simulate:

@@ -21,13 +21,13 @@ import shutil
 import tempfile
 import threading
 import time
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exporter.dmi import PRODUCT_NAME
-from exporter.profiles import PROFILES, SIMULATED, Profile
+from exporter.profiles import PROFILES, SIMULATED
+from exporter.simulate.source import Shape, SimSource
 
 if TYPE_CHECKING:
     from exporter.collector import Context
@@ -36,50 +36,6 @@ if TYPE_CHECKING:
     from exporter.nvml.session import NvmlSession
 
 log = logging.getLogger("exporter.simulate")
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The simulated node's size where it differs from its profile (config section `simulate`);
-    None keeps the profile's (or the source's) own."""
-
-    gpus: int | None = None
-    efa_devices: int | None = None
-    lustre_osts: int | None = None
-
-    @classmethod
-    def from_config(cls, config: Config) -> Shape:
-        sec = getattr(config, "simulate", None)
-        if sec is None:
-            return cls()
-        return cls(sec.gpus, sec.efa_devices, sec.lustre_osts)
-
-
-class SimSource(ABC):
-    name: str = ""
-    scenarios: dict[str, str] = {}  # scenario name -> what it does
-
-    def __init__(self, root: Path, profile: Profile, scenarios: set[str]) -> None:
-        self.root = root
-        self.profile = profile
-        self.active = scenarios & set(self.scenarios)
-
-    def configure(self, shape: Shape) -> None:
-        """Take the node's shape (called before build); the GPU and EFA counts are the profile's."""
-
-    @abstractmethod
-    def build(self) -> None:
-        """Write this source's initial tree under `root`."""
-
-    def advance(self, elapsed_s: float) -> None:
-        """Move the source's counters forward to `elapsed_s` seconds since the start."""
-
-    def config_overrides(self) -> dict[str, Any]:
-        """Config keys this source's scenarios set (where the exporter finds what it built)."""
-        return {}
-
-    def close(self) -> None:
-        """Stop what build() started (a server)."""
 
 
 def source_classes() -> list[type[SimSource]]:
