@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from exporter import collectors  # noqa: E402
 from exporter.catalog import Families  # noqa: E402
 from exporter.collector import Context  # noqa: E402
 from exporter.collectors.efa import EfaCollector  # noqa: E402
@@ -139,6 +140,7 @@ def main() -> int:
         # be trusted yet): time the steady state, as on a node whose devices came up long ago.
         time.sleep(max(0.0, built + efa_reader.RACY_NS / 1e9 + 0.1 - time.time()))
         # collector-only, in process
+        collectors.discover()  # the composition root: the collectors' config sections
         ctx = Context(config=load(cfg, {"paths.sysfs": str(sysfs)}))
         col = EfaCollector(ctx)
         for _ in range(5):

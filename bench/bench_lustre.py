@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from exporter import collectors  # noqa: E402
 from exporter.catalog import Families  # noqa: E402
 from exporter.collector import Context  # noqa: E402
 from exporter.collectors.lustre import LustreCollector  # noqa: E402
@@ -40,6 +41,7 @@ def collector(root: Path, osts: int, per_target: bool, kernel_files: bool = Fals
     for d in ("proc", "sys/kernel/debug"):
         (root / d).mkdir(parents=True, exist_ok=True)
     sim_lustre.LustreSim(root, PROFILES["p5.48xlarge"], set(), osts=osts).build()
+    collectors.discover()  # the composition root: the collectors' config sections
     cfg = load(None, {"paths.procfs": str(root / "proc"), "paths.sysfs": str(root / "sys"),
                       "paths.debugfs": str(root / "sys/kernel/debug"), "lustre.per_target": per_target,
                       "lustre.lfs_command": "", "lustre.use_ioctl": False})

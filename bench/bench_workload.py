@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from exporter import collectors  # noqa: E402
 from exporter.catalog import Families  # noqa: E402
 from exporter.collector import Collector, Context  # noqa: E402
 from exporter.collectors.workload import WorkloadCollector  # noqa: E402
@@ -90,6 +91,7 @@ class Nothing(Collector):
 
 
 def cpu_per_scrape(overrides: dict, nvml: NvmlSession, scrapes: int) -> tuple[float, int]:
+    collectors.discover()  # the composition root: the collectors' config sections
     ctx = Context(config=load(None, overrides), nvml=nvml)
     c = WorkloadCollector(ctx)
     runners = [Runner([c], deadline_s=5), Runner([Nothing(ctx)], deadline_s=5)]

@@ -73,13 +73,15 @@ import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 from exporter.collector import Context
 from exporter.config import load
-import exporter.collectors.xid  # noqa: F401 - declares the xid config section
+from exporter import collectors
+collectors.discover()  # the collectors' config sections
 ctx = Context(config=load(None, {"paths.kmsg": sys.argv[2], "paths.state_dir": sys.argv[3],
-                                 "paths.procfs": sys.argv[3], "xid.nvml_events": False}))
+                                 "paths.procfs": sys.argv[3], "xid.nvml_events": False,
+                                 "instance.imds": False}))
 svc = ctx.xid
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
-n = svc.read_kmsg(final=True)
+n = svc.read_kmsg()
 dt = time.perf_counter() - t
 rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 events = sum(c.count for ks in svc.store.counts.values() for c in ks.values())

@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent)
 sys.path.insert(0, str(ROOT))
 
+from exporter import collectors  # noqa: E402
 from exporter.collector import Context  # noqa: E402
 from exporter.collectors.health import HealthCollector  # noqa: E402
 from exporter.collectors.xid import XidCollector  # noqa: E402
@@ -45,8 +46,10 @@ def main() -> None:
     (d / "kmsg").write_text("".join(out))
     nvml = NvmlSession(FakeBackend({"system": {}, "devices": []}))
     nvml.backend.fail_init(12, "no NVML in this bench")
+    collectors.discover()  # the composition root: the collectors' config sections
     cfg = load(None, {"paths.procfs": str(d / "proc"), "paths.kmsg": str(d / "kmsg"),
-                      "paths.state_dir": str(d / "state"), "xid.nvml_events": False})
+                      "paths.state_dir": str(d / "state"), "xid.nvml_events": False,
+                      "instance.imds": False})  # nothing beyond loopback
     ctx = Context(config=cfg, nvml=nvml)
     t = time.process_time()
     svc = one_shot(ctx)

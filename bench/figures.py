@@ -120,7 +120,7 @@ def parse_render(text: str) -> Figures:
     return {"series": _num(r"(?m)^(\d+) series", text),
             "fast": _num(r"fast render, OpenMetrics\s+([\d.]+)", text),
             "client": _num(r"prometheus_client, OpenMetrics\s+([\d.]+)", text),
-            "families": _num(r"registry collect \(families\(\)\)\s+([\d.]+)", text)}
+            "families": _num(r"families \(collection \+ process_\*\)\s+([\d.]+)", text)}
 
 
 def parse_xid(text: str) -> Figures:
@@ -186,11 +186,11 @@ ROWS = [
                    f"collection {f('first')}, after 1,000 collections {f('last')}; fake NVML, first "
                    f"collection {f('fake')}; `import pynvml` +{f('pynvml')}; the served exporter after 200 "
                    f"scrapes {f('served')}")),
-    Row("render", "Rendering /metrics (OpenMetrics, the families the registry yields for the simulated p5): "
+    Row("render", "Rendering /metrics (OpenMetrics, the families /metrics renders for the simulated p5): "
         "the cached fast renderer vs prometheus_client's, CPU per render",
         [PY, "bench/bench_render.py", "--iterations", "200", "--repeat", "1"], parse_render,
         lambda f: (f"{f('series')} series: fast renderer {f('fast')} ms vs prometheus_client "
-                   f"{f('client')} ms; collecting the families from the registry {f('families')} ms")),
+                   f"{f('client')} ms; the families (collection + process_*) {f('families')} ms")),
     Row("xid", "XID pipeline: kernel-log record to its count in /metrics (goal median ≤ 1 s); backfill of "
         "100,000 records (goal ≤ 2 s) and of a 1,000,000-record XID 13 flood",
         [PY, "bench/bench_xid.py", "--samples", "30"], parse_xid,

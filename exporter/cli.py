@@ -14,13 +14,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exporter import __version__, collectors, commands, logs
+from exporter import __version__, collectors, commands, logs, reload_snapshot
 from exporter.collector import Context
 from exporter.collectors import workload as workload_flags
-from exporter.config import DEFAULT_PORT, ConfigError, load, read_config_file
+from exporter.config import DEFAULT_PORT, ConfigError, load
 from exporter.deadline import Pool
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import SIMULATED
@@ -31,8 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exporter")
 
-RELOADED_CONFIG_ENV = "GPU_HEALTH_EXPORTER_RELOADED_CONFIG"  # the text a reload validated, for its exec
-_reloaded: str | None = None
 SIM_PLAY_S = 60.0  # one-shot commands on a simulated node: the node as it is this long after start
 
 PATH_FLAGS = {
@@ -194,13 +191,13 @@ def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]
     """Load the config (file, then simulation, then CLI flags) and build the sources' backends:
     the composition root. Returns the Context and the simulated node (None on a real node),
     which the caller starts, plays and closes."""
-    collectors.collector_classes()  # collectors declare their config sections on import
+    collectors.discover()  # the collectors add their config sections to the schema
     overrides: dict[str, Any] = {}
     simulation = None
     if args.simulate:
         from exporter.simulate import Shape, Simulation
 
-        shape = Shape.from_config(load(args.config, cli_overrides(args), _reloaded))  # the file's `simulate`
+        shape = Shape.from_config(load(args.config, cli_overrides(args)))  # the file's `simulate`
         simulation = Simulation(args.simulate, args.scenario, shape=shape)
         overrides.update(simulation.config_overrides())  # its roots; no IMDS, lfs or ioctl probes
     elif args.scenario:
@@ -208,7 +205,7 @@ def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]
     if args.nvml_capture and simulation is None:
         overrides["instance.imds"] = False  # a replayed node is not this machine: no IMDS
     try:
-        cfg = load(args.config, {**overrides, **cli_overrides(args)}, _reloaded)
+        cfg = load(args.config, {**overrides, **cli_overrides(args)})
     except Exception:
         if simulation is not None:
             simulation.close()
@@ -338,6 +335,7 @@ def serve(args: argparse.Namespace) -> int:
         web = load_web_config(ctx.config.web.config_file)
     except (ConfigError, ValueError) as e:
         return cannot_start(args, str(e))
+    reload_snapshot.release()  # loaded: the next reload reads the files again
     from exporter.runner import Runner
     from exporter.server import Server, limits_from_config
 
@@ -369,17 +367,20 @@ def serve(args: argparse.Namespace) -> int:
         if sig != signal.SIGHUP:
             break
         try:  # validate before giving anything up: a bad edit must not take the exporter down
-            text = read_config_file(Path(args.config)) if args.config else None
-            load_web_config(load(args.config, cli_overrides(args), text).web.config_file)
+            with reload_snapshot.recording() as validated:
+                load_web_config(load(args.config, cli_overrides(args)).web.config_file)
+            # the exec'd process starts from these validated bytes (config, web config, TLS
+            # files), not from files that may have changed since: an edit between this check
+            # and the exec must neither stop it nor run unvalidated
+            reload_snapshot.hand_over(validated)
         except (ConfigError, ValueError) as e:
             log.error("SIGHUP: not reloading, the configuration is invalid (still serving the running "
                       "one): %s", e)
             continue
+        except OSError as e:  # no memory file for the hand-over
+            log.error("SIGHUP: not reloading (still serving the running configuration): %s", e)
+            continue
         reload = True
-        if text is not None and len(text) < 100_000 and "\0" not in text:
-            # the exec'd process starts from this validated text, not from a file that may have
-            # changed since (an edit between this check and the exec must not make it exit 2)
-            os.environ[RELOADED_CONFIG_ENV] = text
         break
     timeout = cfg.shutdown_timeout_seconds
     if reload:
@@ -504,9 +505,17 @@ def console_main() -> None:
     exit_now(main())
 
 
+def command_failed(mod: Any, args: argparse.Namespace, e: Exception) -> int:
+    """An unexpected error of a one-shot command: its `failed(args, error)` answers (check exits
+    3 with the reason, never a traceback's 1), else it propagates."""
+    failed = getattr(mod, "failed", None)
+    if failed is None:
+        raise e
+    return failed(args, e)
+
+
 def main(argv: list[str] | None = None) -> int:
-    global _reloaded
-    _reloaded = os.environ.pop(RELOADED_CONFIG_ENV, None)  # set by the reload before its exec only
+    reload_snapshot.take_over()  # what the reload that exec'd this process validated, if one did
     argv = list(sys.argv[1:] if argv is None else argv)
     cmds = _commands()
     if argv and argv[0] in cmds:
@@ -527,17 +536,16 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, ValueError) as e:
             print(f"gpu-health-exporter: {e}", file=sys.stderr)
             return could_not_start(args, str(e)) if could_not_start else 2
-        except Exception as e:
-            if could_not_start is None:
-                raise
-            print(f"gpu-health-exporter: {type(e).__name__}: {e}", file=sys.stderr)
-            return could_not_start(args, f"{type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 - a command may answer its own failure (check: exit 3)
+            return command_failed(mod, args, e)
         setup_logging(args.log_level or "warning", args.log_format or ctx.config.log_format)
         try:
             if simulation is not None:  # a one-shot command sees what the daemon sees a minute in:
                 ctx.nvml.ensure()  # NVML found its GPUs at start, as the daemon's did
                 simulation.play(SIM_PLAY_S)
             return mod.run(args, ctx)
+        except Exception as e:  # noqa: BLE001 - as above
+            return command_failed(mod, args, e)
         finally:
             ctx.pool.close()
             if simulation is not None:

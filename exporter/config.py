@@ -3,8 +3,10 @@
 The schema is made of sections, each a dataclass (a `Section`) whose fields carry their default
 and documentation (`setting`) and whose annotations give their types: the top-level keys
 (`TopLevel`), the core sections below (paths, web, node) and one section per collector, which the
-collector class declares (`Collector.config_section`, found through exporter.collectors'
-registry, so a section exists whether or not its module was imported by someone else).
+collector class declares (`Collector.config_section`). This module owns the schema's registry
+and imports no collector: exporter.collectors adds each collector's section (`add_section`) when
+the composition root discovers the collectors (exporter.cli; exporter.docs; the test suite's
+conftest), before any config is loaded.
 
 Every error in a file is reported at once, in one ConfigError that names the file and, for each
 error, the key path, what was expected and the value (cut to about 60 characters; values are
@@ -26,6 +28,7 @@ from typing import Any, ClassVar, TypeVar
 
 import yaml
 
+from exporter import reload_snapshot
 from exporter.regular_file import NotRegularFile, read_regular
 
 
@@ -236,9 +239,24 @@ class Node(Section):
 CORE_SECTIONS: tuple[type[Section], ...] = (Paths, Web, Node)
 TOP: dict[str, Key] = TopLevel.keys()
 
+# The collectors' sections, added when exporter.collectors registers them.
+_ADDED: dict[str, type[Section]] = {}
 # Sections declared the old way (declare_section: a name, a doc and a dict of Keys), made into
 # Section classes; kept so a module can still declare a section without a dataclass.
 _DECLARED: dict[str, type[Section]] = {}
+
+
+def add_section(cls: type[Section]) -> None:
+    """Add a collector's section to the schema (exporter.collectors.register)."""
+    old = _ADDED.get(cls.name) or {c.name: c for c in CORE_SECTIONS}.get(cls.name)
+    if old is not None and old is not cls:
+        raise ValueError(f"config section {cls.name!r} declared twice ({old.__name__}, {cls.__name__})")
+    _ADDED[cls.name] = cls
+
+
+def remove_section(name: str) -> None:
+    """Drop a section added with add_section (a collector unregistered)."""
+    _ADDED.pop(name, None)
 
 
 def declare_section(name: str, doc: str, keys: dict[str, Key]) -> None:
@@ -272,10 +290,8 @@ def section_of_keys(name: str, doc: str, keys: dict[str, Key],
 def sections() -> dict[str, type[Section]]:
     """Every section of the schema by name: the core ones, every registered collector's, and
     those declared with declare_section."""
-    from exporter import collectors  # the registry imports the collectors, which import this module
-
     out: dict[str, type[Section]] = {c.name: c for c in CORE_SECTIONS}
-    for name, cls in {**collectors.sections(), **_DECLARED}.items():
+    for name, cls in {**_ADDED, **_DECLARED}.items():
         if name in out and out[name] is not cls:
             raise ValueError(f"config section {name!r} declared twice ({out[name].__name__}, {cls.__name__})")
         out[name] = cls
@@ -444,7 +460,8 @@ def read_config_bytes(path: Path, what: str, origin: Path | None = None) -> byte
     `what` and the path."""
     where = f"{origin}: {what} {path}" if origin is not None else f"{path}: the {what}"
     try:
-        data = read_regular(path, MAX_FILE_BYTES)
+        # during a reload's start-up, the bytes it validated (exporter.reload_snapshot)
+        data = reload_snapshot.read(path, lambda: read_regular(path, MAX_FILE_BYTES))
     except NotRegularFile as e:
         raise ConfigError(f"{where}: not a regular file ({e.kind})") from e
     except OSError as e:

@@ -92,9 +92,12 @@ def configuration_md() -> str:
         "file of at most 1 MiB (a FIFO or a directory is refused without blocking), and a document whose "
         "aliases expand to more than 100,000 values is refused before it is built. Command-line flags "
         "override the file. On SIGHUP the file is read again: a valid configuration restarts the process "
-        "in place (same pid) from the text just validated (an edit landing during the restart waits for "
-        "the next SIGHUP rather than stopping the exporter), an invalid one is logged and the running one "
-        "kept. An empty file is valid: every default.",
+        "in place (same pid) with exactly the bytes just validated, whatever their size: the config file, "
+        "the web config file and the TLS certificate, key and CA files it names are handed to the "
+        "restarted process in an inherited anonymous memory file (memfd, exporter/reload_snapshot.py), so "
+        "an edit of any of them landing during the restart neither stops the exporter (exit 2) nor runs "
+        "unvalidated; it waits for the next SIGHUP, which reads the files again. An invalid configuration "
+        "is logged and the running one kept. An empty file is valid: every default.",
         "",
         "Each collector declares its own section (a typed dataclass on the collector class, found by the "
         "registry in exporter/collectors), so this page lists every collector's keys.",

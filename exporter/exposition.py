@@ -1,13 +1,14 @@
 """Rendering a collection as Prometheus text (0.0.4) or OpenMetrics (1.0.0).
 
-The families come from /metrics' prometheus_client registry (exporter.registry). prometheus_client's
-own renderers (`generate_latest`, and `prometheus_client.openmetrics.exposition.generate_latest`)
-sort and escape every label of every sample on every scrape, about 6 times the cost of this one
-on a p5 (docs/performance.md). Our series are the same from scrape to scrape, only their values
-change, so `render` caches each series' `name{labels} ` prefix and formats only the value. Its
-output is byte for byte prometheus_client's (tests/test_exposition.py checks every simulated
-scenario in both formats); anything outside what it supports (a family that is not a gauge or a
-counter) is rendered by prometheus_client (`render_client`).
+The families are the runner's collection (exporter.collection) and process_*, rendered directly.
+prometheus_client's own renderers (`generate_latest`, and
+`prometheus_client.openmetrics.exposition.generate_latest`) sort and escape every label of every
+sample on every scrape, about 6 times the cost of this one on a p5 (docs/performance.md). Our
+series are the same from scrape to scrape, only their values change, so `render` caches each
+series' `name{labels} ` prefix and formats only the value. Its output is byte for byte
+prometheus_client's (tests/test_exposition.py checks simulated scenarios in both formats, and a
+property test generated values and labels). It renders gauges and counters, the only types the
+catalog lets a metric have (exporter.catalog.define).
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable
 from math import copysign
-
-from prometheus_client.exposition import generate_latest
-from prometheus_client.openmetrics.exposition import generate_latest as om_generate_latest
 
 from exporter.metric import Metric, go_float
 
@@ -28,7 +26,6 @@ _MAX_CACHED = 200_000  # series prefixes kept; cleared when exceeded (label chur
 _prefixes: dict[tuple, str] = {}
 _MAX_CHUNKS = 4096  # families whose last rendering is kept; cleared when exceeded
 _chunks: dict[tuple, tuple[list, str]] = {}  # family (name, type, help, unit, format) -> (samples, text)
-_FAST_TYPES = frozenset(("gauge", "counter"))
 
 
 def _escape_label(v: str) -> str:
@@ -51,21 +48,6 @@ def _prefix(name: str, labels: dict[str, str]) -> str:
             p = name + " "
         _prefixes[key] = p
     return p
-
-
-class _Fixed:
-    """A prometheus_client collector of given families (what its renderers take)."""
-
-    def __init__(self, metrics: Iterable[Metric]) -> None:
-        self.metrics = metrics
-
-    def collect(self) -> Iterable[Metric]:
-        return self.metrics
-
-
-def render_client(metrics: Iterable[Metric], openmetrics: bool = False) -> bytes:
-    """prometheus_client's own rendering of these families."""
-    return (om_generate_latest if openmetrics else generate_latest)(_Fixed(metrics))
 
 
 def _header(m: Metric, openmetrics: bool) -> str:
@@ -96,9 +78,6 @@ def _same(old: list, new: list) -> bool:
 
 
 def render(metrics: Iterable[Metric], openmetrics: bool = False) -> bytes:
-    metrics = metrics if isinstance(metrics, list) else list(metrics)
-    if any(m.type not in _FAST_TYPES for m in metrics):
-        return render_client(metrics, openmetrics)
     out: list[str] = []
     append = out.append
     get = _prefixes.get

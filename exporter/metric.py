@@ -1,7 +1,7 @@
 """The exporter's metric model is prometheus_client's: a family is its `Metric`
 (prometheus_client.metrics_core), a sample its `Sample` (prometheus_client.samples), and a value is
 spelled by its `floatToGoString`. Collectors fill families through exporter.catalog.Families and
-`Sample(name, labels, value)`; exporter.registry yields them into a `CollectorRegistry`.
+`Sample(name, labels, value)`; /metrics renders them directly (exporter.exposition).
 
 A counter family is named without `_total` and its samples with it (prometheus_client's own
 convention). Families are made without a unit, so OpenMetrics output has no `# UNIT` line (as

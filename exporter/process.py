@@ -3,7 +3,7 @@
 `oneshot` per scrape (~0.1 ms; open descriptors counted without listing them, see open_fds).
 process_threads counts OS threads (the Rust and Java clients' name).
 psutil rather than prometheus_client's ProcessCollector: it reads /proc/self once per scrape and
-names the same series; `ProcessCollector` here is a prometheus_client custom collector."""
+names the same series. /metrics renders them after the collection (exporter.server.families)."""
 
 from __future__ import annotations
 
@@ -37,13 +37,6 @@ _SPECS = (CPU, RSS, VMS, OPEN_FDS, MAX_FDS, START, THREADS)
 def _process() -> psutil.Process:
     """This process, built on first use rather than on import."""
     return psutil.Process()
-
-
-class ProcessCollector:
-    """prometheus_client custom collector of the process_* series (exporter.registry)."""
-
-    def collect(self) -> list[Metric]:
-        return process_metrics()
 
 
 def open_fds() -> int:

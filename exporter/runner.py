@@ -20,9 +20,9 @@ from typing import Any
 from exporter import __version__, deadline
 from exporter.buildinfo import build_info
 from exporter.catalog import Families, define
+from exporter.collection import RUNNER_PART, Collection
 from exporter.collector import Collector, Derived, Failed
 from exporter.config import Config
-from exporter.registry import RUNNER_PART, Collection
 
 log = logging.getLogger("exporter.runner")
 
@@ -85,7 +85,6 @@ class Runner:
         self._lock = threading.Lock()
         self._inflight: Future | None = None
         self.readings: dict[str, Any] = {}  # the last collection's readings (what dependants got)
-        self.collection = Collection()  # the last collection (exporter.registry serves it)
         self._last: tuple[float, float, Collection] | None = None  # (started, finished, result)
         self.scrapes = 0
         self.collections = 0
@@ -180,7 +179,6 @@ class Runner:
         own.add(COLLECTIONS, self.collections)
         metrics.add(RUNNER_PART, own)
         self.readings = readings
-        self.collection = metrics
         self.ready.set()
         return metrics
 

@@ -1,14 +1,14 @@
 """The HTTP endpoint: the telemetry path (/metrics), the landing page, /healthz and /readyz, on
 exporter.httpd.
 
-- /metrics: one collection (shared with concurrent scrapes) plus the process_* metrics, yielded by
-  a prometheus_client `CollectorRegistry` (exporter.registry), in the format and encoding the
-  client asks for (406 when it accepts no encoding we have). Scrapes
-  that share a collection share its rendered body too.
-  `?collect[]=gpu&collect[]=efa` keeps only those collectors' series (with the exporter's own:
-  build_info, scrapes, process_*; collector_success and duration for those collectors only), as
-  node_exporter's filter does; `exclude[]` keeps all but those. The filter applies to the shared
-  collection: it selects what is sent, not what is run (docs/design.md, "collect[]").
+- /metrics: the runner's collection (shared with concurrent scrapes) plus the process_* metrics,
+  rendered directly (exporter.exposition) in the format and encoding the client asks for (406
+  when it accepts no encoding we have). Scrapes that share a collection share its rendered body
+  too. `?collect[]=gpu&collect[]=efa` keeps only those collectors' parts of the collection (with
+  the exporter's own: build_info, scrapes, process_*; collector_success and duration for those
+  collectors only), as node_exporter's filter does; `exclude[]` keeps all but those. The filter
+  applies to the shared collection: it selects what is sent, not what is run (docs/design.md,
+  "collect[]").
 - /: the node verdict (the health collector's last reading), GPUs needing action and each
   source's problems; a reading older than LANDING_MAX_AGE_S is refreshed first.
 - /healthz: 200 while the process serves. /readyz: 200 once the first collection is done; the
@@ -21,28 +21,25 @@ exporter.httpd.
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
-from collections.abc import Iterable
 from urllib.parse import parse_qs
 
-from exporter.catalog import all_specs
+from exporter.collection import Collection
 from exporter.config import Config
 from exporter.exposition import choose_encoding, encode, negotiate
 from exporter.httpd import HttpServer, Limits, Request, Response
 from exporter.landing import render_page
 from exporter.metric import Metric
-from exporter.registry import build_registry, families
-from exporter.runner import COLLECTOR_DURATION, COLLECTOR_SUCCESS, Runner
+from exporter.process import process_metrics
+from exporter.runner import Runner
 from exporter.webconfig import BasicAuth, WebConfig
 
 log = logging.getLogger("exporter.server")
 
 LANDING_MAX_AGE_S = 5.0  # `/` collects again when its reading is older than this
 _RESERVED = ("/", "/index.html", "/healthz", "/readyz")  # not a telemetry path
-_PER_COLLECTOR = {COLLECTOR_SUCCESS.name, COLLECTOR_DURATION.name}  # labelled by collector
 
 
 class App:
@@ -51,7 +48,6 @@ class App:
     def __init__(self, runner: Runner, web: WebConfig | None = None,
                  telemetry_path: str = "/metrics") -> None:
         self.runner = runner
-        self.registry = build_registry(runner)
         self.auth = BasicAuth(web.users) if web and web.users else None
         self.telemetry_path = telemetry_path
         self.last: list[Metric] | None = None
@@ -60,10 +56,10 @@ class App:
         # (process_* as of the first of them): a burst of scrapes, or clients that pipeline
         # requests, cost one render and one gzip per collection, not one per request.
         self._body_lock = threading.Lock()
-        self._bodies_of: list[Metric] | None = None
+        self._bodies_of: Collection | None = None
         self._bodies: dict[tuple, tuple[bytes, list[tuple[str, str]]]] = {}
 
-    def collect(self, scrape: bool = True, arrived: float | None = None) -> list[Metric]:
+    def collect(self, scrape: bool = True, arrived: float | None = None) -> Collection:
         metrics = self.runner.collect(scrape, arrived)
         self.last, self.last_at = metrics, time.time()
         return metrics
@@ -105,9 +101,7 @@ class App:
                 self._bodies_of, self._bodies = metrics, {}
             got = self._bodies.get(key)
             if got is None:
-                fams = families(self.registry, metrics)  # with process_*, as of this render
-                kept = only_collectors(fams, wanted) if wanted is not None else fams
-                got = self._bodies[key] = encode(kept, accept, coding)
+                got = self._bodies[key] = encode(families(metrics, wanted), accept, coding)
         return Response(200, *got)
 
     def landing(self) -> Response:
@@ -139,23 +133,10 @@ def collectors_wanted(query: str, enabled: list[str]) -> tuple[set[str] | None, 
     return None, ""
 
 
-def only_collectors(metrics: Iterable[Metric], wanted: set[str]) -> list[Metric]:
-    """The families of the `wanted` collectors, and the exporter's own (its per-collector
-    success and duration only for the wanted collectors). Owners come from the catalog."""
-    owner = {}
-    for spec in all_specs():  # a counter's family is named without its _total
-        owner[spec.name] = owner[spec.name.removesuffix("_total")] = spec.collector
-    out = []
-    for m in metrics:
-        who = owner.get(m.name) or "exporter"
-        if who in wanted:
-            out.append(m)
-        elif who == "exporter":
-            if m.name in _PER_COLLECTOR:
-                m = copy.copy(m)
-                m.samples = [s for s in m.samples if s.labels.get("collector") in wanted]
-            out.append(m)
-    return out
+def families(collection: Collection, wanted: set[str] | None = None) -> list[Metric]:
+    """What /metrics renders: the collection's families (those of the `wanted` collectors and
+    the runner's own; None: all), then process_* as of now."""
+    return [*collection.select(wanted), *process_metrics()]
 
 
 def limits_from_config(cfg: Config) -> Limits:

@@ -159,10 +159,12 @@ def _tls(p: Path, c: dict) -> ssl.SSLContext | None:
             raise ConfigError(f"{p}: tls_server_config.{k} {v}: {e}") from e
     base = p.parent
     cert, key = base / s["cert_file"], base / s["key_file"]
-    read_config_bytes(cert, "tls_server_config.cert_file", p)  # ssl would block on a FIFO
-    read_config_bytes(key, "tls_server_config.key_file", p)
+    # read as config files (ssl would block on a FIFO), and loaded from those bytes: what a
+    # reload validated is what its new process loads (exporter.reload_snapshot)
+    pems = (read_config_bytes(cert, "tls_server_config.cert_file", p),
+            read_config_bytes(key, "tls_server_config.key_file", p))
     try:
-        ctx.load_cert_chain(cert, key)
+        _load_cert_chain(ctx, *pems)
     except (OSError, ssl.SSLError) as e:
         raise ConfigError(f"{p}: tls_server_config cert_file {cert} / key_file {key}: {e}") from e
     if ca:
@@ -173,6 +175,20 @@ def _tls(p: Path, c: dict) -> ssl.SSLContext | None:
             raise ConfigError(f"{p}: tls_server_config.client_ca_file {base / ca}: {e}") from e
     ctx.verify_mode = ssl.VerifyMode[_CLIENT_AUTH[auth]]
     return ctx
+
+
+def _load_cert_chain(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
+    """SSLContext.load_cert_chain from bytes (it takes only paths): anonymous memory files."""
+    fds = []
+    try:
+        for data in (cert_pem, key_pem):
+            fds.append(os.memfd_create("gpu-health-exporter-tls"))
+            with open(fds[-1], "wb", closefd=False) as f:
+                f.write(data)
+        ctx.load_cert_chain(*(f"/proc/self/fd/{fd}" for fd in fds))
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _users(p: Path, c: dict) -> dict[str, bytes]:

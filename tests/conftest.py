@@ -14,6 +14,8 @@
   `HYPOTHESIS_PROFILE=search .venv/bin/python -m pytest -q tests/test_property_parsers.py
   tests/test_exposition.py` draws fresh examples, 5,000 a test (about 5 minutes on 2 cores), keeps
   failures in .hypothesis/ and prints the blob that replays one (`@reproduce_failure`).
+- The suite is a composition root: it discovers the collectors once, at start, so their config
+  sections are in the schema whatever a test imports (exporter.config imports no collector).
 """
 
 from __future__ import annotations
@@ -24,9 +26,14 @@ import socket
 
 import pytest
 
+from exporter import collectors
 from exporter.imds import ENV_SWITCH
 
 os.environ[ENV_SWITCH] = "off"  # before any exporter is built or started
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    collectors.discover()
 
 
 class NonLoopbackError(ConnectionRefusedError):

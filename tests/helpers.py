@@ -179,7 +179,9 @@ def start_exporter(log_dir: Path, *args: str, timeout: float = 60.0, path: str =
         proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, listen_flag, "127.0.0.1:0"],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
-        url = served_base(log, proc, timeout) + path
+        # the port from the socket table: at --log.level warning no "serving" line says it
+        scheme = "https" if "verify" in get_kw else "http"
+        url = f"{scheme}://127.0.0.1:{port_of(proc, timeout)}{path}"
         wait_until_serving(url, proc, timeout, "exporter", **get_kw)
     except BaseException as e:
         proc.kill()

@@ -1,5 +1,5 @@
-"""/metrics' metric model and renderer: collectors' families are prometheus_client's, yielded into
-a CollectorRegistry; the cached fast renderer is byte for byte prometheus_client's renderers
+"""/metrics' metric model and renderer: collectors' families are prometheus_client's, rendered
+directly from the runner's collection; the cached fast renderer is byte for byte prometheus_client's renderers
 (`generate_latest` and the OpenMetrics one) on a few simulated scenarios that together touch every
 kind of family, and on generated edge cases (the property test covers every value and label);
 escaping, number formatting and content negotiation are right."""
@@ -16,13 +16,14 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample as ClientSample
 
-from exporter import collectors
-from exporter.catalog import Families, MetricSpec
+from exporter import catalog, collectors
+from exporter.catalog import Families, MetricSpec, all_specs, define
 from exporter.cli import build_context, build_parser
-from exporter.exposition import encode, negotiate, render, render_client
+from exporter.collection import Collection
+from exporter.exposition import encode, negotiate, render
 from exporter.metric import Sample
-from exporter.registry import build_registry, families
 from exporter.runner import Runner
+from exporter.server import families
 from exporter.simulate import all_scenarios
 from tests.helpers import promtool_check_metrics
 
@@ -106,16 +107,22 @@ def test_a_family_rendered_again_shows_its_new_values_however_they_compare(first
         assert_same_as_prometheus_client(list(out))
 
 
-def test_a_family_the_fast_path_does_not_know_is_rendered_by_prometheus_client():
-    info = prometheus_client.metrics_core.InfoMetricFamily("gpu_test", "An info family.", {"a": "b"})
-    fams = [*_tricky(), info]
-    assert render(fams) == render_client(fams)
-    assert render(fams, openmetrics=True) == render_client(fams, openmetrics=True)
+def test_the_catalog_makes_the_checks_a_registry_would():
+    """What direct rendering relies on (docs/design.md): a metric name is declared once, and is a
+    gauge or a counter, the types the renderer handles."""
+    spec = define("gpu_test_once", "gauge", "Declared once.", collector="test")
+    try:
+        with pytest.raises(ValueError, match="declared twice"):
+            define("gpu_test_once", "gauge", "Again.", collector="test")
+    finally:
+        catalog.forget(spec.name)
+    for kind in ("info", "histogram", "summary", "stateset", "unknown"):
+        with pytest.raises(ValueError, match="gauge or counter"):
+            define("gpu_test_kind", kind, "Not rendered.", collector="test")
 
 
-def _collect_scenario(scenario: str | None, config) -> list:
-    """One collection of a simulated p5.48xlarge with every detail on, after the scenario's onset,
-    as /metrics' registry yields it (process_* included)."""
+def _collect_scenario(scenario: str | None, config) -> Collection:
+    """One collection of a simulated p5.48xlarge with every detail on, after the scenario's onset."""
     argv = ["--simulate", "p5.48xlarge", "--config", str(config)]
     if scenario:
         argv += ["--scenario", scenario]
@@ -124,7 +131,7 @@ def _collect_scenario(scenario: str | None, config) -> list:
     try:
         ctx.nvml.ensure()
         sim.play(60.0)  # every scenario's onset is behind us (its fake NVML's too)
-        return families(build_registry(runner), runner.collect())
+        return runner.collect()
     finally:
         runner.close()
         release = getattr(ctx.nvml.backend, "release", None)
@@ -150,14 +157,23 @@ SCENARIOS = [None, "gpu-lost", "xid-94", "sxid-fatal", "lustre-eviction", "slurm
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_byte_identical_to_prometheus_client_on_simulated_scenarios(scenario, every_detail):
     assert scenario is None or scenario in all_scenarios()
-    fams = _collect_scenario(scenario, every_detail)
+    fams = families(_collect_scenario(scenario, every_detail))  # as /metrics renders it
     assert sum(len(f.samples) for f in fams) > 500
     assert_same_as_prometheus_client(fams)
 
 
 @pytest.mark.slow
 def test_a_simulated_p5_passes_promtool_and_parses_to_the_collected_samples(every_detail):
-    fams = _collect_scenario(None, every_detail)
+    collection = _collect_scenario(None, every_detail)
+    # What a prometheus_client registry's duplicate check would see: each family once, in the part
+    # of the collector the catalog gives it (collect[] filters by part).
+    owner = {spec.name.removesuffix("_total"): spec.collector for spec in all_specs()}
+    assert len(collection.parts) > 5
+    for part, fams in collection.parts.items():
+        assert {owner[f.name] for f in fams} <= {part}, part
+    fams = families(collection)
+    names = [f.name for f in fams]
+    assert len(names) == len(set(names))
     ours = render(fams).decode()
     assert len(_samples(fams)) > 1500
     assert _samples(text_string_to_metric_families(ours)) == _samples(fams)
@@ -165,27 +181,31 @@ def test_a_simulated_p5_passes_promtool_and_parses_to_the_collected_samples(ever
     assert promtool_check_metrics(ours) == ""
 
 
-def test_the_registry_yields_each_collectors_part_of_the_collection_it_serves():
+def test_metrics_renders_each_collectors_part_of_the_collection_it_serves():
     from tests.test_runner import Probe
 
     runner = Runner([Probe("alpha"), Probe("broken", "raise"), Probe("beta")], deadline_s=1)
     try:
-        reg = build_registry(runner)
         first = runner.collect()
         second = runner.collect()
         assert first is not second
-        order = [(f.name, *(s.labels.get("source", "") for s in f.samples)) for f in families(reg, first)]
+        order = [(f.name, *(s.labels.get("source", "") for s in f.samples)) for f in families(first)]
         probe = "gpu_health_exporter_test_probe"
         assert order[:2] == [(probe, "alpha"), (probe, "beta")]  # the failed collector has no part
+        assert list(first.parts) == ["alpha", "beta", "exporter"]
         assert order[2][0] == "gpu_health_exporter_collector_success"
         assert order[-1][0].startswith("process_")
-        # outside a scrape the registry serves the runner's last collection
-        assert reg.get_sample_value("gpu_health_exporter_collections_total") == 2
-        assert reg.get_sample_value("gpu_health_exporter_collector_success", {"collector": "broken"}) == 0
-        assert reg.get_sample_value(probe, {"source": "beta"}) == 1
-        # a scrape serving the first collection sees that one, though a later one has finished
-        served = {s.name: s.value for f in families(reg, first) for s in f.samples if not s.labels}
+        # a scrape serving the first collection renders that one, though a later one has finished
+        served = {s.name: s.value for f in families(first) for s in f.samples if not s.labels}
         assert served["gpu_health_exporter_collections_total"] == 1
+        # collect[]: the wanted collectors' parts, the runner's own series, success only for them
+        beta = families(second, {"beta"})
+        assert [s.labels["source"] for f in beta if f.name == probe for s in f.samples] == ["beta"]
+        success = {s.labels["collector"]: s.value for f in beta for s in f.samples
+                   if s.name == "gpu_health_exporter_collector_success"}
+        assert success == {"beta": 1}
+        assert {f.name for f in beta} >= {"gpu_health_exporter_build_info", "process_resident_memory_bytes"}
+        assert len(next(f for f in second if f.name == "gpu_health_exporter_collector_success").samples) == 3
     finally:
         runner.close()
 

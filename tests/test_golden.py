@@ -36,8 +36,8 @@ import pytest
 from exporter import collectors
 from exporter.cli import build_context, build_parser
 from exporter.exposition import render
-from exporter.registry import build_registry, families
 from exporter.runner import Runner
+from exporter.server import families
 from tests.helpers import FIXTURES
 
 GOLDEN = FIXTURES / "golden"
@@ -75,7 +75,7 @@ def _value(text: str, name: str) -> str | None:
 
 
 def golden_scrape(tmp_path, monkeypatch, extra_config: str) -> str:
-    """/metrics of the pinned simulated p5.48xlarge, as the registry serves it, masked."""
+    """/metrics of the pinned simulated p5.48xlarge, as the endpoint renders it, masked."""
     monkeypatch.setattr(time, "time", lambda: FROZEN)
     cfg = tmp_path / "config.yml"
     cfg.write_text(IDENTITY + extra_config)
@@ -88,7 +88,6 @@ def golden_scrape(tmp_path, monkeypatch, extra_config: str) -> str:
     records = len((sim.root / "dev" / "kmsg").read_text().splitlines())
     built = collectors.build(ctx)
     runner = Runner.from_config(built, ctx.config)
-    registry = build_registry(runner)
     try:
         runner.start()
         for c in built:
@@ -97,7 +96,7 @@ def golden_scrape(tmp_path, monkeypatch, extra_config: str) -> str:
         # The follower reads the simulated kernel log in the background: wait for all of it.
         deadline = time.monotonic() + 60
         while True:
-            text = render(families(registry, runner.collect())).decode()
+            text = render(families(runner.collect())).decode()
             if _value(text, "gpu_health_exporter_kmsg_up") == "1.0" and \
                     _value(text, "gpu_health_exporter_kmsg_records_total") == f"{records:.1f}":
                 break

@@ -74,7 +74,7 @@ def test_kernel_log_file_reader(tmp_path_factory, records):
     path = tmp_path_factory.mktemp("kmsg") / "kmsg"
     path.write_bytes("\n".join(records).encode("utf-8", "surrogateescape"))
     r = KmsgReader(str(path))
-    got = list(r.read_available(final=True))
+    got = list(r.read_available())
     assert r.stats.records == len(got) and r.stats.malformed >= 0
 
 

@@ -127,12 +127,23 @@ def test_every_metric_belongs_to_a_registered_collector_or_the_exporter():
     assert {s.collector for s in catalog.all_specs()} <= known
 
 
-def test_sections_exist_without_importing_their_collector_modules():
+def test_sections_exist_once_the_composition_root_discovers_the_collectors():
+    """A process that discovers the collectors (as exporter.cli does before it loads a config) has
+    every collector's section, whether or not it imported their modules."""
     import subprocess
     import sys
 
     from tests.helpers import ROOT
 
-    code = "from exporter.config import load; c = load(None); print(c.gpu.timeout_seconds, c.efa.counters)"
+    code = ("from exporter import collectors; collectors.discover(); from exporter.config import load; "
+            "c = load(None); print(c.gpu.timeout_seconds, c.efa.counters)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.split() == ["4.0", "default"], r.stderr
+
+
+def test_an_unregistered_collectors_section_is_an_unknown_key(toy):
+    collectors.unregister("nvme")
+    with pytest.raises(ConfigError, match="nvme"):
+        load(None, {"nvme.devices": 3})
+    collectors.register(NvmeCollector)
+    assert load(None, {"nvme.devices": 3}).section(NvmeSection).devices == 3

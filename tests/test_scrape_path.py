@@ -11,8 +11,8 @@ import requests
 
 from exporter import collectors, exposition, server
 from exporter.cli import build_context, build_parser
+from exporter.collection import Collection
 from exporter.httpd import Request
-from exporter.registry import Collection
 from exporter.runner import Runner
 from exporter.server import App, Server
 from exporter.xid.verdict import GpuVerdict, NodeVerdict

@@ -97,10 +97,11 @@ def test_the_default_shape_is_the_profile_and_the_node_says_so_in_dmi(shaped):
 def test_a_shape_the_layout_cannot_have_is_a_config_error(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("simulate:\n  efa_devices: 33\n")
-    assert main(["check", "--simulate", "p5.48xlarge", "--config", str(cfg)]) == 2
+    # a config error: check could not check (3), never "action required" (2)
+    assert main(["check", "--simulate", "p5.48xlarge", "--config", str(cfg)]) == 3
     assert "simulate.efa_devices is 33" in capsys.readouterr().err
     cfg.write_text("simulate:\n  gpus: 99\n")
-    assert main(["check", "--simulate", "p5.48xlarge", "--config", str(cfg)]) == 2
+    assert main(["check", "--simulate", "p5.48xlarge", "--config", str(cfg)]) == 3
     assert "simulate.gpus" in capsys.readouterr().err
 
 

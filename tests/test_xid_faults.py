@@ -147,17 +147,15 @@ def test_a_record_written_in_two_parts_is_read_whole(tmp_path):
     assert counts(svc) == {("00000000:53:00", "63"): 1}  # was XID 6 (unknown), 63 never counted
 
 
-def test_an_unfinished_last_line_is_taken_only_after_the_wait_or_when_final(tmp_path):
+def test_an_unfinished_last_line_is_never_taken_as_it_is(tmp_path):
+    """A record is counted only when whole (issue 30): a saved log that ends without a newline
+    keeps its last line waiting, for the daemon and the one-shot commands alike."""
     path = tmp_path / "kmsg"
     path.write_text("6,0,10,-;a\n6,1,11,-;b")
-    now = [0.0]
-    r = KmsgReader(str(path), clock=lambda: now[0])
+    r = KmsgReader(str(path))
     assert [x.message for x in r.read_available()] == ["a"]
-    now[0] = kmsg_mod.PARTIAL_LINE_WAIT_S - 1
     assert list(r.read_available()) == []  # still waiting for its newline
-    now[0] = kmsg_mod.PARTIAL_LINE_WAIT_S + 1
-    assert [x.message for x in r.read_available()] == ["b"]  # a saved log that ends without one
-    assert [x.message for x in KmsgReader(str(path)).read_available(final=True)] == ["a", "b"]
+    assert [x.message for x in KmsgReader(str(path)).read_available()] == ["a"]
 
 
 # -- item 9: bounded maps --------------------------------------------------------------------------

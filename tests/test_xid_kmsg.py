@@ -81,7 +81,7 @@ def test_malformed_records_are_counted_exported_and_logged_when_the_count_grows(
     ctx = Context(config=load(None, {"paths.kmsg": str(log), "paths.state_dir": str(tmp_path / "st"),
                                      "xid.nvml_events": False}))
     c = XidCollector(ctx)
-    c.service.read_kmsg(final=True)
+    c.service.read_kmsg()
     assert c.service.reader.stats.malformed == 4 and c.service.reader.stats.records == 2
     assert "4 malformed kernel-log record(s) skipped" in caplog.text and "underscores" in caplog.text
     text = scrape(Runner([c], deadline_s=5))

@@ -7,8 +7,12 @@ a Collector subclass declaring, besides its `name`:
   exporter's own `gpu_health_exporter_` for the health of its sources);
 - `docs_group`: the heading its metrics go under in docs/metrics.md.
 
-The config loader, the docs and the command line (--collector.<name>) read this registry, so
-adding a collector is its module and its tests; tests/test_registry.py registers a toy one.
+Registering a collector adds its section to the config schema (exporter.config owns that
+registry, so the config imports no collector). The composition root discovers the collectors
+(`discover`, or `collector_classes`) before it loads a config: exporter.cli, exporter.docs, the
+test suite's conftest, the benchmarks. The docs and the command line (--collector.<name>) read
+this registry too, so adding a collector is its module and its tests; tests/test_registry.py
+registers a toy one.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import importlib
 import pkgutil
 import re
 
-from exporter import catalog
+from exporter import catalog, config
 from exporter.collector import Collector, Context
 from exporter.config import Section
 
@@ -45,6 +49,7 @@ def register(cls: type[Collector]) -> type[Collector]:
     if not cls.prefix or not cls.prefix.endswith("_") or not cls.docs_group:
         raise ValueError(f"collector {name!r}: declare its metric prefix (ending in _) and its docs group")
     catalog.own_prefixes(name, (cls.prefix, OWN_PREFIX))
+    config.add_section(sec)
     _REGISTRY[name] = cls
     return cls
 
@@ -52,6 +57,7 @@ def register(cls: type[Collector]) -> type[Collector]:
 def unregister(name: str) -> None:
     """Remove a collector (tests that register their own)."""
     _REGISTRY.pop(name, None)
+    config.remove_section(name)
     catalog.own_prefixes(name, None)
 
 
@@ -71,12 +77,6 @@ def discover() -> None:
 def collector_classes() -> dict[str, type[Collector]]:
     discover()
     return dict(sorted(_REGISTRY.items()))
-
-
-def sections() -> dict[str, type[Section]]:
-    """Every registered collector's config section, by name."""
-    return {name: cls.config_section for name, cls in collector_classes().items()
-            if cls.config_section is not None}
 
 
 def build(ctx: Context, only: list[str] | None = None) -> list[Collector]:

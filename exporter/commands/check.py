@@ -235,19 +235,18 @@ def could_not_start(args: argparse.Namespace, problem: str) -> int:
     return EXIT_UNKNOWN
 
 
+def failed(args: argparse.Namespace, e: Exception) -> int:
+    """Any error of the check's own (a bug, hostile input; exporter.cli calls this): exit 3 with
+    the reason, never a traceback's exit 1, which reads "degraded" and does not drain."""
+    log.debug("check failed", exc_info=e)  # the traceback at --log.level debug
+    problem = f"the check failed: {type(e).__name__}: {str(e)[:300]}"
+    print(f"gpu-health-exporter check: could not check: {problem}", file=sys.stderr)
+    unknown([problem], EXIT_UNKNOWN, args.json)
+    return EXIT_UNKNOWN
+
+
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    """The check; any error of its own is exit 3 with the reason, never a verdict."""
-    try:
-        return _run(args, ctx)
-    except Exception as e:  # noqa: BLE001 - a bug or an unforeseen input is "could not check"
-        log.debug("check failed", exc_info=True)  # the traceback at --log.level debug
-        problem = f"the check failed: {type(e).__name__}: {e}"
-        print(f"gpu-health-exporter check: {problem}", file=sys.stderr)
-        unknown([problem], EXIT_UNKNOWN, args.json)
-        return EXIT_UNKNOWN
-
-
-def _run(args: argparse.Namespace, ctx: Context) -> int:
+    """The check (an error of its own goes to failed(), through exporter.cli: exit 3)."""
     ctx.identity.lookup_now()
     nv, svc, problems = gather(ctx)
     if nv is None:

@@ -175,7 +175,7 @@ def kmsg_nvidia_records(path: str) -> list[str]:
 
     reader = KmsgReader(path)
     try:
-        return [f"{r.prio},{r.seq},{r.usec},{r.flags};{r.message}" for r in reader.read_available(final=True)
+        return [f"{r.prio},{r.seq},{r.usec},{r.flags};{r.message}" for r in reader.read_available()
                 if any(w in r.message for w in NVIDIA_WORDS)]
     finally:
         reader.close()

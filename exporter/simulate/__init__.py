@@ -14,19 +14,20 @@ Simulation.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import pkgutil
 import shutil
 import tempfile
 import threading
 import time
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exporter.dmi import PRODUCT_NAME
-from exporter.profiles import PROFILES, SIMULATED, Profile
+from exporter.profiles import PROFILES, SIMULATED
+from exporter.simulate.source import Shape, SimSource
 
 if TYPE_CHECKING:
     from exporter.collector import Context
@@ -35,49 +36,7 @@ if TYPE_CHECKING:
     from exporter.nvml.fake import FakeBackend
     from exporter.nvml.session import NvmlSession
 
-
-@dataclass(frozen=True)
-class Shape:
-    """The simulated node's size where it differs from its profile (config section `simulate`);
-    None keeps the profile's (or the source's) own."""
-
-    gpus: int | None = None
-    efa_devices: int | None = None
-    lustre_osts: int | None = None
-
-    @classmethod
-    def from_config(cls, config: Config) -> Shape:
-        sec = getattr(config, "simulate", None)
-        if sec is None:
-            return cls()
-        return cls(sec.gpus, sec.efa_devices, sec.lustre_osts)
-
-
-class SimSource(ABC):
-    name: str = ""
-    scenarios: dict[str, str] = {}  # scenario name -> what it does
-
-    def __init__(self, root: Path, profile: Profile, scenarios: set[str]) -> None:
-        self.root = root
-        self.profile = profile
-        self.active = scenarios & set(self.scenarios)
-
-    def configure(self, shape: Shape) -> None:
-        """Take the node's shape (called before build); the GPU and EFA counts are the profile's."""
-
-    @abstractmethod
-    def build(self) -> None:
-        """Write this source's initial tree under `root`."""
-
-    def advance(self, elapsed_s: float) -> None:
-        """Move the source's counters forward to `elapsed_s` seconds since the start."""
-
-    def config_overrides(self) -> dict[str, Any]:
-        """Config keys this source's scenarios set (where the exporter finds what it built)."""
-        return {}
-
-    def close(self) -> None:
-        """Stop what build() started (a server)."""
+log = logging.getLogger("exporter.simulate")
 
 
 def source_classes() -> list[type[SimSource]]:
@@ -260,7 +219,10 @@ class Simulation:
     def start(self) -> None:
         def loop() -> None:
             while not self._stop.wait(self.tick_s):
-                self.advance()
+                try:
+                    self.advance()
+                except Exception:  # noqa: BLE001 - a tick that failed; the next one tries again
+                    log.exception("simulation: advancing the simulated node failed")
 
         self._thread = threading.Thread(target=loop, name="simulation", daemon=True)
         self._thread.start()
@@ -270,8 +232,16 @@ class Simulation:
         """The simulated IMDS (scenario ec2-scheduled-reboot) on 127.0.0.1, else None: IMDS off."""
         return next((s.url for s in self.sources if getattr(s, "url", None)), None)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the clock's thread, then the sources, then remove the tree: a tick still writing
+        into the tree while it is deleted leaves files behind (and the thread a traceback)."""
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():  # a tick stuck in a write: the tree cannot be removed safely
+                log.error("simulation: the clock thread did not stop within %gs; leaving %s",
+                          timeout_s, self.root)
+                return
         for s in self.sources:
             s.close()
         if self._own_root:

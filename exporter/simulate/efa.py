@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.profiles import Profile
-from exporter.simulate import SimSource
+from exporter.simulate.source import SimSource
 
 BASIC = ["tx_bytes", "tx_pkts", "rx_bytes", "rx_pkts", "rx_drops"]
 MESSAGES = ["send_bytes", "send_wrs", "recv_bytes", "recv_wrs",

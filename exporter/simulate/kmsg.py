@@ -18,8 +18,8 @@ from pathlib import Path
 
 from exporter.nvml.fake import new_uuid
 from exporter.profiles import Profile
-from exporter.simulate import SimSource
 from exporter.simulate.nvml_synth import P5_BUSES
+from exporter.simulate.source import SimSource
 
 ONSET_S = 3.0
 SMS = 132  # H100 SXM streaming multiprocessors: an XID 13 flood logs ~3 lines per SM

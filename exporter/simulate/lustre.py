@@ -24,7 +24,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from exporter.profiles import Profile
-from exporter.simulate import SimSource
+from exporter.simulate.source import SimSource
 
 FSNAME = "abcdefgh"
 MOUNTPOINT = "/fsx"

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from exporter.nvml.fake import FakeBackend, load_capture
-from exporter.simulate import SimSource
 from exporter.simulate.nvml_scenarios import SCENARIOS, apply_scenarios
 from exporter.simulate.nvml_synth import node_capture
+from exporter.simulate.source import SimSource
 
 
 def fake_backend(profile: Any, scenarios: Sequence[str] = (), latencies: bool = False,

@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from exporter.simulate import SimSource
 from exporter.simulate.kmsg import gpu_uuid
+from exporter.simulate.source import SimSource
 
 SLURM_JOB = "4242"
 PODS = (("training", "llama-pretrain-0", "trainer"), ("training", "llama-pretrain-1", "trainer"))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,8 @@ from exporter.workload.attribution import (
 )
 from exporter.workload.model import Workload
 from exporter.xid.catalog import XID_MAX, XID_MIN
-from exporter.xid.store import _PCI_KEY_RE, read_state_file, write_json_atomic
+from exporter.xid.state_values import PCI_KEY_RE, seconds
+from exporter.xid.store import read_state_file, write_json_atomic
 from exporter.xid.sxid_store import SXID_MAX, SXID_MIN
 
 log = logging.getLogger("exporter.workload")
@@ -63,20 +63,19 @@ def _record(row: Any, where: str) -> Attribution:
     if not isinstance(row, list) or len(row) != 6:
         raise ValueError(f"{where}: expected [pci, kind, code, switch, unix time, workloads or null]")
     pci, kind, code, switch, t, ws = row
-    if not isinstance(pci, str) or not _PCI_KEY_RE.fullmatch(pci):
+    if not isinstance(pci, str) or not PCI_KEY_RE.fullmatch(pci):
         raise ValueError(f"{where}: {pci!r} is not a GPU's PCI key")
     if kind not in _CODES:
         raise ValueError(f"{where}: kind {kind!r} is not xid or sxid")
     lo, hi = _CODES[kind]
     if isinstance(code, bool) or not isinstance(code, int) or not lo <= code <= hi:
         raise ValueError(f"{where}: {kind} {code!r} is not an integer from {lo} to {hi}")
-    if not isinstance(switch, str) or (kind == SXID) != bool(_PCI_KEY_RE.fullmatch(switch)) \
+    if not isinstance(switch, str) or (kind == SXID) != bool(PCI_KEY_RE.fullmatch(switch)) \
             or (kind == XID and switch):
         raise ValueError(f"{where}: switch {switch!r}: an SXid names its NVSwitch's PCI key, an XID none")
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-        raise ValueError(f"{where}: time {t!r} is not a finite unix time")
+    t = seconds(t, f"{where}: time")  # the state files' one rule for a time
     if ws is None:
-        return Attribution(pci, kind, code, switch, float(t), None)
+        return Attribution(pci, kind, code, switch, t, None)
     if not isinstance(ws, list) or len(ws) > MAX_WORKLOADS:
         raise ValueError(f"{where}: workloads: expected null or a list of at most {MAX_WORKLOADS}")
     workloads = []

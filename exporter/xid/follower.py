@@ -41,7 +41,7 @@ class KmsgFollower:
         self._malformed_logged = 0
         self._malformed_at = -MALFORMED_LOG_S
 
-    def read(self, live: bool = False, final: bool = False) -> int:
+    def read(self, live: bool = False) -> int:
         """Process every record available now; returns how many were read. Errors (no such
         file, permission denied without CAP_SYSLOG) are recorded, not raised."""
         if not self.status.enabled:
@@ -50,7 +50,7 @@ class KmsgFollower:
         try:
             if not self.reader.is_open:
                 self.reader.open()
-            for rec in self.reader.read_available(final):
+            for rec in self.reader.read_available():
                 if self.reader.stats.records == 1:
                     self._note_first(rec)
                 if live:

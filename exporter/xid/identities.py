@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.xid.parser import pci_key, pci_label
+from exporter.xid.state_values import MAX_INDEX, storable_uuid
 
 log = logging.getLogger("exporter.xid")
 
@@ -66,6 +67,9 @@ class GpuIdentities:
 
     # -- the map -----------------------------------------------------------------------------------
     def identify(self, pci: str, index: int | None = None, uuid: str = "") -> None:
+        uuid = storable_uuid(uuid)  # the state file holds it
+        if index is not None and not 0 <= index <= MAX_INDEX:
+            index = None
         with self.lock:
             cur = self.known.get(pci)
             if cur is None:

@@ -11,12 +11,14 @@ No record is yielded twice: a record whose sequence number is at or below the hi
 already read is skipped, whether it comes back through a reopen (the device after a read error
 starts again at the oldest record in the ring; a file replaced, rotated, truncated or rewritten
 in place, which the start of the last line read no longer being where it was betrays, is read
-from its start) or within one open file (a dump appended again, a duplicated line). In a followed
-file, a last line without its newline is held until the newline arrives (a record written in two
-parts is read whole); only a one-shot read (`final`) or a line left unfinished for
-PARTIAL_LINE_WAIT_S takes it as it is. A line longer than MAX_LINE_BYTES is no record: it is
-dropped (counted malformed), never held whole in memory. NUL bytes before a record (a file
-truncated under a writer that kept its offset) are skipped.
+from its start) or within one open file (a dump appended again, a duplicated line). In a file, a
+record is a whole line: one that ends in its newline. A last line without it is held until the
+newline arrives (a record written in two parts is read whole), by every reader (the daemon,
+`ack`, `check`): a half-written record is never counted, and never moves the sequence number
+past the record it begins. A line longer than MAX_LINE_BYTES (without its newline) is no record,
+however it arrives (in one write or in pieces): it is dropped (counted malformed), never held
+whole in memory. NUL bytes before a record (a file truncated under a writer that kept its
+offset) are skipped.
 """
 
 from __future__ import annotations
@@ -26,15 +28,18 @@ import os
 import select
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 KERNEL_FACILITY_MAX_PRIO = 7  # facility 0 (kernel): prio 0..7; user space cannot write facility 0
-PARTIAL_LINE_WAIT_S = 60.0  # a writer that stops mid-line this long is not coming back
-# A record is at most a few KiB (the kernel's own limit is 8 KiB with its prefix); a longer
-# unfinished line in a file is not a record: it is dropped up to its newline, not kept in memory.
+# A record is at most a few KiB (the kernel's own limit is 8 KiB with its prefix); a longer line
+# in a file is not a record: it is dropped up to its newline, never kept whole in memory.
 MAX_LINE_BYTES = 64 << 10
+# Bounds of a record's numbers: what the state file holds of them (the sequence number, times
+# derived from the kernel clock) must pass its validation (exporter.xid.state_values).
+MAX_SEQ = 2**63 - 1
+MAX_USEC = 10**15  # 31.7 years since boot
 MARK_BYTES = 256  # the start of the last line read, compared on every poll (rewritten in place?)
 
 
@@ -57,9 +62,12 @@ def parse_record(text: str) -> Record | None:
     if not sep:
         return None
     parts = head.split(",", 4)
-    if len(parts) < 4 or not all(p.isascii() and p.isdigit() for p in parts[:3]):
-        return None  # the three numbers are plain non-negative decimals
-    return Record(int(parts[0]), int(parts[1]), int(parts[2]), parts[3], message.rstrip("\n"))
+    if len(parts) < 4 or not all(p.isascii() and p.isdigit() and len(p) <= 19 for p in parts[:3]):
+        return None  # the three numbers are plain non-negative decimals, of at most 19 digits
+    prio, seq, usec = int(parts[0]), int(parts[1]), int(parts[2])
+    if seq > MAX_SEQ or usec > MAX_USEC:
+        return None  # no kernel numbers its records so, nor has run for 30 years
+    return Record(prio, seq, usec, parts[3], message.rstrip("\n"))
 
 
 @dataclass
@@ -86,8 +94,6 @@ class KmsgReader:
     path: str
     chunk_bytes: int = 1 << 20
     stats: ReaderStats = field(default_factory=ReaderStats)
-    partial_wait_s: float = PARTIAL_LINE_WAIT_S
-    clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
         self._fd: int | None = None
@@ -99,7 +105,6 @@ class KmsgReader:
         # (offset, bytes) of the start of the last whole line read: a file rewritten in place
         # (same inode, not shorter) no longer holds them there
         self._mark: tuple[int, bytes] | None = None
-        self._pending_since = 0.0  # clock() when _pending last changed
         self._poll: select.poll | None = None
         self.high_seq: int | None = None  # the highest sequence number read, across every open
 
@@ -140,17 +145,16 @@ class KmsgReader:
                 self._fd = None
 
     # -- reading -------------------------------------------------------------------------------
-    def read_available(self, final: bool = False) -> Iterator[Record]:
+    def read_available(self) -> Iterator[Record]:
         """Yield the records available now, never blocking. Iterate it to the end: a file's
-        position advances by whole chunks. A file's last line without a newline waits for its
-        newline; it is taken as it is only when `final` (a one-shot read) or when it has stayed
-        unfinished for `partial_wait_s` (a saved log that simply ends without one)."""
+        position advances by whole chunks. A file's last line without a newline is no record yet:
+        it waits for its newline."""
         if self._fd is None:
             self.open()
         if self._device:
             yield from self._read_device()
         else:
-            yield from self._read_file(final)
+            yield from self._read_file()
 
     def _malformed(self, text: str) -> None:
         self.stats.malformed += 1
@@ -197,8 +201,16 @@ class KmsgReader:
             if self._note(rec):
                 yield rec
 
-    def _lines(self, text: str) -> Iterator[Record]:
-        for line in text.split("\n"):
+    def _lines(self, data: bytes) -> Iterator[Record]:
+        raw: list[bytes] | None = None
+        for i, line in enumerate(data.decode("utf-8", "replace").split("\n")):
+            # A character is 1 to 4 bytes: only a line this long can be over the limit in bytes,
+            # the same rule as for a line that arrives in pieces (measured in the bytes read).
+            if len(line) > MAX_LINE_BYTES // 4:
+                raw = raw or data.split(b"\n")  # line i of the text is line i of the bytes
+                if len(raw[i]) > MAX_LINE_BYTES:
+                    self._malformed(line[:120])
+                    continue
             line = line.lstrip("\x00")  # NULs: a copytruncate'd file whose writer kept its offset
             if not line or line[0] == " ":  # continuation line (KEY=value) or blank
                 continue
@@ -226,27 +238,24 @@ class KmsgReader:
             return "rewritten" if os.pread(self._fd, len(head), at) != head else ""
         return ""
 
-    def _read_file(self, final: bool = False) -> Iterator[Record]:
+    def _read_file(self) -> Iterator[Record]:
         change = self._change()
         if change == "replaced":  # the records written to the old file just before it was renamed
-            yield from self._read_open(final=False)
+            yield from self._read_open()
         if change:  # start over; sequence numbers drop repeats
             self.close()
             self.open()
-        yield from self._read_open(final)
+        yield from self._read_open()
 
-    def _read_open(self, final: bool) -> Iterator[Record]:
-        grew = False
+    def _read_open(self) -> Iterator[Record]:
         while True:
             data = os.pread(self._fd, self.chunk_bytes, self._offset)
             if not data:
-                break
-            grew = True
+                return
             start = self._offset - len(self._pending)  # where buf begins in the file
             self._offset += len(data)
             buf = self._pending + data
             end = buf.rfind(b"\n")
-            self._pending_since = self.clock()
             if end < 0:
                 self._pending = buf
                 if len(buf) > MAX_LINE_BYTES:  # not a record: drop it up to its newline
@@ -263,14 +272,7 @@ class KmsgReader:
                 self._pending, self._discard = b"", True
             last = buf.rfind(b"\n", 0, end) + 1
             self._mark = (start + last, buf[last:min(end + 1, last + MARK_BYTES)])
-            yield from self._lines(buf[first:end].decode("utf-8", "replace"))
-        stale = not grew and self.clock() - self._pending_since >= self.partial_wait_s
-        if self._pending and (final or stale):
-            tail, self._pending = self._pending, b""
-            if self._discard:  # the end of an over-long line
-                self._discard = False
-                return
-            yield from self._lines(tail.decode("utf-8", "replace"))
+            yield from self._lines(buf[first:end])
 
     def wait(self, timeout_s: float) -> None:
         """Block until more records may be available (device) or for the poll interval (file)."""

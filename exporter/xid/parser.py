@@ -31,7 +31,7 @@ _PID_RE = re.compile(r",\s*pid=('?[^,']*'?)")
 _NAME_RE = re.compile(r",\s*name=([^,]*)")
 _ACTION_RE = re.compile(r"\bto\s+0x([0-9a-fA-F]+)")
 _ANY_HEX_RE = re.compile(r"0x([0-9a-fA-F]+)")
-_GPU_AT_RE = re.compile(r"NVRM: GPU at (?:PCI:)?(" + _PCI + r"):\s+(GPU-[0-9a-fA-F-]+)")
+_GPU_AT_RE = re.compile(r"NVRM: GPU at (?:PCI:)?(" + _PCI + r"):\s+(GPU-[0-9a-fA-F-]{1,92})(?![0-9a-fA-F-])")
 _BUS_LOSS_ONE_RE = re.compile(r"NVRM: GPU (?:at PCI:)?(" + _PCI + r"):\s+GPU has fallen off the bus")
 _BUS_LOSS_START_RE = re.compile(r"NVRM: The NVIDIA GPU (" + _PCI + r")")
 _FALLEN = "fallen off the bus"

@@ -5,7 +5,12 @@ in the acknowledgements `ack` writes while the daemon runs.
 The XID state file holds counts, open events, identities, acks and the last kernel-log sequence
 number (exporter.xid.store); the SXid state file its own counts (exporter.xid.sxid_store).
 Writes are rate-limited (STATE_WRITE_MIN_S) and the sequence number is written now and then
-even without new events (STATE_WRITE_IDLE_S).
+even without new events (STATE_WRITE_IDLE_S). What the daemon holds is written back whenever the
+file on disk is not what it last wrote: set aside as corrupt, removed, replaced by another boot's
+or another log's, rewritten by `ack` (whose acks it then merges): at the next flush, and so on
+shutdown and reload, which flush last. The counts it writes take the larger of its own and the
+file's (`ack` may have counted records the daemon has not read yet, up to the file's sequence
+number), so an acknowledgement's baseline never exceeds the counts in any file it writes.
 """
 
 from __future__ import annotations
@@ -96,7 +101,7 @@ class XidPersistence:
             if not self.write_xids:
                 return False
             version, seq = self._version(), self.store.last_seq
-            dirty = version != self._written_version
+            dirty = version != self._written_version or self.state.behind()
             seq_moved = seq != self._written_seq
             idle_due = seq_moved and now - self._last_write >= STATE_WRITE_IDLE_S
             if not (dirty or (force and seq_moved) or idle_due):
@@ -104,13 +109,14 @@ class XidPersistence:
             if not force and now - self._last_write < STATE_WRITE_MIN_S:
                 return False
             self._last_write = now
-            if self.state.write(self.snapshot()):
+            if self.state.write(self.snapshot(), merge_counts=True):
                 self._written_version, self._written_seq = version, seq
                 return True
             return False
 
     def _flush_sxids(self, now: float, force: bool) -> None:
-        if self.sxids.version == self._sxid_written and not (force and self.sxids.last_seq is not None):
+        if self.sxids.version == self._sxid_written and not self.sxid_state.behind() \
+                and not (force and self.sxids.last_seq is not None):
             return
         if not force and now - self._sxid_last_write < STATE_WRITE_MIN_S:
             return

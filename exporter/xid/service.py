@@ -126,8 +126,8 @@ class XidService:
             if not self.persistence.loaded:
                 self.load_state()
 
-    def read_kmsg(self, live: bool = False, final: bool = False) -> int:
-        return self.follower.read(live, final)
+    def read_kmsg(self, live: bool = False) -> int:
+        return self.follower.read(live)
 
     def flush_state(self, force: bool = False) -> bool:
         return self.persistence.flush(force)
@@ -161,6 +161,9 @@ class XidService:
                 return
             if not self.persistence.loaded:
                 self.load_state()
+            # From here the daemon holds what the file held and writes it back whenever the file
+            # is not what it holds: a corrupt file set aside now loses nothing (no recovery).
+            self.state.holds = self.xid_enabled
             for c in (self.counter, self.sxid_counter):
                 if c is not None:
                     c.log_events = True  # the daemon's log is the trail of every counted event
@@ -224,8 +227,8 @@ def one_shot(ctx: Any, read_only: bool = False) -> XidService:
     """The service for a one-shot command: state loaded, kernel-log backlog read (`read_only`:
     a corrupt state file is left for the daemon to set aside)."""
     svc = ctx.xid
-    svc.state.read_only = read_only
+    svc.state.read_only = svc.sxid_state.read_only = read_only
     svc.session()  # the GPUs NVML lists, before counting (the cardinality guard spares them)
     svc.load_state()
-    svc.read_kmsg(final=True)
+    svc.read_kmsg()
     return svc

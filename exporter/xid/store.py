@@ -21,7 +21,6 @@ import errno
 import fcntl
 import json
 import logging
-import math
 import os
 import re
 import threading
@@ -35,6 +34,19 @@ from typing import Any
 from exporter.regular_file import NotRegularFile, open_regular, read_regular
 from exporter.xid.catalog import XID_MAX, XID_MIN, lookup, valid_xid
 from exporter.xid.identities import MAX_IDENTITIES, Identity  # noqa: F401 - Identity: re-exported
+from exporter.xid.state_values import (  # noqa: F401 - StateError: re-exported
+    MAX_INDEX,
+    MAX_SEQ,
+    MAX_UUID_CHARS,
+    StateError,
+    integer,
+    mapping,
+    pci_key,
+    seconds,
+    sequence,
+    show,
+    text,
+)
 
 log = logging.getLogger("exporter.xid.store")
 
@@ -56,7 +68,9 @@ MAX_ADDRESSES = MAX_IDENTITIES + MAX_UNKNOWN_GPUS + 1  # count keys a state file
 # Bounds of a sane state file: an XID a second for 30 years is under 1e9.
 MAX_COUNT = 10**9
 MAX_ACTION = 255
-_PCI_KEY_RE = re.compile(r"[0-9a-f]{8}:[0-9a-f]{2}:[0-9a-f]{2}")
+MAX_BOOT_ID_CHARS = 64  # a boot id is 36
+MAX_SOURCE_CHARS = 4096  # the kernel log's path (PATH_MAX) or a simulated node's name
+MAX_SOURCES, MAX_SOURCE_NAME_CHARS = 8, 32  # an open event's sources: kmsg, nvml
 
 
 def count_key(xid: int, action: int | None = None) -> str:
@@ -129,101 +143,82 @@ def read_state_file(path: str | os.PathLike, max_bytes: int = MAX_STATE_BYTES) -
     return data
 
 
-class StateError(ValueError):
-    """A state file field out of shape or range; the message names the field."""
-
-
-def _int(v: Any, where: str, lo: int, hi: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise StateError(f"{where} is {v!r}; expected an integer from {lo} to {hi}")
-    return v
-
-
-def _time(v: Any, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise StateError(f"{where} is {v!r}; expected a finite time of 0 or more")
-    return float(v)
-
-
-def _pci(p: Any, where: str) -> str:
-    if not isinstance(p, str) or not (p == OTHER or _PCI_KEY_RE.fullmatch(p)):
-        raise StateError(f"{where}: {p!r} is not a PCI address key (dddddddd:bb:dd)")
-    return p
-
-
 def _key(k: Any, where: str) -> str:
     """A count key: XID in range, optional recovery action code."""
     if not isinstance(k, str) or not re.fullmatch(r"\d{1,3}(/\d{1,3})?", k):
-        raise StateError(f"{where}: count key {k!r} is not XID[/ACTION]")
+        raise StateError(f"{where}: count key {show(k)} is not XID[/ACTION]")
     xid, action = split_key(k)
-    _int(xid, f"{where}: XID", XID_MIN, XID_MAX)
+    integer(xid, f"{where}: XID", XID_MIN, XID_MAX)
     if action is not None:
-        _int(action, f"{where}: recovery action", 0, MAX_ACTION)
+        integer(action, f"{where}: recovery action", 0, MAX_ACTION)
     return k
 
 
+def _optional(d: dict, key: str, check: Callable[[Any, str], Any], where: str) -> None:
+    if d.get(key) is not None:
+        check(d[key], f"{where}{key}")
+
+
 def validate_state(st: Any) -> None:
-    """Raise StateError naming the first field of a state document that is out of shape or range
-    (negative, huge or non-finite counts and times, XIDs out of range, bad PCI keys)."""
+    """Raise StateError naming the first field of a state document that is out of shape or range:
+    every field the exporter reads (docs/xid.md, "What a state file must hold"). Numbers are integers or
+    finite times in range, strings bounded and encodable, and each acknowledgement is of counts
+    the file holds (its baseline is never above the count it acknowledges)."""
     if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
         raise StateError(f"not a version-{STATE_VERSION} state document")
-    if not isinstance(st.get("boot_id", ""), str):
-        raise StateError("boot_id is not a string")
-    if st.get("last_seq") is not None:
-        _int(st["last_seq"], "last_seq", 0, 2**63 - 1)
-    _int(st.get("recoveries", 0), "recoveries", 0, MAX_COUNT)
-    counts = st.get("counts") or {}
-    if not isinstance(counts, dict):
-        raise StateError("counts is not a mapping")
+    _optional(st, "boot_id", lambda v, w: text(v, w, MAX_BOOT_ID_CHARS), "")
+    _optional(st, "kmsg", lambda v, w: text(v, w, MAX_SOURCE_CHARS), "")
+    _optional(st, "last_seq", lambda v, w: integer(v, w, 0, MAX_SEQ), "")
+    _optional(st, "recoveries", lambda v, w: integer(v, w, 0, MAX_COUNT), "")
+    _optional(st, "written", seconds, "")
+    counts = mapping(st.get("counts") or {}, "counts")
     for p, ks in counts.items():
-        _pci(p, "counts")
-        if not isinstance(ks, dict):
-            raise StateError(f"counts[{p}] is not a mapping")
-        for k, v in ks.items():
+        pci_key(p, "counts", OTHER)
+        for k, v in mapping(ks, f"counts[{p}]").items():
             where = f"counts[{p}][{k}]"
             _key(k, f"counts[{p}]")
             if not isinstance(v, list) or len(v) != 3:
-                raise StateError(f"{where} is {v!r}; expected [count, kernel seconds, unix time]")
-            _int(v[0], f"{where} count", 0, MAX_COUNT)
-            _time(v[1], f"{where} kernel time")
-            _time(v[2], f"{where} unix time")
-    for i, ev in enumerate(st.get("open") or []):
+                raise StateError(f"{where} is {show(v)}; expected [count, kernel seconds, unix time]")
+            integer(v[0], f"{where} count", 0, MAX_COUNT)
+            seconds(v[1], f"{where} kernel time")
+            seconds(v[2], f"{where} unix time")
+    for i, ev in enumerate(sequence(st.get("open") or [], "open")):
         if not isinstance(ev, list) or len(ev) != 5 or not isinstance(ev[4], list) \
-                or not all(isinstance(x, str) for x in ev[4]):
-            raise StateError(f"open[{i}] is {ev!r}; expected [pci, xid, key, start, [sources]]")
-        _pci(ev[0], f"open[{i}]")
-        _int(ev[1], f"open[{i}] XID", XID_MIN, XID_MAX)
-        _key(ev[2], f"open[{i}]")
-        _time(ev[3], f"open[{i}] start")
-    gpus = st.get("gpus") or {}
-    if not isinstance(gpus, dict):
-        raise StateError("gpus is not a mapping")
-    for p, ident in gpus.items():
-        _pci(p, "gpus")
-        if not isinstance(ident, dict) or not isinstance(ident.get("uuid") or "", str):
-            raise StateError(f"gpus[{p}] is {ident!r}; expected {{index, uuid}}")
-        if ident.get("index") is not None:
-            _int(ident["index"], f"gpus[{p}].index", 0, 1023)
-    acks = st.get("acks") or []
-    if not isinstance(acks, list):
-        raise StateError("acks is not a list")
-    for i, a in enumerate(acks):
-        if not isinstance(a, dict):
-            raise StateError(f"acks[{i}] is not a mapping")
-        _pci(a.get("pci"), f"acks[{i}].pci")
-        if a.get("index") is not None:
-            _int(a["index"], f"acks[{i}].index", 0, 1023)
-        if a.get("xid") is not None:
-            _int(a["xid"], f"acks[{i}].xid", XID_MIN, XID_MAX)
-        if not isinstance(a.get("uuid") or "", str):
-            raise StateError(f"acks[{i}].uuid is not a string")
-        _time(a.get("time"), f"acks[{i}].time")
-        base = a.get("baseline") or {}
-        if not isinstance(base, dict):
-            raise StateError(f"acks[{i}].baseline is not a mapping")
-        for k, v in base.items():
-            _key(k, f"acks[{i}].baseline")
-            _int(v, f"acks[{i}].baseline[{k}]", 0, MAX_COUNT)
+                or not 0 < len(ev[4]) <= MAX_SOURCES:
+            raise StateError(f"open[{i}] is {show(ev)}; expected [pci, xid, key, start, [sources]]")
+        pci_key(ev[0], f"open[{i}]", OTHER)
+        integer(ev[1], f"open[{i}] XID", XID_MIN, XID_MAX)
+        if split_key(_key(ev[2], f"open[{i}]"))[0] != ev[1]:
+            raise StateError(f"open[{i}]: count key {show(ev[2])} is not of XID {ev[1]}")
+        seconds(ev[3], f"open[{i}] start")
+        for s in ev[4]:
+            text(s, f"open[{i}] source", MAX_SOURCE_NAME_CHARS)
+    for p, ident in mapping(st.get("gpus") or {}, "gpus").items():
+        pci_key(p, "gpus")
+        mapping(ident, f"gpus[{p}]")
+        _optional(ident, "uuid", lambda v, w: text(v, w, MAX_UUID_CHARS), f"gpus[{p}].")
+        _optional(ident, "index", lambda v, w: integer(v, w, 0, MAX_INDEX), f"gpus[{p}].")
+    for i, a in enumerate(sequence(st.get("acks") or [], "acks")):
+        _validate_ack(mapping(a, f"acks[{i}]"), f"acks[{i}]", counts)
+
+
+def _validate_ack(a: dict, where: str, counts: dict) -> None:
+    pci = pci_key(a.get("pci"), f"{where}.pci", OTHER)
+    _optional(a, "index", lambda v, w: integer(v, w, 0, MAX_INDEX), f"{where}.")
+    _optional(a, "xid", lambda v, w: integer(v, w, XID_MIN, XID_MAX), f"{where}.")
+    _optional(a, "uuid", lambda v, w: text(v, w, MAX_UUID_CHARS), f"{where}.")
+    seconds(a.get("time"), f"{where}.time")
+    if a.get("logged") not in (None, True, False):
+        raise StateError(f"{where}.logged is {show(a['logged'])}; expected true or false")
+    for k, v in mapping(a.get("baseline") or {}, f"{where}.baseline").items():
+        _key(k, f"{where}.baseline")
+        if a.get("xid") is not None and split_key(k)[0] != a["xid"]:
+            raise StateError(f"{where}.baseline[{k}]: an acknowledgement of XID {a['xid']} has a "
+                             f"baseline for another XID")
+        # The counts at the ack are counts this file holds (at the address, or folded into the
+        # shared bucket): a baseline above them would silence XIDs that were never acknowledged.
+        held = max((c[0] for c in (counts.get(pci, {}).get(k), counts.get(OTHER, {}).get(k)) if c), default=0)
+        integer(v, f"{where}.baseline[{k}]", 0, held)
 
 
 @dataclass
@@ -499,7 +494,9 @@ def merge_docs(mine: dict, disk: dict | None, counts: bool = False) -> tuple[dic
     if counts:
         merged = {p: dict(ks) for p, ks in (mine.get("counts") or {}).items()}
         for p, ks in (disk.get("counts") or {}).items():
-            if p not in merged and len(merged) >= MAX_ADDRESSES:
+            # An address the writer folded into OTHER (beyond the guards) is in OTHER already:
+            # brought back on its own, it would be counted twice when the file is read again.
+            if p not in merged and (OTHER in merged or len(merged) >= MAX_ADDRESSES):
                 continue
             mk = merged.setdefault(p, {})
             for k, v in ks.items():
@@ -533,6 +530,37 @@ def read_boot_id(procfs: str) -> str:
         return ""
 
 
+def file_identity(st: os.stat_result) -> tuple:
+    """What tells one version of a file from another without reading it."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def identity_on_disk(path: Path) -> tuple | None:
+    """The file_identity of what is at `path` now (not following a symlink); None when nothing."""
+    try:
+        return file_identity(os.lstat(path))
+    except OSError:
+        return None
+
+
+def encodable(s: str) -> str:
+    """`s` as UTF-8 can encode it (a path's undecodable bytes, held as lone surrogates, replaced)."""
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def set_aside(path: Path, keep: int) -> Path:
+    """Rename a corrupt state file to `<name>.corrupt-<UTC time>[.n]` for a human, keeping the
+    newest `keep` of them. Raises OSError when it cannot be renamed."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = next(p for n in range(1000) if not (p := path.with_name(
+        f"{path.name}.corrupt-{stamp}" + (f".{n}" if n else ""))).exists())
+    os.replace(path, aside)
+    for p in sorted(path.parent.glob(f"{path.name}.corrupt*"))[:-keep]:
+        with contextlib.suppress(OSError):
+            p.unlink()
+    return aside
+
+
 @dataclass
 class StateStatus:
     ok: bool = True  # the last read and write of the state file worked
@@ -547,7 +575,7 @@ class StateFile:
     `status` (exported as metrics)."""
 
     def __init__(self, state_dir: str, boot_id: str, kmsg: str = "", read_only: bool = False) -> None:
-        self.kmsg = kmsg  # the kernel log the counts came from; a state of another log is not ours
+        self.kmsg = encodable(kmsg)  # the kernel log the counts came from; a state of another log is not ours
         self.dir = Path(state_dir)
         self.path = self.dir / STATE_NAME
         self.boot_id = boot_id
@@ -561,7 +589,13 @@ class StateFile:
         # are kept apart) of the same node, whose acknowledgements must not be lost.
         self.shared_acks = False
         self.foreign: dict | None = None
-        self._mtime: float | None = None
+        # Set once the caller holds what the file held and writes it back (the daemon once it
+        # runs): a corrupt file set aside from then on loses nothing, so it is no recovery.
+        self.holds = False
+        self._ident: tuple | None = None  # the file as we last read or wrote it (file_identity)
+        self._written: tuple | None = None  # the file as we last wrote it
+        self._behind = False  # what is on disk is not what we hold: the next flush writes
+        self._bad: tuple | None = None  # a file found corrupt that could not be set aside: not re-read
         self._logged: set[str] = set()
         self._stale = False  # the last write kept acks from disk the reader has not taken yet
         # The path is not a regular file (a FIFO, a link...): nothing is read from or written
@@ -612,7 +646,9 @@ class StateFile:
         if self.disabled:
             return None
         try:
-            st = os.lstat(self.path)  # a dangling symlink is a symlink, not a missing file
+            ident = file_identity(os.lstat(self.path))  # a dangling symlink is a symlink, not missing
+            if ident == self._bad:  # the same corrupt file as before: its verdict stands
+                return None
             raw = read_state_file(self.path)
         except NotRegularFile as e:
             self._refuse(e)
@@ -621,24 +657,29 @@ class StateFile:
             self.status.problem = "missing"
             return None
         except OSError as e:
+            if e.errno == errno.EFBIG:  # beyond any state within the limits: corrupt
+                self._corrupt(StateError(f"larger than {MAX_STATE_BYTES} bytes"), ident)
+                return None
             self._problem("unreadable", f"cannot read: {e.strerror or e}", write=False)
             return None
-        self._mtime = st.st_mtime
+        self._ident = ident
         try:
             data = json.loads(raw.decode("utf-8"))
             validate_state(data)  # every field, before anyone uses it
         except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError included
-            self._corrupt(e)
+            self._corrupt(e, ident)
             return None
         if not self.boot_id:
             self.status.problem = "no_boot_id"
             return None
         if data.get("boot_id") != self.boot_id:
             self.status.problem = "other_boot"  # a new boot: start over from the kernel log
+            self._behind = True
             return None
         self.recoveries = max(self.recoveries, data.get("recoveries", 0))
         if self.kmsg and data.get("kmsg") not in (None, self.kmsg):
             self.status.problem = "other_source"  # counts of another kernel log (a replay)
+            self._behind = True
             if self.shared_acks:
                 self.foreign = data  # its acknowledgements still apply (see shared_acks)
             return None
@@ -649,43 +690,45 @@ class StateFile:
         foreign, self.foreign = self.foreign, None
         return foreign
 
-    def _corrupt(self, e: Exception) -> None:
-        why = str(e) if isinstance(e, StateError) else f"{type(e).__name__}: {e}"
+    def _corrupt(self, e: Exception, ident: tuple) -> None:
+        why = show(str(e) if isinstance(e, StateError) else f"{type(e).__name__}: {e}", 300)
         if self.read_only:
-            self._problem("corrupt", f"corrupt ({why[:300]}); left in place for the daemon", write=False)
+            self._bad = ident
+            self._problem("corrupt", f"corrupt ({why}); left in place for the daemon", write=False)
             return
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        aside = next(p for n in range(1000) if not (p := self.path.with_name(
-            f"{STATE_NAME}.corrupt-{stamp}" + (f".{n}" if n else ""))).exists())
         try:
-            os.replace(self.path, aside)
+            aside = set_aside(self.path, CORRUPT_KEEP)
         except OSError as err:
-            self._problem("corrupt", f"corrupt ({why[:300]}) and cannot be set aside: {err.strerror or err}",
+            self._bad = ident  # not read again (16 MiB a scrape) until it changes
+            self._problem("corrupt", f"corrupt ({why}) and cannot be set aside: {err.strerror or err}",
                           write=False)
             return
-        self.recoveries += 1
+        self._behind = True  # what we hold goes back to disk at the next flush
         self.status.ok, self.status.problem = False, "corrupt"
         self.status.read_errors += 1
+        if self.holds:  # the daemon holds every count the file held: nothing was lost
+            log.error("state file %s: corrupt (%s); set aside as %s and written again from the counts "
+                      "held in memory (nothing lost)", self.path, why, aside.name)
+            return
+        self.recoveries += 1
         # Always logged (not once per kind): each recovery may have lost counts.
         log.error("state file %s: corrupt (%s); set aside as %s. XID counts are rebuilt from the "
                   "kernel log: an XID recorded only in the old file (ring buffer wrapped since) is lost; "
                   "inspect %s (gpu_health_exporter_state_file_recoveries_total counts these)",
-                  self.path, why[:300], aside.name, aside)
-        old = sorted(self.dir.glob(f"{STATE_NAME}.corrupt*"))
-        for p in old[:-CORRUPT_KEEP]:
-            with contextlib.suppress(OSError):
-                p.unlink()
+                  self.path, why, aside.name, aside)
 
     def changed_on_disk(self) -> bool:
-        """True when someone else (ack) wrote the file since we last read it (or our last write
-        kept acks from it that we have not read)."""
+        """True when someone else (ack) wrote the file since we last read or wrote it (or our last
+        write kept acks from it that we have not read)."""
         if self._stale:
             return True
-        try:
-            m = os.stat(self.path).st_mtime
-        except OSError:
-            return False
-        return m != self._mtime
+        now = identity_on_disk(self.path)
+        return now is not None and now != self._ident and now != self._bad
+
+    def behind(self) -> bool:
+        """True when the file on disk is not the one we last wrote (set aside, removed, replaced,
+        another boot's, written by `ack`): the holder writes what it holds back."""
+        return not self.disabled and (self._behind or identity_on_disk(self.path) != self._written)
 
     def read_news(self) -> dict | None:
         """The file's content when it changed since we last read it (see changed_on_disk)."""
@@ -714,7 +757,8 @@ class StateFile:
             data = {**data, "boot_id": self.boot_id, "kmsg": self.kmsg, "recoveries": self.recoveries}
             try:
                 write_json_atomic(self.path, data)
-                self._mtime = os.stat(self.path).st_mtime
+                self._ident = self._written = identity_on_disk(self.path)
+                self._behind = False
             except OSError as e:
                 self._problem("unwritable", f"cannot write (counts kept in memory): {e.strerror or e}",
                               write=True)

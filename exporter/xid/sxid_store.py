@@ -11,6 +11,7 @@ file of an older exporter without SXids simply leaves them to be counted from th
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
@@ -19,7 +20,21 @@ from pathlib import Path
 from typing import Any
 
 from exporter.regular_file import NotRegularFile
-from exporter.xid.store import _PCI_KEY_RE, OTHER, read_state_file, write_json_atomic
+from exporter.xid.state_values import StateError, integer, mapping, pci_key, seconds, sequence, show, text
+from exporter.xid.store import (
+    CORRUPT_KEEP,
+    MAX_BOOT_ID_CHARS,
+    MAX_COUNT,
+    MAX_SEQ,
+    MAX_SOURCE_CHARS,
+    MAX_STATE_BYTES,
+    OTHER,
+    encodable,
+    identity_on_disk,
+    read_state_file,
+    set_aside,
+    write_json_atomic,
+)
 from exporter.xid.sxid import SEVERITIES
 
 log = logging.getLogger("exporter.xid.sxid")
@@ -105,30 +120,34 @@ class SxidStore:
                 self.last_seq = seq
 
 
-def _is_int(v: Any, lo: int, hi: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
-
-
 def validate_state(st: Any) -> None:
-    """Raise ValueError naming the first field of an SXid state document out of shape."""
+    """Raise StateError naming the first field of an SXid state document out of shape or range
+    (the XID state file's rules, exporter.xid.state_values)."""
     if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
-        raise ValueError(f"not a version-{STATE_VERSION} SXid state document")
-    if st.get("last_seq") is not None and not _is_int(st["last_seq"], 0, 2**63 - 1):
-        raise ValueError(f"last_seq is {st['last_seq']!r}; expected a non-negative integer")
-    counts = st.get("counts") or []
-    if not isinstance(counts, list) or len(counts) > MAX_SERIES:
-        raise ValueError(f"counts: expected a list of at most {MAX_SERIES} entries")
+        raise StateError(f"not a version-{STATE_VERSION} SXid state document")
+    for key, check in (("boot_id", lambda v, w: text(v, w, MAX_BOOT_ID_CHARS)),
+                       ("kmsg", lambda v, w: text(v, w, MAX_SOURCE_CHARS)),
+                       ("last_seq", lambda v, w: integer(v, w, 0, MAX_SEQ))):
+        if st.get(key) is not None:
+            check(st[key], key)
+    counts = sequence(st.get("counts") or [], "counts")
+    if len(counts) > MAX_SERIES:
+        raise StateError(f"counts: {len(counts)} entries; at most {MAX_SERIES} expected")
     for i, row in enumerate(counts):
-        ok = isinstance(row, list) and len(row) == 5 and isinstance(row[0], str) \
-            and (row[0] == OTHER or _PCI_KEY_RE.fullmatch(row[0]) is not None) \
-            and _is_int(row[1], SXID_MIN, SXID_MAX) and row[2] in SEVERITIES and _is_int(row[3], 0, 10**9) \
-            and isinstance(row[4], (int, float)) and not isinstance(row[4], bool) and row[4] >= 0
-        if not ok:
-            raise ValueError(f"counts[{i}] is {row!r}; expected [pci, sxid, severity, count, unix time]")
-    switches = st.get("switches") or {}
-    if not isinstance(switches, dict) or not all(isinstance(k, str) and _PCI_KEY_RE.fullmatch(k)
-                                                 and _is_int(v, 0, MAX_SWITCH) for k, v in switches.items()):
-        raise ValueError("switches: expected a mapping of PCI key to switch index")
+        if not isinstance(row, list) or len(row) != 5:
+            raise StateError(f"counts[{i}] is {show(row)}; expected [pci, sxid, severity, count, unix time]")
+        pci_key(row[0], f"counts[{i}]", OTHER)
+        integer(row[1], f"counts[{i}] SXid", SXID_MIN, SXID_MAX)
+        if row[2] not in SEVERITIES:
+            raise StateError(f"counts[{i}] severity is {show(row[2])}; expected one of "
+                             + ", ".join(SEVERITIES))
+        integer(row[3], f"counts[{i}] count", 0, MAX_COUNT)
+        seconds(row[4], f"counts[{i}] unix time")
+    switches = mapping(st.get("switches") or {}, "switches")
+    if len(switches) > MAX_SERIES:
+        raise StateError(f"switches: {len(switches)} entries; at most {MAX_SERIES} expected")
+    for k, v in switches.items():
+        integer(v, f"switches[{pci_key(k, 'switches')}]", 0, MAX_SWITCH)
 
 
 class SxidStateFile:
@@ -138,10 +157,13 @@ class SxidStateFile:
     def __init__(self, state_dir: str, boot_id: str, source: str) -> None:
         self.path = Path(state_dir) / STATE_NAME
         self.boot_id = boot_id
-        self.source = source
+        self.source = encodable(source)
         self.problem = ""
         self.errors = 0
         self.disabled = False  # the path is not a regular file: not read nor written this run
+        self._written: tuple | None = None  # the file as we last wrote it
+        self._behind = False  # the file was set aside or is not ours: the next flush writes
+        self.read_only = False  # `check`: a corrupt file is reported but left for the daemon
 
     def _fail(self, kind: str, msg: str) -> None:
         if self.problem != kind:
@@ -164,18 +186,42 @@ class SxidStateFile:
         except FileNotFoundError:
             return None
         except OSError as e:
-            self._fail("unreadable", f"cannot read: {e.strerror or e}")
+            if e.errno == errno.EFBIG:
+                self._corrupt(f"larger than {MAX_STATE_BYTES} bytes")
+            else:
+                self._fail("unreadable", f"cannot read: {e.strerror or e}")
             return None
         try:
             st = json.loads(raw.decode("utf-8"))  # not UTF-8 is corrupt too, never a crash
             validate_state(st)
         except (ValueError, RecursionError) as e:
-            self._fail("corrupt", f"corrupt, ignored (SXids are counted from the kernel log): {e}")
+            self._corrupt(show(str(e), 300))
             return None
         if not self.boot_id or st.get("boot_id") != self.boot_id or st.get("kmsg") != self.source:
+            self._behind = True
             return None  # another boot or another kernel log: start over
         self.problem = ""
         return st
+
+    def _corrupt(self, why: str) -> None:
+        """Set the file aside (SXids are counted from the kernel log again) for a human."""
+        if self.read_only:
+            self._fail("corrupt", f"corrupt, ignored ({why}); left in place for the daemon")
+            return
+        try:
+            aside = set_aside(self.path, CORRUPT_KEEP)
+        except OSError as err:
+            self._fail("corrupt", f"corrupt, ignored ({why}) and cannot be set aside: {err.strerror or err}")
+            return
+        self._behind = True
+        self.problem = "corrupt"
+        self.errors += 1
+        log.error("SXid state file %s: corrupt (%s); set aside as %s (SXids are counted from the kernel "
+                  "log)", self.path, why, aside.name)
+
+    def behind(self) -> bool:
+        """True when the file on disk is not the one we last wrote (set aside, removed, replaced)."""
+        return not self.disabled and (self._behind or identity_on_disk(self.path) != self._written)
 
     def write(self, store: SxidStore) -> bool:
         if self.disabled:
@@ -183,6 +229,7 @@ class SxidStateFile:
         data = store.to_state(self.boot_id, self.source)
         try:
             write_json_atomic(self.path, data)  # only the daemon writes it
+            self._written, self._behind = identity_on_disk(self.path), False
         except OSError as e:
             self._fail("unwritable", f"cannot write (counts kept in memory): {e.strerror or e}")
             return False
