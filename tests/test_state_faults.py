@@ -20,10 +20,11 @@ from exporter.cli import main
 from exporter.collectors.xid import XidCollector
 from exporter.runner import Runner
 from exporter.xid import kmsg as kmsg_mod
-from exporter.xid import store as store_mod
+from exporter.xid import state_file
 from exporter.xid.kmsg import KmsgReader
 from exporter.xid.service import one_shot
-from exporter.xid.store import MAX_STATE_BYTES, StateFile
+from exporter.xid.state_file import MAX_STATE_BYTES
+from exporter.xid.store import StateFile
 from exporter.xid.sxid_store import SxidStateFile
 from tests.helpers import samples, scrape
 from tests.test_check import REAL
@@ -143,7 +144,7 @@ def test_an_sxid_state_file_out_of_shape_is_set_aside(tmp_path, caplog):
         doc = {"version": 1, "boot_id": "b", "kmsg": "k", "counts": [row]}
         (d / "sxid-state.json").write_text(json.dumps(doc))
         sf = SxidStateFile(str(d), "b", "k")
-        assert sf.read() is None and sf.problem == "corrupt" and field in caplog.text
+        assert sf.read() is None and sf.status.problem == "corrupt" and field in caplog.text
         assert not (d / "sxid-state.json").exists() and sf.behind()  # written back at the next flush
     assert len(list(d.glob("sxid-state.json.corrupt-*"))) == 3
 
@@ -260,8 +261,8 @@ def test_an_oversized_state_file_is_read_once_not_every_scrape(tmp_path, monkeyp
             too_big.append(a)
             raise
 
-    real = store_mod.read_state_file
-    monkeypatch.setattr(store_mod, "read_state_file", read_state_file)
+    real = state_file.read_state_file
+    monkeypatch.setattr(state_file, "read_state_file", read_state_file)
     try:
         wait_for(lambda: svc.persistence.loaded, "the state loaded")
         state_path(tmp_path).write_bytes(b" " * (MAX_STATE_BYTES + 1))
@@ -276,10 +277,10 @@ def test_a_corrupt_file_that_cannot_be_set_aside_is_not_read_again_until_it_chan
     def cannot(*_a, **_k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(store_mod, "set_aside", cannot)
+    monkeypatch.setattr(state_file, "set_aside", cannot)
     reads = []
-    real = store_mod.read_state_file
-    monkeypatch.setattr(store_mod, "read_state_file", lambda *a, **k: reads.append(a) or real(*a, **k))
+    real = state_file.read_state_file
+    monkeypatch.setattr(state_file, "read_state_file", lambda *a, **k: reads.append(a) or real(*a, **k))
     path = state_path(tmp_path)
     path.parent.mkdir()
     path.write_bytes(b"{corrupt")

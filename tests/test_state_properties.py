@@ -215,7 +215,7 @@ def test_an_sxid_state_file_is_loaded_exactly_or_set_aside(doc):
         write(path, doc)
         sf = SxidStateFile(d, "b", "k")
         st_ = sf.read()
-        if sf.problem == "corrupt":
+        if sf.status.problem == "corrupt":
             assert st_ is None and not path.exists() and list(Path(d).glob("sxid-state.json.corrupt-*"))
             return
         if st_ is None:  # another boot's or log's

@@ -31,7 +31,8 @@ from exporter.xid.identities import GpuIdentities
 from exporter.xid.nvml_events import NvmlEventWatcher
 from exporter.xid.persistence import XidPersistence
 from exporter.xid.policy import Policy
-from exporter.xid.store import Ack, StateFile, XidStore, read_boot_id, split_key
+from exporter.xid.state_file import read_boot_id
+from exporter.xid.store import Ack, StateFile, XidStore, split_key
 from exporter.xid.sxid_catalog import SxidPolicy
 from exporter.xid.sxid_counter import SxidCounter
 from exporter.xid.sxid_store import SxidStateFile, SxidStore
