@@ -54,7 +54,6 @@ MAX_UNKNOWN_GPUS = 16
 MAX_ACKS = 1024
 MAX_KEYS_PER_GPU = 128  # per GPU (or the bucket): XIDs outside the catalog beyond this are dropped
 OTHER = "other"  # the shared bucket of PCI addresses beyond MAX_UNKNOWN_GPUS
-MAX_ADDRESSES = MAX_IDENTITIES + MAX_UNKNOWN_GPUS + 1  # count keys a state file may hold (+ OTHER)
 # Bounds of a sane state file: an XID a second for 30 years is under 1e9.
 MAX_COUNT = 10**9
 MAX_ACTION = 255
@@ -279,32 +278,6 @@ class XidStore:
             for k in sorted(self.open, key=lambda k: self.open[k][-1].start_s)[: len(self.open) // 2]:
                 del self.open[k]
 
-    def _bounded_counts(self, counts: dict, listed: Callable[[str], bool]) -> dict[str, dict[str, Count]]:
-        """A state file's counts within the guards report() applies: an address beyond them
-        (a file from before the limits, or edited) is folded into OTHER. Folded counts are
-        summed within this document and then merged like any other (the larger count wins), so
-        reading the same file twice does not count them twice."""
-        out: dict[str, dict[str, Count]] = {}
-        unknown = set(self.unknown)
-        for p, ks in counts.items():
-            p = str(p)
-            if p != OTHER and p not in self.counts and not listed(p):
-                if len(unknown) < MAX_UNKNOWN_GPUS or p in unknown:
-                    unknown.add(p)
-                else:
-                    p = OTHER
-            mine = out.setdefault(p, {})
-            for k, v in dict(ks).items():
-                c, cur = Count.from_json(v), mine.get(k)
-                if cur is not None:  # only OTHER gathers several addresses
-                    c = Count(cur.count + c.count, max(cur.last_kernel_s, c.last_kernel_s),
-                              max(cur.last_wall, c.last_wall))
-                elif len(mine) >= MAX_KEYS_PER_GPU and lookup(split_key(k)[0]) is None:
-                    continue
-                mine[k] = c
-        self.unknown = unknown
-        return out
-
     def prune(self, now_s: float) -> None:
         with self.lock:
             self._prune(now_s)
@@ -388,12 +361,8 @@ class XidStore:
                     new_acks.append(ack)
             if not counts:
                 return new_acks
-            for p, ks in self._bounded_counts(dict(st.get("counts") or {}), listed).items():
-                for k, c in ks.items():
-                    cur = self.counts.setdefault(p, {}).get(k)
-                    if cur is None or c.count > cur.count:
-                        self.counts[p][k] = c
-                        self.version += 1
+            if fold_counts(self.counts, st.get("counts") or {}, listed, self.unknown):
+                self.version += 1
             for p, x, key, start_s, sources in st.get("open") or []:
                 if (str(p), int(x)) not in self.open and len(self.open) >= MAX_KEYS:
                     continue
@@ -404,6 +373,41 @@ class XidStore:
             if seq is not None and (self.last_seq is None or seq > self.last_seq):
                 self.last_seq = seq
             return new_acks
+
+
+def fold_counts(into: dict[str, dict[str, Count]], counts: dict, listed: Callable[[str], bool],
+                unknown: set[str]) -> bool:
+    """Merge a state document's `counts` into `into` by the one limit rule (docs/xid.md, "Limits"),
+    never losing a count: an address gets counts of its own when `into` has them already, a GPU
+    is at it (`listed`), or fewer than MAX_UNKNOWN_GPUS such addresses (`unknown`, updated) have
+    them; any other address is folded into OTHER. Folded counts are summed within the document,
+    then every count is merged by the larger value, so merging the same document twice does not
+    count twice. Returns True when `into` changed."""
+    bounded: dict[str, dict[str, Count]] = {}
+    for p, ks in counts.items():
+        p = str(p)
+        if p != OTHER and p not in into and not listed(p):
+            if p in unknown or len(unknown) < MAX_UNKNOWN_GPUS:
+                unknown.add(p)
+            else:
+                p = OTHER
+        mine = bounded.setdefault(p, {})
+        for k, v in dict(ks).items():
+            c, cur = Count.from_json(v), mine.get(k)
+            if cur is not None:  # only OTHER gathers several addresses
+                c = Count(cur.count + c.count, max(cur.last_kernel_s, c.last_kernel_s),
+                          max(cur.last_wall, c.last_wall))
+            elif len(mine) >= MAX_KEYS_PER_GPU and lookup(split_key(k)[0]) is None:
+                continue
+            mine[k] = c
+    changed = False
+    for p, ks in bounded.items():
+        for k, c in ks.items():
+            cur = into.get(p, {}).get(k)
+            if cur is None or c.count > cur.count:
+                into.setdefault(p, {})[k] = c
+                changed = True
+    return changed
 
 
 def merge_docs(mine: dict, disk: dict | None, counts: bool = False) -> tuple[dict, bool]:
@@ -422,22 +426,20 @@ def merge_docs(mine: dict, disk: dict | None, counts: bool = False) -> tuple[dic
                          for a in mine.get("acks") or []), *extra], key=lambda a: a["time"])
         out["acks"] = acks[-MAX_ACKS:]
     if counts:
-        merged = {p: dict(ks) for p, ks in (mine.get("counts") or {}).items()}
-        for p, ks in (disk.get("counts") or {}).items():
-            # An address the writer folded into OTHER (beyond the guards) is in OTHER already:
-            # brought back on its own, it would be counted twice when the file is read again.
-            if p not in merged and (OTHER in merged or len(merged) >= MAX_ADDRESSES):
-                continue
-            mk = merged.setdefault(p, {})
-            for k, v in ks.items():
-                if k not in mk or v[0] > mk[k][0]:
-                    mk[k] = v
-        out["counts"] = merged
         gpus = dict(mine.get("gpus") or {})
         for p, ident in (disk.get("gpus") or {}).items():
             if p not in gpus and len(gpus) < MAX_IDENTITIES:
                 gpus[p] = ident
         out["gpus"] = gpus
+
+        def listed(p: str) -> bool:  # the rule of GpuIdentities.is_listed, on the document's identities
+            ident = gpus.get(p) or {}
+            return ident.get("index") is not None or bool(ident.get("uuid"))
+
+        held = {p: {k: Count.from_json(v) for k, v in ks.items()}
+                for p, ks in (mine.get("counts") or {}).items()}
+        fold_counts(held, disk.get("counts") or {}, listed, {p for p in held if p != OTHER and not listed(p)})
+        out["counts"] = {p: {k: c.to_json() for k, c in ks.items()} for p, ks in held.items()}
         opened = list(mine.get("open") or [])
         seen = {(e[0], e[1], e[3]) for e in opened}
         room = max(0, MAX_KEYS - len(opened))
