@@ -129,7 +129,7 @@ def main() -> int:
     svc2 = one_shot(ctx2)
     again = {f"{p}/{k}": v.count for p, ks in svc2.store.snapshot().items() for k, v in ks.items()}
     rep["restart"] = {"counts": again, "same_as_before_restart": again == now,
-                      "state_found": svc2.state_found, "skip_through": svc2.skip_through}
+                      "state_found": svc2.state_found, "last_seq": svc2.last_seq}
     svc2.reader.close()
     print("restart:", rep["restart"], flush=True)
     save()

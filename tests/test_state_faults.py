@@ -394,7 +394,7 @@ def test_check_and_the_daemon_do_not_count_a_half_written_record(tmp_path, capsy
     svc = running(tmp_path, HALF)
     try:
         wait_for(lambda: svc.reader.stats.records == 0 and svc.kmsg.ok, "the kernel log read")
-        assert counts(svc) == {} and svc.store.last_seq is None
+        assert counts(svc) == {} and svc.last_seq is None
         with open(tmp_path / "kmsg", "a") as f:
             f.write(REST)
         wait_for(lambda: counts(svc) == {(PCI, "63"): 1}, "XID 63 once whole")

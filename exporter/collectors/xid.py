@@ -197,8 +197,8 @@ class XidCollector(Collector):
         out.add(KMSG_OVERWRITES, st.overwrites)
         out.add(KMSG_MISSED, st.missed)
         out.add(KMSG_MALFORMED, st.malformed)
-        if svc.store.last_seq is not None:
-            out.add(KMSG_SEQ, svc.store.last_seq)
+        if svc.last_seq is not None:
+            out.add(KMSG_SEQ, svc.last_seq)
         for source in ("kmsg", "nvml"):
             out.add(REPORTS, svc.store.reports.get(source, 0), source=source)
             out.add(MERGED, svc.store.merged.get(source, 0), source=source)

@@ -72,14 +72,15 @@ class XidService:
         for c in (self.counter, self.sxid_counter):
             if c is not None:
                 c.attribution = self.attribution
-        consumers = [c.handle_record for c in (self.counter, self.sxid_counter) if c is not None]
+        consumers = {name: c.handle_record for name, c in (("xid", self.counter), ("sxid", self.sxid_counter))
+                     if c is not None}
         self.follower = KmsgFollower(self.kmsg_path, consumers, self.clock, enabled=cfg.kmsg)
         source = source or self.kmsg_path
         self.state = StateFile(config.paths.state_dir, boot_id, source)
         self.state.shared_acks = shared_acks
         self.sxid_state = SxidStateFile(config.paths.state_dir, boot_id, source)
         self.persistence = XidPersistence(self.state, self.sxid_state, self.store, self.identities,
-                                          self.sxids, write_xids=self.xid_enabled,
+                                          self.sxids, self.follower, write_xids=self.xid_enabled,
                                           sxids_enabled=self.sxid_enabled,
                                           attribution=AttributionPersistence(
                                               AttributionStateFile(config.paths.state_dir, boot_id, source),
@@ -114,13 +115,13 @@ class XidService:
         return self.identities.labels(pci)
 
     # -- one pass (one-shot commands; the background loop) -------------------------------------------
+    @property
+    def last_seq(self) -> int | None:
+        """The last kernel-log record whose reports are counted (this run or an earlier one)."""
+        return self.follower.counted_through()
+
     def load_state(self) -> None:
         self.persistence.load()
-        if self.counter is not None:
-            self.counter.skip_through = self.store.last_seq
-        if self.sxid_counter is not None:
-            self.sxid_counter.skip_through = self.sxids.last_seq
-        self.follower.seen_through = self.store.last_seq if self.counter is not None else self.sxids.last_seq
 
     def ensure_loaded(self) -> None:
         with self._start_lock:

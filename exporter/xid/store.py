@@ -208,7 +208,6 @@ class XidStore:
         self.open: dict[tuple[str, int], deque[OpenEvent]] = {}
         self.acks: list[Ack] = []
         self.unknown: set[str] = set()  # addresses with series of their own that were not listed
-        self.last_seq: int | None = None  # last kernel-log record processed
         self.reports: dict[str, int] = {}  # raw reports per source
         self.merged: dict[str, int] = {}  # reports that joined an existing event, per source
         self.dropped = 0  # new events refused by the cardinality guards
@@ -255,6 +254,11 @@ class XidStore:
                 c.last_wall = wall if wall is not None else (wall_of(kernel_s) if wall_of else time.time())
             self.version += 1
             return True
+
+    def counted_under(self, pci: str) -> str:
+        """The PCI key `pci`'s events are counted under: its own, or OTHER beyond the guards."""
+        with self.lock:
+            return pci if pci in self.counts else OTHER
 
     def _series_pci(self, pci: str, listed: bool) -> str:
         """The PCI key an event is counted under: its own, unless it is a new address that is not
@@ -331,13 +335,13 @@ class XidStore:
     # -- state (de)serialisation ------------------------------------------------------------------
     def to_state(self, boot_id: str) -> dict:
         """A snapshot of the store as a state document (without `gpus`, which the identities
-        add, and `recoveries`/`kmsg`, which the state file adds). Changes nothing."""
+        add, `last_seq`, which the follower adds, and `recoveries`/`kmsg`, which the state file
+        adds). Changes nothing."""
         with self.lock:
             return {
                 "version": STATE_VERSION,
                 "boot_id": boot_id,
                 "written": round(time.time(), 3),
-                "last_seq": self.last_seq,
                 "counts": {p: {k: c.to_json() for k, c in ks.items()} for p, ks in self.counts.items()},
                 "open": [[p, x, ev.key, round(ev.start_s, 6), sorted(ev.sources)]
                          for (p, x), q in self.open.items() for ev in q],
@@ -369,9 +373,6 @@ class XidStore:
                 q = self.open.setdefault((str(p), int(x)), deque(maxlen=MAX_OPEN_PER_KEY))
                 if not any(ev.start_s == float(start_s) for ev in q):
                     q.append(OpenEvent(float(start_s), str(key), set(sources)))
-            seq = st.get("last_seq")
-            if seq is not None and (self.last_seq is None or seq > self.last_seq):
-                self.last_seq = seq
             return new_acks
 
 

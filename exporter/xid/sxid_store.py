@@ -37,13 +37,12 @@ class SxidCount:
 
 
 class SxidStore:
-    """Thread-safe counts, the switch index seen at each PCI address and the last record read."""
+    """Thread-safe counts and the switch index seen at each PCI address."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.counts: dict[tuple[str, int, str], SxidCount] = {}
         self.switches: dict[str, int] = {}  # PCI key -> nvidia-nvswitch<N> index
-        self.last_seq: int | None = None
         self.dropped = 0
         self.version = 0
 
@@ -74,9 +73,10 @@ class SxidStore:
             return {k: SxidCount(c.count, c.last_wall) for k, c in self.counts.items()}
 
     def to_state(self, boot_id: str) -> dict:
-        """A snapshot as a state document (the state file adds the kernel log and recoveries)."""
+        """A snapshot as a state document (the follower adds `last_seq`, the state file the kernel
+        log and recoveries)."""
         with self.lock:
-            return {"version": STATE_VERSION, "boot_id": boot_id, "last_seq": self.last_seq,
+            return {"version": STATE_VERSION, "boot_id": boot_id,
                     "counts": [[p, x, s, c.count, round(c.last_wall, 3)]
                                for (p, x, s), c in self.counts.items()],
                     "switches": dict(self.switches)}
@@ -97,9 +97,6 @@ class SxidStore:
                 cur = self.counts.get(key)
                 if cur is None or c.count > cur.count:
                     self.counts[key] = c
-            seq = st.get("last_seq")
-            if seq is not None and (self.last_seq is None or seq > self.last_seq):
-                self.last_seq = seq
 
 
 def validate_state(st: Any) -> None:
