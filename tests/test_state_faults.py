@@ -7,8 +7,10 @@ deleting its tree. In-process; tests/test_state_faults_live.py runs the real dae
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
 import shutil
 import threading
 import time
@@ -197,8 +199,9 @@ def test_a_corrupt_file_set_aside_while_running_loses_nothing_and_is_written_bac
     try:
         wait_for(lambda: xid94_on_disk(tmp_path), "XID 94 in the state file")
         state_path(tmp_path).write_bytes(b"{truncated")
-        svc.refresh_acks()  # a scrape looks for acks: reads the file, sets it aside
-        assert set_aside(tmp_path) and svc.state.recoveries == 0
+        # A scrape looks for acks (or the follower's next flush does): reads the file, sets it aside.
+        wait_for(lambda: svc.refresh_acks() is not None and set_aside(tmp_path), "the file set aside")
+        assert svc.state.recoveries == 0
         assert "nothing lost" in caplog.text
         wait_for(lambda: xid94_on_disk(tmp_path), "the state file written back")
     finally:
@@ -246,6 +249,28 @@ def test_the_daemon_writes_what_ack_counted_ahead_of_it(tmp_path):
     assert counts(daemon) == {} and daemon.flush_state(force=True)  # still behind the kernel log
     again = one_shot(make_ctx(tmp_path, None))  # restart: the file is valid, the record counted once
     assert again.state.status.problem == "" and counts(again) == {(PCI, "94"): 1}
+
+
+def test_the_scrape_never_waits_for_the_state_lock_and_keeps_the_acks_it_holds(tmp_path):
+    """Fails on the old code: a scrape's look for acks waited, without a timeout, for the lock
+    that `ack` (or a hung process) held."""
+    svc = load_doc(tmp_path, good_doc(acks=[{"pci": PCI, "xid": 94, "time": 1.0, "baseline": {"94": 1}}])).xid
+    doc = on_disk(tmp_path) or good_doc()
+    doc["acks"] = [*doc.get("acks", []), {"pci": PCI, "xid": 94, "time": 2.0, "baseline": {"94": 2}}]
+    state_path(tmp_path).write_text(json.dumps(doc))  # `ack` wrote a second one ...
+    fd = os.open(state_path(tmp_path).parent / "xid-state.json.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # ... and holds the lock still
+        got: list = []
+        scrape_look = threading.Thread(target=lambda: got.append(svc.refresh_acks()), daemon=True)
+        scrape_look.start()
+        scrape_look.join(10)
+        assert not scrape_look.is_alive() and got == [[]]
+        assert [a.time for a in svc.store.acks] == [1.0]  # the acks held stay
+    finally:
+        os.close(fd)  # the lock goes with it
+    assert [a.time for a in svc.refresh_acks()] == [2.0]  # the news is taken at the next look
+    assert [a.time for a in svc.store.acks] == [1.0, 2.0]
 
 
 # -- 7. an oversized state file is not re-read on every scrape -----------------------------------

@@ -78,14 +78,20 @@ class XidPersistence:
             self.loaded = True
 
     def take_acks(self) -> list[Ack]:
-        """Acknowledgements written by `ack` since we last read the file; returns the new ones."""
-        with self._lock:
+        """Acknowledgements written by `ack` since we last read the file; returns the new ones.
+        On the scrape path: never waits for a flush in progress (which may wait for `ack`'s lock)
+        nor for the file's lock; the acks held stay and the news is taken at a later look."""
+        if not self._lock.acquire(blocking=False):
+            return []
+        try:
             new: list[Ack] = []
             data = self.state.read_news()
             for doc in (data, self.state.take_foreign()):
                 if doc is not None:
                     new += self.store.merge_state(doc, counts=False)
             return new
+        finally:
+            self._lock.release()
 
     def snapshot(self) -> dict:
         """The XID state document as of now."""

@@ -204,18 +204,23 @@ class StateFile:
             log.warning("%s %s: %s", self.label, self.path, msg)
 
     @contextlib.contextmanager
-    def locked(self):  # noqa: ANN201 - an advisory lock shared by the daemon, check and ack
+    def locked(self, wait: bool = True):  # noqa: ANN201 - an advisory lock shared by the daemon, check and ack
+        """Hold the state directory's lock. Yields False, holding nothing, when `wait` is False and
+        another holds it (the scrape path never waits for an `ack` in progress)."""
         fd = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             fd = open_regular(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, follow=False)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
             if fd is not None:
                 os.close(fd)
             fd = None  # a read-only state dir (or no regular lock file): go on without the lock
+            if isinstance(e, BlockingIOError):
+                yield False
+                return
         try:
-            yield
+            yield True
         finally:
             if fd is not None:
                 fcntl.flock(fd, fcntl.LOCK_UN)
@@ -311,10 +316,14 @@ class StateFile:
         return not self.disabled and (self._behind or identity_on_disk(self.path) != self._written)
 
     def read_news(self) -> dict | None:
-        """The file's content when it changed since we last read it (see changed_on_disk)."""
+        """The file's content when it changed since we last read it (see changed_on_disk). Never
+        waits: while another holds the lock (`ack` writing) it is None, and the news is taken at
+        a later look."""
         if not self.changed_on_disk():
             return None
-        with self.locked():
+        with self.locked(wait=False) as held:
+            if not held:
+                return None
             data = self.read()
         self._stale = False
         return data
