@@ -418,7 +418,7 @@ def test_check_and_the_daemon_do_not_count_a_half_written_record(tmp_path, capsy
     assert gpu0(capsys)["xids"] == [] and code == 0
     svc = running(tmp_path, HALF)
     try:
-        wait_for(lambda: svc.reader.stats.records == 0 and svc.kmsg.ok, "the kernel log read")
+        wait_for(lambda: (k := svc.snapshot().kmsg).stats.records == 0 and k.ok, "the kernel log read")
         assert counts(svc) == {} and svc.last_seq is None
         with open(tmp_path / "kmsg", "a") as f:
             f.write(REST)
@@ -542,6 +542,6 @@ def test_record_numbers_the_state_file_could_not_hold_are_malformed(tmp_path):
     text = (f"4,{2**64},1000000,-;{bad}4,2,{10**16},-;{bad}4,3,{'9' * 5000},-;{bad}"
             "4,4,2000000,-;NVRM: Xid (PCI:0000:64:00): 31, pid=1, name=p, x\n")
     svc = one_shot(make_ctx(tmp_path, text))
-    assert counts(svc) == {("00000000:64:00", "31"): 1} and svc.reader.stats.malformed == 3
+    assert counts(svc) == {("00000000:64:00", "31"): 1} and svc.snapshot().kmsg.stats.malformed == 3
     assert svc.flush_state(force=True)
     assert one_shot(make_ctx(tmp_path, None)).state.status.problem == ""

@@ -277,7 +277,7 @@ def test_unreadable_kernel_log_is_a_metric_and_nvml_state_goes_on(tmp_path):
     c = XidCollector(ctx)
     c.service.load_state()
     assert c.service.read_kmsg() == 0
-    assert "cannot read" in c.service.kmsg.error
+    assert "cannot read" in c.service.snapshot().kmsg.error
     text = scrape(Runner([c], deadline_s=5))
     assert value(text, "gpu_health_exporter_kmsg_up") == 0
     assert value(text, "gpu_health_exporter_collector_success", collector="xid") == 1
