@@ -73,10 +73,11 @@ class StateView:
 
 @dataclass(frozen=True)
 class XidSnapshot:
-    """The XID and SXid state as of one moment, as the collectors and commands read it (copies:
-    nothing in it changes afterwards, and changing it changes nothing)."""
+    """The XID and SXid state as of one moment, as the collectors and commands read it: copies of
+    the stores that nothing changes afterwards (the lines and counts are shared by the snapshots
+    taken while the stores did not change: read them, never change them)."""
 
-    xids: Mapping[str, list[XidLine]]  # per PCI key with counts: its XIDs by (xid, tier), acks applied
+    xids: Mapping[str, tuple[XidLine, ...]]  # per PCI key with counts: its XIDs by (xid, tier), acks applied
     counts: Mapping[str, Mapping[str, int]]  # per PCI key: count key -> count
     acks: tuple[Ack, ...]
     reports: Mapping[str, int]  # raw reports per source
@@ -140,21 +141,35 @@ class XidService:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._log_acks = False  # the daemon's log is the trail of acks; one-shot commands print
+        self._lines_cache: tuple | None = None  # (store versions, what snapshot() builds from them)
 
     # -- what the collectors and commands read -----------------------------------------------------
-    def snapshot(self) -> XidSnapshot:
+    def _lines(self) -> tuple:
+        """(XID lines, counts, acks, SXid lines, switches): rebuilt only when the stores changed
+        (three readers a scrape). The key is read first, so what is kept is never older than it."""
+        key = (self.store.version, self.sxids.version)
+        cached = self._lines_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
         counts = self.store.snapshot()
-        acks = tuple(self.store.acks_snapshot())
+        unacked = {p: self.store.unacked(p) for p in counts}
+        lines = ({p: tuple(xid_lines(ks, unacked[p], self.policy)) for p, ks in counts.items()},
+                 {p: {k: c.count for k, c in ks.items()} for p, ks in counts.items()},
+                 tuple(self.store.acks_snapshot()),
+                 tuple(sxid_lines(self.sxids, self.sxid_policy)) if self.sxid_enabled else (),
+                 dict(self.sxids.switches))
+        self._lines_cache = (key, lines)
+        return lines
+
+    def snapshot(self) -> XidSnapshot:
+        xids, counts, acks, sxids, switches = self._lines()
         with self.store.lock:
             reports, merged, dropped = dict(self.store.reports), dict(self.store.merged), self.store.dropped
-        unacked = {p: self.store.unacked(p) for p in counts}
         st, status, w = self.state.status, self.follower.status, self.watcher
         return XidSnapshot(
-            xids={p: xid_lines(ks, unacked[p], self.policy) for p, ks in counts.items()},
-            counts={p: {k: c.count for k, c in ks.items()} for p, ks in counts.items()},
-            acks=acks, reports=reports, merged=merged, dropped=dropped, nvml_events=self.nvml_events,
-            sxids=tuple(sxid_lines(self.sxids, self.sxid_policy)) if self.sxid_enabled else (),
-            sxid_switches=dict(self.sxids.switches), sxid_dropped=self.sxids.dropped,
+            xids=xids, counts=counts, acks=acks, reports=reports, merged=merged, dropped=dropped,
+            nvml_events=self.nvml_events, sxids=sxids, sxid_switches=switches,
+            sxid_dropped=self.sxids.dropped,
             kmsg=KmsgView(self.kmsg_path, status.enabled, status.ok, status.error,
                           dataclasses.replace(self.follower.reader.stats), self.last_seq),
             state=StateView(str(self.state.path), self.persistence.found, st.ok, st.problem,
