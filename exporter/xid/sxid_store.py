@@ -97,7 +97,7 @@ class SxidStore:
                 cur = self.counts.get(key)
                 if cur is None or c.count > cur.count:
                     self.counts[key] = c
-                    self.version += 1
+            self.version += 1  # what readers cached of the counts and switches is stale
 
 
 def validate_state(st: Any) -> None:
