@@ -129,8 +129,8 @@ def main() -> int:
     svc2 = one_shot(ctx2)
     again = {f"{p}/{k}": v.count for p, ks in svc2.store.snapshot().items() for k, v in ks.items()}
     rep["restart"] = {"counts": again, "same_as_before_restart": again == now,
-                      "state_found": svc2.state_found, "skip_through": svc2.skip_through}
-    svc2.reader.close()
+                      "state_found": svc2.snapshot().state.found, "last_seq": svc2.last_seq}
+    svc2.follower.close()
     print("restart:", rep["restart"], flush=True)
     save()
 

@@ -86,7 +86,7 @@ class Context:
             if self.xid is not None:  # and asks for one when a fault is counted
                 from exporter.workload.attribution import fresh_reading
 
-                self.xid.attribution.fresh = fresh_reading(self.workload, self.nvml)
+                self.xid.fresh_readings(fresh_reading(self.workload, self.nvml))
 
     @property
     def paths(self) -> Any:

@@ -7,8 +7,10 @@ deleting its tree. In-process; tests/test_state_faults_live.py runs the real dae
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
 import shutil
 import threading
 import time
@@ -20,10 +22,11 @@ from exporter.cli import main
 from exporter.collectors.xid import XidCollector
 from exporter.runner import Runner
 from exporter.xid import kmsg as kmsg_mod
-from exporter.xid import store as store_mod
+from exporter.xid import state_file
 from exporter.xid.kmsg import KmsgReader
 from exporter.xid.service import one_shot
-from exporter.xid.store import MAX_STATE_BYTES, StateFile
+from exporter.xid.state_file import MAX_STATE_BYTES
+from exporter.xid.store import StateFile
 from exporter.xid.sxid_store import SxidStateFile
 from tests.helpers import samples, scrape
 from tests.test_check import REAL
@@ -143,7 +146,7 @@ def test_an_sxid_state_file_out_of_shape_is_set_aside(tmp_path, caplog):
         doc = {"version": 1, "boot_id": "b", "kmsg": "k", "counts": [row]}
         (d / "sxid-state.json").write_text(json.dumps(doc))
         sf = SxidStateFile(str(d), "b", "k")
-        assert sf.read() is None and sf.problem == "corrupt" and field in caplog.text
+        assert sf.read() is None and sf.status.problem == "corrupt" and field in caplog.text
         assert not (d / "sxid-state.json").exists() and sf.behind()  # written back at the next flush
     assert len(list(d.glob("sxid-state.json.corrupt-*"))) == 3
 
@@ -196,8 +199,9 @@ def test_a_corrupt_file_set_aside_while_running_loses_nothing_and_is_written_bac
     try:
         wait_for(lambda: xid94_on_disk(tmp_path), "XID 94 in the state file")
         state_path(tmp_path).write_bytes(b"{truncated")
-        svc.refresh_acks()  # a scrape looks for acks: reads the file, sets it aside
-        assert set_aside(tmp_path) and svc.state.recoveries == 0
+        # A scrape looks for acks (or the follower's next flush does): reads the file, sets it aside.
+        wait_for(lambda: svc.refresh_acks() is not None and set_aside(tmp_path), "the file set aside")
+        assert svc.state.recoveries == 0
         assert "nothing lost" in caplog.text
         wait_for(lambda: xid94_on_disk(tmp_path), "the state file written back")
     finally:
@@ -247,6 +251,28 @@ def test_the_daemon_writes_what_ack_counted_ahead_of_it(tmp_path):
     assert again.state.status.problem == "" and counts(again) == {(PCI, "94"): 1}
 
 
+def test_the_scrape_never_waits_for_the_state_lock_and_keeps_the_acks_it_holds(tmp_path):
+    """Fails on the old code: a scrape's look for acks waited, without a timeout, for the lock
+    that `ack` (or a hung process) held."""
+    svc = load_doc(tmp_path, good_doc(acks=[{"pci": PCI, "xid": 94, "time": 1.0, "baseline": {"94": 1}}])).xid
+    doc = on_disk(tmp_path) or good_doc()
+    doc["acks"] = [*doc.get("acks", []), {"pci": PCI, "xid": 94, "time": 2.0, "baseline": {"94": 2}}]
+    state_path(tmp_path).write_text(json.dumps(doc))  # `ack` wrote a second one ...
+    fd = os.open(state_path(tmp_path).parent / "xid-state.json.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # ... and holds the lock still
+        got: list = []
+        scrape_look = threading.Thread(target=lambda: got.append(svc.refresh_acks()), daemon=True)
+        scrape_look.start()
+        scrape_look.join(10)
+        assert not scrape_look.is_alive() and got == [[]]
+        assert [a.time for a in svc.store.acks] == [1.0]  # the acks held stay
+    finally:
+        os.close(fd)  # the lock goes with it
+    assert [a.time for a in svc.refresh_acks()] == [2.0]  # the news is taken at the next look
+    assert [a.time for a in svc.store.acks] == [1.0, 2.0]
+
+
 # -- 7. an oversized state file is not re-read on every scrape -----------------------------------
 def test_an_oversized_state_file_is_read_once_not_every_scrape(tmp_path, monkeypatch):
     """Fails on the old code: 16 MiB read twice a scrape until the daemon next wrote."""
@@ -260,8 +286,8 @@ def test_an_oversized_state_file_is_read_once_not_every_scrape(tmp_path, monkeyp
             too_big.append(a)
             raise
 
-    real = store_mod.read_state_file
-    monkeypatch.setattr(store_mod, "read_state_file", read_state_file)
+    real = state_file.read_state_file
+    monkeypatch.setattr(state_file, "read_state_file", read_state_file)
     try:
         wait_for(lambda: svc.persistence.loaded, "the state loaded")
         state_path(tmp_path).write_bytes(b" " * (MAX_STATE_BYTES + 1))
@@ -276,10 +302,10 @@ def test_a_corrupt_file_that_cannot_be_set_aside_is_not_read_again_until_it_chan
     def cannot(*_a, **_k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(store_mod, "set_aside", cannot)
+    monkeypatch.setattr(state_file, "set_aside", cannot)
     reads = []
-    real = store_mod.read_state_file
-    monkeypatch.setattr(store_mod, "read_state_file", lambda *a, **k: reads.append(a) or real(*a, **k))
+    real = state_file.read_state_file
+    monkeypatch.setattr(state_file, "read_state_file", lambda *a, **k: reads.append(a) or real(*a, **k))
     path = state_path(tmp_path)
     path.parent.mkdir()
     path.write_bytes(b"{corrupt")
@@ -392,8 +418,8 @@ def test_check_and_the_daemon_do_not_count_a_half_written_record(tmp_path, capsy
     assert gpu0(capsys)["xids"] == [] and code == 0
     svc = running(tmp_path, HALF)
     try:
-        wait_for(lambda: svc.reader.stats.records == 0 and svc.kmsg.ok, "the kernel log read")
-        assert counts(svc) == {} and svc.store.last_seq is None
+        wait_for(lambda: (k := svc.snapshot().kmsg).stats.records == 0 and k.ok, "the kernel log read")
+        assert counts(svc) == {} and svc.last_seq is None
         with open(tmp_path / "kmsg", "a") as f:
             f.write(REST)
         wait_for(lambda: counts(svc) == {(PCI, "63"): 1}, "XID 63 once whole")
@@ -516,6 +542,6 @@ def test_record_numbers_the_state_file_could_not_hold_are_malformed(tmp_path):
     text = (f"4,{2**64},1000000,-;{bad}4,2,{10**16},-;{bad}4,3,{'9' * 5000},-;{bad}"
             "4,4,2000000,-;NVRM: Xid (PCI:0000:64:00): 31, pid=1, name=p, x\n")
     svc = one_shot(make_ctx(tmp_path, text))
-    assert counts(svc) == {("00000000:64:00", "31"): 1} and svc.reader.stats.malformed == 3
+    assert counts(svc) == {("00000000:64:00", "31"): 1} and svc.snapshot().kmsg.stats.malformed == 3
     assert svc.flush_state(force=True)
     assert one_shot(make_ctx(tmp_path, None)).state.status.problem == ""

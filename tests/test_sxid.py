@@ -159,7 +159,7 @@ def test_a_corrupt_state_file_counts_from_the_kernel_log(tmp_path, content, capl
     ctx = make_ctx(tmp_path, kmsg(RECORDS[3:4]))
     svc = one_shot(ctx)
     assert sxid_counts(svc) == {("00000000:06:00", 20034, "fatal"): 1}
-    assert svc.sxid_state.problem == "corrupt"
+    assert svc.sxid_state.status.problem == "corrupt"
     assert str(state / STATE_NAME) in caplog.text
 
 

@@ -107,14 +107,14 @@ def test_device_reopened_after_a_read_error_does_not_count_the_ring_again(tmp_pa
     ctx = make_ctx(tmp_path, "")
     dev.install(monkeypatch, str(tmp_path / "kmsg"))
     svc = one_shot(ctx)
-    assert total(svc) == 10 and svc.reader.device
+    assert total(svc) == 10 and svc.follower.reader.device
     dev.ring += [xid_record(10 + i) for i in range(5)]
     dev.fail_next = errno.EIO  # any error but EPIPE/EINTR/EAGAIN: the reader reopens
     svc.read_kmsg(live=True)
-    assert not svc.kmsg.ok
+    assert not svc.snapshot().kmsg.ok
     svc.read_kmsg(live=True)  # reopened: the ring again from its oldest record
-    assert svc.kmsg.ok and total(svc) == 15  # was 25
-    assert svc.reader.stats.repeated == 10 and svc.reader.stats.missed == 0
+    assert svc.snapshot().kmsg.ok and total(svc) == 15  # was 25
+    assert svc.snapshot().kmsg.stats.repeated == 10 and svc.snapshot().kmsg.stats.missed == 0
 
 
 def test_reader_skips_what_it_read_before_on_every_reopen(tmp_path):

@@ -186,7 +186,7 @@ class TestFileReopen:
         svc.read_kmsg(live=True)
         svc.read_kmsg(live=True)
         assert total(svc) == 12
-        assert svc.kmsg.ok
+        assert svc.snapshot().kmsg.ok
 
     def test_a_snapshot_appended_again_counts_nothing_twice(self, tmp_path):
         """A tool that appends a full dump of the ring (`cat /dev/kmsg`-style) to the file again:
@@ -319,14 +319,14 @@ class TestDeviceReopen:
         dev.errors = [err]
         for _ in range(3):
             svc.read_kmsg(live=True)
-        assert dev.opens >= 2 and svc.kmsg.ok
+        assert dev.opens >= 2 and svc.snapshot().kmsg.ok
         assert total(svc) == 15
         dev.errors = [err, err]  # twice in a row, then a record
         dev.ring.append(rec(15))
         for _ in range(4):
             svc.read_kmsg(live=True)
         assert total(svc) == 16
-        assert svc.reader.stats.missed == 0
+        assert svc.snapshot().kmsg.stats.missed == 0
 
     def test_epipe_and_eintr_are_not_reopens(self, tmp_path, monkeypatch):
         ctx = make_ctx(tmp_path, "")
@@ -335,7 +335,7 @@ class TestDeviceReopen:
         dev.install(monkeypatch)
         dev.errors = [errno.EINTR, errno.EPIPE]
         svc = one_shot(ctx)
-        assert total(svc) == 3 and dev.opens == 1 and svc.reader.stats.malformed == 0
+        assert total(svc) == 3 and dev.opens == 1 and svc.snapshot().kmsg.stats.malformed == 0
 
     def test_ring_wrapped_while_reopening_counts_the_gap_as_missed(self, tmp_path, monkeypatch):
         ctx = make_ctx(tmp_path, "")
@@ -347,7 +347,7 @@ class TestDeviceReopen:
         for _ in range(3):
             svc.read_kmsg(live=True)
         assert total(svc) == 17
-        assert svc.reader.stats.missed == 3
+        assert svc.snapshot().kmsg.stats.missed == 3
 
     def test_restart_on_the_device_skips_what_the_state_file_covers(self, tmp_path, monkeypatch):
         ctx = make_ctx(tmp_path, "")
@@ -357,7 +357,7 @@ class TestDeviceReopen:
         assert svc.flush_state(force=True)
         dev.ring.append(rec(10))
         again = one_shot(make_ctx(tmp_path, None))
-        assert total(again) == 11 and again.reader.stats.missed == 0
+        assert total(again) == 11 and again.snapshot().kmsg.stats.missed == 0
 
 
 # ============================ item 8: a record written in parts =====================================
@@ -391,7 +391,7 @@ def test_a_record_written_in_parts_is_read_whole(tmp_path, where):
         for _ in range(3):  # the follower polls several times between the parts
             svc.read_kmsg(live=True)
     assert by_key(svc) == {("00000000:53:00", "31"): 1, ("00000000:75:00", "63"): 1}
-    assert svc.reader.stats.malformed == 0
+    assert svc.snapshot().kmsg.stats.malformed == 0
 
 
 def test_parts_written_with_delays_to_the_running_follower(tmp_path):
@@ -410,7 +410,7 @@ def test_parts_written_with_delays_to_the_running_follower(tmp_path):
                 f.write(part)
             size = os.path.getsize(path)
             # the follower has polled past this part (its position in the file)
-            wait_for(lambda size=size: getattr(svc.reader, "_offset", size) >= size, what="a poll")
+            wait_for(lambda size=size: getattr(svc.follower.reader, "_offset", size) >= size, what="a poll")
         wait_for(lambda: total(svc) == 2 and sxid_counts(svc), what="the record")
         assert by_key(svc)[("00000000:75:00", "63")] == 1
         assert ("00000000:75:00", "6") not in by_key(svc)

@@ -82,7 +82,7 @@ def test_malformed_records_are_counted_exported_and_logged_when_the_count_grows(
                                      "xid.nvml_events": False}))
     c = XidCollector(ctx)
     c.service.read_kmsg()
-    assert c.service.reader.stats.malformed == 4 and c.service.reader.stats.records == 2
+    assert c.service.snapshot().kmsg.stats.malformed == 4 and c.service.snapshot().kmsg.stats.records == 2
     assert "4 malformed kernel-log record(s) skipped" in caplog.text and "underscores" in caplog.text
     text = scrape(Runner([c], deadline_s=5))
     assert value(text, "gpu_health_exporter_kmsg_malformed_records_total") == 4
@@ -100,7 +100,7 @@ def test_a_fifo_as_the_kernel_log_is_a_clear_error_not_a_silent_hang(tmp_path, c
     ctx = Context(config=load(None, {"paths.kmsg": str(fifo), "paths.state_dir": str(tmp_path / "st"),
                                      "xid.nvml_events": False}))
     svc = ctx.xid
-    assert svc.read_kmsg() == 0 and not svc.kmsg.ok
+    assert svc.read_kmsg() == 0 and not svc.snapshot().kmsg.ok
     assert f"cannot read {fifo}: a FIFO, not the kernel log device" in caplog.text
 
 

@@ -33,7 +33,7 @@ def sxid_counts(svc):
 
 def test_one_reader_feeds_both_counters(tmp_path):
     svc = one_shot(make_ctx(tmp_path, records(XID63, SXID)))
-    assert len(svc.follower.consumers) == 2 and svc.reader.stats.records == 2
+    assert len(svc.follower.consumers) == 2 and svc.snapshot().kmsg.stats.records == 2
     assert counts(svc) == {("00000000:75:00", "63"): 1}
     assert sxid_counts(svc) == {("00000000:06:00", 20034, "fatal"): 1}
 
@@ -148,7 +148,7 @@ def test_every_counted_xid_and_sxid_event_is_logged_once_by_the_daemon(tmp_path,
         ctx2 = make_ctx(tmp_path, None, nvml=session)
         ctx2.xid.start()
         try:
-            wait_for(lambda: ctx2.xid.kmsg.backlog_done)
+            wait_for(lambda: ctx2.xid.follower.status.backlog_done)
         finally:
             ctx2.xid.stop()
     assert not [r for r in caplog.records if "counted" in r.getMessage()]

@@ -16,6 +16,7 @@ from exporter.profiles import PROFILES
 from exporter.runner import Runner
 from exporter.simulate.nvml_synth import node_capture
 from exporter.xid.service import one_shot
+from exporter.xid.store import Ack
 from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, value, wait_for
 
 KMSG = FIXTURES / "kmsg"
@@ -277,7 +278,28 @@ def test_unreadable_kernel_log_is_a_metric_and_nvml_state_goes_on(tmp_path):
     c = XidCollector(ctx)
     c.service.load_state()
     assert c.service.read_kmsg() == 0
-    assert "cannot read" in c.service.kmsg.error
+    assert "cannot read" in c.service.snapshot().kmsg.error
     text = scrape(Runner([c], deadline_s=5))
     assert value(text, "gpu_health_exporter_kmsg_up") == 0
     assert value(text, "gpu_health_exporter_collector_success", collector="xid") == 1
+
+
+def test_a_snapshot_is_the_state_as_of_one_moment_and_an_ack_shows_in_the_next(tmp_path):
+    ctx = make_ctx(tmp_path, _xid_record(0, 1_000_000, xid=94))
+    svc = one_shot(ctx)
+    first = svc.snapshot()
+    assert [(x.xid, x.count, x.acknowledged) for x in first.xids["00000000:53:00"]] == [(94, 1, False)]
+    assert first.counts == {"00000000:53:00": {"94": 1}} and first.acks == ()
+    assert first.state.problem == "missing"  # no state file yet
+    assert first.kmsg.ok and first.kmsg.stats.records == 1 and first.kmsg.last_seq == 0
+    with open(tmp_path / "kmsg", "a") as f:
+        f.write(_xid_record(1, 60_000_000, xid=94))  # a second event, a minute later
+    svc.read_kmsg()
+    ack = one_shot(make_ctx(tmp_path, None))  # `ack`, another process
+    assert ack.write_ack(Ack("00000000:53:00", 0, "", None, time.time(), {"94": 2})) == ""
+    svc.refresh_acks()
+    now = svc.snapshot()
+    assert [(x.count, x.acknowledged) for x in now.xids["00000000:53:00"]] == [(2, True)]
+    assert len(now.acks) == 1 and now.kmsg.last_seq == 1
+    assert [(x.count, x.acknowledged) for x in first.xids["00000000:53:00"]] == [(1, False)]  # unchanged
+    assert first.kmsg.stats.records == 1 and first.acks == ()

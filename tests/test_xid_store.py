@@ -63,9 +63,8 @@ def test_acks_subtract_a_baseline_and_counters_stay():
 def test_state_roundtrip_is_atomic_and_keyed_by_boot(tmp_path):
     s = XidStore()
     s.report("kmsg", PCI, 63, 1.0, 1700000000.0)
-    s.last_seq = 42
     sf = StateFile(str(tmp_path / "state"), "boot-a", "/dev/kmsg")
-    assert sf.write(s)
+    assert sf.write({**s.to_state("boot-a"), "last_seq": 42})
     assert not [p for p in (tmp_path / "state").iterdir() if p.name.endswith(".tmp")]
     data = StateFile(str(tmp_path / "state"), "boot-a", "/dev/kmsg").read()
     assert data["last_seq"] == 42 and data["counts"][PCI]["63"][0] == 1
@@ -243,3 +242,23 @@ def test_kernel_clock_offset_follows_live_records_and_ignores_other_boots():
     assert abs(c.offset_s - (-0.1)) < 1e-9
     c.observe_live(29.0, mono=100000.0)  # a replayed record of another boot
     assert abs(c.offset_s - (-0.1)) < 1e-9 and c.samples == 2
+
+
+def test_the_write_merge_folds_extra_addresses_into_other_and_never_drops_a_count(tmp_path):
+    """One limit rule for every merge: addresses of the file on disk beyond the guards are folded
+    into "other" (never dropped, never given series of their own), and merging again adds nothing."""
+    d = str(tmp_path)
+    disk = XidStore()  # `ack`, say, which counted addresses the daemon has not read yet
+    for i in range(MAX_UNKNOWN_GPUS + 4):
+        disk.report("kmsg", f"0000{i:04x}:ee:00", 31, float(i), 0.0)
+    StateFile(d, "b").write(disk)
+    daemon = XidStore()  # its own unknown addresses fill the room
+    for i in range(100, 100 + MAX_UNKNOWN_GPUS):
+        daemon.report("kmsg", f"0000{i:04x}:ee:00", 43, float(i), 0.0)
+    sf = StateFile(d, "b")
+    assert sf.write(daemon, merge_counts=True)
+    counts = sf.read()["counts"]
+    assert sum(ks.get("31", [0])[0] for ks in counts.values()) == MAX_UNKNOWN_GPUS + 4
+    assert counts[OTHER]["31"][0] == MAX_UNKNOWN_GPUS + 4
+    assert len([p for p in counts if p != OTHER]) == MAX_UNKNOWN_GPUS
+    assert sf.write(daemon, merge_counts=True) and sf.read()["counts"] == counts

@@ -20,8 +20,7 @@ from exporter.config import Section, non_negative, setting
 from exporter.node import expected_gpus
 from exporter.xid.parser import pci_key
 from exporter.xid.service import XidService
-from exporter.xid.sxid_counter import sxid_lines
-from exporter.xid.verdict import FABRIC_GRACE_S, VERDICTS, GpuInput, NodeVerdict, judge, xid_lines
+from exporter.xid.verdict import FABRIC_GRACE_S, VERDICTS, GpuInput, NodeVerdict, judge
 
 G = ("gpu", "uuid", "pci_bus_id")
 
@@ -95,29 +94,26 @@ def evaluate(service: XidService, health: Any, expected: int | None,
     """Gather the verdict's inputs: the GPUs of the GPU collector's reading (else those NVML
     lists) and every address with XIDs, each with its XIDs less acks, and the SXids."""
     rows: dict[str, tuple[str, str, str, Any]] = {}
-    ids = service.identities
-    s = ids.session()
+    s = service.session()
     if health is not None and health.gpus:
         for h in health.gpus.values():
             k = pci_key(h.pci_bus_id)
             if k is not None:
                 rows[k] = (str(h.index), h.uuid, h.pci_bus_id, h)
-                ids.identify(k, h.index, h.uuid)
+                service.identify(k, h.index, h.uuid)
     elif s is not None:
         for d in s.devices:
             k = pci_key(d.pci_bus_id)
             if k is not None:
                 rows[k] = (str(d.index), d.uuid, d.pci_bus_id, None)
-    counts = service.store.snapshot()
-    for k in counts:
+    snap = service.snapshot()
+    for k in snap.xids:
         if k not in rows:
-            rows[k] = (*ids.labels(k), None)
-    gpus = [GpuInput(gpu, uuid, bus_id, h,
-                     xid_lines(counts.get(k, {}), service.store.unacked(k), service.policy),
+            rows[k] = (*service.gpu_labels(k), None)
+    gpus = [GpuInput(gpu, uuid, bus_id, h, snap.xids.get(k, []),
                      s is not None and gpu.isdigit() and int(gpu) in s.lost)
             for k, (gpu, uuid, bus_id, h) in rows.items()]
-    sxids = sxid_lines(service.sxids, service.sxid_policy) if service.sxid_enabled else []
-    return judge(gpus, health, expected, sxids, service.clock.now(), fabric_grace_s)
+    return judge(gpus, health, expected, list(snap.sxids), service.kernel_now(), fabric_grace_s)
 
 
 COLLECTOR = HealthCollector

@@ -17,13 +17,11 @@ from exporter.workload.attribution import (
     SXID,
     WORKLOAD_LABELS,
     PreparedSeries,
-    acks_key,
     last_seen,
     series_labels,
 )
 from exporter.xid.parser import pci_label
 from exporter.xid.sxid_catalog import check_fatal_tier, check_policy
-from exporter.xid.sxid_counter import sxid_lines
 
 
 @dataclass
@@ -76,25 +74,23 @@ class NvswitchCollector(Collector):
     def start(self) -> None:
         self.service.start()  # idempotent: the xid collector starts the same follower
 
-    def _workload_samples(self, acks: list) -> Iterator[Sample]:
-        svc = self.service
-        switches = dict(svc.sxids.switches)
-        for (pci, sxid, w), t in sorted(last_seen(svc.attribution.ledger.visible(acks), SXID).items()):
+    def _workload_samples(self, acks: tuple, switches: dict[str, int]) -> Iterator[Sample]:
+        for (pci, sxid, w), t in sorted(last_seen(self.service.hits(acks), SXID).items()):
             labels = dict(switch=str(switches.get(pci, "")), pci_bus_id=pci_label(pci), sxid=str(sxid),
                           **series_labels(w))
             yield Sample(SXID_WORKLOAD.name, labels, t)
 
     def collect(self, out: Families) -> None:
-        svc = self.service
+        snap = self.service.snapshot()
         out.declare(SXID_ERRORS)
-        for x in sxid_lines(svc.sxids, svc.sxid_policy):
+        for x in snap.sxids:
             out.add(SXID_ERRORS, x.count, switch=x.switch, pci_bus_id=x.pci_bus_id, sxid=str(x.sxid),
                     sxid_severity=x.severity, tier=x.tier)
         out.declare(SXID_WORKLOAD)
-        acks = svc.store.acks_snapshot()
-        key = (svc.attribution.ledger.version, acks_key(acks), len(svc.sxids.switches))
-        out.add_samples(SXID_WORKLOAD, self._workload_series.get(key, lambda: self._workload_samples(acks)))
-        out.add(SXID_DROPPED, svc.sxids.dropped)
+        key = (snap.hits_version, len(snap.sxid_switches))
+        out.add_samples(SXID_WORKLOAD, self._workload_series.get(
+            key, lambda: self._workload_samples(snap.acks, dict(snap.sxid_switches))))
+        out.add(SXID_DROPPED, snap.sxid_dropped)
 
 
 COLLECTOR = NvswitchCollector

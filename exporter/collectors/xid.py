@@ -17,12 +17,10 @@ from exporter.workload.attribution import (
     WORKLOAD_LABELS,
     XID,
     PreparedSeries,
-    acks_key,
     last_seen,
     series_labels,
 )
 from exporter.xid.policy import check_policy
-from exporter.xid.verdict import xid_lines
 
 G = ("gpu", "uuid", "pci_bus_id")
 
@@ -155,10 +153,10 @@ class XidCollector(Collector):
     def start(self) -> None:
         self.service.start()
 
-    def _workload_samples(self, acks: list) -> Iterator[Sample]:
+    def _workload_samples(self, acks: tuple) -> Iterator[Sample]:
         svc = self.service
         gpus: dict[str, tuple[str, str, str]] = {}  # a few GPUs, up to 8 events x workloads each
-        for (pci, xid, w), t in sorted(last_seen(svc.attribution.ledger.visible(acks), XID).items()):
+        for (pci, xid, w), t in sorted(last_seen(svc.hits(acks), XID).items()):
             gpu, uuid, bus_id = gpus.get(pci) or gpus.setdefault(pci, svc.gpu_labels(pci))
             labels = dict(gpu=gpu, uuid=uuid, pci_bus_id=bus_id, xid=str(xid), **series_labels(w))
             yield Sample(XID_WORKLOAD.name, labels, t)
@@ -169,17 +167,18 @@ class XidCollector(Collector):
     def collect(self, out: Families) -> None:
         svc = self.service
         svc.refresh_acks()  # an ack shows from the next scrape
+        snap = svc.snapshot()
         out.declare(XID_ERRORS)
-        for pci, counts in sorted(svc.store.snapshot().items()):
+        for pci, lines in sorted(snap.xids.items()):
             gpu, uuid, bus_id = svc.gpu_labels(pci)
-            for line in xid_lines(counts, {}, svc.policy):  # acks matter to the verdict only
+            for line in lines:  # counted whether acknowledged or not: acks matter to the verdict only
                 labels = dict(gpu=gpu, uuid=uuid, pci_bus_id=bus_id, xid=str(line.xid), tier=line.tier)
                 out.add(XID_ERRORS, line.count, **labels)
                 out.add(XID_LAST_SEEN, line.last_seen, **labels)
-        acks = svc.store.acks_snapshot()
+        acks = snap.acks
         out.declare(XID_WORKLOAD)
-        key = (svc.attribution.ledger.version, acks_key(acks), svc.identities.version)
-        out.add_samples(XID_WORKLOAD, self._workload_series.get(key, lambda: self._workload_samples(acks)))
+        out.add_samples(XID_WORKLOAD, self._workload_series.get(snap.hits_version,
+                                                                lambda: self._workload_samples(acks)))
         out.declare(ACKED)
         acked: dict[tuple[str, str], float] = {}
         for a in acks:
@@ -188,31 +187,31 @@ class XidCollector(Collector):
         for (pci, xid), t in sorted(acked.items()):
             gpu, uuid, bus_id = svc.gpu_labels(pci)
             out.add(ACKED, t, gpu=gpu, uuid=uuid, pci_bus_id=bus_id, xid=xid)
-        for (pci, etype), n in sorted(svc.nvml_events.items()):
+        for (pci, etype), n in sorted(snap.nvml_events.items()):
             gpu, uuid, bus_id = svc.gpu_labels(pci)
             out.add(NVML_EVENTS, n, gpu=gpu, uuid=uuid, pci_bus_id=bus_id, event_type=etype)
-        st = svc.reader.stats
-        out.add(KMSG_UP, 1 if svc.kmsg.enabled and svc.kmsg.ok else 0)
+        k, st = snap.kmsg, snap.kmsg.stats
+        out.add(KMSG_UP, 1 if k.enabled and k.ok else 0)
         out.add(KMSG_RECORDS, st.records)
         out.add(KMSG_OVERWRITES, st.overwrites)
         out.add(KMSG_MISSED, st.missed)
         out.add(KMSG_MALFORMED, st.malformed)
-        if svc.store.last_seq is not None:
-            out.add(KMSG_SEQ, svc.store.last_seq)
+        if k.last_seq is not None:
+            out.add(KMSG_SEQ, k.last_seq)
         for source in ("kmsg", "nvml"):
-            out.add(REPORTS, svc.store.reports.get(source, 0), source=source)
-            out.add(MERGED, svc.store.merged.get(source, 0), source=source)
-        out.add(DROPPED, svc.store.dropped)
-        w = svc.watcher
-        if w is not None:
-            out.add(WATCHER_UP, 1 if w.alive and w.status.state == "watching" else 0)
-            out.add(WATCHER_GPUS, w.status.registered, state="registered")
-            out.add(WATCHER_GPUS, w.status.excluded, state="excluded")
-            out.add(WATCHER_REBUILDS, w.status.rebuilds)
-            out.add(WATCHER_ERRORS, w.status.errors)
-        ss = svc.state.status
+            out.add(REPORTS, snap.reports.get(source, 0), source=source)
+            out.add(MERGED, snap.merged.get(source, 0), source=source)
+        out.add(DROPPED, snap.dropped)
+        if snap.watcher is not None:
+            alive, ws = snap.watcher
+            out.add(WATCHER_UP, 1 if alive and ws.state == "watching" else 0)
+            out.add(WATCHER_GPUS, ws.registered, state="registered")
+            out.add(WATCHER_GPUS, ws.excluded, state="excluded")
+            out.add(WATCHER_REBUILDS, ws.rebuilds)
+            out.add(WATCHER_ERRORS, ws.errors)
+        ss = snap.state
         out.add(STATE_OK, 1 if ss.ok else 0)
-        out.add(STATE_RECOVERIES, svc.state.recoveries)
+        out.add(STATE_RECOVERIES, ss.recoveries)
         out.add(STATE_ERRORS, ss.read_errors, operation="read")
         out.add(STATE_ERRORS, ss.write_errors, operation="write")
 

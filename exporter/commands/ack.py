@@ -45,35 +45,33 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         if dev is not None:
             pci, uuid = pci_key(dev.pci_bus_id), dev.uuid
         else:
-            pci = svc.identities.by_index(index)
+            pci = svc.gpu_at_index(index)
     if pci is None:
         print(f"gpu-health-exporter ack: no GPU {target!r} (give an index NVML lists or a PCI address)",
               file=sys.stderr)
         return 2
-    if not (svc.identities.is_listed(pci) or pci in svc.store.counts or args.force):
+    counts = svc.snapshot().counts.get(pci)
+    if not (svc.is_listed(pci) or counts is not None or args.force):
         # a typo'd address would otherwise silence nothing and say it did
         print(f"gpu-health-exporter ack: this node has no GPU at {pci_label(pci)}: NVML does not list it "
               "and neither the kernel log nor the state file names it; check the address, or give "
               "--force to record the ack anyway", file=sys.stderr)
         return 2
     if args.xid is not None:
-        counted = {split_key(k)[0] for k in svc.store.counts.get(pci, {})}
+        counted = {split_key(k)[0] for k in counts or {}}
         if not valid_xid(args.xid) or (args.xid not in CATALOG and args.xid not in counted):
             print(f"gpu-health-exporter ack: XID {args.xid} is not in the XID catalog (docs/xid.md) nor "
                   f"counted on GPU {target}; nothing to acknowledge", file=sys.stderr)
             return 2
-    ident = svc.identities.get(pci)
+    ident = svc.identity(pci)
     if ident is not None:
         index = ident.index if index is None else index
         uuid = uuid or ident.uuid
-    baseline = {k: c.count for k, c in svc.store.counts.get(pci, {}).items()
-                if args.xid is None or split_key(k)[0] == args.xid}
-    ack = Ack(pci, index, uuid, args.xid, time.time(), baseline)
-    doc = svc.persistence.snapshot()
-    doc["acks"] = [*doc["acks"], ack.to_json()]  # written from a snapshot; the store stays as read
-    if not svc.state.write(doc, merge_counts=True):
-        print(f"gpu-health-exporter ack: cannot write the state file {svc.state.path}: "
-              f"{svc.state.status.problem}", file=sys.stderr)
+    baseline = {k: n for k, n in (counts or {}).items() if args.xid is None or split_key(k)[0] == args.xid}
+    problem = svc.write_ack(Ack(pci, index, uuid, args.xid, time.time(), baseline))
+    if problem:
+        print(f"gpu-health-exporter ack: cannot write the state file {svc.snapshot().state.path}: "
+              f"{problem}", file=sys.stderr)
         return 2
     what = f"XID {args.xid}" if args.xid is not None else "all XIDs"
     counted = ", ".join(f"{k} x{n}" for k, n in sorted(baseline.items())) or "none counted yet"

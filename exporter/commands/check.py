@@ -27,7 +27,7 @@ from exporter.collector import Context
 from exporter.node import instance_type
 from exporter.workload.attribution import XID, Attribution, describe
 from exporter.xid.parser import pci_key, pci_label
-from exporter.xid.service import XidService, one_shot
+from exporter.xid.service import KmsgView, XidService, XidSnapshot, one_shot
 
 log = logging.getLogger("exporter.check")
 
@@ -73,25 +73,27 @@ def verdict(ctx: Context) -> tuple[Any, list[str]]:
 def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
     svc = one_shot(ctx, read_only=True)
     nv, problems = verdict(ctx)
-    if svc.state.status.problem in ("corrupt", "unreadable"):
-        problems.append(f"state file {svc.state.path} is {svc.state.status.problem}: XID counts come from "
+    snap = svc.snapshot()
+    if snap.state.problem in ("corrupt", "unreadable"):
+        problems.append(f"state file {snap.state.path} is {snap.state.problem}: XID counts come from "
                         "the kernel log alone and may be incomplete")
-    if svc.kmsg.enabled and not svc.kmsg.ok and not svc.state_found:  # the state alone has the counts
-        problems.append(f"kernel log: {svc.kmsg.error} and no state file for this boot")
-    unparsed = unparseable_kmsg(svc)
+    k = snap.kmsg
+    if k.enabled and not k.ok and not snap.state.found:  # the state alone has the counts
+        problems.append(f"kernel log: {k.error} and no state file for this boot")
+    unparsed = unparseable_kmsg(k)
     if unparsed:
         problems.append(unparsed)
     return nv, svc, problems
 
 
-def unparseable_kmsg(svc: XidService) -> str:
+def unparseable_kmsg(k: KmsgView) -> str:
     """Why the kernel log read is no evidence: not one of its lines was a record (a `dmesg -T`
     or journal dump given as --kmsg-file). Its XIDs cannot have been counted, so "healthy" from
     it would be a guess, whatever the state file says. Empty when at least one record parsed."""
-    st = svc.reader.stats
-    if not (svc.kmsg.enabled and svc.kmsg.ok) or st.records or not st.malformed:
+    st = k.stats
+    if not (k.enabled and k.ok) or st.records or not st.malformed:
         return ""
-    return (f"kernel log {svc.kmsg_path}: none of its {st.malformed} line(s) is a /dev/kmsg record "
+    return (f"kernel log {k.path}: none of its {st.malformed} line(s) is a /dev/kmsg record "
             f"(`prio,seq,usec,flags;message`, as `cat /dev/kmsg` or `capture` saves them; `dmesg` "
             f"output is not); last line not parsed: {st.last_malformed[:80]!r}")
 
@@ -133,10 +135,10 @@ def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts else ""
 
 
-def attributions(svc: XidService) -> dict[str, list[Attribution]]:
+def attributions(svc: XidService, snap: XidSnapshot) -> dict[str, list[Attribution]]:
     """The workloads faults hit, per GPU PCI key (those acks cleared left out), oldest first."""
     out: dict[str, list[Attribution]] = {}
-    for r in svc.attribution.ledger.visible(svc.store.acks_snapshot()):
+    for r in svc.hits(snap.acks):
         out.setdefault(r.pci, []).append(r)
     return out
 
@@ -155,8 +157,9 @@ def _hit_text(r: Attribution) -> str:
 
 
 def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Context) -> dict:
-    st = svc.reader.stats
-    hits = attributions(svc)
+    snap = svc.snapshot()
+    k, st = snap.kmsg, snap.kmsg.stats
+    hits = attributions(svc, snap)
     return {
         "node": {"verdict": node_verdict(nv, code), "reasons": nv.reasons, "details": details(nv, ctx),
                  "exit_status": code, "instance_type": instance_type(ctx),
@@ -175,10 +178,9 @@ def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Conte
                             "tier": x.tier, "count": x.count, "last_seen": _iso(x.last_seen),
                             "meaning": x.meaning} for x in nv.sxids],
         "sources": {
-            "kmsg": {"path": svc.kmsg_path, "ok": svc.kmsg.ok, "error": svc.kmsg.error,
+            "kmsg": {"path": k.path, "ok": k.ok, "error": k.error,
                      "records": st.records, "missed_records": st.missed, "overwrites": st.overwrites},
-            "state_file": {"path": str(svc.state.path), "found": svc.state_found,
-                           "problem": svc.state.status.problem},
+            "state_file": {"path": snap.state.path, "found": snap.state.found, "problem": snap.state.problem},
         },
         "problems": problems,
     }
@@ -204,7 +206,7 @@ def table(nv: Any, problems: list[str], code: int, ctx: Context, svc: XidService
         lines.append("")
         lines.append("NVSwitch SXids since boot (switch pci sxid x count severity tier): " + ", ".join(
             f"{x.switch or '?'} {x.pci_bus_id} {x.sxid} x{x.count} {x.severity} {x.tier}" for x in nv.sxids))
-    hits = attributions(svc) if svc is not None else {}
+    hits = attributions(svc, svc.snapshot()) if svc is not None else {}
     if hits:
         lines.append("")
         lines.append("Workloads the faults hit (kept after they ended; `ack` clears a GPU's):")

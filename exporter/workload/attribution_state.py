@@ -28,8 +28,8 @@ from exporter.workload.attribution import (
 )
 from exporter.workload.model import Workload
 from exporter.xid.catalog import XID_MAX, XID_MIN
+from exporter.xid.state_file import read_state_file, write_json_atomic
 from exporter.xid.state_values import PCI_KEY_RE, seconds
-from exporter.xid.store import read_state_file, write_json_atomic
 from exporter.xid.sxid_store import SXID_MAX, SXID_MIN
 
 log = logging.getLogger("exporter.workload")

@@ -43,7 +43,6 @@ class XidCounter:
         self.clock = clock
         self.kmsg_enabled = kmsg_enabled  # NVML's XID 154 waits for the kernel line only if one comes
         self.parser = KernelLogParser()
-        self.skip_through: int | None = None  # records up to this seq were counted before (state file)
         self.log_events = False  # the daemon logs each counted event; one-shot commands print them
         self.attribution: Any = None  # FaultAttribution: records the workloads each event hit
         self.nvml_events: dict[tuple[str, str], int] = {}  # (pci key, event type name) -> count
@@ -52,15 +51,15 @@ class XidCounter:
         self._lock = threading.Lock()
 
     # -- kernel log --------------------------------------------------------------------------------
-    def handle_record(self, rec: Record) -> None:
+    def handle_record(self, rec: Record, new: bool = True) -> None:
+        """One kernel-log record; `new`: not counted by an earlier run (its identities still count)."""
         if rec.kernel:  # prio >= 8: written from user space, not the driver
             parsed = self.parser.feed(rec.message)
             if isinstance(parsed, GpuAt):
                 self.identities.identify(parsed.pci, uuid=parsed.uuid)
-            elif isinstance(parsed, XidReport) and (self.skip_through is None or rec.seq > self.skip_through):
+            elif isinstance(parsed, XidReport) and new:
                 self._count("kmsg", parsed.pci, parsed.xid, rec.usec / 1e6, None, parsed.action,
                             self.clock.wall, parsed.text)
-        self.store.last_seq = rec.seq
 
     # -- NVML events ---------------------------------------------------------------------------------
     def on_nvml_event(self, ev: Event) -> None:
@@ -123,7 +122,7 @@ class XidCounter:
                                     listed=self.identities.is_listed(pci))
         if not counted:
             return
-        other = pci not in self.store.counts  # beyond the guards: counted under "other"
+        other = self.store.counted_under(pci) == OTHER  # beyond the guards
         hit = ""
         if self.attribution is not None and not other:
             at = wall if wall is not None else (wall_of(kernel_s) if wall_of is not None else time.time())

@@ -1,6 +1,10 @@
 """The kernel-log follower: reads the kernel log (exporter.xid.kmsg) and hands every record to
 its consumers (the XID counter, the SXid counter), in order, once. One reader for both.
 
+It owns the kernel-log sequence number: the last record processed this run, and for each
+consumer the record through which an earlier run counted (its state file, `resume`). A consumer
+is told whether a record is new to it, so a restart never counts a record twice.
+
 `read()` processes what is available now (the one-shot commands call it once, the service's
 background loop again and again). Read errors are recorded in `status` and logged once per
 distinct message, never raised; malformed records are logged at most once a minute.
@@ -29,17 +33,34 @@ class KmsgStatus:
     enabled: bool = True
 
 
+# A consumer gets every record, and whether it is new to it (not counted by an earlier run).
+Consumer = Callable[[Record, bool], None]
+
+
 class KmsgFollower:
-    def __init__(self, path: str, consumers: list[Callable[[Record], None]], clock: KernelClock,
+    def __init__(self, path: str, consumers: dict[str, Consumer], clock: KernelClock,
                  enabled: bool = True) -> None:
         self.path = path
         self.consumers = consumers
         self.clock = clock
         self.reader = KmsgReader(path)
         self.status = KmsgStatus(enabled=enabled and bool(consumers))
-        self.seen_through: int | None = None  # records up to here were read by an earlier run (state)
+        # Written by the thread that reads (one at a time); read by any (an int, read whole).
+        self.last_seq: int | None = None  # the last record processed this run
+        self._resumed: dict[str, int] = {}  # consumer -> records up to here were counted before
         self._malformed_logged = 0
         self._malformed_at = -MALFORMED_LOG_S
+
+    def resume(self, consumer: str, seq: int | None) -> None:
+        """An earlier run's `consumer` counted the records up to `seq` (its state file says so)."""
+        if seq is not None and consumer in self.consumers:
+            self._resumed[consumer] = max(seq, self._resumed.get(consumer, seq))
+
+    def counted_through(self, consumer: str | None = None) -> int | None:
+        """The last record whose reports `consumer` (default: every consumer) has counted, this run
+        or an earlier one: what its state file records."""
+        seqs = [self.last_seq, *(q for c, q in self._resumed.items() if consumer in (None, c))]
+        return max((q for q in seqs if q is not None), default=None)
 
     def read(self, live: bool = False) -> int:
         """Process every record available now; returns how many were read. Errors (no such
@@ -55,8 +76,9 @@ class KmsgFollower:
                     self._note_first(rec)
                 if live:
                     self.clock.observe_live(rec.usec / 1e6)
-                for consume in self.consumers:
-                    consume(rec)
+                for name, consume in self.consumers.items():
+                    consume(rec, rec.seq > self._resumed.get(name, -1))
+                self.last_seq = rec.seq
                 n += 1
         except OSError as e:
             self.reader.close()
@@ -85,7 +107,7 @@ class KmsgFollower:
         """Records we can prove we never saw: the ring wrapped before we (first) read it."""
         if not self.reader.device:
             return
-        seen = self.seen_through if self.seen_through is not None else -1
+        seen = max(self._resumed.values(), default=-1)
         if rec.seq > seen + 1:
             self.reader.stats.missed += rec.seq - seen - 1
 

@@ -19,6 +19,7 @@ import threading
 import time
 
 from exporter.workload.attribution_state import AttributionPersistence
+from exporter.xid.follower import KmsgFollower
 from exporter.xid.identities import GpuIdentities
 from exporter.xid.store import Ack, StateFile, XidStore
 from exporter.xid.sxid_store import SxidStateFile, SxidStore
@@ -29,13 +30,14 @@ STATE_WRITE_IDLE_S = 60.0  # write the sequence number now and then even without
 
 class XidPersistence:
     def __init__(self, state: StateFile, sxid_state: SxidStateFile, store: XidStore,
-                 identities: GpuIdentities, sxids: SxidStore, write_xids: bool = True,
+                 identities: GpuIdentities, sxids: SxidStore, follower: KmsgFollower, write_xids: bool = True,
                  sxids_enabled: bool = True, attribution: AttributionPersistence | None = None) -> None:
         self.state = state
         self.sxid_state = sxid_state
         self.store = store
         self.identities = identities
         self.sxids = sxids
+        self.follower = follower  # owns the kernel-log sequence number each file records
         self.write_xids = write_xids  # False when XIDs are not counted: the file is only read
         self.sxids_enabled = sxids_enabled  # False: the SXid state is neither read nor written
         self.attribution = attribution  # the workloads the events hit (exporter.workload.attribution)
@@ -62,11 +64,13 @@ class XidPersistence:
             if data is not None:
                 self.identities.load(data.get("gpus") or {})
                 self.store.merge_state(data, listed=self.identities.is_listed)
+                self.follower.resume("xid", data.get("last_seq"))
             self.found = data is not None
             if self.sxids_enabled:
                 sx = self.sxid_state.read()
                 if sx is not None:
                     self.sxids.load(sx)
+                    self.follower.resume("sxid", sx.get("last_seq"))
             self._sxid_written = self.sxids.version
             if self.attribution is not None:
                 self.attribution.load()
@@ -74,19 +78,26 @@ class XidPersistence:
             self.loaded = True
 
     def take_acks(self) -> list[Ack]:
-        """Acknowledgements written by `ack` since we last read the file; returns the new ones."""
-        with self._lock:
+        """Acknowledgements written by `ack` since we last read the file; returns the new ones.
+        On the scrape path: never waits for a flush in progress (which may wait for `ack`'s lock)
+        nor for the file's lock; the acks held stay and the news is taken at a later look."""
+        if not self._lock.acquire(blocking=False):
+            return []
+        try:
             new: list[Ack] = []
             data = self.state.read_news()
             for doc in (data, self.state.take_foreign()):
                 if doc is not None:
                     new += self.store.merge_state(doc, counts=False)
             return new
+        finally:
+            self._lock.release()
 
     def snapshot(self) -> dict:
         """The XID state document as of now."""
         doc = self.store.to_state(self.state.boot_id)
         doc["gpus"] = self.identities.to_state()
+        doc["last_seq"] = self.follower.counted_through("xid")
         return doc
 
     def flush(self, force: bool = False) -> bool:
@@ -100,7 +111,7 @@ class XidPersistence:
                 self.attribution.flush(self.store.acks_snapshot())
             if not self.write_xids:
                 return False
-            version, seq = self._version(), self.store.last_seq
+            version, seq = self._version(), self.follower.counted_through("xid")
             dirty = version != self._written_version or self.state.behind()
             seq_moved = seq != self._written_seq
             idle_due = seq_moved and now - self._last_write >= STATE_WRITE_IDLE_S
@@ -115,12 +126,13 @@ class XidPersistence:
             return False
 
     def _flush_sxids(self, now: float, force: bool) -> None:
+        seq = self.follower.counted_through("sxid")
         if self.sxids.version == self._sxid_written and not self.sxid_state.behind() \
-                and not (force and self.sxids.last_seq is not None):
+                and not (force and seq is not None):
             return
         if not force and now - self._sxid_last_write < STATE_WRITE_MIN_S:
             return
         self._sxid_last_write = now
         version = self.sxids.version
-        if self.sxid_state.write(self.sxids):
+        if self.sxid_state.write({**self.sxids.to_state(self.sxid_state.boot_id), "last_seq": seq}):
             self._sxid_written = version

@@ -9,6 +9,9 @@ Parts, one job each:
 - KmsgFollower (exporter.xid.follower): one kernel-log reader feeding both counters;
 - XidPersistence (exporter.xid.persistence): the state files, written from snapshots.
 
+Collectors and commands read it through `snapshot()` (an immutable view as of one moment),
+`hits()`, the GPU accessors and `write_ack()`, never through its parts.
+
 `xid.enabled: false` builds no XID counter (no XID is counted, no NVML event watcher) and
 `nvswitch.enabled: false` no SXid counter; the state file is still read for the verdict. This
 module runs the follower and the NVML event watcher in the daemon (`start`/`stop`); one-shot
@@ -17,28 +20,77 @@ commands call `one_shot()` instead.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from exporter.workload.attribution import FaultAttribution, WorkloadHistory
+from exporter.workload.attribution import Attribution, FaultAttribution, WorkloadHistory, acks_key
 from exporter.workload.attribution_state import AttributionPersistence, AttributionStateFile
 from exporter.xid.clock import KernelClock
 from exporter.xid.counter import XidCounter
 from exporter.xid.follower import KmsgFollower
-from exporter.xid.identities import GpuIdentities
-from exporter.xid.nvml_events import NvmlEventWatcher
+from exporter.xid.identities import GpuIdentities, Identity
+from exporter.xid.kmsg import ReaderStats
+from exporter.xid.nvml_events import NvmlEventWatcher, WatcherStatus
 from exporter.xid.persistence import XidPersistence
 from exporter.xid.policy import Policy
-from exporter.xid.store import Ack, StateFile, XidStore, read_boot_id, split_key
+from exporter.xid.state_file import read_boot_id
+from exporter.xid.store import Ack, StateFile, XidStore, split_key
 from exporter.xid.sxid_catalog import SxidPolicy
-from exporter.xid.sxid_counter import SxidCounter
+from exporter.xid.sxid_counter import SxidCounter, sxid_lines
 from exporter.xid.sxid_store import SxidStateFile, SxidStore
+from exporter.xid.verdict import SxidLine, XidLine, xid_lines
 
 log = logging.getLogger("exporter.xid")
 
 KMSG_RETRY_S = 10.0
+
+
+@dataclass(frozen=True)
+class KmsgView:
+    path: str
+    enabled: bool
+    ok: bool
+    error: str
+    stats: ReaderStats  # a copy
+    last_seq: int | None  # the last record whose reports are counted (this run or an earlier one)
+
+
+@dataclass(frozen=True)
+class StateView:
+    path: str
+    found: bool  # a state file for this boot and kernel log was read
+    ok: bool
+    problem: str
+    recoveries: int
+    read_errors: int
+    write_errors: int
+
+
+@dataclass(frozen=True)
+class XidSnapshot:
+    """The XID and SXid state as of one moment, as the collectors and commands read it: copies of
+    the stores that nothing changes afterwards (the lines and counts are shared by the snapshots
+    taken while the stores did not change: read them, never change them)."""
+
+    xids: Mapping[str, tuple[XidLine, ...]]  # per PCI key with counts: its XIDs by (xid, tier), acks applied
+    counts: Mapping[str, Mapping[str, int]]  # per PCI key: count key -> count
+    acks: tuple[Ack, ...]
+    reports: Mapping[str, int]  # raw reports per source
+    merged: Mapping[str, int]  # reports that joined an event already counted, per source
+    dropped: int  # new events refused by the cardinality guards
+    nvml_events: Mapping[tuple[str, str], int]  # (PCI key, event type) -> count
+    sxids: tuple[SxidLine, ...]  # empty when SXids are not counted
+    sxid_switches: Mapping[str, int]  # switch PCI key -> nvidia-nvswitch<N> index
+    sxid_dropped: int
+    kmsg: KmsgView
+    state: StateView
+    watcher: tuple[bool, WatcherStatus] | None  # (alive, status) of the NVML event watcher, if one runs
+    hits_version: tuple  # changes whenever hits() may answer differently for these acks
 
 
 class XidService:
@@ -71,14 +123,15 @@ class XidService:
         for c in (self.counter, self.sxid_counter):
             if c is not None:
                 c.attribution = self.attribution
-        consumers = [c.handle_record for c in (self.counter, self.sxid_counter) if c is not None]
+        consumers = {name: c.handle_record for name, c in (("xid", self.counter), ("sxid", self.sxid_counter))
+                     if c is not None}
         self.follower = KmsgFollower(self.kmsg_path, consumers, self.clock, enabled=cfg.kmsg)
         source = source or self.kmsg_path
         self.state = StateFile(config.paths.state_dir, boot_id, source)
         self.state.shared_acks = shared_acks
         self.sxid_state = SxidStateFile(config.paths.state_dir, boot_id, source)
         self.persistence = XidPersistence(self.state, self.sxid_state, self.store, self.identities,
-                                          self.sxids, write_xids=self.xid_enabled,
+                                          self.sxids, self.follower, write_xids=self.xid_enabled,
                                           sxids_enabled=self.sxid_enabled,
                                           attribution=AttributionPersistence(
                                               AttributionStateFile(config.paths.state_dir, boot_id, source),
@@ -88,19 +141,45 @@ class XidService:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._log_acks = False  # the daemon's log is the trail of acks; one-shot commands print
+        self._lines_cache: tuple | None = None  # (store versions, what snapshot() builds from them)
 
     # -- what the collectors and commands read -----------------------------------------------------
-    @property
-    def reader(self) -> Any:
-        return self.follower.reader
+    def _lines(self) -> tuple:
+        """(XID lines, counts, acks, SXid lines, switches): rebuilt only when the stores changed
+        (three readers a scrape). The key is read first, so what is kept is never older than it."""
+        key = (self.store.version, self.sxids.version)
+        cached = self._lines_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        counts = self.store.snapshot()
+        unacked = {p: self.store.unacked(p) for p in counts}
+        lines = ({p: tuple(xid_lines(ks, unacked[p], self.policy)) for p, ks in counts.items()},
+                 {p: {k: c.count for k, c in ks.items()} for p, ks in counts.items()},
+                 tuple(self.store.acks_snapshot()),
+                 tuple(sxid_lines(self.sxids, self.sxid_policy)) if self.sxid_enabled else (),
+                 dict(self.sxids.switches))
+        self._lines_cache = (key, lines)
+        return lines
 
-    @property
-    def kmsg(self) -> Any:
-        return self.follower.status
+    def snapshot(self) -> XidSnapshot:
+        xids, counts, acks, sxids, switches = self._lines()
+        with self.store.lock:
+            reports, merged, dropped = dict(self.store.reports), dict(self.store.merged), self.store.dropped
+        st, status, w = self.state.status, self.follower.status, self.watcher
+        return XidSnapshot(
+            xids=xids, counts=counts, acks=acks, reports=reports, merged=merged, dropped=dropped,
+            nvml_events=self.nvml_events, sxids=sxids, sxid_switches=switches,
+            sxid_dropped=self.sxids.dropped,
+            kmsg=KmsgView(self.kmsg_path, status.enabled, status.ok, status.error,
+                          dataclasses.replace(self.follower.reader.stats), self.last_seq),
+            state=StateView(str(self.state.path), self.persistence.found, st.ok, st.problem,
+                            self.state.recoveries, st.read_errors, st.write_errors),
+            watcher=None if w is None else (w.alive, dataclasses.replace(w.status)),
+            hits_version=(self.attribution.ledger.version, acks_key(list(acks)), self.identities.version))
 
-    @property
-    def state_found(self) -> bool:
-        return self.persistence.found
+    def hits(self, acks: tuple[Ack, ...]) -> list[Attribution]:
+        """The workloads faults hit (those `acks` cleared left out), oldest first."""
+        return list(self.attribution.ledger.visible(list(acks)))
 
     @property
     def nvml_events(self) -> dict[tuple[str, str], int]:
@@ -112,14 +191,42 @@ class XidService:
     def gpu_labels(self, pci: str) -> tuple[str, str, str]:
         return self.identities.labels(pci)
 
+    def identify(self, pci: str, index: int | None = None, uuid: str = "") -> None:
+        """A GPU reading names the GPU at `pci` (labels and the guards use it)."""
+        self.identities.identify(pci, index, uuid)
+
+    def identity(self, pci: str) -> Identity | None:
+        return self.identities.get(pci)
+
+    def gpu_at_index(self, index: int) -> str | None:
+        """The PCI key of GPU `index` as known this boot (NVML earlier, or the state file)."""
+        return self.identities.by_index(index)
+
+    def is_listed(self, pci: str) -> bool:
+        return self.identities.is_listed(pci)
+
+    def kernel_now(self) -> float:
+        return self.clock.now()
+
+    def fresh_readings(self, fresh: Any) -> None:
+        """How attribution asks the workload source for a reading when a fault is counted."""
+        self.attribution.fresh = fresh
+
+    def write_ack(self, ack: Ack) -> str:
+        """Write `ack` to the state file, from a snapshot (the store stays as read). Returns ""
+        when written, else the state file's problem."""
+        doc = self.persistence.snapshot()
+        doc["acks"] = [*doc["acks"], ack.to_json()]
+        return "" if self.state.write(doc, merge_counts=True) else (self.state.status.problem or "unwritable")
+
     # -- one pass (one-shot commands; the background loop) -------------------------------------------
+    @property
+    def last_seq(self) -> int | None:
+        """The last kernel-log record whose reports are counted (this run or an earlier one)."""
+        return self.follower.counted_through()
+
     def load_state(self) -> None:
         self.persistence.load()
-        if self.counter is not None:
-            self.counter.skip_through = self.store.last_seq
-        if self.sxid_counter is not None:
-            self.sxid_counter.skip_through = self.sxids.last_seq
-        self.follower.seen_through = self.store.last_seq if self.counter is not None else self.sxids.last_seq
 
     def ensure_loaded(self) -> None:
         with self._start_lock:

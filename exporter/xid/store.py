@@ -7,31 +7,24 @@ kernel-log line of the same XID count once, an XID 13 flood of one line per SM c
 a bus loss reported by both an `Xid ... 79` line and a `fallen off the bus` line counts once.
 Memory is bounded: at most a few open events per (GPU, XID) are remembered, older ones pruned.
 
-State file: JSON in `state_dir`, keyed by the boot id, written atomically (temporary file,
-fsync, rename, fsync of the directory) under an advisory lock shared with `ack`. It holds the
-counts, the last kernel-log sequence number processed (records up to it are not counted again
+State file (exporter.xid.state_file reads and writes it): JSON in `state_dir`, keyed by the
+boot id, written atomically under an advisory lock shared with `ack`. It holds the counts, the
+last kernel-log sequence number processed (records up to it are not counted again
 after a restart, even when the ring buffer still holds them), the open events (so a flood that
 spans a restart is not counted twice), the PCI->GPU identities seen, and the acknowledgements.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
-import json
-import logging
-import os
 import re
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from exporter.regular_file import NotRegularFile, open_regular, read_regular
+from exporter.xid import state_file
 from exporter.xid.catalog import XID_MAX, XID_MIN, lookup, valid_xid
 from exporter.xid.identities import MAX_IDENTITIES, Identity  # noqa: F401 - Identity: re-exported
 from exporter.xid.state_values import (  # noqa: F401 - StateError: re-exported
@@ -48,11 +41,8 @@ from exporter.xid.state_values import (  # noqa: F401 - StateError: re-exported
     text,
 )
 
-log = logging.getLogger("exporter.xid.store")
-
 STATE_VERSION = 1
 STATE_NAME = "xid-state.json"
-CORRUPT_KEEP = 5  # corrupt state files set aside that are kept for a human (oldest removed)
 MAX_OPEN_PER_KEY = 4
 MAX_KEYS = 4096
 # Label cardinality guards. A GPU NVML lists is never subject to them for a catalog XID (its
@@ -64,7 +54,6 @@ MAX_UNKNOWN_GPUS = 16
 MAX_ACKS = 1024
 MAX_KEYS_PER_GPU = 128  # per GPU (or the bucket): XIDs outside the catalog beyond this are dropped
 OTHER = "other"  # the shared bucket of PCI addresses beyond MAX_UNKNOWN_GPUS
-MAX_ADDRESSES = MAX_IDENTITIES + MAX_UNKNOWN_GPUS + 1  # count keys a state file may hold (+ OTHER)
 # Bounds of a sane state file: an XID a second for 30 years is under 1e9.
 MAX_COUNT = 10**9
 MAX_ACTION = 255
@@ -81,66 +70,6 @@ def count_key(xid: int, action: int | None = None) -> str:
 def split_key(key: str) -> tuple[int, int | None]:
     xid, _, action = key.partition("/")
     return int(xid), (int(action) if action else None)
-
-
-def _remove_stale_temps(path: Path) -> None:
-    """Temporary files of `path` left by a writer killed mid-write. Writers of a state file are
-    serialised (the lock, or one daemon), so any found before writing are stale."""
-    prefix = f".{path.name}."
-    try:
-        names = [n for n in os.listdir(path.parent) if n.startswith(prefix) and n.endswith(".tmp")]
-    except OSError:
-        return
-    for n in names:
-        with contextlib.suppress(OSError):
-            os.unlink(path.parent / n)  # a symlink is removed, never followed
-            log.info("removed stale temporary file %s (a write was interrupted)", path.parent / n)
-
-
-def _open_temp(tmp: Path) -> int:
-    """Create the temporary file, never following a symlink planted at its name."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    try:
-        return os.open(tmp, flags, 0o644)
-    except FileExistsError:
-        os.unlink(tmp)  # planted, or left by an earlier process with our pid: remove the name
-        return os.open(tmp, flags, 0o644)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write `data` as JSON to `path` atomically: a temporary file created O_EXCL|O_NOFOLLOW,
-    fsync, rename, fsync of the directory; stale temporary files removed first. Raises OSError."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with os.fdopen(_open_temp(tmp), "w") as f:
-            json.dump(data, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
-MAX_STATE_BYTES = 16 << 20  # far above any state within the limits (a few hundred KiB at most)
-
-
-def read_state_file(path: str | os.PathLike, max_bytes: int = MAX_STATE_BYTES) -> bytes:
-    """A state file's bytes: a regular file, its last component not a symbolic link (the state
-    directory may be shared with other tools), at most `max_bytes` (more is an error)."""
-    data = read_regular(path, max_bytes, follow=False)
-    if len(data) > max_bytes:
-        raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes", str(path))
-    return data
 
 
 def _key(k: Any, where: str) -> str:
@@ -279,7 +208,6 @@ class XidStore:
         self.open: dict[tuple[str, int], deque[OpenEvent]] = {}
         self.acks: list[Ack] = []
         self.unknown: set[str] = set()  # addresses with series of their own that were not listed
-        self.last_seq: int | None = None  # last kernel-log record processed
         self.reports: dict[str, int] = {}  # raw reports per source
         self.merged: dict[str, int] = {}  # reports that joined an existing event, per source
         self.dropped = 0  # new events refused by the cardinality guards
@@ -327,6 +255,11 @@ class XidStore:
             self.version += 1
             return True
 
+    def counted_under(self, pci: str) -> str:
+        """The PCI key `pci`'s events are counted under: its own, or OTHER beyond the guards."""
+        with self.lock:
+            return pci if pci in self.counts else OTHER
+
     def _series_pci(self, pci: str, listed: bool) -> str:
         """The PCI key an event is counted under: its own, unless it is a new address that is not
         listed and MAX_UNKNOWN_GPUS such addresses already have series (then OTHER)."""
@@ -348,32 +281,6 @@ class XidStore:
         if force and len(self.open) >= MAX_KEYS:  # pathological: drop the oldest half
             for k in sorted(self.open, key=lambda k: self.open[k][-1].start_s)[: len(self.open) // 2]:
                 del self.open[k]
-
-    def _bounded_counts(self, counts: dict, listed: Callable[[str], bool]) -> dict[str, dict[str, Count]]:
-        """A state file's counts within the guards report() applies: an address beyond them
-        (a file from before the limits, or edited) is folded into OTHER. Folded counts are
-        summed within this document and then merged like any other (the larger count wins), so
-        reading the same file twice does not count them twice."""
-        out: dict[str, dict[str, Count]] = {}
-        unknown = set(self.unknown)
-        for p, ks in counts.items():
-            p = str(p)
-            if p != OTHER and p not in self.counts and not listed(p):
-                if len(unknown) < MAX_UNKNOWN_GPUS or p in unknown:
-                    unknown.add(p)
-                else:
-                    p = OTHER
-            mine = out.setdefault(p, {})
-            for k, v in dict(ks).items():
-                c, cur = Count.from_json(v), mine.get(k)
-                if cur is not None:  # only OTHER gathers several addresses
-                    c = Count(cur.count + c.count, max(cur.last_kernel_s, c.last_kernel_s),
-                              max(cur.last_wall, c.last_wall))
-                elif len(mine) >= MAX_KEYS_PER_GPU and lookup(split_key(k)[0]) is None:
-                    continue
-                mine[k] = c
-        self.unknown = unknown
-        return out
 
     def prune(self, now_s: float) -> None:
         with self.lock:
@@ -428,13 +335,13 @@ class XidStore:
     # -- state (de)serialisation ------------------------------------------------------------------
     def to_state(self, boot_id: str) -> dict:
         """A snapshot of the store as a state document (without `gpus`, which the identities
-        add, and `recoveries`/`kmsg`, which the state file adds). Changes nothing."""
+        add, `last_seq`, which the follower adds, and `recoveries`/`kmsg`, which the state file
+        adds). Changes nothing."""
         with self.lock:
             return {
                 "version": STATE_VERSION,
                 "boot_id": boot_id,
                 "written": round(time.time(), 3),
-                "last_seq": self.last_seq,
                 "counts": {p: {k: c.to_json() for k, c in ks.items()} for p, ks in self.counts.items()},
                 "open": [[p, x, ev.key, round(ev.start_s, 6), sorted(ev.sources)]
                          for (p, x), q in self.open.items() for ev in q],
@@ -458,22 +365,50 @@ class XidStore:
                     new_acks.append(ack)
             if not counts:
                 return new_acks
-            for p, ks in self._bounded_counts(dict(st.get("counts") or {}), listed).items():
-                for k, c in ks.items():
-                    cur = self.counts.setdefault(p, {}).get(k)
-                    if cur is None or c.count > cur.count:
-                        self.counts[p][k] = c
-                        self.version += 1
+            if fold_counts(self.counts, st.get("counts") or {}, listed, self.unknown):
+                self.version += 1
             for p, x, key, start_s, sources in st.get("open") or []:
                 if (str(p), int(x)) not in self.open and len(self.open) >= MAX_KEYS:
                     continue
                 q = self.open.setdefault((str(p), int(x)), deque(maxlen=MAX_OPEN_PER_KEY))
                 if not any(ev.start_s == float(start_s) for ev in q):
                     q.append(OpenEvent(float(start_s), str(key), set(sources)))
-            seq = st.get("last_seq")
-            if seq is not None and (self.last_seq is None or seq > self.last_seq):
-                self.last_seq = seq
             return new_acks
+
+
+def fold_counts(into: dict[str, dict[str, Count]], counts: dict, listed: Callable[[str], bool],
+                unknown: set[str]) -> bool:
+    """Merge a state document's `counts` into `into` by the one limit rule (docs/xid.md, "Limits"),
+    never losing a count: an address gets counts of its own when `into` has them already, a GPU
+    is at it (`listed`), or fewer than MAX_UNKNOWN_GPUS such addresses (`unknown`, updated) have
+    them; any other address is folded into OTHER. Folded counts are summed within the document,
+    then every count is merged by the larger value, so merging the same document twice does not
+    count twice. Returns True when `into` changed."""
+    bounded: dict[str, dict[str, Count]] = {}
+    for p, ks in counts.items():
+        p = str(p)
+        if p != OTHER and p not in into and not listed(p):
+            if p in unknown or len(unknown) < MAX_UNKNOWN_GPUS:
+                unknown.add(p)
+            else:
+                p = OTHER
+        mine = bounded.setdefault(p, {})
+        for k, v in dict(ks).items():
+            c, cur = Count.from_json(v), mine.get(k)
+            if cur is not None:  # only OTHER gathers several addresses
+                c = Count(cur.count + c.count, max(cur.last_kernel_s, c.last_kernel_s),
+                          max(cur.last_wall, c.last_wall))
+            elif len(mine) >= MAX_KEYS_PER_GPU and lookup(split_key(k)[0]) is None:
+                continue
+            mine[k] = c
+    changed = False
+    for p, ks in bounded.items():
+        for k, c in ks.items():
+            cur = into.get(p, {}).get(k)
+            if cur is None or c.count > cur.count:
+                into.setdefault(p, {})[k] = c
+                changed = True
+    return changed
 
 
 def merge_docs(mine: dict, disk: dict | None, counts: bool = False) -> tuple[dict, bool]:
@@ -492,22 +427,20 @@ def merge_docs(mine: dict, disk: dict | None, counts: bool = False) -> tuple[dic
                          for a in mine.get("acks") or []), *extra], key=lambda a: a["time"])
         out["acks"] = acks[-MAX_ACKS:]
     if counts:
-        merged = {p: dict(ks) for p, ks in (mine.get("counts") or {}).items()}
-        for p, ks in (disk.get("counts") or {}).items():
-            # An address the writer folded into OTHER (beyond the guards) is in OTHER already:
-            # brought back on its own, it would be counted twice when the file is read again.
-            if p not in merged and (OTHER in merged or len(merged) >= MAX_ADDRESSES):
-                continue
-            mk = merged.setdefault(p, {})
-            for k, v in ks.items():
-                if k not in mk or v[0] > mk[k][0]:
-                    mk[k] = v
-        out["counts"] = merged
         gpus = dict(mine.get("gpus") or {})
         for p, ident in (disk.get("gpus") or {}).items():
             if p not in gpus and len(gpus) < MAX_IDENTITIES:
                 gpus[p] = ident
         out["gpus"] = gpus
+
+        def listed(p: str) -> bool:  # the rule of GpuIdentities.is_listed, on the document's identities
+            ident = gpus.get(p) or {}
+            return ident.get("index") is not None or bool(ident.get("uuid"))
+
+        held = {p: {k: Count.from_json(v) for k, v in ks.items()}
+                for p, ks in (mine.get("counts") or {}).items()}
+        fold_counts(held, disk.get("counts") or {}, listed, {p for p in held if p != OTHER and not listed(p)})
+        out["counts"] = {p: {k: c.to_json() for k, c in ks.items()} for p, ks in held.items()}
         opened = list(mine.get("open") or [])
         seen = {(e[0], e[1], e[3]) for e in opened}
         room = max(0, MAX_KEYS - len(opened))
@@ -521,250 +454,9 @@ def _ack_ident(a: dict) -> tuple:
     return (a.get("pci"), a.get("xid"), round(float(a.get("time") or 0), 3))
 
 
-def read_boot_id(procfs: str) -> str:
-    """The kernel's boot id (<procfs>/sys/kernel/random/boot_id); '' when unreadable."""
-    try:
-        raw = read_state_file(Path(procfs, "sys/kernel/random/boot_id"), 4096)
-        return raw.decode("ascii", "replace").strip()
-    except OSError:
-        return ""
-
-
-def file_identity(st: os.stat_result) -> tuple:
-    """What tells one version of a file from another without reading it."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def identity_on_disk(path: Path) -> tuple | None:
-    """The file_identity of what is at `path` now (not following a symlink); None when nothing."""
-    try:
-        return file_identity(os.lstat(path))
-    except OSError:
-        return None
-
-
-def encodable(s: str) -> str:
-    """`s` as UTF-8 can encode it (a path's undecodable bytes, held as lone surrogates, replaced)."""
-    return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
-def set_aside(path: Path, keep: int) -> Path:
-    """Rename a corrupt state file to `<name>.corrupt-<UTC time>[.n]` for a human, keeping the
-    newest `keep` of them. Raises OSError when it cannot be renamed."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside = next(p for n in range(1000) if not (p := path.with_name(
-        f"{path.name}.corrupt-{stamp}" + (f".{n}" if n else ""))).exists())
-    os.replace(path, aside)
-    for p in sorted(path.parent.glob(f"{path.name}.corrupt*"))[:-keep]:
-        with contextlib.suppress(OSError):
-            p.unlink()
-    return aside
-
-
-@dataclass
-class StateStatus:
-    ok: bool = True  # the last read and write of the state file worked
-    problem: str = ""  # "", "missing", "corrupt", "unreadable", "unwritable", "other_boot", "no_boot_id"
-    read_errors: int = 0
-    write_errors: int = 0
-    writes: int = 0
-
-
-class StateFile:
-    """The state file in `state_dir`. Never raises: problems are logged once and recorded in
-    `status` (exported as metrics)."""
+class StateFile(state_file.StateFile):
+    """The XID state file (`xid-state.json`): this module's documents, merged with the file's."""
 
     def __init__(self, state_dir: str, boot_id: str, kmsg: str = "", read_only: bool = False) -> None:
-        self.kmsg = encodable(kmsg)  # the kernel log the counts came from; a state of another log is not ours
-        self.dir = Path(state_dir)
-        self.path = self.dir / STATE_NAME
-        self.boot_id = boot_id
-        # read_only (`check`): a corrupt file is reported but left in place for the daemon, which
-        # sets it aside and records the recovery.
-        self.read_only = read_only
-        self.status = StateStatus()
-        # corrupt state files set aside this boot: read from the file, plus those set aside here
-        self.recoveries = 0
-        # The simulated node: runs with other scenario flags read other kernel logs (their counts
-        # are kept apart) of the same node, whose acknowledgements must not be lost.
-        self.shared_acks = False
-        self.foreign: dict | None = None
-        # Set once the caller holds what the file held and writes it back (the daemon once it
-        # runs): a corrupt file set aside from then on loses nothing, so it is no recovery.
-        self.holds = False
-        self._ident: tuple | None = None  # the file as we last read or wrote it (file_identity)
-        self._written: tuple | None = None  # the file as we last wrote it
-        self._behind = False  # what is on disk is not what we hold: the next flush writes
-        self._bad: tuple | None = None  # a file found corrupt that could not be set aside: not re-read
-        self._logged: set[str] = set()
-        self._stale = False  # the last write kept acks from disk the reader has not taken yet
-        # The path is not a regular file (a FIFO, a link...): nothing is read from or written
-        # to it for the rest of the run; counts are kept in memory (logged once, an error).
-        self.disabled = False
-
-    def _refuse(self, e: OSError) -> None:
-        """The state path is not a regular file: log it once and carry on without persistence."""
-        self.disabled = True
-        self.status.ok, self.status.problem = False, "unreadable"
-        self.status.read_errors += 1
-        if "not_regular" not in self._logged:
-            self._logged.add("not_regular")
-            log.error("state file %s is %s: XID counts are not persisted (kept in memory only) until "
-                      "it is removed and the exporter restarted", self.path, e.strerror)
-
-    def _problem(self, kind: str, msg: str, *, write: bool) -> None:
-        self.status.ok = False
-        self.status.problem = kind
-        if write:
-            self.status.write_errors += 1
-        else:
-            self.status.read_errors += 1
-        if kind not in self._logged:
-            self._logged.add(kind)
-            log.warning("state file %s: %s", self.path, msg)
-
-    @contextlib.contextmanager
-    def locked(self):  # noqa: ANN201 - an advisory lock shared by the daemon, check and ack
-        fd = None
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            fd = open_regular(self.dir / (STATE_NAME + ".lock"), os.O_RDWR | os.O_CREAT, follow=False)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            if fd is not None:
-                os.close(fd)
-            fd = None  # a read-only state dir (or no regular lock file): go on without the lock
-        try:
-            yield
-        finally:
-            if fd is not None:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                os.close(fd)
-
-    def read(self) -> dict | None:
-        """The state for this boot, or None (missing, corrupt, another boot)."""
-        if self.disabled:
-            return None
-        try:
-            ident = file_identity(os.lstat(self.path))  # a dangling symlink is a symlink, not missing
-            if ident == self._bad:  # the same corrupt file as before: its verdict stands
-                return None
-            raw = read_state_file(self.path)
-        except NotRegularFile as e:
-            self._refuse(e)
-            return None
-        except FileNotFoundError:
-            self.status.problem = "missing"
-            return None
-        except OSError as e:
-            if e.errno == errno.EFBIG:  # beyond any state within the limits: corrupt
-                self._corrupt(StateError(f"larger than {MAX_STATE_BYTES} bytes"), ident)
-                return None
-            self._problem("unreadable", f"cannot read: {e.strerror or e}", write=False)
-            return None
-        self._ident = ident
-        try:
-            data = json.loads(raw.decode("utf-8"))
-            validate_state(data)  # every field, before anyone uses it
-        except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError included
-            self._corrupt(e, ident)
-            return None
-        if not self.boot_id:
-            self.status.problem = "no_boot_id"
-            return None
-        if data.get("boot_id") != self.boot_id:
-            self.status.problem = "other_boot"  # a new boot: start over from the kernel log
-            self._behind = True
-            return None
-        self.recoveries = max(self.recoveries, data.get("recoveries", 0))
-        if self.kmsg and data.get("kmsg") not in (None, self.kmsg):
-            self.status.problem = "other_source"  # counts of another kernel log (a replay)
-            self._behind = True
-            if self.shared_acks:
-                self.foreign = data  # its acknowledgements still apply (see shared_acks)
-            return None
-        return data
-
-    def take_foreign(self) -> dict | None:
-        """A state file of another kernel log of this node (shared_acks), whose acks apply."""
-        foreign, self.foreign = self.foreign, None
-        return foreign
-
-    def _corrupt(self, e: Exception, ident: tuple) -> None:
-        why = show(str(e) if isinstance(e, StateError) else f"{type(e).__name__}: {e}", 300)
-        if self.read_only:
-            self._bad = ident
-            self._problem("corrupt", f"corrupt ({why}); left in place for the daemon", write=False)
-            return
-        try:
-            aside = set_aside(self.path, CORRUPT_KEEP)
-        except OSError as err:
-            self._bad = ident  # not read again (16 MiB a scrape) until it changes
-            self._problem("corrupt", f"corrupt ({why}) and cannot be set aside: {err.strerror or err}",
-                          write=False)
-            return
-        self._behind = True  # what we hold goes back to disk at the next flush
-        self.status.ok, self.status.problem = False, "corrupt"
-        self.status.read_errors += 1
-        if self.holds:  # the daemon holds every count the file held: nothing was lost
-            log.error("state file %s: corrupt (%s); set aside as %s and written again from the counts "
-                      "held in memory (nothing lost)", self.path, why, aside.name)
-            return
-        self.recoveries += 1
-        # Always logged (not once per kind): each recovery may have lost counts.
-        log.error("state file %s: corrupt (%s); set aside as %s. XID counts are rebuilt from the "
-                  "kernel log: an XID recorded only in the old file (ring buffer wrapped since) is lost; "
-                  "inspect %s (gpu_health_exporter_state_file_recoveries_total counts these)",
-                  self.path, why, aside.name, aside)
-
-    def changed_on_disk(self) -> bool:
-        """True when someone else (ack) wrote the file since we last read or wrote it (or our last
-        write kept acks from it that we have not read)."""
-        if self._stale:
-            return True
-        now = identity_on_disk(self.path)
-        return now is not None and now != self._ident and now != self._bad
-
-    def behind(self) -> bool:
-        """True when the file on disk is not the one we last wrote (set aside, removed, replaced,
-        another boot's, written by `ack`): the holder writes what it holds back."""
-        return not self.disabled and (self._behind or identity_on_disk(self.path) != self._written)
-
-    def read_news(self) -> dict | None:
-        """The file's content when it changed since we last read it (see changed_on_disk)."""
-        if not self.changed_on_disk():
-            return None
-        with self.locked():
-            data = self.read()
-        self._stale = False
-        return data
-
-    def write(self, state: dict | XidStore, merge_counts: bool = False) -> bool:
-        """Write a state document (a snapshot: XidStore.to_state() plus the identities; a store
-        is snapshotted here), merged with what is on disk: acks written by `ack` (counts too
-        with merge_counts) and a foreign file's acks (shared_acks). Atomic; changes no store."""
-        if self.disabled:
-            return False
-        doc = state if isinstance(state, dict) else state.to_state(self.boot_id)
-        with self.locked():
-            on_disk = self.read()
-            if self.disabled:
-                return False
-            data, extra = merge_docs(doc, on_disk, counts=merge_counts)
-            if self.foreign is not None:
-                data, more = merge_docs(data, self.foreign)
-                extra = extra or more
-            data = {**data, "boot_id": self.boot_id, "kmsg": self.kmsg, "recoveries": self.recoveries}
-            try:
-                write_json_atomic(self.path, data)
-                self._ident = self._written = identity_on_disk(self.path)
-                self._behind = False
-            except OSError as e:
-                self._problem("unwritable", f"cannot write (counts kept in memory): {e.strerror or e}",
-                              write=True)
-                return False
-            self._stale = self._stale or extra  # acks we wrote but have not taken: read_news has news
-        self.status.ok = True
-        self.status.problem = ""
-        self.status.writes += 1
-        return True
+        super().__init__(state_dir, boot_id, kmsg, read_only, name=STATE_NAME, validate=validate_state,
+                         what="XID", merge=merge_docs)

@@ -25,12 +25,11 @@ class SxidCounter:
         self.store = store
         self.policy = policy
         self.clock = clock
-        self.skip_through: int | None = None  # records up to this seq had their SXids counted before
         self.log_events = False  # the daemon logs each counted report; one-shot commands print them
         self.attribution: Any = None  # FaultAttribution: records the workloads each report hit
 
-    def handle_record(self, rec: Record) -> None:
-        new = self.skip_through is None or rec.seq > self.skip_through
+    def handle_record(self, rec: Record, new: bool = True) -> None:
+        """One kernel-log record; `new`: not counted by an earlier run."""
         if rec.kernel and new and "SXid" in rec.message:
             parsed = parse_sxid(rec.message)
             wall = self.clock.wall(rec.usec / 1e6)
@@ -45,7 +44,6 @@ class SxidCounter:
                             self.policy.tier(parsed.sxid, parsed.severity),
                             f", link {parsed.link}" if parsed.link is not None else "", hit or "-",
                             parsed.text[:160])
-        self.store.last_seq = rec.seq
 
 
 def sxid_lines(store: SxidStore, policy: SxidPolicy) -> list[SxidLine]:

@@ -11,33 +11,14 @@ file of an older exporter without SXids simply leaves them to be counted from th
 
 from __future__ import annotations
 
-import errno
-import json
-import logging
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from exporter.regular_file import NotRegularFile
+from exporter.xid.state_file import StateFile
 from exporter.xid.state_values import StateError, integer, mapping, pci_key, seconds, sequence, show, text
-from exporter.xid.store import (
-    CORRUPT_KEEP,
-    MAX_BOOT_ID_CHARS,
-    MAX_COUNT,
-    MAX_SEQ,
-    MAX_SOURCE_CHARS,
-    MAX_STATE_BYTES,
-    OTHER,
-    encodable,
-    identity_on_disk,
-    read_state_file,
-    set_aside,
-    write_json_atomic,
-)
+from exporter.xid.store import MAX_BOOT_ID_CHARS, MAX_COUNT, MAX_SEQ, MAX_SOURCE_CHARS, OTHER
 from exporter.xid.sxid import SEVERITIES
-
-log = logging.getLogger("exporter.xid.sxid")
 
 STATE_NAME = "sxid-state.json"
 STATE_VERSION = 1
@@ -56,13 +37,12 @@ class SxidCount:
 
 
 class SxidStore:
-    """Thread-safe counts, the switch index seen at each PCI address and the last record read."""
+    """Thread-safe counts and the switch index seen at each PCI address."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.counts: dict[tuple[str, int, str], SxidCount] = {}
         self.switches: dict[str, int] = {}  # PCI key -> nvidia-nvswitch<N> index
-        self.last_seq: int | None = None
         self.dropped = 0
         self.version = 0
 
@@ -92,9 +72,11 @@ class SxidStore:
         with self.lock:
             return {k: SxidCount(c.count, c.last_wall) for k, c in self.counts.items()}
 
-    def to_state(self, boot_id: str, source: str) -> dict:
+    def to_state(self, boot_id: str) -> dict:
+        """A snapshot as a state document (the follower adds `last_seq`, the state file the kernel
+        log and recoveries)."""
         with self.lock:
-            return {"version": STATE_VERSION, "boot_id": boot_id, "kmsg": source, "last_seq": self.last_seq,
+            return {"version": STATE_VERSION, "boot_id": boot_id,
                     "counts": [[p, x, s, c.count, round(c.last_wall, 3)]
                                for (p, x, s), c in self.counts.items()],
                     "switches": dict(self.switches)}
@@ -115,9 +97,7 @@ class SxidStore:
                 cur = self.counts.get(key)
                 if cur is None or c.count > cur.count:
                     self.counts[key] = c
-            seq = st.get("last_seq")
-            if seq is not None and (self.last_seq is None or seq > self.last_seq):
-                self.last_seq = seq
+            self.version += 1  # what readers cached of the counts and switches is stale
 
 
 def validate_state(st: Any) -> None:
@@ -127,7 +107,8 @@ def validate_state(st: Any) -> None:
         raise StateError(f"not a version-{STATE_VERSION} SXid state document")
     for key, check in (("boot_id", lambda v, w: text(v, w, MAX_BOOT_ID_CHARS)),
                        ("kmsg", lambda v, w: text(v, w, MAX_SOURCE_CHARS)),
-                       ("last_seq", lambda v, w: integer(v, w, 0, MAX_SEQ))):
+                       ("last_seq", lambda v, w: integer(v, w, 0, MAX_SEQ)),
+                       ("recoveries", lambda v, w: integer(v, w, 0, MAX_COUNT))):
         if st.get(key) is not None:
             check(st[key], key)
     counts = sequence(st.get("counts") or [], "counts")
@@ -150,88 +131,10 @@ def validate_state(st: Any) -> None:
         integer(v, f"switches[{pci_key(k, 'switches')}]", 0, MAX_SWITCH)
 
 
-class SxidStateFile:
-    """`sxid-state.json`: read for this boot and kernel log, written atomically. Never raises;
-    `problem` says what went wrong last ("" when fine)."""
+class SxidStateFile(StateFile):
+    """`sxid-state.json`: read for this boot and kernel log, written whole (only the daemon writes
+    it, so nothing on disk is merged)."""
 
-    def __init__(self, state_dir: str, boot_id: str, source: str) -> None:
-        self.path = Path(state_dir) / STATE_NAME
-        self.boot_id = boot_id
-        self.source = encodable(source)
-        self.problem = ""
-        self.errors = 0
-        self.disabled = False  # the path is not a regular file: not read nor written this run
-        self._written: tuple | None = None  # the file as we last wrote it
-        self._behind = False  # the file was set aside or is not ours: the next flush writes
-        self.read_only = False  # `check`: a corrupt file is reported but left for the daemon
-
-    def _fail(self, kind: str, msg: str) -> None:
-        if self.problem != kind:
-            log.warning("SXid state file %s: %s", self.path, msg)
-        self.problem = kind
-        self.errors += 1
-
-    def read(self) -> dict | None:
-        if self.disabled:
-            return None
-        try:
-            raw = read_state_file(self.path)
-        except NotRegularFile as e:
-            self.disabled = True
-            log.error("SXid state file %s is %s: SXid counts are not persisted (kept in memory only)",
-                      self.path, e.strerror)
-            self.problem = "unreadable"
-            self.errors += 1
-            return None
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            if e.errno == errno.EFBIG:
-                self._corrupt(f"larger than {MAX_STATE_BYTES} bytes")
-            else:
-                self._fail("unreadable", f"cannot read: {e.strerror or e}")
-            return None
-        try:
-            st = json.loads(raw.decode("utf-8"))  # not UTF-8 is corrupt too, never a crash
-            validate_state(st)
-        except (ValueError, RecursionError) as e:
-            self._corrupt(show(str(e), 300))
-            return None
-        if not self.boot_id or st.get("boot_id") != self.boot_id or st.get("kmsg") != self.source:
-            self._behind = True
-            return None  # another boot or another kernel log: start over
-        self.problem = ""
-        return st
-
-    def _corrupt(self, why: str) -> None:
-        """Set the file aside (SXids are counted from the kernel log again) for a human."""
-        if self.read_only:
-            self._fail("corrupt", f"corrupt, ignored ({why}); left in place for the daemon")
-            return
-        try:
-            aside = set_aside(self.path, CORRUPT_KEEP)
-        except OSError as err:
-            self._fail("corrupt", f"corrupt, ignored ({why}) and cannot be set aside: {err.strerror or err}")
-            return
-        self._behind = True
-        self.problem = "corrupt"
-        self.errors += 1
-        log.error("SXid state file %s: corrupt (%s); set aside as %s (SXids are counted from the kernel "
-                  "log)", self.path, why, aside.name)
-
-    def behind(self) -> bool:
-        """True when the file on disk is not the one we last wrote (set aside, removed, replaced)."""
-        return not self.disabled and (self._behind or identity_on_disk(self.path) != self._written)
-
-    def write(self, store: SxidStore) -> bool:
-        if self.disabled:
-            return False
-        data = store.to_state(self.boot_id, self.source)
-        try:
-            write_json_atomic(self.path, data)  # only the daemon writes it
-            self._written, self._behind = identity_on_disk(self.path), False
-        except OSError as e:
-            self._fail("unwritable", f"cannot write (counts kept in memory): {e.strerror or e}")
-            return False
-        self.problem = ""
-        return True
+    def __init__(self, state_dir: str, boot_id: str, source: str, read_only: bool = False) -> None:
+        super().__init__(state_dir, boot_id, source, read_only, name=STATE_NAME, validate=validate_state,
+                         what="SXid")

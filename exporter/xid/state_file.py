@@ -1,0 +1,361 @@
+"""The state files in `state_dir` (XID counts, SXid counts): one implementation for both.
+
+A state file is JSON keyed by the boot id and the kernel log its counts came from, written
+atomically (temporary file, fsync, rename, fsync of the directory) under an advisory lock on the
+state directory shared with `ack` and `check`. What a document holds, how it is validated and how
+ours merges with the one on disk are the caller's (exporter.xid.store for XIDs,
+exporter.xid.sxid_store for SXids); this module reads, checks, sets aside and writes. Never raises:
+problems are logged once and recorded in `status` (exported as metrics).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exporter.regular_file import NotRegularFile, open_regular, read_regular
+from exporter.xid.state_values import StateError, show
+
+log = logging.getLogger("exporter.xid.state_file")
+
+CORRUPT_KEEP = 5  # corrupt state files set aside that are kept for a human (oldest removed)
+LOCK_NAME = "xid-state.json.lock"  # one advisory lock for the state directory
+
+# Merges our document with the one on disk: (ours, disk or None, counts too) -> (document,
+# whether the disk held acks ours lacks).
+Merge = Callable[[dict, "dict | None", bool], "tuple[dict, bool]"]
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Temporary files of `path` left by a writer killed mid-write. Writers of a state file are
+    serialised (the lock, or one daemon), so any found before writing are stale."""
+    prefix = f".{path.name}."
+    try:
+        names = [n for n in os.listdir(path.parent) if n.startswith(prefix) and n.endswith(".tmp")]
+    except OSError:
+        return
+    for n in names:
+        with contextlib.suppress(OSError):
+            os.unlink(path.parent / n)  # a symlink is removed, never followed
+            log.info("removed stale temporary file %s (a write was interrupted)", path.parent / n)
+
+
+def _open_temp(tmp: Path) -> int:
+    """Create the temporary file, never following a symlink planted at its name."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(tmp, flags, 0o644)
+    except FileExistsError:
+        os.unlink(tmp)  # planted, or left by an earlier process with our pid: remove the name
+        return os.open(tmp, flags, 0o644)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write `data` as JSON to `path` atomically: a temporary file created O_EXCL|O_NOFOLLOW,
+    fsync, rename, fsync of the directory; stale temporary files removed first. Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with os.fdopen(_open_temp(tmp), "w") as f:
+            json.dump(data, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+MAX_STATE_BYTES = 16 << 20  # far above any state within the limits (a few hundred KiB at most)
+
+
+def read_state_file(path: str | os.PathLike, max_bytes: int = MAX_STATE_BYTES) -> bytes:
+    """A state file's bytes: a regular file, its last component not a symbolic link (the state
+    directory may be shared with other tools), at most `max_bytes` (more is an error)."""
+    data = read_regular(path, max_bytes, follow=False)
+    if len(data) > max_bytes:
+        raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes", str(path))
+    return data
+
+
+def read_boot_id(procfs: str) -> str:
+    """The kernel's boot id (<procfs>/sys/kernel/random/boot_id); '' when unreadable."""
+    try:
+        raw = read_state_file(Path(procfs, "sys/kernel/random/boot_id"), 4096)
+        return raw.decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+
+
+def file_identity(st: os.stat_result) -> tuple:
+    """What tells one version of a file from another without reading it."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def identity_on_disk(path: Path) -> tuple | None:
+    """The file_identity of what is at `path` now (not following a symlink); None when nothing."""
+    try:
+        return file_identity(os.lstat(path))
+    except OSError:
+        return None
+
+
+def encodable(s: str) -> str:
+    """`s` as UTF-8 can encode it (a path's undecodable bytes, held as lone surrogates, replaced)."""
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def set_aside(path: Path, keep: int) -> Path:
+    """Rename a corrupt state file to `<name>.corrupt-<UTC time>[.n]` for a human, keeping the
+    newest `keep` of them. Raises OSError when it cannot be renamed."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = next(p for n in range(1000) if not (p := path.with_name(
+        f"{path.name}.corrupt-{stamp}" + (f".{n}" if n else ""))).exists())
+    os.replace(path, aside)
+    for p in sorted(path.parent.glob(f"{path.name}.corrupt*"))[:-keep]:
+        with contextlib.suppress(OSError):
+            p.unlink()
+    return aside
+
+
+@dataclass
+class StateStatus:
+    ok: bool = True  # the last read and write of the state file worked
+    problem: str = ""  # "", "missing", "corrupt", "unreadable", "unwritable", "other_boot", "no_boot_id"
+    read_errors: int = 0
+    write_errors: int = 0
+    writes: int = 0
+
+
+class StateFile:
+    """One state file in `state_dir`: `name`, its documents checked by `validate` (raises
+    StateError) and, when `merge` is given, merged with what is on disk before each write (what
+    `ack` wrote is kept). `what` names its counts in log lines ("XID", "SXid")."""
+
+    def __init__(self, state_dir: str, boot_id: str, kmsg: str = "", read_only: bool = False, *,
+                 name: str, validate: Callable[[Any], None], what: str, merge: Merge | None = None) -> None:
+        self.kmsg = encodable(kmsg)  # the kernel log the counts came from; a state of another log is not ours
+        self.dir = Path(state_dir)
+        self.path = self.dir / name
+        self.validate = validate
+        self.what = what
+        self.merge = merge
+        self.label = "state file" if what == "XID" else f"{what} state file"  # in log lines
+        self.boot_id = boot_id
+        # read_only (`check`): a corrupt file is reported but left in place for the daemon, which
+        # sets it aside and records the recovery.
+        self.read_only = read_only
+        self.status = StateStatus()
+        # corrupt state files set aside this boot: read from the file, plus those set aside here
+        self.recoveries = 0
+        # The simulated node: runs with other scenario flags read other kernel logs (their counts
+        # are kept apart) of the same node, whose acknowledgements must not be lost.
+        self.shared_acks = False
+        self.foreign: dict | None = None
+        # Set once the caller holds what the file held and writes it back (the daemon once it
+        # runs): a corrupt file set aside from then on loses nothing, so it is no recovery.
+        self.holds = False
+        self._ident: tuple | None = None  # the file as we last read or wrote it (file_identity)
+        self._written: tuple | None = None  # the file as we last wrote it
+        self._behind = False  # what is on disk is not what we hold: the next flush writes
+        self._bad: tuple | None = None  # a file found corrupt that could not be set aside: not re-read
+        self._logged: set[str] = set()
+        self._stale = False  # the last write kept acks from disk the reader has not taken yet
+        # The path is not a regular file (a FIFO, a link...): nothing is read from or written
+        # to it for the rest of the run; counts are kept in memory (logged once, an error).
+        self.disabled = False
+
+    def _refuse(self, e: OSError) -> None:
+        """The state path is not a regular file: log it once and carry on without persistence."""
+        self.disabled = True
+        self.status.ok, self.status.problem = False, "unreadable"
+        self.status.read_errors += 1
+        if "not_regular" not in self._logged:
+            self._logged.add("not_regular")
+            log.error("%s %s is %s: %s counts are not persisted (kept in memory only) until it is "
+                      "removed and the exporter restarted", self.label, self.path, e.strerror, self.what)
+
+    def _problem(self, kind: str, msg: str, *, write: bool) -> None:
+        self.status.ok = False
+        self.status.problem = kind
+        if write:
+            self.status.write_errors += 1
+        else:
+            self.status.read_errors += 1
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning("%s %s: %s", self.label, self.path, msg)
+
+    @contextlib.contextmanager
+    def locked(self, wait: bool = True):  # noqa: ANN201 - an advisory lock shared by the daemon, check and ack
+        """Hold the state directory's lock. Yields False, holding nothing, when `wait` is False and
+        another holds it (the scrape path never waits for an `ack` in progress)."""
+        fd = None
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd = open_regular(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, follow=False)
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if fd is not None:
+                os.close(fd)
+            fd = None  # a read-only state dir (or no regular lock file): go on without the lock
+            if isinstance(e, BlockingIOError):
+                yield False
+                return
+        try:
+            yield True
+        finally:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+
+    def read(self) -> dict | None:
+        """The state for this boot, or None (missing, corrupt, another boot)."""
+        if self.disabled:
+            return None
+        try:
+            ident = file_identity(os.lstat(self.path))  # a dangling symlink is a symlink, not missing
+            if ident == self._bad:  # the same corrupt file as before: its verdict stands
+                return None
+            raw = read_state_file(self.path)
+        except NotRegularFile as e:
+            self._refuse(e)
+            return None
+        except FileNotFoundError:
+            self.status.problem = "missing"
+            return None
+        except OSError as e:
+            if e.errno == errno.EFBIG:  # beyond any state within the limits: corrupt
+                self._corrupt(StateError(f"larger than {MAX_STATE_BYTES} bytes"), ident)
+                return None
+            self._problem("unreadable", f"cannot read: {e.strerror or e}", write=False)
+            return None
+        self._ident = ident
+        try:
+            data = json.loads(raw.decode("utf-8"))
+            self.validate(data)  # every field, before anyone uses it
+        except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError included
+            self._corrupt(e, ident)
+            return None
+        if not self.boot_id:
+            self.status.problem = "no_boot_id"
+            return None
+        if data.get("boot_id") != self.boot_id:
+            self.status.problem = "other_boot"  # a new boot: start over from the kernel log
+            self._behind = True
+            return None
+        self.recoveries = max(self.recoveries, data.get("recoveries", 0))
+        if self.kmsg and data.get("kmsg") not in (None, self.kmsg):
+            self.status.problem = "other_source"  # counts of another kernel log (a replay)
+            self._behind = True
+            if self.shared_acks:
+                self.foreign = data  # its acknowledgements still apply (see shared_acks)
+            return None
+        return data
+
+    def take_foreign(self) -> dict | None:
+        """A state file of another kernel log of this node (shared_acks), whose acks apply."""
+        foreign, self.foreign = self.foreign, None
+        return foreign
+
+    def _corrupt(self, e: Exception, ident: tuple) -> None:
+        why = show(str(e) if isinstance(e, StateError) else f"{type(e).__name__}: {e}", 300)
+        if self.read_only:
+            self._bad = ident
+            self._problem("corrupt", f"corrupt ({why}); left in place for the daemon", write=False)
+            return
+        try:
+            aside = set_aside(self.path, CORRUPT_KEEP)
+        except OSError as err:
+            self._bad = ident  # not read again (16 MiB a scrape) until it changes
+            self._problem("corrupt", f"corrupt ({why}) and cannot be set aside: {err.strerror or err}",
+                          write=False)
+            return
+        self._behind = True  # what we hold goes back to disk at the next flush
+        self.status.ok, self.status.problem = False, "corrupt"
+        self.status.read_errors += 1
+        if self.holds:  # the daemon holds every count the file held: nothing was lost
+            log.error("%s %s: corrupt (%s); set aside as %s and written again from the counts "
+                      "held in memory (nothing lost)", self.label, self.path, why, aside.name)
+            return
+        self.recoveries += 1
+        # Always logged (not once per kind): each recovery may have lost counts.
+        log.error("%s %s: corrupt (%s); set aside as %s. %s counts are rebuilt from the kernel log: "
+                  "one recorded only in the old file (ring buffer wrapped since) is lost; inspect %s "
+                  "(gpu_health_exporter_state_file_recoveries_total counts the XID file's)",
+                  self.label, self.path, why, aside.name, self.what, aside)
+
+    def changed_on_disk(self) -> bool:
+        """True when someone else (ack) wrote the file since we last read or wrote it (or our last
+        write kept acks from it that we have not read)."""
+        if self._stale:
+            return True
+        now = identity_on_disk(self.path)
+        return now is not None and now != self._ident and now != self._bad
+
+    def behind(self) -> bool:
+        """True when the file on disk is not the one we last wrote (set aside, removed, replaced,
+        another boot's, written by `ack`): the holder writes what it holds back."""
+        return not self.disabled and (self._behind or identity_on_disk(self.path) != self._written)
+
+    def read_news(self) -> dict | None:
+        """The file's content when it changed since we last read it (see changed_on_disk). Never
+        waits: while another holds the lock (`ack` writing) it is None, and the news is taken at
+        a later look."""
+        if not self.changed_on_disk():
+            return None
+        with self.locked(wait=False) as held:
+            if not held:
+                return None
+            data = self.read()
+        self._stale = False
+        return data
+
+    def write(self, state: Any, merge_counts: bool = False) -> bool:
+        """Write a state document (a snapshot; anything with `to_state(boot_id)` is snapshotted
+        here) with `merge`, merged with what is on disk: acks written by `ack` (counts too with
+        merge_counts) and a foreign file's acks (shared_acks). Atomic; changes no store."""
+        if self.disabled:
+            return False
+        doc = state if isinstance(state, dict) else state.to_state(self.boot_id)
+        with self.locked():
+            data, extra = doc, False
+            if self.merge is not None:
+                on_disk = self.read()
+                if self.disabled:
+                    return False
+                data, extra = self.merge(doc, on_disk, merge_counts)
+                if self.foreign is not None:
+                    data, more = self.merge(data, self.foreign, False)
+                    extra = extra or more
+            data = {**data, "boot_id": self.boot_id, "kmsg": self.kmsg, "recoveries": self.recoveries}
+            try:
+                write_json_atomic(self.path, data)
+                self._ident = self._written = identity_on_disk(self.path)
+                self._behind = False
+            except OSError as e:
+                self._problem("unwritable", f"cannot write (counts kept in memory): {e.strerror or e}",
+                              write=True)
+                return False
+            self._stale = self._stale or extra  # acks we wrote but have not taken: read_news has news
+        self.status.ok = True
+        self.status.problem = ""
+        self.status.writes += 1
+        return True
