@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from exporter import collectors  # noqa: E402
 from exporter.catalog import Families  # noqa: E402
 from exporter.collectors.nvswitch import NvswitchCollector  # noqa: E402
 from exporter.collectors.xid import XidCollector  # noqa: E402
@@ -29,6 +30,8 @@ from exporter.workload.model import Workload, WorkloadReading  # noqa: E402
 from exporter.xid.parser import pci_key  # noqa: E402
 from exporter.xid.service import one_shot  # noqa: E402
 from tests.test_xid_service import fake_p5, make_ctx  # noqa: E402
+
+collectors.discover()  # the collectors' config sections, as the composition root does
 
 
 def timed(fn, repeat: int) -> float:

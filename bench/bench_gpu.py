@@ -41,6 +41,8 @@ from exporter.nvml.backend import NvmlError  # noqa: E402
 from exporter.runner import Runner  # noqa: E402
 from tests.helpers import port_of, wait_until_serving  # noqa: E402
 
+collectors.discover()  # the collectors' config sections, as the composition root does
+
 
 def ms(xs: list[float]) -> dict[str, float]:
     xs = sorted(xs)

@@ -52,6 +52,8 @@ def main() -> int:
     from exporter.xid.service import one_shot
     from tests.helpers import scrape
 
+    collectors.discover()  # the collectors' config sections, as the composition root does
+
     # 1. the device itself
     r = KmsgReader("/dev/kmsg")
     t = time.perf_counter()

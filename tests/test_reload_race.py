@@ -12,8 +12,8 @@ import pytest
 
 from exporter import reload_snapshot
 from exporter.webconfig import load_web_config
-from tests.helpers import start_exporter, stop_within
-from tests.test_reload_signals import RELOADED, serving, settled, wait_for
+from tests.helpers import answers_now, start_exporter, stop_within, wait_for
+from tests.test_reload_signals import RELOADED, settled
 
 pytestmark = pytest.mark.slow
 
@@ -24,18 +24,18 @@ def reload_racing_an_edit(tmp_path, edited, edit: str, *args: str) -> None:
     """SIGHUP, and as soon as the old process has validated, break `edited` with `edit`. The
     restarted process must serve (with what was validated); the next SIGHUP reads the files again
     and is refused."""
-    proc, url, log = start_exporter(tmp_path, "--collectors", "lustre", "--path.state-dir",
+    proc, _, log = start_exporter(tmp_path, "--collectors", "lustre", "--path.state-dir",
                                     str(tmp_path / "state"), *args)
     try:
         proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: RELOADED in log.read_text(), proc, log, "the reload validated")
+        wait_for(lambda: RELOADED in log.read_text(), 60, "the reload validated", proc, log)
         with open(edited, "a") as f:  # lands before the exec'd process starts reading
             f.write(edit)
-        wait_for(lambda: settled(log, 1), proc, log, "the restarted process serving")
-        assert serving(url) and proc.poll() is None
+        wait_for(lambda: settled(log, 1), 60, "the restarted process serving", proc, log)
+        assert answers_now(log) and proc.poll() is None
         proc.send_signal(signal.SIGHUP)  # the files now on disk are invalid: refused, still serving
-        wait_for(lambda: REFUSED in log.read_text(), proc, log, "the refused reload")
-        assert serving(url) and log.read_text().count(RELOADED) == 1
+        wait_for(lambda: REFUSED in log.read_text(), 60, "the refused reload", proc, log)
+        assert answers_now(log) and log.read_text().count(RELOADED) == 1
         assert stop_within(proc, 30) == 0
     finally:
         if proc.poll() is None:
