@@ -102,12 +102,20 @@ def served_base(log: Path, proc: subprocess.Popen | None = None, timeout: float 
     return wait_for(found, timeout, "a 'serving' line", proc, log)
 
 
+def _listening(proc: subprocess.Popen) -> set[int]:
+    """The TCP ports `proc` listens on, from the kernel's socket table."""
+    try:
+        return {c.laddr.port for c in psutil.Process(proc.pid).net_connections("tcp")
+                if c.status == psutil.CONN_LISTEN}
+    except psutil.NoSuchProcess:
+        return set()
+
+
 def port_of(proc: subprocess.Popen, timeout: float = 60.0) -> int:
     """The TCP port `proc` listens on, read from the kernel's socket table (for a server that does not
-    log its address, as the exporter at --log.level warn); waits until it listens on exactly one."""
+    log its address); waits until it listens on exactly one."""
     def found() -> int | None:
-        ports = {c.laddr.port for c in psutil.Process(proc.pid).net_connections("tcp")
-                 if c.status == psutil.CONN_LISTEN}
+        ports = _listening(proc)
         return ports.pop() if len(ports) == 1 else None
     return wait_for(found, timeout, "a listening socket", proc)
 
@@ -167,10 +175,10 @@ def wait_until_serving(url: str, proc: subprocess.Popen | None = None, timeout: 
 def start_exporter(log_dir: Path, *args: str, timeout: float = 60.0, path: str = "/metrics",
                    listen_flag: str = "--listen", **get_kw) -> tuple[subprocess.Popen, str, Path]:
     """Start `python -m exporter ARGS --listen 127.0.0.1:0`, its stdout and stderr appended to a
-    new log in log_dir, and wait until `path` answers on the port it logs (`get_kw` goes to
-    requests.get: verify= for HTTPS). Returns the process,
-    the URL of `path` and the log's path: read it with Path.read_text (O_APPEND, and no descriptor of
-    ours shares the exporter's offset, so a read never moves where it writes)."""
+    new log in log_dir, and wait until `path` answers on the port it bound (`get_kw` goes to
+    requests.get: verify= for HTTPS). Returns the process, the URL of `path` and the log's path:
+    read it with Path.read_text (O_APPEND, and no descriptor of ours shares the exporter's offset,
+    so a read never moves where it writes)."""
     fd, name = tempfile.mkstemp(prefix="exporter-", suffix=".log", dir=log_dir)
     os.close(fd)
     log = Path(name)
@@ -178,11 +186,22 @@ def start_exporter(log_dir: Path, *args: str, timeout: float = 60.0, path: str =
     with open(log, "a") as out:
         proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, listen_flag, "127.0.0.1:0"],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    scheme = "https" if "verify" in get_kw else "http"
+
+    def answering() -> str | None:
+        """The URL of `path` on whichever of the process's listening ports answers it (the socket
+        table: at --log.level warning no "serving" line says the port; a simulated node may also
+        listen for its fake IMDS)."""
+        for port in _listening(proc):
+            url = f"{scheme}://127.0.0.1:{port}{path}"
+            try:
+                if requests.get(url, timeout=5, **get_kw).ok:
+                    return url
+            except requests.RequestException:
+                pass
+        return None
     try:
-        # the port from the socket table: at --log.level warning no "serving" line says it
-        scheme = "https" if "verify" in get_kw else "http"
-        url = f"{scheme}://127.0.0.1:{port_of(proc, timeout)}{path}"
-        wait_until_serving(url, proc, timeout, "exporter", **get_kw)
+        url = wait_for(answering, timeout, f"the exporter answering {path}", proc, log, interval=0.1)
     except BaseException as e:
         proc.kill()
         proc.wait()
