@@ -78,12 +78,15 @@ def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condit
         got = cond()
         if got:
             return got
-        tail = f":\n{log.read_text(errors='replace')[-3000:]}" if log is not None and log.exists() else ""
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"exited {proc.returncode} while waiting for {what}{tail}")
+            raise AssertionError(f"exited {proc.returncode} while waiting for {what}{_tail(log)}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout:g} s{tail}")
+            raise AssertionError(f"no {what} within {timeout:g} s{_tail(log)}")
         time.sleep(interval)
+
+
+def _tail(log: Path | None) -> str:
+    return f":\n{log.read_text(errors='replace')[-3000:]}" if log is not None and log.exists() else ""
 
 
 # Servers started by tests bind port 0 and say which port they got: a port picked here and bound

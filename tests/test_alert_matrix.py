@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -157,14 +158,18 @@ def _query(api: str, expr: str) -> float | None:
     return float(res[0]["value"][1]) if res else None
 
 
+def _unix(rfc3339: str) -> float:
+    """Prometheus' RFC 3339 times (UTC, up to nanoseconds) as Unix time, to the microsecond."""
+    return datetime.fromisoformat(rfc3339[:26].rstrip("Z") + "+00:00").timestamp()
+
+
 def _active(api: str) -> dict[tuple[str, str], float]:
     """{(instance, alertname): its earliest activeAt} of every firing alert in Prometheus."""
-    from datetime import datetime
     out: dict[tuple[str, str], float] = {}
     for a in requests.get(f"{api}/alerts", timeout=10).json()["data"]["alerts"]:
         if a["state"] == "firing":
             key = (a["labels"].get("instance", ""), a["labels"]["alertname"])
-            at = datetime.fromisoformat(a["activeAt"][:26].rstrip("Z") + "+00:00").timestamp()
+            at = _unix(a["activeAt"])
             out[key] = min(out.get(key, at), at)
     return out
 
@@ -185,14 +190,10 @@ def _rule_failures(prom_port: int) -> float:
 def _evaluated_twice_since(api: str, since: float) -> bool:
     """Every rule group has been evaluated at least twice after `since` (its last evaluation is a
     full interval past it), and every target answered its last scrape."""
-    from datetime import datetime
-
-    def unix(ts: str) -> float:
-        return datetime.fromisoformat(ts[:26].rstrip("Z") + "+00:00").timestamp()
     groups = requests.get(f"{api}/rules", timeout=10).json()["data"]["groups"]
     targets = requests.get(f"{api}/targets", timeout=10).json()["data"]["activeTargets"]
-    return (all(unix(g["lastEvaluation"]) > since + SCRAPE_S for g in groups)
-            and all(t["health"] == "up" and unix(t["lastScrape"]) > since for t in targets))
+    return (all(_unix(g["lastEvaluation"]) > since + SCRAPE_S for g in groups)
+            and all(t["health"] == "up" and _unix(t["lastScrape"]) > since for t in targets))
 
 
 def _rollout(nodes: list[_Node]) -> float:
