@@ -56,20 +56,6 @@ def test_an_unparseable_log_still_fails_a_node_nvml_says_needs_action(tmp_path, 
     assert code == 2 and doc["problems"]
 
 
-def test_an_error_of_the_check_itself_is_exit_3(tmp_path, capsys, monkeypatch):
-    from exporter.commands import check as check_cmd
-
-    def broken(*_a, **_k):
-        raise OverflowError("cannot convert float infinity to integer")
-
-    monkeypatch.setattr(check_cmd, "to_json", broken)
-    log = tmp_path / "kmsg.txt"
-    log.write_text(REAL)
-    code, doc = check(capsys, tmp_path, "--kmsg-file", str(log))
-    assert code == 3 and doc["node"]["verdict"] == "unknown"
-    assert "OverflowError" in doc["problems"][0]
-
-
 @pytest.mark.parametrize("config", ["log_level: [\n", "node:\n  expected_gpus: many\n", "bogus_key: 1\n"])
 def test_config_errors_are_exit_3_with_the_reason(tmp_path, capsys, config):
     cfg = tmp_path / "c.yaml"

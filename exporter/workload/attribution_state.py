@@ -9,12 +9,9 @@ attribution ignores this one. Only the daemon writes it (atomically, when the le
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from typing import Any
 
-from exporter.regular_file import NotRegularFile
 from exporter.workload.attribution import (
     MAX_GPUS,
     MAX_PER_GPU,
@@ -28,7 +25,7 @@ from exporter.workload.attribution import (
 )
 from exporter.workload.model import Workload
 from exporter.xid.catalog import XID_MAX, XID_MIN
-from exporter.xid.state_file import read_state_file, write_json_atomic
+from exporter.xid.state_file import StateFile
 from exporter.xid.state_values import PCI_KEY_RE, seconds
 from exporter.xid.sxid_store import SXID_MAX, SXID_MIN
 
@@ -40,8 +37,9 @@ MAX_RECORDS = MAX_GPUS * MAX_PER_GPU
 _CODES = {XID: (XID_MIN, XID_MAX), SXID: (SXID_MIN, SXID_MAX)}
 
 
-def to_state(ledger: AttributionLedger, boot_id: str, source: str) -> dict:
-    return {"version": STATE_VERSION, "boot_id": boot_id, "kmsg": source, "records": [
+def to_state(ledger: AttributionLedger) -> dict:
+    """The state document (the state file adds boot_id and kmsg)."""
+    return {"version": STATE_VERSION, "records": [
         [r.pci, r.kind, r.code, r.switch, round(r.time, 3),
          None if r.workloads is None else [[w.hpc_job, w.namespace, w.pod, w.container] for w in r.workloads]]
         for r in ledger.records()]}
@@ -91,61 +89,21 @@ def _record(row: Any, where: str) -> Attribution:
 
 
 class AttributionStateFile:
-    """`workload-state.json`: read for this boot and kernel log, written atomically. Never raises;
-    `problem` says what went wrong last ("" when fine)."""
+    """`workload-state.json`: the state files' one implementation (exporter.xid.state_file) in one
+    more configuration. Read for this boot and kernel log, set aside when it breaks a rule of
+    validate_state, written atomically; never raises (its problems are in `file.status`)."""
 
     def __init__(self, state_dir: str, boot_id: str, source: str) -> None:
-        self.path = Path(state_dir) / STATE_NAME
-        self.boot_id = boot_id
-        self.source = source
-        self.problem = ""
-        self.disabled = False  # the path is not a regular file: not read nor written this run
-
-    def _fail(self, kind: str, msg: str) -> None:
-        if self.problem != kind:
-            log.warning("workload state file %s: %s", self.path, msg)
-        self.problem = kind
-
-    def read(self) -> list[Attribution] | None:
-        """The records kept for this boot and kernel log; None when there are none to take."""
-        if self.disabled:
-            return None
-        try:
-            raw = read_state_file(self.path)
-        except NotRegularFile as e:
-            self.disabled = True
-            self._fail("unreadable", f"is {e.strerror}: attributions are kept in memory only")
-            return None
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            self._fail("unreadable", f"cannot read: {e.strerror or e}")
-            return None
-        try:
-            st = json.loads(raw.decode("utf-8"))
-            records = validate_state(st)
-        except (ValueError, RecursionError) as e:
-            self._fail("corrupt", f"corrupt, ignored (attributions start over): {str(e)[:300]}")
-            return None
-        if not self.boot_id or st.get("boot_id") != self.boot_id or st.get("kmsg") != self.source:
-            return None  # another boot or another kernel log: start over
-        self.problem = ""
-        return records
+        self.file = StateFile(state_dir, boot_id, source, name=STATE_NAME, validate=validate_state,
+                              what="workload")
 
     def load(self, ledger: AttributionLedger) -> None:
-        for rec in self.read() or []:
+        data = self.file.read()
+        for rec in validate_state(data) if data is not None else []:
             ledger.add(rec)
 
     def write(self, ledger: AttributionLedger) -> bool:
-        if self.disabled:
-            return False
-        try:
-            write_json_atomic(self.path, to_state(ledger, self.boot_id, self.source))  # the daemon only
-        except OSError as e:
-            self._fail("unwritable", f"cannot write (attributions kept in memory): {e.strerror or e}")
-            return False
-        self.problem = ""
-        return True
+        return self.file.write(to_state(ledger))
 
 
 class AttributionPersistence:
