@@ -13,6 +13,7 @@ distinct message, never raised; malformed records are logged at most once a minu
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,7 +46,10 @@ class KmsgFollower:
         self.clock = clock
         self.reader = KmsgReader(path)
         self.status = KmsgStatus(enabled=enabled and bool(consumers))
-        # Written by the thread that reads (one at a time); read by any (an int, read whole).
+        # One read at a time: the follower thread, and read_kmsg or shutdown's last read from another
+        # thread, share the reader (its file offset, its open descriptor). Reads never block.
+        self._reading = threading.Lock()
+        # Written under _reading; read by any (an int, read whole).
         self.last_seq: int | None = None  # the last record processed this run
         self._resumed: dict[str, int] = {}  # consumer -> records up to here were counted before
         self._malformed_logged = 0
@@ -67,6 +71,10 @@ class KmsgFollower:
         file, permission denied without CAP_SYSLOG) are recorded, not raised."""
         if not self.status.enabled:
             return 0
+        with self._reading:
+            return self._read(live)
+
+    def _read(self, live: bool) -> int:
         n = 0
         try:
             if not self.reader.is_open:
@@ -112,4 +120,5 @@ class KmsgFollower:
             self.reader.stats.missed += rec.seq - seen - 1
 
     def close(self) -> None:
-        self.reader.close()
+        with self._reading:
+            self.reader.close()
