@@ -28,6 +28,13 @@ timeout 120 python3 -m pytest -q -m real_gpu -rA -p no:cacheprovider tests/test_
 echo "pytest rc=$?" | tee -a "$OUT/pytest_real_gpu.txt"
 tail -25 "$OUT/pytest_real_gpu.txt"
 
+step "GPM under a known load: idle, bf16 matmul, d2d copy (issue 27)"
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  timeout 90 python3 bench/gpm_under_load.py --phase-s 6 > "$OUT/gpm_under_load.txt" 2>&1
+  echo "gpm rc=$?" | tee -a "$OUT/gpm_under_load.txt"
+  head -8 "$OUT/gpm_under_load.txt"
+fi
+
 serve() {  # serve NAME SECONDS ARGS...: run the exporter, save a scrape, its log and timings
   local name=$1 secs=$2; shift 2
   # Port 0: the exporter takes a free port and logs it ("serving http://127.0.0.1:PORT/metrics").
