@@ -33,8 +33,8 @@ from exporter.runner import Runner  # noqa: E402
 from exporter.simulate.nvml import fake_backend  # noqa: E402
 
 collector_classes()
-from exporter.collector import Context  # noqa: E402
 from exporter.collectors.gpu import GpuCollector  # noqa: E402
+from exporter.compose import compose  # noqa: E402
 
 ACTIVITY = ("gpu_sm_active_seconds_total", "gpu_sm_occupancy_seconds_total",
             "gpu_tensor_active_seconds_total", "gpu_dram_active_seconds_total", "gpu_activity_measured")
@@ -46,7 +46,7 @@ def node(gpm: bool, latencies: bool) -> Runner:
         for dev in fake.devices:
             for key in [k for k in dev if k.startswith("nvmlGpm")]:
                 del dev[key]
-    ctx = Context(config=load(None, {"node.instance_type": "p5.48xlarge"}), nvml=NvmlSession(fake))
+    ctx = compose(load(None, {"node.instance_type": "p5.48xlarge"}), nvml=NvmlSession(fake))
     return Runner([GpuCollector(ctx)], deadline_s=5.0)
 
 

@@ -46,8 +46,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from exporter import collectors  # noqa: E402
 from exporter.catalog import Families  # noqa: E402
-from exporter.collector import Context  # noqa: E402
 from exporter.collectors.efa import EfaCollector  # noqa: E402
+from exporter.compose import compose  # noqa: E402
 from exporter.config import load  # noqa: E402
 from exporter.efa import reader as efa_reader  # noqa: E402
 from exporter.profiles import PROFILES  # noqa: E402
@@ -141,7 +141,7 @@ def main() -> int:
         time.sleep(max(0.0, built + efa_reader.RACY_NS / 1e9 + 0.1 - time.time()))
         # collector-only, in process
         collectors.discover()  # the composition root: the collectors' config sections
-        ctx = Context(config=load(cfg, {"paths.sysfs": str(sysfs)}))
+        ctx = compose(load(cfg, {"paths.sysfs": str(sysfs)}))
         col = EfaCollector(ctx)
         for _ in range(5):
             col.collect(Families())

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter import collectors  # noqa: E402
 from exporter.collector import Context  # noqa: E402
+from exporter.compose import compose  # noqa: E402
 from exporter.config import load  # noqa: E402
 from exporter.nvml.backend import NvmlError  # noqa: E402
 from exporter.runner import Runner  # noqa: E402
@@ -56,7 +57,7 @@ def context(real: bool, overrides: dict | None = None, sim=None) -> Context:  # 
     o = dict(sim.config_overrides()) if sim else {}
     o.update(overrides or {})
     if real:
-        return Context(config=load(None, o))
+        return compose(load(None, o))
     return sim.context(load(None, o), nvml_latencies=True)
 
 

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter import collectors  # noqa: E402
 from exporter.catalog import Families  # noqa: E402
-from exporter.collector import Context  # noqa: E402
 from exporter.collectors.lustre import LustreCollector  # noqa: E402
+from exporter.compose import compose  # noqa: E402
 from exporter.config import load  # noqa: E402
 from exporter.profiles import PROFILES  # noqa: E402
 from exporter.simulate import lustre as sim_lustre  # noqa: E402
@@ -45,7 +45,7 @@ def collector(root: Path, osts: int, per_target: bool, kernel_files: bool = Fals
     cfg = load(None, {"paths.procfs": str(root / "proc"), "paths.sysfs": str(root / "sys"),
                       "paths.debugfs": str(root / "sys/kernel/debug"), "lustre.per_target": per_target,
                       "lustre.lfs_command": "", "lustre.use_ioctl": False})
-    c = LustreCollector(Context(config=cfg))
+    c = LustreCollector(compose(cfg))
     # the simulated node's statvfs answer, as `--simulate` wires it (the collector's seam)
     c.statvfs = sim_lustre.fake_statvfs(root)
     if kernel_files:  # the tree does not change during the run: read it as kernel files are read

@@ -34,8 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from exporter import collectors  # noqa: E402
 from exporter.catalog import Families  # noqa: E402
-from exporter.collector import Collector, Context  # noqa: E402
+from exporter.collector import Collector  # noqa: E402
 from exporter.collectors.workload import WorkloadCollector  # noqa: E402
+from exporter.compose import compose  # noqa: E402
 from exporter.config import load  # noqa: E402
 from exporter.nvml.fake import FakeBackend, load_capture  # noqa: E402
 from exporter.nvml.session import NvmlSession  # noqa: E402
@@ -92,7 +93,7 @@ class Nothing(Collector):
 
 def cpu_per_scrape(overrides: dict, nvml: NvmlSession, scrapes: int) -> tuple[float, int]:
     collectors.discover()  # the composition root: the collectors' config sections
-    ctx = Context(config=load(None, overrides), nvml=nvml)
+    ctx = compose(load(None, overrides), nvml=nvml)
     c = WorkloadCollector(ctx)
     runners = [Runner([c], deadline_s=5), Runner([Nothing(ctx)], deadline_s=5)]
     for r in runners:

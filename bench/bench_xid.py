@@ -72,10 +72,11 @@ CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 from exporter.collector import Context
+from exporter.compose import compose
 from exporter.config import load
 from exporter import collectors
 collectors.discover()  # the collectors' config sections
-ctx = Context(config=load(None, {"paths.kmsg": sys.argv[2], "paths.state_dir": sys.argv[3],
+ctx = compose(load(None, {"paths.kmsg": sys.argv[2], "paths.state_dir": sys.argv[3],
                                  "paths.procfs": sys.argv[3], "xid.nvml_events": False,
                                  "instance.imds": False}))
 svc = ctx.xid

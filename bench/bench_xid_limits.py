@@ -20,9 +20,9 @@ ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().paren
 sys.path.insert(0, str(ROOT))
 
 from exporter import collectors  # noqa: E402
-from exporter.collector import Context  # noqa: E402
 from exporter.collectors.health import HealthCollector  # noqa: E402
 from exporter.collectors.xid import XidCollector  # noqa: E402
+from exporter.compose import compose  # noqa: E402
 from exporter.config import load  # noqa: E402
 from exporter.nvml.fake import FakeBackend  # noqa: E402
 from exporter.nvml.session import NvmlSession  # noqa: E402
@@ -50,7 +50,7 @@ def main() -> None:
     cfg = load(None, {"paths.procfs": str(d / "proc"), "paths.kmsg": str(d / "kmsg"),
                       "paths.state_dir": str(d / "state"), "xid.nvml_events": False,
                       "instance.imds": False})  # nothing beyond loopback
-    ctx = Context(config=cfg, nvml=nvml)
+    ctx = compose(cfg, nvml=nvml)
     t = time.process_time()
     svc = one_shot(ctx)
     svc.flush_state(force=True)

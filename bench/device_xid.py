@@ -45,7 +45,7 @@ def main() -> int:
         rep["dmesg_restrict"] = str(e)
 
     from exporter import collectors
-    from exporter.collector import Context
+    from exporter.compose import compose
     from exporter.config import load
     from exporter.runner import Runner
     from exporter.xid.kmsg import KmsgReader
@@ -73,7 +73,7 @@ def main() -> int:
     # 2. the service with real NVML, then a fault
     collectors.collector_classes()
     state = out / "state"
-    ctx = Context(config=load(None, {"paths.state_dir": str(state), "xid.follow_poll_seconds": 0.2}))
+    ctx = compose(load(None, {"paths.state_dir": str(state), "xid.follow_poll_seconds": 0.2}))
     from exporter.collectors.xid import XidCollector
 
     c = XidCollector(ctx)
@@ -127,7 +127,7 @@ def main() -> int:
     save()
 
     # 3. restart within the boot: nothing counted again
-    ctx2 = Context(config=load(None, {"paths.state_dir": str(state)}))
+    ctx2 = compose(load(None, {"paths.state_dir": str(state)}))
     svc2 = one_shot(ctx2)
     again = {f"{p}/{k}": v.count for p, ks in svc2.store.snapshot().items() for k, v in ks.items()}
     rep["restart"] = {"counts": again, "same_as_before_restart": again == now,

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 from exporter import __version__, collectors, commands, logs, reload_snapshot
 from exporter.collector import Context
 from exporter.collectors import workload as workload_flags
+from exporter.compose import compose
 from exporter.config import DEFAULT_PORT, ConfigError, load
 from exporter.deadline import Pool
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import SIMULATED
-from exporter.workload.attribution import WorkloadHistory
 
 if TYPE_CHECKING:
     from exporter.simulate import Simulation
@@ -220,30 +220,21 @@ def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]
         statvfs, imds_url = simulation.statvfs, simulation.imds_url
     else:
         nvml, statvfs, imds_url = capture or NvmlSession.real(pool), os.statvfs, None
-    # One history of the workloads on each GPU: it hears every reading of the workload source
-    # (Context connects them), the XID service attributes faults from it.
-    workloads = WorkloadHistory()
-    ctx = Context(config=cfg, nvml=nvml, statvfs=statvfs, imds_url=imds_url, workloads=workloads,
-                  xid=build_xid(cfg, nvml, simulation, args.kmsg_file, workloads), pool=pool)
+    source, shared = xid_source(cfg, simulation, args.kmsg_file)
+    ctx = compose(cfg, nvml=nvml, statvfs=statvfs, imds_url=imds_url, pool=pool, xid_source=source,
+                  shared_acks=shared)
     return ctx, simulation
 
 
-def build_xid(cfg: Any, nvml: Any, simulation: Simulation | None, kmsg_file: str | None,
-              workloads: WorkloadHistory | None = None) -> Any:
-    """The XID service, told which kernel log its counts come from: the simulated node's (each
-    set of scenario flags its own, the node's acks shared), a replayed capture (its file, not
-    the temporary copy of its records), else paths.kmsg. None when no collector declared the
-    xid section."""
-    if getattr(cfg, "xid", None) is None:
-        return None
-    from exporter.xid.service import XidService
-
-    source, shared = None, False
+def xid_source(cfg: Any, simulation: Simulation | None, kmsg_file: str | None) -> tuple[str | None, bool]:
+    """Which kernel log the XID service's counts come from, and whether acks of another source
+    apply: the simulated node's (each set of scenario flags its own, the node's acks shared), a
+    replayed capture (its file, not the temporary copy of its records), else paths.kmsg (None)."""
     if simulation is not None and cfg.paths.kmsg == simulation.kmsg_path:
-        source, shared = simulation.kmsg_source, True
-    elif kmsg_file and cfg.paths.kmsg != kmsg_file:
-        source = os.path.abspath(kmsg_file)
-    return XidService(cfg, nvml, source=source, shared_acks=shared, workloads=workloads)
+        return simulation.kmsg_source, True
+    if kmsg_file and cfg.paths.kmsg != kmsg_file:
+        return os.path.abspath(kmsg_file), False
+    return None, False
 
 
 def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -354,6 +345,7 @@ def serve(args: argparse.Namespace) -> int:
     signals = Signals()
     if simulation is not None:
         simulation.start()
+    ctx.identity.start()  # the IMDS lookup, if config leaves something to ask (never from a scrape)
     runner.start()
     server.start()
     log.info("serving %s%s with collectors %s%s", served_url(server.tls, host, server.port, path),
@@ -470,6 +462,7 @@ def shutdown(ctx: Context, server: Any, runner: Any, timeout_s: float, then: Any
         ctx.xid.stop(max(0.1, (deadline - time.monotonic()) * 0.5))
     server.shutdown()
     runner.close()
+    ctx.identity.close()
     ctx.pool.close()  # idle workers leave; one blocked in a read leaves when it returns
     if simulation is not None:
         simulation.close()

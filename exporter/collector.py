@@ -6,17 +6,16 @@ import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from exporter import dmi
 from exporter.catalog import Families
-from exporter.deadline import Pool
-from exporter.imds import IdentitySource
-from exporter.nvml.session import NvmlSession
 
 if TYPE_CHECKING:
     from exporter.config import Config, Section
+    from exporter.deadline import Pool
+    from exporter.imds import IdentitySource
+    from exporter.nvml.session import NvmlSession
     from exporter.workload.attribution import WorkloadHistory
     from exporter.workload.source import WorkloadSource
     from exporter.xid.service import XidService
@@ -25,68 +24,36 @@ if TYPE_CHECKING:
 @dataclass
 class Context:
     """What collectors are built from: the validated config (with the file roots, `paths`) and
-    the backends and process-wide objects several collectors use. The composition root
-    (exporter.cli, a test, exporter.simulate for a simulated node) makes one Context per process;
-    each object is created once, there, and handed over. No collector knows whether the node is
-    real or simulated: a simulation only changes the backends and the roots.
+    the backends and process-wide objects several collectors use. Every part is built once, by
+    the composition root (exporter.compose.compose, which exporter.cli, the simulated node and
+    the tests call), and handed in; a Context builds nothing itself. No collector knows whether
+    the node is real or simulated: a simulation only changes the backends and the roots.
 
-    - `nvml`: the one NVML session (GPU collector, XID events, verdict). Creating it costs
-      nothing; its backend (pynvml, a capture, a simulated node's fake) is loaded on its first
-      `ensure()`. None: the real library.
+    - `nvml`: the one NVML session (GPU collector, XID events, verdict); its backend (pynvml, a
+      capture, a simulated node's fake) is loaded on its first `ensure()`.
     - `statvfs`: how a mount's capacity is read (the Lustre probe); a simulated node answers
       from its tree.
-    - `imds_url`: the IMDS base URL (a simulated node's fake on 127.0.0.1); None: the real one,
-      config's `instance.imds_endpoint`. Whether IMDS is asked at all is config's `instance.imds`.
     - `identity`: the instance identity (config, the DMI product name under the sysfs root, then
-      the IMDS lookup). None: made from the above.
+      the IMDS lookup the daemon starts at start-up).
     - `workload`: the workload source (exporter.workload.source: which job or pod holds each
-      GPU; the workload collector and fault attribution read it). None: made from the config's
-      `workload` section, and left None when no kind is configured.
-    - `pool`: the threads every read under a deadline runs on (exporter.deadline): the runner's
-      collectors, their device reads, probes. The composition root creates it and closes it at
-      shutdown; a Context made without one (a test) gets a pool of its own.
-    - `xid`: the XID service (xid, nvswitch and health collectors, `check`, `ack`): its parts
-      (kernel-log follower, XID and SXid counters, identities, state files). The composition
-      root builds it (naming the kernel log its counts come from); None: made from the config.
+      GPU; the workload collector and fault attribution read it); None when no kind is configured.
+    - `xid`: the XID service (xid, nvswitch and health collectors, `check`, `ack`); None when no
+      collector declared the xid section.
     - `workloads`: what the workload source observed on each GPU lately, for fault attribution
       (exporter.workload.attribution): it hears every reading the source takes, and the XID
-      service asks it who a counted fault hit. None: a new, empty one.
+      service asks it who a counted fault hit.
+    - `pool`: the threads every read under a deadline runs on (exporter.deadline): the runner's
+      collectors, their device reads, probes. Closed by whoever built it (shutdown).
     """
 
     config: Config
-    nvml: NvmlSession | None = None
-    statvfs: Callable[[str], os.statvfs_result] = os.statvfs
-    imds_url: str | None = None
-    identity: IdentitySource | None = None
-    workload: WorkloadSource | None = None
-    xid: XidService | None = None
-    workloads: WorkloadHistory | None = None
-    pool: Pool = field(default_factory=Pool)
-
-    def __post_init__(self) -> None:
-        if self.workloads is None:
-            from exporter.workload.attribution import WorkloadHistory
-
-            self.workloads = WorkloadHistory()
-        if self.nvml is None:
-            self.nvml = NvmlSession.real(self.pool)
-        if self.identity is None:
-            self.identity = IdentitySource(self.config, imds_url=self.imds_url,
-                                           dmi_instance_type=dmi.instance_type(self.config.paths.sysfs))
-        if self.workload is None and getattr(self.config, "workload", None) is not None:
-            from exporter.workload.source import from_config
-
-            self.workload = from_config(self.config, self.nvml, self.pool)
-        if self.xid is None and getattr(self.config, "xid", None) is not None:
-            from exporter.xid.service import XidService
-
-            self.xid = XidService(self.config, self.nvml, workloads=self.workloads)
-        if self.workload is not None:  # fault attribution hears every reading the source takes
-            self.workload.listeners.append(self.workloads.observe)
-            if self.xid is not None:  # and asks for one when a fault is counted
-                from exporter.workload.attribution import fresh_reading
-
-                self.xid.fresh_readings(fresh_reading(self.workload, self.nvml))
+    nvml: NvmlSession
+    statvfs: Callable[[str], os.statvfs_result]
+    identity: IdentitySource
+    workload: WorkloadSource | None
+    xid: XidService | None
+    workloads: WorkloadHistory
+    pool: Pool
 
     @property
     def paths(self) -> Any:

@@ -5,15 +5,15 @@ IMDSv2: PUT /latest/api/token, then GETs with the token, over one requests Sessi
 and read timeouts and bounded retries (ImdsClient). The daemon's lookup runs on a background
 thread started once per process: the first try at start-up, then retries with capped exponential
 back-off (and jitter, so a fleet restarted together does not retry in step) until it succeeds.
-Start-up and scrapes never wait for it; until it succeeds the identity comes from config and
-DMI alone. `check` asks once instead (IdentitySource.lookup_now). `IdentitySource`
-(Context.identity, one per process) holds all three; exporter.node reads the instance type.
+The composition root starts it (IdentitySource.start); start-up and scrapes never wait for it,
+and a scrape only reads what is known: until it succeeds the identity comes from config and DMI
+alone. `check` asks once instead (IdentitySource.lookup_now). `IdentitySource` (Context.identity,
+one per process) holds all three; exporter.node reads the instance type.
 
 IMDS is not asked when `instance.imds` is false (a simulated node and a replayed capture set it
-so: not a real node), or, for the real endpoint, when the environment sets
-GPU_HEALTH_EXPORTER_IMDS=off (tests); a simulated node with scenario ec2-scheduled-reboot asks
-only its own fake IMDS on 127.0.0.1 (exporter/simulate/imds.py), whose URL the composition root
-hands over (Context.imds_url).
+so: not a real node; tests on this machine give it in their config); a simulated node with
+scenario ec2-scheduled-reboot asks only its own fake IMDS on 127.0.0.1
+(exporter/simulate/imds.py), whose URL the composition root hands over (compose's `imds_url`).
 In a container, IMDSv2 needs the instance's metadata hop limit at 2 or more: with 1 the token's
 answer is dropped, each request times out (after its retries) and the lookup keeps backing off.
 """
@@ -21,7 +21,6 @@ answer is dropped, each request times out (after its retries) and the lookup kee
 from __future__ import annotations
 
 import logging
-import os
 import random
 import re
 import threading
@@ -38,7 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("exporter.imds")
 
 SECTION = "instance"
-ENV_SWITCH = "GPU_HEALTH_EXPORTER_IMDS"
 TOKEN_TTL_S = 21600
 EVENTS_PATH = "events/maintenance/scheduled"
 T = TypeVar("T")
@@ -53,7 +51,7 @@ class InstanceSection(Section):
         True, "Export gpu_health_exporter_instance_info.")
     imds: bool = setting(
         True, "Look the identity up from IMDSv2 in the background (never under --simulate or --nvml-"
-        "capture, or when the environment sets GPU_HEALTH_EXPORTER_IMDS=off).")
+        "capture).")
     imds_endpoint: str = setting(
         "http://169.254.169.254", "IMDS base URL (IPv6-only: http://[fd00:ec2::254]).")
     imds_timeout_seconds: float = setting(
@@ -335,14 +333,10 @@ class IdentityLookup(ImdsPoller[InstanceIdentity]):
                          client=client)
 
 
-def imds_allowed(config: Config, explicit_url: bool = False) -> bool:
-    """IMDS is asked only when config allows it and, for the real endpoint, the environment does
-    not turn it off (tests set the switch; a fake IMDS on 127.0.0.1 given by the composition root,
-    `explicit_url`, is still asked)."""
+def imds_allowed(config: Config) -> bool:
+    """IMDS is asked only when config allows it (`instance.imds`)."""
     sec = getattr(config, SECTION, None)  # None: loaded before this module declared the section
-    if sec is None or not sec.imds:
-        return False
-    return explicit_url or os.environ.get(ENV_SWITCH, "").lower() not in ("off", "0", "false", "no")
+    return sec is not None and bool(sec.imds)
 
 
 class IdentitySource:
@@ -357,7 +351,7 @@ class IdentitySource:
         sec = getattr(config, SECTION, None)
         self.config = config
         self.endpoint = imds_url or getattr(sec, "imds_endpoint", "")
-        self.imds_allowed = imds_allowed(config, explicit_url=imds_url is not None)
+        self.imds_allowed = imds_allowed(config)
         self.configured = InstanceIdentity(config.node.instance_type, getattr(sec, "instance_id", None),
                                            getattr(sec, "availability_zone", None))
         self.dmi_instance_type = dmi_instance_type
@@ -384,10 +378,10 @@ class IdentitySource:
     def publish(self, ident: InstanceIdentity) -> None:
         self.found = ident
 
-    def start_lookup(self) -> IdentityLookup | None:
-        """Start the background IMDS lookup once (any collector that needs the identity calls this
-        from its start()). None when IMDS is off, config (and DMI) already give every field, or a
-        one-shot command looked the type up already (lookup_now)."""
+    def start(self) -> IdentityLookup | None:
+        """Start the background IMDS lookup once: the daemon's composition root calls this at
+        start-up, never a scrape. None when IMDS is off, config (and DMI) already give every
+        field, or a one-shot command looked the type up already (lookup_now)."""
         conf = self.configured
         known = (conf.instance_type or self.dmi_instance_type) and conf.instance_id and conf.availability_zone
         if not self.imds_allowed or self._one_shot or known:
@@ -399,6 +393,11 @@ class IdentitySource:
                 self.lookup = IdentityLookup(client, self.publish, max_retry_s=sec.imds_retry_max_seconds)
                 self.lookup.start()
         return self.lookup
+
+    def close(self) -> None:
+        """Stop the background lookup (at shutdown)."""
+        if self.lookup is not None:
+            self.lookup.close()
 
     def lookup_now(self) -> str | None:
         """For a one-shot command (`check`): when neither config nor DMI gives the instance type,

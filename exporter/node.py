@@ -8,13 +8,10 @@ from exporter.profiles import Profile, lookup
 
 
 def instance_type(ctx: Context) -> str | None:
-    """The instance type from config, else the DMI product name, else instance metadata (the
-    background lookup is started here on first need, so the verdict has it whatever collectors
-    run; a one-shot command asks IMDS itself, see IdentitySource.lookup_now)."""
-    found = ctx.identity.current().instance_type
-    if found is None:
-        ctx.identity.start_lookup()
-    return found
+    """The instance type from config, else the DMI product name, else instance metadata, as known
+    now (the daemon's background lookup is started at start-up, IdentitySource.start; a one-shot
+    command asks IMDS itself, IdentitySource.lookup_now)."""
+    return ctx.identity.current().instance_type
 
 
 def profile(ctx: Context) -> Profile | None:

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 from exporter.catalog import Families
-from exporter.collector import Context
 from exporter.collectors.efa import EfaCollector
+from exporter.compose import compose
 from exporter.config import load
 from exporter.efa.sysfs import SysfsReader
 from exporter.runner import Runner
@@ -29,7 +29,7 @@ def mellanox(sys_root: Path, name: str = "mlx5_0", bus: int = 0x30) -> Path:
 def collector(sys_root: Path, reader: SysfsReader | None = None, pool=None, **overrides) -> EfaCollector:
     # every counter unless a test asks otherwise: most tests check how each file is read
     cfg = load(None, {"paths.sysfs": str(sys_root), "efa.counters": "all", **overrides})
-    ctx = Context(config=cfg) if pool is None else Context(config=cfg, pool=pool)
+    ctx = compose(cfg, pool=pool)
     return EfaCollector(ctx, reader=reader)
 
 

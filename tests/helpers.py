@@ -27,6 +27,8 @@ from exporter.runner import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
+NO_IMDS = FIXTURES / "config" / "no-imds.yaml"  # `instance.imds: false`: this machine is no EC2 instance
+NETGUARD = ROOT / "tests" / "netguard"  # the loopback guard, loaded by every exporter started here
 
 
 def scrape(runner: Runner) -> str:
@@ -177,18 +179,19 @@ def wait_until_serving(url: str, proc: subprocess.Popen | None = None, timeout: 
 
 def start_exporter(log_dir: Path, *args: str, timeout: float = 60.0, path: str = "/metrics",
                    listen_flag: str = "--listen", **get_kw) -> tuple[subprocess.Popen, str, Path]:
-    """Start `python -m exporter ARGS --listen 127.0.0.1:0`, its stdout and stderr appended to a
-    new log in log_dir, and wait until `path` answers on the port it bound (`get_kw` goes to
-    requests.get: verify= for HTTPS). Returns the process, the URL of `path` and the log's path:
+    """Start `python -m exporter ARGS --listen 127.0.0.1:0` (with IMDS off, `no_imds`, and the
+    loopback guard, `guarded_env`), its stdout and stderr appended to a new log in log_dir, and
+    wait until `path` answers on the port it bound (`get_kw` goes to requests.get: verify= for
+    HTTPS). Returns the process, the URL of `path` and the log's path:
     read it with Path.read_text (O_APPEND, and no descriptor of ours shares the exporter's offset,
     so a read never moves where it writes)."""
     fd, name = tempfile.mkstemp(prefix="exporter-", suffix=".log", dir=log_dir)
     os.close(fd)
     log = Path(name)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log, "a") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, listen_flag, "127.0.0.1:0"],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen([sys.executable, "-m", "exporter", *no_imds(args), listen_flag,
+                                 "127.0.0.1:0"], env=guarded_env(), stdout=out, stderr=subprocess.STDOUT,
+                                text=True)
     scheme = "https" if "verify" in get_kw else "http"
 
     def answering() -> str | None:
@@ -210,6 +213,33 @@ def start_exporter(log_dir: Path, *args: str, timeout: float = 60.0, path: str =
         proc.wait()
         raise RuntimeError(f"{e}\n{log.read_text()[-3000:]}") from e
     return proc, url, log
+
+
+def no_imds(args: tuple[str, ...] | list[str]) -> list[str]:
+    """The exporter's arguments with IMDS off, through its configuration as on any host that is
+    not an EC2 instance: a simulated or replayed node needs nothing (the simulation and
+    --nvml-capture turn it off); otherwise the run gets tests/fixtures/config/no-imds.yaml, or,
+    when the test gives a config of its own, that config must say `instance: {imds: false}`."""
+    args = list(args)
+    if "--simulate" in args or "--nvml-capture" in args:
+        return args
+    if "--config" not in args:
+        return [*args, "--config", str(NO_IMDS)]
+    import yaml
+
+    path = Path(args[args.index("--config") + 1])
+    try:
+        imds = (yaml.safe_load(path.read_text()) or {}).get("instance", {}).get("imds", True)
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):  # a test of a bad config: never starts
+        return args
+    assert imds is False, f"{path}: an exporter on this machine needs `instance: {{imds: false}}`"
+    return args
+
+
+def guarded_env(**extra: str) -> dict[str, str]:
+    """The environment of an exporter a test starts: this checkout on its path, after the
+    loopback guard (tests/netguard: tests/conftest.py fails the test it tripped in)."""
+    return {**os.environ, "PYTHONPATH": f"{NETGUARD}{os.pathsep}{ROOT}", **extra}
 
 
 def stop_within(proc: subprocess.Popen, bound_s: float = 9.0) -> int:

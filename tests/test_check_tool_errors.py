@@ -13,7 +13,7 @@ import pytest
 
 from exporter import collectors, imds
 from exporter.cli import main
-from exporter.collector import Context
+from exporter.compose import compose
 from exporter.config import load
 from exporter.runner import Runner
 from exporter.simulate.imds import FakeImdsServer
@@ -108,8 +108,7 @@ def test_a_relative_web_config_file_is_found_from_any_working_directory(tmp_path
     assert list(web.users) == ["prometheus"]
 
 
-def test_no_instance_metadata_call_when_config_gives_everything(monkeypatch):
-    monkeypatch.delenv(imds.ENV_SWITCH, raising=False)
+def test_no_instance_metadata_call_when_config_gives_everything():
     fake = FakeImdsServer({"instance-type": "p5.48xlarge", "instance-id": "i-1",
                            "placement/availability-zone": "us-east-2a"})
     fake.start(poll_interval_s=0.05)
@@ -117,8 +116,9 @@ def test_no_instance_metadata_call_when_config_gives_everything(monkeypatch):
         cfg = load(None, {"instance.imds_endpoint": fake.url, "node.instance_type": "p5.48xlarge",
                           "instance.instance_id": "i-0123", "instance.availability_zone": "us-east-2b",
                           "instance.scheduled_events": False})
-        ctx = Context(config=cfg)
+        ctx = compose(cfg)
         runner = Runner.from_config(collectors.build(ctx, only=["instance", "health"]), cfg)
+        assert ctx.identity.start() is None  # the daemon's start-up: nothing to ask
         runner.start()
         try:
             text = scrape(runner)
@@ -130,8 +130,8 @@ def test_no_instance_metadata_call_when_config_gives_everything(monkeypatch):
         # scheduled events are not configuration: with them on (the default), IMDS is asked for them
         cfg = load(None, {"instance.imds_endpoint": fake.url, "node.instance_type": "p5.48xlarge",
                           "instance.instance_id": "i-0123", "instance.availability_zone": "us-east-2b"})
-        ctx = Context(config=cfg)
-        assert ctx.identity.start_lookup() is None
+        ctx = compose(cfg)
+        assert ctx.identity.start() is None
         poller = imds.events_poller(ctx.identity, lambda _events: None)
         assert poller is not None
         poller.close()

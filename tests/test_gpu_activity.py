@@ -26,8 +26,8 @@ from exporter.simulate.nvml_synth import TRAINING_LEVELS, activity_levels
 from tests.helpers import promtool_check_metrics, samples, scrape, value
 
 collector_classes()  # declares the config sections
-from exporter.collector import Context  # noqa: E402
 from exporter.collectors.gpu import GpuCollector  # noqa: E402
+from exporter.compose import compose  # noqa: E402
 from exporter.nvml.session import NvmlSession  # noqa: E402
 
 SM, OCC, TENSOR, DRAM = nv.GPM_SM_UTIL, nv.GPM_SM_OCCUPANCY, nv.GPM_ANY_TENSOR_UTIL, nv.GPM_DRAM_BW_UTIL
@@ -253,7 +253,7 @@ def test_detail_adds_the_pipes_and_the_traffic():
 
 def node(profile: str, scenarios=()) -> tuple:
     fake = fake_backend(PROFILES[profile], scenarios)
-    ctx = Context(config=load(None, {"node.instance_type": profile}), nvml=NvmlSession(fake))
+    ctx = compose(load(None, {"node.instance_type": profile}), nvml=NvmlSession(fake))
     c = GpuCollector(ctx)
     fake.init()
     fake.advance_to(0.0)

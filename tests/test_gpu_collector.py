@@ -12,6 +12,7 @@ import requests
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
 from exporter.collectors import collector_classes
+from exporter.compose import compose
 from exporter.config import load
 from exporter.health import NodeGpuHealth
 from exporter.nvml import backend as b
@@ -47,7 +48,7 @@ def make(fake: FakeBackend | None = None, profile: str | None = None,
     overrides = {f"gpu.{k}": v for k, v in gpu_cfg.items()}
     if profile:
         overrides["node.instance_type"] = profile
-    ctx = Context(config=load(None, overrides),
+    ctx = compose(load(None, overrides),
                   nvml=NvmlSession(fake) if fake is not None else NvmlSession.for_capture(str(CAPTURE)))
     return ctx, GpuCollector(ctx)
 
@@ -386,7 +387,7 @@ def test_nvml_missing_fails_the_collector_with_one_log_line(caplog, monkeypatch)
     import sys
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML at all, whatever the host has
-    ctx = Context(config=load(None, {"node.instance_type": "p5.48xlarge"}))
+    ctx = compose(load(None, {"node.instance_type": "p5.48xlarge"}))
     c = GpuCollector(ctx)
     other = _Other(ctx)
     runner = Runner([c, other], deadline_s=5)
@@ -523,7 +524,7 @@ def test_packaged_nvml_data_matches_the_test_fixtures():
 def test_gpu_hung_at_start_does_not_hold_up_the_others():
     fake = fake_backend(PROFILES["p5.48xlarge"])
     fake.hang(2, seconds=30)
-    ctx = Context(config=load(None, {"gpu.read_timeout_seconds": 0.2, "node.instance_type": "p5.48xlarge"}),
+    ctx = compose(load(None, {"gpu.read_timeout_seconds": 0.2, "node.instance_type": "p5.48xlarge"}),
                   nvml=NvmlSession(fake, identity_timeout_s=0.3))
     c = GpuCollector(ctx)
     try:

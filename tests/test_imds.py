@@ -10,6 +10,7 @@ from exporter import collectors, imds, node
 from exporter.collector import Context
 from exporter.collectors.efa import EfaCollector
 from exporter.collectors.instance import InstanceCollector
+from exporter.compose import compose
 from exporter.config import load
 from exporter.nvml.fake import FakeBackend
 from exporter.nvml.session import NvmlSession
@@ -29,14 +30,9 @@ def fake():
     f.close()
 
 
-@pytest.fixture(autouse=True)
-def imds_allowed(monkeypatch):
-    monkeypatch.delenv(imds.ENV_SWITCH, raising=False)
-
-
 def ctx_for(url: str, **overrides) -> Context:
-    return Context(config=load(None, {"instance.imds_endpoint": url, "instance.imds_timeout_seconds": 0.3,
-                                      **overrides}))
+    return compose(load(None, {"instance.imds_endpoint": url, "instance.imds_timeout_seconds": 0.3,
+                               **overrides}))
 
 
 def test_client_token_then_gets(fake):
@@ -67,14 +63,16 @@ def test_lookup_publishes_identity_and_metrics(fake):
     inst = InstanceCollector(ctx)
     efa = EfaCollector(ctx)
     runner = Runner([inst, efa], deadline_s=5)
+    lookup = ctx.identity.start()  # the composition root's call at start-up, once per process
     runner.start()
     try:
-        assert inst.lookup is efa.lookup is not None  # one lookup per process
-        assert inst.lookup.succeeded.wait(5)
+        assert lookup is not None and ctx.identity.start() is lookup
+        assert lookup.succeeded.wait(5)
         assert node.instance_type(ctx) == "p5.48xlarge"
         text = scrape(runner)
     finally:
         runner.close()
+        ctx.identity.close()
     ss = samples(text)
     assert value(ss, "gpu_health_exporter_instance_info", instance_type="p5.48xlarge",
                  instance_id="i-0123456789abcdef0", availability_zone="us-east-2b") == 1
@@ -89,12 +87,14 @@ def test_config_wins_over_imds(fake):
     ctx = ctx_for(fake.url, **{"node.instance_type": "p4d.24xlarge",
                                "instance.availability_zone": "use2-az9"})
     inst = InstanceCollector(ctx)
+    lookup = ctx.identity.start()
     inst.start()
     try:
-        assert inst.lookup.succeeded.wait(5)
+        assert lookup.succeeded.wait(5)
         ss = samples(scrape(Runner([inst], deadline_s=5)))
     finally:
         inst.close()
+        ctx.identity.close()
     assert value(ss, "gpu_health_exporter_instance_info", instance_type="p4d.24xlarge",
                  instance_id="i-0123456789abcdef0", availability_zone="use2-az9") == 1
 
@@ -105,6 +105,7 @@ def test_imds_down_never_blocks_start_or_scrape(fake):
     inst = InstanceCollector(ctx)
     runner = Runner([inst], deadline_s=5)
     t = time.monotonic()
+    ctx.identity.start()
     runner.start()
     text = scrape(runner)
     # A start-up or scrape that waited for IMDS would take the 2 s timeout at least.
@@ -115,6 +116,22 @@ def test_imds_down_never_blocks_start_or_scrape(fake):
         assert node.instance_type(ctx) is None
     finally:
         runner.close()
+        ctx.identity.close()
+
+
+def test_the_scrape_path_never_starts_the_lookup(fake):
+    """Nothing known and IMDS allowed: collecting (the verdict's expected count, the instance and
+    EFA collectors) reads only what is known; the lookup is the composition root's to start."""
+    from exporter.collectors.health import HealthCollector
+
+    ctx = ctx_for(fake.url, **{"instance.scheduled_events": False})
+    runner = Runner([InstanceCollector(ctx), EfaCollector(ctx), HealthCollector(ctx)], deadline_s=5)
+    try:
+        scrape(runner)
+        assert node.instance_type(ctx) is None and node.expected_gpus(ctx) is None
+    finally:
+        runner.close()
+    assert ctx.identity.lookup is None and fake.requests == []
 
 
 def test_lookup_retries_with_backoff_until_imds_answers(fake):
@@ -136,7 +153,7 @@ def test_lookup_retries_with_backoff_until_imds_answers(fake):
     assert lookup.last_error == ""
 
 
-def test_imds_off_in_simulation_env_and_config(fake, monkeypatch, tmp_path):
+def test_imds_off_in_simulation_capture_and_config(fake, tmp_path):
     from exporter.cli import build_context, build_parser
 
     cfg = tmp_path / "config.yaml"  # a file that asks for IMDS: a simulated or replayed node still does not
@@ -144,17 +161,14 @@ def test_imds_off_in_simulation_env_and_config(fake, monkeypatch, tmp_path):
     for flags in (["--simulate", "p4d.24xlarge"], ["--nvml-capture", "x.json"]):
         ctx, sim = build_context(build_parser().parse_args([*flags, "--config", str(cfg)]))
         try:
-            assert ctx.identity.start_lookup() is None, flags
+            assert ctx.identity.start() is None, flags
         finally:
             if sim is not None:
                 sim.close()
-    assert ctx_for(fake.url, **{"instance.imds": False}).identity.start_lookup() is None
-    monkeypatch.setenv(imds.ENV_SWITCH, "off")
-    assert ctx_for(fake.url).identity.start_lookup() is None
-    monkeypatch.delenv(imds.ENV_SWITCH)
+    assert ctx_for(fake.url, **{"instance.imds": False}).identity.start() is None
     full = ctx_for(fake.url, **{"node.instance_type": "p5.48xlarge", "instance.instance_id": "i-1",
                                 "instance.availability_zone": "us-east-2a"})
-    assert full.identity.start_lookup() is None  # config already says everything
+    assert full.identity.start() is None  # config already says everything
     assert fake.requests == []
     # nothing known and IMDS off: no info metric at all
     ctx = ctx_for(fake.url, **{"instance.imds": False})
@@ -195,7 +209,7 @@ def one_gpu_ctx(tmp_path, product_name: str | None, **overrides) -> Context:
     cfg = load(None, {"paths.sysfs": dmi_sysfs(tmp_path, product_name), "paths.kmsg": str(kmsg),
                       "paths.state_dir": str(tmp_path / "st"), "instance.imds_timeout_seconds": 0.5,
                       **overrides})
-    return Context(config=cfg, nvml=NvmlSession(FakeBackend.from_file(CAPTURE)))
+    return compose(cfg, nvml=NvmlSession(FakeBackend.from_file(CAPTURE)))
 
 
 def test_instance_type_from_dmi_first_then_imds_and_config_wins(tmp_path, fake):
@@ -205,7 +219,7 @@ def test_instance_type_from_dmi_first_then_imds_and_config_wins(tmp_path, fake):
     assert node.expected_gpus(ctx) == 8
     ctx = one_gpu_ctx(tmp_path / "b", None, **{"instance.imds_endpoint": fake.url})
     assert ctx.identity.lookup_now() == "p4d.24xlarge" and ctx.identity.instance_type_source() == "imds"
-    assert ctx.identity.start_lookup() is None  # a one-shot lookup starts no background thread
+    assert ctx.identity.start() is None  # a one-shot lookup starts no background thread
     ctx = one_gpu_ctx(tmp_path / "c", "p5.48xlarge", **{"instance.imds_endpoint": fake.url,
                                                        "node.instance_type": "p5en.48xlarge"})
     assert node.instance_type(ctx) == "p5en.48xlarge" and ctx.identity.instance_type_source() == "config"
@@ -214,8 +228,8 @@ def test_instance_type_from_dmi_first_then_imds_and_config_wins(tmp_path, fake):
 
 
 def test_daemon_verdict_knows_a_p5_by_dmi(tmp_path):
-    """The daemon with only the GPU and health collectors (no instance or EFA collector to start
-    an IMDS lookup): the DMI product name gives the expected count, the verdict misses 7 GPUs."""
+    """The GPU and health collectors with no IMDS lookup started: the DMI product name gives the
+    expected count, the verdict misses 7 GPUs."""
     from exporter.collectors.gpu import GpuCollector
     from exporter.collectors.health import HealthCollector
 

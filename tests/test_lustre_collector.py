@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from exporter.collector import Context
 from exporter.collectors.lustre import IMPORT_STATES, LustreCollector
+from exporter.compose import compose
 from exporter.config import load
 from exporter.deadline import Pool
 from exporter.lustre.evictions import EvictionTracker, appended
@@ -31,7 +31,7 @@ TiB = 1024**4
 def make(tree: LustreTree, statvfs=None, **cfg):
     overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
     overrides.update({f"lustre.{k}": v for k, v in cfg.items()})
-    c = LustreCollector(Context(config=load(None, overrides)))
+    c = LustreCollector(compose(load(None, overrides)))
     c.statvfs = statvfs or FakeStatvfs({fs.mountpoint: TiB for fs in tree.filesystems})
     return c, Runner([c], deadline_s=5)
 

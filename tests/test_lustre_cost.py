@@ -12,8 +12,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from exporter.catalog import Families
-from exporter.collector import Context
 from exporter.collectors.lustre import LustreCollector
+from exporter.compose import compose
 from exporter.config import load
 from exporter.lustre import parsers, sources
 from exporter.profiles import PROFILES
@@ -129,7 +129,7 @@ def test_an_oversized_import_costs_only_its_series_and_is_logged(tmp_path, caplo
     huge = import_file(dev) + "    padding: " + "y" * (sources.MAX_FILE_BYTES + 10) + "\n"
     tree.write(tree.proc / "osc" / dev / "import", huge)
     overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
-    c = LustreCollector(Context(config=load(None, overrides), statvfs=FakeStatvfs({"/fsx": TiB})))
+    c = LustreCollector(compose(load(None, overrides), statvfs=FakeStatvfs({"/fsx": TiB})))
     s = samples(scrape(Runner([c], deadline_s=5)))
     assert value(s, "gpu_health_exporter_collector_success", collector="lustre") == 1
     assert value(s, "lustre_client_rpcs_in_flight", component="osc") == 3 * 2  # the other 3 OSTs
@@ -142,7 +142,7 @@ def test_statvfs_comes_from_the_context_and_no_thread_is_made_per_scrape(tmp_pat
     tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx"), FsSpec("fs2", "/fsy", "ffff02")]).build()
     overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
     statvfs = FakeStatvfs({"/fsx": TiB, "/fsy": 2 * TiB})
-    c = LustreCollector(Context(config=load(None, overrides), statvfs=statvfs))
+    c = LustreCollector(compose(load(None, overrides), statvfs=statvfs))
     c.collect(Families())
     made = []
     real_start = threading.Thread.start
@@ -177,7 +177,7 @@ def test_a_hung_mount_is_not_probed_again_until_its_call_returns_and_the_others_
             release.wait(10)
         return FakeStatvfs({"/fsx": TiB, "/fsy": 2 * TiB})(path)
 
-    c = LustreCollector(Context(config=load(None, overrides), statvfs=statvfs))
+    c = LustreCollector(compose(load(None, overrides), statvfs=statvfs))
     try:
         for _ in range(3):
             s = samples(scrape(Runner([c], deadline_s=5)))
@@ -200,7 +200,7 @@ def test_simulated_ost_count(tmp_path, osts):
     cfg = load(None, {"paths.procfs": str(tmp_path / "proc"), "paths.sysfs": str(tmp_path / "sys"),
                       "paths.debugfs": str(tmp_path / "sys/kernel/debug"), "lustre.lfs_command": "",
                       "lustre.use_ioctl": False})
-    c = LustreCollector(Context(config=cfg, statvfs=sim_lustre.fake_statvfs(tmp_path)))
+    c = LustreCollector(compose(cfg, statvfs=sim_lustre.fake_statvfs(tmp_path)))
     s = samples(scrape(Runner([c], deadline_s=10)))
     assert value(s, "lustre_client_targets", component="osc") == osts
     states = [value(s, "lustre_client_import_state", component="osc", state=st) for st in ("FULL", "IDLE")]
@@ -218,7 +218,7 @@ def test_max_rpcs_in_flight_is_read_again_after_the_refresh_interval(tmp_path, m
 
     tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx", osts=2)]).build()
     overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
-    c = LustreCollector(Context(config=load(None, overrides), statvfs=FakeStatvfs({"/fsx": TiB})))
+    c = LustreCollector(compose(load(None, overrides), statvfs=FakeStatvfs({"/fsx": TiB})))
     r = Runner([c], deadline_s=5)
     assert value(samples(scrape(r)), "lustre_client_max_rpcs_in_flight", component="osc") == 16
     tree.write(tree.sys / "osc" / "fs1-OST0000-osc-ffff8d1e4c6b9000" / "max_rpcs_in_flight", "64\n")
@@ -263,7 +263,7 @@ def _opens(monkeypatch):
 def test_per_target_files_are_opened_once_and_read_again_through_their_descriptors(tmp_path, monkeypatch):
     tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx", osts=4)]).build()
     overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
-    c = LustreCollector(Context(config=load(None, overrides), statvfs=FakeStatvfs({"/fsx": TiB})))
+    c = LustreCollector(compose(load(None, overrides), statvfs=FakeStatvfs({"/fsx": TiB})))
     r = Runner([c], deadline_s=5)
     first = samples(scrape(r))
     opened = _opens(monkeypatch)

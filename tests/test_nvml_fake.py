@@ -295,14 +295,14 @@ def test_session_gpu_lost_at_start_is_marked():
 
 
 def test_the_context_s_nvml_session_loads_its_backend_on_first_use(tmp_path):
-    from exporter.collector import Context
+    from exporter.compose import compose
     from exporter.config import load
 
-    ctx = Context(config=load(None), nvml=NvmlSession.for_capture(str(CAPTURE)))
+    ctx = compose(load(None), nvml=NvmlSession.for_capture(str(CAPTURE)))
     s = ctx.nvml
     assert not isinstance(s.backend, FakeBackend)  # nothing loaded until someone uses NVML
     assert s.ensure() and isinstance(s.backend, FakeBackend) and ctx.nvml is s
-    bad = Context(config=load(None), nvml=NvmlSession.for_capture(str(tmp_path / "missing.json"))).nvml
+    bad = compose(load(None), nvml=NvmlSession.for_capture(str(tmp_path / "missing.json"))).nvml
     assert not bad.ensure() and "missing.json" in bad.error
 
 

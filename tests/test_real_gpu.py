@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import Context
 from exporter.collectors import collector_classes
+from exporter.compose import compose
 from exporter.config import load
 from exporter.gpu.reader import FAST_FIELDS, SLOW_FIELDS
 from exporter.nvml.backend import NVML_ERROR_TIMEOUT, NvmlError
@@ -174,7 +174,7 @@ def test_collector_serves_the_real_gpus(real):
     from exporter.collectors.gpu import GpuCollector
 
     # No capture, no simulation: the real library; every detail level (gpu_clock_max_hertz is opt-in).
-    ctx = Context(config=load(None, {"gpu.detail": "all"}))
+    ctx = compose(load(None, {"gpu.detail": "all"}))
     c = GpuCollector(ctx)
     runner = Runner([c], deadline_s=10)
     scrape(runner)

@@ -10,7 +10,8 @@ import pytest
 
 from exporter import catalog, collectors, docs
 from exporter.catalog import Families, define
-from exporter.collector import Collector, Context
+from exporter.collector import Collector
+from exporter.compose import compose
 from exporter.config import ConfigError, Section, load, positive, setting
 from tests.helpers import scrape, value
 
@@ -83,7 +84,7 @@ def test_a_registered_collector_is_built_enabled_and_its_metrics_served(toy, tmp
     p = tmp_path / "config.yaml"
     p.write_text("nvme:\n  devices: 3\n")
     cfg = load(p)
-    built = collectors.build(Context(config=cfg), only=["nvme"])
+    built = collectors.build(compose(cfg), only=["nvme"])
     assert [c.name for c in built] == ["nvme"]
     runner = Runner(built, 5.0)
     try:
@@ -93,7 +94,7 @@ def test_a_registered_collector_is_built_enabled_and_its_metrics_served(toy, tmp
     assert value(text, "nvme_smart_ok", device="nvme2") == 1
     assert value(text, "gpu_health_exporter_collector_success", collector="nvme") == 1
     p.write_text("nvme:\n  enabled: false\n")
-    assert "nvme" not in [c.name for c in collectors.build(Context(config=load(p)))]
+    assert "nvme" not in [c.name for c in collectors.build(compose(load(p)))]
 
 
 def test_a_registered_collector_gets_its_command_line_flags(toy):

@@ -5,7 +5,8 @@ import threading
 import time
 
 from exporter.catalog import define
-from exporter.collector import Collector, Context, Derived, Failed
+from exporter.collector import Collector, Derived, Failed
+from exporter.compose import compose
 from exporter.config import load
 from exporter.runner import Runner
 from tests.helpers import samples, scrape, value
@@ -17,7 +18,7 @@ PROBE = define("gpu_health_exporter_test_probe", "gauge", "Test-only metric.", [
 class Probe(Collector):
     def __init__(self, name, behaviour="ok", delay=0.0):
         self.name = name
-        super().__init__(Context(config=load(None)))
+        super().__init__(compose(load(None)))
         self.behaviour, self.delay, self.calls = behaviour, delay, 0
         self.release = threading.Event()
 
@@ -140,7 +141,7 @@ class Verdict(Derived):
 
     def __init__(self, name="verdict"):
         self.name = name
-        super().__init__(Context(config=load(None)))
+        super().__init__(compose(load(None)))
         self.seen, self.started = [], []
 
     def derive(self, out, inputs):

@@ -69,8 +69,8 @@ def test_device_semantics_eagain_epipe_and_sequence_gaps(monkeypatch):
 
 
 def test_malformed_records_are_counted_exported_and_logged_when_the_count_grows(tmp_path, caplog):
-    from exporter.collector import Context
     from exporter.collectors.xid import XidCollector
+    from exporter.compose import compose
     from exporter.config import load
     from exporter.runner import Runner
     from tests.helpers import scrape, value
@@ -78,7 +78,7 @@ def test_malformed_records_are_counted_exported_and_logged_when_the_count_grows(
     log = tmp_path / "kmsg"
     log.write_text("4,0,10,-;NVRM: fine\nno semicolon here\n4,x,20,-;bad seq\n-1,2,30,-;negative prio\n"
                    "4,3,1_000,-;underscores\n4,4,40,-;NVRM: Xid (PCI:0000:53:00): 31, pid=1, name=p, ok\n")
-    ctx = Context(config=load(None, {"paths.kmsg": str(log), "paths.state_dir": str(tmp_path / "st"),
+    ctx = compose(load(None, {"paths.kmsg": str(log), "paths.state_dir": str(tmp_path / "st"),
                                      "xid.nvml_events": False}))
     c = XidCollector(ctx)
     c.service.read_kmsg()
@@ -90,14 +90,14 @@ def test_malformed_records_are_counted_exported_and_logged_when_the_count_grows(
 
 
 def test_a_fifo_as_the_kernel_log_is_a_clear_error_not_a_silent_hang(tmp_path, caplog):
-    from exporter.collector import Context
+    from exporter.compose import compose
     from exporter.config import load
 
     fifo = tmp_path / "kmsg"
     os.mkfifo(fifo)  # opening a FIFO without a writer blocks forever
     with pytest.raises(OSError, match="a FIFO, not the kernel log device"):
         KmsgReader(str(fifo)).open()
-    ctx = Context(config=load(None, {"paths.kmsg": str(fifo), "paths.state_dir": str(tmp_path / "st"),
+    ctx = compose(load(None, {"paths.kmsg": str(fifo), "paths.state_dir": str(tmp_path / "st"),
                                      "xid.nvml_events": False}))
     svc = ctx.xid
     assert svc.read_kmsg() == 0 and not svc.snapshot().kmsg.ok

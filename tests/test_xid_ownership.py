@@ -51,11 +51,11 @@ def test_xid_disabled_counts_no_xid_even_when_the_nvswitch_collector_follows_the
 
 
 def test_nvswitch_disabled_counts_no_sxid_and_the_verdict_ignores_them(tmp_path):
-    from exporter.collector import Context
+    from exporter.compose import compose
     from exporter.config import load
 
     base = make_ctx(tmp_path, records(XID63, SXID))
-    ctx = Context(config=load(None, {**_overrides(tmp_path), "nvswitch.enabled": False}), nvml=base.nvml)
+    ctx = compose(load(None, {**_overrides(tmp_path), "nvswitch.enabled": False}), nvml=base.nvml)
     svc = one_shot(ctx)
     assert sxid_counts(svc) == {} and counts(svc) == {("00000000:75:00", "63"): 1}
     s = samples(scrape(Runner([HealthCollector(ctx)], deadline_s=5)))

@@ -7,8 +7,8 @@ import time
 import pytest
 
 import exporter.collectors.health  # noqa: F401 - declares the health config section
-from exporter.collector import Context
 from exporter.collectors.xid import XidCollector
+from exporter.compose import compose
 from exporter.config import ConfigError, load
 from exporter.nvml.fake import FakeBackend, load_capture
 from exporter.nvml.session import NvmlSession
@@ -36,7 +36,7 @@ def make_ctx(tmp_path, kmsg_text, boot_id="boot-1", nvml=None, **xid):
     if nvml is None:
         nvml = NvmlSession(FakeBackend({"system": {}, "devices": []}))
         nvml.backend.fail_init(12, "no NVML in this test")
-    return Context(config=load(None, overrides), nvml=nvml)
+    return compose(load(None, overrides), nvml=nvml)
 
 
 def fake_p5():

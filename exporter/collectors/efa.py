@@ -11,7 +11,7 @@ import resource
 from dataclasses import dataclass
 from typing import ClassVar
 
-from exporter import deadline, imds, node
+from exporter import deadline, node
 from exporter.catalog import Families, MetricSpec, define
 from exporter.collector import Collector, Context, ProblemLog
 from exporter.config import Section, non_negative, positive, setting
@@ -100,15 +100,9 @@ class EfaCollector(Collector):
         raise_fd_limit()
         self._fixed: dict[str, tuple[tuple[str, str, str], Sample, Sample, Sample]] = {}  # info, up 1, up 0
         self.problems = ProblemLog(self.log)
-        self.lookup: imds.IdentityLookup | None = None
-
-    def start(self) -> None:
-        self.lookup = self.ctx.identity.start_lookup()  # the expected count can come from the instance type
 
     def close(self) -> None:
         self.devices.close()
-        if self.lookup is not None:
-            self.lookup.close()
 
     def expected(self) -> int | None:
         if self.ctx.config.efa.expected_devices is not None:

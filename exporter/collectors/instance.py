@@ -44,20 +44,16 @@ class InstanceCollector(Collector):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.lookup: imds.IdentityLookup | None = None
         self.poller: imds.ImdsPoller | None = None
         self.events: list[imds.ScheduledEvent] = []  # the last good answer
 
     def start(self) -> None:
-        self.lookup = self.ctx.identity.start_lookup()
         self.poller = imds.events_poller(self.ctx.identity, self._publish_events)
 
     def _publish_events(self, events: list[imds.ScheduledEvent]) -> None:
         self.events = events  # replaced whole: a scrape sees one answer or the next
 
     def close(self) -> None:
-        if self.lookup is not None:
-            self.lookup.close()
         if self.poller is not None:
             self.poller.close()
 
@@ -66,8 +62,9 @@ class InstanceCollector(Collector):
         if ident.instance_type or ident.instance_id or ident.availability_zone:
             out.add(INSTANCE_INFO, 1, instance_type=ident.instance_type or "",
                     instance_id=ident.instance_id or "", availability_zone=ident.availability_zone or "")
-        if self.lookup is not None:
-            out.add(IMDS_SUCCESS, 1 if self.lookup.succeeded.is_set() else 0)
+        lookup = self.ctx.identity.lookup  # started by the composition root, if IMDS is asked
+        if lookup is not None:
+            out.add(IMDS_SUCCESS, 1 if lookup.succeeded.is_set() else 0)
         out.declare(EVENT_START)
         for ev in self.events:
             out.add(EVENT_START, ev.not_before, code=ev.code, event_id=ev.event_id)

@@ -185,11 +185,11 @@ class Simulation:
     def context(self, config: Config, nvml_latencies: bool = False) -> Context:
         """The Context of this node: `config` (loaded with config_overrides()) and its backends
         (tests and benches; exporter.cli builds the same, with the XID service named for it)."""
-        from exporter.collector import Context
+        from exporter.compose import compose
         from exporter.deadline import Pool
 
         pool = Pool()
-        return Context(config=config, nvml=self.nvml_session(nvml_latencies, pool), statvfs=self.statvfs,
+        return compose(config, nvml=self.nvml_session(nvml_latencies, pool), statvfs=self.statvfs,
                        imds_url=self.imds_url, pool=pool)
 
     @property
