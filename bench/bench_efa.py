@@ -154,7 +154,7 @@ def main() -> int:
 
         # Every server binds port 0; the ports they took are read back once all are started.
         def exporter(checkout: Path) -> subprocess.Popen:
-            env = {**os.environ, "PYTHONPATH": str(checkout), "GPU_HEALTH_EXPORTER_IMDS": "off"}
+            env = {**os.environ, "PYTHONPATH": str(checkout)}  # the config turns IMDS off
             p = subprocess.Popen([sys.executable, "-m", "exporter", "--config", str(cfg),
                                   "--collectors", "efa", "--path.sysfs", str(sysfs),
                                   "--listen", "127.0.0.1:0", "--log-level", "warning"],
@@ -277,7 +277,7 @@ def whole_node(args: argparse.Namespace) -> int:
     ports: dict[str, int] = {}
     try:
         for name, ck in checkouts.items():
-            env = {**os.environ, "PYTHONPATH": str(ck), "GPU_HEALTH_EXPORTER_IMDS": "off"}
+            env = {**os.environ, "PYTHONPATH": str(ck)}
             procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge", "--listen",
                  "127.0.0.1:0", "--log-level", "error"],

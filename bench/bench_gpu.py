@@ -40,7 +40,7 @@ from exporter.compose import compose  # noqa: E402
 from exporter.config import load  # noqa: E402
 from exporter.nvml.backend import NvmlError  # noqa: E402
 from exporter.runner import Runner  # noqa: E402
-from tests.helpers import port_of, wait_until_serving  # noqa: E402
+from tests.helpers import no_imds, port_of, wait_until_serving  # noqa: E402
 
 collectors.discover()  # the collectors' config sections, as the composition root does
 
@@ -198,6 +198,7 @@ def exporter_process(real: bool, profile: str,
         cmd += ["--simulate", profile, "--nvml-latencies"]
     if only:
         cmd += ["--collectors", only]
+    cmd = no_imds(cmd)  # this host is no EC2 instance: IMDS off through the config
     proc = subprocess.Popen(cmd, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

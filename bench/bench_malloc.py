@@ -7,7 +7,10 @@ connection (20 ms apart), waits past the first trim, and prints the RSS after th
 and after the 120, the USS, and the largest mappings. Then the floor: a bare python3 with psutil,
 with pynvml imported, after nvmlInit, and with the exporter imported too.
 
-    PYTHONPATH=. GPU_HEALTH_EXPORTER_IMDS=off python3 bench/bench_malloc.py [--simulate p5.48xlarge]
+    PYTHONPATH=. python3 bench/bench_malloc.py [--simulate p5.48xlarge]
+
+The exporter on this host runs with tests/fixtures/config/no-imds.yaml (IMDS off): nothing
+leaves loopback.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.helpers import port_of  # noqa: E402
+from tests.helpers import no_imds, port_of  # noqa: E402
 
 NO_TRIM = """
 import sys
@@ -50,7 +53,7 @@ def largest_mappings(pid: int, n: int = 4) -> dict[str, float]:
 
 
 def run(name: str, code: str, args: list[str]) -> None:
-    cmd = [sys.executable, "-c", code, "--listen", "127.0.0.1:0", "--log-level", "warning", *args]
+    cmd = [sys.executable, "-c", code, "--listen", "127.0.0.1:0", "--log-level", "warning", *no_imds(args)]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         port = port_of(p)  # it logs nothing at warning

@@ -27,13 +27,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.efa_trees import efa  # noqa: E402
-from tests.helpers import port_of  # noqa: E402
+from tests.helpers import no_imds, port_of  # noqa: E402
 from tests.lustre_tree import FsSpec, LustreTree  # noqa: E402
 
 
 def sigterm_to_exit(args: list[str], settle_s: float) -> tuple[float, int]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_HEALTH_EXPORTER_IMDS": "off"}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", *args, "--listen", "127.0.0.1:0"],
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", *no_imds(args), "--listen", "127.0.0.1:0"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port_of(proc)}/metrics"

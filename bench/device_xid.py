@@ -137,7 +137,10 @@ def main() -> int:
     save()
 
     # 4. check --json against the real node (state read only)
-    ch = subprocess.run([sys.executable, "-m", "exporter", "check", "--json", "--path.state-dir", str(state)],
+    from tests.helpers import no_imds
+
+    check = [sys.executable, "-m", "exporter", "check", "--json", "--path.state-dir", str(state)]
+    ch = subprocess.run(no_imds(check),  # the lent host is no EC2 instance: IMDS off
                         capture_output=True, text=True, timeout=120, cwd=ROOT,
                         env={**os.environ, "PYTHONPATH": str(ROOT)})
     rep["check"] = {"rc": ch.returncode, "stderr_tail": ch.stderr[-500:]}

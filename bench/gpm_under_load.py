@@ -19,7 +19,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.helpers import served_base  # noqa: E402
+from tests.helpers import no_imds, served_base  # noqa: E402
 
 COUNTERS = ("gpu_sm_active_seconds_total", "gpu_sm_occupancy_seconds_total",
             "gpu_tensor_active_seconds_total", "gpu_dram_active_seconds_total")
@@ -44,8 +44,8 @@ def main() -> int:
     import torch
 
     log = Path(tempfile.mkdtemp()) / "exporter.log"
-    cmd = [sys.executable, "-m", "exporter", "--listen", "127.0.0.1:0", "--collectors", "gpu",
-           "--log-level", "info"]
+    cmd = no_imds([sys.executable, "-m", "exporter", "--listen", "127.0.0.1:0", "--collectors", "gpu",
+                   "--log-level", "info"])  # the lent host is no EC2 instance: IMDS off
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         base = served_base(log, proc, timeout=60)

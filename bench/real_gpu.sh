@@ -12,8 +12,9 @@ OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 export PYTHONPATH=.
 export OUT
-# No packet beyond loopback, the instance metadata address included: the lent GPU host is not EC2.
-export GPU_HEALTH_EXPORTER_IMDS=off
+# No packet beyond loopback, the instance metadata address included: the lent GPU host is not EC2,
+# so every exporter here runs with IMDS off in its config (the benches add it themselves).
+NO_IMDS=tests/fixtures/config/no-imds.yaml
 START=$(date +%s)
 step() { echo "=== $* ($(($(date +%s) - START))s)"; }
 
@@ -38,7 +39,7 @@ fi
 serve() {  # serve NAME SECONDS ARGS...: run the exporter, save a scrape, its log and timings
   local name=$1 secs=$2; shift 2
   # Port 0: the exporter takes a free port and logs it ("serving http://127.0.0.1:PORT/metrics").
-  timeout $((secs + 20)) python3 -m exporter --listen 127.0.0.1:0 --log-level info "$@" \
+  timeout $((secs + 20)) python3 -m exporter --listen 127.0.0.1:0 --log-level info --config "$NO_IMDS" "$@" \
     > "$OUT/exporter_$name.log" 2>&1 &
   local pid=$!
   timeout $((secs + 15)) python3 - "$pid" "$OUT/exporter_$name.log" "$secs" "$OUT/metrics_$name.txt" <<'EOF' > "$OUT/scrape_$name.txt" 2>&1

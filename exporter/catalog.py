@@ -63,7 +63,7 @@ def define(
 # Collector name -> the prefixes its metrics may have: the exporter's own here, a collector's
 # from its class (exporter.collectors.register). A collector's metrics are defined before its
 # class is registered, so they are checked at registration, and at definition after it.
-_OWN: dict[str, tuple[str, ...]] = {"exporter": ("gpu_health_exporter_", "process_"), "test": DOMAIN_PREFIXES}
+_OWN: dict[str, tuple[str, ...]] = {"exporter": ("gpu_health_exporter_", "process_")}
 
 
 def _check_prefix(name: str, collector: str) -> None:

@@ -22,7 +22,7 @@ OWN_PREFIX = "gpu_health_exporter_"
 def _groups() -> list[tuple[str, list[MetricSpec]]]:
     """(heading, specs): the exporter's own metrics (whichever collector reports them) first, then
     each registered collector's under its docs group, then the process metrics."""
-    specs = [s for s in all_specs() if s.collector != "test"]
+    specs = all_specs()
     own = [s for s in specs if s.name.startswith(OWN_PREFIX)]
     out = [("Exporter", own)]
     for name, cls in collectors.collector_classes().items():

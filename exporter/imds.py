@@ -50,8 +50,8 @@ class InstanceSection(Section):
     enabled: bool = setting(
         True, "Export gpu_health_exporter_instance_info.")
     imds: bool = setting(
-        True, "Look the identity up from IMDSv2 in the background (never under --simulate or --nvml-"
-        "capture).")
+        True, "Ask IMDSv2 (the identity, scheduled events) in the background; false on a host that is not "
+        "an EC2 instance (never asked under --simulate or --nvml-capture).")
     imds_endpoint: str = setting(
         "http://169.254.169.254", "IMDS base URL (IPv6-only: http://[fd00:ec2::254]).")
     imds_timeout_seconds: float = setting(

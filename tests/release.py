@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from exporter.release import build_wheel
+from tests.helpers import NETGUARD
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Installed:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         env["PATH"] = f"{self.bin}:{env.get('PATH', '/usr/bin:/bin')}"
-        env["GPU_HEALTH_EXPORTER_IMDS"] = "off"
+        env["PYTHONPATH"] = str(NETGUARD)  # the suite's loopback guard, and nothing of the checkout
         return env
 
     def run(self, *argv: str | Path, timeout: float = 120) -> subprocess.CompletedProcess:

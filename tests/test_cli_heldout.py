@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.helpers import FIXTURES, ROOT, answers_now, port_of, wait_for, wait_until_serving
+from tests.helpers import FIXTURES, answers_now, guarded_env, port_of, wait_for, wait_until_serving
 
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_HEALTH_EXPORTER_IMDS": "off"}
+ENV = guarded_env()  # the checkout, with the suite's loopback guard
 CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"  # one real H200
 KMSG = FIXTURES / "kmsg" / "kmsg_nvidia.txt"
 

@@ -17,7 +17,8 @@ import sys
 
 import pytest
 
-from tests.doc_blocks import ROOT, fenced_blocks
+from tests.doc_blocks import fenced_blocks
+from tests.helpers import guarded_env
 from tests.release import installed  # noqa: F401 - the session fixture
 
 RUNNABLE = [b for b in fenced_blocks() if "runnable" in b.tags]
@@ -47,8 +48,7 @@ def checkout_env(tmp_path) -> dict[str, str]:
     (bin_ / "gpu-health-exporter").write_text(f'#!/bin/sh\nexec {sys.executable} -m exporter "$@"\n')
     (bin_ / "gpu-health-exporter").chmod(0o755)
     (bin_ / "python").symlink_to(sys.executable)
-    return {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
-            "GPU_HEALTH_EXPORTER_IMDS": "off"}
+    return guarded_env(PATH=f"{bin_}:{os.environ['PATH']}")
 
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=block_id)

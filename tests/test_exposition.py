@@ -110,15 +110,15 @@ def test_a_family_rendered_again_shows_its_new_values_however_they_compare(first
 def test_the_catalog_makes_the_checks_a_registry_would():
     """What direct rendering relies on (docs/design.md): a metric name is declared once, and is a
     gauge or a counter, the types the renderer handles."""
-    spec = define("gpu_test_once", "gauge", "Declared once.", collector="test")
+    spec = define("gpu_test_once", "gauge", "Declared once.", collector="gpu")
     try:
         with pytest.raises(ValueError, match="declared twice"):
-            define("gpu_test_once", "gauge", "Again.", collector="test")
+            define("gpu_test_once", "gauge", "Again.", collector="gpu")
     finally:
         catalog.forget(spec.name)
     for kind in ("info", "histogram", "summary", "stateset", "unknown"):
         with pytest.raises(ValueError, match="gauge or counter"):
-            define("gpu_test_kind", kind, "Not rendered.", collector="test")
+            define("gpu_test_kind", kind, "Not rendered.", collector="gpu")
 
 
 def _collect_scenario(scenario: str | None, config) -> Collection:

@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from exporter.catalog import Families, define
+from exporter.catalog import Families, MetricSpec
 from exporter.collector import Collector, Context
 from exporter.collectors import collector_classes
 from exporter.compose import compose
@@ -380,7 +380,8 @@ class _Other(Collector):
         out.add(self.SPEC, 1)
 
 
-_Other.SPEC = define("gpu_health_exporter_test_other_up", "gauge", "test only", collector="test")
+# the test's own metric, never declared in the product's catalog
+_Other.SPEC = MetricSpec("gpu_health_exporter_test_other_up", "gauge", "test only", (), "", "test")
 
 
 def test_nvml_missing_fails_the_collector_with_one_log_line(caplog, monkeypatch):

@@ -123,7 +123,7 @@ def test_what_a_collector_must_declare():
 
 
 def test_every_metric_belongs_to_a_registered_collector_or_the_exporter():
-    known = set(collectors.collector_classes()) | {"exporter", "test"}
+    known = set(collectors.collector_classes()) | {"exporter"}
     docs._load_everything()
     assert {s.collector for s in catalog.all_specs()} <= known
 

@@ -19,7 +19,7 @@ RELOADED = "SIGHUP: the configuration is valid; restarting in place"
 
 def start(tmp_path):
     cfg = tmp_path / "config.yaml"
-    cfg.write_text("log_level: info\n")
+    cfg.write_text("log_level: info\ninstance:\n  imds: false  # this machine is no EC2 instance\n")
     return start_exporter(tmp_path, "--collectors", "lustre", "--config", str(cfg),
                           "--path.state-dir", str(tmp_path / "state"))
 

@@ -120,7 +120,7 @@ def test_a_killed_simulation_root_is_removed_by_the_next_one(tmp_path, monkeypat
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)  # the module caches gettempdir()
-    env = {**os.environ, "TMPDIR": str(tmp_path), "GPU_HEALTH_EXPORTER_IMDS": "off"}
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge",
                              "--web.listen-address", "127.0.0.1:0"], env=env, cwd=str(ROOT),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.doc_blocks import ROOT, fenced_blocks
+from tests.helpers import NETGUARD
 
 SCRIPT = ROOT / "deploy" / "slurm" / "gpu-health-check.sh"
 DMESG_T = ("[Fri Nov 27 10:14:09 2026] NVRM: Xid (PCI:0000:53:00): 94, pid=4121, name=python3, Contained: "
@@ -49,7 +50,7 @@ def fakes(tmp: Path) -> tuple[Path, Path]:
     calls = tmp / "scontrol.log"
     (bin_ / "gpu-health-exporter").write_text(
         f'#!/bin/sh\ncmd=$1; shift\n'
-        f'PYTHONPATH={ROOT} exec {sys.executable} -m exporter "$cmd" "$@" $GHE_FAULT_ARGS\n')
+        f'PYTHONPATH={NETGUARD}:{ROOT} exec {sys.executable} -m exporter "$cmd" "$@" $GHE_FAULT_ARGS\n')
     (bin_ / "scontrol").write_text(
         f'#!/bin/sh\necho "$*" >> {calls}\n'
         'case "$1" in show) echo "NodeName=$3 Arch=x86_64"; echo "   State=IDLE ThreadsPerCore=2" ;; esac\n')
@@ -77,7 +78,7 @@ def run(argv: list[str], tmp: Path, fault: str) -> tuple[bool, str]:
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "GHE_FAULT_ARGS": fault,
            "GPU_HEALTH_EXPORTER": str(bin_ / "gpu-health-exporter"), "GPU_HEALTH_PYTHON": sys.executable,
            "SCONTROL": str(bin_ / "scontrol"), "GPU_HEALTH_CHECK_CONFIG": str(tmp / "none"),
-           "GPU_HEALTH_HYPERPOD": "no", "SLURMD_NODENAME": "node-1", "GPU_HEALTH_EXPORTER_IMDS": "off"}
+           "GPU_HEALTH_HYPERPOD": "no", "SLURMD_NODENAME": "node-1"}
     r = subprocess.run(argv, env=env, cwd=tmp, capture_output=True, text=True, timeout=120)
     log = calls.read_text() if calls.exists() else ""
     drained = r.returncode != 0 or bool(re.search(r"update .*state=(drain|fail|down)", log, re.I))
