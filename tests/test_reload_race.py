@@ -18,6 +18,7 @@ from tests.test_reload_signals import RELOADED, settled
 pytestmark = pytest.mark.slow
 
 REFUSED = "SIGHUP: not reloading"
+NO_IMDS = "instance:\n  imds: false\n"  # this machine is no EC2 instance
 
 
 def reload_racing_an_edit(tmp_path, edited, edit: str, *args: str) -> None:
@@ -48,7 +49,7 @@ def test_a_web_config_edit_during_the_reload_does_not_stop_the_exporter(tmp_path
     web = tmp_path / "web.yml"
     web.write_text("http_server_config:\n  http2: false\n")
     cfg = tmp_path / "config.yaml"
-    cfg.write_text("log_level: info\n")
+    cfg.write_text("log_level: info\n" + NO_IMDS)
     reload_racing_an_edit(tmp_path, web, "bogus_key: 1\n", "--config", str(cfg),
                           "--web.config.file", str(web))
 
@@ -57,7 +58,7 @@ def test_a_large_config_edit_during_the_reload_does_not_stop_the_exporter(tmp_pa
     """Fails on the old code: a config of 100,000 bytes or more was read again by the exec'd
     process, which found `log_level: [` and exited 2."""
     cfg = tmp_path / "config.yaml"
-    cfg.write_text("log_level: info\n" + "# padding to make a large config file\n" * 3000)
+    cfg.write_text("log_level: info\n" + NO_IMDS + "# padding to make a large config file\n" * 3000)
     assert cfg.stat().st_size > 110_000
     reload_racing_an_edit(tmp_path, cfg, "log_level: [\n", "--config", str(cfg))
 
