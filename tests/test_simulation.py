@@ -10,7 +10,7 @@ import pytest
 from exporter import collectors
 from exporter.cli import build_context, build_parser, main
 from exporter.runner import Runner
-from tests.helpers import ROOT, samples, scrape, value
+from tests.helpers import ROOT, guarded_env, samples, scrape, value
 
 EDGE = {"exporter/cli.py"}  # the composition root; exporter/simulate/ is the simulation itself
 
@@ -109,7 +109,6 @@ def test_a_killed_simulation_root_is_removed_by_the_next_one(tmp_path, monkeypat
     """Every SIGKILLed simulated exporter used to leave its tree under the temporary directory
     (issue 18, minor). The next simulation removes roots whose owner process is gone, and leaves a
     live one's alone."""
-    import os
     import signal
     import subprocess
     import sys
@@ -120,7 +119,7 @@ def test_a_killed_simulation_root_is_removed_by_the_next_one(tmp_path, monkeypat
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)  # the module caches gettempdir()
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env = guarded_env(TMPDIR=str(tmp_path))  # with the suite's loopback guard
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge",
                              "--web.listen-address", "127.0.0.1:0"], env=env, cwd=str(ROOT),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
