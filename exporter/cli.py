@@ -32,6 +32,14 @@ log = logging.getLogger("exporter")
 
 SIM_PLAY_S = 60.0  # one-shot commands on a simulated node: the node as it is this long after start
 
+# --simulate.NAME: the simulated node's shape (exporter.simulate.Shape)
+SHAPE_FLAGS = {
+    "gpus": "GPUs (0 to 16; default: the profile's)",
+    "efa_devices": "EFA devices (0 to 64, at most the instance family's PCI layout: 32 on p5; "
+                   "default: the profile's)",
+    "lustre_osts": "OSTs of its FSx for Lustre mount (1 to 4096; default: 8)",
+}
+
 PATH_FLAGS = {
     "sysfs": "Root of sysfs (EFA counters, Lustre sysfs files).",
     "procfs": "Root of procfs (mounts, Lustre procfs files, boot id).",
@@ -56,10 +64,7 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", metavar="NAME", action="append", default=[],
                    help="Inject a fault scenario into the simulated node (repeatable); "
                         "--list-scenarios shows them.")
-    for name, doc in (("gpus", "GPUs (0 to 16; default: the profile's)"),
-                      ("efa_devices", "EFA devices (0 to 64, at most the instance family's PCI layout: "
-                                      "32 on p5; default: the profile's)"),
-                      ("lustre_osts", "OSTs of its FSx for Lustre mount (1 to 4096; default: 8)")):
+    for name, doc in SHAPE_FLAGS.items():
         p.add_argument(f"--simulate.{name.replace('_', '-')}", dest=f"simulate_{name}", metavar="N", type=int,
                        help=f"With --simulate, the simulated node's {doc}, for benchmarks at other sizes; "
                             "the expected counts follow.")
@@ -202,9 +207,9 @@ def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]
     collectors.discover()  # the collectors add their config sections to the schema
     simulation = simulated_node(args)
     try:
-        sim = simulation.prepare(args.nvml_latencies) if simulation is not None else None
-        # a replayed node is not this machine: no IMDS
-        layer = sim.config() if sim is not None else {"instance.imds": False} if args.nvml_capture else {}
+        sources = simulation.prepare(args.nvml_latencies) if simulation is not None else None
+        # the simulated node's roots; a replayed capture's node is not this machine: no IMDS
+        layer = sources.config() if sources else {"instance.imds": False} if args.nvml_capture else {}
         cfg = load(args.config, {**layer, **cli_overrides(args)})
     except Exception:
         if simulation is not None:
@@ -214,17 +219,14 @@ def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]
     if args.nvml_capture:  # a capture's GPUs (on the simulated node's trees with --simulate)
         nvml = NvmlSession.for_capture(args.nvml_capture, args.nvml_latencies, pool)
     else:
-        nvml = NvmlSession(make=sim.nvml, pool=pool) if sim is not None else NvmlSession.real(pool)
+        nvml = NvmlSession(make=sources.nvml, pool=pool) if sources else NvmlSession.real(pool)
     # One history of the workloads on each GPU: it hears every reading of the workload source
     # (Context connects them), the XID service attributes faults from it.
     workloads = WorkloadHistory()
-    ctx = Context(config=cfg, nvml=nvml, statvfs=sim.statvfs if sim is not None else os.statvfs,
-                  imds_url=sim.imds_url if sim is not None else None, workloads=workloads,
-                  xid=build_xid(cfg, nvml, args, sim, workloads), pool=pool)
+    ctx = Context(config=cfg, nvml=nvml, statvfs=sources.statvfs if sources else os.statvfs,
+                  imds_url=sources.imds_url if sources else None, workloads=workloads,
+                  xid=build_xid(cfg, nvml, args, sources, workloads), pool=pool)
     return ctx, simulation
-
-
-SHAPE_FLAGS = ("gpus", "efa_devices", "lustre_osts")  # --simulate.NAME (exporter.simulate.Shape)
 
 
 def simulated_node(args: argparse.Namespace) -> Simulation | None:
@@ -241,7 +243,7 @@ def simulated_node(args: argparse.Namespace) -> Simulation | None:
     return Simulation(args.simulate, args.scenario, shape=Shape(**shape))
 
 
-def build_xid(cfg: Any, nvml: Any, args: argparse.Namespace, sim: SimulatedSources | None,
+def build_xid(cfg: Any, nvml: Any, args: argparse.Namespace, sources: SimulatedSources | None,
               workloads: WorkloadHistory | None = None) -> Any:
     """The XID service, told which kernel log its counts come from: the simulated node's unless
     a flag names another (each set of scenario flags its own, its state file sharing the node's
@@ -251,9 +253,9 @@ def build_xid(cfg: Any, nvml: Any, args: argparse.Namespace, sim: SimulatedSourc
         return None
     from exporter.xid.service import XidService
 
-    if sim is not None and not (args.kmsg_file or args.path_kmsg):
-        return XidService(cfg, nvml, source=sim.kmsg_source, workloads=workloads,
-                          state_file=sim.xid_state_file)
+    if sources is not None and not (args.kmsg_file or args.path_kmsg):
+        return XidService(cfg, nvml, source=sources.kmsg_source, workloads=workloads,
+                          state_file=sources.xid_state_file)
     replay = args.kmsg_file and cfg.paths.kmsg != args.kmsg_file
     return XidService(cfg, nvml, source=os.path.abspath(args.kmsg_file) if replay else None,
                       workloads=workloads)

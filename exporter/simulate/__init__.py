@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from exporter.dmi import PRODUCT_NAME
@@ -93,26 +94,22 @@ def remove_abandoned_roots(tmp: str | None = None) -> list[Path]:
 
 @dataclass(frozen=True)
 class SimulatedSources:
-    """What a simulated node hands the composition root (exporter.cli.build_context), once: the
-    roots of its generated trees and its kernel log (`config()` makes them the config layer
-    between the file and the flags, with the `settings` its sources need), its fake NVML
-    (`nvml` makes one backend per session), the `statvfs` of its mounts, its fake IMDS (None:
-    IMDS off), the name its kernel log has in the state files and the XID state file that keeps
-    its acks across scenario flags (exporter.simulate.acks)."""
+    """What a simulated node hands the composition root (exporter.cli.build_context), once."""
 
-    sysfs: str
+    sysfs: str  # the roots of its generated trees
     procfs: str
     debugfs: str
-    kmsg: str
+    kmsg: str  # its kernel log, a file of /dev/kmsg records
     state_dir: str
-    settings: Mapping[str, Any]
-    nvml: Callable[[], FakeBackend]
-    statvfs: Callable[[str], os.statvfs_result]
-    imds_url: str | None
-    kmsg_source: str
-    xid_state_file: type[StateFile]
+    settings: Mapping[str, Any]  # other config keys its sources set (IMDS, `lfs`, ioctl off...)
+    nvml: Callable[[], FakeBackend]  # makes its fake NVML (one per session)
+    statvfs: Callable[[str], os.statvfs_result]  # answers for its mounts
+    imds_url: str | None  # its fake IMDS on 127.0.0.1; None: IMDS off
+    kmsg_source: str  # what names its kernel log in the state files
+    xid_state_file: type[StateFile]  # keeps its acks across scenario flags (exporter.simulate.acks)
 
     def config(self) -> dict[str, Any]:
+        """The config layer it makes, between the file and the flags: its roots and settings."""
         return {"paths.sysfs": self.sysfs, "paths.procfs": self.procfs, "paths.debugfs": self.debugfs,
                 "paths.kmsg": self.kmsg, "paths.state_dir": self.state_dir, **self.settings}
 
@@ -190,7 +187,7 @@ class Simulation:
         return SimulatedSources(
             sysfs=str(self.root / "sys"), procfs=str(self.root / "proc"),
             debugfs=str(self.root / "sys/kernel/debug"), kmsg=self.kmsg_path,
-            state_dir=str(self.root / "state"), settings=settings,
+            state_dir=str(self.root / "state"), settings=MappingProxyType(settings),
             nvml=functools.partial(self.nvml_backend, nvml_latencies), statvfs=self.statvfs,
             imds_url=self.imds_url,
             # each set of scenario flags is its own kernel log, whose counts are kept apart; the
