@@ -6,8 +6,8 @@ series, on a simulated p5.48xlarge (8 H100s) with the fake NVML's latencies on.
 Two nodes, identical but for GPM: "with" answers GPM as a Hopper does (a sample and a metrics
 computation per GPU per collection); "without" has no GPM functions (driver_too_old: one probe,
 then no GPM call). Their collections alternate in rounds, so a busy shared host slows both alike;
-the figures are the medians of the rounds. The GPM latencies are estimates
-(exporter/simulate/nvml_synth.GPM_US) until a capture of a Hopper GPU records them: the fake
+the figures are the medians of the rounds. The GPM latencies are a real H200's
+(exporter/simulate/nvml_synth.gpm_us(), from exporter/data/nvml_h200_gpm.json): the fake
 sleeps them (as a real call waits inside NVML), so the wall time carries them and the CPU time
 is the exporter's own Python work. Run with --no-latencies for the CPU alone without sleeps.
 """

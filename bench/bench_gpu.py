@@ -54,7 +54,7 @@ def ms(xs: list[float]) -> dict[str, float]:
 
 def context(real: bool, overrides: dict | None = None, sim=None) -> Context:  # noqa: ANN001
     collectors.collector_classes()
-    o = dict(sim.config_overrides()) if sim else {}
+    o = sim.prepare().config() if sim else {}
     o.update(overrides or {})
     if real:
         return compose(load(None, o))

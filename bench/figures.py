@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -58,8 +59,12 @@ class Row:
     long: bool = False
 
 
-def _num(pattern: str, text: str) -> float:
+def _num(pattern: str, text: str, optional: bool = False) -> float:
+    """The number the pattern's group matches. `optional`: a figure an older bench script (a
+    baseline checkout's) does not print is NaN, shown as n/a."""
     m = re.search(pattern, text)
+    if m is None and optional:
+        return math.nan
     if m is None:
         raise ValueError(f"no {pattern!r} in the output:\n{text[-1500:]}")
     return float(m.group(1).replace(",", ""))
@@ -120,7 +125,7 @@ def parse_render(text: str) -> Figures:
     return {"series": _num(r"(?m)^(\d+) series", text),
             "fast": _num(r"fast render, OpenMetrics\s+([\d.]+)", text),
             "client": _num(r"prometheus_client, OpenMetrics\s+([\d.]+)", text),
-            "families": _num(r"families \(collection \+ process_\*\)\s+([\d.]+)", text)}
+            "families": _num(r"families \(collection \+ process_\*\)\s+([\d.]+)", text, optional=True)}
 
 
 def parse_xid(text: str) -> Figures:
@@ -216,7 +221,17 @@ ROWS = [
 ]
 
 
+# The figure of each row compared with a baseline checkout (--baseline-checkout): lower is better.
+COMPARED = {"whole": "cpu", "efa": "ours", "lustre": "per_ost", "detail": "ms", "gpu": "cpu",
+            "memory": "served", "render": "fast", "xid": "latency", "shutdown": "nvml", "activity": "cpu",
+            "whole-vs-single": "whole", "rules": "slowest"}
+
+
 def spread(values: list[float]) -> str:
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return "n/a"
+
     def fmt(v: float) -> str:
         if v >= 100 or v == int(v):
             return f"{v:,.0f}"
@@ -226,10 +241,12 @@ def spread(values: list[float]) -> str:
     return fmt(med) if lo == hi else f"{fmt(med)} ({fmt(lo)}–{fmt(hi)})"
 
 
-def run_row(row: Row) -> Figures:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def run_row(row: Row, checkout: Path = ROOT) -> Figures:
+    """Run a row's command in `checkout` (this tree, or a baseline's: its own bench scripts and
+    exporter) and parse what it printed."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
     argv = [sys.executable, *row.command[1:]] if row.command[0] == PY else row.command  # this interpreter
-    r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+    r = subprocess.run(argv, cwd=checkout, env=env, capture_output=True, text=True, timeout=1800,
                        check=False)
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["no output"])[-1]
@@ -273,6 +290,16 @@ def detail_levels(n: int) -> str:
     return "\n".join(lines)
 
 
+def baseline_note(args: argparse.Namespace) -> str:
+    if not args.baseline_checkout:
+        return ""
+    rev = subprocess.run(["git", "-C", str(args.baseline_checkout), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True, check=False).stdout.strip()
+    return (f" Each row also ran in a checkout of {rev} (its own bench scripts and exporter), interleaved "
+            "with this tree's runs; the last column divides the two medians of the named figure "
+            "(lower is better, so above 1 is worse).")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="put the table at the top of docs/performance.md")
@@ -280,6 +307,9 @@ def main() -> int:
     ap.add_argument("--long", action="store_true", help="also the whole-vs-single and 2,000-node rule rows")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="just these rows")
     ap.add_argument("--row", choices=["detail"], help="print one row's own measurement (its command)")
+    ap.add_argument("--baseline-checkout", type=Path, metavar="DIR",
+                    help="also run every row in this checkout (e.g. `git worktree add DIR c475e11`), "
+                    "interleaved with this tree's runs, and add its figures and the ratio to the table")
     args = ap.parse_args()
     if args.row == "detail":
         print(detail_levels(100))
@@ -289,32 +319,47 @@ def main() -> int:
     else:
         rows = [r for r in ROWS if args.long or not r.long]
     t0 = time.monotonic()
-    runs: dict[str, list[Figures]] = {r.name: [] for r in rows}
-    errors: dict[str, str] = {}
+    trees = {"this": ROOT}
+    if args.baseline_checkout:
+        trees["baseline"] = args.baseline_checkout.resolve()
+    runs: dict[tuple[str, str], list[Figures]] = {(t, r.name): [] for t in trees for r in rows}
+    errors: dict[tuple[str, str], str] = {}
     for i in range(args.runs):
         for row in rows if i % 2 == 0 else rows[::-1]:  # interleaved: drifting load touches every row
-            if row.name in errors:
-                continue
-            t = time.monotonic()
-            try:
-                runs[row.name].append(run_row(row))
-            except Exception as e:  # noqa: BLE001 - the table says what failed instead of losing the other rows
-                errors[row.name] = str(e).splitlines()[0]
-            print(f"run {i + 1}: {row.name} {time.monotonic() - t:.0f}s", file=sys.stderr, flush=True)
+            for tree, checkout in trees.items():  # and both trees alike
+                if (tree, row.name) in errors:
+                    continue
+                t = time.monotonic()
+                try:
+                    runs[tree, row.name].append(run_row(row, checkout))
+                except Exception as e:  # noqa: BLE001 - the table says what failed instead of losing the other rows
+                    errors[tree, row.name] = str(e).splitlines()[0]
+                print(f"run {i + 1}: {tree} {row.name} {time.monotonic() - t:.0f}s", file=sys.stderr,
+                      flush=True)
     took = time.monotonic() - t0
     lines = [BEGIN, "", f"Each figure is the median of {args.runs} runs with their range in brackets, the "
              "runs interleaved row by row (`python bench/figures.py --write`, "
              f"{took / 60:.0f} min, a 2-core host shared with other work, {time.strftime('%Y-%m-%d')}). "
-             "Commands run from the repository root with `PYTHONPATH=.`.", "",
-             "| what | figure | command |", "|---|---|---|"]
+             "Commands run from the repository root with `PYTHONPATH=.`." + baseline_note(args), "",
+             "| what | figure | " + ("baseline | this ÷ baseline | " if args.baseline_checkout else "")
+             + "command |", "|---|---|---|" + ("---|---|" if args.baseline_checkout else "")]
+
+    def cell(tree: str, row: Row) -> str:
+        if (tree, row.name) in errors:
+            return f"failed: {errors[tree, row.name]}"
+        figs = runs[tree, row.name]
+        return row.cell(lambda k: spread([f[k] for f in figs]))
+
     for row in rows:
-        cmd = "`" + " ".join(row.command) + "`"
-        if row.name in errors:
-            lines.append(f"| {row.what} | failed: {errors[row.name]} | {cmd} |")
-            continue
-        figs = runs[row.name]
-        cell = row.cell(lambda k, figs=figs: spread([f[k] for f in figs]))
-        lines.append(f"| {row.what} | {cell} | {cmd} |")
+        cells = [cell("this", row)]
+        if args.baseline_checkout:
+            cells.append(cell("baseline", row))
+            mine, base = runs["this", row.name], runs["baseline", row.name]
+            key = COMPARED[row.name]
+            ratio = (statistics.median(f[key] for f in mine) / statistics.median(f[key] for f in base)
+                     if mine and base else None)
+            cells.append(f"{key}: {ratio:.2f}" if ratio is not None else "–")
+        lines.append(f"| {row.what} | " + " | ".join(cells) + " | `" + " ".join(row.command) + "` |")
     lines += ["", END]
     table = "\n".join(lines)
     print(table)
@@ -327,7 +372,7 @@ def main() -> int:
             head, _, rest = text.partition("\n")
             text = f"{head}\n\n{table}\n{rest}"
         doc.write_text(text)
-    return 1 if errors else 0
+    return 1 if any(tree == "this" for tree, _ in errors) else 0
 
 
 if __name__ == "__main__":

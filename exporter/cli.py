@@ -26,11 +26,19 @@ from exporter.nvml.session import NvmlSession
 from exporter.profiles import SIMULATED
 
 if TYPE_CHECKING:
-    from exporter.simulate import Simulation
+    from exporter.simulate import SimulatedSources, Simulation
 
 log = logging.getLogger("exporter")
 
 SIM_PLAY_S = 60.0  # one-shot commands on a simulated node: the node as it is this long after start
+
+# --simulate.NAME: the simulated node's shape (exporter.simulate.Shape)
+SHAPE_FLAGS = {
+    "gpus": "GPUs (0 to 16; default: the profile's)",
+    "efa_devices": "EFA devices (0 to 64, at most the instance family's PCI layout: 32 on p5; "
+                   "default: the profile's)",
+    "lustre_osts": "OSTs of its FSx for Lustre mount (1 to 4096; default: 8)",
+}
 
 PATH_FLAGS = {
     "sysfs": "Root of sysfs (EFA counters, Lustre sysfs files).",
@@ -56,6 +64,10 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", metavar="NAME", action="append", default=[],
                    help="Inject a fault scenario into the simulated node (repeatable); "
                         "--list-scenarios shows them.")
+    for name, doc in SHAPE_FLAGS.items():
+        p.add_argument(f"--simulate.{name.replace('_', '-')}", dest=f"simulate_{name}", metavar="N", type=int,
+                       help=f"With --simulate, the simulated node's {doc}, for benchmarks at other sizes; "
+                            "the expected counts follow.")
     p.add_argument("--nvml-capture", metavar="FILE",
                    help="Use the fake NVML backend replaying this capture (made by `capture`).")
     p.add_argument("--nvml-latencies", action="store_true",
@@ -188,53 +200,57 @@ def cannot_start(args: argparse.Namespace, why: str) -> int:
 
 
 def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]:
-    """Load the config (file, then simulation, then CLI flags) and build the sources' backends:
-    the composition root. Returns the Context and the simulated node (None on a real node),
-    which the caller starts, plays and closes."""
+    """Load the config (file, then the simulated node's roots, then CLI flags) and build the
+    sources' backends: the composition root. `--simulate` prepares the simulated node, which
+    hands its sources in here once (exporter.simulate.SimulatedSources). Returns the Context
+    and the simulated node (None on a real node), which the caller starts, plays and closes."""
     collectors.discover()  # the collectors add their config sections to the schema
-    overrides: dict[str, Any] = {}
-    simulation = None
-    if args.simulate:
-        from exporter.simulate import Shape, Simulation
-
-        shape = Shape.from_config(load(args.config, cli_overrides(args)))  # the file's `simulate`
-        simulation = Simulation(args.simulate, args.scenario, shape=shape)
-        overrides.update(simulation.config_overrides())  # its roots; no IMDS, lfs or ioctl probes
-    elif args.scenario:
-        raise ConfigError("command line: --scenario needs --simulate PROFILE")
-    if args.nvml_capture and simulation is None:
-        overrides["instance.imds"] = False  # a replayed node is not this machine: no IMDS
+    simulation = simulated_node(args)
     try:
-        cfg = load(args.config, {**overrides, **cli_overrides(args)})
+        sources = simulation.prepare(args.nvml_latencies) if simulation is not None else None
+        # the simulated node's roots; a replayed capture's node is not this machine: no IMDS
+        layer = sources.config() if sources else {"instance.imds": False} if args.nvml_capture else {}
+        cfg = load(args.config, {**layer, **cli_overrides(args)})
     except Exception:
         if simulation is not None:
             simulation.close()
         raise
     pool = Pool()  # every read under a deadline (exporter.deadline); closed by shutdown()
-    capture = (NvmlSession.for_capture(args.nvml_capture, args.nvml_latencies, pool)
-               if args.nvml_capture else None)
-    if simulation is not None:
-        simulation.build()
-        # a capture's GPUs on the simulated node's trees, else its fake NVML
-        nvml = capture or simulation.nvml_session(args.nvml_latencies, pool)
-        statvfs, imds_url = simulation.statvfs, simulation.imds_url
+    if args.nvml_capture:  # a capture's GPUs (on the simulated node's trees with --simulate)
+        nvml = NvmlSession.for_capture(args.nvml_capture, args.nvml_latencies, pool)
     else:
-        nvml, statvfs, imds_url = capture or NvmlSession.real(pool), os.statvfs, None
-    source, shared = xid_source(cfg, simulation, args.kmsg_file)
-    ctx = compose(cfg, nvml=nvml, statvfs=statvfs, imds_url=imds_url, pool=pool, xid_source=source,
-                  shared_acks=shared)
+        nvml = NvmlSession(make=sources.nvml, pool=pool) if sources else NvmlSession.real(pool)
+    source, state_file = xid_source(cfg, args, sources)
+    ctx = compose(cfg, nvml=nvml, statvfs=sources.statvfs if sources else os.statvfs,
+                  imds_url=sources.imds_url if sources else None, pool=pool, xid_source=source,
+                  xid_state_file=state_file)
     return ctx, simulation
 
 
-def xid_source(cfg: Any, simulation: Simulation | None, kmsg_file: str | None) -> tuple[str | None, bool]:
-    """Which kernel log the XID service's counts come from, and whether acks of another source
-    apply: the simulated node's (each set of scenario flags its own, the node's acks shared), a
-    replayed capture (its file, not the temporary copy of its records), else paths.kmsg (None)."""
-    if simulation is not None and cfg.paths.kmsg == simulation.kmsg_path:
-        return simulation.kmsg_source, True
-    if kmsg_file and cfg.paths.kmsg != kmsg_file:
-        return os.path.abspath(kmsg_file), False
-    return None, False
+def simulated_node(args: argparse.Namespace) -> Simulation | None:
+    """The simulated node `--simulate` asks for, with its scenarios and shape; None without it."""
+    shape = {name: getattr(args, f"simulate_{name}") for name in SHAPE_FLAGS}
+    if not args.simulate:
+        given = ["--scenario"] * bool(args.scenario) + [
+            f"--simulate.{name.replace('_', '-')}" for name, v in shape.items() if v is not None]
+        if given:
+            raise ConfigError(f"command line: {given[0]} needs --simulate PROFILE")
+        return None
+    from exporter.simulate import Shape, Simulation
+
+    return Simulation(args.simulate, args.scenario, shape=Shape(**shape))
+
+
+def xid_source(cfg: Any, args: argparse.Namespace,
+               sources: SimulatedSources | None) -> tuple[str | None, Any]:
+    """Which kernel log the XID service's counts come from, and its state file's kind: the
+    simulated node's unless a flag names another (each set of scenario flags its own, its state
+    file sharing the node's acks), a replayed capture (its file, not the temporary copy of its
+    records), else paths.kmsg (None, and the product's state file: None)."""
+    if sources is not None and not (args.kmsg_file or args.path_kmsg):
+        return sources.kmsg_source, sources.xid_state_file
+    replay = args.kmsg_file and cfg.paths.kmsg != args.kmsg_file
+    return (os.path.abspath(args.kmsg_file) if replay else None), None
 
 
 def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:

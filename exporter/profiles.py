@@ -7,9 +7,6 @@ simulated nodes. Sources: AWS instance type pages and the EFA reference (docs/ef
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from exporter.config import Key, declare_section
 
 
 @dataclass(frozen=True)
@@ -41,24 +38,3 @@ SIMULATED = ("p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "p4d.24xlarge")
 
 def lookup(instance_type: str | None) -> Profile | None:
     return PROFILES.get(instance_type or "")
-
-
-def _between(lo: int, hi: int) -> Any:
-    def check(v: Any) -> str | None:
-        return None if lo <= v <= hi else f"an integer from {lo} to {hi}"
-    return check
-
-
-MAX_SIM_GPUS = 16  # distinct PCI buses the synthesised node has (exporter/simulate/nvml_synth.py)
-
-# The simulated node's shape (exporter.simulate.Shape), for benchmarks at other sizes; declared
-# here, where the profiles are, so the schema (and docs/configuration.md) has it on every node.
-declare_section("simulate", "The simulated node's shape (used with --simulate only; for benchmarks at other "
-                "sizes): the profile's counts are replaced, and the expected counts follow.", {
-    "gpus": Key(int, None, "GPUs of the simulated node; unset: the profile's.", nullable=True,
-                check=_between(0, MAX_SIM_GPUS)),
-    "efa_devices": Key(int, None, "EFA devices of the simulated node; unset: the profile's (at most the "
-                       "instance family's PCI layout: 32 on p5).", nullable=True, check=_between(0, 64)),
-    "lustre_osts": Key(int, None, "OSTs of the simulated FSx for Lustre mount; unset: 8.", nullable=True,
-                       check=_between(1, 4096)),
-})

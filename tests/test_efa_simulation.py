@@ -21,9 +21,9 @@ def simulated():
     sims = []
 
     def make(profile, *scenarios):
-        sim = Simulation(profile, list(scenarios)).build()
+        sim = Simulation(profile, list(scenarios))
         sims.append(sim)
-        ctx = sim.context(load(None, {**sim.config_overrides(), "efa.counters": "all"}))
+        ctx = sim.context(load(None, {**sim.prepare().config(), "efa.counters": "all"}))
         return sim, Runner([EfaCollector(ctx)], deadline_s=10)
 
     yield make
@@ -75,8 +75,8 @@ FAULTS = ["efa-device-missing", "efa-device-flapping", "efa-retrans-timeouts", "
 def faulty():
     """One simulated p5.48xlarge with every fault scenario: each touches its own device or metrics
     (building a 32-device tree costs a second on a slow file system, so they share one)."""
-    sim = Simulation("p5.48xlarge", FAULTS).build()
-    ctx = sim.context(load(None, {**sim.config_overrides(), "efa.device_timeout_seconds": 0.5}))
+    sim = Simulation("p5.48xlarge", FAULTS)
+    ctx = sim.context(load(None, {**sim.prepare().config(), "efa.device_timeout_seconds": 0.5}))
     runner = Runner([EfaCollector(ctx)], deadline_s=10)
     sim.advance(1.0)
     yield sim, runner, samples(scrape(runner))

@@ -27,9 +27,8 @@ def node(request):
         # Only the Lustre part of the node: the other sources' trees are not read here (the
         # exporter-process test below runs the whole simulated node).
         sim.sources = [src for src in sim.sources if src.name == "lustre"]
-        sim.build()
         sims.append(sim)
-        overrides = {**sim.config_overrides(), **{f"lustre.{k}": v for k, v in cfg.items()}}
+        overrides = {**sim.prepare().config(), **{f"lustre.{k}": v for k, v in cfg.items()}}
         c = LustreCollector(sim.context(load(None, overrides)))
         return sim, Runner([c], deadline_s=5)
 

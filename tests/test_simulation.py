@@ -52,14 +52,11 @@ def test_nvml_package_does_not_import_the_simulation():
 
 
 @pytest.fixture
-def shaped(tmp_path):
+def shaped():
     built = []
 
-    def make(text: str, *flags: str):
-        cfg = tmp_path / f"shape{len(built)}.yaml"
-        cfg.write_text(text)
-        ctx, sim = build_context(build_parser().parse_args(
-            ["--simulate", "p5.48xlarge", "--config", str(cfg), *flags]))
+    def make(*flags: str):
+        ctx, sim = build_context(build_parser().parse_args(["--simulate", "p5.48xlarge", *flags]))
         built.append(sim)
         return ctx, sim
 
@@ -68,8 +65,8 @@ def shaped(tmp_path):
         sim.close()
 
 
-def test_the_simulated_node_takes_its_shape_from_the_config_file(shaped):
-    ctx, sim = shaped("simulate:\n  gpus: 2\n  efa_devices: 4\n  lustre_osts: 16\n")
+def test_the_simulated_node_takes_its_shape_from_its_flags(shaped):
+    ctx, sim = shaped("--simulate.gpus", "2", "--simulate.efa-devices", "4", "--simulate.lustre-osts", "16")
     assert ctx.nvml.ensure() and len(ctx.nvml.devices) == 2
     assert len(list((sim.root / "sys" / "class" / "infiniband").iterdir())) == 4
     osts = [p.name for p in (sim.root / "proc" / "fs" / "lustre" / "osc").iterdir()]
@@ -86,7 +83,7 @@ def test_the_simulated_node_takes_its_shape_from_the_config_file(shaped):
 
 
 def test_the_default_shape_is_the_profile_and_the_node_says_so_in_dmi(shaped):
-    ctx, sim = shaped("{}\n")
+    ctx, sim = shaped()
     assert (sim.root / "sys/devices/virtual/dmi/id/product_name").read_text().strip() == "p5.48xlarge"
     assert ctx.identity.instance_type_source() == "dmi" and ctx.config.node.instance_type is None
     assert ctx.nvml.ensure() and len(ctx.nvml.devices) == 8
@@ -94,15 +91,23 @@ def test_the_default_shape_is_the_profile_and_the_node_says_so_in_dmi(shaped):
     assert ctx.config.instance.imds is False and ctx.config.node.expected_gpus is None
 
 
-def test_a_shape_the_layout_cannot_have_is_a_config_error(tmp_path, capsys):
+def test_the_shape_is_the_simulation_s_not_the_config_schema_s(tmp_path, capsys):
+    """The simulation's options are flags under --simulate: the product's config has no
+    `simulate` section, and a shape flag without --simulate is a usage error."""
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("simulate:\n  efa_devices: 33\n")
+    cfg.write_text("simulate:\n  gpus: 2\n")
+    assert main(["check", "--simulate", "p5.48xlarge", "--config", str(cfg)]) == 3
+    assert "unknown key 'simulate'" in capsys.readouterr().err
+    assert main(["check", "--simulate.gpus", "2"]) == 3
+    assert "--simulate.gpus needs --simulate PROFILE" in capsys.readouterr().err
+
+
+def test_a_shape_the_layout_cannot_have_is_a_config_error(capsys):
     # a config error: check could not check (3), never "action required" (2)
-    assert main(["check", "--simulate", "p5.48xlarge", "--config", str(cfg)]) == 3
-    assert "simulate.efa_devices is 33" in capsys.readouterr().err
-    cfg.write_text("simulate:\n  gpus: 99\n")
-    assert main(["check", "--simulate", "p5.48xlarge", "--config", str(cfg)]) == 3
-    assert "simulate.gpus" in capsys.readouterr().err
+    assert main(["check", "--simulate", "p5.48xlarge", "--simulate.efa-devices", "33"]) == 3
+    assert "--simulate.efa-devices is 33; the p5.48xlarge layout has at most 32" in capsys.readouterr().err
+    assert main(["check", "--simulate", "p5.48xlarge", "--simulate.gpus", "99"]) == 3
+    assert "--simulate.gpus is 99; expected an integer from 0 to 16" in capsys.readouterr().err
 
 
 def test_a_killed_simulation_root_is_removed_by_the_next_one(tmp_path, monkeypatch):
@@ -139,3 +144,33 @@ def test_a_killed_simulation_root_is_removed_by_the_next_one(tmp_path, monkeypat
         other.close()
     finally:
         live.close()
+
+
+def test_the_simulated_node_s_state_file_keeps_another_scenario_set_s_acks(tmp_path):
+    """Each set of scenario flags is a kernel log of its own (counts apart), on one node: a state
+    file of another set gives its acks (never its counts) and the next write keeps them. The
+    product's state file replaces a file of another log whole."""
+    from exporter.simulate.acks import SharedAcksStateFile
+    from exporter.xid.store import Ack, StateFile, XidStore
+
+    pci, state = "00000000:53:00", str(tmp_path / "state")
+    acked = XidStore()
+    acked.report("kmsg", pci, 63, 1.0, 1700000000.0)
+    acked.add_ack(Ack(pci, 2, "", 63, 1700000100.0, {"63": 1}))
+    assert StateFile(state, "boot", "simulated:p5.48xlarge:xid-63").write(acked.to_state("boot"))
+
+    other = SharedAcksStateFile(state, "boot", "simulated:p5.48xlarge:gpu-lost,xid-63")
+    assert other.read() is None and other.status.problem == "other_source"
+    theirs = other.other_acks()
+    assert [a["xid"] for a in theirs["acks"]] == [63] and other.other_acks() is None  # taken once
+    mine = XidStore()
+    assert [a.xid for a in mine.merge_state(theirs, counts=False)] == [63] and mine.counts == {}
+    mine.report("kmsg", pci, 63, 2.0, 1700000200.0)
+    assert other.write(mine.to_state("boot"))
+    back = StateFile(state, "boot", "simulated:p5.48xlarge:gpu-lost,xid-63").read()
+    assert back["kmsg"] == "simulated:p5.48xlarge:gpu-lost,xid-63" and len(back["acks"]) == 1
+
+    plain = StateFile(state, "boot", "/dev/kmsg")  # a real node's log: the simulated one's acks are not its
+    assert plain.read() is None and plain.other_acks() is None
+    assert plain.write(XidStore().to_state("boot"))
+    assert StateFile(state, "boot", "/dev/kmsg").read()["acks"] == []

@@ -5,14 +5,15 @@ Each source contributes a `SimSource` in a module of this package (discovered au
 it builds its part of the tree, names the fault scenarios it understands, and advances its
 counters on each tick of the simulation clock.
 
-The simulation stays at the edge: the composition root (exporter.cli, a test, a bench) builds
-it, takes its config overrides (the roots of its tree) and its backends (`context()`: the fake
-NVML, the statvfs of its mounts, its fake IMDS), and runs its clock. No product module reads a
-Simulation.
+The simulation stays at the edge: the composition root (exporter.cli, a test, a bench) makes
+it, takes what `prepare()` hands over once (`SimulatedSources`: the roots of its tree and kernel
+log, the fake NVML, the statvfs of its mounts, its fake IMDS, the name and state file of its
+kernel log), and runs its clock. No product module reads a Simulation.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -21,8 +22,10 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from exporter.dmi import PRODUCT_NAME
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     from exporter.deadline import Pool
     from exporter.nvml.fake import FakeBackend
     from exporter.nvml.session import NvmlSession
+    from exporter.xid.store import StateFile
 
 log = logging.getLogger("exporter.simulate")
 
@@ -88,6 +92,28 @@ def remove_abandoned_roots(tmp: str | None = None) -> list[Path]:
     return removed
 
 
+@dataclass(frozen=True)
+class SimulatedSources:
+    """What a simulated node hands the composition root (exporter.cli.build_context), once."""
+
+    sysfs: str  # the roots of its generated trees
+    procfs: str
+    debugfs: str
+    kmsg: str  # its kernel log, a file of /dev/kmsg records
+    state_dir: str
+    settings: Mapping[str, Any]  # other config keys its sources set (IMDS, `lfs`, ioctl off...)
+    nvml: Callable[[], FakeBackend]  # makes its fake NVML (one per session)
+    statvfs: Callable[[str], os.statvfs_result]  # answers for its mounts
+    imds_url: str | None  # its fake IMDS on 127.0.0.1; None: IMDS off
+    kmsg_source: str  # what names its kernel log in the state files
+    xid_state_file: type[StateFile]  # keeps its acks across scenario flags (exporter.simulate.acks)
+
+    def config(self) -> dict[str, Any]:
+        """The config layer it makes, between the file and the flags: its roots and settings."""
+        return {"paths.sysfs": self.sysfs, "paths.procfs": self.procfs, "paths.debugfs": self.debugfs,
+                "paths.kmsg": self.kmsg, "paths.state_dir": self.state_dir, **self.settings}
+
+
 class Simulation:
     """A simulated node under `root` (a temporary directory unless given)."""
 
@@ -118,11 +144,16 @@ class Simulation:
             src.configure(self.shape)
         self._fake_nvml: list[FakeBackend] = []  # the fakes handed out, whose clocks play() moves
         self._played: float | None = None
+        self._built = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = time.monotonic()
 
     def build(self) -> Simulation:
+        """Write the node's trees and start its servers (once: again does nothing)."""
+        if self._built:
+            return self
+        self._built = True
         for d in ("sys", "proc", "sys/kernel/debug", "dev", "state"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         # what EC2 firmware says: the instance type is the DMI product name (exporter/dmi.py)
@@ -133,31 +164,36 @@ class Simulation:
             s.build()
         return self
 
-    def config_overrides(self) -> dict[str, Any]:
-        """The config keys the simulated node sets (they win over a config file): its roots, IMDS
-        off unless it serves its own fake, and, for a shape that is not the profile's, the
-        expected counts of that shape."""
+    def prepare(self, nvml_latencies: bool = False) -> SimulatedSources:
+        """Build the node (unless built) and return what it hands the composition root."""
         from exporter import collectors
+        from exporter.simulate.acks import SharedAcksStateFile
 
-        collectors.collector_classes()  # every section these keys are in is declared
-        out: dict[str, Any] = {
-            "paths.sysfs": str(self.root / "sys"),
-            "paths.procfs": str(self.root / "proc"),
-            "paths.debugfs": str(self.root / "sys/kernel/debug"),
-            "paths.kmsg": self.kmsg_path,
-            "paths.state_dir": str(self.root / "state"),
+        collectors.collector_classes()  # every section its settings are in is declared
+        self.build()
+        settings: dict[str, Any] = {
             "instance.imds": self.imds_url is not None,
             # its FSx mount is files in a tree: no `lfs` to run, no ioctl to make on it
             "lustre.lfs_command": "",
             "lustre.use_ioctl": False,
         }
         for src in self.sources:
-            out.update(src.config_overrides())
+            settings.update(src.settings())
+        # a shape that is not the profile's: the expected counts follow it
         if self.shape.gpus is not None:
-            out["node.expected_gpus"] = self.profile.gpus
+            settings["node.expected_gpus"] = self.profile.gpus
         if self.shape.efa_devices is not None:
-            out["efa.expected_devices"] = self.profile.efa_devices
-        return out
+            settings["efa.expected_devices"] = self.profile.efa_devices
+        return SimulatedSources(
+            sysfs=str(self.root / "sys"), procfs=str(self.root / "proc"),
+            debugfs=str(self.root / "sys/kernel/debug"), kmsg=self.kmsg_path,
+            state_dir=str(self.root / "state"), settings=MappingProxyType(settings),
+            nvml=functools.partial(self.nvml_backend, nvml_latencies), statvfs=self.statvfs,
+            imds_url=self.imds_url,
+            # each set of scenario flags is its own kernel log, whose counts are kept apart; the
+            # node's acks hold across them (its root is a temporary directory: not in the name)
+            kmsg_source=f"simulated:{self.profile.instance_type}:{','.join(sorted(self.scenarios))}",
+            xid_state_file=SharedAcksStateFile)
 
     # -- the backends the composition root hands to the Context ------------------------------
     def nvml_backend(self, latencies: bool = False) -> FakeBackend:
@@ -183,8 +219,9 @@ class Simulation:
         return fake_statvfs(self.root)(path)
 
     def context(self, config: Config, nvml_latencies: bool = False) -> Context:
-        """The Context of this node: `config` (loaded with config_overrides()) and its backends
-        (tests and benches; exporter.cli builds the same, with the XID service named for it)."""
+        """The Context of this node: `config` (loaded with prepare()'s `config()`) and its
+        backends (tests and benches; exporter.cli builds the same, with the XID service named
+        for it)."""
         from exporter.compose import compose
         from exporter.deadline import Pool
 
@@ -195,12 +232,6 @@ class Simulation:
     @property
     def kmsg_path(self) -> str:
         return str(self.root / "dev" / "kmsg")
-
-    @property
-    def kmsg_source(self) -> str:
-        """What names this node's kernel log in the XID state file (its root is a temp dir): each
-        set of scenario flags is its own kernel log, whose counts are kept apart."""
-        return f"simulated:{self.profile.instance_type}:{','.join(sorted(self.scenarios))}"
 
     def play(self, elapsed_s: float) -> None:
         """Freeze the node at `elapsed_s` seconds after its start, past the scenarios' onsets, for

@@ -184,8 +184,8 @@ class EfaSim(SimSource):
     def configure(self, shape: Any) -> None:
         layout = len(FAMILIES.get(family(self.profile), ("", 0, (0, 0), []))[3])
         if shape.efa_devices is not None and shape.efa_devices > layout:
-            raise ValueError(f"simulate.efa_devices is {shape.efa_devices}; the {self.profile.instance_type} "
-                             f"layout has at most {layout} EFA devices")
+            raise ValueError(f"--simulate.efa-devices is {shape.efa_devices}; the "
+                             f"{self.profile.instance_type} layout has at most {layout} EFA devices")
 
     def build(self) -> None:
         gbps = self.gbps if self.kernel >= (6, 13) else 100  # older kernels always say 100

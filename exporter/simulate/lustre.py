@@ -31,7 +31,7 @@ MOUNTPOINT = "/fsx"
 INSTANCE_ID = "ffff9c4b3a2f7800"
 INSTANCE = f"{FSNAME}-{INSTANCE_ID}"
 VERSION = "2.15.6"
-OSTS = 8  # the default; LustreSim(osts=N) or the config's `simulate.lustre_osts` (configure) sets another
+OSTS = 8  # the default; LustreSim(osts=N) or `--simulate.lustre-osts` (configure) sets another
 IDLE_OST = 7  # an OSC with no traffic goes IDLE after 20 s on 2.12+: normal, must not alert
 EVICTED_OST = 2
 DISCONN_OST = 3
@@ -93,7 +93,7 @@ class LustreSim(SimSource):
             raise ValueError(f"simulated Lustre OST count {self.osts} is not between 1 and 65536")
 
     def configure(self, shape: Any) -> None:
-        """The config file's `simulate.lustre_osts` (exporter.simulate.Shape)."""
+        """`--simulate.lustre-osts` (exporter.simulate.Shape)."""
         if shape.lustre_osts is not None:
             self.osts = shape.lustre_osts
 

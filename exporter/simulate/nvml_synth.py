@@ -11,18 +11,20 @@ answer Not Supported.
 The node is training: every GPU busy (utilisation TRAINING_UTIL, three quarters of its memory
 used) and, on Hopper and Blackwell, GPM activity that follows the utilisation (`activity_levels`).
 Parts before Hopper answer GPM's support query with isSupportedDevice 0 and a sample with Not
-Supported, as NVML does on an A100. The GPM latencies are estimates (GPM_US) until a capture
-of a Hopper GPU records them (gpu-health-exporter capture does).
+Supported, as NVML does on an A100. The GPM latencies (gpm_us()) are those of a real H200's capture
+(exporter/data/nvml_h200_gpm.json, docs/real-gpu.md).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import json
 from typing import Any
 
 from exporter.nvml import backend as nv
 from exporter.nvml.backend import FABRIC_INFO, NVML_ERROR_NOT_SUPPORTED
-from exporter.nvml.fake import new_uuid
+from exporter.nvml.fake import DATA, new_uuid
 
 MiB = 1024**2
 
@@ -57,10 +59,13 @@ NVLINK_COUNTERS = 5  # replay, recovery, crc flit, crc data, ecc data
 FABRIC_US = 8.7  # the capture's v1 fabric call (it failed in the binding; the V call costs the same)
 
 
-# GPM per-call latencies in microseconds: ESTIMATES (no capture of a Hopper GPU has recorded them
-# yet; docs/performance.md). nvmlGpmSampleGet reads the counters from the GPU; the metrics are
-# computed on the CPU from two samples.
-GPM_US = {"nvmlGpmQueryDeviceSupport": 2.0, "nvmlGpmSampleGet": 40.0, "nvmlGpmMetricsGet": 15.0}
+# GPM per-call latencies in microseconds, as a real H200 answered them (driver 580.159.04):
+# nvmlGpmSampleGet reads the counters from the GPU; the metrics are computed on the CPU from two
+# samples.
+@functools.cache
+def gpm_us() -> dict[str, float]:
+    return {call: entry["us_median"] for call, entry in
+            json.loads((DATA / "nvml_h200_gpm.json").read_text())["devices"][0].items()}
 TRAINING_UTIL = 0.97  # a data-parallel training step keeps every GPU's kernels running
 # GPM levels of a GPU running such a step, at TRAINING_UTIL: percent, or MiB/s for traffic
 # (dense bf16 training on H100: SM ~90 %, tensor ~55 %, HBM ~45 %, all-reduce over NVLink).
@@ -77,7 +82,7 @@ def activity_levels(util: float) -> dict[int, float]:
 
 def gpm_metrics_entry(levels: dict[int, float]) -> dict[str, Any]:
     return _ok({str(mid): {"ret": 0, "value": round(v, 3)} for mid, v in levels.items()},
-               GPM_US["nvmlGpmMetricsGet"])
+               gpm_us()["nvmlGpmMetricsGet"])
 
 
 def _gpm_entries(supported: bool, util: float) -> dict[str, Any]:
@@ -85,12 +90,12 @@ def _gpm_entries(supported: bool, util: float) -> dict[str, Any]:
     if not supported:
         nope = {"error": "Not Supported", "code": NVML_ERROR_NOT_SUPPORTED}
         return {"nvmlGpmQueryDeviceSupport": _ok({"version": 1, "isSupportedDevice": 0},
-                                                 GPM_US["nvmlGpmQueryDeviceSupport"]),
+                                                 gpm_us()["nvmlGpmQueryDeviceSupport"]),
                 "nvmlGpmSampleGet": {**nope, "us_median": 1.0},
                 "nvmlGpmMetricsGet": {**nope, "us_median": 1.0}}
     return {"nvmlGpmQueryDeviceSupport": _ok({"version": 1, "isSupportedDevice": 1},
-                                             GPM_US["nvmlGpmQueryDeviceSupport"]),
-            "nvmlGpmSampleGet": _ok(None, GPM_US["nvmlGpmSampleGet"]),
+                                             gpm_us()["nvmlGpmQueryDeviceSupport"]),
+            "nvmlGpmSampleGet": _ok(None, gpm_us()["nvmlGpmSampleGet"]),
             "nvmlGpmMetricsGet": gpm_metrics_entry(activity_levels(util))}
 
 

@@ -7,29 +7,29 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from exporter.profiles import Profile
 
-if TYPE_CHECKING:
-    from exporter.config import Config
+MAX_GPUS = 16  # distinct PCI buses the synthesised node has (exporter/simulate/nvml_synth.py)
 
 
 @dataclass(frozen=True)
 class Shape:
-    """The simulated node's size where it differs from its profile (config section `simulate`);
-    None keeps the profile's (or the source's) own."""
+    """The simulated node's size where it differs from its profile (`--simulate.gpus`,
+    `--simulate.efa-devices`, `--simulate.lustre-osts`: benchmarks at other sizes); None keeps
+    the profile's (or the source's) own. Out of range is a ValueError naming the flag."""
 
     gpus: int | None = None
     efa_devices: int | None = None
     lustre_osts: int | None = None
 
-    @classmethod
-    def from_config(cls, config: Config) -> Shape:
-        sec = getattr(config, "simulate", None)
-        if sec is None:
-            return cls()
-        return cls(sec.gpus, sec.efa_devices, sec.lustre_osts)
+    def __post_init__(self) -> None:
+        for flag, v, lo, hi in (("--simulate.gpus", self.gpus, 0, MAX_GPUS),
+                                ("--simulate.efa-devices", self.efa_devices, 0, 64),
+                                ("--simulate.lustre-osts", self.lustre_osts, 1, 4096)):
+            if v is not None and not lo <= v <= hi:
+                raise ValueError(f"{flag} is {v}; expected an integer from {lo} to {hi}")
 
 
 class SimSource(ABC):
@@ -51,7 +51,7 @@ class SimSource(ABC):
     def advance(self, elapsed_s: float) -> None:
         """Move the source's counters forward to `elapsed_s` seconds since the start."""
 
-    def config_overrides(self) -> dict[str, Any]:
+    def settings(self) -> dict[str, Any]:
         """Config keys this source's scenarios set (where the exporter finds what it built)."""
         return {}
 

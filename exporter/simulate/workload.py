@@ -86,7 +86,7 @@ class WorkloadSimSource(SimSource):
             self.socket.parent.mkdir(parents=True, exist_ok=True)
             self.server = PodResourcesServer(str(self.socket), pod_resources(uuids))
 
-    def config_overrides(self) -> dict[str, Any]:
+    def settings(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if "slurm-job" in self.active:
             out["workload.slurm_job_mapping_dir"] = str(self.mapping_dir)

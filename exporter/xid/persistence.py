@@ -58,9 +58,9 @@ class XidPersistence:
         with self._lock:
             with self.state.locked():
                 data = self.state.read()
-            foreign = self.state.take_foreign()
-            if foreign is not None:
-                self.store.merge_state(foreign, counts=False)
+            other = self.state.other_acks()
+            if other is not None:
+                self.store.merge_state(other, counts=False)
             if data is not None:
                 self.identities.load(data.get("gpus") or {})
                 self.store.merge_state(data, listed=self.identities.is_listed)
@@ -86,7 +86,7 @@ class XidPersistence:
         try:
             new: list[Ack] = []
             data = self.state.read_news()
-            for doc in (data, self.state.take_foreign()):
+            for doc in (data, self.state.other_acks()):
                 if doc is not None:
                     new += self.store.merge_state(doc, counts=False)
             return new

@@ -94,13 +94,13 @@ class XidSnapshot:
 
 
 class XidService:
-    def __init__(self, config: Any, nvml: Any, source: str | None = None, shared_acks: bool = False,
-                 workloads: WorkloadHistory | None = None) -> None:
+    def __init__(self, config: Any, nvml: Any, source: str | None = None,
+                 workloads: WorkloadHistory | None = None, state_file: type[StateFile] = StateFile) -> None:
         """`source` names the kernel log the state's counts come from (default: paths.kmsg; a
-        simulated node or a replayed capture has its own); `shared_acks`: acks in a state file
-        of another source of this node still apply (the simulated node's scenario sets);
-        `workloads`: what the workload source observed, fed by whatever produces its readings
-        (None: an empty history of our own, so every event is attributed as unknown)."""
+        simulated node or a replayed capture has its own); `workloads`: what the workload source
+        observed, fed by whatever produces its readings (None: an empty history of our own, so
+        every event is attributed as unknown); `state_file`: the XID state file's kind (the
+        simulated node's shares acks across its kernel logs, exporter.simulate.acks)."""
         cfg = config.xid
         self.cfg = cfg
         nvswitch = getattr(config, "nvswitch", None)  # the section the nvswitch collector declares
@@ -127,8 +127,7 @@ class XidService:
                      if c is not None}
         self.follower = KmsgFollower(self.kmsg_path, consumers, self.clock, enabled=cfg.kmsg)
         source = source or self.kmsg_path
-        self.state = StateFile(config.paths.state_dir, boot_id, source)
-        self.state.shared_acks = shared_acks
+        self.state = state_file(config.paths.state_dir, boot_id, source)
         self.sxid_state = SxidStateFile(config.paths.state_dir, boot_id, source)
         self.persistence = XidPersistence(self.state, self.sxid_state, self.store, self.identities,
                                           self.sxids, self.follower, write_xids=self.xid_enabled,

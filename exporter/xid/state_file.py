@@ -165,10 +165,6 @@ class StateFile:
         self.status = StateStatus()
         # corrupt state files set aside this boot: read from the file, plus those set aside here
         self.recoveries = 0
-        # The simulated node: runs with other scenario flags read other kernel logs (their counts
-        # are kept apart) of the same node, whose acknowledgements must not be lost.
-        self.shared_acks = False
-        self.foreign: dict | None = None
         # Set once the caller holds what the file held and writes it back (the daemon once it
         # runs): a corrupt file set aside from then on loses nothing, so it is no recovery.
         self.holds = False
@@ -265,15 +261,19 @@ class StateFile:
         if self.kmsg and data.get("kmsg") not in (None, self.kmsg):
             self.status.problem = "other_source"  # counts of another kernel log (a replay)
             self._behind = True
-            if self.shared_acks:
-                self.foreign = data  # its acknowledgements still apply (see shared_acks)
+            self.other_source(data)
             return None
         return data
 
-    def take_foreign(self) -> dict | None:
-        """A state file of another kernel log of this node (shared_acks), whose acks apply."""
-        foreign, self.foreign = self.foreign, None
-        return foreign
+    def other_source(self, data: dict) -> None:
+        """A valid state of this boot whose counts come from another kernel log: not ours, and
+        the next write replaces it. (The simulated node keeps its acknowledgements:
+        exporter.simulate.acks.)"""
+
+    def other_acks(self) -> dict | None:
+        """A state document whose acknowledgements apply besides ours: none here (the simulated
+        node's, exporter.simulate.acks)."""
+        return None
 
     def _corrupt(self, e: Exception, ident: tuple) -> None:
         why = show(str(e) if isinstance(e, StateError) else f"{type(e).__name__}: {e}", 300)
@@ -331,7 +331,7 @@ class StateFile:
     def write(self, state: Any, merge_counts: bool = False) -> bool:
         """Write a state document (a snapshot; anything with `to_state(boot_id)` is snapshotted
         here) with `merge`, merged with what is on disk: acks written by `ack` (counts too with
-        merge_counts) and a foreign file's acks (shared_acks). Atomic; changes no store."""
+        merge_counts). Atomic; changes no store."""
         if self.disabled:
             return False
         doc = state if isinstance(state, dict) else state.to_state(self.boot_id)
@@ -342,9 +342,6 @@ class StateFile:
                 if self.disabled:
                     return False
                 data, extra = self.merge(doc, on_disk, merge_counts)
-                if self.foreign is not None:
-                    data, more = self.merge(data, self.foreign, False)
-                    extra = extra or more
             data = {**data, "boot_id": self.boot_id, "kmsg": self.kmsg, "recoveries": self.recoveries}
             try:
                 write_json_atomic(self.path, data)
