@@ -206,8 +206,8 @@ ROWS = [
         [PY, "bench/bench_shutdown.py", "--runs", "1"], parse_shutdown,
         lambda f: (f"a GPU's NVML call hung: {f('nvml')} s; Lustre stats and an EFA counter blocked "
                    f"(FIFOs): {f('fifo')} s; exit status 0")),
-    Row("activity", "GPU activity (NVML GPM) added to a GPU collection, 8 simulated H100s with a real H200's GPM "
-        "latencies, CPU per collection (goal ≤ 1 ms) and series",
+    Row("activity", "GPU activity (NVML GPM) added to a GPU collection, 8 simulated H100s with a real "
+        "H200's GPM latencies, CPU per collection (goal ≤ 1 ms) and series",
         [PY, "bench/bench_activity.py", "--scrapes", "300", "--rounds", "3"], parse_activity,
         lambda f: (f"+{f('cpu')} ms CPU ({f('with')} with GPM vs {f('without')} ms without), "
                    f"+{f('wall')} ms wall; +{f('series')} series")),
