@@ -35,9 +35,7 @@ from exporter.simulate.source import Shape, SimSource
 if TYPE_CHECKING:
     from exporter.collector import Context
     from exporter.config import Config
-    from exporter.deadline import Pool
     from exporter.nvml.fake import FakeBackend
-    from exporter.nvml.session import NvmlSession
     from exporter.xid.store import StateFile
 
 log = logging.getLogger("exporter.simulate")
@@ -206,12 +204,6 @@ class Simulation:
         self._fake_nvml.append(fake)
         return fake
 
-    def nvml_session(self, latencies: bool = False, pool: Pool | None = None) -> NvmlSession:
-        """An NVML session over this node's fake, made on the session's first use."""
-        from exporter.nvml.session import NvmlSession
-
-        return NvmlSession(make=lambda: self.nvml_backend(latencies), pool=pool)
-
     def statvfs(self, path: str) -> os.statvfs_result:
         """What statvfs answers for the simulated node's mounts (written by its Lustre source)."""
         from exporter.simulate.lustre import fake_statvfs
@@ -219,15 +211,16 @@ class Simulation:
         return fake_statvfs(self.root)(path)
 
     def context(self, config: Config, nvml_latencies: bool = False) -> Context:
-        """The Context of this node: `config` (loaded with prepare()'s `config()`) and its
-        backends (tests and benches; exporter.cli builds the same, with the XID service named
-        for it)."""
+        """The Context build_context makes of this node's sources (tests and benches): `config`
+        loaded with prepare()'s `config()`, the backends, kernel-log name and state file it hands in."""
         from exporter.compose import compose
         from exporter.deadline import Pool
+        from exporter.nvml.session import NvmlSession
 
-        pool = Pool()
-        return compose(config, nvml=self.nvml_session(nvml_latencies, pool), statvfs=self.statvfs,
-                       imds_url=self.imds_url, pool=pool)
+        sources, pool = self.prepare(nvml_latencies), Pool()
+        return compose(config, nvml=NvmlSession(make=sources.nvml, pool=pool), statvfs=sources.statvfs,
+                       imds_url=sources.imds_url, pool=pool, xid_source=sources.kmsg_source,
+                       xid_state_file=sources.xid_state_file)
 
     @property
     def kmsg_path(self) -> str:
