@@ -69,7 +69,14 @@ def node(tmp_path):
     servers = []
     yield fake, session, tmp_path / "kubelet.sock", servers
     for s in servers:
-        s.stop(0)
+        stopped(s)
+
+
+def stopped(server: grpc.Server) -> None:
+    """Stop a server and wait until it has: grpc removes its unix socket when the shutdown
+    completes, after stop() returns, and would remove the next server's socket at that path
+    (a stress-ng CI run caught it)."""
+    assert server.stop(0).wait(30), "the gRPC server did not stop within 30 s"
 
 
 def kind(session, sock, timeout_s=2.0, resources=kubelet.DEFAULT_RESOURCES):
@@ -129,12 +136,12 @@ def test_unimplemented_missing_socket_and_restart(node):
     servers.append(serve(sock, Unimplemented()))
     with pytest.raises(kubelet.KubeletError, match="Unimplemented"):
         k.read(gpus)
-    servers.pop().stop(0)
+    stopped(servers.pop())
     sock.unlink(missing_ok=True)
     servers.append(serve(sock, Lister([("ml", "a", "main", "nvidia.com/gpu", [gpus[0].uuid])])))
     assert k.read(gpus)[0][gpus[0].uuid] == (pod("a"),)
     # the kubelet restarts: its socket is removed and created again by a new server
-    servers.pop().stop(0)
+    stopped(servers.pop())
     sock.unlink(missing_ok=True)
     servers.append(serve(sock, Lister([("ml", "b", "main", "nvidia.com/gpu", [gpus[1].uuid])])))
     out, _ = k.read(gpus)  # at once: no back-off on the dead connection
@@ -170,7 +177,7 @@ def test_the_collector_over_a_real_socket(node, tmp_path):
         assert value(s, "gpu_workload_info", gpu=str(g), namespace="ml", pod="a", container="main") == 1
     assert {frozenset(dict(ls)) for (n, ls) in s if n == "gpu_workload_info"} == {
         frozenset({"gpu", "uuid", "namespace", "pod", "container"})}
-    servers.pop().stop(0)
+    stopped(servers.pop())
     sock.unlink(missing_ok=True)  # grpc removes it on stop; a killed kubelet leaves it
     s = samples(scrape(runner))
     assert value(s, "gpu_health_exporter_collector_success", collector="workload") == 0
