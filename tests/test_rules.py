@@ -43,7 +43,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 def test_there_are_rules_and_suites():
     assert {p.name for p in rule_files()} == {"gpu.yml", "xid.yml", "efa.yml", "fsx.yml", "exporter.yml",
-                                              "fabric.yml", "ec2.yml"}
+                                              "fabric.yml", "ec2.yml", "job.yml"}
     assert len(suites()) >= 5
     assert len(alerts()) >= 40
 
@@ -153,6 +153,8 @@ MUST_SURVIVE_RESTART = {
     "LustreImportNotConnected", "LustreClientEvicted", "LustreRpcTimeouts", "LustreMetadataLatencyHigh",
     "LustreClientUnhealthy", "LustreStatsSourceUnreadable", "LustreMountUnresponsive",
     "LustreFilesystemNearlyFull",
+    # job health: a restart empties the job's series for a scrape or two (keep_firing_for)
+    "TrainingJobStalled", "TrainingJobStraggler",
     # the exporter's own: only the one that says no exporter is scraped at all
     "GpuHealthExporterAbsent",
 }

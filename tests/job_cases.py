@@ -1,0 +1,476 @@
+"""The promtool cases of rules/job.yml (tests/rules/job.test.yml), written as simulated jobs.
+
+    .venv/bin/python -m tests.job_cases     # rewrite tests/rules/job.test.yml
+
+A case is a small cluster (nodes of GPUs, the jobs holding them) and a function of the minute
+that says what each GPU and node does then; this module turns it into the series the exporter
+exports (cumulative GPM activity counters, memory, clocks, workload info, EFA and Lustre counters,
+kube-state-metrics' pod series) and writes the expected alerts. tests/test_job_rules.py checks the
+file is this module's output; tests/test_rules.py runs it with the real promtool.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "tests" / "rules" / "job.test.yml"
+RUNBOOK = "file:///usr/share/doc/gpu-health-exporter/runbooks.html"
+MEM_TOTAL = 80e9
+CLOCK = 1.98e9
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU in one minute. tensor and sm: activity ratios (None: no GPM series, e.g. lost)."""
+
+    tensor: float | None = 0.85
+    sm: float | None = 0.95
+    mem: float = 0.8  # share of its memory in use
+    clock: float = CLOCK
+    lost: bool = False
+    thermal: bool = False
+    xid: int | None = None  # an XID of the reboot tier seen this minute (its last-seen stays)
+    job: str | None = "1001"  # Slurm job id, or "ns/pod" for a pod; None: not held
+
+
+@dataclass(frozen=True)
+class Node:
+    lustre_write: float = 0.0  # bytes/s
+    lustre_read: float = 50e6
+    rpc_wait: float = 0.005  # mean Lustre RPC round trip (s), 200 RPCs/s
+    evictions: int = 0  # evictions this minute
+    efa_tx: float = 2e9
+    efa_retrans_ratio: float = 0.0
+    efa_timeouts: int = 0  # retransmit timeout events this minute
+
+
+HEALTHY = Gpu()
+IDLE = Gpu(tensor=0.0, sm=0.0)
+NCCL_SPIN = Gpu(tensor=0.0, sm=0.2)  # a few SMs spin in an NCCL wait; NVML utilisation would read ~100%
+
+
+@dataclass
+class Case:
+    name: str
+    minutes: int
+    nodes: int
+    gpus: int
+    state: Callable[[int, int, int], Gpu]  # (minute, node, gpu) -> Gpu
+    node_state: Callable[[int, int], Node] = lambda t, n: Node()
+    stalled: list[tuple[int, list[dict]]] = field(default_factory=list)  # (eval minute, expected alerts)
+    straggler: list[tuple[int, list[dict]]] = field(default_factory=list)
+    ksm: dict[str, dict[str, str]] = field(default_factory=dict)  # "ns/pod" -> kube_pod_labels labels
+    owners: dict[str, tuple[str, str]] = field(default_factory=dict)  # "ns/pod" -> (owner_kind, owner_name)
+
+
+def _num(v: float) -> str:
+    return format(v, ".15g")
+
+
+def compress(values: list[float | None]) -> str:
+    """promtool's notation: runs with one step as 'a+bxn', gaps as '_', a series' end as 'stale'."""
+    out: list[str] = []
+    i = 0
+    while i < len(values):
+        v = values[i]
+        if v is None:
+            out.append("stale" if i > 0 and values[i - 1] is not None else "_")
+            i += 1
+            continue
+        j = i
+        step = values[i + 1] - v if i + 1 < len(values) and values[i + 1] is not None else 0.0
+        while j + 1 < len(values) and values[j + 1] is not None and abs(values[j + 1] - values[j] - step) < 1e-6:
+            j += 1
+        n = j - i
+        if n == 0:
+            out.append(_num(v))
+        else:
+            sign = "+" if step >= 0 else "-"
+            out.append(f"{_num(v)}{sign}{_num(abs(step))}x{n}")
+        i = j + 1
+    return " ".join(out)
+
+
+def _labels(**kw: str) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in kw.items()) + "}"
+
+
+def _cumulative(rates: list[float | None], per: float = 60.0) -> list[float | None]:
+    out, total = [], 0.0
+    for r in rates:
+        if r is None:
+            out.append(None)
+        else:
+            total += r * per
+            out.append(round(total, 6))
+    return out
+
+
+def series(case: Case) -> list[dict]:
+    T = case.minutes + 1
+    out: list[dict] = []
+
+    def add(name: str, labels: dict[str, str], values: list[float | None]) -> None:
+        if all(v is None for v in values):
+            return
+        out.append({"series": name + _labels(**labels), "values": compress(values)})
+
+    for n in range(case.nodes):
+        inst = f"node-{n + 1}"
+        base = {"cluster": "c1", "instance": inst, "job": "gpu-health-exporter"}
+        for g in range(case.gpus):
+            states = [case.state(t, n, g) for t in range(T)]
+            gl = {**base, "gpu": str(g), "uuid": f"GPU-{n + 1}-{g}", "pci_bus_id": f"00000000:{0x53 + g:02X}:00.0"}
+            jobs = sorted({s.job for s in states if s.job})
+            for job in jobs:
+                vals = [1.0 if s.job == job else None for s in states]
+                if "/" in job:
+                    ns, pod = job.split("/")
+                    wl = {**base, "gpu": str(g), "uuid": gl["uuid"], "namespace": ns, "pod": pod, "container": "main"}
+                else:
+                    wl = {**base, "gpu": str(g), "uuid": gl["uuid"], "hpc_job": job}
+                add("gpu_workload_info", wl, vals)
+            add("gpu_tensor_active_seconds_total", gl, _cumulative([s.tensor for s in states]))
+            add("gpu_sm_active_seconds_total", gl, _cumulative([s.sm for s in states]))
+            add("gpu_memory_used_bytes", gl, [None if s.lost else s.mem * MEM_TOTAL for s in states])
+            add("gpu_memory_total_bytes", gl, [None if s.lost else MEM_TOTAL for s in states])
+            add("gpu_clock_hertz", {**gl, "clock": "sm"}, [None if s.lost else s.clock for s in states])
+            add("gpu_lost", gl, [1.0 if s.lost else 0.0 for s in states])
+            if any(s.thermal for s in states):
+                add("gpu_clock_event_active", {**gl, "reason": "hw_thermal"}, [1.0 if s.thermal else 0.0 for s in states])
+            seen: float | None = None
+            xids = []
+            for t, s in enumerate(states):
+                if s.xid:
+                    seen = t * 60.0
+                xids.append(seen)
+            if seen is not None:
+                xid = next(s.xid for s in states if s.xid)
+                add("gpu_xid_last_seen_timestamp_seconds", {**gl, "xid": str(xid), "tier": "reboot"}, xids)
+        nodes = [case.node_state(t, n) for t in range(T)]
+        mount = {**base, "fsname": "fsx", "mount": "/fsx"}
+        add("lustre_client_write_bytes_total", mount, _cumulative([s.lustre_write for s in nodes]))
+        add("lustre_client_read_bytes_total", mount, _cumulative([s.lustre_read for s in nodes]))
+        target = {**mount, "component": "osc", "target": "fsx-OST0000"}
+        add("lustre_client_rpcs_total", target, _cumulative([200.0 for _ in nodes]))
+        add("lustre_client_rpc_wait_seconds_total", target, _cumulative([200.0 * s.rpc_wait for s in nodes]))
+        ev = []
+        total = 0.0
+        for s in nodes:
+            total += s.evictions
+            ev.append(total)
+        add("lustre_client_import_evictions_total", target, ev)
+        dev = {**base, "device": "rdmap0s0", "port": "1"}
+        add("efa_tx_bytes_total", dev, _cumulative([s.efa_tx for s in nodes]))
+        pkts = [s.efa_tx / 8000 for s in nodes]
+        add("efa_tx_packets_total", dev, _cumulative(pkts))
+        add("efa_retrans_packets_total", dev, _cumulative([p * s.efa_retrans_ratio for p, s in zip(pkts, nodes)]))
+        to, total = [], 0.0
+        for s in nodes:
+            total += s.efa_timeouts
+            to.append(total)
+        add("efa_retrans_timeout_events_total", dev, to)
+    ksm = {"cluster": "c1", "job": "kube-state-metrics", "instance": "ksm:8080"}
+    for key, labels in case.ksm.items():
+        ns, pod = key.split("/")
+        add("kube_pod_labels", {**ksm, "namespace": ns, "pod": pod, "uid": f"uid-{pod}", **labels}, [1.0] * T)
+    for key, (kind, name) in case.owners.items():
+        ns, pod = key.split("/")
+        add("kube_pod_owner", {**ksm, "namespace": ns, "pod": pod, "uid": f"uid-{pod}", "owner_kind": kind,
+                               "owner_name": name, "owner_is_controller": "true"}, [1.0] * T)
+    return out
+
+
+# --- expected alerts -------------------------------------------------------------------------------
+
+def _job_labels(job: str) -> dict[str, str]:
+    if "/" in job:
+        ns, name = job.split("/")
+        return {"training_job": name, "namespace": ns}
+    return {"training_job": job, "hpc_job": job}
+
+
+def stalled(job: str, inst: str, cause: str, gpus: int, evidence: str = "") -> dict:
+    j = _job_labels(job)
+    where = f" (namespace {j['namespace']})" if "namespace" in j else ""
+    if cause == "application":
+        tail = (f" (no hardware, network or storage signal on any of its nodes; {inst} is one of them: a deadlock, "
+                "a data-loader bug or an NCCL hang with healthy links, for the job's owner)")
+    else:
+        tail = f", on {inst}: {evidence}"
+    return {
+        "exp_labels": {"severity": "warning", "notify": "job_owner", "cluster": "c1", "instance": inst,
+                       "cause": cause, **j},
+        "exp_annotations": {
+            "summary": "A training job has stopped making progress on all its GPUs.",
+            "description": (f"Job {j['training_job']}{where} holds {gpus} GPU(s) and none has made progress (tensor "
+                            "activity under 0.05, SM activity under 0.5) for 4m, while it is not writing a checkpoint. "
+                            f"Cause: {cause}{tail}"),
+            "runbook_url": f"{RUNBOOK}#trainingjobstalled",
+        },
+    }
+
+
+def straggler(job: str, inst: str, cause: str, evidence: str, gpu: str | None = None) -> dict:
+    j = _job_labels(job)
+    where = f" (namespace {j['namespace']})" if "namespace" in j else ""
+    on = f"{inst} GPU {gpu}" if gpu is not None else inst
+    labels = {"severity": "warning", "notify": "job_owner", "cluster": "c1", "instance": inst, "cause": cause, **j}
+    if gpu is not None:
+        labels["gpu"] = gpu
+    app = "none from the hardware, EFA or Lustre (uneven work, a data skew: the job's owner's)" \
+        if cause == "application" else ""
+    return {
+        "exp_labels": labels,
+        "exp_annotations": {
+            "summary": "One GPU or node of a training job is persistently slower than the rest.",
+            "description": (f"Job {j['training_job']}{where} has a straggler on {on} for 5m: it diverges from the job's "
+                            f"median GPU or node. Likely cause: {cause}. Evidence: {evidence}{app}"),
+            "runbook_url": f"{RUNBOOK}#trainingjobstraggler",
+        },
+    }
+
+
+# --- the cases -------------------------------------------------------------------------------------
+
+STALL_AT = 20  # the minute a stall starts in the cases below
+FIRE_BY = 30  # within 10 minutes
+
+
+def _after(t: int, before: Gpu, after: Gpu) -> Gpu:
+    return after if t >= STALL_AT else before
+
+
+def nodes_of(n: int) -> list[str]:
+    return [f"node-{i + 1}" for i in range(n)]
+
+
+def cases() -> list[Case]:
+    out: list[Case] = []
+
+    # NCCL hang: every rank waits in a collective that never completes. Tensor ~0, a few SMs spin,
+    # EFA flat, no infrastructure signal: application, on every node of the job. The job ends at 40.
+    def nccl(t, n, g):
+        if t >= 40:
+            return Gpu(tensor=0.0, sm=0.0, mem=0.0, job=None)
+        return _after(t, HEALTHY, NCCL_SPIN)
+
+    out.append(Case(
+        "NCCL hang (4 nodes): application on every node within 10 minutes, resolved when the job ends",
+        55, 4, 2, nccl,
+        node_state=lambda t, n: Node(efa_tx=0.0 if t >= STALL_AT else 2e9),
+        stalled=[(STALL_AT + 3, []),
+                 (FIRE_BY, [stalled("1001", i, "application", 8) for i in nodes_of(4)]),
+                 (52, [])],
+        straggler=[(FIRE_BY, [])]))
+
+    # XID 79 on one GPU: it falls off the bus (lost, no activity), the other ranks hang in NCCL.
+    def xid79(t, n, g):
+        if n == 2 and g == 1 and t >= STALL_AT:
+            return Gpu(tensor=None, sm=None, lost=True, xid=79 if t == STALL_AT else None)
+        return _after(t, HEALTHY, NCCL_SPIN)
+
+    out.append(Case(
+        "XID 79 on one GPU: hardware, the node of the lost GPU", 40, 4, 2, xid79,
+        stalled=[(FIRE_BY, [stalled("1001", "node-3", "hardware", 8, "gpu_lost on GPU 1; xid on GPU 1; ")]),
+                 (39, [stalled("1001", "node-3", "hardware", 8, "gpu_lost on GPU 1; xid on GPU 1; ")])]))
+
+    # A storage stall: node-2's Lustre client is evicted and its RPCs crawl; the data loader waits,
+    # every GPU idles; storage on node-2. Recovers at 35.
+    def storage_gpu(t, n, g):
+        return IDLE if STALL_AT <= t < 35 else HEALTHY
+
+    def storage_node(t, n):
+        if n == 1 and STALL_AT <= t < 35:
+            return Node(lustre_read=1e5, rpc_wait=2.0, evictions=1 if t == STALL_AT else 0)
+        return Node(lustre_read=1e5 if STALL_AT <= t < 35 else 50e6)
+
+    out.append(Case(
+        "data-loader stall on storage: storage on the evicted node, resolved when the job recovers", 50, 4, 2,
+        storage_gpu, storage_node,
+        stalled=[(FIRE_BY, [stalled("1001", "node-2", "storage", 8, "lustre_eviction; lustre_latency; ")]),
+                 (47, [])]))
+
+    # A data-loader deadlock: the GPUs idle, nothing else moves: application.
+    out.append(Case(
+        "data-loader deadlock on a one-node job: application", 32, 1, 4,
+        lambda t, n, g: _after(t, HEALTHY, IDLE),
+        stalled=[(FIRE_BY, [stalled("1001", "node-1", "application", 4)])]))
+
+    # A network hang: node-4's EFA times out retransmits as the job hangs.
+    out.append(Case(
+        "EFA retransmit timeouts as the job hangs: network on that node", 32, 4, 2,
+        lambda t, n, g: _after(t, HEALTHY, NCCL_SPIN),
+        lambda t, n: Node(efa_tx=0.0 if t >= STALL_AT else 2e9, efa_timeouts=3 if n == 3 and STALL_AT <= t < 23 else 0),
+        stalled=[(FIRE_BY, [stalled("1001", "node-4", "network", 8, "efa_retransmit_timeouts; ")])]))
+
+    # A checkpoint: 8 minutes with the GPUs idle while node-1 writes to Lustre: never a stall.
+    out.append(Case(
+        "checkpoint: 8 quiet minutes while a node writes to Lustre, no alert", 40, 4, 2,
+        lambda t, n, g: IDLE if STALL_AT <= t < 28 else HEALTHY,
+        lambda t, n: Node(lustre_write=2e9 if n == 0 and STALL_AT <= t < 28 else 0.0),
+        stalled=[(t, []) for t in (24, 26, 28, 30, 32)]))
+
+    # Evaluation: tensor activity drops to 0.3, SMs stay busy; not a stall.
+    out.append(Case(
+        "evaluation phase: lower tensor activity for 15 minutes, no alert", 40, 2, 4,
+        lambda t, n, g: Gpu(tensor=0.3, sm=0.6) if STALL_AT <= t < 35 else HEALTHY,
+        stalled=[(t, []) for t in (25, 30, 35)], straggler=[(30, [])]))
+
+    # Start-up: the job holds its GPUs (memory) for 15 minutes before its first step.
+    out.append(Case(
+        "start-up: 15 minutes holding the GPUs before the first step, no alert", 30, 2, 4,
+        lambda t, n, g: Gpu(tensor=0.0, sm=0.01) if t < 15 else HEALTHY,
+        stalled=[(t, []) for t in (8, 12, 15, 20)]))
+
+    # The end: the processes exit at 20 (memory freed), the epilog holds the GPUs until 26.
+    out.append(Case(
+        "end of the job: processes gone, the epilog still holds the GPUs, no alert", 35, 2, 4,
+        lambda t, n, g: HEALTHY if t < STALL_AT else (Gpu(tensor=0.0, sm=0.0, mem=0.0) if t < 26 else
+                                                       Gpu(tensor=0.0, sm=0.0, mem=0.0, job=None)),
+        stalled=[(t, []) for t in (24, 26, 30)]))
+
+    # Pod removal: the pod's workload series ends with the job.
+    out.append(Case(
+        "end of a pod job: the pod is removed, no alert", 30, 2, 2,
+        lambda t, n, g: Gpu(job=f"team-a/trainer-{n}") if t < STALL_AT else Gpu(tensor=0.0, sm=0.0, mem=0.0, job=None),
+        stalled=[(t, []) for t in (24, 28)],
+        ksm={f"team-a/trainer-{n}": {"label_training_kubeflow_org_job_name": "llama"} for n in range(2)}))
+
+    # Half a node: the job holds GPUs 0-3 of 8; the others idle and unheld. Productive: no alert;
+    # it then stalls and the alert counts its 4 GPUs.
+    def half(t, n, g):
+        if g >= 4:
+            return Gpu(tensor=0.0, sm=0.0, mem=0.0, job=None)
+        return _after(t, HEALTHY, IDLE)
+
+    out.append(Case(
+        "a job on half a node: the idle other half is not a stall; its own stall is", 32, 1, 8, half,
+        stalled=[(STALL_AT, []), (FIRE_BY, [stalled("1001", "node-1", "application", 4)])],
+        straggler=[(15, [])]))
+
+    # Two jobs on one node: 1001 on GPUs 0-3 hangs, 1002 on 4-7 trains on.
+    def two(t, n, g):
+        if g < 4:
+            return _after(t, Gpu(job="1001"), Gpu(tensor=0.0, sm=0.0, job="1001"))
+        return Gpu(job="1002")
+
+    out.append(Case(
+        "two jobs on one node: only the stalled one alerts", 32, 2, 8, two,
+        stalled=[(FIRE_BY, [stalled("1001", i, "application", 8) for i in nodes_of(2)])],
+        straggler=[(FIRE_BY, [])]))
+
+    # Pods: with kube-state-metrics the pods of one PyTorchJob are one job; without it each pod is.
+    def pods(t, n, g):
+        return _after(t, Gpu(job=f"team-a/llama-worker-{n}"), Gpu(tensor=0.0, sm=0.2, job=f"team-a/llama-worker-{n}"))
+
+    out.append(Case(
+        "a Kubeflow job's pods are one job through kube_pod_labels", 32, 2, 2, pods,
+        stalled=[(FIRE_BY, [stalled("team-a/llama", i, "application", 4) for i in nodes_of(2)])],
+        ksm={f"team-a/llama-worker-{n}": {"label_training_kubeflow_org_job_name": "llama"} for n in range(2)}))
+    out.append(Case(
+        "a batch Job's pods are one job through kube_pod_owner", 32, 2, 2, pods,
+        stalled=[(FIRE_BY, [stalled("team-a/llama-job", i, "application", 4) for i in nodes_of(2)])],
+        owners={f"team-a/llama-worker-{n}": ("Job", "llama-job") for n in range(2)}))
+    out.append(Case(
+        "a pod job without kube-state-metrics: each pod is its own job", 32, 2, 2, pods,
+        stalled=[(FIRE_BY, [stalled(f"team-a/llama-worker-{n}", f"node-{n + 1}", "application", 2)
+                            for n in range(2)])]))
+
+    # A day of a healthy job: hourly 6-minute checkpoints on node-1, an evaluation every 4 hours.
+    def day(t, n, g):
+        m = t % 60
+        if m < 6:
+            return IDLE
+        if (t // 60) % 4 == 3 and m < 20:
+            return Gpu(tensor=0.25, sm=0.55)
+        return Gpu(tensor=0.8 + 0.02 * ((t + g + n) % 5), sm=0.93)
+
+    out.append(Case(
+        "a simulated day of a healthy job with hourly checkpoints: no alert", 1440, 4, 2, day,
+        lambda t, n: Node(lustre_write=1.5e9 if n == 0 and 1 <= t % 60 < 6 else 0.0),
+        stalled=[(t, []) for h in range(1, 24) for t in (60 * h + 4, 60 * h + 6, 60 * h + 9)],
+        straggler=[(t, []) for h in range(1, 24) for t in (60 * h + 9, 60 * h + 30)]))
+
+    # --- stragglers ---
+    def thermal(t, n, g):
+        if t < 10:
+            return HEALTHY
+        if n == 1 and g == 0:
+            return Gpu(tensor=0.93, sm=0.97, clock=1.4e9, thermal=True)
+        return Gpu(tensor=0.6, sm=0.9)
+
+    out.append(Case(
+        "thermal straggler: the throttled GPU, hardware", 25, 4, 2, thermal,
+        straggler=[(9, []), (22, [straggler("1001", "node-2", "hardware",
+                                            "clock_event; SM clock 1.4GHz, under the job's median; ", gpu="0")])],
+        stalled=[(22, [])]))
+
+    out.append(Case(
+        "EFA-degraded straggler: retransmits on one node, network", 25, 4, 2,
+        lambda t, n, g: HEALTHY if t < 10 else Gpu(tensor=0.6, sm=0.9),
+        lambda t, n: Node(efa_retrans_ratio=0.05 if n == 2 and t >= 10 else 0.0),
+        straggler=[(22, [straggler("1001", "node-3", "network", "efa_retransmits; efa_errors; ")])],
+        stalled=[(22, [])]))
+
+    out.append(Case(
+        "storage straggler: one node reads its data at a tenth of the others' rate", 25, 4, 2,
+        lambda t, n, g: HEALTHY,
+        lambda t, n: Node(lustre_read=5e6 if n == 0 and t >= 10 else 50e6),
+        straggler=[(22, [straggler("1001", "node-1", "storage", "lustre_read_low; ")])]))
+
+    out.append(Case(
+        "uneven activity with no infrastructure signal: application", 25, 1, 4,
+        lambda t, n, g: Gpu(tensor=0.4, sm=0.9) if g == 3 and t >= 10 else HEALTHY,
+        straggler=[(22, [straggler("1001", "node-1", "application", "", gpu="3")])]))
+
+    out.append(Case(
+        "healthy jitter and a two-GPU job: no straggler", 40, 2, 1,
+        lambda t, n, g: Gpu(tensor=0.5 if n == 0 else 0.9),
+        straggler=[(t, []) for t in (20, 30, 39)]))
+    return out
+
+
+def _sorted(alerts: list[dict]) -> list[dict]:
+    return alerts
+
+
+def suite() -> dict:
+    tests = []
+    for c in cases():
+        group = {"name": c.name, "interval": "1m", "input_series": series(c), "alert_rule_test": []}
+        for t, exp in c.stalled:
+            group["alert_rule_test"].append({"eval_time": f"{t}m", "alertname": "TrainingJobStalled", "exp_alerts": exp})
+        for t, exp in c.straggler:
+            group["alert_rule_test"].append({"eval_time": f"{t}m", "alertname": "TrainingJobStraggler",
+                                             "exp_alerts": exp})
+        tests.append(group)
+    return {"rule_files": ["../../rules/job.yml"], "evaluation_interval": "1m", "tests": tests}
+
+
+HEADER = """\
+# GENERATED by `python -m tests.job_cases` from tests/job_cases.py: edit that and re-run.
+# promtool cases of rules/job.yml (TrainingJobStalled, TrainingJobStraggler): every cause, and the
+# quiet phases that must not fire (checkpoint, evaluation, start-up, the job's end, half a node,
+# two jobs on a node, pods without kube-state-metrics, a healthy day with hourly checkpoints).
+"""
+
+
+def text() -> str:
+    return HEADER + yaml.safe_dump(suite(), sort_keys=False, width=200)
+
+
+def main() -> int:
+    SUITE.write_text(text())
+    print(f"wrote {SUITE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
