@@ -50,7 +50,12 @@ FS = ["scope=filesystem", "fsname=fsx1"]
     (["alertname=SomethingInformational", "severity=info", *NODE], "blackhole"),
     (["alertname=LustreClientEvicted", "severity=warning", *FS, *NODE], "ticket"),
     (["alertname=HypotheticalFsOutage", "severity=critical", *FS, *NODE], "pager"),
-    (["alertname=NoSeverity", *NODE], "ticket"),  # a rule without severity still reaches a human
+    (["alertname=NoSeverity", *NODE], "ticket"),
+    # job health goes to the job's owner, never the pager or the node's ticket
+    (["alertname=TrainingJobStalled", "severity=warning", "notify=job_owner", "cause=hardware",
+      "training_job=1001", "hpc_job=1001", *NODE], "job-owner"),
+    (["alertname=TrainingJobStraggler", "severity=warning", "notify=job_owner", "cause=network",
+      "training_job=llama", "namespace=team-a", *NODE], "job-owner"),  # a rule without severity still reaches a human
 ])
 def test_amtool_routes(labels, receiver):
     r = _amtool("config", "routes", "test", f"--config.file={CONFIG}", f"--verify.receivers={receiver}",
@@ -167,6 +172,9 @@ def _inhibition(tmp_path: Path, refused: str) -> None:
             # node 3: a lost GPU; its exporter is down too (the latch keeps GpuLost firing)
             _alert("GpuLost", "critical", "gpu-node-3", node_action="reboot", gpu="1"),
             _alert("GpuHealthExporterDown", "warning", "gpu-node-3", job="gpu-health-exporter"),
+            # ... and the job it hit stalls: its owner is told all the same (no node-level inhibition)
+            _alert("TrainingJobStalled", "warning", "gpu-node-3", notify="job_owner", cause="hardware",
+                   training_job="1001", hpc_job="1001"),
             # node 4: reboot required; an FSx eviction seen from it (grouped per file system)
             _alert("GpuNodeRebootRequired", "critical", "gpu-node-4", node_action="reboot",
                    verdict="reboot_required"),
@@ -196,11 +204,13 @@ def _inhibition(tmp_path: Path, refused: str) -> None:
             assert set(state[key]["status"]["inhibitedBy"]) <= sources[key[1]], key
         # ... its critical alerts still page, and another node's warning is untouched.
         for key in [("GpuXidReplaceNow", "gpu-node-1"), ("GpuLost", "gpu-node-1"), ("GpuLost", "gpu-node-3"),
-                    ("GpuNodeRebootRequired", "gpu-node-4"), ("GpuRowRemapPending", "gpu-node-2")]:
+                    ("GpuNodeRebootRequired", "gpu-node-4"), ("GpuRowRemapPending", "gpu-node-2"),
+                    ("TrainingJobStalled", "gpu-node-3")]:
             assert state[key]["status"]["state"] == "active", key
             assert not state[key]["status"]["inhibitedBy"], key
         assert [r["name"] for r in state[("GpuXidReplaceNow", "gpu-node-1")]["receivers"]] == ["pager"]
         assert [r["name"] for r in state[("GpuRowRemapPending", "gpu-node-2")]["receivers"]] == ["ticket"]
+        assert [r["name"] for r in state[("TrainingJobStalled", "gpu-node-3")]["receivers"]] == ["job-owner"]
     finally:
         proc.terminate()
         proc.wait(timeout=10)

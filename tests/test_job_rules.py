@@ -1,0 +1,85 @@
+"""rules/job.yml (issue 34): the shipped file is exporter.job_rules' default rendering, its promtool
+suite is tests/job_cases.py's output, a rendering with other settings is valid, and the negative
+cases depend on what they claim (the checkpoint case fires once the checkpoint guard is gone)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter import job_rules
+from tests import job_cases
+from tests.helpers import ROOT, promtool
+
+
+def _promtool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_rules_file_is_the_default_rendering():
+    assert (ROOT / "rules" / "job.yml").read_text() == job_rules.render(), \
+        "rules/job.yml is stale: run .venv/bin/python -m exporter.job_rules"
+
+
+def test_suite_is_generated_from_the_cases():
+    assert job_cases.SUITE.read_text() == job_cases.text(), \
+        "tests/rules/job.test.yml is stale: run .venv/bin/python -m tests.job_cases"
+
+
+def test_every_group_has_its_own_interval():
+    groups = yaml.safe_load(job_rules.render())["groups"]
+    assert {g["name"] for g in groups} == {"job-health-map", "job-health-evidence", "job-health-stall",
+                                           "job-health-straggler"}
+    assert all(g["interval"] == "1m" for g in groups)
+
+
+def test_short_rendering_passes_promtool(tmp_path):
+    """The live test's rendering (second-long windows) is valid, and carries its durations."""
+    out = tmp_path / "job.yml"
+    assert job_rules.main(["--out", str(out), "--interval", "2s", "--window", "8s", "--evidence-window", "20s",
+                           "--stall-for", "10s", "--straggler-for", "10s", "--keep-firing-for", "4s",
+                           "--carry", "10s"]) == 0
+    r = _promtool("check", "rules", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = out.read_text()
+    assert "rate(gpu_tensor_active_seconds_total[8s])" in text and "for: 10s" in text
+    assert "interval: 2s" in text
+
+
+def test_bad_duration_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        job_rules.main(["--stall-for", "ten minutes", "--out", "/nonexistent/x.yml"])
+    assert e.value.code == 2
+    assert "--stall-for" in capsys.readouterr().err
+
+
+def _suite_with(tmp_path: Path, settings: job_rules.Settings, names: list[str]) -> subprocess.CompletedProcess:
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "tests" / "rules").mkdir(parents=True)
+    (tmp_path / "rules" / "job.yml").write_text(job_rules.render(settings))
+    suite = job_cases.suite()
+    suite["tests"] = [g for g in suite["tests"] if g["name"] in names]
+    assert len(suite["tests"]) == len(names)
+    path = tmp_path / "tests" / "rules" / "job.test.yml"
+    path.write_text(yaml.safe_dump(suite))
+    return _promtool("test", "rules", str(path))
+
+
+CHECKPOINT = "checkpoint: 8 quiet minutes while a node writes to Lustre, no alert"
+NCCL = "NCCL hang (4 nodes): application on every node within 10 minutes, resolved when the job ends"
+END = "end of the job: processes gone, the epilog still holds the GPUs, no alert"
+
+
+def test_negative_cases_fail_without_their_guard(tmp_path):
+    """The checkpoint case fires once no write rate counts as a checkpoint, the end-of-job case once
+    freed memory still counts as held; the NCCL hang goes unseen once SM activity of 0.2 counts as
+    progress. The guards are what keeps them silent."""
+    s = job_rules.Settings(checkpoint_write_bytes=1e18, memory_held=-1, progress_sm=0.1)
+    r = _suite_with(tmp_path, s, [CHECKPOINT, NCCL, END])
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    for name in (CHECKPOINT, NCCL, END):
+        assert name in out, name
