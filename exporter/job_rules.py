@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (PromQL templates: a rule reads best on one line, as in rules/*.yml)
 """Render the job-health rules (rules/job.yml): per-job recording rules, TrainingJobStalled and
 TrainingJobStraggler (docs/alerts.md, "Job health").
 
@@ -393,10 +394,10 @@ max by ({GPU_JOB}) (
 and on ({JOB}) training_job:running""",
                    f"A GPU whose tensor activity is more than {A} from the job's median, or whose SM clock is under\n"
                    f"{C} of the job's median."))
-    for what, metric, floor, reason in (("efa_tx_bytes", f"instance:efa_tx_bytes:rate{w}", s.straggler_min_efa_bytes,
-                                         "efa_traffic_low"),
+    for what, metric, floor in (("efa_tx_bytes", f"instance:efa_tx_bytes:rate{w}", s.straggler_min_efa_bytes,
+                                         ),
                                         ("lustre_client_read_bytes", f"instance:lustre_client_read_bytes:rate{w}",
-                                         s.straggler_min_read_bytes, "lustre_read_low")):
+                                         s.straggler_min_read_bytes)):
         r.append(_rule("record", f"instance_training_job:{what}:rate{w}",
                        f"instance_training_job:info * on (cluster, instance) group_left () {metric}"))
         r.append(_rule("record", f"training_job:{what}:median{w}",

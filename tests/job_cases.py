@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (a case reads best with its expectation on one line)
 """The promtool cases of rules/job.yml (tests/rules/job.test.yml), written as simulated jobs.
 
     .venv/bin/python -m tests.job_cases     # rewrite tests/rules/job.test.yml
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -170,7 +171,7 @@ def series(case: Case) -> list[dict]:
         add("efa_tx_bytes_total", dev, _cumulative([s.efa_tx for s in nodes]))
         pkts = [s.efa_tx / 8000 for s in nodes]
         add("efa_tx_packets_total", dev, _cumulative(pkts))
-        add("efa_retrans_packets_total", dev, _cumulative([p * s.efa_retrans_ratio for p, s in zip(pkts, nodes)]))
+        add("efa_retrans_packets_total", dev, _cumulative([p * s.efa_retrans_ratio for p, s in zip(pkts, nodes, strict=True)]))
         to, total = [], 0.0
         for s in nodes:
             total += s.efa_timeouts

@@ -50,12 +50,12 @@ FS = ["scope=filesystem", "fsname=fsx1"]
     (["alertname=SomethingInformational", "severity=info", *NODE], "blackhole"),
     (["alertname=LustreClientEvicted", "severity=warning", *FS, *NODE], "ticket"),
     (["alertname=HypotheticalFsOutage", "severity=critical", *FS, *NODE], "pager"),
-    (["alertname=NoSeverity", *NODE], "ticket"),
+    (["alertname=NoSeverity", *NODE], "ticket"),  # a rule without severity still reaches a human
     # job health goes to the job's owner, never the pager or the node's ticket
     (["alertname=TrainingJobStalled", "severity=warning", "notify=job_owner", "cause=hardware",
       "training_job=1001", "hpc_job=1001", *NODE], "job-owner"),
     (["alertname=TrainingJobStraggler", "severity=warning", "notify=job_owner", "cause=network",
-      "training_job=llama", "namespace=team-a", *NODE], "job-owner"),  # a rule without severity still reaches a human
+      "training_job=llama", "namespace=team-a", *NODE], "job-owner"),
 ])
 def test_amtool_routes(labels, receiver):
     r = _amtool("config", "routes", "test", f"--config.file={CONFIG}", f"--verify.receivers={receiver}",

@@ -39,9 +39,9 @@ def test_every_group_has_its_own_interval():
 def test_short_rendering_passes_promtool(tmp_path):
     """The live test's rendering (second-long windows) is valid, and carries its durations."""
     out = tmp_path / "job.yml"
-    assert job_rules.main(["--out", str(out), "--interval", "2s", "--window", "8s", "--evidence-window", "20s",
-                           "--stall-for", "10s", "--straggler-for", "10s", "--keep-firing-for", "4s",
-                           "--carry", "10s"]) == 0
+    assert job_rules.main(["--out", str(out), "--interval", "2s", "--window", "8s",
+                           "--evidence-window", "20s", "--stall-for", "10s", "--straggler-for", "10s",
+                           "--keep-firing-for", "4s", "--carry", "10s"]) == 0
     r = _promtool("check", "rules", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     text = out.read_text()
@@ -56,7 +56,8 @@ def test_bad_duration_is_refused(capsys):
     assert "--stall-for" in capsys.readouterr().err
 
 
-def _suite_with(tmp_path: Path, settings: job_rules.Settings, names: list[str]) -> subprocess.CompletedProcess:
+def _suite_with(tmp_path: Path, settings: job_rules.Settings, names: list[str]
+                ) -> subprocess.CompletedProcess:
     (tmp_path / "rules").mkdir()
     (tmp_path / "tests" / "rules").mkdir(parents=True)
     (tmp_path / "rules" / "job.yml").write_text(job_rules.render(settings))
