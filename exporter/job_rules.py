@@ -41,6 +41,9 @@ K8S_JOB_LABELS = (
     "label_batch_kubernetes_io_job_name",  # batch/v1 Job, Kubernetes 1.27+
     "label_job_name",  # batch/v1 Job, the older label
 )
+# The job dashboard (dashboards/job.py), as a path on your Grafana: the alerts link it.
+JOB_DASHBOARD = ("/d/gpu-health-job/?var-cluster={{ $labels.cluster }}&var-job={{ $labels.training_job }}"
+                 "&var-instance=All")
 # Owners that are not a training job: a pod they own is named by its labels or falls back to itself.
 NOT_A_JOB_OWNER = "ReplicaSet|StatefulSet|DaemonSet|Node|<none>|"
 
@@ -171,16 +174,20 @@ max by ({JOB}) (
 sum by ({JOB}) (
   gpu:training_job:info * on (cluster, instance, gpu) group_left () max by (cluster, instance, gpu) (gpu_power_watts)
 )"""))
-    r.append(_rule("record", "training_job:goodput:ratio", f"""
-sum by ({JOB}) (
+    r.append(_rule("record", "instance_training_job:gpus:count", f"count by ({NODE_JOB}) (gpu:training_job:info)",
+                   "Per node of the job (the dashboards' series carry `instance`): its GPUs there, and those\n"
+                   "making progress now (a GPU with no activity series, a lost one, counts as not)."))
+    r.append(_rule("record", "instance_training_job:gpus_active:count", f"""
+sum by ({NODE_JOB}) (
     (job_gpu:gpu_tensor_active:ratio{w} >= bool {P})
   + on ({GPU_JOB}, pod) (job_gpu:gpu_sm_active:ratio{w} >= bool {_num(s.progress_sm)})
   > bool 0
-)
+)"""))
+    r.append(_rule("record", "training_job:goodput:ratio", f"""
+sum by ({JOB}) (instance_training_job:gpus_active:count)
 / on ({JOB}) training_job:gpus:count""",
-                   "Goodput: the share of the job's GPUs making progress now (a GPU with no activity series, a\n"
-                   "lost one, counts as not). avg_over_time of it is the share of the job's allocated GPU time\n"
-                   "that was active."))
+                   "Goodput: the share of the job's GPUs making progress now; avg_over_time of it is the share\n"
+                   "of the job's allocated GPU time that was active."))
     out.extend(r)
 
     # --- group 2: per-node evidence ------------------------------------------------------------------
@@ -300,6 +307,9 @@ training_job:gpus:count
                    "processes still hold GPU memory (they exited at the job's end), it was productive since it\n"
                    "started, and none of its nodes is writing a checkpoint to Lustre. GPU-hours lost to stalls:\n"
                    "sum_over_time of this series times the interval."))
+    r.append(_rule("record", "instance_training_job:gpus_stalled:count",
+                   f"instance_training_job:gpus:count and on ({JOB}) training_job:gpus_stalled:count",
+                   "The same per node (with `instance`, for the dashboards)."))
     ev = {
         "hardware": f"""max by ({NODE_JOB}) (gpu:training_job:info and on (cluster, instance, gpu) gpu:job_health_hardware:evidence)
 or
@@ -358,6 +368,7 @@ or on ({JOB})
             {{{{ $labels.cause }}}}{{{{ if eq $labels.cause "application" }}}} (no hardware, network or storage signal on
             any of its nodes; {{{{ $labels.instance }}}} is one of them: a deadlock, a data-loader bug or an NCCL hang with
             healthy links, for the job's owner){{{{ else }}}}, on {{{{ $labels.instance }}}}: {alert_desc_evidence}{{{{ end }}}}
+            Job dashboard: {JOB_DASHBOARD}
           runbook_url: {s.runbook_base}#trainingjobstalled
 """)
     out.extend(r)
@@ -462,6 +473,7 @@ and on ({JOB}) training_job:running""",
             {s.straggler_for}: it diverges from the job's median GPU or node. Likely cause: {{{{ $labels.cause }}}}.
             Evidence: {desc_hw}{desc_node}{{{{ if eq $labels.cause "application" }}}}none from the hardware,
             EFA or Lustre (uneven work, a data skew: the job's owner's){{{{ end }}}}
+            Job dashboard: {JOB_DASHBOARD}
           runbook_url: {s.runbook_base}#trainingjobstraggler
 """)
     out.extend(r)

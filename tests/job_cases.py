@@ -21,6 +21,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "tests" / "rules" / "job.test.yml"
+# The day-long case in a suite of its own: tests/test_rules.py runs the suites two at a time.
+DAY_SUITE = ROOT / "tests" / "rules" / "job_day.test.yml"
+DAY = "a simulated day of a healthy job with hourly checkpoints: no alert"
 RUNBOOK = "file:///usr/share/doc/gpu-health-exporter/runbooks.html"
 MEM_TOTAL = 80e9
 CLOCK = 1.98e9
@@ -197,6 +200,10 @@ def _job_labels(job: str) -> dict[str, str]:
     return {"training_job": job, "hpc_job": job}
 
 
+def _dash(job: str) -> str:
+    return f"/d/gpu-health-job/?var-cluster=c1&var-job={_job_labels(job)['training_job']}&var-instance=All"
+
+
 def stalled(job: str, inst: str, cause: str, gpus: int, evidence: str = "") -> dict:
     j = _job_labels(job)
     where = f" (namespace {j['namespace']})" if "namespace" in j else ""
@@ -212,7 +219,7 @@ def stalled(job: str, inst: str, cause: str, gpus: int, evidence: str = "") -> d
             "summary": "A training job has stopped making progress on all its GPUs.",
             "description": (f"Job {j['training_job']}{where} holds {gpus} GPU(s) and none has made progress (tensor "
                             "activity under 0.05, SM activity under 0.5) for 4m, while it is not writing a checkpoint. "
-                            f"Cause: {cause}{tail}"),
+                            f"Cause: {cause}{tail} Job dashboard: {_dash(job)}"),
             "runbook_url": f"{RUNBOOK}#trainingjobstalled",
         },
     }
@@ -232,7 +239,7 @@ def straggler(job: str, inst: str, cause: str, evidence: str, gpu: str | None = 
         "exp_annotations": {
             "summary": "One GPU or node of a training job is persistently slower than the rest.",
             "description": (f"Job {j['training_job']}{where} has a straggler on {on} for 5m: it diverges from the job's "
-                            f"median GPU or node. Likely cause: {cause}. Evidence: {evidence}{app}"),
+                            f"median GPU or node. Likely cause: {cause}. Evidence: {evidence}{app} Job dashboard: {_dash(job)}"),
             "runbook_url": f"{RUNBOOK}#trainingjobstraggler",
         },
     }
@@ -394,7 +401,7 @@ def cases() -> list[Case]:
         return Gpu(tensor=0.8 + 0.02 * ((t + g + n) % 5), sm=0.93)
 
     out.append(Case(
-        "a simulated day of a healthy job with hourly checkpoints: no alert", 1440, 4, 2, day,
+        "a simulated day of a healthy job with hourly checkpoints: no alert", 1440, 2, 2, day,
         lambda t, n: Node(lustre_write=1.5e9 if n == 0 and 1 <= t % 60 < 6 else 0.0),
         stalled=[(t, []) for h in range(1, 24) for t in (60 * h + 4, 60 * h + 6, 60 * h + 9)],
         straggler=[(t, []) for h in range(1, 24) for t in (60 * h + 9, 60 * h + 30)]))
@@ -442,9 +449,12 @@ def _sorted(alerts: list[dict]) -> list[dict]:
     return alerts
 
 
-def suite() -> dict:
+def suite(day: bool = False) -> dict:
+    """The cases (day: the day-long one alone, else every other)."""
     tests = []
     for c in cases():
+        if (c.name == DAY) != day:
+            continue
         group = {"name": c.name, "interval": "1m", "input_series": series(c), "alert_rule_test": []}
         for t, exp in c.stalled:
             group["alert_rule_test"].append({"eval_time": f"{t}m", "alertname": "TrainingJobStalled", "exp_alerts": exp})
@@ -463,13 +473,14 @@ HEADER = """\
 """
 
 
-def text() -> str:
-    return HEADER + yaml.safe_dump(suite(), sort_keys=False, width=200)
+def text(day: bool = False) -> str:
+    return HEADER + yaml.safe_dump(suite(day), sort_keys=False, width=200)
 
 
 def main() -> int:
-    SUITE.write_text(text())
-    print(f"wrote {SUITE}")
+    for path, day in ((SUITE, False), (DAY_SUITE, True)):
+        path.write_text(text(day))
+        print(f"wrote {path}")
     return 0
 
 
