@@ -26,7 +26,8 @@ def test_rules_file_is_the_default_rendering():
 
 def test_suite_is_generated_from_the_cases():
     for path, day in ((job_cases.SUITE, False), (job_cases.DAY_SUITE, True)):
-        assert path.read_text() == job_cases.text(day), f"{path.name} is stale: run .venv/bin/python -m tests.job_cases"
+        assert path.read_text() == job_cases.text(day), \
+            f"{path.name} is stale: run .venv/bin/python -m tests.job_cases"
 
 
 def test_every_group_has_its_own_interval():
