@@ -18,7 +18,7 @@ from pathlib import Path
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from dashboards import efa, fleet, fsx, node
+from dashboards import efa, fleet, fsx, job, node
 
 OUT = Path(__file__).resolve().parent
 DOC = OUT.parent / "docs" / "dashboards.md"
@@ -30,6 +30,7 @@ BUILDERS: dict[str, Callable[[], db.Dashboard]] = {
     "gpu-health-node": node.build,
     "gpu-health-efa": efa.build,
     "gpu-health-fsx": fsx.build,
+    "gpu-health-job": job.build,
 }
 
 

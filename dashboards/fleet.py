@@ -16,6 +16,7 @@ from dashboards.lib import (
     coloured_cells,
     dashboard,
     instant,
+    job_url,
     override,
     query,
     sel,
@@ -128,11 +129,41 @@ def faults_by_workload() -> list:
         "Every Slurm job (hpc_job) and pod whose GPUs logged an XID, or whose node's NVSwitch logged an "
         "SXid, within the selected time range: node, code and the time of the last such fault. Kept after "
         "the job ended, so the job an XID killed is here; a fault on an idle GPU is not. Sort by job to see "
-        "a job hit on several nodes, by node for a node that keeps killing jobs.",
+        "a job hit on several nodes, by node for a node that keeps killing jobs. A job or pod links to the "
+        "job dashboard (a pod opens as its own job: the dashboard's Job picker has its training job).",
         "dateTimeFromNow", "one row per job or pod, node and code hit in the range",
         instant(last("gpu_xid_workload_last_seen_timestamp_seconds", "xid"), "last XID"),
         instant(last("gpu_nvswitch_sxid_workload_last_seen_timestamp_seconds", "sxid"), "last SXid"),
-        width=24, height=8)
+        width=24, height=8,
+        overrides=[override(field, links=[{"title": "Open the job dashboard", "url": job_url(field)}])
+                   for field in ("hpc_job", "pod")])
+
+
+def job_health() -> list:
+    """Training jobs (issue 34): stalls, goodput and the GPU-hours lost, per job and per cluster."""
+    lost = f"sum_over_time(instance_training_job:gpus_stalled:count{sel()}[$__range])"
+    by_job = table_panel(
+        "GPU-hours lost to stalls by job",
+        "GPU-hours each training job held while stalled (TrainingJobStalled's condition) in the range, "
+        "and its goodput over the range (the share of its allocated GPU time that was active). The job "
+        "links to the job dashboard.",
+        "h", "top 20 jobs",
+        instant(f"topk(20, sum by (cluster, training_job, namespace) ({lost}) / 60 > 0)", "GPU-hours lost"),
+        instant("topk(20, sum by (cluster, training_job, namespace) "
+                f"(sum_over_time(instance_training_job:gpus_active:count{sel()}[$__range])) "
+                "/ sum by (cluster, training_job, namespace) "
+                f"(sum_over_time(instance_training_job:gpus:count{sel()}[$__range])))", "goodput"),
+        width=16, height=8, node_link=False,
+        overrides=[override("training_job", links=[{"title": "Open the job dashboard",
+                                                     "url": job_url("training_job")}]),
+                   override("goodput", unit="percentunit")])
+    per_cluster = stat_panel(
+        "GPU-hours lost to stalls per cluster",
+        "GPU-hours held by stalled training jobs in the range, per cluster.",
+        "h", "one value per cluster",
+        query(f"sum by (cluster) ({lost}) / 60", "{{cluster}}"),
+        thresholds=steps((None, "green"), (1, "orange")), width=8, height=8)
+    return [by_job, per_cluster]
 
 
 def memory() -> list:
@@ -302,6 +333,7 @@ def build() -> db.Dashboard:
     for title, panels in (("Overview", overview()), ("Needs action", action()),
                           ("GPU memory and recovery", memory()),
                           ("Activity (SM, tensor)", activity()),
+                          ("Training jobs", job_health()),
                           ("NVSwitch, fabric and EC2 events", fabric()), ("Exporter", exporter())):
         d = d.with_row(db.Row(title))
         for p in panels:

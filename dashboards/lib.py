@@ -34,12 +34,14 @@ UIDS = {
     "node": "gpu-health-node",
     "efa": "gpu-health-efa",
     "fsx": "gpu-health-fsx",
+    "job": "gpu-health-job",
 }
 TITLES = {
     "fleet": "GPU health / Fleet",
     "node": "GPU health / Node",
     "efa": "GPU health / EFA fabric",
     "fsx": "GPU health / FSx for Lustre clients",
+    "job": "GPU health / Training job",
 }
 
 # Colours of the verdicts, healthy to worst (exporter/xid/verdict.py).
@@ -73,6 +75,13 @@ def workload_join(expr: str) -> str:
 
 WORKLOAD = "cluster, hpc_job, namespace, pod"  # a workload's labels, for `by (...)`
 WORKLOAD_LEGEND = "{{hpc_job}}{{namespace}} {{pod}}"
+
+
+def job_url(field: str) -> str:
+    """Data link from a table row (with `cluster` and the job's name in column `field`) to the job
+    dashboard."""
+    return (f"/d/{UIDS['job']}/?var-datasource=${{datasource}}&var-cluster=${{__data.fields.cluster}}"
+            f"&var-job=${{__data.fields.{field}}}&var-instance=All&${{__url_time_range}}")
 
 
 def node_url(with_gpu: bool = False) -> str:
