@@ -80,6 +80,7 @@ RECORDED = {
     **{f"gpu_health_threshold:ecc_corrected_rate_{t}": ("const", SHORT_S, None, False)
        for t in ("factor", "floor_per_second", "young_per_second", "keep_ratio", "high_per_second")},
 }
+JOB_NODES = 16  # nodes per Slurm job in the synthetic fleet (rules/job.yml groups per job)
 ECC_ERRING_EVERY = 50  # 2% of GPUs with corrected ECC errors in the last hours
 EVAL_S = 15
 # Counters grow like a fleet's: traffic (bytes, packets sent and received) at rates from idle to
@@ -119,7 +120,9 @@ class Figures:
 def node_series() -> list[tuple[str, dict[str, str], float]]:
     """(name, labels, value) of one simulated p5.48xlarge's series that the rules read."""
     wanted = {n for _, _, r in all_rules() for n in metric_names(r["expr"]) if ":" not in n} - {"ALERTS"}
-    with running_exporter("--simulate", "p5.48xlarge") as url:
+    # A Slurm job on every GPU (gpu_workload_info): the job-health rules group the fleet into jobs
+    # of JOB_NODES nodes each (histories()).
+    with running_exporter("--simulate", "p5.48xlarge", "--scenario", "slurm-job") as url:
         time.sleep(2)  # the slow GPU readings (NVLink state, PCIe replays) arrive in the background
         text = requests.get(f"{url}/metrics", timeout=30).text
     out = []
@@ -162,6 +165,8 @@ def histories(per_node: list[tuple[str, dict[str, str], float]], nodes: int, int
         for node in range(nodes):
             node_labels = {"instance": f"gpu-node-{node}", "job": "gpu-health-exporter", "cluster": "c1"}
             for labels, value in members:
+                if "hpc_job" in labels:
+                    labels = {**labels, "hpc_job": str(1000 + node // JOB_NODES)}
                 step = _step(name, rng) * interval if counter else 0.0
                 yield name, {**labels, **node_labels}, ts, [value + i * step for i in range(len(ts))]
     members_of = {"ecc": [{k: v for k, v in lab.items() if k != "counter"} for lab in ecc],

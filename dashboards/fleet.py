@@ -161,7 +161,7 @@ def job_health() -> list:
         "GPU-hours lost to stalls per cluster",
         "GPU-hours held by stalled training jobs in the range, per cluster.",
         "h", "one value per cluster",
-        query(f"sum by (cluster) ({lost}) / 60", "{{cluster}}"),
+        query(f"sum by (cluster) ({lost}) / 60 or vector(0)", "{{cluster}}"),
         thresholds=steps((None, "green"), (1, "orange")), width=8, height=8)
     return [by_job, per_cluster]
 

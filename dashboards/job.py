@@ -91,22 +91,22 @@ def activity() -> list:
         "Mean tensor pipe activity over the job's GPUs on each node (GPM, 2-minute rate). A stall is every "
         "line at 0 from the same minute; an NCCL hang too, though nvidia-smi's utilisation reads 100%.",
         "percentunit", "one series per node of the job",
-        query(f"avg by (cluster, instance) (job_gpu:gpu_tensor_active:ratio2m{js()})", NODE),
+        query(f"avg by (cluster, instance) (job_gpu:gpu_tensor_active:ratio{js()})", NODE),
         minimum=0, maximum=1)
     sm = timeseries_panel(
         "SM activity per node",
         "Mean SM activity over the job's GPUs on each node. An NCCL wait spins a few SMs (up to ~0.25) "
         "with no tensor activity.",
         "percentunit", "one series per node of the job",
-        query(f"avg by (cluster, instance) (job_gpu:gpu_sm_active:ratio2m{js()})", NODE),
+        query(f"avg by (cluster, instance) (job_gpu:gpu_sm_active:ratio{js()})", NODE),
         minimum=0, maximum=1)
     spread = timeseries_panel(
         "GPUs furthest from the job's median",
         "Tensor activity of the GPUs most above and most below the job's median GPU: the straggler is the "
         "one that stays apart (it computes while the others wait).",
         "percentunit", f"top {K} and bottom {K} GPUs per point",
-        query(f"topk({K}, job_gpu:gpu_tensor_active:ratio2m{js()})", GPU),
-        query(f"bottomk({K}, job_gpu:gpu_tensor_active:ratio2m{js()})", GPU),
+        query(f"topk({K}, job_gpu:gpu_tensor_active:ratio{js()})", GPU),
+        query(f"bottomk({K}, job_gpu:gpu_tensor_active:ratio{js()})", GPU),
         minimum=0, maximum=1)
     clock = timeseries_panel(
         "Lowest SM clock per node",
@@ -156,18 +156,18 @@ def io() -> list:
         "Bytes per second sent over EFA by each node of the job. A node far below the others is a network "
         "straggler; every node flat at once is a stall.",
         "Bps", "one series per node of the job",
-        query(f"instance_training_job:efa_tx_bytes:rate2m{js()}", NODE))
+        query(f"instance_training_job:efa_tx_bytes:rate{js()}", NODE))
     read = timeseries_panel(
         "Lustre read per node",
         "FSx for Lustre read throughput of each node of the job (the data loader).",
         "Bps", "one series per node of the job",
-        query(f"instance_training_job:lustre_client_read_bytes:rate2m{js()}", NODE))
+        query(f"instance_training_job:lustre_client_read_bytes:rate{js()}", NODE))
     write = timeseries_panel(
         "Lustre write per node",
         "FSx for Lustre write throughput of each node of the job: checkpoints. Above 50 MB/s the quiet GPUs "
         "are not a stall.",
         "Bps", "one series per node of the job",
-        query(_job_nodes(f"instance:lustre_client_write_bytes:rate2m{sel()}"), NODE))
+        query(_job_nodes(f"instance:lustre_client_write_bytes:rate{sel()}"), NODE))
     return [efa, read, write]
 
 

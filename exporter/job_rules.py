@@ -144,15 +144,15 @@ label_replace(max by (cluster, instance, gpu, namespace, pod) (gpu_workload_info
                    "the pod's own name (no kube-state-metrics, or a pod of no job). A GPU two jobs share has two."))
     r.append(_rule("record", "instance_training_job:info", f"max by ({NODE_JOB}) (gpu:training_job:info)",
                    "The nodes of each job."))
-    r.append(_rule("record", f"gpu:gpu_tensor_active:ratio{w}",
+    r.append(_rule("record", f"gpu:gpu_tensor_active:ratio",
                    f"max by (cluster, instance, gpu) (rate(gpu_tensor_active_seconds_total[{w}]))",
                    "Activity over a short window: a stall must be seen within minutes."))
-    r.append(_rule("record", f"gpu:gpu_sm_active:ratio{w}",
+    r.append(_rule("record", f"gpu:gpu_sm_active:ratio",
                    f"max by (cluster, instance, gpu) (rate(gpu_sm_active_seconds_total[{w}]))"))
-    r.append(_rule("record", f"job_gpu:gpu_tensor_active:ratio{w}",
-                   f"gpu:training_job:info * on (cluster, instance, gpu) group_left () gpu:gpu_tensor_active:ratio{w}"))
-    r.append(_rule("record", f"job_gpu:gpu_sm_active:ratio{w}",
-                   f"gpu:training_job:info * on (cluster, instance, gpu) group_left () gpu:gpu_sm_active:ratio{w}"))
+    r.append(_rule("record", f"job_gpu:gpu_tensor_active:ratio",
+                   f"gpu:training_job:info * on (cluster, instance, gpu) group_left () gpu:gpu_tensor_active:ratio"))
+    r.append(_rule("record", f"job_gpu:gpu_sm_active:ratio",
+                   f"gpu:training_job:info * on (cluster, instance, gpu) group_left () gpu:gpu_sm_active:ratio"))
     r.append(_rule("record", "job_gpu:gpu_clock_sm:hertz",
                    'gpu:training_job:info * on (cluster, instance, gpu) group_left ()\n'
                    '  max by (cluster, instance, gpu) (gpu_clock_hertz{clock="sm"})'))
@@ -160,11 +160,11 @@ label_replace(max by (cluster, instance, gpu, namespace, pod) (gpu_workload_info
                    "Per job: GPUs and nodes held, activity over its GPUs, memory, power."))
     r.append(_rule("record", "training_job:nodes:count", f"count by ({JOB}) (instance_training_job:info)"))
     for stat in ("avg", "min", "max"):
-        r.append(_rule("record", f"training_job:gpu_tensor_active:{stat}{w}",
-                       f"{stat} by ({JOB}) (job_gpu:gpu_tensor_active:ratio{w})"))
+        r.append(_rule("record", f"training_job:gpu_tensor_active:{stat}",
+                       f"{stat} by ({JOB}) (job_gpu:gpu_tensor_active:ratio)"))
     for stat in ("avg", "max"):
-        r.append(_rule("record", f"training_job:gpu_sm_active:{stat}{w}",
-                       f"{stat} by ({JOB}) (job_gpu:gpu_sm_active:ratio{w})"))
+        r.append(_rule("record", f"training_job:gpu_sm_active:{stat}",
+                       f"{stat} by ({JOB}) (job_gpu:gpu_sm_active:ratio)"))
     r.append(_rule("record", "training_job:gpu_memory_used:ratio_max", f"""
 max by ({JOB}) (
   gpu:training_job:info * on (cluster, instance, gpu) group_left ()
@@ -179,8 +179,8 @@ sum by ({JOB}) (
                    "making progress now (a GPU with no activity series, a lost one, counts as not)."))
     r.append(_rule("record", "instance_training_job:gpus_active:count", f"""
 sum by ({NODE_JOB}) (
-    (job_gpu:gpu_tensor_active:ratio{w} >= bool {P})
-  + on ({GPU_JOB}, pod) (job_gpu:gpu_sm_active:ratio{w} >= bool {_num(s.progress_sm)})
+    (job_gpu:gpu_tensor_active:ratio >= bool {P})
+  + on ({GPU_JOB}, pod) (job_gpu:gpu_sm_active:ratio >= bool {_num(s.progress_sm)})
   > bool 0
 )"""))
     r.append(_rule("record", "training_job:goodput:ratio", f"""
@@ -264,12 +264,12 @@ label_replace(
   "reason", "lustre_latency", "", ""
 )""", "FSx for Lustre on the node: an eviction, RPC timeouts, an import not connected, a mount that does\n"
                    "not answer, or a mean RPC round trip above 100 ms."))
-    r.append(_rule("record", f"instance:lustre_client_write_bytes:rate{w}",
+    r.append(_rule("record", f"instance:lustre_client_write_bytes:rate",
                    f"sum by (cluster, instance) (rate(lustre_client_write_bytes_total[{w}]))",
                    "Lustre and EFA throughput per node: checkpoints, and a straggler's lower rate."))
-    r.append(_rule("record", f"instance:lustre_client_read_bytes:rate{w}",
+    r.append(_rule("record", f"instance:lustre_client_read_bytes:rate",
                    f"sum by (cluster, instance) (rate(lustre_client_read_bytes_total[{w}]))"))
-    r.append(_rule("record", f"instance:efa_tx_bytes:rate{w}",
+    r.append(_rule("record", f"instance:efa_tx_bytes:rate",
                    f"sum by (cluster, instance) (rate(efa_tx_bytes_total[{w}]))"))
     out.extend(r)
 
@@ -285,9 +285,9 @@ label_replace(
     r = []
     r.append(_rule("record", "training_job:last_progress_timestamp_seconds", f"""
 max by ({JOB}) (
-    time() + 0 * (training_job:gpu_tensor_active:avg{w} >= {_num(s.productive_tensor)})
+    time() + 0 * (training_job:gpu_tensor_active:avg >= {_num(s.productive_tensor)})
   or
-    time() + 0 * (training_job:gpu_sm_active:avg{w} >= {_num(s.productive_sm)})
+    time() + 0 * (training_job:gpu_sm_active:avg >= {_num(s.productive_sm)})
 )
 or on ({JOB})
 (last_over_time(training_job:last_progress_timestamp_seconds[{s.carry}]) and on ({JOB}) training_job:gpus:count)""",
@@ -296,13 +296,13 @@ or on ({JOB})
                    "A job that never was productive (start-up) has none and cannot stall."))
     r.append(_rule("record", "training_job:gpus_stalled:count", f"""
 training_job:gpus:count
-  and on ({JOB}) (training_job:gpu_tensor_active:max{w} < {T})
-  and on ({JOB}) (training_job:gpu_sm_active:max{w} < {S})
+  and on ({JOB}) (training_job:gpu_tensor_active:max < {T})
+  and on ({JOB}) (training_job:gpu_sm_active:max < {S})
   and on ({JOB}) (training_job:gpu_memory_used:ratio_max > {_num(s.memory_held)})
   and on ({JOB}) training_job:last_progress_timestamp_seconds
   unless on ({JOB}) (
     instance_training_job:info
-      and on (cluster, instance) (instance:lustre_client_write_bytes:rate{w} > {_num(s.checkpoint_write_bytes)})
+      and on (cluster, instance) (instance:lustre_client_write_bytes:rate > {_num(s.checkpoint_write_bytes)})
   )""", "A stall now (before `for`; value: the GPUs it holds): no GPU of the job makes progress, its\n"
                    "processes still hold GPU memory (they exited at the job's end), it was productive since it\n"
                    "started, and none of its nodes is writing a checkpoint to Lustre. GPU-hours lost to stalls:\n"
@@ -387,37 +387,37 @@ or on ({JOB})
     r.append(_rule("record", "training_job:running", f"""
 training_job:gpus:count >= 3
   and on ({JOB}) (
-      training_job:gpu_tensor_active:avg{w} >= {T}
+      training_job:gpu_tensor_active:avg >= {T}
     or on ({JOB})
-      training_job:gpu_sm_active:avg{w} >= {S}
+      training_job:gpu_sm_active:avg >= {S}
   )""", "A job of three GPUs or more making progress (a median of two is no majority)."))
-    r.append(_rule("record", f"training_job:gpu_tensor_active:median{w}",
-                   f"quantile by ({JOB}) (0.5, job_gpu:gpu_tensor_active:ratio{w})"))
+    r.append(_rule("record", f"training_job:gpu_tensor_active:median",
+                   f"quantile by ({JOB}) (0.5, job_gpu:gpu_tensor_active:ratio)"))
     r.append(_rule("record", "training_job:gpu_clock_sm:median", f"quantile by ({JOB}) (0.5, job_gpu:gpu_clock_sm:hertz)"))
     r.append(_rule("record", "job_gpu:gpu_clock_sm:below_median",
                    f"job_gpu:gpu_clock_sm:hertz < on ({JOB}) group_left () ({C} * training_job:gpu_clock_sm:median)"))
     r.append(_rule("record", "job_gpu:straggler:diverged", f"""
 max by ({GPU_JOB}) (
-    abs(job_gpu:gpu_tensor_active:ratio{w} - on ({JOB}) group_left () training_job:gpu_tensor_active:median{w}) > {A}
+    abs(job_gpu:gpu_tensor_active:ratio - on ({JOB}) group_left () training_job:gpu_tensor_active:median) > {A}
   or
     job_gpu:gpu_clock_sm:below_median
 )
 and on ({JOB}) training_job:running""",
                    f"A GPU whose tensor activity is more than {A} from the job's median, or whose SM clock is under\n"
                    f"{C} of the job's median."))
-    for what, metric, floor in (("efa_tx_bytes", f"instance:efa_tx_bytes:rate{w}", s.straggler_min_efa_bytes,
+    for what, metric, floor in (("efa_tx_bytes", f"instance:efa_tx_bytes:rate", s.straggler_min_efa_bytes,
                                          ),
-                                        ("lustre_client_read_bytes", f"instance:lustre_client_read_bytes:rate{w}",
+                                        ("lustre_client_read_bytes", f"instance:lustre_client_read_bytes:rate",
                                          s.straggler_min_read_bytes)):
-        r.append(_rule("record", f"instance_training_job:{what}:rate{w}",
+        r.append(_rule("record", f"instance_training_job:{what}:rate",
                        f"instance_training_job:info * on (cluster, instance) group_left () {metric}"))
-        r.append(_rule("record", f"training_job:{what}:median{w}",
-                       f"quantile by ({JOB}) (0.5, instance_training_job:{what}:rate{w}) >= {_num(floor)}"))
+        r.append(_rule("record", f"training_job:{what}:median",
+                       f"quantile by ({JOB}) (0.5, instance_training_job:{what}:rate) >= {_num(floor)}"))
     node_arms = []
     for what, reason in (("efa_tx_bytes", "efa_traffic_low"), ("lustre_client_read_bytes", "lustre_read_low")):
         node_arms.append(f"""label_replace(
-  instance_training_job:{what}:rate{w}
-    < on ({JOB}) group_left () ({SH} * training_job:{what}:median{w}),
+  instance_training_job:{what}:rate
+    < on ({JOB}) group_left () ({SH} * training_job:{what}:median),
   "reason", "{reason}", "", ""
 )""")
     node_arms.append('label_replace(instance_training_job:info and on (cluster, instance) '

@@ -32,7 +32,7 @@ RAW_COUNTERS = {
     "gpu_nvswitch_sxid_errors_total": "SXids since boot per switch and code are the point of the SXid tables",
 }
 SUBSTITUTIONS = {"$__rate_interval": "5m", "$__range_s": "3600", "$__range": "1h", "$cluster": ".*",
-                 "$instance": ".+", "$gpu": ".*"}
+                 "$instance": ".+", "$gpu": ".*", "$job": ".*"}
 _RATE = re.compile(r"\b(?:rate|irate|increase)\(\s*$")  # directly the argument of a rate
 
 MODELS = build.dashboards()

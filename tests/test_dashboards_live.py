@@ -24,6 +24,7 @@ import requests
 import yaml
 
 from dashboards.build import dashboards
+from exporter import job_rules
 from tests.helpers import ROOT, served_base, start_listening, wait_until_serving
 from tests.rules_lint import RULES_DIR
 
@@ -42,6 +43,10 @@ LOST = ("faulty-node-1", "3")  # gpu-lost: GPU 3 falls off the bus
 # (dashboard, panel title) -> why it may be empty on the faulty cluster. A new panel gets data by
 # adding the scenario of its fault to a faulty node above, or is listed here with the reason.
 EMPTY_ON_PURPOSE = {
+    ("gpu-health-job", "Job alerts firing"): "no job stalls or straggles here (tests/test_job_health_live.py)",
+    ("gpu-health-job", "Stragglers now"): "the faulty node's job has no straggler (tests/test_job_health_live.py)",
+    ("gpu-health-job", "Throttling and slowdowns"):
+        "the thermal slowdown is on faulty-node-2, which runs no job",
     ("gpu-health-fsx", "Imports not connected"):
         "the FSx eviction's import recovers to FULL, and no listed fault keeps one disconnected",
 }
@@ -71,6 +76,9 @@ def _start_exporters(tmp_path) -> dict[str, tuple[subprocess.Popen, str]]:
 def _start_prometheus(tmp_path, targets: dict[str, str]) -> tuple[subprocess.Popen, str]:
     rules = tmp_path / "rules"
     shutil.copytree(RULES_DIR, rules)
+    # The job-health groups at the scrape's pace (their shipped windows are minutes long).
+    (rules / "job.yml").write_text(job_rules.render(job_rules.Settings(
+        interval=f"{SCRAPE_S}s", window=RATE_INTERVAL, evidence_window=RATE_INTERVAL, carry="5s")))
     cfg = {
         "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s"},
         "rule_files": [str(rules / "*.yml")],
@@ -115,7 +123,7 @@ def _range(api: str, expr: str, end: float) -> list[dict]:
 def _substitute(expr: str, cluster: str, instance: str) -> str:
     return (expr.replace("$__rate_interval", RATE_INTERVAL).replace("$__range_s", "3600")
             .replace("$__range", "1h").replace("$cluster", cluster)
-            .replace("$instance", instance).replace("$gpu", ".*"))
+            .replace("$instance", instance).replace("$gpu", ".*").replace("$job", ".*"))
 
 
 def _panels(model: dict) -> list[dict]:

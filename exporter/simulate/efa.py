@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.profiles import Profile
+from exporter.simulate import job
 from exporter.simulate.source import SimSource
 
 BASIC = ["tx_bytes", "tx_pkts", "rx_bytes", "rx_pkts", "rx_drops"]
@@ -163,6 +164,9 @@ class EfaSim(SimSource):
                          "never completes): that device is reported down after efa.device_timeout_seconds.",
         "efa-old-kernel": "The node runs Linux 5.10: one combined counter list, no RDMA write or network "
                           "counters.",
+        # training-job scenarios (exporter/simulate/job.py): traffic flat while the job waits,
+        # retransmits on a degraded node
+        **{k: job.SCENARIOS[k] for k in sorted(job.EFA_FLAT | {"job-efa-degraded"})},
     }
 
     def __init__(self, root: Path, profile: Profile, scenarios: set[str]) -> None:
@@ -210,7 +214,17 @@ class EfaSim(SimSource):
 
     def _values(self, i: int, t: float) -> dict[str, int]:
         scale = 1.0 + 0.01 * i
-        out = {f: int((1_000_000 * (i + 1) if f in _RATES else 0) + r * scale * t) for f, r in _RATES.items()}
+        moving = t
+        if self.active & job.EFA_FLAT:  # a stalled job's collectives move nothing
+            until = float("inf") if "job-xid79" in self.active else job.RECOVER_AT_S
+            moving = job.frozen(0.0, 1.0, t, until)
+        out = {f: int((1_000_000 * (i + 1) if f in _RATES else 0) + r * scale * moving)
+               for f, r in _RATES.items()}
+        if i == 0 and "job-efa-degraded" in self.active and t > job.STALL_AT_S:
+            degraded = t - job.STALL_AT_S  # 5% of the packets sent again, a timeout every 10 s
+            out["retrans_pkts"] = int(0.05 * _RATES["tx_pkts"] * scale * degraded)
+            out["retrans_bytes"] = int(0.05 * _RATES["tx_bytes"] * scale * degraded)
+            out["retrans_timeout_events"] = int(degraded / 10)
         if family(self.profile) in _NO_RDMA_WRITE:
             for f in RDMA_WRITE:
                 out[f] = 0

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from exporter.profiles import Profile
+from exporter.simulate import job
 from exporter.simulate.source import SimSource
 
 FSNAME = "abcdefgh"
@@ -51,7 +52,12 @@ SCENARIOS = {
     "lustre-fs-full": "The FSx file system is full (statvfs: no bytes available, 0.1% free for root).",
     "lustre-debugfs-missing": "debugfs is not mounted: no llite/osc/mdc stats or max_cached_mb.",
     "lustre-lbug": "The client hit an LBUG: health_check reads LBUG.",
+    # training-job scenarios (exporter/simulate/job.py): a training node reads and writes little;
+    # a checkpoint writes; a storage stall is evicted, slow and reads nothing
+    **{k: job.SCENARIOS[k] for k in sorted(job.ALL)},
 }
+CHECKPOINT_WRITES = 360  # 4 MiB writes per second: 1.5 GB/s
+STALL_RPC_WAIT_US = 2_000_000
 
 
 def _write(path: Path, text: str) -> None:
@@ -149,8 +155,21 @@ class LustreSim(SimSource):
                 f"{'start_time':<25} {self.t0 - 86400:.9f} secs.nsecs\n"
                 f"{'elapsed_time':<25} {86400 + t:.9f} secs.nsecs\n")
 
+    def _evicted_at(self) -> float | None:
+        if "lustre-eviction" in self.active:
+            return EVICT_AT_S
+        if "job-storage-stall" in self.active:
+            return job.STALL_AT_S
+        return None
+
     def _llite_stats(self, t: float) -> str:
         reads, writes = int(50_000 + 200 * t), int(12_000 + 50 * t)
+        if self.active & job.ALL:  # training: reads for the data loader, a log line now and then
+            writes = int(12_000 + 0.2 * t)
+            if "job-storage-stall" in self.active:
+                reads = int(job.frozen(50_000, 200, t))
+            if "job-checkpoint" in self.active and t > job.STALL_AT_S:
+                writes += int(CHECKPOINT_WRITES * (min(t, job.RECOVER_AT_S) - job.STALL_AT_S))
         s = self._header(t)
         s += _stat("read_bytes", reads, "bytes", 4096, 4 * MiB, reads * MiB, reads * MiB * MiB)
         s += _stat("write_bytes", writes, "bytes", 4096, 4 * MiB, writes * 4 * MiB, writes * 16 * MiB * MiB)
@@ -195,7 +214,10 @@ class LustreSim(SimSource):
                                                  in self.active)
         rate = 30.0 if active else 0.0
         n = int(8_000 + rate * t)
-        s += _stat("req_waittime", n, "usec", 120, 90_000, n * 800, n * 800 * 1200)
+        wait = n * 800
+        if "job-storage-stall" in self.active and t > job.STALL_AT_S:  # every RPC of the window takes 2 s
+            wait += int(rate * (min(t, job.RECOVER_AT_S) - job.STALL_AT_S) * STALL_RPC_WAIT_US)
+        s += _stat("req_waittime", n, "usec", 120, 90_000, wait, wait * 1200)
         s += _stat("req_active", n, "reqs", 1, 32, n * 6, n * 60)
         reads, writes = int(3_000 + rate * 0.6 * t), int(1_000 + rate * 0.3 * t)
         s += _stat("read_bytes", reads, "bytes", 4096, 4 * MiB, reads * 4 * MiB, reads * 16 * MiB * MiB)
@@ -220,7 +242,8 @@ class LustreSim(SimSource):
             timeouts, attempts, inflight = 3 + int(t / 10), 2 + int(t / 10), 0
         elif state == "IDLE":
             inflight = 0
-        if comp == "osc" and idx == EVICTED_OST and "lustre-eviction" in self.active and t >= EVICT_AT_S:
+        evicted = self._evicted_at()
+        if comp == "osc" and idx == EVICTED_OST and evicted is not None and t >= evicted:
             timeouts, attempts = 1, 3
         return (
             "import:\n"
@@ -265,8 +288,9 @@ class LustreSim(SimSource):
             hist += [(self.t0 - 100, "IDLE")]
         if current == "DISCONN":
             hist += [(self.t0 - 30, "DISCONN")]
-        if comp == "osc" and idx == EVICTED_OST and "lustre-eviction" in self.active and t >= EVICT_AT_S:
-            te = self.t0 + int(EVICT_AT_S)
+        evicted = self._evicted_at()
+        if comp == "osc" and idx == EVICTED_OST and evicted is not None and t >= evicted:
+            te = self.t0 + int(evicted)
             hist += [(te, "DISCONN"), (te, "CONNECTING"), (te, "EVICTED"), (te, "RECOVER"), (te + 1, "FULL")]
         lines = "".join(f" - [ {ts}, {s} ]\n" for ts, s in hist[-16:])
         return f"current_state: {current}\nstate_history:\n{lines}"

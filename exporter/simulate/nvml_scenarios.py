@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from exporter.nvml import backend as nv
 from exporter.nvml.backend import FABRIC_INFO, NVML_ERROR_IN_USE, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN
 from exporter.nvml.fake import FakeBackend
-from exporter.simulate.nvml_synth import activity_levels, fabric_entry
+from exporter.simulate import job
+from exporter.simulate.nvml_synth import TRAINING_UTIL, activity_levels, fabric_entry
 
 ONSET_S = 3.0
 FAULTY_GPU = 3
@@ -182,6 +184,55 @@ def _mig_mode(f: FakeBackend, p: Any) -> None:
     f.fail(FAULTY_GPU, "nvmlGpmSampleGet", NVML_ERROR_NOT_SUPPORTED)
 
 
+# Training-job scenarios (exporter/simulate/job.py): GPM levels during the stall window.
+NCCL_SPIN_LEVELS = {**activity_levels(0.0), nv.GPM_SM_UTIL: 20.0, nv.GPM_SM_OCCUPANCY: 3.0}
+STRAGGLER_LEVELS = {**activity_levels(TRAINING_UTIL), nv.GPM_SM_UTIL: 97.0, nv.GPM_ANY_TENSOR_UTIL: 90.0}
+
+
+def _job_window(f: FakeBackend, gpus: range, levels: dict[int, float], util: int,
+                recover: bool = True) -> None:
+    """From job.STALL_AT_S (until job.RECOVER_AT_S when `recover`), GPUs `gpus` read `levels` and
+    utilisation `util` %; then they train again."""
+    def stall() -> None:
+        for i in gpus:
+            f.set_value(i, "nvmlDeviceGetUtilizationRates", {"gpu": util, "memory": 0})
+            f.set_gpm_levels(i, levels)
+
+    def recover_() -> None:
+        for i in gpus:
+            f.set_value(i, "nvmlDeviceGetUtilizationRates", {"gpu": round(TRAINING_UTIL * 100), "memory": 38})
+            f.set_gpm_levels(i, activity_levels(TRAINING_UTIL))
+    f.at(job.STALL_AT_S, stall)
+    if recover:
+        f.at(job.RECOVER_AT_S, recover_)
+
+
+def _job_spin(f: FakeBackend, p: Any) -> None:
+    # NCCL's wait: a kernel always resident on a few SMs, so NVML's utilisation reads 100%.
+    _job_window(f, range(len(f.devices)), NCCL_SPIN_LEVELS, 100)
+
+
+def _job_idle(f: FakeBackend, p: Any) -> None:
+    _job_window(f, range(len(f.devices)), activity_levels(0.0), 0)
+
+
+def _job_xid79(f: FakeBackend, p: Any) -> None:
+    gpu = min(job.CULPRIT_GPU, len(f.devices) - 1)
+    f.queue_event(gpu, 79, at_s=job.STALL_AT_S - 0.01)
+    f.lose(gpu, at_s=job.STALL_AT_S)
+    _job_window(f, range(len(f.devices)), NCCL_SPIN_LEVELS, 100, recover=False)
+
+
+def _job_thermal(f: FakeBackend, p: Any) -> None:
+    gpu = min(job.CULPRIT_GPU, len(f.devices) - 1)
+
+    def throttle() -> None:
+        f.set_value(gpu, "nvmlDeviceGetCurrentClocksEventReasons", SW_THERMAL | HW_THERMAL)
+        f.set_value(gpu, "nvmlDeviceGetClockInfo/1", 1200)
+        f.set_gpm_levels(gpu, STRAGGLER_LEVELS)
+    f.at(job.STALL_AT_S, throttle)
+
+
 def _hang(f: FakeBackend, p: Any) -> None:
     f.hang(FAULTY_GPU, seconds=600.0, at_s=ONSET_S)
 
@@ -232,6 +283,10 @@ SCENARIOS: dict[str, tuple[str, Callable[[FakeBackend, Any], None]]] = {
     "gpu-mig-mode": (f"GPU {FAULTY_GPU} is in MIG mode: no GPM activity for it", _mig_mode),
     "gpu-nvml-hang": (f"every NVML call on GPU {FAULTY_GPU} blocks for 600s from {ONSET_S:g}s", _hang),
     "gpu-nvml-slow": (f"every NVML call on GPU {FAULTY_GPU} takes 50 ms longer from {ONSET_S:g}s", _slow),
+    **{name: (job.SCENARIOS[name], apply) for name, apply in (
+        ("job-wait", _job_spin), ("job-nccl-hang", _job_spin), ("job-storage-stall", _job_idle),
+        ("job-checkpoint", _job_idle), ("job-xid79", _job_xid79), ("job-thermal-straggler", _job_thermal),
+        ("job-efa-degraded", lambda f, p: None), ("job-healthy", lambda f, p: None))},
     **{f"gpu-xid-event-{x}": (f"NVML delivers an XID {x} event for GPU {FAULTY_GPU} after {ONSET_S:g}s "
                               "(no kernel-log line)", _xid(x)) for x in XID_EVENTS},
 }

@@ -1,0 +1,64 @@
+"""Training-job scenarios of the simulated node (issue 34): what one node of a multi-node job shows
+when the job stalls or straggles, for each cause, on the metrics the exporter exports.
+
+Run several simulated nodes with `--scenario slurm-job` (they share Slurm job 4242) and one of these
+each: the node at fault gets the cause's scenario, the others `job-wait` (their ranks wait in NCCL
+for it). Every job scenario trains from the start (GPM SM ~0.9, tensor ~0.55, EFA and Lustre reads
+moving, little written), then from STALL_AT_S to RECOVER_AT_S seconds after the node's start:
+
+- `job-wait`: the ranks wait in a collective that does not complete: NCCL's spin (SM activity 0.2,
+  tensor 0, NVML utilisation 100%), EFA flat. A node of a stalled job that is not to blame.
+- `job-nccl-hang`: the same, on every node (an application hang: no infrastructure signal).
+- `job-storage-stall`: the data loader waits on FSx for Lustre: GPUs idle, the client evicted by
+  an OST at the onset and its RPCs taking 2 s, reads stalled.
+- `job-xid79`: GPU 3 falls off the bus (XID 79) at the onset and stays lost; the other GPUs spin.
+- `job-checkpoint`: a checkpoint: GPUs idle while the node writes 1.5 GB/s to Lustre (must not fire).
+- `job-thermal-straggler`: GPU 3 throttles (HW thermal slowdown, SM clock 1.2 GHz) and stays
+  busy (tensor 0.9) while the job's other GPUs would wait; no stall.
+- `job-efa-degraded`: the node's first EFA device retransmits 5% of its packets (and times some
+  out): a network straggler.
+- `job-healthy`: trains all along (the healthy long run; checkpoints are `job-checkpoint`'s).
+
+The NVML side is in nvml_scenarios (GPM levels, clocks, a lost GPU), the EFA side in efa.py, the
+Lustre side in lustre.py; each reads the timeline from here.
+"""
+
+from __future__ import annotations
+
+STALL_AT_S = 20.0
+RECOVER_AT_S = 60.0
+CULPRIT_GPU = 3
+
+WINDOW = f"from {STALL_AT_S:g}s to {RECOVER_AT_S:g}s"
+SCENARIOS = {
+    "job-wait": f"a node of a stalled job: its ranks spin in NCCL (SM 0.2, tensor 0, utilisation 100%) and "
+                f"EFA goes flat {WINDOW}",
+    "job-nccl-hang": f"an NCCL hang with healthy links {WINDOW} (run it on every node of the job)",
+    "job-storage-stall": f"the data loader waits on FSx for Lustre {WINDOW}: GPUs idle, an eviction, 2 s "
+                         "RPCs, reads stalled",
+    "job-xid79": f"GPU {CULPRIT_GPU} falls off the bus (XID 79) at {STALL_AT_S:g}s; the other GPUs spin "
+                 "in NCCL",
+    "job-checkpoint": f"a checkpoint {WINDOW}: GPUs idle, 1.5 GB/s written to Lustre (no alert)",
+    "job-thermal-straggler": f"GPU {CULPRIT_GPU} throttles from {STALL_AT_S:g}s (HW thermal, SM clock "
+                             "1.2 GHz) and stays busier than the job's other GPUs",
+    "job-efa-degraded": f"the first EFA device retransmits 5% of its packets from {STALL_AT_S:g}s",
+    "job-healthy": "a training job all along: steady GPM activity, EFA traffic, Lustre reads",
+}
+# Scenarios under which the node trains (reads, a little writing) rather than the simulation's
+# default I/O pattern.
+ALL = frozenset(SCENARIOS)
+# The GPUs of these stop computing during the window.
+IDLE = frozenset({"job-storage-stall", "job-checkpoint"})
+SPIN = frozenset({"job-wait", "job-nccl-hang", "job-xid79"})
+EFA_FLAT = SPIN | IDLE
+
+
+def stalled(elapsed_s: float) -> bool:
+    return STALL_AT_S <= elapsed_s < RECOVER_AT_S
+
+
+def frozen(counter_at: float, rate: float, elapsed_s: float, until: float = RECOVER_AT_S) -> float:
+    """A counter growing at `rate` per second that stands still from STALL_AT_S to `until`: its
+    value at `elapsed_s` (counter_at: its value at 0)."""
+    moving = min(elapsed_s, STALL_AT_S) + max(0.0, elapsed_s - until)
+    return counter_at + rate * moving
