@@ -144,15 +144,15 @@ label_replace(max by (cluster, instance, gpu, namespace, pod) (gpu_workload_info
                    "the pod's own name (no kube-state-metrics, or a pod of no job). A GPU two jobs share has two."))
     r.append(_rule("record", "instance_training_job:info", f"max by ({NODE_JOB}) (gpu:training_job:info)",
                    "The nodes of each job."))
-    r.append(_rule("record", f"gpu:gpu_tensor_active:ratio",
+    r.append(_rule("record", "gpu:gpu_tensor_active:ratio",
                    f"max by (cluster, instance, gpu) (rate(gpu_tensor_active_seconds_total[{w}]))",
                    "Activity over a short window: a stall must be seen within minutes."))
-    r.append(_rule("record", f"gpu:gpu_sm_active:ratio",
+    r.append(_rule("record", "gpu:gpu_sm_active:ratio",
                    f"max by (cluster, instance, gpu) (rate(gpu_sm_active_seconds_total[{w}]))"))
-    r.append(_rule("record", f"job_gpu:gpu_tensor_active:ratio",
-                   f"gpu:training_job:info * on (cluster, instance, gpu) group_left () gpu:gpu_tensor_active:ratio"))
-    r.append(_rule("record", f"job_gpu:gpu_sm_active:ratio",
-                   f"gpu:training_job:info * on (cluster, instance, gpu) group_left () gpu:gpu_sm_active:ratio"))
+    r.append(_rule("record", "job_gpu:gpu_tensor_active:ratio",
+                   "gpu:training_job:info * on (cluster, instance, gpu) group_left () gpu:gpu_tensor_active:ratio"))
+    r.append(_rule("record", "job_gpu:gpu_sm_active:ratio",
+                   "gpu:training_job:info * on (cluster, instance, gpu) group_left () gpu:gpu_sm_active:ratio"))
     r.append(_rule("record", "job_gpu:gpu_clock_sm:hertz",
                    'gpu:training_job:info * on (cluster, instance, gpu) group_left ()\n'
                    '  max by (cluster, instance, gpu) (gpu_clock_hertz{clock="sm"})'))
@@ -264,12 +264,12 @@ label_replace(
   "reason", "lustre_latency", "", ""
 )""", "FSx for Lustre on the node: an eviction, RPC timeouts, an import not connected, a mount that does\n"
                    "not answer, or a mean RPC round trip above 100 ms."))
-    r.append(_rule("record", f"instance:lustre_client_write_bytes:rate",
+    r.append(_rule("record", "instance:lustre_client_write_bytes:rate",
                    f"sum by (cluster, instance) (rate(lustre_client_write_bytes_total[{w}]))",
                    "Lustre and EFA throughput per node: checkpoints, and a straggler's lower rate."))
-    r.append(_rule("record", f"instance:lustre_client_read_bytes:rate",
+    r.append(_rule("record", "instance:lustre_client_read_bytes:rate",
                    f"sum by (cluster, instance) (rate(lustre_client_read_bytes_total[{w}]))"))
-    r.append(_rule("record", f"instance:efa_tx_bytes:rate",
+    r.append(_rule("record", "instance:efa_tx_bytes:rate",
                    f"sum by (cluster, instance) (rate(efa_tx_bytes_total[{w}]))"))
     out.extend(r)
 
@@ -391,7 +391,7 @@ training_job:gpus:count >= 3
     or on ({JOB})
       training_job:gpu_sm_active:avg >= {S}
   )""", "A job of three GPUs or more making progress (a median of two is no majority)."))
-    r.append(_rule("record", f"training_job:gpu_tensor_active:median",
+    r.append(_rule("record", "training_job:gpu_tensor_active:median",
                    f"quantile by ({JOB}) (0.5, job_gpu:gpu_tensor_active:ratio)"))
     r.append(_rule("record", "training_job:gpu_clock_sm:median", f"quantile by ({JOB}) (0.5, job_gpu:gpu_clock_sm:hertz)"))
     r.append(_rule("record", "job_gpu:gpu_clock_sm:below_median",
@@ -405,9 +405,9 @@ max by ({GPU_JOB}) (
 and on ({JOB}) training_job:running""",
                    f"A GPU whose tensor activity is more than {A} from the job's median, or whose SM clock is under\n"
                    f"{C} of the job's median."))
-    for what, metric, floor in (("efa_tx_bytes", f"instance:efa_tx_bytes:rate", s.straggler_min_efa_bytes,
+    for what, metric, floor in (("efa_tx_bytes", "instance:efa_tx_bytes:rate", s.straggler_min_efa_bytes,
                                          ),
-                                        ("lustre_client_read_bytes", f"instance:lustre_client_read_bytes:rate",
+                                        ("lustre_client_read_bytes", "instance:lustre_client_read_bytes:rate",
                                          s.straggler_min_read_bytes)):
         r.append(_rule("record", f"instance_training_job:{what}:rate",
                        f"instance_training_job:info * on (cluster, instance) group_left () {metric}"))
