@@ -43,8 +43,8 @@ LOST = ("faulty-node-1", "3")  # gpu-lost: GPU 3 falls off the bus
 # (dashboard, panel title) -> why it may be empty on the faulty cluster. A new panel gets data by
 # adding the scenario of its fault to a faulty node above, or is listed here with the reason.
 EMPTY_ON_PURPOSE = {
-    ("gpu-health-job", "Job alerts firing"): "no job stalls or straggles here (tests/test_job_health_live.py)",
-    ("gpu-health-job", "Stragglers now"): "the faulty node's job has no straggler (tests/test_job_health_live.py)",
+    ("gpu-health-job", "Job alerts firing"): "no job stalls or straggles here (test_job_health_live.py)",
+    ("gpu-health-job", "Stragglers now"): "the faulty node's job has no straggler (test_job_health_live.py)",
     ("gpu-health-job", "Throttling and slowdowns"):
         "the thermal slowdown is on faulty-node-2, which runs no job",
     ("gpu-health-fsx", "Imports not connected"):
