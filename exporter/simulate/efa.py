@@ -164,13 +164,13 @@ class EfaSim(SimSource):
                          "never completes): that device is reported down after efa.device_timeout_seconds.",
         "efa-old-kernel": "The node runs Linux 5.10: one combined counter list, no RDMA write or network "
                           "counters.",
-        # training-job scenarios (exporter/simulate/job.py): traffic flat while the job waits,
-        # retransmits on a degraded node
-        **{k: job.SCENARIOS[k] for k in sorted(job.EFA_FLAT | {"job-efa-degraded"})},
     }
 
     def __init__(self, root: Path, profile: Profile, scenarios: set[str]) -> None:
         super().__init__(root, profile, scenarios)
+        # training-job scenarios (exporter/simulate/job.py): traffic flat while the job waits,
+        # retransmits on a degraded node
+        self.job = job.job_scenarios(scenarios)
         self.hang_path: Path | None = None
         # A family without a layout here gets no devices (but a complete object).
         no_layout: tuple[str, int, tuple[int, int], list[tuple[int, int]]] = ("0xefa2", 100, (6, 17), [])
@@ -215,12 +215,12 @@ class EfaSim(SimSource):
     def _values(self, i: int, t: float) -> dict[str, int]:
         scale = 1.0 + 0.01 * i
         moving = t
-        if self.active & job.EFA_FLAT:  # a stalled job's collectives move nothing
-            until = float("inf") if "job-xid79" in self.active else job.RECOVER_AT_S
+        if self.job & job.EFA_FLAT:  # a stalled job's collectives move nothing
+            until = float("inf") if "job-xid79" in self.job else job.RECOVER_AT_S
             moving = job.frozen(0.0, 1.0, t, until)
         out = {f: int((1_000_000 * (i + 1) if f in _RATES else 0) + r * scale * moving)
                for f, r in _RATES.items()}
-        if i == 0 and "job-efa-degraded" in self.active and t > job.STALL_AT_S:
+        if i == 0 and "job-efa-degraded" in self.job and t > job.STALL_AT_S:
             degraded = t - job.STALL_AT_S  # 5% of the packets sent again, a timeout every 10 s
             out["retrans_pkts"] = int(0.05 * _RATES["tx_pkts"] * scale * degraded)
             out["retrans_bytes"] = int(0.05 * _RATES["tx_bytes"] * scale * degraded)

@@ -25,6 +25,12 @@ Lustre side in lustre.py; each reads the timeline from here.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+from exporter.profiles import Profile
+from exporter.simulate.source import SimSource
+
 STALL_AT_S = 20.0
 RECOVER_AT_S = 60.0
 CULPRIT_GPU = 3
@@ -62,3 +68,28 @@ def frozen(counter_at: float, rate: float, elapsed_s: float, until: float = RECO
     value at `elapsed_s` (counter_at: its value at 0)."""
     moving = min(elapsed_s, STALL_AT_S) + max(0.0, elapsed_s - until)
     return counter_at + rate * moving
+
+
+class JobSimSource(SimSource):
+    """Registers the job scenarios (--list-scenarios, validation); the NVML, EFA and Lustre sources
+    play them (each reads `job_scenarios` of the node's scenarios)."""
+
+    name = "job"
+    scenarios = SCENARIOS
+
+    def __init__(self, root: Path, profile: Profile, scenarios: set[str]) -> None:
+        super().__init__(root, profile, scenarios)
+
+    def build(self) -> None:
+        pass
+
+    def settings(self) -> dict[str, Any]:
+        return {}
+
+
+def job_scenarios(scenarios: set[str] | frozenset[str]) -> frozenset[str]:
+    """The job scenarios among a node's scenarios."""
+    return frozenset(scenarios) & ALL
+
+
+SOURCE = JobSimSource

@@ -52,9 +52,6 @@ SCENARIOS = {
     "lustre-fs-full": "The FSx file system is full (statvfs: no bytes available, 0.1% free for root).",
     "lustre-debugfs-missing": "debugfs is not mounted: no llite/osc/mdc stats or max_cached_mb.",
     "lustre-lbug": "The client hit an LBUG: health_check reads LBUG.",
-    # training-job scenarios (exporter/simulate/job.py): a training node reads and writes little;
-    # a checkpoint writes; a storage stall is evicted, slow and reads nothing
-    **{k: job.SCENARIOS[k] for k in sorted(job.ALL)},
 }
 CHECKPOINT_WRITES = 360  # 4 MiB writes per second: 1.5 GB/s
 STALL_RPC_WAIT_US = 2_000_000
@@ -94,6 +91,9 @@ class LustreSim(SimSource):
 
     def __init__(self, root: Path, profile: Profile, scenarios: set[str], osts: int | None = None) -> None:
         super().__init__(root, profile, scenarios)
+        # training-job scenarios (exporter/simulate/job.py): a training node reads and writes little;
+        # a checkpoint writes; a storage stall is evicted, slow and reads nothing
+        self.job = job.job_scenarios(scenarios)
         self.osts = osts if osts is not None else getattr(profile, "lustre_osts", None) or OSTS
         if not 1 <= self.osts <= 0x10000:  # OST indexes are 4 hex digits in device names
             raise ValueError(f"simulated Lustre OST count {self.osts} is not between 1 and 65536")
@@ -158,17 +158,17 @@ class LustreSim(SimSource):
     def _evicted_at(self) -> float | None:
         if "lustre-eviction" in self.active:
             return EVICT_AT_S
-        if "job-storage-stall" in self.active:
+        if "job-storage-stall" in self.job:
             return job.STALL_AT_S
         return None
 
     def _llite_stats(self, t: float) -> str:
         reads, writes = int(50_000 + 200 * t), int(12_000 + 50 * t)
-        if self.active & job.ALL:  # training: reads for the data loader, a log line now and then
+        if self.job:  # training: reads for the data loader, a log line now and then
             writes = int(12_000 + 0.2 * t)
-            if "job-storage-stall" in self.active:
+            if "job-storage-stall" in self.job:
                 reads = int(job.frozen(50_000, 200, t))
-            if "job-checkpoint" in self.active and t > job.STALL_AT_S:
+            if "job-checkpoint" in self.job and t > job.STALL_AT_S:
                 writes += int(CHECKPOINT_WRITES * (min(t, job.RECOVER_AT_S) - job.STALL_AT_S))
         s = self._header(t)
         s += _stat("read_bytes", reads, "bytes", 4096, 4 * MiB, reads * MiB, reads * MiB * MiB)
@@ -215,7 +215,7 @@ class LustreSim(SimSource):
         rate = 30.0 if active else 0.0
         n = int(8_000 + rate * t)
         wait = n * 800
-        if "job-storage-stall" in self.active and t > job.STALL_AT_S:  # every RPC of the window takes 2 s
+        if "job-storage-stall" in self.job and t > job.STALL_AT_S:  # every RPC of the window takes 2 s
             wait += int(rate * (min(t, job.RECOVER_AT_S) - job.STALL_AT_S) * STALL_RPC_WAIT_US)
         s += _stat("req_waittime", n, "usec", 120, 90_000, wait, wait * 1200)
         s += _stat("req_active", n, "reqs", 1, 32, n * 6, n * 60)

@@ -283,12 +283,15 @@ SCENARIOS: dict[str, tuple[str, Callable[[FakeBackend, Any], None]]] = {
     "gpu-mig-mode": (f"GPU {FAULTY_GPU} is in MIG mode: no GPM activity for it", _mig_mode),
     "gpu-nvml-hang": (f"every NVML call on GPU {FAULTY_GPU} blocks for 600s from {ONSET_S:g}s", _hang),
     "gpu-nvml-slow": (f"every NVML call on GPU {FAULTY_GPU} takes 50 ms longer from {ONSET_S:g}s", _slow),
-    **{name: (job.SCENARIOS[name], apply) for name, apply in (
-        ("job-wait", _job_spin), ("job-nccl-hang", _job_spin), ("job-storage-stall", _job_idle),
-        ("job-checkpoint", _job_idle), ("job-xid79", _job_xid79), ("job-thermal-straggler", _job_thermal),
-        ("job-efa-degraded", lambda f, p: None), ("job-healthy", lambda f, p: None))},
     **{f"gpu-xid-event-{x}": (f"NVML delivers an XID {x} event for GPU {FAULTY_GPU} after {ONSET_S:g}s "
                               "(no kernel-log line)", _xid(x)) for x in XID_EVENTS},
+}
+
+
+# The GPU side of the training-job scenarios (registered by exporter/simulate/job.py).
+JOB_SCENARIOS: dict[str, Callable[[FakeBackend, Any], None]] = {
+    "job-wait": _job_spin, "job-nccl-hang": _job_spin, "job-storage-stall": _job_idle,
+    "job-checkpoint": _job_idle, "job-xid79": _job_xid79, "job-thermal-straggler": _job_thermal,
 }
 
 
@@ -298,3 +301,5 @@ def apply_scenarios(fake: FakeBackend, names: Sequence[str], profile: Any = None
         entry = SCENARIOS.get(name)
         if entry is not None:
             entry[1](fake, profile)
+        elif name in JOB_SCENARIOS:
+            JOB_SCENARIOS[name](fake, profile)
