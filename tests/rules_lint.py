@@ -18,6 +18,9 @@ ALERTS_MD = ROOT / "docs" / "alerts.md"
 # Series Prometheus itself writes (for every target; ALERTS for every active alert); not in the
 # exporter's catalog.
 PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "ALERTS"}
+# Series kube-state-metrics exports, which rules/job.yml reads to map pods to their training job
+# (docs/alerts.md, "Job health"); absent where it does not run.
+KUBE_STATE_METRICS_SERIES = {"kube_pod_labels", "kube_pod_owner"}
 # Series another issue's branch adds to the catalog, which rules and dashboards may already read
 # (they work once it exists, and read nothing until then). Drop an entry once its branch is merged.
 PENDING_SERIES: dict[str, str] = {}

@@ -18,6 +18,7 @@ from exporter.rules import DEFAULT_RUNBOOK_BASE
 from tests.helpers import ROOT, promtool
 from tests.rules_lint import (
     ALERTS_MD,
+    KUBE_STATE_METRICS_SERIES,
     PENDING_SERIES,
     PROMETHEUS_SERIES,
     RULES_DIR,
