@@ -54,8 +54,7 @@ class Settings:
 
     interval: str = "1m"  # evaluation interval of the job-health groups
     window: str = "2m"  # rate window of activity, EFA and Lustre throughput
-    evidence_window: str = "5m"  # window of the counters that are evidence (EFA errors, replays ...)
-    xid_window_s: int = 900  # an XID this recent is evidence
+    evidence_window: str = "5m"  # window of the Lustre RPC latency that is evidence
     stall_for: str = "4m"
     straggler_for: str = "5m"
     keep_firing_for: str = "5m"  # an exporter restart (every series gone a scrape or two) must not resolve
@@ -75,9 +74,30 @@ class Settings:
     straggler_share: float = 0.5  # EFA or Lustre throughput of a node under this share of the job's median
     straggler_min_read_bytes: float = 10e6  # the job's median node Lustre read rate must be at least this
     straggler_min_efa_bytes: float = 100e6  # ... and its median node EFA rate
-    efa_retrans_ratio: float = 0.01
     lustre_rpc_wait_s: float = 0.1
     runbook_base: str = DEFAULT_RUNBOOK_BASE
+
+
+# The alerts of the other rule files that are evidence of a cause (pending or firing).
+HARDWARE_ALERTS = ("GpuLost", "GpuCountBelowExpected", "GpuXidReplaceNow", "GpuXidRebootRequired", "GpuXidResetRequired",
+                   "GpuXidUnknown", "GpuNvlinkDown", "GpuEccUncorrectedErrors", "GpuRowRemapFailure",
+                   "GpuRecoveryActionRebootRequired", "GpuRecoveryActionRequired", "GpuFabricNotCompleted",
+                   "NvswitchSxidReplaceNow", "NvswitchSxidRebootRequired")
+SLOWDOWN_ALERTS = ("GpuHwSlowdownActive", "GpuPowerBrakeActive", "GpuTemperatureNearSlowdown",
+                   "GpuPcieLinkWidthDegraded", "GpuPcieLinkGenerationDegraded", "GpuPcieReplayRateHigh",
+                   "GpuNvlinkErrorsRising")
+NETWORK_ALERTS = ("EfaDevicesBelowExpected", "EfaDeviceUnreadable", "EfaAdminCommandsNoCompletion",
+                  "EfaUnresponsiveRemoteEvents", "EfaImpairedRemoteConnections", "EfaRetransmitTimeouts",
+                  "EfaRetransmitRatioHigh", "EfaReceiveDrops", "EfaWorkRequestErrors")
+STORAGE_ALERTS = ("LustreClientEvicted", "LustreRpcTimeouts", "LustreImportNotConnected", "LustreMountUnresponsive",
+                  "LustreMetadataLatencyHigh", "LustreClientUnhealthy")
+
+
+def _alerts(by: str, names: tuple[str, ...]) -> str:
+    """The alerts `names` active now (pending or firing), one series per `by` and alert, `reason`
+    the alert's name."""
+    return (f'label_replace(\n  max by ({by}, alertname) (ALERTS{{alertname=~"{"|".join(names)}"}}),\n'
+            '  "reason", "$1", "alertname", "(.+)"\n)')
 
 
 def _num(x: float) -> str:
@@ -199,78 +219,29 @@ sum by ({JOB}) (instance_training_job:gpus_active:count)
     rules:
 """)
     r = []
-    xid = s.xid_window_s
-    r.append(_rule("record", "gpu:job_health_hardware:evidence", f"""
-label_replace(max by (cluster, instance, gpu) (gpu_lost == 1), "reason", "gpu_lost", "", "")
+    r.append(_rule("record", "gpu:job_health_hardware:evidence", _alerts("cluster, instance, gpu", HARDWARE_ALERTS),
+                   "Evidence is the other rule files' alerts, pending or firing (ALERTS: a handful of series,\n"
+                   "where reading the counters again cost the fleet's Prometheus more than every other group:\n"
+                   "docs/performance.md), reason = the alert. A GPU fault that stops a job (a node-level one,\n"
+                   "GpuCountBelowExpected, has gpu=\"\").",))
+    r.append(_rule("record", "gpu:job_health_slowdown:evidence", _alerts("cluster, instance, gpu", SLOWDOWN_ALERTS),
+                   "What slows one GPU (a straggler's hardware reasons)."))
+    r.append(_rule("record", "instance:job_health_network:evidence", _alerts("cluster, instance", NETWORK_ALERTS),
+                   "EFA on the node."))
+    r.append(_rule("record", "instance:job_health_storage:evidence", _alerts("cluster, instance", STORAGE_ALERTS) + f"""
 or
 label_replace(
-  max by (cluster, instance, gpu) (time() - gpu_xid_last_seen_timestamp_seconds{{tier=~"replace|reboot|reset|unknown"}} < {xid}),
-  "reason", "xid", "", ""
-)
-or
-label_replace(max by (cluster, instance, gpu) (gpu_nvlink_up == 0), "reason", "nvlink_down", "", "")""",
-                   "A GPU fault that stops a job: a lost GPU, a recent XID that is not the application's, an NVLink down."))
-    r.append(_rule("record", "gpu:job_health_slowdown:evidence", f"""
-label_replace(
-  max by (cluster, instance, gpu) (gpu_clock_event_active{{reason=~"hw_slowdown|hw_thermal|sw_thermal|hw_power_brake"}} == 1),
-  "reason", "clock_event", "", ""
-)
-or
-label_replace(max by (cluster, instance, gpu) (gpu_pcie_link_width < gpu_pcie_link_width_max), "reason", "pcie_width", "", "")
-or
-label_replace(
-  max by (cluster, instance, gpu) (gpu_pcie_link_generation < gpu_pcie_link_generation_max), "reason", "pcie_generation", "", ""
-)
-or
-label_replace(max by (cluster, instance, gpu) (increase(gpu_pcie_replays_total[{ew}]) > 0), "reason", "pcie_replays", "", "")
-or
-label_replace(sum by (cluster, instance, gpu) (increase(gpu_nvlink_errors_total[{ew}])) > 0, "reason", "nvlink_errors", "", "")""",
-                   "What slows one GPU (a straggler's hardware reasons): a thermal or power clock event, a PCIe link\n"
-                   "below its maximum or replaying, NVLink errors."))
-    r.append(_rule("record", "instance:job_health_network:evidence", f"""
-label_replace(sum by (cluster, instance) (increase(efa_retrans_timeout_events_total[{ew}])) > 0, "reason", "efa_retransmit_timeouts", "", "")
-or
-label_replace(sum by (cluster, instance) (increase(efa_unresponsive_remote_events_total[{ew}])) > 0, "reason", "efa_unresponsive_remote", "", "")
-or
-label_replace(sum by (cluster, instance) (increase(efa_impaired_remote_conn_events_total[{ew}])) > 0, "reason", "efa_impaired_remote", "", "")
-or
-label_replace(
-  sum by (cluster, instance) (increase(efa_rdma_read_errors_total[{ew}]) or increase(efa_rdma_write_errors_total[{ew}])) > 0,
-  "reason", "efa_rdma_errors", "", ""
-)
-or
-label_replace(count by (cluster, instance) (efa_device_up == 0), "reason", "efa_device_down", "", "")
-or
-label_replace(
-  sum by (cluster, instance) (rate(efa_retrans_packets_total[{ew}]))
-    / (sum by (cluster, instance) (rate(efa_tx_packets_total[{ew}])) > 1000)
-  > {_num(s.efa_retrans_ratio)},
-  "reason", "efa_retransmits", "", ""
-)""", "EFA on the node: errors, retransmit timeouts, unresponsive or impaired peers, a device down,\n"
-                   "or more than 1% of packets retransmitted."))
-    r.append(_rule("record", "instance:job_health_storage:evidence", f"""
-label_replace(max by (cluster, instance) (increase(lustre_client_import_evictions_total[15m]) > 0), "reason", "lustre_eviction", "", "")
-or
-label_replace(sum by (cluster, instance) (increase(lustre_client_rpc_timeouts_total[{ew}])) > 0, "reason", "lustre_rpc_timeouts", "", "")
-or
-label_replace(max by (cluster, instance) (lustre_client_import_state{{state!~"FULL|IDLE"}} > 0), "reason", "lustre_import_not_connected", "", "")
-or
-label_replace(max by (cluster, instance) (lustre_client_statfs_success == 0), "reason", "lustre_mount_unresponsive", "", "")
-or
-label_replace(
-  sum by (cluster, instance) (rate(lustre_client_rpc_wait_seconds_total[{ew}]))
-    / (sum by (cluster, instance) (rate(lustre_client_rpcs_total[{ew}])) > 0)
+  sum by (cluster, instance) (rate(lustre_client_rpc_wait_seconds_total{{component="osc"}}[{ew}]))
+    / (sum by (cluster, instance) (rate(lustre_client_rpcs_total{{component="osc"}}[{ew}])) > 0)
   > {_num(s.lustre_rpc_wait_s)},
   "reason", "lustre_latency", "", ""
-)""", "FSx for Lustre on the node: an eviction, RPC timeouts, an import not connected, a mount that does\n"
-                   "not answer, or a mean RPC round trip above 100 ms."))
+)""", "FSx for Lustre on the node: its alerts, or a mean OST RPC round trip above 100 ms (no alert\n"
+                   "reads that: the data loader's reads wait on it)."))
     r.append(_rule("record", "instance:lustre_client_write_bytes:rate",
                    f"sum by (cluster, instance) (rate(lustre_client_write_bytes_total[{w}]))",
                    "Lustre and EFA throughput per node: checkpoints, and a straggler's lower rate."))
     r.append(_rule("record", "instance:lustre_client_read_bytes:rate",
                    f"sum by (cluster, instance) (rate(lustre_client_read_bytes_total[{w}]))"))
-    r.append(_rule("record", "instance:efa_tx_bytes:rate",
-                   f"sum by (cluster, instance) (rate(efa_tx_bytes_total[{w}]))"))
     out.extend(r)
 
     # --- group 3: the stall --------------------------------------------------------------------------
@@ -405,7 +376,7 @@ max by ({GPU_JOB}) (
 and on ({JOB}) training_job:running""",
                    f"A GPU whose tensor activity is more than {A} from the job's median, or whose SM clock is under\n"
                    f"{C} of the job's median."))
-    for what, metric, floor in (("efa_tx_bytes", "instance:efa_tx_bytes:rate", s.straggler_min_efa_bytes,
+    for what, metric, floor in (("efa_tx_bytes", "instance:efa_tx_bytes:rate5m", s.straggler_min_efa_bytes,
                                          ),
                                         ("lustre_client_read_bytes", "instance:lustre_client_read_bytes:rate",
                                          s.straggler_min_read_bytes)):

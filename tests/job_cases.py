@@ -286,8 +286,8 @@ def cases() -> list[Case]:
 
     out.append(Case(
         "XID 79 on one GPU: hardware, the node of the lost GPU", 40, 4, 2, xid79,
-        stalled=[(FIRE_BY, [stalled("1001", "node-3", "hardware", 8, "gpu_lost on GPU 1; xid on GPU 1; ")]),
-                 (39, [stalled("1001", "node-3", "hardware", 8, "gpu_lost on GPU 1; xid on GPU 1; ")])]))
+        stalled=[(FIRE_BY, [stalled("1001", "node-3", "hardware", 8, "GpuLost on GPU 1; ")]),
+                 (39, [stalled("1001", "node-3", "hardware", 8, "GpuLost on GPU 1; ")])]))
 
     # A storage stall: node-2's Lustre client is evicted and its RPCs crawl; the data loader waits,
     # every GPU idles; storage on node-2. Recovers at 35.
@@ -302,7 +302,7 @@ def cases() -> list[Case]:
     out.append(Case(
         "data-loader stall on storage: storage on the evicted node, resolved when the job recovers", 50, 4, 2,
         storage_gpu, storage_node,
-        stalled=[(FIRE_BY, [stalled("1001", "node-2", "storage", 8, "lustre_eviction; lustre_latency; ")]),
+        stalled=[(FIRE_BY, [stalled("1001", "node-2", "storage", 8, "LustreClientEvicted; lustre_latency; ")]),
                  (47, [])]))
 
     # A data-loader deadlock: the GPUs idle, nothing else moves: application.
@@ -315,8 +315,8 @@ def cases() -> list[Case]:
     out.append(Case(
         "EFA retransmit timeouts as the job hangs: network on that node", 32, 4, 2,
         lambda t, n, g: _after(t, HEALTHY, NCCL_SPIN),
-        lambda t, n: Node(efa_tx=0.0 if t >= STALL_AT else 2e9, efa_timeouts=3 if n == 3 and STALL_AT <= t < 23 else 0),
-        stalled=[(FIRE_BY, [stalled("1001", "node-4", "network", 8, "efa_retransmit_timeouts; ")])]))
+        lambda t, n: Node(efa_tx=0.0 if t >= STALL_AT else 2e9, efa_timeouts=50 if n == 3 and STALL_AT <= t < 23 else 0),
+        stalled=[(FIRE_BY, [stalled("1001", "node-4", "network", 8, "EfaRetransmitTimeouts; ")])]))
 
     # A checkpoint: 8 minutes with the GPUs idle while node-1 writes to Lustre: never a stall.
     out.append(Case(
@@ -417,14 +417,14 @@ def cases() -> list[Case]:
     out.append(Case(
         "thermal straggler: the throttled GPU, hardware", 25, 4, 2, thermal,
         straggler=[(9, []), (22, [straggler("1001", "node-2", "hardware",
-                                            "clock_event; SM clock 1.4GHz, under the job's median; ", gpu="0")])],
+                                            "GpuHwSlowdownActive; SM clock 1.4GHz, under the job's median; ", gpu="0")])],
         stalled=[(22, [])]))
 
     out.append(Case(
         "EFA-degraded straggler: retransmits on one node, network", 25, 4, 2,
         lambda t, n, g: HEALTHY if t < 10 else Gpu(tensor=0.6, sm=0.9),
         lambda t, n: Node(efa_retrans_ratio=0.05 if n == 2 and t >= 10 else 0.0),
-        straggler=[(22, [straggler("1001", "node-3", "network", "efa_retransmits; efa_errors; ")])],
+        straggler=[(22, [straggler("1001", "node-3", "network", "EfaRetransmitRatioHigh; efa_errors; ")])],
         stalled=[(22, [])]))
 
     out.append(Case(
@@ -462,7 +462,9 @@ def suite(day: bool = False) -> dict:
             group["alert_rule_test"].append({"eval_time": f"{t}m", "alertname": "TrainingJobStraggler",
                                              "exp_alerts": exp})
         tests.append(group)
-    return {"rule_files": ["../../rules/job.yml"], "evaluation_interval": "1m", "tests": tests}
+    # Every rule file: the job rules read the others' alerts as evidence.
+    files = ["efa.yml", "fsx.yml", "gpu.yml", "job.yml", "xid.yml"]
+    return {"rule_files": [f"../../rules/{f}" for f in files], "evaluation_interval": "1m", "tests": tests}
 
 
 HEADER = """\

@@ -1,7 +1,8 @@
 """Job health end to end (issue 34): a simulated cluster of 14 nodes running 7 two-node Slurm jobs,
 one per scenario of exporter/simulate/job.py, scraped by one real Prometheus every second with
 rules/job.yml rendered at that pace (`python -m exporter.job_rules`, windows of seconds instead of
-minutes) and routed by the real Alertmanager with the shipped config.
+minutes), beside the other rule files as shipped (their alerts, pending or firing, are the job rules'
+evidence), and routed by the real Alertmanager with the shipped config.
 
 Each stall or straggler fires with the right `cause` on the right node, reaches Alertmanager's
 job-owner receiver, and resolves when its job recovers (the NCCL hang and the storage stall recover
@@ -78,7 +79,7 @@ def _start_exporters(tmp_path) -> dict[str, tuple[subprocess.Popen, str]]:
 
 def _start_prometheus(tmp_path, targets: dict[str, str], alertmanager: str) -> tuple[subprocess.Popen, str]:
     rules = tmp_path / "rules"
-    rules.mkdir()
+    shutil.copytree(ROOT / "rules", rules)  # the job rules read the other files' alerts as evidence
     (rules / "job.yml").write_text(job_rules.render(SETTINGS))
     scrape = []
     for name in JOBS:  # one scrape job per Slurm job: each its own job id (the simulation's is 4242)
@@ -91,7 +92,7 @@ def _start_prometheus(tmp_path, targets: dict[str, str], alertmanager: str) -> t
                                         "target_label": "hpc_job", "replacement": name}],
         })
     cfg = {"global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s"},
-           "rule_files": [str(rules / "job.yml")],
+           "rule_files": [str(rules / "*.yml")],
            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
            "scrape_configs": scrape}
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
