@@ -22,10 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from exporter import collectors  # noqa: E402
+from exporter.attribution.history import MAX_SEGMENTS  # noqa: E402
+from exporter.attribution.ledger import MAX_PER_GPU, Attribution, AttributionLedger  # noqa: E402
 from exporter.catalog import Families  # noqa: E402
 from exporter.collectors.nvswitch import NvswitchCollector  # noqa: E402
 from exporter.collectors.xid import XidCollector  # noqa: E402
-from exporter.workload.attribution import MAX_PER_GPU, MAX_SEGMENTS, Attribution, AttributionLedger  # noqa: E402
 from exporter.workload.model import Workload, WorkloadReading  # noqa: E402
 from exporter.xid.parser import pci_key  # noqa: E402
 from exporter.xid.service import one_shot  # noqa: E402

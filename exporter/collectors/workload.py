@@ -22,7 +22,14 @@ from exporter.collector import Collector, Context, Failed, ProblemLog
 from exporter.config import Section, positive, setting
 from exporter.metric import Sample
 from exporter.workload.kubelet import DEFAULT_RESOURCES, DEFAULT_SOCKET
+from exporter.workload.model import MAX_WORKLOADS
 from exporter.workload.source import WorkloadSource, from_config
+
+
+def _per_gpu(v: Any) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_WORKLOADS:
+        return f"an integer from 1 to {MAX_WORKLOADS} (what fault attribution keeps per GPU)"
+    return None
 
 
 def _names(v: Any) -> str | None:
@@ -55,8 +62,8 @@ class WorkloadSection(Section):
         DEFAULT_RESOURCES, "Kubernetes resource names (shell patterns) whose devices are GPUs.",
         check=_names, expected="a list of resource names")
     max_per_gpu: int = setting(
-        8, "Workloads exported (and attributed) per GPU at most; the rest are counted in "
-        "gpu_health_exporter_workload_overflow.", check=positive)
+        8, f"Workloads exported (and attributed) per GPU at most, 1 to {MAX_WORKLOADS}; the rest are "
+        "counted in gpu_health_exporter_workload_overflow.", check=_per_gpu)
     timeout_seconds: float = setting(
         2.0, "Deadline of one reading of every kind (the kubelet's List gets 0.8 of it).", check=positive)
 

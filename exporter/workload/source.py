@@ -18,10 +18,13 @@ The interface fault attribution uses (exporter.workload.model has the types):
   `collect`, so a `Derived` collector gets it with `depends_on = ("workload",)`.
 - `Context.workload` is the process's one source (None when no kind is configured).
 - `WorkloadSource.listeners`: called with every reading taken (Context connects fault
-  attribution's history, exporter.workload.attribution.WorkloadHistory.observe).
+  attribution's history, exporter.attribution.history.WorkloadHistory.observe).
 
 A GPU in a reading is observed by every configured kind; its workloads are the union of theirs,
-sorted, at most `workload.max_per_gpu` (the rest counted in `Observation.overflow`)."""
+sorted, at most `workload.max_per_gpu` (the rest counted in `Observation.overflow`). The one rule
+for what a GPU holds (exporter.workload.model.admit) is applied here, so the series and fault
+attribution see the same thing: a GPU holding a workload whose ids cannot be labels (too long,
+not printable single-line text) is not observed, and says so, never idle."""
 
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ from typing import Any
 from exporter import deadline
 from exporter.nvml.session import DeviceIdentity, NvmlSession
 from exporter.workload import kubelet, slurm_cgroup, slurm_mapping
-from exporter.workload.model import Workload, WorkloadReading
+from exporter.workload.model import MAX_LABEL_CHARS, Workload, WorkloadReading, admit
 
 log = logging.getLogger("exporter.workload")
 
@@ -137,11 +140,13 @@ class WorkloadSource:
     """The configured kinds, read under one deadline; see the module docstring."""
 
     def __init__(self, kinds: Sequence[Kind], timeout_s: float, max_per_gpu: int, pool: deadline.Pool,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic) -> None:
         self.kinds = list(kinds)
         self.timeout_s = timeout_s
         self.max_per_gpu = max_per_gpu
         self._clock = clock
+        self._mono = mono
+        self._inflight_mono = 0.0  # when the reading in flight started
         self._reader = deadline.DeadlineReader(lambda k: k.read(self._gpus), timeout_s, key=lambda k: k.name,
                                                pool=pool)
         self._gpus: Sequence[DeviceIdentity] = ()
@@ -156,22 +161,35 @@ class WorkloadSource:
         """A fresh reading (see the module docstring)."""
         return self.observe(gpus).reading
 
-    def observe(self, gpus: Sequence[DeviceIdentity]) -> Observation:
-        """A fresh reading with its problems and overflow; joins a reading in flight."""
-        with self._lock:
-            fut = self._inflight
-            owner = fut is None
-            if owner:
-                fut = self._inflight = Future()
+    def observe(self, gpus: Sequence[DeviceIdentity], not_before: float | None = None) -> Observation:
+        """A fresh reading with its problems and overflow; joins a reading in flight, unless
+        that one started before monotonic time `not_before` (a live fault's reading must start
+        after the fault): then it waits for that one to end and takes its own."""
+        while True:
+            with self._lock:
+                fut = self._inflight
+                owner = fut is None
+                if owner:
+                    fut = self._inflight = Future()
+                    self._inflight_mono = self._mono()
+                stale = not owner and not_before is not None and self._inflight_mono < not_before
+            if not stale:
+                break
+            try:
+                fut.result(timeout=self.timeout_s + 1.0)
+            except Exception:  # noqa: BLE001 - its outcome is not ours; a reading of our own follows
+                pass
+            with self._lock:
+                if self._inflight is fut:  # it overran: this caller observes nothing
+                    return self._nothing("the reading in flight did not end in time")
         if not owner:
             try:
                 return fut.result(timeout=self.timeout_s + 1.0)
             except Exception as e:  # the owner's failure or its overrun: this caller observed nothing
                 why = "the reading in flight did not end in time" if isinstance(e, FutureTimeout) else repr(e)
-                return Observation(WorkloadReading(self._clock(), {}),
-                                   {k.name: [why] for k in self.kinds}, failed=[k.name for k in self.kinds])
+                return self._nothing(why)
         try:
-            obs = self._observe(gpus)
+            obs = self._observe(gpus, self._inflight_mono)
             fut.set_result(obs)
             return obs
         except BaseException as e:  # a written-off worker unwinds here too: never leave joiners waiting
@@ -181,7 +199,11 @@ class WorkloadSource:
             with self._lock:
                 self._inflight = None
 
-    def _observe(self, gpus: Sequence[DeviceIdentity]) -> Observation:
+    def _nothing(self, why: str) -> Observation:
+        return Observation(WorkloadReading(self._clock(), {}, self._mono()),
+                           {k.name: [why] for k in self.kinds}, failed=[k.name for k in self.kinds])
+
+    def _observe(self, gpus: Sequence[DeviceIdentity], mono: float) -> Observation:
         at = self._clock()
         self._gpus = list(gpus)
         outcomes = self._reader.read(self.kinds, budget=self.timeout_s)
@@ -201,13 +223,19 @@ class WorkloadSource:
         observed = set.intersection(*(set(r) for r in results)) if results else set()
         by_uuid: dict[str, tuple[Workload, ...]] = {}
         overflow: dict[str, int] = {}
-        for uuid in observed:
-            held = sorted({w for r in results for w in r[uuid]})
+        index = {g.uuid: g.index for g in gpus}
+        for uuid in sorted(observed):
+            held = admit(w for r in results for w in r[uuid])
+            if held is None:  # the one rule: shown and attributed alike, so neither
+                problems.setdefault(_kind_of(results, self.kinds, uuid), []).append(
+                    f"GPU {index.get(uuid, uuid)}: a workload id that is not printable single-line text "
+                    f"of at most {MAX_LABEL_CHARS} characters; the GPU's workloads are unknown")
+                continue
             if len(held) > self.max_per_gpu:
                 overflow[uuid] = len(held) - self.max_per_gpu
                 held = held[:self.max_per_gpu]
-            by_uuid[uuid] = tuple(held)
-        obs = Observation(WorkloadReading(at, by_uuid), problems, overflow, failed)
+            by_uuid[uuid] = held
+        obs = Observation(WorkloadReading(at, by_uuid, mono), problems, overflow, failed)
         self.latest, self.last = obs.reading, obs
         for listener in self.listeners:
             listener(obs.reading)
@@ -219,6 +247,14 @@ class WorkloadSource:
                 k.close()
             except Exception:  # noqa: BLE001 - shutdown goes on
                 log.exception("closing workload kind %s", k.name)
+
+
+def _kind_of(results: list[dict[str, tuple[Workload, ...]]], kinds: Sequence[Kind], uuid: str) -> str:
+    """The kind whose reading of GPU `uuid` holds a workload the rule refuses."""
+    for kind, r in zip(kinds, results, strict=True):
+        if admit(r.get(uuid, ())) is None:
+            return kind.name
+    return kinds[0].name
 
 
 def _why(o: Any, timeout_s: float) -> str:
