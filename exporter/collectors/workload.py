@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context, Failed, ProblemLog
-from exporter.config import Section, positive, setting
+from exporter.config import Section, non_negative, positive, setting
 from exporter.metric import Sample
 from exporter.workload.kubelet import DEFAULT_RESOURCES, DEFAULT_SOCKET
 from exporter.workload.model import MAX_WORKLOADS
@@ -29,6 +29,13 @@ from exporter.workload.source import WorkloadSource, from_config
 def _per_gpu(v: Any) -> str | None:
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_WORKLOADS:
         return f"an integer from 1 to {MAX_WORKLOADS} (what fault attribution keeps per GPU)"
+    return None
+
+
+def _roots(v: Any) -> str | None:
+    if not v or not all(isinstance(x, str) and x.startswith("/") and len(x) <= 256 and x.isprintable()
+                        for x in v):
+        return "a non-empty list of absolute cgroup paths (/system.slice, /slurm)"
     return None
 
 
@@ -48,13 +55,26 @@ class WorkloadSection(Section):
         True, "Run the workload collector once a kind (slurm_job_mapping_dir, slurm_cgroup, "
         "kubelet_socket) is configured; without one it does not run.")
     slurm_job_mapping_dir: str | None = setting(
-        None, "Slurm job mapping directory in dcgm-exporter's format (one file per GPU index, `N` or `N.M` "
-        "for a MIG instance, one job id a line), as written by deploy/slurm/prolog.sh and HyperPod's "
-        "lifecycle scripts: /run/slurm/dcgm_job_mapping (--workload.slurm-job-mapping-dir).")
+        None, "Slurm job mapping directory in dcgm-exporter's format (one file per GPU: named by its index, "
+        "`N` or `N.M` for a MIG instance, or its UUID, `GPU-...` or `MIG-...`; one job id a line), as "
+        "written by deploy/slurm/prolog.sh and HyperPod's lifecycle scripts: /run/slurm/dcgm_job_mapping "
+        "(--workload.slurm-job-mapping-dir; docs/xid.md lists the forms each producer writes).")
+    slurm_job_mapping_missing_seconds: float = setting(
+        900.0, "How long after start a configured job mapping directory may not exist (no job has run "
+        "since boot) before that is a problem of the slurm_mapping source (its GPUs unknown, "
+        "gpu_health_exporter_workload_source_up 0). Create the directory at boot (deploy/slurm/"
+        "tmpfiles.conf) to keep a node idle since boot quiet.", check=non_negative)
     slurm_cgroup: bool = setting(
         False, "Slurm without a prolog: each GPU's jobs from the cgroups (paths.procfs/PID/cgroup) of the "
         "processes NVML reports on it; a GPU with no process gets no job. Needs the host PID namespace "
         "(--workload.slurm-cgroup).")
+    slurm_cgroup_roots: list[str] = setting(
+        ["/system.slice", "/slurm"], "Where slurmstepd keeps its jobs' cgroups: a process is a job's only "
+        "when its cgroup path starts at one of these with the job's directory right below (v2 "
+        "`/system.slice/[<node>_]slurmstepd.scope/job_<id>`, v1 `/slurm/uid_<uid>/job_<id>`); nothing "
+        "under user@UID.service or another delegated subtree counts. Add your CgroupPrepend, or the "
+        "cgroup root of a slurmd not run by systemd.", check=_roots,
+        expected="a list of absolute cgroup paths")
     kubelet_socket: str | None = setting(
         None, f"The kubelet's pod-resources socket, {DEFAULT_SOCKET} (--workload.kubelet-socket). "
         "Mount its directory, not the socket, so a kubelet restart is seen.")

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter import deadline
+from exporter.nvml.backend import NvmlError
 from exporter.nvml.session import DeviceIdentity, NvmlSession
 from exporter.workload import kubelet, slurm_cgroup, slurm_mapping
 from exporter.workload.model import MAX_LABEL_CHARS, Workload, WorkloadReading, admit
@@ -75,30 +76,74 @@ class Kind:
 
 
 class SlurmMappingKind(Kind):
+    """The job mapping directory (exporter.workload.slurm_mapping). A directory that does not
+    exist means no job for `missing_grace_s` after start (/run is emptied at boot and the first
+    prolog creates it); past that it is a problem and no GPU is observed: a configured directory
+    that never appears is a prolog that is not installed, not a node with every GPU idle."""
+
     name = "slurm_mapping"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, nvml: NvmlSession | None = None, missing_grace_s: float = 900.0,
+                 mono: Callable[[], float] = time.monotonic) -> None:
         self.path = path
+        self.nvml = nvml
+        self.missing_grace_s = missing_grace_s
+        self._mono = mono
+        self._since = mono()
+        self._warned_odd = False
 
     def read(self, gpus: Sequence[DeviceIdentity]) -> KindResult:
         try:
             found = slurm_mapping.read_dir(self.path)
         except OSError as e:
             raise OSError(f"Slurm job mapping directory {self.path}: {e.strerror or e}") from None
-        return slurm_mapping.by_uuid(found, gpus)
+        if found.missing:
+            waited = self._mono() - self._since
+            if waited < self.missing_grace_s:
+                return {g.uuid: () for g in gpus if g.uuid}, []
+            return {}, [f"Slurm job mapping directory {self.path} does not exist {waited:.0f}s after start "
+                        f"(workload.slurm_job_mapping_missing_seconds: {self.missing_grace_s:g}): is the "
+                        "prolog installed (deploy/slurm/prolog.sh)? The GPUs' jobs are unknown"]
+        if found.odd and not self._warned_odd:
+            self._warned_odd = True
+            where, jid = found.odd[0]
+            log.warning("Slurm job mapping file %s holds %r, not of a Slurm job id's shape (123, 123_4, "
+                        "123+1): taken as the job's id as dcgm-exporter takes any line (said once)",
+                        where, jid)
+        mig = self._mig_parents(gpus) if any(isinstance(g, str) and g.lower().startswith("mig-")
+                                             for g in (*found.jobs, *found.bad)) else {}
+        return slurm_mapping.by_uuid(found, gpus, mig)
+
+    def _mig_parents(self, gpus: Sequence[DeviceIdentity]) -> dict[str, str]:
+        """MIG device UUID -> its GPU's UUID, from NVML (empty without it: MIG-named files then
+        match no GPU, a problem, never a guess)."""
+        out: dict[str, str] = {}
+        if self.nvml is None or not self.nvml.ensure():
+            return out
+        for g in gpus:
+            if not g.uuid:
+                continue
+            try:
+                for m in self.nvml.backend.mig_device_uuids(g.index):
+                    out[str(m).lower()] = g.uuid
+            except NvmlError:
+                continue
+        return out
 
 
 class SlurmCgroupKind(Kind):
     name = "slurm_cgroup"
 
-    def __init__(self, nvml: NvmlSession, procfs: str) -> None:
-        self.nvml, self.procfs = nvml, procfs
+    def __init__(self, nvml: NvmlSession, procfs: str,
+                 roots: Sequence[str] = slurm_cgroup.DEFAULT_ROOTS) -> None:
+        self.nvml, self.procfs, self.roots = nvml, procfs, tuple(roots)
 
     def read(self, gpus: Sequence[DeviceIdentity]) -> KindResult:
         if not self.nvml.ensure():
             raise RuntimeError(f"NVML is not available for the processes on the GPUs: {self.nvml.error}")
         slurm_cgroup.check_procfs(self.procfs)
-        return slurm_cgroup.jobs_by_uuid(self.nvml.backend, self.procfs, gpus, skip=self.nvml.lost)
+        return slurm_cgroup.jobs_by_uuid(self.nvml.backend, self.procfs, gpus, skip=self.nvml.lost,
+                                         roots=self.roots)
 
 
 class KubeletKind(Kind):
@@ -277,9 +322,9 @@ def from_config(config: Any, nvml: NvmlSession, pool: deadline.Pool) -> Workload
         return None
     kinds: list[Kind] = []
     if sec.slurm_job_mapping_dir:
-        kinds.append(SlurmMappingKind(sec.slurm_job_mapping_dir))
+        kinds.append(SlurmMappingKind(sec.slurm_job_mapping_dir, nvml, sec.slurm_job_mapping_missing_seconds))
     if sec.slurm_cgroup:
-        kinds.append(SlurmCgroupKind(nvml, config.paths.procfs))
+        kinds.append(SlurmCgroupKind(nvml, config.paths.procfs, sec.slurm_cgroup_roots))
     if sec.kubelet_socket:
         kinds.append(KubeletKind(nvml, sec.kubelet_socket, sec.kubelet_resource_names,
                                  sec.timeout_seconds * KUBELET_SHARE))
