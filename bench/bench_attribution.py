@@ -55,11 +55,11 @@ def main() -> int:
         ctx = make_ctx(Path(tmp), "", nvml=session)
         svc = one_shot(ctx)
         gpus = [(d.uuid, pci_key(d.pci_bus_id)) for d in session.devices]
-        now = time.time()
-        for k in range(MAX_SEGMENTS):  # a new job on every GPU every 15 s for an hour
-            t = now - (MAX_SEGMENTS - k) * 15
-            ctx.workloads.observe(WorkloadReading(t, {u: (Workload(hpc_job=f"{k}{i}"),) for i, (u, _) in
-                                                      enumerate(gpus)}))
+        now, mono = time.time(), time.monotonic()
+        for k in range(2 * MAX_SEGMENTS):  # a reading every 7.5 s, a new job on every GPU every 15 s
+            ago = (2 * MAX_SEGMENTS - k) * 7.5
+            held = {u: (Workload(hpc_job=f"{k // 2}{i}"),) for i, (u, _) in enumerate(gpus)}
+            ctx.workloads.observe(WorkloadReading(now - ago, held, mono - ago))
         attribution = svc.attribution
         xid_us = timed(lambda: attribution.xid(gpus[3][1], 94, now - 1000), args.repeat)
         sxid_us = timed(lambda: attribution.sxid("00000000:06:00", 20034, now - 1000), args.repeat)

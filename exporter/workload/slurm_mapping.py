@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from exporter.nvml.session import DeviceIdentity
-from exporter.regular_file import NotRegularFile, file_kind, read_regular
+from exporter.regular_file import NotRegularFile, file_kind
 from exporter.workload.model import Workload
 
 INDEX_NAME = re.compile(r"([0-9]{1,4})(?:\.([0-9]{1,4}))?")  # as dcgm-exporter: ^\d+(\.\d+)?$
@@ -88,6 +88,12 @@ def job_id(line: str) -> str | None:
 
 def parse_jobs(data: bytes) -> FileJobs:
     """The job ids of a file's bytes, one a line; blank lines skipped, bad lines dropped."""
+    try:  # the common file: a few Slurm ids, one a line
+        lines = data.decode("ascii").split("\n")
+        if len(lines) <= MAX_JOBS_PER_FILE and all(SLURM_JOB_ID.fullmatch(x) for x in lines if x):
+            return FileJobs(list(dict.fromkeys(x for x in lines if x)))
+    except UnicodeDecodeError:
+        pass
     out = FileJobs()
     seen: set[str] = set()
     for n, raw in enumerate(data.split(b"\n"), 1):
@@ -129,7 +135,7 @@ class DirReading:
 def read_dir(path: str) -> DirReading:
     """Read the mapping directory. Raises OSError when it exists but cannot be listed."""
     out = DirReading()
-    names: list[tuple[str, int | str]] = []
+    names: list[tuple[str, int | str, bool]] = []  # (name, GPU, a regular file by its entry)
     extra = entries = 0
     try:
         it = os.scandir(path)
@@ -150,30 +156,27 @@ def read_dir(path: str) -> DirReading:
             if len(names) >= MAX_GPU_FILES:
                 extra += 1
                 continue
-            names.append((entry.name, gpu))
+            try:
+                regular = entry.is_file(follow_symlinks=False)  # d_type: no system call
+            except OSError:
+                regular = False
+            names.append((entry.name, gpu, regular))
     if extra:
         out.incomplete = True
         out.problems.append(f"{path}: {len(names) + extra} or more GPU files, over the limit of "
                             f"{MAX_GPU_FILES} read per reading; GPUs without a file read are unknown")
     budget = MAX_TOTAL_BYTES
-    for name, gpu in sorted(names, key=lambda n: (isinstance(n[1], str), str(n[1]), n[0])):
-        where = os.path.join(path, name)
+    for name, gpu, regular in sorted(names, key=lambda n: (isinstance(n[1], str), str(n[1]), n[0])):
+        where = f"{path.rstrip('/')}/{name}"
         if budget <= 0:
             out.incomplete = True
             out.bad.add(gpu)
             out.problems.append(f"{where}: not read, the reading's {MAX_TOTAL_BYTES} bytes are spent")
             continue
         try:
-            st = os.lstat(where)
-            if not stat.S_ISREG(st.st_mode):  # never opened: a link's target is not read
-                raise NotRegularFile(file_kind(st.st_mode), where)
-            if st.st_size > MAX_FILE_BYTES:
-                raise MappingError(f"{where}: {st.st_size} bytes, over the {MAX_FILE_BYTES} a mapping file "
-                                   "may hold")
-            data = read_regular(where, min(MAX_FILE_BYTES, budget), follow=False)
-            if len(data) > min(MAX_FILE_BYTES, budget):
-                raise MappingError(f"{where}: over {min(MAX_FILE_BYTES, budget)} bytes (grew while read, or "
-                                   "the reading's byte budget is spent)")
+            if not regular:  # never opened: a link's target is not read, a device not touched
+                raise NotRegularFile(file_kind(os.lstat(where).st_mode), where)
+            data = _read(where, min(MAX_FILE_BYTES, budget))
             budget -= len(data)
         except FileNotFoundError:
             continue  # an epilog removed it between the listing and the read
@@ -200,6 +203,32 @@ def read_dir(path: str) -> DirReading:
         out.odd.extend((where, j) for j in parsed.odd)
         out.jobs.setdefault(gpu, set()).update(parsed.jobs)
     return out
+
+
+def _read(where: str, limit: int) -> bytes:
+    """The bytes of the regular file `where`, at most `limit`: opened without following a link and
+    without blocking, checked by fstat (it may have been replaced since the listing) and refused by
+    its size before it is read; one read, as a mapping file is a few bytes."""
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # made a link since the listing
+            raise NotRegularFile("a symbolic link", where) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(file_kind(st.st_mode), where)
+        if st.st_size > limit:
+            budget = "" if limit == MAX_FILE_BYTES else " (what is left of the reading's byte budget)"
+            raise MappingError(f"{where}: {st.st_size} bytes, over the {limit} a mapping file may "
+                               f"hold{budget}")
+        data = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise MappingError(f"{where}: over {limit} bytes (it grew while read)")
+    return data
 
 
 def _strerror(e: OSError) -> str:
