@@ -216,17 +216,16 @@ class WorkloadSource:
                 owner = fut is None
                 if owner:
                     fut = self._inflight = Future()
-                    self._inflight_mono = self._mono()
+                    started = self._inflight_mono = self._mono()
                 stale = not owner and not_before is not None and self._inflight_mono < not_before
             if not stale:
                 break
-            try:
+            try:  # the owner clears _inflight before it hands its result over: no spin after this
                 fut.result(timeout=self.timeout_s + 1.0)
+            except FutureTimeout:
+                return self._nothing("the reading in flight did not end in time")
             except Exception:  # noqa: BLE001 - its outcome is not ours; a reading of our own follows
                 pass
-            with self._lock:
-                if self._inflight is fut:  # it overran: this caller observes nothing
-                    return self._nothing("the reading in flight did not end in time")
         if not owner:
             try:
                 return fut.result(timeout=self.timeout_s + 1.0)
@@ -234,15 +233,16 @@ class WorkloadSource:
                 why = "the reading in flight did not end in time" if isinstance(e, FutureTimeout) else repr(e)
                 return self._nothing(why)
         try:
-            obs = self._observe(gpus, self._inflight_mono)
-            fut.set_result(obs)
-            return obs
+            obs = self._observe(gpus, started)
         except BaseException as e:  # a written-off worker unwinds here too: never leave joiners waiting
-            fut.set_exception(e if isinstance(e, Exception) else RuntimeError("abandoned"))
-            raise
-        finally:
             with self._lock:
                 self._inflight = None
+            fut.set_exception(e if isinstance(e, Exception) else RuntimeError("abandoned"))
+            raise
+        with self._lock:
+            self._inflight = None
+        fut.set_result(obs)
+        return obs
 
     def _nothing(self, why: str) -> Observation:
         return Observation(WorkloadReading(self._clock(), {}, self._mono()),
