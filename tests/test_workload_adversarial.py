@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import threading
 import time
 
@@ -29,6 +28,7 @@ from exporter.workload.model import Workload, WorkloadReading, single_line
 from exporter.workload.source import Kind, SlurmMappingKind, WorkloadSource
 from exporter.xid.store import Ack
 from tests.helpers import ROOT, samples, scrape, value
+from tests.test_workload_attribution import drain_reason
 from tests.test_workload_sources import GPUS, U, collector_ctx, job
 
 POD = Workload(namespace="train", pod="llama-0", container="trainer")
@@ -354,24 +354,6 @@ def test_a_live_fault_without_a_reading_after_it_is_unknown_never_the_last_scrap
 # -- text ------------------------------------------------------------------------------------------
 def test_single_line_leaves_only_printable_text():
     assert single_line("a\u2028b\nc\x85d\te\u2029") == "a b c d e "
-
-
-def drain_reason(tmp_path, report: dict) -> str:
-    rep = tmp_path / "report.json"
-    rep.write_text(json.dumps(report))
-    fake = tmp_path / "bin"
-    fake.mkdir(exist_ok=True)
-    (fake / "exporter").write_text(f"#!/bin/sh\ncat {rep}\nexit 2\n")
-    (fake / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'scontrol.log'}\n"
-                                   "[ \"$1\" = show ] && echo '   State=IDLE ThreadsPerCore=2'\nexit 0\n")
-    for f in fake.iterdir():
-        f.chmod(0o755)
-    env = {"PATH": os.environ["PATH"], "GPU_HEALTH_EXPORTER": str(fake / "exporter"),
-           "GPU_HEALTH_PYTHON": sys.executable, "SCONTROL": str(fake / "scontrol"),
-           "GPU_HEALTH_HYPERPOD": "no", "GPU_HEALTH_CHECK_CONFIG": "/nonexistent", "SLURMD_NODENAME": "n1"}
-    subprocess.run([str(ROOT / "deploy/slurm/gpu-health-check.sh")], env=env, check=True, timeout=60,
-                   capture_output=True)
-    return (tmp_path / "scontrol.log").read_text().splitlines()[-1]
 
 
 def report(reasons, xids, hits, node_reasons=None):

@@ -389,6 +389,26 @@ def test_a_bad_state_file_is_refused_with_the_field_named_and_ignored(tmp_path, 
 
 
 # -- check and the Slurm health check ------------------------------------------------------------
+def drain_reason(tmp_path, report: dict) -> str:
+    """The `scontrol update` deploy/slurm/gpu-health-check.sh runs for `report`, check's JSON with
+    exit status 2 (action required), against a fake exporter and scontrol."""
+    rep = tmp_path / "report.json"
+    rep.write_text(json.dumps(report))
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "exporter").write_text(f"#!/bin/sh\ncat {rep}\nexit 2\n")
+    (fake / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'scontrol.log'}\n"
+                                   "[ \"$1\" = show ] && echo '   State=IDLE ThreadsPerCore=2'\nexit 0\n")
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "GPU_HEALTH_EXPORTER": str(fake / "exporter"),
+           "GPU_HEALTH_PYTHON": sys.executable, "SCONTROL": str(fake / "scontrol"),
+           "GPU_HEALTH_HYPERPOD": "no", "GPU_HEALTH_CHECK_CONFIG": "/nonexistent", "SLURMD_NODENAME": "n1"}
+    subprocess.run([str(ROOT / "deploy/slurm/gpu-health-check.sh")], env=env, check=True, timeout=60,
+                   capture_output=True)
+    return (tmp_path / "scontrol.log").read_text().splitlines()[-1]
+
+
 def test_check_and_the_slurm_drain_reason_name_the_job_after_it_ended(tmp_path, capsys):
     node = Node(tmp_path)
     one_shot(node.ctx)
@@ -411,21 +431,7 @@ def test_check_and_the_slurm_drain_reason_name_the_job_after_it_ended(tmp_path, 
     assert "XID 13 at" in text and "no workload (the GPU was idle)" in text
 
     # deploy/slurm/gpu-health-check.sh drains with that report (check's exit 2: action required)
-    report = tmp_path / "report.json"
-    report.write_text(json.dumps(doc))
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "exporter").write_text(f"#!/bin/sh\ncat {report}\nexit 2\n")
-    (fake / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'scontrol.log'}\n"
-                                   "[ \"$1\" = show ] && echo '   State=IDLE ThreadsPerCore=2'\nexit 0\n")
-    for f in fake.iterdir():
-        f.chmod(0o755)
-    env = {"PATH": os.environ["PATH"], "GPU_HEALTH_EXPORTER": str(fake / "exporter"),
-           "GPU_HEALTH_PYTHON": sys.executable, "SCONTROL": str(fake / "scontrol"),
-           "GPU_HEALTH_HYPERPOD": "no", "GPU_HEALTH_CHECK_CONFIG": "/nonexistent", "SLURMD_NODENAME": "n1"}
-    subprocess.run([str(ROOT / "deploy/slurm/gpu-health-check.sh")], env=env, check=True, timeout=60,
-                   capture_output=True)
-    update = (tmp_path / "scontrol.log").read_text().splitlines()[-1]
+    update = drain_reason(tmp_path, doc)
     assert update == ("update NodeName=n1 State=DRAIN "
                       "Reason=gpu-health: GPU 1 replace (xid_replace: XID 94; job 42)")
 
