@@ -50,6 +50,7 @@ MAX_FILE_BYTES = 16 * 1024  # MAX_JOBS_PER_FILE ids of the longest length fit in
 MAX_GPU_FILES = 512  # 64 GPUs with 7 MIG instances each, and their UUID-named files
 MAX_TOTAL_BYTES = 1 << 20  # read per reading
 MAX_ENTRIES = 65536  # directory entries looked at per reading (leftover temporary files included)
+MAX_PROBLEMS = 16  # problems named per reading (the rest counted): one log line, one landing-page entry
 
 
 class MappingError(Exception):
@@ -267,4 +268,6 @@ def by_uuid(reading: DirReading, gpus: Sequence[DeviceIdentity], mig_parent: Map
         if reading.incomplete and g.uuid not in held:
             continue  # its file may be among those a limit left unread
         out[g.uuid] = tuple(Workload(hpc_job=j) for j in sorted(held.get(g.uuid, ())))
+    if len(problems) > MAX_PROBLEMS:
+        problems[MAX_PROBLEMS:] = [f"and {len(problems) - MAX_PROBLEMS} more problems of the directory"]
     return out, problems
