@@ -337,6 +337,8 @@ def test_an_ack_clears_the_gpu_and_a_later_event_is_attributed_again(tmp_path):
         other = Node(tmp_path, None)
         assert ack_cmd.run(argparse.Namespace(gpu="0", xid=None), other.ctx) == 0
         assert hits(node.scrape()) == {("1", "94", "43", "")}  # GPU 0's cleared; GPU 1's stay
+        # the ack reached the daemon with its monotonic time: it clears by it, not by the wall clock
+        assert [a.mono is not None and a.mono <= time.monotonic() for a in node.svc.snapshot().acks] == [True]
         node.hold({0: (JOB43,)})
         node.log(lambda seq: xid_line(seq, node.now_usec(), 95))
         assert hits(node.scrape()) == {("1", "94", "43", ""), ("0", "95", "43", "")}
