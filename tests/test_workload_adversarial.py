@@ -24,7 +24,7 @@ from exporter.deadline import Pool
 from exporter.landing import summarise
 from exporter.runner import Runner
 from exporter.workload import slurm_cgroup, slurm_mapping
-from exporter.workload.model import Workload, WorkloadReading, single_line
+from exporter.workload.model import Workload, WorkloadReading
 from exporter.workload.source import Kind, SlurmMappingKind, WorkloadSource
 from exporter.xid.store import Ack
 from tests.helpers import ROOT, samples, scrape, value
@@ -352,10 +352,6 @@ def test_a_live_fault_without_a_reading_after_it_is_unknown_never_the_last_scrap
 
 
 # -- text ------------------------------------------------------------------------------------------
-def test_single_line_leaves_only_printable_text():
-    assert single_line("a\u2028b\nc\x85d\te\u2029") == "a b c d e "
-
-
 def report(reasons, xids, hits, node_reasons=None):
     return {"node": {"verdict": "replace_required", "reasons": node_reasons or [], "gpu_count": 8,
                      "expected_gpus": 8},

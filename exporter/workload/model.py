@@ -104,11 +104,3 @@ def admit(workloads: Iterable[Any]) -> tuple[Workload, ...] | None:
     if not all(valid_workload(w) for w in given):
         return None
     return tuple(sorted(set(given)))
-
-
-def single_line(text: str, limit: int = 1024) -> str:
-    """`text` reduced to printable single-line text (for drain reasons and log lines): every
-    character that is not printable (control characters, line and paragraph separators)
-    becomes a space, and it is cut at `limit` characters."""
-    out = "".join(c if c.isprintable() else " " for c in text[:limit])
-    return out.encode("utf-8", "replace").decode("utf-8")
