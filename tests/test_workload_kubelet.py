@@ -1,8 +1,9 @@
-"""The kubelet kind against a real gRPC server on a unix socket implementing PodResourcesLister
-v1 from the committed .proto: whole GPUs, MIG devices and a non-GPU resource; a kubelet that
-answers Unimplemented, a missing socket, the socket removed and created again (a kubelet
-restart), a kubelet that never answers. And the committed protobuf modules are exactly what
-grpcio-tools makes of the committed .proto."""
+"""The kubelet kind (an h2 client, exporter.workload.grpc_h2) against a real gRPC server (grpcio, a
+test dependency only) on a unix socket implementing PodResourcesLister v1 from the committed .proto:
+whole GPUs, MIG devices, GKE's ids, DRA claims and a non-GPU resource; a kubelet that answers
+Unimplemented, a missing socket, the socket removed and created again (a kubelet restart), a
+kubelet that never answers. And the committed protobuf module is exactly what grpcio-tools makes of
+the committed .proto."""
 
 import filecmp
 import subprocess
@@ -23,7 +24,7 @@ from exporter.nvml.fake import MIG_DEVICE_UUIDS
 from exporter.runner import Runner
 from exporter.workload import kubelet
 from exporter.workload.model import Workload
-from exporter.workload.podresources import api_pb2, api_pb2_grpc
+from exporter.workload.podresources import api_pb2
 from exporter.workload.source import KubeletKind, from_config
 from tests.helpers import ROOT, samples, scrape, value
 from tests.test_workload_sources import fake_p5
@@ -32,35 +33,53 @@ from tests.test_xid_service import make_ctx
 PROTO_DIR = ROOT / "exporter/workload/podresources"
 
 
-class Lister(api_pb2_grpc.PodResourcesListerServicer):
-    """Lists `pods`: [(namespace, pod, container, resource, [device ids])]; with `hang` set,
-    List waits on it (a kubelet that never answers)."""
+class Lister:
+    """Lists `pods`: [(namespace, pod, container, resource, [device ids])], and `claims`:
+    [(namespace, pod, container, claim, [(driver, pool, device, [CDI names])])]; with `hang` set,
+    List waits on it (a kubelet that never answers). `raw` (bytes) is answered as it is."""
 
-    def __init__(self, pods, hang=None):
-        self.pods, self.hang, self.calls = pods, hang, 0
+    def __init__(self, pods, hang=None, claims=(), raw=None):
+        self.pods, self.hang, self.claims, self.raw, self.calls = pods, hang, claims, raw, 0
+
+    def response(self):
+        resp = api_pb2.ListPodResourcesResponse()
+        for ns, pod, container, resource, ids in self.pods:
+            p = resp.pod_resources.add(name=pod, namespace=ns)
+            p.containers.add(name=container).devices.add(resource_name=resource, device_ids=ids)
+        for ns, pod, container, claim, devices in self.claims:
+            c = resp.pod_resources.add(name=pod, namespace=ns).containers.add(name=container)
+            d = c.dynamic_resources.add(claim_name=claim, claim_namespace=ns)
+            for driver, pool, device, cdi in devices:
+                r = d.claim_resources.add(driver_name=driver, pool_name=pool, device_name=device)
+                for name in cdi:
+                    r.cdi_devices.add(name=name)
+        return resp.SerializeToString()
 
     def List(self, request, context):  # noqa: N802 - the RPC's name
         self.calls += 1
         if self.hang is not None:
             self.hang.wait(30)
-        resp = api_pb2.ListPodResourcesResponse()
-        for ns, pod, container, resource, ids in self.pods:
-            p = resp.pod_resources.add(name=pod, namespace=ns)
-            p.containers.add(name=container).devices.add(resource_name=resource, device_ids=ids)
-        return resp
+        return self.raw if self.raw is not None else self.response()
 
 
 def serve(path, servicer):
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    """A grpcio server of PodResourcesLister/List on a unix socket (no handler with servicer None:
+    grpc answers UNIMPLEMENTED, as a kubelet without v1 List does)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
+                         options=[("grpc.max_send_message_length", -1)])
     if servicer is not None:
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
+        handler = grpc.unary_unary_rpc_method_handler(
+            servicer.List, request_deserializer=api_pb2.ListPodResourcesRequest.FromString,
+            response_serializer=lambda b: b)
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "v1.PodResourcesLister", {"List": handler})])
     server.add_insecure_port(f"unix://{path}")
     server.start()
     return server
 
 
-class Unimplemented(api_pb2_grpc.PodResourcesListerServicer):
-    pass  # the generated base answers UNIMPLEMENTED, as a kubelet without v1 List does
+def Unimplemented():  # noqa: N802 - reads as the servicer it stands for
+    return None
 
 
 @pytest.fixture
@@ -187,16 +206,17 @@ def test_the_collector_over_a_real_socket(node, tmp_path):
 
 
 def test_the_committed_protobuf_modules_are_generated_from_the_committed_proto(tmp_path):
-    """grpcio-tools (a test dependency only) regenerates them; any difference fails."""
+    """grpcio-tools (a test dependency only) regenerates it; any difference fails."""
     rel = "exporter/workload/podresources/api.proto"
     out = tmp_path / "gen"
     out.mkdir()
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", str(ROOT), f"--python_out={out}",
-                    f"--grpc_python_out={out}", str(ROOT / rel)], check=True, timeout=120)
-    for name in ("api_pb2.py", "api_pb2_grpc.py"):
-        assert filecmp.cmp(out / "exporter/workload/podresources" / name, PROTO_DIR / name, shallow=False), (
-            f"{name} differs from what grpc_tools.protoc makes of api.proto: regenerate it with "
-            f"`python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. {rel}`")
+                    str(ROOT / rel)], check=True, timeout=120)
+    assert sorted(p.name for p in PROTO_DIR.glob("*_pb2*.py")) == ["api_pb2.py"]
+    assert filecmp.cmp(out / "exporter/workload/podresources/api_pb2.py", PROTO_DIR / "api_pb2.py",
+                       shallow=False), (
+        "api_pb2.py differs from what grpc_tools.protoc makes of api.proto: regenerate it with "
+        f"`python -m grpc_tools.protoc -I. --python_out=. {rel}`")
 
 
 @settings(max_examples=200, derandomize=True)

@@ -21,7 +21,7 @@ from exporter.catalog import Families, define
 from exporter.collector import Collector, Context, Failed, ProblemLog
 from exporter.config import Section, non_negative, positive, setting
 from exporter.metric import Sample
-from exporter.workload.kubelet import DEFAULT_RESOURCES, DEFAULT_SOCKET
+from exporter.workload.kubelet import DEFAULT_DRA_DRIVERS, DEFAULT_RESOURCES, DEFAULT_SOCKET
 from exporter.workload.model import MAX_WORKLOADS
 from exporter.workload.source import WorkloadSource, from_config
 
@@ -81,6 +81,10 @@ class WorkloadSection(Section):
     kubelet_resource_names: list[str] = setting(
         DEFAULT_RESOURCES, "Kubernetes resource names (shell patterns) whose devices are GPUs.",
         check=_names, expected="a list of resource names")
+    kubelet_dra_drivers: list[str] = setting(
+        DEFAULT_DRA_DRIVERS, "DRA drivers (shell patterns) whose claimed devices are GPUs: pod-resources' "
+        "dynamic_resources (Kubernetes 1.34 and later); gpu.nvidia.com is NVIDIA's DRA driver.",
+        check=_names, expected="a list of DRA driver names")
     max_per_gpu: int = setting(
         8, f"Workloads exported (and attributed) per GPU at most, 1 to {MAX_WORKLOADS}; the rest are "
         "counted in gpu_health_exporter_workload_overflow.", check=_per_gpu)

@@ -45,7 +45,7 @@ from exporter.workload.model import MAX_LABEL_CHARS, Workload, WorkloadReading, 
 
 log = logging.getLogger("exporter.workload")
 
-KUBELET_SHARE = 0.8  # of the source's deadline: the gRPC call's own timeout, so it ends in time
+KUBELET_SHARE = 0.8  # of the source's deadline: the List call's own timeout, so it ends in time
 
 
 @dataclass
@@ -150,20 +150,24 @@ class KubeletKind(Kind):
     name = "kubelet"
 
     def __init__(self, nvml: NvmlSession, socket_path: str, resources: Sequence[str],
-                 timeout_s: float) -> None:
+                 timeout_s: float, dra_drivers: Sequence[str] = kubelet.DEFAULT_DRA_DRIVERS) -> None:
         self.nvml = nvml
         self.resources = list(resources)
+        self.dra_drivers = list(dra_drivers)
         self.client = kubelet.KubeletClient(socket_path, timeout_s)
         self._index: kubelet.GpuIndex | None = None
         self._index_of: tuple[str, ...] = ()
         self._index_at = 0.0
 
     def read(self, gpus: Sequence[DeviceIdentity]) -> KindResult:
-        devices = self.client.list()
+        listing = self.client.list()
         index = self._gpu_index(gpus)
-        out, unmatched = kubelet.assign(devices, gpus, self.resources, index)
+        out, unmatched = kubelet.assign(listing.devices, gpus, self.resources, index, listing.claims,
+                                        self.dra_drivers)
         if unmatched and time.monotonic() - self._index_at > 60:  # MIG reconfigured since: read again
-            out, unmatched = kubelet.assign(devices, gpus, self.resources, self._gpu_index(gpus, True))
+            index = self._gpu_index(gpus, True)
+            out, unmatched = kubelet.assign(listing.devices, gpus, self.resources, index, listing.claims,
+                                            self.dra_drivers)
         return out, unmatched
 
     def _gpu_index(self, gpus: Sequence[DeviceIdentity], fresh: bool = False) -> kubelet.GpuIndex:
@@ -327,7 +331,7 @@ def from_config(config: Any, nvml: NvmlSession, pool: deadline.Pool) -> Workload
         kinds.append(SlurmCgroupKind(nvml, config.paths.procfs, sec.slurm_cgroup_roots))
     if sec.kubelet_socket:
         kinds.append(KubeletKind(nvml, sec.kubelet_socket, sec.kubelet_resource_names,
-                                 sec.timeout_seconds * KUBELET_SHARE))
+                                 sec.timeout_seconds * KUBELET_SHARE, sec.kubelet_dra_drivers))
     if not kinds:
         return None
     return WorkloadSource(kinds, sec.timeout_seconds, sec.max_per_gpu, pool)
