@@ -246,3 +246,64 @@ def test_a_silent_kubelet_never_holds_up_the_gpu_reading(node, tmp_path):
     finally:
         gate.set()
         runner.close()
+
+
+def test_gke_device_ids_match_their_gpu(node):
+    """GKE's plugin names a GPU by its device node, nvidia<minor>, a MIG GPU instance
+    nvidia<minor>/gi<G> and a time-sharing share .../vgpu<K> (container-engine-accelerators)."""
+    _, session, sock, servers = node
+    gpus = session.devices
+    servers.append(serve(sock, Lister([
+        ("ml", "a", "main", "nvidia.com/gpu", ["nvidia1/vgpu0"]),
+        ("ml", "b", "main", "nvidia.com/gpu", ["nvidia3/gi1"]),
+        ("ml", "c", "main", "nvidia.com/gpu", ["nvidia3/gi2/vgpu0"]),
+        ("ml", "d", "main", "nvidia.com/gpu", ["nvidia6"]),
+    ])))
+    out, problems = kind(session, sock).read(gpus)
+    assert problems == []
+    assert {g.index: out[g.uuid] for g in gpus if out[g.uuid]} == {
+        1: (pod("a"),), 3: (pod("b"), pod("c")), 6: (pod("d"),)}
+
+
+def test_dra_claimed_gpus_are_their_pods_workloads(node):
+    """pod-resources' dynamic_resources (Kubernetes 1.34+): NVIDIA's DRA driver (gpu.nvidia.com)
+    names devices gpu-<minor> and gpu-<minor>-mig-<profile>-<start>-<size>, with CDI names
+    k8s.gpu.nvidia.com/device=<name> and k8s.gpu.nvidia.com/claim=<claim UID>-<name>."""
+    _, session, sock, servers = node
+    gpus = session.devices
+    uid = "0b5c7f2e-1d3a-4e5f-8a9b-0c1d2e3f4a5b"
+    nv = "gpu.nvidia.com"
+    servers.append(serve(sock, Lister([("ml", "a", "main", "nvidia.com/gpu", [gpus[0].uuid])], claims=[
+        ("ml", "train", "main", "gpus", [(nv, "node-1", "gpu-2", ["k8s.gpu.nvidia.com/device=gpu-2"]),
+                                        (nv, "node-1", "gpu-3", [])]),
+        ("ml", "mig", "main", "mig", [(nv, "node-1", "gpu-4-mig-9-4-4", [])]),
+        ("ml", "cdi", "main", "c", [(nv, "node-1", "", [f"k8s.gpu.nvidia.com/claim={uid}-gpu-5"])]),
+        ("ml", "uuid", "main", "u", [(nv, "node-1", "", [f"nvidia.com/gpu={gpus[6].uuid}"])]),
+        ("ml", "vm", "main", "v", [(nv, "node-1", "gpu-vfio-0", [])]),  # not an NVML GPU
+        ("ml", "nic", "main", "n", [("dra.net", "node-1", "eth1", [])]),  # another driver: not a GPU
+    ])))
+    out, problems = kind(session, sock).read(gpus)
+    assert problems == []
+    assert {g.index: out[g.uuid] for g in gpus} == {
+        0: (pod("a"),), 1: (), 2: (pod("train"),), 3: (pod("train"),), 4: (pod("mig"),), 5: (pod("cdi"),),
+        6: (pod("uuid"),), 7: ()}
+
+
+def test_a_dra_device_matching_no_gpu_is_a_problem_and_no_gpu_is_called_idle(node):
+    _, session, sock, servers = node
+    gpus = session.devices
+    servers.append(serve(sock, Lister([("ml", "a", "main", "nvidia.com/gpu", [gpus[0].uuid])], claims=[
+        ("ml", "x", "main", "gpus", [("gpu.nvidia.com", "node-1", "gpu-99", [])])])))
+    out, problems = kind(session, sock).read(gpus)
+    assert out == {gpus[0].uuid: (pod("a"),)}
+    assert "gpu-99" in problems[0] and "claim ml/gpus" in problems[0] and "ml/x" in problems[0]
+
+
+def test_dra_drivers_are_configurable(node):
+    _, session, sock, servers = node
+    gpus = session.devices
+    servers.append(serve(sock, Lister([], claims=[
+        ("ml", "x", "main", "gpus", [("gpu.example.com", "p", "gpu-1", [])])])))
+    assert kind(session, sock).read(gpus)[0][gpus[1].uuid] == ()
+    k = KubeletKind(session, str(sock), kubelet.DEFAULT_RESOURCES, 2.0, ["gpu.example.com"])
+    assert k.read(gpus)[0][gpus[1].uuid] == (pod("x"),)

@@ -162,8 +162,8 @@ class _Call:
                 raise GrpcError("INTERNAL", "a compressed response, which was not asked for")
             self.length = int.from_bytes(self.body[1:5], "big")
             if self.length > self.max_bytes:
-                raise TooLarge("RESOURCE_EXHAUSTED", f"the answer is {self.length:,} bytes, over the "
-                                                     f"{self.max_bytes:,} bytes read")
+                raise TooLarge("RESOURCE_EXHAUSTED", f"the answer is {self.length:,} bytes, over the limit "
+                                                     f"of {self.max_bytes:,}")
         if self.length is not None and len(self.body) > 5 + self.length:
             raise GrpcError("INTERNAL", "more than one response message in a unary call")
 

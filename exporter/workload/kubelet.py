@@ -237,8 +237,8 @@ class KubeletClient:
         try:
             answer = grpc_h2.unary(self.socket_path, LIST, b"", self.timeout_s, self.max_bytes)
         except grpc_h2.TooLarge as e:
-            raise KubeletError(f"{where}: List answer refused: {e.message} (at most {self.max_bytes:,} "
-                               "bytes, the kubelet's own limit)") from None
+            raise KubeletError(f"{where}: List answer refused: {e.message} (the kubelet's own limit on "
+                               "it is 16 MiB)") from None
         except grpc_h2.GrpcError as e:
             if e.code == "UNIMPLEMENTED":
                 raise KubeletError(f"{where} does not serve pod-resources v1 List (Unimplemented: a kubelet "

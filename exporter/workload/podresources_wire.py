@@ -192,9 +192,11 @@ def _dynamic(buf: memoryview, start: int, end: int, budget: _Budget, namespace: 
         for number, fs, fe in _fields(buf, s, e, budget):
             if number == 1:  # ClaimResource.cdi_devices: CDIDevice {string name = 1}
                 budget.count("devices", MAX_DEVICES)
+                cdi_name = ""
                 for n, cs, ce in _fields(buf, fs, fe, budget):
                     if n == 1:
-                        cdi.append(_str(buf, cs, ce))
+                        cdi_name = _str(buf, cs, ce)
+                cdi.append(cdi_name)
             elif number in fields:
                 fields[number] = _str(buf, fs, fe)
         budget.count("devices", MAX_DEVICES)
