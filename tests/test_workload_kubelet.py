@@ -6,6 +6,8 @@ kubelet that never answers. And the committed protobuf module is exactly what gr
 the committed .proto."""
 
 import filecmp
+import select
+import socket
 import subprocess
 import sys
 import threading
@@ -307,3 +309,45 @@ def test_dra_drivers_are_configurable(node):
     assert kind(session, sock).read(gpus)[0][gpus[1].uuid] == ()
     k = KubeletKind(session, str(sock), kubelet.DEFAULT_RESOURCES, 2.0, ["gpu.example.com"])
     assert k.read(gpus)[0][gpus[1].uuid] == (pod("x"),)
+
+
+def test_the_connection_is_kept_and_made_again_when_the_kubelet_closes_it(node):
+    """The client keeps its HTTP/2 connection between readings; a kubelet that closes an idle
+    connection (here grpc's max_connection_idle: a GOAWAY) costs no reading: the call that finds
+    it closed is made again on a new connection."""
+    _, session, sock, servers = node
+    gpus = session.devices
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2),
+                         options=[("grpc.max_connection_idle_ms", 200)])
+    lister = Lister([("ml", "a", "main", "nvidia.com/gpu", [gpus[0].uuid])])
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
+        "List": grpc.unary_unary_rpc_method_handler(lister.List, response_serializer=lambda b: b)})])
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+    servers.append(server)
+    client = kubelet.KubeletClient(str(sock), 2.0)
+    assert [d.device_id for d in client.list().devices] == [gpus[0].uuid]
+    first = client._channel._sock
+    assert [d.device_id for d in client.list().devices] == [gpus[0].uuid]
+    assert client._channel._sock is first  # kept
+    # wait until the server's GOAWAY for the idle connection is in the socket, unread
+    deadline = time.monotonic() + 20
+    while not goaway_pending(first):
+        assert time.monotonic() < deadline, "no GOAWAY within 20 s"
+        select.select([], [], [], 0.02)
+    assert [d.device_id for d in client.list().devices] == [gpus[0].uuid]
+    assert client._channel._sock is not first and lister.calls == 3
+    client.close()
+
+
+def goaway_pending(sock) -> bool:
+    """Whether the frames waiting unread in `sock` hold an HTTP/2 GOAWAY (frame type 7)."""
+    if not select.select([sock], [], [], 0)[0]:
+        return False
+    data = sock.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    i = 0
+    while i + 9 <= len(data):
+        if data[i + 3] == 7:
+            return True
+        i += 9 + int.from_bytes(data[i:i + 3], "big")
+    return False

@@ -9,7 +9,7 @@ its own (docs/performance.md): `PodResourcesServer` starts
 
 which binds SOCKET, prints `ready`, serves until its stdin closes (its parent exited, however it
 exited) and removes SOCKET. PODS_JSON: [[namespace, pod, container, resource, [device ids]], ...].
-One connection at a time is served, each call answered whole: enough for one exporter."""
+Connections are served together on one thread (a selector), each call answered whole."""
 
 from __future__ import annotations
 
@@ -36,36 +36,44 @@ def encode(pods: Pods) -> bytes:
     return resp.SerializeToString()
 
 
-def _serve_connection(conn: socket.socket, answer: Callable[[str], tuple[int, bytes]]) -> None:
-    """Answer every call on one connection until the client closes it."""
-    import h2.config
-    import h2.connection
-    import h2.events
+class _Connection:
+    """One client's HTTP/2 connection: every call on it answered whole."""
 
-    h2c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
-    h2c.initiate_connection()
-    conn.sendall(h2c.data_to_send())
-    paths: dict[int, str] = {}
-    pending: dict[int, bytes] = {}  # stream -> response bytes not yet sent (flow control)
-    while True:
-        data = conn.recv(65536)
+    def __init__(self, sock: socket.socket, answer: Callable[[str], tuple[int, bytes]]) -> None:
+        import h2.config
+        import h2.connection
+
+        self.sock, self.answer = sock, answer
+        config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
+        self.h2 = h2.connection.H2Connection(config)
+        self.h2.initiate_connection()
+        self.paths: dict[int, str] = {}
+        self.pending: dict[int, bytes] = {}  # stream -> response bytes not yet sent (flow control)
+        self.sock.sendall(self.h2.data_to_send())
+
+    def readable(self) -> bool:
+        """Read and answer what came; False once the client has gone."""
+        import h2.events
+
+        data = self.sock.recv(65536)
         if not data:
-            return
+            return False
+        h2c = self.h2
         for ev in h2c.receive_data(data):
             if isinstance(ev, h2.events.RequestReceived):
-                paths[ev.stream_id] = dict(ev.headers).get(":path", "")
+                self.paths[ev.stream_id] = dict(ev.headers).get(":path", "")
             elif isinstance(ev, h2.events.DataReceived):
                 h2c.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
             elif isinstance(ev, h2.events.StreamEnded):
-                status, body = answer(paths.pop(ev.stream_id, ""))
+                status, body = self.answer(self.paths.pop(ev.stream_id, ""))
                 if status:  # Trailers-Only: the status in the headers
                     h2c.send_headers(ev.stream_id, [(":status", "200"), ("content-type", "application/grpc"),
                                                     ("grpc-status", str(status))], end_stream=True)
                 else:
                     h2c.send_headers(ev.stream_id, [(":status", "200"), ("content-type", "application/grpc")])
-                    pending[ev.stream_id] = b"\x00" + len(body).to_bytes(4, "big") + body
-        for sid in list(pending):
-            chunk = pending[sid]
+                    self.pending[ev.stream_id] = b"\x00" + len(body).to_bytes(4, "big") + body
+        for sid in list(self.pending):
+            chunk = self.pending[sid]
             while chunk:
                 n = min(len(chunk), h2c.local_flow_control_window(sid), h2c.max_outbound_frame_size)
                 if n <= 0:
@@ -73,15 +81,16 @@ def _serve_connection(conn: socket.socket, answer: Callable[[str], tuple[int, by
                 h2c.send_data(sid, chunk[:n])
                 chunk = chunk[n:]
             if chunk:
-                pending[sid] = chunk
+                self.pending[sid] = chunk
             else:
-                del pending[sid]
+                del self.pending[sid]
                 h2c.send_headers(sid, [("grpc-status", "0")], end_stream=True)
-        conn.sendall(h2c.data_to_send())
+        self.sock.sendall(h2c.data_to_send())
+        return True
 
 
-def serve(path: str, pods: Pods, stop: socket.socket | None = None) -> None:
-    """Serve List on `path` until `stop` (a readable file object or socket) is readable or closed."""
+def serve(path: str, pods: Pods) -> None:
+    """Serve List on `path` until stdin is readable (closed: the parent is done)."""
     body = encode(pods)
 
     def answer(method: str) -> tuple[int, bytes]:
@@ -93,19 +102,28 @@ def serve(path: str, pods: Pods, stop: socket.socket | None = None) -> None:
     print("ready", flush=True)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
-    sel.register(stop if stop is not None else sys.stdin, selectors.EVENT_READ)
+    sel.register(sys.stdin, selectors.EVENT_READ)
     try:
         while True:
             for key, _ in sel.select():
-                if key.fileobj is not listener:
-                    return  # stdin readable: closed (or written to), the parent is done
-                conn, _ = listener.accept()
-                with conn:
-                    conn.settimeout(5)
+                if key.fileobj is sys.stdin:
+                    return
+                if key.fileobj is listener:
+                    sock, _ = listener.accept()
+                    sock.settimeout(5)  # a client that stops reading is dropped, never waited on
                     try:
-                        _serve_connection(conn, answer)
-                    except (OSError, Exception):  # noqa: BLE001 - one bad client never stops the server
-                        pass
+                        sel.register(sock, selectors.EVENT_READ, _Connection(sock, answer))
+                    except OSError:
+                        sock.close()
+                    continue
+                conn: _Connection = key.data
+                try:
+                    alive = conn.readable()
+                except Exception:  # noqa: BLE001 - one bad client never stops the server
+                    alive = False
+                if not alive:
+                    sel.unregister(conn.sock)
+                    conn.sock.close()
     finally:
         listener.close()
         try:

@@ -35,13 +35,13 @@ matched by its CDI names, whose part after `=` may also be any device-plugin sha
 container toolkit's `nvidia.com/gpu=GPU-<uuid>`, `=0`, `=0:1`, `=all`).
 
 A device that matches no GPU is a problem of the reading, and then no GPU is reported idle (its pod
-may be on any of them). A new connection is made for each reading, so a kubelet restart (a new
-socket file) is seen at once."""
+may be on any of them). The connection is kept between readings and made again when the socket is
+replaced (a kubelet restart creates a new socket file), after a failure, or when the kubelet stops
+answering."""
 
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -211,31 +211,32 @@ def gpu_index(backend: NvmlBackend, gpus: Sequence[DeviceIdentity]) -> GpuIndex:
 
 class KubeletClient:
     """The pod-resources v1 client on one socket; `list()` raises KubeletError. Each call is made
-    in the calling thread on a new connection; nothing is kept between calls."""
+    in the calling thread; the connection is kept between calls and made again when the socket file
+    is replaced or after a failure (exporter.workload.grpc_h2.Channel). Not for use from two threads
+    at once (the workload source serialises its readings)."""
 
     def __init__(self, socket_path: str, timeout_s: float, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
         from exporter.workload import grpc_h2  # h2 is imported only when this kind is enabled
 
         self._h2 = grpc_h2
+        self._channel = grpc_h2.Channel(socket_path)
         self.socket_path = socket_path
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
 
     def close(self) -> None:
-        pass  # no connection outlives a call
+        self._channel.close()
 
     def list(self) -> Listing:
         where = f"kubelet at {self.socket_path}"
+        grpc_h2 = self._h2
         try:
-            os.stat(self.socket_path)
+            answer = self._channel.unary(LIST, b"", self.timeout_s, self.max_bytes)
         except FileNotFoundError:
             raise KubeletError(f"kubelet socket {self.socket_path} does not exist (kubelet not running, or "
                                "its pod-resources directory not mounted)") from None
         except OSError as e:
             raise KubeletError(f"kubelet socket {self.socket_path}: {e.strerror or e}") from None
-        grpc_h2 = self._h2
-        try:
-            answer = grpc_h2.unary(self.socket_path, LIST, b"", self.timeout_s, self.max_bytes)
         except grpc_h2.TooLarge as e:
             raise KubeletError(f"{where}: List answer refused: {e.message} (the kubelet's own limit on "
                                "it is 16 MiB)") from None
