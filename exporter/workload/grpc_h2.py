@@ -119,7 +119,9 @@ class Channel:
             sock.close()
             why = f" ({errno.errorcode.get(e.errno, '')})" if e.errno else ""
             raise GrpcError("UNAVAILABLE", f"connect: {e.strerror or e}{why}") from None
-        config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        # Our own request headers are constants, valid and lower-case: not checked again each call.
+        config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8",
+                                           validate_outbound_headers=False, normalize_outbound_headers=False)
         conn = h2.connection.H2Connection(config)
         conn.local_settings = h2.settings.Settings(client=True, initial_values={
             h2.settings.SettingCodes.ENABLE_PUSH: 0,
@@ -176,9 +178,10 @@ class _Call:
         try:
             sid = self.sid = conn.get_next_available_stream_id()
             conn.send_headers(sid, [
-                (":method", "POST"), (":scheme", "http"), (":path", method), (":authority", "localhost"),
-                ("content-type", "application/grpc"), ("te", "trailers"),
-                ("grpc-timeout", f"{max(1, int(timeout_s * 1000))}m"), ("user-agent", "gpu-health-exporter")])
+                (b":method", b"POST"), (b":scheme", b"http"), (b":path", method.encode()),
+                (b":authority", b"localhost"), (b"content-type", b"application/grpc"), (b"te", b"trailers"),
+                (b"grpc-timeout", b"%dm" % max(1, int(timeout_s * 1000))),
+                (b"user-agent", b"gpu-health-exporter")])
             conn.send_data(sid, b"\x00" + len(request).to_bytes(4, "big") + request, end_stream=True)
         except h2.exceptions.ProtocolError:
             raise Retry() from None  # the connection is closing (a GOAWAY read in the last call)

@@ -63,14 +63,14 @@ class ClaimDevice:
 
 
 class _Budget:
+    __slots__ = ("pods", "containers", "devices", "fields")
+
     def __init__(self) -> None:
         self.pods = self.containers = self.devices = self.fields = 0
 
-    def count(self, what: str, limit: int) -> None:
-        n = getattr(self, what) + 1
-        if n > limit:
-            raise AnswerTooLarge(f"the answer lists more than {limit:,} {what}: not read")
-        setattr(self, what, n)
+
+def _over(what: str, limit: int) -> AnswerTooLarge:
+    return AnswerTooLarge(f"the answer lists more than {limit:,} {what}: not read")
 
 
 def _varint(buf: memoryview, i: int, end: int) -> tuple[int, int]:
@@ -91,11 +91,20 @@ def _fields(buf: memoryview, start: int, end: int, budget: _Budget):
     every other wire type is skipped (counted as visited)."""
     i = start
     while i < end:
-        budget.count("fields", MAX_FIELDS)
-        key, i = _varint(buf, i, end)
+        budget.fields += 1
+        if budget.fields > MAX_FIELDS:
+            raise _over("fields", MAX_FIELDS)
+        key = buf[i]  # one byte for field numbers up to 15, as every field here
+        i += 1
+        if key >= 0x80:
+            key, i = _varint(buf, i - 1, end)
         number, wire = key >> 3, key & 7
         if wire == 2:
-            n, i = _varint(buf, i, end)
+            n = buf[i] if i < end else 0x80
+            if n < 0x80:
+                i += 1
+            else:
+                n, i = _varint(buf, i, end)
             if i + n > end:
                 raise Malformed("a field runs past the end of its message")
             yield number, i, i + n
@@ -127,7 +136,9 @@ def decode_list(data: bytes | bytearray | memoryview) -> tuple[list[Device], lis
     claims: list[ClaimDevice] = []
     for number, s, e in _fields(buf, 0, len(buf), budget):
         if number == 1:  # ListPodResourcesResponse.pod_resources
-            budget.count("pods", MAX_PODS)
+            budget.pods += 1
+            if budget.pods > MAX_PODS:
+                raise _over("pods", MAX_PODS)
             _pod(buf, s, e, budget, devices, claims)
     return devices, claims
 
@@ -142,7 +153,9 @@ def _pod(buf: memoryview, start: int, end: int, budget: _Budget, devices: list[D
         elif number == 2:
             namespace = _str(buf, s, e)
         elif number == 3:
-            budget.count("containers", MAX_CONTAINERS)
+            budget.containers += 1
+            if budget.containers > MAX_CONTAINERS:
+                raise _over("containers", MAX_CONTAINERS)
             containers.append((s, e))  # decoded once the pod's name is known (fields come in any order)
     for s, e in containers:
         _container(buf, s, e, budget, namespace, name, devices, claims)
@@ -167,7 +180,9 @@ def _container(buf: memoryview, start: int, end: int, budget: _Budget, namespace
             if number == 1:
                 resource = _str(buf, fs, fe)
             elif number == 2:
-                budget.count("devices", MAX_DEVICES)
+                budget.devices += 1
+                if budget.devices > MAX_DEVICES:
+                    raise _over("devices", MAX_DEVICES)
                 ids.append(_str(buf, fs, fe))
         devices.extend(Device(namespace, pod, name, resource, i) for i in ids)
     for s, e in dynamic:
@@ -191,7 +206,9 @@ def _dynamic(buf: memoryview, start: int, end: int, budget: _Budget, namespace: 
         cdi: list[str] = []
         for number, fs, fe in _fields(buf, s, e, budget):
             if number == 1:  # ClaimResource.cdi_devices: CDIDevice {string name = 1}
-                budget.count("devices", MAX_DEVICES)
+                budget.devices += 1
+                if budget.devices > MAX_DEVICES:
+                    raise _over("devices", MAX_DEVICES)
                 cdi_name = ""
                 for n, cs, ce in _fields(buf, fs, fe, budget):
                     if n == 1:
@@ -199,6 +216,8 @@ def _dynamic(buf: memoryview, start: int, end: int, budget: _Budget, namespace: 
                 cdi.append(cdi_name)
             elif number in fields:
                 fields[number] = _str(buf, fs, fe)
-        budget.count("devices", MAX_DEVICES)
+        budget.devices += 1
+        if budget.devices > MAX_DEVICES:
+            raise _over("devices", MAX_DEVICES)
         claims.append(ClaimDevice(namespace, pod, container, claim, fields[2], fields[3], fields[4],
                                   tuple(cdi)))
