@@ -351,3 +351,38 @@ def goaway_pending(sock) -> bool:
             return True
         i += 9 + int.from_bytes(data[i:i + 3], "big")
     return False
+
+
+@settings(max_examples=200, derandomize=True)
+@given(st.text(max_size=60), st.lists(st.text(max_size=80), max_size=3))
+def test_no_dra_device_makes_matching_raise_or_find_a_gpu_that_is_not_there(device, cdi):
+    gpus = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(8)]
+    index = kubelet.GpuIndex({u.lower(): u for u in gpus}, dict(enumerate(gpus)), dict(enumerate(gpus)), {})
+    found = index.find_claim(kubelet.ClaimDevice("ns", "p", "c", "ns/claim", "gpu.nvidia.com", "pool", device,
+                                                 tuple(cdi)))
+    assert found is None or found <= set(gpus)
+
+
+def test_every_documented_device_id_shape_finds_its_gpu():
+    gpus = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(8)]
+    minors = {10 + i: u for i, u in enumerate(gpus)}  # minor numbers differ from NVML indexes here
+    mig = "MIG-aaaaaaaa-0000-0000-0000-000000000000"
+    index = kubelet.GpuIndex({u.lower(): u for u in gpus}, minors, dict(enumerate(gpus)),
+                             {mig.lower(): gpus[4]})
+    cases = {gpus[1]: 1, f"{gpus[2]}::3": 2, mig: 4, f"{mig}::7": 4, f"MIG-{gpus[5]}/1/0": 5, "6": 6,
+             "7:1": 7, "nvidia10": 0, "nvidia11/vgpu0": 1, "nvidia13/gi1": 3, "nvidia13/gi2/vgpu0": 3}
+    assert {d: gpus.index(index.find(d)) for d in cases} == cases
+
+    def claim(device, *cdi):
+        return kubelet.ClaimDevice("ns", "p", "c", "ns/x", "gpu.nvidia.com", "pool", device, cdi)
+
+    uid = "0b5c7f2e-1d3a-4e5f-8a9b-0c1d2e3f4a5b"
+    assert index.find_claim(claim("gpu-12")) == {gpus[2]}
+    assert index.find_claim(claim("gpu-13-mig-19-0-1")) == {gpus[3]}
+    assert index.find_claim(claim("", "k8s.gpu.nvidia.com/device=gpu-14")) == {gpus[4]}
+    assert index.find_claim(claim("", f"k8s.gpu.nvidia.com/claim={uid}-gpu-15")) == {gpus[5]}
+    assert index.find_claim(claim("", f"nvidia.com/gpu={gpus[6]}", "nvidia.com/gpu=7")) == {gpus[6], gpus[7]}
+    assert index.find_claim(claim("", "nvidia.com/gpu=all")) == set(gpus)
+    assert index.find_claim(claim("gpu-vfio-0")) == set()
+    assert index.find_claim(claim("gpu-3")) is None  # minor 3 is no GPU here
+    assert index.find_claim(claim("")) is None
