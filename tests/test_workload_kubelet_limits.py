@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -226,3 +227,45 @@ def test_no_bytes_make_the_decoder_raise_anything_but_its_own_errors(data):
         wire.decode_list(data)
     except (wire.Malformed, wire.AnswerTooLarge):
         pass
+
+
+def test_a_socket_file_nobody_listens_on_is_unreachable_at_once(tmp_path):
+    """A kubelet killed without removing its socket leaves the file: connect() is refused."""
+    import socket
+
+    path = tmp_path / "kubelet.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    s.close()
+    t = time.monotonic()
+    with pytest.raises(KubeletError, match="cannot be reached: connect: .*ECONNREFUSED"):
+        KubeletClient(str(path), 5.0).list()
+    assert time.monotonic() - t < 1
+
+
+@pytest.mark.parametrize("reply,why", [
+    (b"HTTP/1.1 400 Bad Request\r\n\r\n", "answer is not HTTP/2"),  # not an HTTP/2 server
+    (b"", "closed the connection"),  # accepts and hangs up
+])
+def test_a_socket_that_is_not_a_grpc_server_is_a_clear_error(tmp_path, reply, why):
+    import socket
+
+    path = tmp_path / "kubelet.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def answer():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(reply)
+        conn.close()
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(KubeletError, match=why):
+            KubeletClient(str(path), 5.0).list()
+    finally:
+        t.join(10)
+        listener.close()

@@ -152,6 +152,7 @@ class _Call:
         self.body = bytearray()
         self.length: int | None = None  # the response message's length prefix, once read
         self.read = 0
+        self.events = 0  # h2 events the bytes read made: none from bytes that are not HTTP/2
         self.ended = False
 
     def _flush(self) -> None:
@@ -199,6 +200,9 @@ class _Call:
             if not data:
                 if self.reused and not self.headers:
                     raise Retry()
+                if self.read and not self.events:
+                    raise GrpcError("UNAVAILABLE", "the server's answer is not HTTP/2 (is this the kubelet's "
+                                                   "socket?)")
                 raise GrpcError("UNAVAILABLE", "the server closed the connection before the call ended")
             self.read += len(data)
             if self.read > self.max_bytes + SLACK:
@@ -207,6 +211,7 @@ class _Call:
                 events = conn.receive_data(data)
             except h2.exceptions.ProtocolError as e:
                 raise GrpcError("INTERNAL", f"HTTP/2 protocol error: {e}") from None
+            self.events += len(events)
             for ev in events:
                 self._event(ev, sid)
             self._flush()
