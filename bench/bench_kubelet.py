@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers import port_of  # noqa: E402
+from tests.helpers import port_of, wait_for  # noqa: E402
 
 CALL = r"""
 import json, sys, time
@@ -78,15 +78,14 @@ def served(checkout: Path, scenario: bool, scrapes: int) -> dict:
                                 env={"PYTHONPATH": str(checkout), "PATH": "/usr/bin:/bin"})
         try:
             base = f"http://127.0.0.1:{port_of(proc)}"
-            deadline = time.monotonic() + 60
-            while True:
+
+            def ready() -> bool:
                 try:
-                    if opener.open(f"{base}/readyz", timeout=5).status == 200:
-                        break
-                except OSError as e:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"not ready (exit status {proc.poll()})") from e
-                    time.sleep(0.2)
+                    return opener.open(f"{base}/readyz", timeout=5).status == 200
+                except OSError:
+                    return False
+
+            wait_for(ready, 60, "the exporter ready", proc, interval=0.2)
             req = urllib.request.Request(f"{base}/metrics", headers={"Accept-Encoding": "gzip"})
             for _ in range(scrapes):
                 opener.open(req, timeout=30).read()
