@@ -95,7 +95,7 @@ def server(tmp_path):
 @pytest.mark.parametrize("name,answer", [
     # 4 MiB: 1.3 million one-character device ids (issue 35)
     ("1.3 million device ids in 4 MiB", lambda: one_container(ld(2, b"a") * 1_300_000)),
-    # 15 MB of device ids, under the kubelet's own 16 MiB limit
+    # 15 MB of device ids, under the 16 MiB limit
     ("15 MB of device ids", lambda: one_container(ld(2, b"GPU-0") * 2_140_000)),
     # 15 MB of empty pods: every one an allocation in protobuf's parser
     ("15 MB of empty pods", lambda: ld(1, b"") * 7_500_000),

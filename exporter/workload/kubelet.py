@@ -54,9 +54,10 @@ from exporter.workload.podresources_wire import AnswerTooLarge, ClaimDevice, Dev
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_RESOURCES = ["nvidia.com/gpu", "nvidia.com/mig-*"]
 DEFAULT_DRA_DRIVERS = ["gpu.nvidia.com"]
-# The kubelet's own limit on a pod-resources answer (podresources.DefaultPodResourcesMaxSize): a
-# longer length prefix is refused before the answer is read; what is read is decoded under the
-# counts of exporter.workload.podresources_wire.
+# The receive limit the kubelet's own clients use on a pod-resources answer (kubernetes
+# test/e2e_node/util.go, defaultPodResourcesMaxSize; dcgm-exporter the same): a longer length prefix
+# is refused before the answer is read; what is read is decoded under the counts of
+# exporter.workload.podresources_wire.
 MAX_MESSAGE_BYTES = 16 << 20
 MAX_PROBLEMS = 5  # unmatched device ids named in one reading's problems
 LIST = "/v1.PodResourcesLister/List"
@@ -238,8 +239,8 @@ class KubeletClient:
         except OSError as e:
             raise KubeletError(f"kubelet socket {self.socket_path}: {e.strerror or e}") from None
         except grpc_h2.TooLarge as e:
-            raise KubeletError(f"{where}: List answer refused: {e.message} (the kubelet's own limit on "
-                               "it is 16 MiB)") from None
+            raise KubeletError(f"{where}: List answer refused: {e.message} (16 MiB, the limit Kubernetes' "
+                               "own pod-resources clients use)") from None
         except grpc_h2.GrpcError as e:
             if e.code == "UNIMPLEMENTED":
                 raise KubeletError(f"{where} does not serve pod-resources v1 List (Unimplemented: a kubelet "
