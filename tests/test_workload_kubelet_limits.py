@@ -172,9 +172,13 @@ def test_the_simulated_p5_with_the_kubelet_kind_runs_at_most_12_threads():
             for _ in range(40):
                 body = s.get(url + "/metrics", timeout=30).text
         assert 'gpu_workload_info{' in body and 'pod="llama-pretrain-0"' in body
-        tasks = len(list(Path(f"/proc/{proc.pid}/task").iterdir()))
         assert not any("grpc" in m.path for m in proc.memory_maps())
-    assert tasks <= 12, f"{tasks} threads"
+        # a transient start-up thread (the identity lookup) may still be ending (as test_threads.py)
+        task_dir = Path(f"/proc/{proc.pid}/task")
+        deadline = time.monotonic() + 5
+        while len(tasks := list(task_dir.iterdir())) > 12 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert len(tasks) <= 12, f"{len(tasks)} threads"
 
 
 # -- the bounded decoder against protobuf -------------------------------------------------------
