@@ -345,13 +345,6 @@ class Tree:
                 out.append(TimeoutError(errno.ETIMEDOUT, why, p))
         return out
 
-    def read_file(self, path: str) -> str:
-        """One file's text under its deadline; raises what the read raised."""
-        r = self.read_files([path])[0]
-        if isinstance(r, BaseException):
-            raise r
-        return r
-
     def read(self, kind: str, *parts: str) -> str | None:
         """The text of the file `kind` under `<tree>/<parts>/`, trying the version's trees in
         order; None when no tree has it. A permission or I/O error marks that tree failed for
