@@ -254,3 +254,21 @@ def test_a_pool_closed_while_a_read_waits_in_its_queue_ends_the_read():
         assert [o.status for o in box["out"]] == [SKIPPED]
     finally:
         gate.set()
+
+
+def test_each_outcome_carries_its_reason():
+    """One wording for every caller: the item's own deadline in a TIMEOUT and a BLOCKED, the
+    exception in an ERROR, nothing for OK."""
+    fn = Items(hang={"b"})
+    r = DeadlineReader(fn, 0.2, pool=Pool(2))
+    try:
+        out = r.read(["a", "b", "boom"])
+        assert [o.reason for o in out] == [
+            "", "did not finish within its 0.2s deadline", "OSError: [Errno 5] Input/output error: 'boom'"]
+        assert r.read(["b"])[0].reason == ("an earlier read is still blocked past its 0.2s deadline; "
+                                           "not read again until it returns")
+    finally:
+        fn.release.set()
+    pool = Pool(1)
+    pool.close()
+    assert DeadlineReader(Items(), 1.0, pool=pool).read(["a"])[0].reason.startswith("not read:")

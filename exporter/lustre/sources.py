@@ -336,13 +336,8 @@ class Tree:
         for p, o in zip(paths, self._files.read(paths), strict=True):
             if o.status in (deadline.OK, deadline.ERROR):
                 out.append(o.value)
-            elif o.status == deadline.BLOCKED:
-                out.append(TimeoutError(errno.ETIMEDOUT, "an earlier read is still blocked", p))
-            elif o.status == deadline.SKIPPED:
-                out.append(TimeoutError(errno.ETIMEDOUT, "not read: no thread to read it", p))
             else:
-                why = f"read did not finish within {self.timeout_s:g}s"
-                out.append(TimeoutError(errno.ETIMEDOUT, why, p))
+                out.append(TimeoutError(errno.ETIMEDOUT, o.reason, p))
         return out
 
     def read(self, kind: str, *parts: str) -> str | None:
