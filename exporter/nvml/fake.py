@@ -12,9 +12,9 @@ does not list). Calls on one GPU hold that GPU's lock while they "run", because 
 calls on one GPU; calls on different GPUs do not wait for each other (an assumption: it could
 not be measured on a one-GPU machine). The cost is slept (releasing the GIL, as a real NVML
 call does inside ctypes) through a per-thread balance: time.sleep overshoots by tens of
-microseconds, so the overshoot (up to CREDIT_MAX_S) is credited to the thread's next cheap calls
-and the total time spent matches the captured latencies, while a single cheap call may cost
-nothing or one sleep. A call costing SPEND_WHOLE_S or more always spends at least its own cost.
+microseconds, so the overshoot is credited to the thread's next cheap calls and the total time
+spent matches the captured latencies, while a single cheap call may cost nothing or one sleep.
+A call costing SPEND_WHOLE_S or more always spends at least its own cost, on its own.
 
 GPU Performance Monitoring (GPM): a capture's `nvmlGpmMetricsGet` entry holds what each metric
 read over the capture's interval (percent, or MiB/s), {metric id: {"ret", "value"}}. The fake
@@ -56,7 +56,6 @@ from exporter.nvml.backend import (
 DATA = Path(__file__).resolve().parent.parent / "data"  # shipped as package data
 DEFAULT_FIELD_US = 2.7  # a cheap field, per field_cost.json
 SPEND_WHOLE_S = 1e-3  # a call costing this or more sleeps its whole cost, never paid by credit
-CREDIT_MAX_S = 1e-3  # sleep overshoot credited to cheap calls, at most
 MIG_DEVICE_UUIDS = "mig_device_uuids"  # the key of NvmlBackend.mig_device_uuids' answer
 
 # Capture keys of calls whose arguments are enums recorded by name.
@@ -412,20 +411,22 @@ class FakeBackend(NvmlBackend):
                 remaining = hang[1] - time.monotonic()
                 if remaining > 0:
                     self._unhang.wait(remaining)
-            # Pay the cost through a per-thread balance: time.sleep overshoots (~70 us idle, far
-            # more on a loaded host), so each sleep's real length is booked and the overshoot
-            # credited to later calls too cheap to sleep for alone. A call that costs a sleep's
-            # worth or more (and a scripted slowdown) is spent whole, credit or not: a real call
-            # takes its time however slow the calls before it were.
-            tls = self._tls
+            # A call that costs a sleep's worth or more is spent whole, on its own: a real call
+            # takes its time however slow the calls before it were, and its overshoot (the host
+            # was slow) is nobody's credit. The cheaper calls and scripted slowdowns are paid
+            # through a per-thread balance: time.sleep overshoots by ~70 us, so each sleep's real
+            # length is booked and the overshoot credited to later calls.
             cost = us * 1e-6 if self.latencies else 0.0
-            whole = (cost if cost >= SPEND_WHOLE_S else 0.0) + extra
-            owed = max(getattr(tls, "owed", 0.0) + cost + extra, whole)
+            if cost >= SPEND_WHOLE_S:
+                time.sleep(cost)
+                cost = 0.0
+            tls = self._tls
+            owed = getattr(tls, "owed", 0.0) + cost + extra
             if owed > 0:
                 t = time.perf_counter()
                 time.sleep(owed)
                 owed -= time.perf_counter() - t
-            tls.owed = max(owed, -CREDIT_MAX_S)
+            tls.owed = owed
 
     def _device(self, index: int) -> dict[str, dict]:
         self._check_init()
