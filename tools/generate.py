@@ -14,7 +14,7 @@ One command for every file made from another source (CI runs `--check`: .ci/run)
   and docs/*.md, from the tree (the claims tests/test_doc_claims.py checks);
 - deploy: the PrometheusRule, dashboard and runbook components under
   deploy/kubernetes/components/, from rules/, dashboards/ and docs/runbooks.md (exporter.deploygen);
-- podresources: exporter/workload/podresources/api_pb2*.py, from api.proto (grpc_tools.protoc);
+- podresources: exporter/workload/podresources/api_pb2.py, from api.proto (grpc_tools.protoc);
 - golden: tests/fixtures/golden/*.prom, a pinned simulated node's /metrics (tests/golden.py).
 
 Not here, because they are measurements rather than functions of the tree: docs/performance.md's
@@ -132,13 +132,14 @@ def _doc_lists() -> dict[Path, str | None]:
 
 
 def _podresources() -> dict[Path, str | None]:
+    """The message classes of the kubelet's pod-resources API (the client speaks gRPC's framing
+    itself: no grpc stub is generated)."""
     rel = "exporter/workload/podresources/api.proto"
     with tempfile.TemporaryDirectory(prefix="protoc-") as out:
         subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", str(ROOT), f"--python_out={out}",
-                        f"--grpc_python_out={out}", rel], check=True, cwd=ROOT)
-        made = Path(out) / Path(rel).parent
-        names = ("api_pb2.py", "api_pb2_grpc.py")
-        return {ROOT / Path(rel).parent / n: (made / n).read_text() for n in names}
+                        rel], check=True, cwd=ROOT)
+        made = Path(out) / Path(rel).parent / "api_pb2.py"
+        return {ROOT / Path(rel).parent / "api_pb2.py": made.read_text()}
 
 
 def _golden() -> dict[Path, str | None]:
