@@ -75,7 +75,7 @@ def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
     svc = one_shot(ctx, read_only=True)
     nv, problems = verdict(ctx)
     snap = svc.snapshot()
-    if snap.state.problem in ("corrupt", "unreadable"):
+    if snap.state.problem in ("corrupt", "newer_version", "unreadable"):
         problems.append(f"state file {snap.state.path} is {snap.state.problem}: XID counts come from "
                         "the kernel log alone and may be incomplete")
     k = snap.kmsg

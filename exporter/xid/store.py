@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.state import versions
 from exporter.xid import state_file
 from exporter.xid.catalog import XID_MAX, XID_MIN, lookup, valid_xid
 from exporter.xid.identities import MAX_IDENTITIES, Identity  # noqa: F401 - Identity: re-exported
@@ -41,7 +42,7 @@ from exporter.xid.state_values import (  # noqa: F401 - StateError: re-exported
     text,
 )
 
-STATE_VERSION = 1
+STATE_VERSION = versions.XID.version  # what this exporter writes; older ones are migrated
 STATE_NAME = "xid-state.json"
 MAX_OPEN_PER_KEY = 4
 MAX_KEYS = 4096

@@ -1,0 +1,1 @@
+"""Checkout tools (not shipped in the wheel): `python -m tools.generate`."""
