@@ -2,7 +2,7 @@
 
 `python -m exporter.docs` rewrites both in a checkout (and refuses to run from an installed
 package), `--check` names the stale ones; tests/test_docs.py fails when they drift from the code.
-`python -m tools.generate` regenerates these with every other generated file.
+`python -m exporter.generate` regenerates these with every other generated file.
 """
 
 from __future__ import annotations

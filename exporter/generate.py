@@ -1,8 +1,9 @@
-"""Regenerate every generated file of the checkout, or say which are stale.
+"""Regenerate every generated file of the checkout, or say which are stale (a checkout tool: it
+refuses to run from an installed package, like exporter.docs).
 
-    .venv/bin/python -m tools.generate            # rewrite what is stale, name each file written
-    .venv/bin/python -m tools.generate --check    # write nothing; name each stale file, exit 1 if any
-    .venv/bin/python -m tools.generate --only docs --only golden   # some generators only
+    .venv/bin/python -m exporter.generate            # rewrite what is stale, name each file written
+    .venv/bin/python -m exporter.generate --check    # write nothing; name each stale file, exit 1 if any
+    .venv/bin/python -m exporter.generate --only docs --only golden   # some generators only
 
 One command for every file made from another source (CI runs `--check`: .ci/run):
 
@@ -31,6 +32,8 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from exporter import share
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -171,12 +174,15 @@ def stale(want: dict[Path, str | None]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.generate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m exporter.generate", description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true",
                    help="write nothing; name each stale file and exit 1 if any")
     p.add_argument("--only", action="append", choices=sorted(GENERATORS), metavar="NAME",
                    help=f"run this generator only (repeatable): {', '.join(GENERATORS)}")
     args = p.parse_args(argv)
+    if not share.in_checkout():  # installed: there is no checkout to regenerate
+        print(share.not_in_checkout("python -m exporter.generate"), file=sys.stderr)
+        return 2
     found = 0
     for name, gen in GENERATORS.items():
         if args.only and name not in args.only:
@@ -197,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_text(text)
                 print(f"wrote ({name}): {rel}")
     if args.check and found:
-        print(f"{found} generated file(s) stale: run .venv/bin/python -m tools.generate and review the diff",
+        print(f"{found} generated file(s) stale: run .venv/bin/python -m exporter.generate, review the diff",
               file=sys.stderr)
         return 1
     return 0

@@ -1,1 +1,0 @@
-"""Checkout tools (not shipped in the wheel): `python -m tools.generate`."""
