@@ -17,6 +17,10 @@
 # It never fails the job: a Prolog or Epilog that exits non-zero drains the node, which a lost
 # bookkeeping line does not deserve. Problems go to stderr and syslog (tag gpu-health-exporter).
 # GPU_HEALTH_JOB_MAPPING_DIR overrides the directory.
+#
+# Bash 4.2 (Amazon Linux 2) and later: an empty array is never expanded as "${a[@]}" under set -u
+# (before 4.4 that is an unbound-variable error, which would fail the Epilog and drain the node) but
+# as ${a[@]+"${a[@]}"}; tests/test_shell_scripts.py rejects the construct in every script.
 set -uo pipefail
 
 action=${1:-}
@@ -68,7 +72,10 @@ update() {
     fi
   fi
   tmp=$(mktemp "$dir/.$gpu.XXXXXX") || return 1
-  printf '%s\n' "${keep[@]}" >"$tmp" && chmod 0644 "$tmp" && mv -f -- "$tmp" "$file" || { rm -f -- "$tmp"; return 1; }
+  if ! { printf '%s\n' ${keep[@]+"${keep[@]}"} >"$tmp" && chmod 0644 "$tmp" && mv -f -- "$tmp" "$file"; }; then
+    rm -f -- "$tmp"
+    return 1
+  fi
 }
 
 main() {
@@ -77,6 +84,7 @@ main() {
   local targets=() f
   if [[ $action == add ]]; then
     [[ -n $gpus ]] || return 0 # a job without GPUs
+    # shellcheck disable=SC2174  # the mode is the mapping directory's; its parents are Slurm's
     mkdir -p -m 0755 -- "$dir" || { say "cannot create $dir"; return 0; }
   else
     [[ -d $dir ]] || return 0
@@ -91,7 +99,7 @@ main() {
       [[ $f =~ ^[0-9]+(\.[0-9]+)?$ ]] && targets+=("$f")
     done
   fi
-  for f in "${targets[@]}"; do
+  for f in ${targets[@]+"${targets[@]}"}; do
     update "$f" || say "job $job: could not $action its line in $dir/$f"
   done
   return 0
