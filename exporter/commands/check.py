@@ -11,7 +11,9 @@ command-line error, a kernel log none of whose lines is a record (`dmesg -T` out
 `problems` (exit 2 is only ever "this node needs action", so a wrapper may drain on it alone).
 
 The expected GPU count needs the instance type: config, else the DMI product name, else one
-IMDS request with the configured timeout (the check starts no background lookup).
+IMDS request with the configured timeout (the check starts no background lookup). IMDS is asked
+only when that answer is used: not when the config gives node.expected_gpus, not when NVML is
+unusable, not when the DMI identity says the host is not on EC2.
 """
 
 from __future__ import annotations
@@ -86,6 +88,15 @@ def unread_gpus(health: Any, timeout_s: float) -> list[str]:
             out.append(f"GPU {i} ({g.pci_bus_id}): its health-critical NVML reads failed; its health is "
                        "unknown")
     return out
+
+
+def needs_instance_type(ctx: Context) -> bool:
+    """Whether the check will use the instance type (the expected GPU count): not when the config
+    gives the count, and not when NVML is unusable (the answer can only be 3, so IMDS is not asked
+    for a number nothing reads)."""
+    if ctx.config.node.expected_gpus is not None:
+        return False
+    return bool(ctx.nvml.ensure())
 
 
 def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
@@ -282,7 +293,8 @@ def failed(args: argparse.Namespace, e: Exception) -> int:
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     """The check (an error of its own goes to failed(), through exporter.cli: exit 3)."""
-    ctx.identity.lookup_now()
+    if needs_instance_type(ctx):
+        ctx.identity.lookup_now()
     nv, svc, problems = gather(ctx)
     if nv is None:
         print("gpu-health-exporter check: could not check: " + "; ".join(problems), file=sys.stderr)
