@@ -139,3 +139,18 @@ def test_check_on_a_log_with_an_unreadable_xid_line_answers_3_never_0(tmp_path, 
     # a line that looks like an SXid but is none the parser reads: the same
     code, doc = _check(capsys, tmp_path, "4,1,1000000,-;nvidia-nvswitch1: SXid (PCI:garbage\n")
     assert code == 3
+
+
+def test_a_regular_file_it_may_not_read_gets_a_file_hint_not_the_cap_syslog_one(tmp_path):
+    """Issue 37: a mode-000 log file was told about /dev/kmsg and CAP_SYSLOG."""
+    import errno
+
+    from exporter.xid.follower import read_error_hint
+
+    log = tmp_path / "saved.log"
+    log.write_text("4,1,1,-;NVRM: x\n")
+    log.chmod(0)
+    hint = read_error_hint(str(log), errno.EACCES)
+    assert "CAP_SYSLOG" not in hint and "mode and owner" in hint
+    assert "CAP_SYSLOG" in read_error_hint("/dev/null", errno.EPERM)  # a character device
+    assert read_error_hint(str(log), errno.ENOENT) == ""
