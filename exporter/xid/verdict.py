@@ -71,6 +71,29 @@ RECOVERY_REASON = {1: "recovery_action_reset", 2: "recovery_action_reboot", 3: "
                    4: "recovery_action_reset", 6: "recovery_action_reset", 7: "recovery_action_reboot"}
 
 
+# reason -> the runbook section (docs/runbooks.md, the alert that pages on it) an operator opens for
+# it: the landing page links each reason there (tests/test_landing_page.py holds every reason to a
+# section that exists).
+RUNBOOK: dict[str, str] = {
+    "xid_replace": "GpuXidReplaceNow", "xid_reboot": "GpuXidRebootRequired",
+    "xid_reset": "GpuXidResetRequired", "xid_unknown": "GpuXidUnknown",
+    "row_remap_failure": "GpuRowRemapFailure",
+    "row_remap_pending": "GpuRowRemapPending", "gpu_lost": "GpuLost", "gpu_unresponsive": "GpuUnresponsive",
+    "gpu_not_answering": "GpuUnresponsive", "gpu_not_read": "GpuHealthUnreadable",
+    "recovery_action_reboot": "GpuRecoveryActionRebootRequired",
+    "recovery_action_reset": "GpuRecoveryActionRequired",
+    "recovery_action_drain": "GpuRecoveryActionRequired",
+    "recovery_action_other": "GpuRecoveryActionRequired",
+    "uncorrected_ecc": "GpuEccUncorrectedErrors", "fabric_not_completed": "GpuFabricNotCompleted",
+    "fabric_status_error": "GpuFabricRegistrationFailed", "fabric_health": "GpuFabricRegistrationFailed",
+    "gpu_count_below_expected": "GpuCountBelowExpected", "nvml_unavailable": "GpuCountBelowExpected",
+    "sxid_replace": "NvswitchSxidReplaceNow", "sxid_reboot": "NvswitchSxidRebootRequired",
+    "sxid_unknown": "NvswitchSxidUnknown",
+}
+# Reasons an `ack` clears (the sticky XID ones); the others last as long as the NVML state does.
+ACKABLE = frozenset(TIER_REASON.values())
+
+
 def worst(verdicts: list[str]) -> str:
     return max(verdicts, key=LEVEL.__getitem__, default="healthy")
 
