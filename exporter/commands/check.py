@@ -25,9 +25,10 @@ import sys
 import time
 from typing import Any
 
+from exporter.attribution.ledger import XID, Attribution
+from exporter.attribution.text import describe
 from exporter.collector import Context
 from exporter.node import instance_type
-from exporter.workload.attribution import XID, Attribution, describe
 from exporter.xid.parser import pci_key, pci_label
 from exporter.xid.service import KmsgView, XidService, XidSnapshot, one_shot
 

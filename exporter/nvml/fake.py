@@ -1,5 +1,5 @@
 """A fake NVML backend that replays a capture made by `gpu-health-exporter capture`
-(exporter/nvml/capture.py; the captures in tests/fixtures/nvml were made on real GPUs with the
+(exporter/capture.py; the captures in tests/fixtures/nvml were made on real GPUs with the
 same format).
 
 It answers each call with the captured result or the captured NVML error, optionally after the

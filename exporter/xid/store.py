@@ -137,6 +137,7 @@ def _validate_ack(a: dict, where: str, counts: dict) -> None:
     _optional(a, "xid", lambda v, w: integer(v, w, XID_MIN, XID_MAX), f"{where}.")
     _optional(a, "uuid", lambda v, w: text(v, w, MAX_UUID_CHARS), f"{where}.")
     seconds(a.get("time"), f"{where}.time")
+    _optional(a, "mono", seconds, f"{where}.")
     if a.get("logged") not in (None, True, False):
         raise StateError(f"{where}.logged is {show(a['logged'])}; expected true or false")
     for k, v in mapping(a.get("baseline") or {}, f"{where}.baseline").items():
@@ -180,17 +181,22 @@ class Ack:
     time: float
     baseline: dict[str, int]  # count per count key at the time of the ack
     logged: bool = False  # a daemon logged it (kept in the file: logged once, across restarts)
+    # time.monotonic() when taken (this boot's clock, as the file is this boot's): what clears
+    # the attributions before it whatever the wall clock did; None in an ack written before
+    mono: float | None = None
 
     def to_json(self) -> dict:
         d = {"pci": self.pci, "index": self.index, "uuid": self.uuid, "xid": self.xid,
              "time": self.time, "baseline": self.baseline}
+        if self.mono is not None:
+            d["mono"] = self.mono
         return {**d, "logged": True} if self.logged else d
 
     @classmethod
     def from_json(cls, d: dict) -> Ack:
         return cls(str(d["pci"]), d.get("index"), str(d.get("uuid") or ""), d.get("xid"),
                    float(d["time"]), {str(k): int(v) for k, v in dict(d.get("baseline") or {}).items()},
-                   d.get("logged") is True)
+                   d.get("logged") is True, None if d.get("mono") is None else float(d["mono"]))
 
     def ident(self) -> tuple:
         return (self.pci, self.xid, round(self.time, 3))
