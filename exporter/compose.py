@@ -43,7 +43,8 @@ def compose(config: Config, *, nvml: NvmlSession | None = None,
     pool = pool if pool is not None else Pool()
     nvml = nvml if nvml is not None else NvmlSession.real(pool)
     identity = IdentitySource(config, imds_url=imds_url,
-                              dmi_instance_type=dmi.instance_type(config.paths.sysfs))
+                              dmi_instance_type=dmi.instance_type(config.paths.sysfs),
+                              on_ec2=dmi.on_ec2(config.paths.sysfs) if imds_url is None else None)
     workloads = WorkloadHistory()
     workload = None
     if getattr(config, "workload", None) is not None:

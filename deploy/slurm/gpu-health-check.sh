@@ -20,7 +20,11 @@
 #                              on HyperPod Slurm instead state FAIL with the reason its auto-resume acts
 #                              on, "Action:Replace" or "Action:Reboot" (a GPU reset is done by a reboot
 #                              there); the details go to syslog (tag gpu-health-check)
-#   3 could not check, or the check failed or timed out: never drains (logged)
+#   3 could not check, or the check failed or timed out: never drains (logged, with check's
+#                              problems); but a GPU that does not answer NVML (reason
+#                              gpu_not_answering: a fault of the node, not of the tool) fails a
+#                              prolog (exit 1: Slurm drains the node and requeues the job), so no job
+#                              starts on it; as a health check it is logged (the daemon pages if it lasts)
 # A node already drained, failed or down is left as it is (its reason is not overwritten).
 # As a prolog (--prolog) it exits 1 after draining, so Slurm requeues the job; otherwise 0.
 # Settings (all optional) in /etc/default/gpu-health-check or the file GPU_HEALTH_CHECK_CONFIG names:
@@ -47,6 +51,26 @@ prolog=no
 log() { logger -t gpu-health-check -- "$node: $*" 2>/dev/null; echo "gpu-health-check: $node: $*" >&2; }
 done_ok() { exit 0; }
 
+# Exit 3: log check's problems (not the JSON's first bytes, which are only the node header); a prolog
+# fails when a GPU does not answer NVML.
+unknown() {
+  local why hung
+  why=$(printf '%s' "$report" | "$python" -c '
+import json, sys
+d = json.load(sys.stdin)
+hung = [str(g["gpu"]) for g in d.get("gpus", []) if "gpu_not_answering" in g.get("reasons", [])]
+print(",".join(hung) or "-", "; ".join(d.get("problems", [])) or "no reason given")
+' 2>/dev/null) || why="- $(printf '%s' "$report" | tr -d '\n' | head -c 300)"
+  hung=${why%% *}
+  why=${why#* }
+  if [ "$hung" != - ] && [ "$prolog" = yes ]; then
+    log "GPU(s) $hung do not answer NVML: failing the prolog (Slurm drains the node and requeues the job): $(printf '%s' "$why" | head -c 400)"
+    exit 1
+  fi
+  log "could not check (not draining): $(printf '%s' "$why" | head -c 400)"
+  done_ok
+}
+
 if [ "$hyperpod" = auto ]; then
   if [ -e /opt/ml/config/resource_config.json ]; then hyperpod=yes; else hyperpod=no; fi
 fi
@@ -58,7 +82,7 @@ case $status in
   0) done_ok ;;
   1) log "degraded (not draining): $(printf '%s' "$report" | head -c 300 | tr '\n' ' ')"; done_ok ;;
   2) ;;
-  3) log "could not check (not draining): $(printf '%s' "$report" | tr -d '\n' | head -c 300)"; done_ok ;;
+  3) unknown ;;
   124) log "check timed out after ${timeout_s}s (not draining)"; done_ok ;;
   *) log "check failed with exit status $status (not draining)"; done_ok ;;
 esac

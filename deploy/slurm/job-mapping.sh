@@ -23,6 +23,10 @@
 # It never fails the job: a Prolog or Epilog that exits non-zero drains the node, which a lost
 # bookkeeping line does not deserve. Problems go to stderr and syslog (tag gpu-health-exporter).
 # GPU_HEALTH_JOB_MAPPING_DIR overrides the directory.
+#
+# Bash 4.2 (Amazon Linux 2) and later: an empty array is never expanded as "${a[@]}" under set -u
+# (before 4.4 that is an unbound-variable error, which would fail the Epilog and drain the node) but
+# as ${a[@]+"${a[@]}"}; tests/test_shell_scripts.py rejects the construct in every script.
 set -uo pipefail
 
 action=${1:-}
@@ -89,8 +93,11 @@ update() {
     fi
   fi
   tmp=$(mktemp "$dir/.$gpu.XXXXXX") || return 1
-  # keep is never empty here; bash 4.2 calls "${keep[@]}" of an empty array unbound under set -u
-  printf '%s\n' "${keep[@]}" >"$tmp" && chmod 0644 "$tmp" && mv -f -- "$tmp" "$file" || { rm -f -- "$tmp"; return 1; }
+  # keep is never empty here, and expanded the guarded way anyway (tests/test_shell_scripts.py)
+  if ! { printf '%s\n' ${keep[@]+"${keep[@]}"} >"$tmp" && chmod 0644 "$tmp" && mv -f -- "$tmp" "$file"; }; then
+    rm -f -- "$tmp"
+    return 1
+  fi
 }
 
 main() {
@@ -101,6 +108,7 @@ main() {
   local f
   if [[ $action == add ]]; then
     [[ -n $gpus || ( $names != index && -n $visible ) ]] || return 0 # a job without GPUs
+    # shellcheck disable=SC2174  # the mode is the mapping directory's; its parents are Slurm's
     mkdir -p -m 0755 -- "$dir" || { say "cannot create $dir"; return 0; }
   else
     [[ -d $dir ]] || return 0
@@ -118,7 +126,7 @@ main() {
   fi
   # "${targets[@]}" of an empty array is an unbound variable to bash 4.2 under set -u (RHEL 7's bash)
   ((${#targets[@]})) || return 0
-  for f in "${targets[@]}"; do
+  for f in ${targets[@]+"${targets[@]}"}; do
     update "$f" || say "job $job: could not $action its line in $dir/$f"
   done
   return 0

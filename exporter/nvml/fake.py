@@ -342,10 +342,15 @@ class FakeBackend(NvmlBackend):
 
     def hang(self, index: int, fn: str | None = None, seconds: float = 3600.0,
              at_s: float | None = None) -> None:
-        """Calls on GPU `index` (only `fn` when given) block for `seconds` or until `release()`."""
+        """Calls on GPU `index` (only `fn` when given) block for `seconds` or until `release()`.
+        With `at_s`, the hang lasts from `at_s` to `at_s + seconds` on the fake's clock: a clock
+        advanced past its end (a one-shot command playing the node a minute in) sees it over."""
         def do() -> None:
+            left = seconds - (max(0.0, self.now() - at_s) if at_s is not None else 0.0)
+            if left <= 0:
+                return
             self._unhang.clear()
-            self._hangs[index] = (fn, time.monotonic() + seconds)
+            self._hangs[index] = (fn, time.monotonic() + left)
         if at_s is None:
             do()
         else:

@@ -58,8 +58,8 @@ class XidCounter:
             if isinstance(parsed, GpuAt):
                 self.identities.identify(parsed.pci, uuid=parsed.uuid)
             elif isinstance(parsed, XidReport) and new:
-                self._count("kmsg", parsed.pci, parsed.xid, rec.usec / 1e6, None, parsed.action,
-                            self.clock.wall, parsed.text)
+                self._count("kmsg", parsed.pci, parsed.xid, rec.usec / 1e6, rec.wall, parsed.action,
+                            self.clock.wall, parsed.text)  # rec.wall: a text line's own time
 
     # -- NVML events ---------------------------------------------------------------------------------
     def on_nvml_event(self, ev: Event) -> None:

@@ -32,7 +32,7 @@ class SxidCounter:
         """One kernel-log record; `new`: not counted by an earlier run."""
         if rec.kernel and new and "SXid" in rec.message:
             parsed = parse_sxid(rec.message)
-            wall = self.clock.wall(rec.usec / 1e6)
+            wall = rec.wall if rec.wall is not None else self.clock.wall(rec.usec / 1e6)
             counted = isinstance(parsed, SxidReport) and \
                 self.store.report(parsed.pci, parsed.switch, parsed.sxid, parsed.severity, wall)
             hit = ""
