@@ -97,6 +97,18 @@ def test_plan_never_touches_another_agents_taint_or_label():
         "metadata": {"resourceVersion": "7", "annotations": {OWNER_ANNOTATION: None}}}
 
 
+def test_plan_replaces_hyperpods_healthy_value_and_puts_it_back():
+    healthy = a_node([], {LABEL_KEY: "Schedulable"})
+    p = plan(healthy, want(taint=None), BOTH)
+    assert p["metadata"]["labels"] == {LABEL_KEY: LABEL_VALUE}
+    assert p["metadata"]["annotations"] == {OWNER_ANNOTATION: "label=Schedulable"}
+    ours = a_node([], {LABEL_KEY: LABEL_VALUE}, "label=Schedulable")
+    assert plan(ours, want("True", "Healthy", False, False), BOTH)["metadata"] == {
+        "resourceVersion": "7", "labels": {LABEL_KEY: "Schedulable"}, "annotations": {OWNER_ANNOTATION: None}}
+    # HyperPod's own verdicts are its own
+    assert plan(a_node([], {LABEL_KEY: "UnschedulablePendingReboot"}), want(taint=None), BOTH) is None
+
+
 def test_plan_with_one_option_off():
     p = plan(a_node(), want(), Options(taint=True))
     assert p["spec"]["taints"] == [OURS] and "labels" not in p["metadata"]

@@ -37,7 +37,10 @@ log = logging.getLogger("exporter.kubernetes")
 TAINT_KEY = "gpu-health-exporter/action-required"
 LABEL_KEY = "sagemaker.amazonaws.com/node-health-status"
 LABEL_VALUE = "UnschedulablePendingReplacement"
-OWNER_ANNOTATION = "gpu-health-exporter/owns"  # "taint", "label" or "taint,label": what we set
+# What we set, comma-separated: "taint", and "label" (it was absent) or "label=Schedulable" (we
+# replaced HyperPod's healthy value, and put it back on removal).
+OWNER_ANNOTATION = "gpu-health-exporter/owns"
+HYPERPOD_HEALTHY = "Schedulable"  # the value HyperPod's health agent keeps on a healthy node
 
 
 @dataclass(frozen=True)
@@ -249,16 +252,18 @@ def plan(node: dict, want: Desired, opts: Options) -> dict | None:
         patch["spec"] = {"taints": new_taints}
 
     have = labels.get(LABEL_KEY)
-    if "label" in owned and have != LABEL_VALUE:
-        new_owned.discard("label")  # changed or removed by someone else (HyperPod): theirs now
+    label = next((x for x in owned if x.split("=", 1)[0] == "label"), None)  # "label" or "label=WAS"
+    if label is not None and have != LABEL_VALUE:
+        new_owned.discard(label)  # changed or removed by someone else (HyperPod): theirs now
     if want.replace is not None:
         set_it = bool(want.replace) and opts.hyperpod_label
-        if set_it and have is None:
+        if set_it and (have is None or have == HYPERPOD_HEALTHY) and label is None:
             patch["metadata"]["labels"] = {LABEL_KEY: LABEL_VALUE}
-            new_owned.add("label")
-        elif not set_it and "label" in owned and have == LABEL_VALUE:
-            patch["metadata"]["labels"] = {LABEL_KEY: None}
-            new_owned.discard("label")
+            new_owned.add("label" if have is None else f"label={have}")
+        elif not set_it and label is not None and have == LABEL_VALUE:
+            was = label.partition("=")[2]
+            patch["metadata"]["labels"] = {LABEL_KEY: was or None}  # back to what HyperPod had
+            new_owned.discard(label)
 
     if new_owned != owned:
         patch["metadata"]["annotations"] = {
