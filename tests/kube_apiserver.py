@@ -179,7 +179,8 @@ class FaultProxy:
         fd = self._sock.fileno()
         self.proc = subprocess.Popen(
             [*server.netns, sys.executable, str(PROXY), str(fd), str(self.control), str(self.log), str(PORT),
-             str(server.cert), str(server.d / "tls.key")], pass_fds=(fd,), stdout=subprocess.PIPE, text=True)
+             str(server.cert), str(server.d / "tls.key")], pass_fds=(fd,), stdout=subprocess.PIPE,
+            stderr=(d / "proxy.err").open("a"), text=True)
         assert self.proc.stdout.readline().strip() == "up", "the fault proxy did not start"
 
     def set(self, mode: str = "pass", status: int = 0, delay_s: float = 0.0,
