@@ -139,7 +139,11 @@ class ApiServer:
         return None
 
     def can_i(self, verb: str, resource: str) -> bool:
-        r = self.kubectl("auth", "can-i", verb, resource, who="sa", check=False)
+        """`kubectl auth can-i` as the exporter's service account; `resource` may be `nodes/status`
+        (a subresource: kubectl's own `TYPE/NAME` form would read it as a Node named status)."""
+        kind, _, sub = resource.partition("/")
+        r = self.kubectl("auth", "can-i", verb, kind, *([f"--subresource={sub}"] if sub else []), who="sa",
+                         check=False)
         return r.stdout.strip() == "yes"
 
 

@@ -23,7 +23,8 @@ from tests.helpers import wait_for
 
 
 def test_every_verdict_state_has_a_condition_and_anything_else_is_unknown():
-    assert set(CONDITIONS) == set(VERDICTS)
+    # a new verdict state fails here until it has its row (its condition is Unknown meanwhile)
+    assert not set(VERDICTS) - set(CONDITIONS), "map every verdict state in exporter/kube/condition.py"
     assert condition_of("healthy") == ("True", "Healthy")
     assert condition_of("replace_required") == ("False", "ReplaceRequired")
     for other in ("unknown", "some_state_added_later", ""):

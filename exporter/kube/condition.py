@@ -23,8 +23,9 @@ CONDITIONS: dict[str, tuple[str, str]] = {
     "reset_required": ("False", "ResetRequired"),
     "reboot_required": ("False", "RebootRequired"),
     "replace_required": ("False", "ReplaceRequired"),
+    "unknown": ("Unknown", "VerdictUnknown"),  # a GPU that does not answer
 }
-UNKNOWN = ("Unknown", "VerdictUnknown")
+UNKNOWN = ("Unknown", "VerdictUnknown")  # a state without a row
 TAINTED = frozenset({"reset_required", "reboot_required", "replace_required"})  # action required
 REPLACE = frozenset({"replace_required"})  # HyperPod's replacement label
 
