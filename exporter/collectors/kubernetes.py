@@ -40,7 +40,8 @@ class KubernetesSection(Section):
         kube.TOKEN_FILE, "Bearer token file, read again when it changes (projected service-account "
         "tokens rotate).", path=True)
     ca_file: str = setting(
-        kube.CA_FILE, "CA bundle that signs the API server's certificate. Empty: the system's CAs.", path=True)
+        kube.CA_FILE, "CA bundle that signs the API server's certificate. Empty: the system's CAs.",
+        path=True)
     node_name: str = setting(
         "", "This node's Node name. Empty: the NODE_NAME environment variable (the DaemonSet sets it "
         "from spec.nodeName through the downward API).")
