@@ -203,9 +203,9 @@ class FaultProxy:
         self._sock.close()
 
 
-def until(cond, timeout: float = 30.0, what: str = "condition") -> object:
-    """wait_for with a coarser poll (each look is a kubectl run)."""
-    return wait_for(cond, timeout, what, interval=0.3)
+def until(cond, timeout: float = 30.0, what: str = "condition", log: Path | None = None) -> object:
+    """wait_for with a coarser poll (each look is a kubectl run); a failure quotes `log`."""
+    return wait_for(cond, timeout, what, log=log, interval=0.3)
 
 
 def now() -> float:
