@@ -50,16 +50,21 @@ def proxy(api, tmp_path_factory) -> FaultProxy:
     p.close()
 
 
-@pytest.fixture
-def actions(api, tmp_path):
-    """The overlay with components/node-actions added, as a user opts in: its RBAC applied."""
-    k = tmp_path / "with-actions"
+def with_actions(d: Path) -> Path:
+    """A kustomization of the overlay with components/node-actions added, as a user opts in."""
+    k = d / "with-actions"
     k.mkdir()
     (k / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": [os.path.relpath(OVERLAY, k)], "components": [os.path.relpath(ACTIONS, k)]}))
-    objs = api.apply_rbac(k)
-    yield k
+    return k
+
+
+@pytest.fixture
+def actions(api, tmp_path):
+    """The overlay with components/node-actions added, as a user opts in: its RBAC applied."""
+    objs = api.apply_rbac(with_actions(tmp_path))
+    yield
     api.delete_rbac([o for o in objs if "node-actions" in o["metadata"]["name"]])
 
 
@@ -121,12 +126,7 @@ def test_shipped_rbac_allows_exactly_what_the_writer_does(api, tmp_path):
                            ("update", "nodes/status"), ("get", "secrets"), ("list", "pods"),
                            ("create", "nodes")):
         assert not api.can_i(verb, resource), f"the condition's RBAC allows {verb} {resource}"
-    k = tmp_path / "with-actions"
-    k.mkdir()
-    (k / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [os.path.relpath(OVERLAY, k)], "components": [os.path.relpath(ACTIONS, k)]}))
-    objs = api.apply_rbac(k)
+    objs = api.apply_rbac(with_actions(tmp_path))
     try:
         until(lambda: api.can_i("get", "nodes"), 20, "the actions' RBAC in force")
         assert api.can_i("patch", "nodes") and api.can_i("patch", "nodes/status")
