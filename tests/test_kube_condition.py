@@ -218,3 +218,34 @@ def test_in_cluster_endpoint_and_its_absence():
                                       "KUBERNETES_SERVICE_PORT": "443"}).url == "https://[fd00::1]:443"
     with pytest.raises(kube.ApiError, match="KUBERNETES_SERVICE_HOST"):
         kube.endpoint("", "", "", {})
+
+
+def test_the_collector_gets_this_collections_verdict_and_nvml_trouble_is_unknown(tmp_path):
+    """A derived collector on a derived one: the runner runs the verdict first whatever the order."""
+    from exporter.collectors.gpu import GpuCollector
+    from exporter.collectors.health import HealthCollector
+    from exporter.collectors.kubernetes import KubernetesCollector
+    from exporter.runner import Runner
+    from tests.helpers import scrape, value
+    from tests.test_health_collector import p5
+    from tests.test_xid_service import make_ctx
+
+    _, ctx = p5(tmp_path / "ok")
+    runner = Runner([KubernetesCollector(ctx), HealthCollector(ctx), GpuCollector(ctx)], deadline_s=5)
+    scrape(runner)  # the kernel log not read yet (no follower), no state file: cannot tell
+    assert runner.readings["kubernetes"].reason == "KernelLogNotRead"
+    runner.close()
+    ctx.xid.read_kmsg()  # as the daemon's follower does
+    runner = Runner([KubernetesCollector(ctx), HealthCollector(ctx), GpuCollector(ctx)], deadline_s=5)
+    text = scrape(runner)
+    d = runner.readings["kubernetes"]
+    assert (d.status, d.reason, d.taint, d.replace) == ("True", "Healthy", False, False), d
+    assert value(text, "gpu_health_exporter_kubernetes_up") == 0  # never started: nothing written
+    runner.close()
+    ctx = make_ctx(tmp_path / "no-nvml", "")  # NVML init fails: the verdict says degraded
+    runner = Runner([KubernetesCollector(ctx), GpuCollector(ctx), HealthCollector(ctx)], deadline_s=5)
+    scrape(runner)
+    d = runner.readings["kubernetes"]
+    assert runner.readings["health"].verdict == "degraded"
+    assert (d.status, d.reason, d.taint, d.replace) == ("Unknown", "NvmlUnavailable", None, None)
+    runner.close()

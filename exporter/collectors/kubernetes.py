@@ -159,7 +159,12 @@ class KubernetesCollector(Derived):
         if unparsed:
             problems.append(("KernelLogUnparsable", unparsed))
         elif k.enabled and not k.ok and not snap.state.found:
-            problems.append(("KernelLogUnreadable", f"kernel log: {k.error} and no state file for this boot"))
+            if k.error:
+                problems.append(("KernelLogUnreadable", f"kernel log {k.path}: {k.error}, and no state file "
+                                 "for this boot"))
+            else:  # the follower has not read it yet (the daemon's first collection)
+                problems.append(("KernelLogNotRead", f"kernel log {k.path} not read yet, and no state file "
+                                 "for this boot"))
         return desired(nv, problems, svc.hits(snap.acks))
 
 
