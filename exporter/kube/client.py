@@ -20,10 +20,11 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import requests
+if TYPE_CHECKING:
+    import requests
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN_FILE = f"{SA_DIR}/token"
@@ -98,6 +99,8 @@ class Client:
     environment, no automatic retries."""
 
     def __init__(self, ep: Endpoint, node: str, connect_timeout_s: float, read_timeout_s: float) -> None:
+        import requests  # here: a node without the writer never loads it (tests/test_runtime_imports.py)
+
         self.ep = ep
         self.node = node
         self.timeout = (connect_timeout_s, read_timeout_s)
@@ -130,6 +133,8 @@ class Client:
         return self._call("PATCH", self._path, body, MERGE)
 
     def _call(self, method: str, path: str, body: Any = None, ctype: str = "") -> dict:
+        import requests
+
         headers = {"Authorization": f"Bearer {self.token.get()}", "Accept": "application/json"}
         data = None
         if body is not None:
