@@ -189,7 +189,9 @@ class Writer:
         acts = self.opts.taint or self.opts.hyperpod_label
         if acts and (want.taint is not None or want.replace is not None):
             self._act(c, want)  # an Unknown leaves the taint and label as they are: nothing to read
-        if self._last_error or not self.state.up:
+        old = self._written
+        if self._last_error or not self.state.up or old is None or (old.status, old.reason) != (
+                want.status, want.reason):
             log.info("Node %s: condition %s=%s (%s)", c.node, CONDITION_TYPE, want.status, want.reason)
         self._last_error = ""
         self.state.up = True
