@@ -288,7 +288,7 @@ def kmsg_replay_path(path: str) -> str:
     import stat
     import tempfile
 
-    from exporter.nvml.capture import kmsg_of_capture
+    from exporter.capture import kmsg_of_capture
 
     text = kmsg_of_capture(path)
     if text is None:

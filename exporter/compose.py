@@ -10,11 +10,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from exporter import dmi
+from exporter.attribution.fault import fresh_reading
+from exporter.attribution.history import WorkloadHistory
 from exporter.collector import Context
 from exporter.deadline import Pool
 from exporter.imds import IdentitySource
 from exporter.nvml.session import NvmlSession
-from exporter.workload.attribution import WorkloadHistory, fresh_reading
 
 if TYPE_CHECKING:
     from exporter.config import Config

@@ -216,7 +216,7 @@ class Runner:
         if o.status in (deadline.TIMEOUT, deadline.BUDGET):
             return Outcome(False, f"missed its {limit:g}s deadline", limit)
         if o.status == deadline.ERROR:
-            return Outcome(False, f"{type(o.value).__name__}: {o.value}", o.took)
+            return Outcome(False, o.reason, o.took)
         return Outcome(False, "not run: the collectors before it used up the collection's deadline", 0.0)
 
     @classmethod

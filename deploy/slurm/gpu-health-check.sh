@@ -10,8 +10,13 @@
 #   0 healthy, 1 degraded      nothing (degraded is an alert, not a drain)
 #   2 action required          drain the node with a reason naming the GPUs and the cause:
 #                                "gpu-health: GPU 1 replace (xid_replace: XID 94)"
-#                              and the Slurm jobs or pods the faults hit, as `check` recorded them
-#                              (kept after the job died of it): "... XID 94; job 4242)"
+#                              and the Slurm jobs or pods the faults behind that reason hit (the
+#                              XIDs of the verdict's tiers, or the SXids of a node reason), as
+#                              `check` recorded them (kept after the job died of it):
+#                              "... XID 94; job 4242)"; never the workloads of another XID (an
+#                              application's XID 13) when the verdict's reason is something else.
+#                              The reason is printable single-line text (no control characters,
+#                              no U+2028 line separators), at most 200 characters
 #                              on HyperPod Slurm instead state FAIL with the reason its auto-resume acts
 #                              on, "Action:Replace" or "Action:Reboot" (a GPU reset is done by a reboot
 #                              there); the details go to syslog (tag gpu-health-check)
@@ -65,8 +70,10 @@ import json, sys
 rank = {"replace_required": 3, "reboot_required": 2, "reset_required": 1}
 d = json.load(sys.stdin)
 node = d["node"]
+def line(text):  # printable single-line text: a reason goes to scontrol, syslog and a log line
+    return "".join(c if c.isprintable() else " " for c in str(text))
 if node["verdict"] == "unknown":  # nothing was checked (older exporters exited 2 on a bad config)
-    print("none", "; ".join(d.get("problems", []))[:200])
+    print("none", line("; ".join(d.get("problems", [])))[:200])
     sys.exit()
 def hit(events):  # the workloads the faults hit, as check recorded them: "job 42", "pod ns/name"
     names = []
@@ -85,14 +92,17 @@ for g in d["gpus"]:
     xids = sorted({x["xid"] for x in g["xids"]
                    if x["tier"] in ("replace", "reboot", "reset") and not x["acknowledged"]})
     cause = ",".join(g["reasons"]) + (": XID " + ",".join(map(str, xids)) if xids else "")
-    events = [e for e in g.get("workloads_hit", []) if e["event"] == "xid"]
-    cause += hit([e for e in events if e["xid"] in xids] or events)
+    # only the events behind this verdict: its XIDs (none when the reason is not an XID)
+    cause += hit([e for e in g.get("workloads_hit", []) if e["event"] == "xid" and e["xid"] in xids])
     parts.append("GPU %s %s (%s)" % (g["gpu"], g["verdict"].replace("_required", ""), cause))
 if not parts:  # a node-level cause, e.g. fewer GPUs than the instance type has, an NVSwitch SXid
+    sxids = {x["sxid"] for x in d.get("nvswitch_sxids", []) if x["tier"] in ("replace", "reboot")} \
+        if any(r.startswith("sxid_") for r in node["reasons"]) else set()
     parts.append("node %s (%s; GPUs %s/%s%s)" % (node["verdict"].replace("_required", ""),
                  ",".join(node["reasons"]), node["gpu_count"], node["expected_gpus"],
-                 hit([e for g in d["gpus"] for e in g.get("workloads_hit", []) if e["event"] == "sxid"])))
-print({3: "replace", 2: "reboot"}.get(worst, "reset"), "gpu-health: " + "; ".join(parts)[:200])
+                 hit([e for g in d["gpus"] for e in g.get("workloads_hit", [])
+                      if e["event"] == "sxid" and e["sxid"] in sxids])))
+print({3: "replace", 2: "reboot"}.get(worst, "reset"), line("gpu-health: " + "; ".join(parts))[:200])
 ' 2>/dev/null)
 if [ -z "$summary" ]; then
   log "action required but the report could not be read (not draining)"

@@ -173,7 +173,7 @@ class GpuCollector(Collector):
             elif o.status == deadline.SKIPPED:
                 results[i] = "not read: the GPUs before it used up gpu.timeout_seconds"
             elif o.status == deadline.ERROR:
-                results[i] = Reading(ok=False, errors=[f"{type(o.value).__name__}: {o.value}"])
+                results[i] = Reading(ok=False, errors=[o.reason])
             else:
                 results[i] = self._stuck_msg
         return results

@@ -23,9 +23,10 @@ import sys
 import time
 from typing import Any
 
+from exporter.attribution.ledger import XID, Attribution
+from exporter.attribution.text import describe
 from exporter.collector import Context
 from exporter.node import instance_type
-from exporter.workload.attribution import XID, Attribution, describe
 from exporter.xid.parser import pci_key, pci_label
 from exporter.xid.service import KmsgView, XidService, XidSnapshot, one_shot
 
@@ -74,7 +75,7 @@ def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
     svc = one_shot(ctx, read_only=True)
     nv, problems = verdict(ctx)
     snap = svc.snapshot()
-    if snap.state.problem in ("corrupt", "unreadable"):
+    if snap.state.problem in ("corrupt", "newer_version", "unreadable"):
         problems.append(f"state file {snap.state.path} is {snap.state.problem}: XID counts come from "
                         "the kernel log alone and may be incomplete")
     k = snap.kmsg

@@ -28,8 +28,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.workload.attribution import Attribution, FaultAttribution, WorkloadHistory, acks_key
-from exporter.workload.attribution_state import AttributionPersistence, AttributionStateFile
+from exporter.attribution.fault import FaultAttribution
+from exporter.attribution.history import WorkloadHistory
+from exporter.attribution.ledger import Attribution, acks_key
+from exporter.xid.attribution_state import AttributionPersistence, AttributionStateFile
 from exporter.xid.clock import KernelClock
 from exporter.xid.counter import XidCounter
 from exporter.xid.follower import KmsgFollower
@@ -118,8 +120,9 @@ class XidService:
             if self.xid_enabled else None
         self.sxid_counter = SxidCounter(self.sxids, self.sxid_policy, self.clock) \
             if self.sxid_enabled else None
-        # Each counted event records the workloads on its GPU(s) then (exporter.workload.attribution).
-        self.attribution = FaultAttribution(workloads or WorkloadHistory(), self.identities)
+        # Each counted event records the workloads on its GPU(s) then (exporter.attribution).
+        self.attribution = FaultAttribution(workloads or WorkloadHistory(), self.identities,
+                                            kernel_offset=lambda: self.clock.offset_s)
         for c in (self.counter, self.sxid_counter):
             if c is not None:
                 c.attribution = self.attribution
