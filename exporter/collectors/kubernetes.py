@@ -143,8 +143,6 @@ class KubernetesCollector(Derived):
     def judge(self, nv: Any, gpu: Any) -> Desired:
         """The Desired of this collection: the verdict, unless the exporter could not tell
         (`check`'s exit-3 causes)."""
-        from exporter.commands.check import unparseable_kmsg
-
         svc = self.ctx.xid
         if svc is None:
             return cannot_tell("VerdictUnavailable", "the XID service is not configured")
@@ -155,7 +153,7 @@ class KubernetesCollector(Derived):
             problems.append(("NvmlUnavailable", f"NVML: {gpu.nvml_error}"))
         snap = svc.snapshot()
         k = snap.kmsg
-        unparsed = unparseable_kmsg(k)
+        unparsed = k.unparseable()
         if unparsed:
             problems.append(("KernelLogUnparsable", unparsed))
         elif k.enabled and not k.ok and not snap.state.found:

@@ -88,15 +88,8 @@ def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
 
 
 def unparseable_kmsg(k: KmsgView) -> str:
-    """Why the kernel log read is no evidence: not one of its lines was a record (a `dmesg -T`
-    or journal dump given as --kmsg-file). Its XIDs cannot have been counted, so "healthy" from
-    it would be a guess, whatever the state file says. Empty when at least one record parsed."""
-    st = k.stats
-    if not (k.enabled and k.ok) or st.records or not st.malformed:
-        return ""
-    return (f"kernel log {k.path}: none of its {st.malformed} line(s) is a /dev/kmsg record "
-            f"(`prio,seq,usec,flags;message`, as `cat /dev/kmsg` or `capture` saves them; `dmesg` "
-            f"output is not); last line not parsed: {st.last_malformed[:80]!r}")
+    """Why the kernel log read is no evidence (KmsgView.unparseable); empty when it is."""
+    return k.unparseable()
 
 
 def exit_status(verdict: str, could_not_check: bool) -> int:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from exporter.workload.attribution import XID, Attribution, describe
+from exporter.attribution.ledger import XID, Attribution
+from exporter.attribution.text import describe
 from exporter.xid.parser import pci_key
 
 CONDITION_TYPE = "GpuHealthy"

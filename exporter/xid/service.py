@@ -61,6 +61,18 @@ class KmsgView:
     stats: ReaderStats  # a copy
     last_seq: int | None  # the last record whose reports are counted (this run or an earlier one)
 
+    def unparseable(self) -> str:
+        """Why the kernel log read is no evidence: not one of its lines was a record (a `dmesg -T`
+        or journal dump given as --kmsg-file). Its XIDs cannot have been counted, so "healthy" from
+        it would be a guess, whatever the state file says. Empty when at least one record parsed.
+        (`check`'s exit 3, and the Kubernetes condition's Unknown.)"""
+        st = self.stats
+        if not (self.enabled and self.ok) or st.records or not st.malformed:
+            return ""
+        return (f"kernel log {self.path}: none of its {st.malformed} line(s) is a /dev/kmsg record "
+                f"(`prio,seq,usec,flags;message`, as `cat /dev/kmsg` or `capture` saves them; `dmesg` "
+                f"output is not); last line not parsed: {st.last_malformed[:80]!r}")
+
 
 @dataclass(frozen=True)
 class StateView:
