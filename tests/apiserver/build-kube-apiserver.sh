@@ -2,7 +2,8 @@
 # Builds kube-apiserver once per machine from Debian's own `kubernetes` source package (Kubernetes
 # 1.20.2 with vendor/; Debian ships only kubectl from it) and caches the binary OUTSIDE the clone, so
 # tests/test_kubernetes.py starts it rather than builds it. About 5 minutes on 2 idle cores.
-# Prints the path of the cached binary. Recipe: docs/deploy.md, "Testing against a real API server".
+# Prints the path of the cached binary (docs/deploy.md, "The GpuHealthy node condition", says what
+# the tests do with it).
 #   KUBE_APISERVER_CACHE  cache directory (default /var/cache/gpu-health-exporter)
 set -euo pipefail
 cache="${KUBE_APISERVER_CACHE:-/var/cache/gpu-health-exporter}"
