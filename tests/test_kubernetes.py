@@ -293,3 +293,28 @@ def test_the_exporters_own_trouble_is_unknown_never_false(api, proxy, tmp_path):
         assert not [r for r in proxy.requests() if r[1] == f"/api/v1/nodes/{node}"]  # nothing to read
     finally:
         ex.stop()
+
+
+def test_check_never_waits_for_the_api_server(api, proxy, tmp_path):
+    """`check` is one-shot and writes nothing, with the writer configured and the server hung."""
+    node = "gpu-node-check"
+    api.create_node(node)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"kubernetes": {
+        "enabled": True, "api_url": proxy.url, "token_file": str(tmp_path / "token"),
+        "ca_file": str(api.cert), "node_name": node, "request_timeout_seconds": 60.0}}))
+    (tmp_path / "token").write_text(api.sa_tokens[0])
+    proxy.set(delay_s=30.0)
+    n = len(proxy.requests())
+    try:
+        t = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "exporter", "check", "--simulate", "p5.48xlarge",
+                            "--scenario", "xid-94", "--path.state-dir", str(tmp_path / "state"),
+                            "--config", str(cfg)],
+                           env=guarded_env(), capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - t
+    finally:
+        proxy.set()
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert took < 20, f"check took {took:.1f} s"
+    assert api.condition(node) is None and not proxy.requests()[n:]
