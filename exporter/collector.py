@@ -85,6 +85,11 @@ class Collector(ABC):
     def close(self) -> None:
         """Stop background work. Called once at shutdown."""
 
+    def bind_collect(self, collect: Callable[[], Any]) -> None:
+        """Called by the runner before `start` with a function that runs a collection (not a
+        scrape; it joins one in flight). For a collector whose background work must act even when
+        nothing scrapes (the Kubernetes writer's heartbeat); most ignore it."""
+
     @abstractmethod
     def collect(self, out: Families) -> Any:
         """Add this source's samples to `out`; raise to report the source as failed. Returns the

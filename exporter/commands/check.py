@@ -117,22 +117,8 @@ def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
 
 
 def unparseable_kmsg(k: KmsgView) -> str:
-    """Why the kernel log read is no evidence: a line that names an XID or SXid report could not
-    be read (its fault may be missing from the counts), or not one of its lines was in a form we
-    read (/dev/kmsg records, dmesg, journalctl -k, syslog: exporter.xid.textlog). "Healthy" from it
-    would be a guess, whatever the state file says. Empty when it can be trusted."""
-    st = k.stats
-    if not (k.enabled and k.ok):
-        return ""
-    if st.unparsed_faults:
-        return (f"kernel log {k.path}: {st.unparsed_faults} line(s) name an XID or SXid report that "
-                f"could not be read, so faults may be missing from the counts; last: "
-                f"{st.last_unparsed_fault[:120]!r}")
-    if st.records or not st.malformed:
-        return ""
-    return (f"kernel log {k.path}: none of its {st.malformed} line(s) is a kernel-log line in a form "
-            f"`check` reads (/dev/kmsg records, dmesg, dmesg -T, journalctl -k short, short-iso, "
-            f"short-precise, syslog); last line not parsed: {st.last_malformed[:80]!r}")
+    """Why the kernel log read is no evidence (KmsgView.unparseable); empty when it is."""
+    return k.unparseable()
 
 
 def exit_status(verdict: str, could_not_check: bool) -> int:

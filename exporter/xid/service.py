@@ -61,6 +61,25 @@ class KmsgView:
     stats: ReaderStats  # a copy
     last_seq: int | None  # the last record whose reports are counted (this run or an earlier one)
 
+    def unparseable(self) -> str:
+        """Why the kernel log read is no evidence: a line that names an XID or SXid report could not
+        be read (its fault may be missing from the counts), or not one of its lines was in a form we
+        read (/dev/kmsg records, dmesg, journalctl -k, syslog: exporter.xid.textlog). "Healthy" from it
+        would be a guess, whatever the state file says. Empty when it can be trusted. (`check`'s
+        exit 3, and the Kubernetes condition's Unknown.)"""
+        st = self.stats
+        if not (self.enabled and self.ok):
+            return ""
+        if st.unparsed_faults:
+            return (f"kernel log {self.path}: {st.unparsed_faults} line(s) name an XID or SXid report "
+                    f"that could not be read, so faults may be missing from the counts; last: "
+                    f"{st.last_unparsed_fault[:120]!r}")
+        if st.records or not st.malformed:
+            return ""
+        return (f"kernel log {self.path}: none of its {st.malformed} line(s) is a kernel-log line in a "
+                f"form `check` reads (/dev/kmsg records, dmesg, dmesg -T, journalctl -k short, "
+                f"short-iso, short-precise, syslog); last line not parsed: {st.last_malformed[:80]!r}")
+
 
 @dataclass(frozen=True)
 class StateView:
