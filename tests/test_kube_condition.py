@@ -242,10 +242,10 @@ def test_the_collector_gets_this_collections_verdict_and_nvml_trouble_is_unknown
     assert (d.status, d.reason, d.taint, d.replace) == ("True", "Healthy", False, False), d
     assert value(text, "gpu_health_exporter_kubernetes_up") == 0  # never started: nothing written
     runner.close()
-    ctx = make_ctx(tmp_path / "no-nvml", "")  # NVML init fails: the verdict says degraded
+    ctx = make_ctx(tmp_path / "no-nvml", "")  # NVML init fails: the verdict says unknown (issue 37)
     runner = Runner([KubernetesCollector(ctx), GpuCollector(ctx), HealthCollector(ctx)], deadline_s=5)
     scrape(runner)
     d = runner.readings["kubernetes"]
-    assert runner.readings["health"].verdict == "degraded"
+    assert runner.readings["health"].verdict == "unknown"
     assert (d.status, d.reason, d.taint, d.replace) == ("Unknown", "NvmlUnavailable", None, None)
     runner.close()

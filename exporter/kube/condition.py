@@ -62,7 +62,8 @@ def desired(nv: object | None, problems: list[tuple[str, str]], hits: Iterable[A
         return cannot_tell(reason, text)
     verdict = getattr(nv, "verdict", "")
     status, reason = condition_of(verdict)
-    if status == "Unknown":
+    if status == "Unknown":  # the exporter's own trouble names it better than the verdict's Unknown
+        reason = problems[0][0] if problems else reason
         return cannot_tell(reason, f"verdict {verdict or 'missing'}: " + describe_gpus(nv, hits)
                            + "".join(f"; {t}" for _, t in problems))
     if problems and verdict not in TAINTED:
