@@ -32,6 +32,22 @@ class BuildPyWithShippedFiles(build_py):
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(HERE / rel, dest / rel)
         (dest / share.RUNBOOKS_HTML).write_text(runbooks.render((HERE / "docs" / "runbooks.md").read_text()))
+        self._write_build_info()
+
+    def _write_build_info(self) -> None:
+        """The wheel carries the revision and branch it was built from (exporter/_build.py, which
+        exporter.buildinfo reads when no .git is there): the environment's
+        GPU_HEALTH_EXPORTER_REVISION/_BRANCH, else the checkout's git state, else what `python -m
+        exporter.buildinfo --write` left in the tree (copied by build_py as it is)."""
+        import os
+
+        buildinfo = _module("buildinfo")
+        found = buildinfo.from_git(HERE)
+        revision = os.environ.get(buildinfo.ENV_REVISION) or (found[0] if found else None)
+        branch = os.environ.get(buildinfo.ENV_BRANCH) or (found[1] if found else None)
+        if revision or branch:
+            buildinfo.write(revision or buildinfo.UNKNOWN, branch or buildinfo.UNKNOWN,
+                            Path(self.build_lib) / "exporter" / "_build.py")
 
 
 setup(cmdclass={"build_py": BuildPyWithShippedFiles})

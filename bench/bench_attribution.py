@@ -22,10 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from exporter import collectors  # noqa: E402
+from exporter.attribution.history import MAX_SEGMENTS  # noqa: E402
+from exporter.attribution.ledger import MAX_PER_GPU, Attribution, AttributionLedger  # noqa: E402
 from exporter.catalog import Families  # noqa: E402
 from exporter.collectors.nvswitch import NvswitchCollector  # noqa: E402
 from exporter.collectors.xid import XidCollector  # noqa: E402
-from exporter.workload.attribution import MAX_PER_GPU, MAX_SEGMENTS, Attribution, AttributionLedger  # noqa: E402
 from exporter.workload.model import Workload, WorkloadReading  # noqa: E402
 from exporter.xid.parser import pci_key  # noqa: E402
 from exporter.xid.service import one_shot  # noqa: E402
@@ -54,11 +55,11 @@ def main() -> int:
         ctx = make_ctx(Path(tmp), "", nvml=session)
         svc = one_shot(ctx)
         gpus = [(d.uuid, pci_key(d.pci_bus_id)) for d in session.devices]
-        now = time.time()
-        for k in range(MAX_SEGMENTS):  # a new job on every GPU every 15 s for an hour
-            t = now - (MAX_SEGMENTS - k) * 15
-            ctx.workloads.observe(WorkloadReading(t, {u: (Workload(hpc_job=f"{k}{i}"),) for i, (u, _) in
-                                                      enumerate(gpus)}))
+        now, mono = time.time(), time.monotonic()
+        for k in range(2 * MAX_SEGMENTS):  # a reading every 7.5 s, a new job on every GPU every 15 s
+            ago = (2 * MAX_SEGMENTS - k) * 7.5
+            held = {u: (Workload(hpc_job=f"{k // 2}{i}"),) for i, (u, _) in enumerate(gpus)}
+            ctx.workloads.observe(WorkloadReading(now - ago, held, mono - ago))
         attribution = svc.attribution
         xid_us = timed(lambda: attribution.xid(gpus[3][1], 94, now - 1000), args.repeat)
         sxid_us = timed(lambda: attribution.sxid("00000000:06:00", 20034, now - 1000), args.repeat)

@@ -3,16 +3,16 @@ or 8 pods, one per GPU (issue 26 item 6).
 
 - CPU per scrape of each kind: a collection of a Runner holding only the workload collector,
   minus one holding only a collector that does nothing (the runner's own cost), in this process,
-  timed with time.process_time() (every thread of the process: grpcio's own threads count) over
+  timed with time.process_time() (every thread of the process) over
   --scrapes collections after a warm-up, the two runners alternating in rounds of 100. The
   kubelet kind calls a pod-resources server in another process (so the server's CPU is not
-  counted), over a unix socket, through the committed protobuf modules.
+  counted), over a unix socket, with its h2 client (exporter.workload.grpc_h2).
   The slurm_cgroup kind reads NVML's process lists from the fake backend (no NVML latency: on a
   real node add two NVML calls per GPU) and a generated /proc tree.
 - Series added: what one collection exports (gpu_workload_info and the source's status), plus
   the runner's collector_success and collector_duration for the collector.
-- RSS added by grpcio: VmRSS of a fresh interpreter after `import exporter.cli`, then after
-  importing grpc and the protobuf modules, then after one List call.
+- RSS added by the kubelet client: VmRSS of a fresh interpreter after `import exporter.cli`, then
+  after importing the client (h2 and the decoder), then after one List call.
 
 Usage: PYTHONPATH=. python bench/bench_workload.py [--scrapes 2000]
 """
@@ -47,15 +47,12 @@ from exporter.simulate.nvml_synth import node_capture  # noqa: E402
 P5 = PROFILES["p5.48xlarge"]
 
 SERVER = textwrap.dedent("""
-    import sys, time
+    import sys
     sys.path.insert(0, {root!r})
-    from exporter.simulate.workload import PodResourcesServer
+    from exporter.simulate.podresources_server import serve
     uuids = {uuids!r}
     pods = [("training", f"pod-{{i}}", "trainer", "nvidia.com/gpu", [u]) for i, u in enumerate(uuids)]
-    s = PodResourcesServer({sock!r}, pods)
-    print("ready", flush=True)
-    sys.stdin.read()
-    s.stop()
+    serve({sock!r}, pods)
 """)
 
 RSS = textwrap.dedent("""
@@ -67,11 +64,10 @@ RSS = textwrap.dedent("""
                 return int(line.split()[1]) / 1024
     import exporter.cli  # noqa
     out = {{"base": rss()}}
-    import grpc
-    from exporter.workload.podresources import api_pb2, api_pb2_grpc
+    from exporter.workload.kubelet import KubeletClient
+    c = KubeletClient({sock!r}, 5.0)
     out["imported"] = rss()
-    ch = grpc.insecure_channel("unix://" + {sock!r})
-    api_pb2_grpc.PodResourcesListerStub(ch).List(api_pb2.ListPodResourcesRequest(), timeout=5)
+    c.list()
     out["called"] = rss()
     print(json.dumps(out))
 """)
@@ -153,7 +149,7 @@ def main() -> None:
         rss = json.loads(r.stdout)
         base = rss["base"]
         print(f"  RSS: {base:.1f} MiB after import exporter.cli; +{rss['imported'] - base:.1f} MiB importing "
-              f"grpc and the protobuf modules; +{rss['called'] - base:.1f} MiB after one List")
+              f"the kubelet client (h2); +{rss['called'] - base:.1f} MiB after one List")
     finally:
         server.stdin.close()
         server.wait(10)

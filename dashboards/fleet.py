@@ -44,7 +44,7 @@ def overview() -> list:
         "Nodes by verdict",
         "Nodes of the selection per GPU health verdict (the worst of each node's GPUs and its own): "
         "anything but healthy needs someone. reset, reboot and replace page through the node alerts.",
-        "none", "one value per verdict (5)",
+        "none", "one value per verdict (6)",
         query(f"count by (verdict) (gpu_node_health_verdict{sel()} == 1)", "{{verdict}}"),
         thresholds=NEUTRAL, width=8, text_mode=cm.BigValueTextMode.VALUE_AND_NAME,
         overrides=[colour(v, c) for v, c in VERDICT_COLOURS.items()])

@@ -48,6 +48,7 @@ TITLES = {
 VERDICT_COLOURS = {
     "healthy": "green",
     "degraded": "yellow",
+    "unknown": "purple",  # the GPU could not be read (NVML did not answer)
     "reset_required": "orange",
     "reboot_required": "red",
     "replace_required": "dark-red",

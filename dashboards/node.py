@@ -54,7 +54,8 @@ def verdict() -> list:
     node_verdict = stat_panel(
         "Node verdict",
         "The exporter's verdict for the node: the worst of its GPUs' and its own (healthy, degraded, "
-        "reset, reboot or replace required). What to do for each: docs/runbooks.md.",
+        "unknown: a GPU NVML could not read, reset, reboot or replace "
+        "required). What to do for each: docs/runbooks.md.",
         "none", "one value",
         query(f"gpu_node_health_verdict{sel()} == 1", "{{verdict}}"),
         thresholds=NEUTRAL, width=6, height=5, overrides=[colour(v, c) for v, c in VERDICT_COLOURS.items()])

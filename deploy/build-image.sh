@@ -41,7 +41,7 @@ cert=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
 [ -n "$cert" ] && [ -s "$cert" ] && secret=(--secret "id=pip_cert,src=$cert")
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 branch=$(git rev-parse --abbrev-ref HEAD 2>/dev/null || echo unknown)
-buildah bud --quiet --isolation chroot --network host "${secret[@]}" \
+buildah bud --quiet --isolation chroot --network host ${secret[@]+"${secret[@]}"} \
   --build-arg PYTHON_IMAGE="$base" --build-arg REVISION="$revision" --build-arg BRANCH="$branch" \
   --build-arg BASE_NAME="debian:$suite (mmdebstrap: $packages)" \
   -t "$tag" -f deploy/Dockerfile . >/dev/null

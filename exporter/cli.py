@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter import __version__, collectors, commands, logs, reload_snapshot
 from exporter.collector import Context
+from exporter.collectors import kubernetes as kubernetes_flags
 from exporter.collectors import workload as workload_flags
 from exporter.compose import compose
 from exporter.config import DEFAULT_PORT, ConfigError, load
@@ -78,6 +79,7 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
     for name, doc in PATH_FLAGS.items():
         p.add_argument(f"--path.{name}", dest=f"path_{name.replace('-', '_')}", metavar="PATH", help=doc)
     workload_flags.add_flags(p)
+    kubernetes_flags.add_flags(p)
     p.add_argument("--collectors", metavar="LIST",
                    help="Comma-separated collectors to run, and only those (default: those enabled in the "
                         "config); the same as --collector.disable-defaults with --collector.NAME for each.")
@@ -274,6 +276,7 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
     if args.kmsg_file:
         overrides["paths.kmsg"] = kmsg_replay_path(args.kmsg_file)
     overrides.update(workload_flags.flag_overrides(args))
+    overrides.update(kubernetes_flags.flag_overrides(args))
     return overrides
 
 
@@ -285,7 +288,7 @@ def kmsg_replay_path(path: str) -> str:
     import stat
     import tempfile
 
-    from exporter.nvml.capture import kmsg_of_capture
+    from exporter.capture import kmsg_of_capture
 
     text = kmsg_of_capture(path)
     if text is None:

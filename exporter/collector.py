@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from exporter.catalog import Families
 
 if TYPE_CHECKING:
+    from exporter.attribution.history import WorkloadHistory
     from exporter.config import Config, Section
     from exporter.deadline import Pool
     from exporter.imds import IdentitySource
     from exporter.nvml.session import NvmlSession
-    from exporter.workload.attribution import WorkloadHistory
     from exporter.workload.source import WorkloadSource
     from exporter.xid.service import XidService
 
@@ -40,7 +40,7 @@ class Context:
     - `xid`: the XID service (xid, nvswitch and health collectors, `check`, `ack`); None when no
       collector declared the xid section.
     - `workloads`: what the workload source observed on each GPU lately, for fault attribution
-      (exporter.workload.attribution): it hears every reading the source takes, and the XID
+      (exporter.attribution): it hears every reading the source takes, and the XID
       service asks it who a counted fault hit.
     - `pool`: the threads every read under a deadline runs on (exporter.deadline): the runner's
       collectors, their device reads, probes. Closed by whoever built it (shutdown).
@@ -84,6 +84,11 @@ class Collector(ABC):
 
     def close(self) -> None:
         """Stop background work. Called once at shutdown."""
+
+    def bind_collect(self, collect: Callable[[], Any]) -> None:
+        """Called by the runner before `start` with a function that runs a collection (not a
+        scrape; it joins one in flight). For a collector whose background work must act even when
+        nothing scrapes (the Kubernetes writer's heartbeat); most ignore it."""
 
     @abstractmethod
     def collect(self, out: Families) -> Any:

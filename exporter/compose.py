@@ -10,11 +10,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from exporter import dmi
+from exporter.attribution.fault import fresh_reading
+from exporter.attribution.history import WorkloadHistory
 from exporter.collector import Context
 from exporter.deadline import Pool
 from exporter.imds import IdentitySource
 from exporter.nvml.session import NvmlSession
-from exporter.workload.attribution import WorkloadHistory, fresh_reading
 
 if TYPE_CHECKING:
     from exporter.config import Config
@@ -42,7 +43,8 @@ def compose(config: Config, *, nvml: NvmlSession | None = None,
     pool = pool if pool is not None else Pool()
     nvml = nvml if nvml is not None else NvmlSession.real(pool)
     identity = IdentitySource(config, imds_url=imds_url,
-                              dmi_instance_type=dmi.instance_type(config.paths.sysfs))
+                              dmi_instance_type=dmi.instance_type(config.paths.sysfs),
+                              on_ec2=dmi.on_ec2(config.paths.sysfs) if imds_url is None else None)
     workloads = WorkloadHistory()
     workload = None
     if getattr(config, "workload", None) is not None:

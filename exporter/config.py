@@ -21,7 +21,7 @@ import dataclasses
 import os
 import types
 import typing
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -241,11 +241,6 @@ TOP: dict[str, Key] = TopLevel.keys()
 
 # The collectors' sections, added when exporter.collectors registers them.
 _ADDED: dict[str, type[Section]] = {}
-# Sections declared the old way (declare_section: a name, a doc and a dict of Keys), made into
-# Section classes; kept so a module can still declare a section without a dataclass.
-_DECLARED: dict[str, type[Section]] = {}
-
-
 def add_section(cls: type[Section]) -> None:
     """Add a collector's section to the schema (exporter.collectors.register)."""
     old = _ADDED.get(cls.name) or {c.name: c for c in CORE_SECTIONS}.get(cls.name)
@@ -259,39 +254,10 @@ def remove_section(name: str) -> None:
     _ADDED.pop(name, None)
 
 
-def declare_section(name: str, doc: str, keys: dict[str, Key]) -> None:
-    """Add (or extend) a section from a dict of Keys (prefer a Section dataclass on the collector)."""
-    old = _DECLARED.get(name)
-    if old is not None:
-        clash = set(old.keys()) & set(keys)
-        if clash:
-            raise ValueError(f"config keys declared twice in {name}: {sorted(clash)}")
-        doc, keys = old.doc() or doc, {**old.keys(), **keys}
-    _DECLARED[name] = section_of_keys(name, doc, keys, old.checks if old else ())
-
-
-def declare_check(section: str, check: Callable[[Any], str | None]) -> None:
-    """A check of a declare_section section's values together."""
-    cls = _DECLARED[section]
-    cls.checks = (*cls.checks, check)
-
-
-def section_of_keys(name: str, doc: str, keys: dict[str, Key],
-                    checks: Iterable[Callable[[Any], str | None]] = ()) -> type[Section]:
-    """A Section class from a dict of Keys (its type checks are the Keys' own)."""
-    fields = [(k, Any, field(default_factory=lambda d=key.default: copy.deepcopy(d)))
-              for k, key in keys.items()]
-    cls = dataclasses.make_dataclass(f"{name.title()}Section", fields, bases=(Section,))
-    cls.name, cls.__doc__, cls.checks = name, doc, tuple(checks)
-    cls._keys = dict(keys)  # type: ignore[attr-defined]
-    return cls
-
-
 def sections() -> dict[str, type[Section]]:
-    """Every section of the schema by name: the core ones, every registered collector's, and
-    those declared with declare_section."""
+    """Every section of the schema by name: the core ones and every registered collector's."""
     out: dict[str, type[Section]] = {c.name: c for c in CORE_SECTIONS}
-    for name, cls in {**_ADDED, **_DECLARED}.items():
+    for name, cls in _ADDED.items():
         if name in out and out[name] is not cls:
             raise ValueError(f"config section {name!r} declared twice ({out[name].__name__}, {cls.__name__})")
         out[name] = cls

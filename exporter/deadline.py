@@ -55,10 +55,28 @@ class Outcome(NamedTuple):
     status: str
     value: Any = None  # fn's result (OK) or the exception (ERROR)
     took: float = 0.0  # seconds from the item's start to its result (or to its abandonment)
+    limit: float = 0.0  # the item's own deadline, in seconds (0 when it was never started)
 
     @property
     def ok(self) -> bool:
         return self.status == OK
+
+    @property
+    def reason(self) -> str:
+        """Why there is no value, in words for a log line or a reading's error ("" when OK): one
+        wording for every caller, instead of each turning statuses into text."""
+        if self.status == OK:
+            return ""
+        if self.status == ERROR:
+            return f"{type(self.value).__name__}: {self.value}"
+        if self.status == TIMEOUT:
+            return f"did not finish within its {self.limit:g}s deadline"
+        if self.status == BUDGET:
+            return "did not finish before the time budget of the whole read ran out"
+        if self.status == BLOCKED:
+            return (f"an earlier read is still blocked past its {self.limit:g}s deadline; not read again "
+                    "until it returns")
+        return "not read: the items before it used up the time budget (or no thread was free to read it)"
 
 
 class Job:
@@ -264,7 +282,7 @@ class DeadlineReader:
         todo = []
         for i, item in enumerate(items):
             if self.key(item) in self._stuck:
-                out[i] = Outcome(BLOCKED)
+                out[i] = Outcome(BLOCKED, limit=self._timeout(item))
             else:
                 todo.append(i)
         wake = threading.Event()  # set when a worker is done with a chain
@@ -280,7 +298,7 @@ class DeadlineReader:
                 rest: list[int] = []
                 with ch.lock:
                     for pos, status, value, took in ch.results:
-                        out[ch.idx[pos]] = Outcome(status, value, took)
+                        out[ch.idx[pos]] = Outcome(status, value, took, self._timeout(ch.items[pos]))
                     ch.results.clear()
                     if ch.done:
                         continue
@@ -292,10 +310,12 @@ class DeadlineReader:
                             nxt = min(nxt, now + POLL_S)
                         continue
                     pos, since = ch.pos, ch.since
-                    limit = since + self._timeout(ch.items[pos])
+                    own = self._timeout(ch.items[pos])
+                    limit = since + own
                     if now >= limit or now >= end:
                         ch.cancelled = True
-                        out[ch.idx[pos]] = Outcome(TIMEOUT if now >= limit else BUDGET, None, now - since)
+                        status = TIMEOUT if now >= limit else BUDGET
+                        out[ch.idx[pos]] = Outcome(status, None, now - since, own)
                         rest = ch.idx[pos + 1:ch.end]
                     else:
                         still.append(ch)

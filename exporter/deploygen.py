@@ -201,10 +201,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="Write a deployable copy of every shipped file to DIR (rules/, dashboards/, deploy/, "
                         "docs/ with runbooks.html). Without it: in a checkout, regenerate its generated "
                         f"files; installed, write the copy to ./{INSTALLED_OUT}.")
+    p.add_argument("--check", action="store_true",
+                   help="In a checkout: write nothing; name each stale generated file and exit 1.")
     p.add_argument("--runbook-base", metavar="URL",
                    help="With --out: where the runbooks page is served; every runbook link becomes "
                         f"URL#<anchor> (default: {DEFAULT_RUNBOOK_BASE}).")
     args = p.parse_args(argv)
+    if args.check:
+        if args.out is not None or not share.in_checkout():
+            print(f"{COMMAND}: --check compares a checkout's generated files (no --out)", file=sys.stderr)
+            return 2
+        bad = stale()
+        for path in bad:
+            print(f"stale: {path.relative_to(ROOT)}")
+        return 1 if bad else 0
     if args.out is None and share.in_checkout():
         if args.runbook_base is not None:
             print(f"{COMMAND}: --runbook-base needs --out DIR (the checkout keeps the default base)",

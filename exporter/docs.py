@@ -1,7 +1,8 @@
 """Generate docs/metrics.md and docs/configuration.md from the catalog and the config schema.
 
 `python -m exporter.docs` rewrites both in a checkout (and refuses to run from an installed
-package); tests/test_docs.py fails when they drift from the code.
+package), `--check` names the stale ones; tests/test_docs.py fails when they drift from the code.
+`python -m exporter.generate` regenerates these with every other generated file.
 """
 
 from __future__ import annotations
@@ -128,17 +129,34 @@ def _row(k: str, key: config.Key) -> str:
     return f"| `{k}` | {key.describe()} | {default} | {_cell(key.doc)} |"
 
 
-def main() -> int:
+def expected() -> dict[Path, str]:
+    """Each generated file's path and the text it must hold."""
+    return {DOCS / "metrics.md": metrics_md(), DOCS / "configuration.md": configuration_md()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     from exporter import share
 
+    p = argparse.ArgumentParser(prog="python -m exporter.docs", description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; name each stale file and exit 1 (tests/test_docs.py checks the same)")
+    args = p.parse_args(argv)
     if not share.in_checkout():  # installed: DOCS would be site-packages/docs
         print(share.not_in_checkout("python -m exporter.docs"), file=sys.stderr)
         return 2
-    DOCS.mkdir(exist_ok=True)
-    (DOCS / "metrics.md").write_text(metrics_md())
-    (DOCS / "configuration.md").write_text(configuration_md())
-    print("wrote docs/metrics.md and docs/configuration.md", file=sys.stderr)
-    return 0
+    want = expected()
+    stale = [path for path, text in want.items() if not path.exists() or path.read_text() != text]
+    for path in stale:
+        rel = path.relative_to(DOCS.parent)
+        if args.check:
+            print(f"stale: {rel}", file=sys.stderr)
+        else:
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(want[path])
+            print(f"wrote {rel}", file=sys.stderr)
+    return 1 if args.check and stale else 0
 
 
 if __name__ == "__main__":

@@ -24,6 +24,12 @@ class GpuHealth:
     fabric_state: str | None = None  # exporter.gpu.fabric.STATES; None: not supported / not read
     fabric_status: int | None = None  # NVML return code once completed
     fabric_problems: tuple[str, ...] = ()  # health-mask problems reported present
+    # Did NVML answer? `unanswered_s`: seconds since its calls for this GPU first failed to return
+    # within gpu.read_timeout_seconds (0 on the first such read), None while it answers.
+    # `read_ok`: its health-critical reads succeeded (gpu_read_success 1). Either one unset makes
+    # the verdict `unknown` at least (exporter.xid.verdict): a GPU we could not read is never healthy.
+    unanswered_s: float | None = None
+    read_ok: bool = True
 
 
 @dataclass

@@ -16,6 +16,12 @@ scenario ec2-scheduled-reboot asks only its own fake IMDS on 127.0.0.1
 (exporter/simulate/imds.py), whose URL the composition root hands over (compose's `imds_url`).
 In a container, IMDSv2 needs the instance's metadata hop limit at 2 or more: with 1 the token's
 answer is dropped, each request times out (after its retries) and the lookup keeps backing off.
+
+Off EC2 (issue 37): IMDS is not asked when the DMI identity says the host is not an EC2 instance
+(exporter.dmi.on_ec2; logged once at start). Where it is asked and fails, the lookups back off
+exponentially (5 s, doubling, to instance.imds_retry_max_seconds) and log once per change of
+state (the first failure at WARNING, the answer after failures at INFO; every failed attempt at
+DEBUG), and urllib3's own per-retry warning is silenced: the failure is ours to report, once.
 """
 
 from __future__ import annotations
@@ -179,6 +185,10 @@ class ImdsClient:
                       status=STATUS_RETRIES, other=0, redirect=0, allowed_methods=None,
                       status_forcelist=RETRY_STATUSES, backoff_factor=RETRY_BACKOFF_S,
                       respect_retry_after_header=False, raise_on_status=False)
+        # urllib3 warns on every retry of every attempt ("Retrying (Retry(total=3, ...)) after
+        # connection broken"): off EC2 that was a warning every few seconds. The poller reports the
+        # failure itself, once per change of state.
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
         session = requests.Session()
         session.trust_env = False  # never via HTTP(S)_PROXY, no .netrc credentials
         adapter = HTTPAdapter(max_retries=retry, pool_connections=1, pool_maxsize=1)
@@ -279,6 +289,7 @@ class ImdsPoller(Generic[T]):
         self.last_error = ""
         self.ok = False
         self.succeeded = threading.Event()
+        self.waits: list[float] = []  # per attempt, the back-off that follows it if it fails (tests)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -301,15 +312,21 @@ class ImdsPoller(Generic[T]):
         wait = self.first_retry_s
         while not self._stop.is_set():
             self.attempts += 1
+            self.waits.append(wait)
             try:
                 found = self.fetch()
             except (ImdsError, ValueError) as e:
-                if self.attempts == 1 or str(e) != self.last_error:
-                    log.warning("%s lookup from IMDS failed (retrying in %.0f s): %s", self.what, wait, e)
+                if self.ok or self.attempts == 1:  # a change of state: answering (or new) -> failing
+                    log.warning("%s lookup from IMDS failed (retrying with back-off from %.0f s up to "
+                                "%.0f s; logged again when it answers): %s", self.what, wait,
+                                self.max_retry_s, e)
+                else:
+                    log.debug("%s lookup from IMDS failed again (next try in %.0f s): %s", self.what, wait, e)
                 self.last_error, self.ok = str(e), False
             else:
                 if self.last_error or not self.succeeded.is_set():
-                    log.info("%s from IMDS: %s", self.what, found)
+                    after = f" after {self.attempts - 1} failed attempt(s)" if self.last_error else ""
+                    log.info("%s from IMDS%s: %s", self.what, after, found)
                 self.last_error, self.ok = "", True
                 self.publish(found)
                 self.succeeded.set()
@@ -347,11 +364,15 @@ class IdentitySource:
     127.0.0.1); None: config's `instance.imds_endpoint`."""
 
     def __init__(self, config: Config, imds_url: str | None = None,
-                 dmi_instance_type: str | None = None) -> None:
+                 dmi_instance_type: str | None = None, on_ec2: bool | None = None) -> None:
         sec = getattr(config, SECTION, None)
         self.config = config
         self.endpoint = imds_url or getattr(sec, "imds_endpoint", "")
-        self.imds_allowed = imds_allowed(config)
+        self.on_ec2 = on_ec2  # the DMI identity's answer (exporter.dmi.on_ec2); None: not known
+        self.imds_allowed = imds_allowed(config) and on_ec2 is not False
+        if imds_allowed(config) and on_ec2 is False:
+            log.info("not asking IMDS: the DMI identity says this host is not an EC2 instance (set "
+                     "node.instance_type, instance.instance_id and instance.availability_zone to name it)")
         self.configured = InstanceIdentity(config.node.instance_type, getattr(sec, "instance_id", None),
                                            getattr(sec, "availability_zone", None))
         self.dmi_instance_type = dmi_instance_type

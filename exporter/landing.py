@@ -1,7 +1,16 @@
-"""The landing page at `/`: the node's verdict and reasons and the GPUs that need something, from
-the health collector's last reading (exporter.xid.verdict.NodeVerdict, what the runner handed
-over), and the problems of each source, read from the last collection's metric families (no
-coupling to the collectors beyond the metric names in the catalog)."""
+"""The landing page at `/`: what an on-call engineer opens the node's port for (issue 37).
+
+For the node: its verdict and reasons, each reason linked to its runbook section. For every GPU,
+healthy ones included: its verdict, its reasons (linked to their runbooks), the workload holding it
+now (gpu_workload_info), the faults it logged since boot with the workloads they hit
+(gpu_xid_workload_last_seen_timestamp_seconds, kept after the workload ended), and how to clear
+them: the `ack` command for the sticky XID reasons, or "clears with the state" for NVML's. Then
+each source's problems. The verdict is the health collector's own reading (exporter.xid.verdict.
+NodeVerdict, what the runner handed over); workloads, faults' workloads and problems are read from
+the last collection's metric families (no coupling to the collectors beyond the metric names in
+the catalog). Plain HTML, no script: it renders the same with JavaScript off (a text browser, a
+locked-down jump host), which tests/test_landing_page.py checks in headless Chromium. Runbook links
+go to the exporter's own /runbooks.html (exporter.server), which the node always has."""
 
 from __future__ import annotations
 
@@ -15,6 +24,8 @@ from typing import TYPE_CHECKING
 from exporter import __version__
 from exporter.catalog import all_specs
 from exporter.metric import Metric
+from exporter.runbooks import anchor
+from exporter.xid.verdict import ACKABLE, RUNBOOK
 
 if TYPE_CHECKING:
     from exporter.xid.verdict import NodeVerdict  # read by attribute: verdict, reasons, gpus
@@ -49,10 +60,32 @@ class Summary:
     reasons: list[str] = field(default_factory=list)
     gpus: list[tuple[str, str, list[str]]] = field(default_factory=list)  # (gpu, verdict, reasons)
     problems: dict[str, list[str]] = field(default_factory=dict)  # source (collector) -> problems
+    workloads: dict[str, list[str]] = field(default_factory=dict)  # GPU index -> workloads on it now
+    # (pci_bus_id, xid) -> the workloads that fault hit, and (switch pci_bus_id, sxid) -> those an SXid hit
+    hits: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    sxid_hits: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
 
 _VERDICT_FAMILIES = {"gpu_node_health_verdict", "gpu_node_health_reason", "gpu_health_verdict",
                      "gpu_health_reason"}  # shown from the reading itself
+_WORKLOAD_NOW = "gpu_workload_info"
+_XID_HIT = "gpu_xid_workload_last_seen_timestamp_seconds"
+_SXID_HIT = "gpu_nvswitch_sxid_workload_last_seen_timestamp_seconds"
+
+
+def _workload(labels: dict[str, str]) -> str:
+    """A workload's short name from its labels (exporter.workload.model.Workload.describe's form)."""
+    if labels.get("hpc_job"):
+        return f"Slurm job {labels['hpc_job']}"
+    if labels.get("pod"):
+        return f"pod {labels.get('namespace', '')}/{labels['pod']}" + (
+            f" container {labels['container']}" if labels.get("container") else "")
+    return ""
+
+
+def _add(d: dict, key: object, item: str) -> None:
+    if item and item not in d.setdefault(key, []):
+        d[key].append(item)
 
 
 def summarise(metrics: Iterable[Metric], verdict: NodeVerdict | None) -> Summary:
@@ -66,6 +99,17 @@ def summarise(metrics: Iterable[Metric], verdict: NodeVerdict | None) -> Summary
     problems: dict[str, list[str]] = defaultdict(list)
     for m in metrics:
         if m.name in _VERDICT_FAMILIES:
+            continue
+        if m.name == _WORKLOAD_NOW:
+            for smp in m.samples:
+                _add(s.workloads, smp.labels.get("gpu", ""), _workload(smp.labels))
+            continue
+        if m.name in (_XID_HIT, _SXID_HIT):
+            target, code = (s.hits, "xid") if m.name == _XID_HIT else (s.sxid_hits, "sxid")
+            for smp in m.samples:
+                when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(smp.value))
+                _add(target, (smp.labels.get("pci_bus_id", ""), smp.labels.get(code, "")),
+                     f"{_workload(smp.labels)} (at {when})")
             continue
         for smp in m.samples:
             name, labels, v = smp.name, smp.labels, smp.value
@@ -109,17 +153,89 @@ def _subject(labels: dict[str, str]) -> str:
     return (", ".join(parts) + ": ") if parts else ""
 
 
+def _reason(r: str, runbooks: str) -> str:
+    """A reason as a link to its runbook section."""
+    e = html.escape
+    section = RUNBOOK.get(r)
+    if section is None:
+        return f"<code>{e(r)}</code>"
+    return f'<a href="{e(runbooks)}#{e(anchor(section))}"><code>{e(r)}</code></a>'
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts)) if ts else "?"
+
+
+def _gpu_table(verdict: NodeVerdict, s: Summary, runbooks: str) -> list[str]:
+    """Every GPU, healthy or not: verdict, reasons, workload now, faults and whom they hit, how to clear."""
+    e = html.escape
+    out = ["<h3>GPUs</h3>",
+           "<table border=1><tr><th>GPU</th><th>PCI bus id</th><th>verdict</th><th>reasons (runbook)</th>"
+           "<th>workload now</th><th>faults since boot, and the workloads they hit</th>"
+           "<th>to clear</th></tr>"]
+    gpus = sorted(verdict.gpus, key=lambda g: (not g.gpu.isdigit(), int(g.gpu) if g.gpu.isdigit() else 0))
+    for g in gpus:
+        cls = "good" if g.verdict == "healthy" else "bad"
+        reasons = ", ".join(_reason(r, runbooks) for r in g.reasons) or "none"
+        now = ", ".join(e(w) for w in s.workloads.get(g.gpu, [])) or "idle, or not observed"
+        faults = []
+        for x in g.xids:
+            hit = s.hits.get((g.pci_bus_id, str(x.xid)), [])
+            text = (f"XID {x.xid} &times;{x.count} ({e(x.tier)}{', acknowledged' if x.acknowledged else ''}; "
+                    f"last {e(_when(x.last_seen))})")
+            if x.meaning:
+                text += f": {e(x.meaning)}"
+            whom = ", ".join(e(h) for h in hit) if hit else "no workload recorded"
+            text += "<br>&nbsp;&nbsp;hit: " + whom
+            faults.append(text)
+        out.append(f"<tr><td>{e(g.gpu or '-')}</td><td>{e(g.pci_bus_id)}</td><td class=\"{cls}\">"
+                   f"{e(g.verdict)}</td><td>{reasons}</td><td>{now}</td>"
+                   f"<td>{'<br>'.join(faults) or 'none'}</td><td>{_clear(g)}</td></tr>")
+    out.append("</table>")
+    if verdict.sxids:
+        out.append("<h3>NVSwitch SXids since boot</h3><ul>")
+        for x in verdict.sxids:
+            hit = s.sxid_hits.get((x.pci_bus_id, str(x.sxid)), [])
+            out.append(f"<li>NVSwitch {e(x.switch or '?')} ({e(x.pci_bus_id)}): SXid {x.sxid} "
+                       f"&times;{x.count} {e(x.severity)}, tier {e(x.tier)}, last {e(_when(x.last_seen))}; "
+                       "hit: "
+                       f"{', '.join(e(h) for h in hit) or 'no workload recorded'}</li>")
+        out.append("</ul>")
+    return out
+
+
+def _clear(g: object) -> str:
+    """How the GPU's reasons clear: `ack` (with the daemon's --config and --path.state-dir) for the
+    sticky XID reasons, after the repair; NVML's own state clears when the state does."""
+    e = html.escape
+    reasons = list(getattr(g, "reasons", []))
+    if not reasons:
+        return "nothing to clear"
+    parts = []
+    if any(r in ACKABLE for r in reasons):
+        who = g.gpu if g.gpu else g.pci_bus_id  # type: ignore[attr-defined]
+        parts.append(f"after the repair: <code>gpu-health-exporter ack --gpu {e(who)}</code> (with the "
+                     "daemon's --config and --path.state-dir)")
+    state = [r for r in reasons if r not in ACKABLE]
+    if state:
+        parts.append(f"{e(', '.join(state))}: clears when NVML's state does (after the reset or reboot "
+                     "the runbook gives); no ack")
+    return "<br>".join(parts)
+
+
 def render_page(metrics: list[Metric] | None, status: dict, collected_at: float | None,
-                verdict: NodeVerdict | None = None, telemetry_path: str = "/metrics") -> str:
+                verdict: NodeVerdict | None = None, telemetry_path: str = "/metrics",
+                runbooks: str = "/runbooks.html") -> str:
     """`status`: collector name -> an object with ok (None/True/False), error and duration;
-    `verdict`: the health collector's reading of that collection (None when it gave none)."""
+    `verdict`: the health collector's reading of that collection (None when it gave none);
+    `runbooks`: where the runbook page is (the exporter serves it)."""
     e = html.escape
     out = ["<!doctype html><html><head><meta charset=utf-8><title>gpu-health-exporter</title>",
            "<style>body{font-family:sans-serif}td,th{padding:4px 8px;text-align:left;vertical-align:top}"
            ".bad{color:#b00020;font-weight:bold}.good{color:#1b5e20;font-weight:bold}</style></head><body>",
            f"<h1>gpu-health-exporter {e(__version__)}</h1>",
-           f'<p><a href="{e(telemetry_path)}">Metrics</a> &middot; <a href="/healthz">healthz</a> &middot; '
-           '<a href="/readyz">readyz</a></p>']
+           f'<p><a href="{e(telemetry_path)}">Metrics</a> &middot; <a href="{e(runbooks)}">Runbooks</a> '
+           '&middot; <a href="/healthz">healthz</a> &middot; <a href="/readyz">readyz</a></p>']
     if metrics is None:
         out.append("<p>The first collection is not done yet; reload in a moment.</p></body></html>\n")
         return "".join(out)
@@ -131,14 +247,10 @@ def render_page(metrics: list[Metric] | None, status: dict, collected_at: float 
         cls = "good" if s.verdict == "healthy" else "bad"
         out.append(f'<h2>Node verdict: <span class="{cls}">{e(s.verdict)}</span></h2>')
         if s.reasons:
-            out.append("<p>Reasons: " + ", ".join(f"<code>{e(r)}</code>" for r in s.reasons) + "</p>")
-    if s.gpus:
-        out.append("<h3>GPUs needing action</h3><table border=1><tr><th>GPU</th><th>verdict</th>"
-                   "<th>reasons</th></tr>")
-        for g, v, reasons in s.gpus:
-            out.append(f'<tr><td>{e(g)}</td><td class="bad">{e(v)}</td>'
-                       f"<td>{e(', '.join(reasons))}</td></tr>")
-        out.append("</table>")
+            out.append("<p>Reasons (each links to its runbook): "
+                       + ", ".join(_reason(r, runbooks) for r in s.reasons) + "</p>")
+    if verdict is not None:
+        out += _gpu_table(verdict, s, runbooks)
     out.append("<h3>Sources</h3><table border=1><tr><th>collector</th><th>last collection</th>"
                "<th>problems</th><th>duration</th></tr>")
     names = list(status) + sorted(set(s.problems) - set(status))

@@ -8,6 +8,7 @@ collection."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import platform
 import threading
@@ -67,6 +68,25 @@ class Outcome:
     reading: Any = None
 
 
+def _layers(derived: list[Derived]) -> list[list[Derived]]:
+    """The derived collectors in the order their inputs allow: a layer's collectors depend only
+    on sources and on the layers before it (the Kubernetes writer on the verdict, the verdict on
+    the GPU collector). A dependency cycle is a programming error."""
+    names = {c.name for c in derived}
+    done: set[str] = set()
+    out = []
+    pending = list(derived)
+    while pending:
+        layer = [c for c in pending if all(d in done or d not in names for d in c.depends_on)]
+        if not layer:
+            raise ValueError("derived collectors depend on each other in a cycle: "
+                             + ", ".join(c.name for c in pending))
+        out.append(layer)
+        done.update(c.name for c in layer)
+        pending = [c for c in pending if c.name not in done]
+    return out
+
+
 class Runner:
     """Collects all collectors on demand. Concurrent callers share the collection in flight."""
 
@@ -103,6 +123,7 @@ class Runner:
 
     def start(self) -> None:
         for c in self.collectors:
+            c.bind_collect(functools.partial(self.collect, scrape=False))
             c.start()
 
     def close(self) -> None:
@@ -157,10 +178,10 @@ class Runner:
         results: dict[str, Outcome] = {}
         for c, o in zip(sources, self._reader.read([(c, None) for c in sources], budget), strict=True):
             results[c.name] = self._outcome(c, o, outs)
-        if derived:
+        for layer in _layers(derived):
             items = [(c, {d: results[d].reading if d in results else None
-                                        for d in c.depends_on}) for c in derived]
-            for c, o in zip(derived, self._reader.read(items, budget), strict=True):
+                          for d in c.depends_on}) for c in layer]
+            for c, o in zip(layer, self._reader.read(items, budget), strict=True):
                 results[c.name] = self._outcome(c, o, outs)
         metrics = Collection()
         own = Families()
@@ -195,7 +216,7 @@ class Runner:
         if o.status in (deadline.TIMEOUT, deadline.BUDGET):
             return Outcome(False, f"missed its {limit:g}s deadline", limit)
         if o.status == deadline.ERROR:
-            return Outcome(False, f"{type(o.value).__name__}: {o.value}", o.took)
+            return Outcome(False, o.reason, o.took)
         return Outcome(False, "not run: the collectors before it used up the collection's deadline", 0.0)
 
     @classmethod

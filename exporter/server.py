@@ -39,7 +39,8 @@ from exporter.webconfig import BasicAuth, WebConfig
 log = logging.getLogger("exporter.server")
 
 LANDING_MAX_AGE_S = 5.0  # `/` collects again when its reading is older than this
-_RESERVED = ("/", "/index.html", "/healthz", "/readyz")  # not a telemetry path
+RUNBOOKS_PATH = "/runbooks.html"  # the runbooks, which the landing page links to
+_RESERVED = ("/", "/index.html", "/healthz", "/readyz", RUNBOOKS_PATH)  # not a telemetry path
 
 
 class App:
@@ -52,6 +53,7 @@ class App:
         self.telemetry_path = telemetry_path
         self.last: list[Metric] | None = None
         self.last_at: float | None = None  # wall time of self.last
+        self._runbooks: bytes | None = None  # /runbooks.html, rendered once
         # Scrapes that share a collection share its rendered body, per format, coding and filter
         # (process_* as of the first of them): a burst of scrapes, or clients that pipeline
         # requests, cost one render and one gzip per collection, not one per request.
@@ -80,6 +82,8 @@ class App:
             return self.metrics(req)
         if req.path in ("/", "/index.html"):
             return self.landing()
+        if req.path == RUNBOOKS_PATH:
+            return self.runbooks()
         quick = self.quick(req)
         if quick is not None:
             return quick
@@ -103,6 +107,18 @@ class App:
             if got is None:
                 got = self._bodies[key] = encode(families(metrics, wanted), accept, coding)
         return Response(200, *got)
+
+    def runbooks(self) -> Response:
+        """The runbooks, rendered (the landing page links each reason to its section): the node
+        always has them, from the checkout or the wheel's copy (exporter.share)."""
+        if self._runbooks is None:
+            from exporter import runbooks, share
+
+            root = share.root()
+            built = root / share.RUNBOOKS_HTML
+            self._runbooks = built.read_bytes() if built.is_file() else \
+                runbooks.render((root / "docs" / "runbooks.md").read_text()).encode()
+        return Response(200, self._runbooks, [("Content-Type", "text/html; charset=utf-8")])
 
     def landing(self) -> Response:
         if self.last_at is None or time.time() - self.last_at > LANDING_MAX_AGE_S:

@@ -18,6 +18,10 @@ INSTALLED = Path(__file__).resolve().parent / "shipped"
 # What the wheel and the release carry, as globs relative to the checkout. The dashboards' Python
 # (dashboards-as-code) stays behind: the JSON is what Grafana imports.
 FILES = ("README.md", "rules/*.yml", "dashboards/*.json", "deploy/**/*", "docs/*.md")
+# Files of deploy/ that work only in a checkout (they build or install from the source tree: a
+# pyproject.toml, setup.py and exporter/ next to them): left out of the wheel and the release
+# tarball, where they would fail ("does not appear to be a Python project").
+CHECKOUT_ONLY = ("deploy/quickstart.sh", "deploy/build-image.sh", "deploy/Dockerfile")
 RUNBOOKS_HTML = "docs/runbooks.html"  # rendered from docs/runbooks.md when a wheel or release is built
 
 
@@ -39,7 +43,7 @@ def files(base: Path = CHECKOUT) -> list[Path]:
     for pattern in FILES:
         out.update(p.relative_to(base) for p in base.glob(pattern)
                    if p.is_file() and "__pycache__" not in p.parts)
-    return sorted(out)
+    return sorted(p for p in out if str(p) not in CHECKOUT_ONLY)
 
 
 def not_in_checkout(command: str) -> str:

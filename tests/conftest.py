@@ -16,6 +16,11 @@
   `HYPOTHESIS_PROFILE=search .venv/bin/python -m pytest -q tests/test_property_parsers.py
   tests/test_exposition.py` draws fresh examples, 5,000 a test (about 5 minutes on 2 cores), keeps
   failures in .hypothesis/ and prints the blob that replays one (`@reproduce_failure`).
+- Tiers: `pytest -m unit` is the edit-test loop (under a minute on two cores): every test not
+  marked `slow` in a module that starts no program (no subprocess, no exporter, no promtool, no
+  simulated node or command: see STARTS_PROGRAMS) and runs no Hypothesis search. Nothing is
+  listed by hand: a module is in the tier by what it does. The full suite (.ci/run) runs
+  everything, the unit tier included.
 - The suite is a composition root: it discovers the collectors once, at start, so their config
   sections are in the schema whatever a test imports (exporter.config imports no collector).
 """
@@ -34,6 +39,32 @@ from tests.netguard import sitecustomize as guard  # the loopback guard, in this
 
 def pytest_configure(config: pytest.Config) -> None:
     collectors.discover()
+    config.addinivalue_line("markers", "unit: the fast in-process tier (set by tests/conftest.py)")
+
+
+# Words in a test module's source that mean it starts a real program, a whole (simulated) node or
+# a command (`main(...)`), or runs a property search: its tests are not in the unit tier.
+STARTS_PROGRAMS = ("subprocess", "Popen", "start_exporter", "start_listening", "served_base", "promtool",
+                   "sys.executable", "hypothesis", "exporter.release", "wait_until_serving", "--simulate",
+                   "main(")
+_module_tier: dict[str, bool] = {}
+
+
+def _unit_module(path: Path) -> bool:
+    key = str(path)
+    if key not in _module_tier:
+        try:
+            text = path.read_text()
+        except OSError:
+            text = "subprocess"
+        _module_tier[key] = not any(w in text for w in STARTS_PROGRAMS)
+    return _module_tier[key]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") is None and _unit_module(Path(str(item.fspath))):
+            item.add_marker(pytest.mark.unit)
 
 
 VIOLATIONS: list[str] = []  # this process's

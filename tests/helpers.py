@@ -274,3 +274,22 @@ def running_exporter(*args: str, timeout: float = 30.0):
                 raise
         # SIGTERM shuts the exporter down cleanly (checked only when the body did not fail first).
         assert rc == 0, f"exporter exited {rc} on SIGTERM: {log.read_text()[-2000:]}"
+
+
+@contextmanager
+def network_namespace() -> Iterator[list[str]]:
+    """A network namespace with only its loopback up, held by a sleeping process; yields the command
+    prefix that runs a program in it (tests/test_slurm.py, tests/kube_apiserver.py: servers whose
+    ports are fixed flags cannot collide there). Slurm resolves 127.0.0.1 with AF_INET and
+    AI_ADDRCONFIG, which glibc answers only where an IPv4 address other than 127.0.0.1 exists:
+    127.0.0.2 on lo is one."""
+    holder = subprocess.Popen(["unshare", "--net", "sh", "-c", "ip link set lo up && ip addr add "
+                               "127.0.0.2/32 dev lo && echo up && exec sleep infinity"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        up = holder.stdout.readline().strip() == "up"
+        assert up, f"no network namespace: unshare exited {holder.wait()}"
+        yield ["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--"]
+    finally:
+        holder.kill()
+        holder.wait()

@@ -147,7 +147,7 @@ def test_check_gives_the_daemons_reasons_in_simulation(tmp_path):
                                 "--scenario", s, "--json", "--path.state-dir", str(tmp_path / f"c-{s}")],
                                env=env, capture_output=True, text=True, timeout=120)
             checked = sorted(json.loads(r.stdout)["node"]["reasons"])
-            assert checked or s == "gpu-nvml-hang"
+            assert checked  # a hung GPU is gpu_not_answering, never a clean bill of health
             proc, url, log = daemons[s]
 
             def daemon_reasons(url=url) -> list[str]:
@@ -313,3 +313,27 @@ def test_nothing_to_check_is_one_verdict_unknown_exit_3(tmp_path, capsys):
     assert code == 3 and doc["node"]["verdict"] == "unknown" and doc["node"]["exit_status"] == 3
     assert "degraded" not in json.dumps(doc["node"])
     assert any("NVML" in p for p in doc["problems"])
+
+
+@pytest.mark.parametrize(("scenario", "code", "gpu3"), [
+    ("gpu-nvml-hang", 3, "unknown"),  # hangs for good: one read cannot tell more than "unknown"
+    ("gpu-nvml-hang-recover", 3, "unknown"),  # still hanging a minute in
+    ("gpu-nvml-hang-once", 0, "healthy"),  # over by then: it answers
+])
+def test_check_on_a_gpu_that_does_not_answer_is_never_healthy(tmp_path, capsys, scenario, code, gpu3):
+    args = ["--simulate", "p5.48xlarge", "--scenario", scenario, "--path.state-dir", str(tmp_path / "s")]
+    got, out = run_check(capsys, *args, "--json")
+    doc = json.loads(out)
+    assert got == code and doc["node"]["exit_status"] == code
+    by = {g["gpu"]: g for g in doc["gpus"]}
+    assert by[3]["verdict"] == gpu3
+    assert {by[i]["verdict"] for i in range(8) if i != 3} == {"healthy"}  # they answered
+    if code:
+        assert doc["node"]["verdict"] == "unknown" and doc["node"]["reasons"] == ["gpu_not_answering"]
+        assert by[3]["reasons"] == ["gpu_not_answering"]
+        assert any("GPU 3" in p and "did not answer" in p for p in doc["problems"])
+    else:
+        assert doc["problems"] == [] and doc["node"]["verdict"] == "healthy"
+    got, out = run_check(capsys, *args)
+    assert got == code
+    assert ("UNKNOWN (exit 3)" in out) == bool(code)

@@ -36,14 +36,25 @@ def check(capsys, tmp_path, *args: str) -> tuple[int, dict]:
     return code, json.loads(capsys.readouterr().out)
 
 
-def test_dmesg_output_as_the_kernel_log_is_could_not_check(tmp_path, capsys):
+# A kernel log that names an XID `check` cannot read: the line is cut off inside the report.
+UNREADABLE_XID = "[Fri Nov 27 10:14:09 2026] NVRM: Xid (PCI:0000:53:0\n"
+
+
+def test_dmesg_output_as_the_kernel_log_is_read_and_its_xids_counted(tmp_path, capsys):
+    """Issue 37: `dmesg -T` output is a kernel log like any other (it answered 3 before)."""
     log = tmp_path / "dmesg.txt"
     log.write_text(DMESG_T)
     code, doc = check(capsys, tmp_path, "--kmsg-file", str(log))
+    assert code == 2 and doc["node"]["verdict"] == "replace_required" and doc["problems"] == []
+    g0 = next(g for g in doc["gpus"] if g["gpu"] == 0)
+    assert [(x["xid"], x["count"]) for x in g0["xids"]] == [(94, 1)]  # two lines 1 s apart: one event
+    # lines in no form we read, and nothing else: could not check
+    log.write_text("hello\nworld\n")
+    code, doc = check(capsys, tmp_path, "--kmsg-file", str(log))
     assert code == 3 and doc["node"]["verdict"] == "unknown" and doc["node"]["exit_status"] == 3
-    assert any("none of its 3 line(s) is a /dev/kmsg record" in p and str(log) in p for p in doc["problems"])
-    # one record among unparseable lines is a kernel log with noise: a verdict, not exit 3
-    log.write_text(DMESG_T + REAL)
+    assert any("none of its 2 line(s) is a kernel-log line" in p and str(log) in p for p in doc["problems"])
+    # one record among unreadable lines is a kernel log with noise: a verdict, not exit 3
+    log.write_text("hello\n" + REAL)
     code, doc = check(capsys, tmp_path, "--kmsg-file", str(log))
     assert code == 0 and doc["problems"] == []
 
@@ -51,7 +62,7 @@ def test_dmesg_output_as_the_kernel_log_is_could_not_check(tmp_path, capsys):
 def test_an_unparseable_log_still_fails_a_node_nvml_says_needs_action(tmp_path, capsys):
     """What NVML read is evidence on its own: a pending row remap is exit 2 whatever the log is."""
     log = tmp_path / "dmesg.txt"
-    log.write_text(DMESG_T)
+    log.write_text(UNREADABLE_XID)
     code, doc = check(capsys, tmp_path, "--kmsg-file", str(log), "--scenario", "gpu-row-remap-pending")
     assert code == 2 and doc["problems"]
 

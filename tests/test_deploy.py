@@ -118,7 +118,17 @@ def test_least_privilege(rendered, overlay):
     spec = pod_spec(docs)
     c = exporter_container(docs)
     sc = c["securityContext"]
-    assert spec["automountServiceAccountToken"] is False
+    # The token is mounted for the GpuHealthy condition alone (components/node-condition): the only
+    # RBAC is patch on nodes/status, bound to the exporter's own service account.
+    assert spec["automountServiceAccountToken"] is True
+    assert spec["serviceAccountName"] == "gpu-health-exporter"
+    rules = [(r, role["metadata"]["name"]) for role in by_kind(docs, "ClusterRole") for r in role["rules"]]
+    assert rules == [({"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+                      "gpu-health-exporter-node-condition")]
+    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-health-exporter",
+                                    "namespace": "gpu-health"}]
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert not spec.get("hostPID") and not spec.get("hostIPC")
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
@@ -145,8 +155,9 @@ def test_base_alone_is_unprivileged():
 
 def test_nvidia_access(rendered):
     for name, docs in rendered.items():
-        env = {e["name"]: e["value"] for e in exporter_container(docs)["env"]}
-        assert env == {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}, name
+        env = {e["name"]: e.get("value", e.get("valueFrom")) for e in exporter_container(docs)["env"]}
+        assert env == {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility",
+                       "NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}}}, name
         assert pod_spec(docs).get("runtimeClassName") == ("nvidia" if name == "eks-gpu-operator" else None)
 
 
@@ -165,7 +176,7 @@ def test_config_is_valid_and_every_path_is_mounted(rendered, overlay, tmp_path):
     assert yaml.safe_load(cm["data"]["config.yaml"])["lustre"]["rootfs"] in mounts
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert volumes["config"]["configMap"]["name"] == cm["metadata"]["name"]
-    assert c["args"] == ["--config=/etc/gpu-health-exporter/config.yaml"]
+    assert c["args"] == ["--config=/etc/gpu-health-exporter/config.yaml", "--collector.kubernetes"]
     port = int(cfg.listen.rsplit(":", 1)[1])
     assert c["ports"][0]["containerPort"] == port
 

@@ -6,12 +6,13 @@ from tests.helpers import ROOT
 
 def test_metrics_md_matches_catalog():
     current = (ROOT / "docs" / "metrics.md").read_text()
-    assert current == docs.metrics_md(), "docs/metrics.md is stale: run `python -m exporter.docs`"
+    assert current == docs.metrics_md(), "docs/metrics.md is stale: run `python -m exporter.generate`"
 
 
 def test_configuration_md_matches_schema():
     current = (ROOT / "docs" / "configuration.md").read_text()
-    assert current == docs.configuration_md(), "docs/configuration.md is stale: run `python -m exporter.docs`"
+    assert current == docs.configuration_md(), \
+        "docs/configuration.md is stale: run `python -m exporter.generate`"
 
 
 def test_every_metric_documented_once():

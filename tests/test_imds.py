@@ -191,25 +191,29 @@ def test_proxy_environment_is_ignored(fake, monkeypatch):
 CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"  # a real one-GPU H200 node
 
 
-def dmi_sysfs(root, product_name: str | None) -> str:
-    """A generated sysfs tree with (or without) a DMI product name."""
+def dmi_sysfs(root, product_name: str | None, **files: str) -> str:
+    """A generated sysfs tree with (or without) a DMI product name, and other DMI files."""
     dmi = root / "sys" / "devices" / "virtual" / "dmi" / "id"
     dmi.mkdir(parents=True)
     if product_name is not None:
         (dmi / "product_name").write_text(product_name + "\n")
+    for name, text in files.items():
+        (dmi / name).write_text(text + "\n")
     return str(root / "sys")
 
 
-def one_gpu_ctx(tmp_path, product_name: str | None, **overrides) -> Context:
+def one_gpu_ctx(tmp_path, product_name: str | None, dmi: dict | None = None, nvml=None,
+                **overrides) -> Context:
     """The real H200 capture (one GPU) on a node whose sysfs has this DMI product name."""
     collectors.collector_classes()  # every section declared (the XID service's among them)
     kmsg = tmp_path / "kmsg"
     tmp_path.mkdir(parents=True, exist_ok=True)
     kmsg.write_text("")  # an empty kernel log: no XIDs
-    cfg = load(None, {"paths.sysfs": dmi_sysfs(tmp_path, product_name), "paths.kmsg": str(kmsg),
+    sysfs = dmi_sysfs(tmp_path, product_name, **(dmi or {}))
+    cfg = load(None, {"paths.sysfs": sysfs, "paths.kmsg": str(kmsg),
                       "paths.state_dir": str(tmp_path / "st"), "instance.imds_timeout_seconds": 0.5,
                       **overrides})
-    return compose(cfg, nvml=NvmlSession(FakeBackend.from_file(CAPTURE)))
+    return compose(cfg, nvml=nvml or NvmlSession(FakeBackend.from_file(CAPTURE)))
 
 
 def test_instance_type_from_dmi_first_then_imds_and_config_wins(tmp_path, fake):
@@ -250,7 +254,9 @@ def test_check_asks_imds_once_when_dmi_says_nothing(tmp_path, fake, capsys):
 
     from exporter.commands import check
 
-    ctx = one_gpu_ctx(tmp_path, "Standard PC (Q35 + ICH9, 2009)", **{"instance.imds_endpoint": fake.url})
+    # a Xen-based EC2 instance: no instance type in the product name, an EC2 product UUID
+    ctx = one_gpu_ctx(tmp_path, "HVM domU", dmi={"product_uuid": "EC2E1916-9099-7CAF-FD21-012345678901"},
+                      **{"instance.imds_endpoint": fake.url})
     code = check.run(argparse.Namespace(json=True), ctx)
     doc = json.loads(capsys.readouterr().out)
     assert code == 2 and doc["node"]["instance_type_source"] == "imds"
@@ -301,3 +307,106 @@ def test_a_read_timeout_is_retried_once_then_reported(fake):
         imds.ImdsClient(fake.url, timeout_s=0.2).fetch()
     assert len(fake.requests) == 1 + imds.READ_RETRIES
     assert time.monotonic() - t < 1.0
+
+
+# --- IMDS only where it can answer (issue 37) ----------------------------------------------------
+
+@pytest.mark.parametrize(("files", "want"), [
+    ({"sys_vendor": "Amazon EC2", "product_name": "p5.48xlarge"}, True),
+    ({"sys_vendor": "Xen", "bios_vendor": "Amazon EC2", "product_name": "HVM domU"}, True),
+    ({"sys_vendor": "Xen", "product_name": "HVM domU", "product_uuid": "ec2e1916-9099-7caf"}, True),
+    ({"product_name": "p5.48xlarge"}, True),  # only the product name, an instance type
+    ({"sys_vendor": "QEMU", "product_name": "Standard PC (Q35 + ICH9, 2009)"}, False),
+    ({"sys_vendor": "Dell Inc.", "product_name": "PowerEdge R750xa"}, False),
+    ({}, None),  # nothing to read (a container without /sys): not known
+])
+def test_dmi_says_whether_the_host_is_on_ec2(tmp_path, files, want):
+    from exporter import dmi
+
+    files = dict(files)
+    assert dmi.on_ec2(dmi_sysfs(tmp_path, files.pop("product_name", None), **files)) is want
+
+
+def test_off_ec2_by_dmi_neither_the_daemon_nor_check_asks_imds(tmp_path, fake, capsys, caplog):
+    import argparse
+    import logging
+
+    from exporter.commands import check
+
+    caplog.set_level(logging.INFO, logger="exporter.imds")
+    ctx = one_gpu_ctx(tmp_path / "d", "PowerEdge R750xa", dmi={"sys_vendor": "Dell Inc."},
+                      **{"instance.imds_endpoint": fake.url})
+    assert ctx.identity.start() is None  # the daemon starts no lookup
+    assert imds.events_poller(ctx.identity, lambda _: None) is None
+    assert any("not an EC2 instance" in r.getMessage() for r in caplog.records)
+    ctx = one_gpu_ctx(tmp_path / "c", "PowerEdge R750xa", dmi={"sys_vendor": "Dell Inc."},
+                      **{"instance.imds_endpoint": fake.url})
+    assert check.run(argparse.Namespace(json=True), ctx) == 0
+    capsys.readouterr()
+    assert fake.requests == []
+
+
+def test_check_asks_imds_nothing_when_nvml_is_unusable(tmp_path, fake, capsys):
+    """The answer can only be 3: the instance type would be read by nothing."""
+    import argparse
+    import json
+
+    from exporter.commands import check
+
+    broken = FakeBackend({"system": {}, "devices": []})
+    broken.fail_init(12, "NVML Shared Library Not Found")
+    ctx = one_gpu_ctx(tmp_path, None, nvml=NvmlSession(broken), **{"instance.imds_endpoint": fake.url})
+    code = check.run(argparse.Namespace(json=True), ctx)
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 3 and doc["node"]["verdict"] == "unknown"
+    assert fake.requests == []
+
+
+def test_check_asks_imds_nothing_when_the_config_gives_the_gpu_count(tmp_path, fake, capsys):
+    import argparse
+
+    from exporter.commands import check
+
+    ctx = one_gpu_ctx(tmp_path, None, **{"instance.imds_endpoint": fake.url, "node.expected_gpus": 1})
+    assert check.run(argparse.Namespace(json=True), ctx) == 0
+    capsys.readouterr()
+    assert fake.requests == []
+
+
+def test_a_failing_lookup_backs_off_exponentially_and_logs_once_per_state_change(fake, caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    found = []
+    with refused_address() as addr:
+        lookup = imds.IdentityLookup(imds.ImdsClient(f"http://{addr}", timeout_s=0.2), found.append,
+                                     first_retry_s=0.02, max_retry_s=0.16)
+        lookup.start()
+        deadline = time.monotonic() + 20
+        while lookup.attempts < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        lookup.close()
+    assert lookup.attempts >= 6 and not found
+    assert lookup.waits[:6] == [0.02, 0.04, 0.08, 0.16, 0.16, 0.16]  # doubling, capped
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.name for r in warnings] == ["exporter.imds"], [r.getMessage() for r in warnings]
+    assert "failed" in warnings[0].getMessage()
+    # failing -> answering -> failing: one line per change
+    caplog.clear()
+    fake.delay_s = 0.0
+    poller = imds.ImdsPoller(imds.ImdsClient(fake.url, timeout_s=0.2).fetch, found.append, "identity",
+                             first_retry_s=0.02, max_retry_s=0.04, refresh_s=0.05)
+    fake.fail_next = [403] * 3
+    poller.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not poller.succeeded.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while poller.attempts < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        poller.close()
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "exporter.imds"
+             and r.levelno >= logging.INFO]
+    assert [lv for lv, _ in lines] == ["WARNING", "INFO"], lines
+    assert not [r for r in caplog.records if r.name.startswith("urllib3") and r.levelno >= logging.WARNING]

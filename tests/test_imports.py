@@ -1,5 +1,8 @@
-"""No import cycles in exporter/ (issue 28 item 6): the module import graph, read from the source
-(every import statement: at module level, inside a function, under TYPE_CHECKING), has no cycle.
+"""No import cycles in exporter/ (issue 28 item 6, issue 38 item 2): the module import graph, read
+from the source (every import statement: at module level, inside a function, under TYPE_CHECKING),
+has no cycle, and neither has the graph of its packages (exporter.xid, exporter.workload, ...; a
+module directly under exporter/ is a node of its own): two packages that import each other have
+no one direction of dependency even when no two modules close a cycle.
 An import moved into a function still runs when the function does, so it is an edge like any
 other; a dependency that would close a cycle is inverted instead (docs/design.md)."""
 
@@ -85,6 +88,18 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def package_graph(graph: dict[str, set[str]], depth: int = 2) -> dict[str, set[str]]:
+    """The module graph folded onto packages: each module stands for its first `depth` name
+    parts (exporter.xid.store -> exporter.xid; exporter.cli stays exporter.cli)."""
+    def pkg(m: str) -> str:
+        return ".".join(m.split(".")[:depth])
+
+    out: dict[str, set[str]] = {}
+    for mod, deps in graph.items():
+        out.setdefault(pkg(mod), set()).update(pkg(d) for d in deps)
+    return {p: deps - {p} for p, deps in out.items()}
+
+
 def test_a_cycle_is_found_whatever_kind_of_import_closes_it(tmp_path):
     """Module-level, function-level, relative and TYPE_CHECKING imports are all edges."""
     pkg = tmp_path / "toy"
@@ -112,6 +127,36 @@ def test_exporter_has_no_import_cycle():
     found = cycles(g)
     assert not found, "import cycles in exporter/:\n" + "\n".join(
         f"  {c}: " + "; ".join(f"{m} -> {sorted(g[m] & set(c))}" for m in c) for c in found)
+
+
+def test_a_package_cycle_is_found_where_no_two_modules_close_one(tmp_path):
+    """toy.p.a -> toy.q.b and toy.q.c -> toy.p.d: no module cycle, but p and q need each other."""
+    pkg = tmp_path / "toy"
+    for sub_ in ("p", "q"):
+        (pkg / sub_).mkdir(parents=True)
+        (pkg / sub_ / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "p" / "a.py").write_text("from toy.q import b\n")
+    (pkg / "q" / "b.py").write_text("")
+    (pkg / "q" / "c.py").write_text("def f():\n    from toy.p import d\n")
+    (pkg / "p" / "d.py").write_text("")
+    g = import_graph(pkg)
+    assert cycles(g) == []
+    assert cycles(package_graph(g)) == [["toy.p", "toy.q"]]
+    (pkg / "q" / "c.py").write_text("")
+    assert cycles(package_graph(import_graph(pkg))) == []
+
+
+def test_exporter_has_no_package_cycle():
+    """exporter.workload and exporter.xid once imported each other (attribution), and
+    exporter.nvml imported exporter.gpu and exporter.xid (capture) which import it."""
+    g = import_graph()
+    pg = package_graph(g)
+    found = cycles(pg)
+    assert not found, "package cycles in exporter/:\n" + "\n".join(
+        f"  {c}: " + "; ".join(f"{m} ({a}) -> {b}" for a in sorted(g) for b in sorted(g[a])
+                               for m in c if a.startswith(m + ".") and any(
+                                   b == o or b.startswith(o + ".") for o in c if o != m)) for c in found)
 
 
 def test_the_config_loader_does_not_import_the_collectors():

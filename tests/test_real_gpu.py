@@ -212,9 +212,9 @@ def test_gpm_activity_on_the_real_gpus(real):
     with its cost per call (written to $OUT/gpm_capture.json for docs/real-gpu.md)."""
     import time
 
+    from exporter.capture import record_gpm
     from exporter.gpu.gpm import GpmReader
     from exporter.gpu.reader import Reading
-    from exporter.nvml.capture import record_gpm
 
     for i in range(real.device_count()):
         cc = real.call(i, "nvmlDeviceGetCudaComputeCapability")

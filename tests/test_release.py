@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import re
 import tarfile
+from pathlib import Path
 
+import pytest
 import yaml
 
 from exporter import __version__, runbooks, share
@@ -132,3 +134,97 @@ def test_the_runbooks_page_has_every_section_and_code_block():
 def yaml_alerts() -> list[dict]:
     return [r for f in sorted((share.CHECKOUT / "rules").glob("*.yml"))
             for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if "alert" in r]
+
+
+# --- a release a user can build and take (issue 37) ---------------------------------------------
+
+def test_the_wheel_carries_its_revision(installed):  # noqa: F811
+    from exporter.buildinfo import from_git
+
+    want = from_git(share.CHECKOUT)
+    assert want is not None and want[0] != "unknown"
+    code = "from exporter.buildinfo import build_info; print(*build_info())"
+    r = installed.run(installed.python, "-c", code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [want[0], want[1]], r.stdout  # outside any checkout: from the wheel
+
+
+def test_the_release_leaves_out_what_works_only_in_a_checkout(installed, tmp_path):  # noqa: F811
+    path = build_tarball(tmp_path, installed.wheel)
+    top = f"gpu-health-exporter-{__version__}"
+    with tarfile.open(path) as tar:
+        names = set(tar.getnames())
+        tar.extractall(tmp_path / "x", filter="data")
+    shipped = installed.site_packages() / "exporter" / "shipped"
+    for rel in share.CHECKOUT_ONLY:
+        assert f"{top}/{rel}" not in names and not (shipped / rel).exists(), rel
+    # what is left works where it lands: no script needs the source tree (a pyproject.toml, setup.py)
+    for script in (tmp_path / "x" / top / "deploy").rglob("*.sh"):
+        text = script.read_text()
+        assert not re.search(r"pyproject\.toml|setup\.py|pip install (-e )?\.", text), script
+
+
+def test_the_sizes_in_the_docs_are_the_builds(installed, tmp_path):  # noqa: F811
+    """docs/deploy.md's sizes are written by `python -m exporter.release` (within 3%: the tree moved
+    on a little since the last release run, as every generated file's source does)."""
+    from exporter.release import kib, sizes_in_doc
+
+    doc = sizes_in_doc()
+    built = {"wheel": kib(installed.wheel), "tarball": kib(build_tarball(tmp_path, installed.wheel))}
+    assert doc.keys() == built.keys()
+    for k in built:
+        assert abs(doc[k] - built[k]) <= built[k] * 0.03, (k, doc[k], built[k])
+
+
+def test_write_sizes_rewrites_the_docs_numbers(tmp_path):
+    from exporter.release import sizes_in_doc, write_sizes
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "deploy.md").write_text((share.CHECKOUT / "docs" / "deploy.md").read_text())
+    assert write_sizes(1234, 5678, tmp_path)
+    assert sizes_in_doc(tmp_path) == {"wheel": 1234, "tarball": 5678}
+    assert not write_sizes(1234, 5678, tmp_path)
+
+
+def test_the_build_backend_is_pinned_where_the_release_builds(monkeypatch, tmp_path):
+    """The quick start's venv gets pyproject's pin; a venv without it builds in isolation (never
+    setuptools 65 on the SPDX license string, which failed)."""
+    from exporter import release
+
+    name, want = release.backend_requirement()
+    assert (name, want) == ("setuptools", (77,))
+    quick = (share.CHECKOUT / "deploy" / "quickstart.sh").read_text()
+    assert "pip install -q 'setuptools>=77'" in quick
+    ci = (share.CHECKOUT / ".ci" / "run").read_text()
+    assert "'setuptools>=77'" in ci
+    calls = []
+    monkeypatch.setattr(release, "backend_ok", lambda root=None: (False, "setuptools 65.5.0"))
+    monkeypatch.setattr(release.subprocess, "run", lambda argv, **kw: calls.append(argv) or
+                        (Path(argv[argv.index("-w") + 1]) / "x-0-py3-none-any.whl").write_text(""))
+    release.build_wheel(tmp_path)
+    assert "--no-build-isolation" not in calls[0]
+    calls.clear()
+    monkeypatch.setattr(release, "backend_ok", lambda root=None: (True, "setuptools 80"))
+    release.build_wheel(tmp_path)
+    assert "--no-build-isolation" in calls[0]
+
+
+def test_a_fresh_venv_s_own_setuptools_is_not_the_pin(tmp_path):
+    """Why the pin is installed: a venv made with python3 -m venv has the interpreter's bundled
+    setuptools (65 on Debian bookworm's 3.11), which `backend_ok` rejects there."""
+    import subprocess
+    import venv
+
+    from exporter.release import backend_requirement
+
+    venv.EnvBuilder(with_pip=True).create(tmp_path / "v")
+    code = ("import importlib.metadata as m\n"
+            "try:\n print(m.version('setuptools'))\nexcept Exception:\n print('0')")
+    r = subprocess.run([str(tmp_path / "v" / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    have = tuple(int(x) for x in re.findall(r"\d+", r.stdout)[:1])
+    _, want = backend_requirement()
+    if have >= want:
+        pytest.skip(f"this interpreter bundles setuptools {r.stdout.strip()}")  # nothing to pin against
+    assert have < want  # so the quick start installs the pin, and the release checks for it

@@ -137,7 +137,8 @@ MUST_SURVIVE_RESTART = {
     "GpuEccCorrectedRateAccelerating", "GpuEccCorrectedRateHigh", "GpuEccUncorrectedErrors",
     "GpuRowRemapFailure", "GpuRowRemapPending", "GpuRecoveryActionRebootRequired",
     "GpuRecoveryActionRequired",
-    "GpuLost", "GpuCountBelowExpected", "GpuHealthUnreadable", "GpuHwSlowdownActive", "GpuPowerBrakeActive",
+    "GpuLost", "GpuUnresponsive", "GpuCountBelowExpected", "GpuHealthUnreadable", "GpuHwSlowdownActive",
+    "GpuPowerBrakeActive",
     "GpuTemperatureNearSlowdown", "GpuPcieLinkWidthDegraded", "GpuPcieLinkGenerationDegraded",
     "GpuPcieReplayRateHigh", "GpuNvlinkErrorsRising", "GpuNvlinkDown",
     # NVSwitch, fabric, EC2

@@ -13,7 +13,7 @@ from tests.helpers import ROOT
 
 PRESENT = ["prometheus_client", "prometheus_client.metrics_core", "prometheus_client.samples"]
 ABSENT = ["requests", "urllib3", "bcrypt", "pynvml", "asyncio", "multiprocessing",
-          "grpc", "google.protobuf"]  # grpc: only with workload.kubelet_socket
+          "grpc", "google.protobuf", "h2", "hpack", "hyperframe"]  # h2: only with workload.kubelet_socket
 
 CHILD = """
 import json, sys

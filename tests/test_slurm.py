@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, wait_for
+from tests.helpers import ROOT, network_namespace, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -107,23 +107,6 @@ def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
     with run_cluster(tmp_path_factory.mktemp("slurm")) as c:
         yield c
-
-
-@contextlib.contextmanager
-def network_namespace() -> Iterator[list[str]]:
-    """A network namespace with only its loopback up, held by a sleeping process; yields the command
-    prefix that runs a program in it. Slurm resolves 127.0.0.1 with AF_INET and AI_ADDRCONFIG, which
-    glibc answers only where an IPv4 address other than 127.0.0.1 exists: 127.0.0.2 on lo is one."""
-    holder = subprocess.Popen(["unshare", "--net", "sh", "-c", "ip link set lo up && ip addr add "
-                               "127.0.0.2/32 dev lo && echo up && exec sleep infinity"],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        up = holder.stdout.readline().strip() == "up"
-        assert up, f"no network namespace: unshare exited {holder.wait()}"
-        yield ["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--"]
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 @contextlib.contextmanager

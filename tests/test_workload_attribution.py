@@ -17,20 +17,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exporter.attribution.history import STAND_S, WorkloadHistory
+from exporter.attribution.ledger import MAX_PER_GPU, Attribution, AttributionLedger
 from exporter.collectors.nvswitch import NvswitchCollector
 from exporter.collectors.xid import XidCollector
 from exporter.commands import ack as ack_cmd
 from exporter.commands import check
 from exporter.runner import Runner
-from exporter.workload.attribution import (
-    MAX_PER_GPU,
-    STAND_S,
-    Attribution,
-    AttributionLedger,
-    WorkloadHistory,
-)
-from exporter.workload.attribution_state import STATE_NAME, validate_state
 from exporter.workload.model import Workload, WorkloadReading
+from exporter.xid.attribution_state import STATE_NAME, validate_state
 from exporter.xid.parser import pci_key
 from exporter.xid.service import one_shot
 from tests.helpers import ROOT, promtool_check_metrics, samples, scrape
@@ -55,65 +50,91 @@ def test_an_event_while_the_job_runs_names_it():
     assert h.at("GPU-a", T0 + 15) == (JOB42,)
 
 
-def test_the_last_observation_stands_until_the_next_so_a_job_that_died_of_it_is_named():
-    # The XID at T0+20 kills the job; the epilog removed its mapping before the reading at T0+30.
-    h = history((T0, {"GPU-a": (JOB42,)}), (T0 + 15, {"GPU-a": (JOB42,)}), (T0 + 30, {"GPU-a": ()}))
-    assert h.at("GPU-a", T0 + 20) == (JOB42,)
-    assert h.at("GPU-a", T0 + 31) == ()  # after the idle observation: no workload, not job 42
+def test_only_a_set_seen_on_both_sides_of_an_event_is_its_answer():
+    # The XID at T0+20 may have killed the job, or the job may have ended before it: which side
+    # the change was on is unknown, so the backlog's answer is unknown (a live event gets a
+    # reading after it instead: FaultAttribution).
+    h = history((T0, {"GPU-a": (JOB42,)}), (T0 + 15, {"GPU-a": (JOB42,)}), (T0 + 30, {"GPU-a": ()}),
+                (T0 + 45, {"GPU-a": ()}))
+    assert h.at("GPU-a", T0 + 20) is None
+    # idle on both sides: a job could have started and died between the readings
+    assert h.at("GPU-a", T0 + 40) is None
 
 
 def test_an_event_before_the_gpu_was_observed_is_unknown_never_the_current_job():
     h = history((T0, {"GPU-a": (JOB42,)}))
     assert h.at("GPU-a", T0 - 1) is None  # backfill at start-up, or an XID older than the job
-    # a live event counted after the reading: that reading saw the GPU as the event left it
-    assert h.at("GPU-a", T0 - 1, until=T0 + 0.2) == (JOB42,)
     assert h.at("GPU-b", T0) is None  # a GPU the source never observed
     h.observe(WorkloadReading(T0 + 10, {"GPU-b": (JOB43,)}))
     assert h.at("GPU-b", T0 + 5) is None  # GPU-b first observed at T0+10
 
 
-def test_a_gpu_missing_from_a_reading_is_not_observed_by_it_and_a_stale_observation_expires():
-    h = history((T0, {"GPU-a": (JOB42,), "GPU-b": ()}), (T0 + 15, {"GPU-b": ()}))
-    assert h.at("GPU-a", T0 + 60) == (JOB42,)  # the reading at T0+15 did not observe GPU-a
-    assert h.at("GPU-a", T0 + STAND_S + 1) is None  # no reading of it for STAND_S: unknown
+def test_a_gpu_missing_from_a_reading_is_not_observed_by_it_and_a_long_gap_brackets_nothing():
+    h = history((T0, {"GPU-a": (JOB42,), "GPU-b": ()}), (T0 + 15, {"GPU-b": ()}),
+                (T0 + 60, {"GPU-a": (JOB42,)}), (T0 + 60 + STAND_S + 1, {"GPU-a": (JOB42,)}))
+    assert h.at("GPU-a", T0 + 30) == (JOB42,)  # the reading at T0+15 did not observe GPU-a
+    assert h.at("GPU-a", T0 + 60 + STAND_S) is None  # no reading of it for STAND_S: unknown
 
 
 def test_two_jobs_sharing_a_gpu_are_both_named():
     h = history((T0, {"GPU-a": (JOB43, JOB42, JOB42)}))
-    assert h.at("GPU-a", T0 + 1) == (JOB42, JOB43)
+    assert h.at("GPU-a", T0) == (JOB42, JOB43)
 
 
-def test_malformed_workloads_and_late_readings_are_refused():
-    h = history((T0, {"GPU-a": (Workload(hpc_job="4\n2"), Workload(hpc_job="7", pod="p"), JOB42)}))
-    assert h.at("GPU-a", T0) == (JOB42,) and h.rejected == 2
+def test_a_workload_that_cannot_be_kept_makes_the_gpu_unknown_never_idle():
+    """Issue 35: a 300-digit job id or a pod name with a newline made the GPU "idle" in
+    attribution while gpu_workload_info showed the workload."""
+    for bad in (Workload(hpc_job="9" * 300), Workload(namespace="ns", pod="p\nq", container="c"),
+                Workload(hpc_job="4\u20282"), Workload(hpc_job="7", pod="p")):
+        h = history((T0, {"GPU-a": (bad, JOB42)}), (T0 + 15, {"GPU-a": (bad, JOB42)}))
+        assert h.at("GPU-a", T0 + 5) is None and h.rejected == 2, bad
+    # and a reading holding one breaks the bracket of the readings around it
+    h = history((T0, {"GPU-a": (JOB42,)}), (T0 + 5, {"GPU-a": (Workload(hpc_job="x\ny"),)}),
+                (T0 + 15, {"GPU-a": (JOB42,)}))
+    assert h.at("GPU-a", T0 + 3) is None and h.at("GPU-a", T0 + 10) is None
+
+
+def test_a_late_reading_is_refused_but_a_wall_clock_step_drops_nothing():
+    h = history((T0, {"GPU-a": (JOB42,)}))
     h.observe(WorkloadReading(T0 - 100, {"GPU-a": (JOB43,)}))  # older than what is known
     assert h.at("GPU-a", T0) == (JOB42,)
+    # issue 35: after a backward step of the wall clock, readings were dropped as late for as long
+    # as the step; ordered by the monotonic clock they are kept
+    h = WorkloadHistory()
+    h.observe(WorkloadReading(T0, {"GPU-a": (JOB42,)}, mono=100.0))
+    h.observe(WorkloadReading(T0 - 3600, {"GPU-a": (JOB43,)}, mono=115.0))  # the wall clock stepped back
+    h.observe(WorkloadReading(T0 - 3585, {"GPU-a": (JOB43,)}, mono=130.0))
+    assert h.at("GPU-a", 120.0) == (JOB43,)
 
 
 SETS = [(), (JOB42,), (JOB43,), (JOB42, JOB43), (POD,)]
 
 
-@given(st.lists(st.tuples(st.one_of(st.floats(0, 3.0), st.floats(0, STAND_S * 1.5)),
+@given(st.lists(st.tuples(st.one_of(st.floats(0.01, 3.0), st.floats(0.01, STAND_S * 1.5)),
                           st.sampled_from(range(len(SETS)))), max_size=40),
-       st.lists(st.tuples(st.floats(-100, STAND_S * 40), st.one_of(st.none(), st.floats(0, 10))),
-                max_size=20))
-def test_the_history_answers_what_the_readings_around_the_event_saw(steps, events):
+       st.lists(st.floats(-100, STAND_S * 40), max_size=20))
+def test_the_history_answers_what_the_readings_on_both_sides_of_the_event_saw(steps, events):
     """Property: for readings in time order (within the kept hour), at(t) is the set of the last
-    reading at or before t if it is at most STAND_S old, joined with the sets of the readings after
-    t up to `until` (a live event's counting); None when there is none of either."""
+    reading at or before t when the first reading at or after t saw the same non-empty set, no
+    more than STAND_S apart; None otherwise."""
     h, seen, at = WorkloadHistory(keep_s=1e9), [], T0
     for gap, i in steps:
         at += gap
         h.observe(WorkloadReading(at, {"GPU-a": SETS[i]}))
         seen.append((at, tuple(sorted(SETS[i]))))
-    near = [(a - T0 + d, u) for a, _ in seen[:10] for d in (-1.0, -0.5, 0.0, 0.5) for u in (None, 0.7)]
-    for dt, u in events + near:
+    near = [a - T0 + d for a, _ in seen[:10] for d in (-1.0, -0.5, 0.0, 0.5)]
+    for dt in events + near:
         t = T0 + dt
-        until = None if u is None else t + u
-        before = [ws for a, ws in seen if a <= t and t - a <= STAND_S][-1:]
-        after = [ws for a, ws in seen if until is not None and t < a <= until]
-        want = tuple(sorted({w for ws in before + after for w in ws})) if before or after else None
-        assert h.at("GPU-a", t, until) == want
+        before = [(a, ws) for a, ws in seen if a <= t][-1:]
+        after = [(a, ws) for a, ws in seen if a >= t][:1]
+        want = None
+        if before and after and before[0][1] == after[0][1] and before[0][1]:
+            # every reading between them saw it too, none further apart than STAND_S
+            run = [(a, ws) for a, ws in seen if before[0][0] <= a <= after[0][0]]
+            if all(ws == before[0][1] for _, ws in run) and \
+                    all(b[0] - a[0] <= STAND_S for a, b in zip(run, run[1:], strict=False)):
+                want = before[0][1]
+        assert h.at("GPU-a", t) == want
 
 
 def test_the_ledger_keeps_the_last_few_per_gpu_and_a_repeat_updates_the_time():
@@ -185,7 +206,21 @@ class Node:
         return kernel_usec(self.svc, time.time() + offset_s)
 
     def observe(self, at: float, by_index: dict[int, tuple[Workload, ...]]) -> None:
-        self.ctx.workloads.observe(WorkloadReading(at, {self.uuid[i]: w for i, w in by_index.items()}))
+        """A reading taken at unix time `at` (its monotonic time as far back as `at` is)."""
+        mono = time.monotonic() - (time.time() - at)
+        self.ctx.workloads.observe(WorkloadReading(at, {self.uuid[i]: w for i, w in by_index.items()}, mono))
+
+    def hold(self, by_index: dict[int, tuple[Workload, ...]]) -> None:
+        """What the GPUs hold now (those not named are not observed): what a reading after a live
+        event sees; the source's fresh reading of the composition root, faked."""
+        self.world = dict(by_index)
+
+        def fresh(not_before: float) -> WorkloadReading:
+            held = {self.uuid[i]: w for i, w in self.world.items()}
+            r = WorkloadReading(time.time(), held, time.monotonic())
+            self.ctx.workloads.observe(r)
+            return r
+        self.svc.fresh_readings(fresh)
 
     def log(self, line_of_seq) -> None:
         self.seq += 1
@@ -212,11 +247,11 @@ def test_an_xid_names_the_job_in_the_log_line_the_series_and_the_state_file_afte
     node.svc.counter.log_events = True
     now = time.time()
     node.observe(now - 30, {0: (JOB42,), 1: ()})
-    node.observe(now - 15, {0: (JOB42,), 1: ()})
+    node.hold({0: (JOB42,), 1: ()})
     with caplog.at_level(logging.WARNING, "exporter.xid"):
-        node.log(lambda seq: xid_line(seq, node.now_usec(-5), 79))  # between the readings: job 42
-        node.log(lambda seq: xid_line(seq, node.now_usec(-5), 13, "0000:64:00"))  # GPU 1 was idle
-    node.observe(now, {0: (), 1: ()})  # the epilog removed job 42's mapping
+        node.log(lambda seq: xid_line(seq, node.now_usec(-1), 79))  # live: a reading after it sees job 42
+        node.log(lambda seq: xid_line(seq, node.now_usec(-1), 13, "0000:64:00"))  # GPU 1 was idle
+    node.observe(time.time(), {0: (), 1: ()})  # the epilog removed job 42's mapping
     assert "XID 79 counted on GPU 0" in caplog.text and "workloads: slurm job 42" in caplog.text
     assert "XID 13 counted on GPU 1" in caplog.text and "no workload (the GPU was idle)" in caplog.text
     s = node.scrape()
@@ -232,15 +267,21 @@ def test_the_same_xid_under_two_jobs_in_turn_is_attributed_to_each_exactly(tmp_p
     node = Node(tmp_path)
     one_shot(node.ctx)
     now = time.time()
+    # the backlog (counted over LIVE_S late): from the readings on both sides of each event
     node.observe(now - 100, {4: (JOB42,)})
-    node.log(lambda seq: xid_line(seq, node.now_usec(-90), 13, "0000:97:00"))  # job 42's
+    node.observe(now - 85, {4: (JOB42,)})
     node.observe(now - 80, {4: ()})  # job 42 ended
     node.observe(now - 60, {4: (JOB43,)})  # job 43 started
-    node.log(lambda seq: xid_line(seq, node.now_usec(-50), 13, "0000:97:00"))  # job 43's
+    node.observe(now - 45, {4: (JOB43,)})
     node.observe(now - 40, {4: ()})
-    node.log(lambda seq: xid_line(seq, node.now_usec(-30), 13, "0000:97:00"))  # nobody's
+    node.observe(now - 20, {4: ()})
+    node.log(lambda seq: xid_line(seq, node.now_usec(-90), 13, "0000:97:00"))  # job 42's
+    node.log(lambda seq: xid_line(seq, node.now_usec(-50), 13, "0000:97:00"))  # job 43's
+    node.log(lambda seq: xid_line(seq, node.now_usec(-30), 13, "0000:97:00"))  # idle both sides: unknown
+    node.hold({4: ()})
+    node.log(lambda seq: xid_line(seq, node.now_usec(-0.5), 13, "0000:97:00"))  # live: nobody's
     recs = sorted(node.svc.attribution.ledger.records(), key=lambda r: r.time)
-    assert [r.workloads for r in recs] == [(JOB42,), (JOB43,), ()]
+    assert [r.workloads for r in recs] == [(JOB42,), (JOB43,), None, ()]
     assert hits(node.scrape()) == {("4", "13", "42", ""), ("4", "13", "43", "")}
 
 
@@ -261,7 +302,7 @@ def test_the_backlog_at_start_up_is_unknown_never_the_current_workload(tmp_path,
 def test_two_jobs_sharing_a_gpu_both_get_a_series(tmp_path):
     node = Node(tmp_path)
     one_shot(node.ctx)
-    node.observe(time.time() - 10, {2: (JOB42, POD)})
+    node.hold({2: (JOB42, POD)})
     node.log(lambda seq: xid_line(seq, node.now_usec(-1), 48, "0000:75:00"))
     assert hits(node.scrape()) == {("2", "48", "42", ""), ("2", "48", "", "llama-0")}
 
@@ -270,7 +311,7 @@ def test_an_sxid_is_attributed_to_the_workloads_on_every_gpu(tmp_path, caplog):
     node = Node(tmp_path)
     one_shot(node.ctx)
     node.svc.sxid_counter.log_events = True
-    node.observe(time.time() - 10, {0: (JOB42,), 1: (JOB42,), 5: (POD,), 6: ()})
+    node.hold({0: (JOB42,), 1: (JOB42,), 5: (POD,), 6: ()})
     with caplog.at_level(logging.WARNING, "exporter.sxid"):
         node.log(lambda seq: sxid_line(seq, node.now_usec(-1)))
     assert "slurm job 42" in caplog.text and "pod train/llama-0" in caplog.text
@@ -287,7 +328,7 @@ def test_an_ack_clears_the_gpu_and_a_later_event_is_attributed_again(tmp_path):
     one_shot(node.ctx)
     node.svc.start()  # the daemon: the follower thread writes the state files
     try:
-        node.observe(time.time() - 10, {0: (JOB42,), 1: (JOB43,)})
+        node.hold({0: (JOB42,), 1: (JOB43,)})
         node.log(lambda seq: xid_line(seq, node.now_usec(-2), 94))
         node.log(lambda seq: xid_line(seq, node.now_usec(-2), 94, "0000:64:00"))
         assert len(hits(node.scrape())) == 2
@@ -296,7 +337,9 @@ def test_an_ack_clears_the_gpu_and_a_later_event_is_attributed_again(tmp_path):
         other = Node(tmp_path, None)
         assert ack_cmd.run(argparse.Namespace(gpu="0", xid=None), other.ctx) == 0
         assert hits(node.scrape()) == {("1", "94", "43", "")}  # GPU 0's cleared; GPU 1's stay
-        node.observe(time.time(), {0: (JOB43,)})
+        # the ack reached the daemon with its monotonic time: it clears by it, not by the wall clock
+        assert [a.mono is not None and a.mono <= time.monotonic() for a in node.svc.snapshot().acks] == [True]
+        node.hold({0: (JOB43,)})
         node.log(lambda seq: xid_line(seq, node.now_usec(), 95))
         assert hits(node.scrape()) == {("1", "94", "43", ""), ("0", "95", "43", "")}
     finally:
@@ -308,7 +351,7 @@ def test_an_ack_clears_the_gpu_and_a_later_event_is_attributed_again(tmp_path):
 def test_a_restart_keeps_the_attribution_through_the_state_file(tmp_path):
     node = Node(tmp_path)
     one_shot(node.ctx)
-    node.observe(time.time() - 10, {3: (POD,)})
+    node.hold({3: (POD,)})
     node.log(lambda seq: xid_line(seq, node.now_usec(-1), 63, "0000:86:00"))
     node.svc.flush_state(force=True)
     # A new process: the history is empty, the kernel log holds the XID already counted.
@@ -348,13 +391,34 @@ def test_a_bad_state_file_is_refused_with_the_field_named_and_ignored(tmp_path, 
 
 
 # -- check and the Slurm health check ------------------------------------------------------------
+def drain_reason(tmp_path, report: dict) -> str:
+    """The `scontrol update` deploy/slurm/gpu-health-check.sh runs for `report`, check's JSON with
+    exit status 2 (action required), against a fake exporter and scontrol."""
+    rep = tmp_path / "report.json"
+    rep.write_text(json.dumps(report))
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "exporter").write_text(f"#!/bin/sh\ncat {rep}\nexit 2\n")
+    (fake / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'scontrol.log'}\n"
+                                   "[ \"$1\" = show ] && echo '   State=IDLE ThreadsPerCore=2'\nexit 0\n")
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "GPU_HEALTH_EXPORTER": str(fake / "exporter"),
+           "GPU_HEALTH_PYTHON": sys.executable, "SCONTROL": str(fake / "scontrol"),
+           "GPU_HEALTH_HYPERPOD": "no", "GPU_HEALTH_CHECK_CONFIG": "/nonexistent", "SLURMD_NODENAME": "n1"}
+    subprocess.run([str(ROOT / "deploy/slurm/gpu-health-check.sh")], env=env, check=True, timeout=60,
+                   capture_output=True)
+    return (tmp_path / "scontrol.log").read_text().splitlines()[-1]
+
+
 def test_check_and_the_slurm_drain_reason_name_the_job_after_it_ended(tmp_path, capsys):
     node = Node(tmp_path)
     one_shot(node.ctx)
-    node.observe(time.time() - 30, {1: (JOB42,)})
-    node.log(lambda seq: xid_line(seq, node.now_usec(-20), 94, "0000:64:00"))
-    node.observe(time.time() - 10, {1: ()})  # the job died of it; its epilog removed the mapping
-    node.log(lambda seq: xid_line(seq, node.now_usec(-5), 13, "0000:64:00"))  # idle by then
+    node.observe(time.time() - 30, {1: ()})
+    node.hold({1: (JOB42,)})  # job 42 started since the last scrape
+    node.log(lambda seq: xid_line(seq, node.now_usec(-0.5), 94, "0000:64:00"))
+    node.hold({1: ()})  # the job died of it; its epilog removed the mapping
+    node.log(lambda seq: xid_line(seq, node.now_usec(), 13, "0000:64:00"))  # idle by then
     node.svc.flush_state(force=True)
     # `check` in its own process: the state files, the kernel log, NVML (no workload source)
     ctx = Node(tmp_path, None).ctx
@@ -369,21 +433,7 @@ def test_check_and_the_slurm_drain_reason_name_the_job_after_it_ended(tmp_path, 
     assert "XID 13 at" in text and "no workload (the GPU was idle)" in text
 
     # deploy/slurm/gpu-health-check.sh drains with that report (check's exit 2: action required)
-    report = tmp_path / "report.json"
-    report.write_text(json.dumps(doc))
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "exporter").write_text(f"#!/bin/sh\ncat {report}\nexit 2\n")
-    (fake / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'scontrol.log'}\n"
-                                   "[ \"$1\" = show ] && echo '   State=IDLE ThreadsPerCore=2'\nexit 0\n")
-    for f in fake.iterdir():
-        f.chmod(0o755)
-    env = {"PATH": os.environ["PATH"], "GPU_HEALTH_EXPORTER": str(fake / "exporter"),
-           "GPU_HEALTH_PYTHON": sys.executable, "SCONTROL": str(fake / "scontrol"),
-           "GPU_HEALTH_HYPERPOD": "no", "GPU_HEALTH_CHECK_CONFIG": "/nonexistent", "SLURMD_NODENAME": "n1"}
-    subprocess.run([str(ROOT / "deploy/slurm/gpu-health-check.sh")], env=env, check=True, timeout=60,
-                   capture_output=True)
-    update = (tmp_path / "scontrol.log").read_text().splitlines()[-1]
+    update = drain_reason(tmp_path, doc)
     assert update == ("update NodeName=n1 State=DRAIN "
                       "Reason=gpu-health: GPU 1 replace (xid_replace: XID 94; job 42)")
 

@@ -1,10 +1,13 @@
-"""The kubelet kind against a real gRPC server on a unix socket implementing PodResourcesLister
-v1 from the committed .proto: whole GPUs, MIG devices and a non-GPU resource; a kubelet that
-answers Unimplemented, a missing socket, the socket removed and created again (a kubelet
-restart), a kubelet that never answers. And the committed protobuf modules are exactly what
-grpcio-tools makes of the committed .proto."""
+"""The kubelet kind (an h2 client, exporter.workload.grpc_h2) against a real gRPC server (grpcio, a
+test dependency only) on a unix socket implementing PodResourcesLister v1 from the committed .proto:
+whole GPUs, MIG devices, GKE's ids, DRA claims and a non-GPU resource; a kubelet that answers
+Unimplemented, a missing socket, the socket removed and created again (a kubelet restart), a
+kubelet that never answers. And the committed protobuf module is exactly what grpcio-tools makes of
+the committed .proto."""
 
 import filecmp
+import select
+import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +26,7 @@ from exporter.nvml.fake import MIG_DEVICE_UUIDS
 from exporter.runner import Runner
 from exporter.workload import kubelet
 from exporter.workload.model import Workload
-from exporter.workload.podresources import api_pb2, api_pb2_grpc
+from exporter.workload.podresources import api_pb2
 from exporter.workload.source import KubeletKind, from_config
 from tests.helpers import ROOT, samples, scrape, value
 from tests.test_workload_sources import fake_p5
@@ -32,35 +35,53 @@ from tests.test_xid_service import make_ctx
 PROTO_DIR = ROOT / "exporter/workload/podresources"
 
 
-class Lister(api_pb2_grpc.PodResourcesListerServicer):
-    """Lists `pods`: [(namespace, pod, container, resource, [device ids])]; with `hang` set,
-    List waits on it (a kubelet that never answers)."""
+class Lister:
+    """Lists `pods`: [(namespace, pod, container, resource, [device ids])], and `claims`:
+    [(namespace, pod, container, claim, [(driver, pool, device, [CDI names])])]; with `hang` set,
+    List waits on it (a kubelet that never answers). `raw` (bytes) is answered as it is."""
 
-    def __init__(self, pods, hang=None):
-        self.pods, self.hang, self.calls = pods, hang, 0
+    def __init__(self, pods, hang=None, claims=(), raw=None):
+        self.pods, self.hang, self.claims, self.raw, self.calls = pods, hang, claims, raw, 0
+
+    def response(self):
+        resp = api_pb2.ListPodResourcesResponse()
+        for ns, pod, container, resource, ids in self.pods:
+            p = resp.pod_resources.add(name=pod, namespace=ns)
+            p.containers.add(name=container).devices.add(resource_name=resource, device_ids=ids)
+        for ns, pod, container, claim, devices in self.claims:
+            c = resp.pod_resources.add(name=pod, namespace=ns).containers.add(name=container)
+            d = c.dynamic_resources.add(claim_name=claim, claim_namespace=ns)
+            for driver, pool, device, cdi in devices:
+                r = d.claim_resources.add(driver_name=driver, pool_name=pool, device_name=device)
+                for name in cdi:
+                    r.cdi_devices.add(name=name)
+        return resp.SerializeToString()
 
     def List(self, request, context):  # noqa: N802 - the RPC's name
         self.calls += 1
         if self.hang is not None:
             self.hang.wait(30)
-        resp = api_pb2.ListPodResourcesResponse()
-        for ns, pod, container, resource, ids in self.pods:
-            p = resp.pod_resources.add(name=pod, namespace=ns)
-            p.containers.add(name=container).devices.add(resource_name=resource, device_ids=ids)
-        return resp
+        return self.raw if self.raw is not None else self.response()
 
 
 def serve(path, servicer):
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    """A grpcio server of PodResourcesLister/List on a unix socket (no handler with servicer None:
+    grpc answers UNIMPLEMENTED, as a kubelet without v1 List does)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
+                         options=[("grpc.max_send_message_length", -1)])
     if servicer is not None:
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
+        handler = grpc.unary_unary_rpc_method_handler(
+            servicer.List, request_deserializer=api_pb2.ListPodResourcesRequest.FromString,
+            response_serializer=lambda b: b)
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "v1.PodResourcesLister", {"List": handler})])
     server.add_insecure_port(f"unix://{path}")
     server.start()
     return server
 
 
-class Unimplemented(api_pb2_grpc.PodResourcesListerServicer):
-    pass  # the generated base answers UNIMPLEMENTED, as a kubelet without v1 List does
+def Unimplemented():  # noqa: N802 - reads as the servicer it stands for
+    return None
 
 
 @pytest.fixture
@@ -187,16 +208,17 @@ def test_the_collector_over_a_real_socket(node, tmp_path):
 
 
 def test_the_committed_protobuf_modules_are_generated_from_the_committed_proto(tmp_path):
-    """grpcio-tools (a test dependency only) regenerates them; any difference fails."""
+    """grpcio-tools (a test dependency only) regenerates it; any difference fails."""
     rel = "exporter/workload/podresources/api.proto"
     out = tmp_path / "gen"
     out.mkdir()
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", str(ROOT), f"--python_out={out}",
-                    f"--grpc_python_out={out}", str(ROOT / rel)], check=True, timeout=120)
-    for name in ("api_pb2.py", "api_pb2_grpc.py"):
-        assert filecmp.cmp(out / "exporter/workload/podresources" / name, PROTO_DIR / name, shallow=False), (
-            f"{name} differs from what grpc_tools.protoc makes of api.proto: regenerate it with "
-            f"`python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. {rel}`")
+                    str(ROOT / rel)], check=True, timeout=120)
+    assert sorted(p.name for p in PROTO_DIR.glob("*_pb2*.py")) == ["api_pb2.py"]
+    assert filecmp.cmp(out / "exporter/workload/podresources/api_pb2.py", PROTO_DIR / "api_pb2.py",
+                       shallow=False), (
+        "api_pb2.py differs from what grpc_tools.protoc makes of api.proto: regenerate it with "
+        f"`python -m grpc_tools.protoc -I. --python_out=. {rel}`")
 
 
 @settings(max_examples=200, derandomize=True)
@@ -226,3 +248,141 @@ def test_a_silent_kubelet_never_holds_up_the_gpu_reading(node, tmp_path):
     finally:
         gate.set()
         runner.close()
+
+
+def test_gke_device_ids_match_their_gpu(node):
+    """GKE's plugin names a GPU by its device node, nvidia<minor>, a MIG GPU instance
+    nvidia<minor>/gi<G> and a time-sharing share .../vgpu<K> (container-engine-accelerators)."""
+    _, session, sock, servers = node
+    gpus = session.devices
+    servers.append(serve(sock, Lister([
+        ("ml", "a", "main", "nvidia.com/gpu", ["nvidia1/vgpu0"]),
+        ("ml", "b", "main", "nvidia.com/gpu", ["nvidia3/gi1"]),
+        ("ml", "c", "main", "nvidia.com/gpu", ["nvidia3/gi2/vgpu0"]),
+        ("ml", "d", "main", "nvidia.com/gpu", ["nvidia6"]),
+    ])))
+    out, problems = kind(session, sock).read(gpus)
+    assert problems == []
+    assert {g.index: out[g.uuid] for g in gpus if out[g.uuid]} == {
+        1: (pod("a"),), 3: (pod("b"), pod("c")), 6: (pod("d"),)}
+
+
+def test_dra_claimed_gpus_are_their_pods_workloads(node):
+    """pod-resources' dynamic_resources (Kubernetes 1.34+): NVIDIA's DRA driver (gpu.nvidia.com)
+    names devices gpu-<minor> and gpu-<minor>-mig-<profile>-<start>-<size>, with CDI names
+    k8s.gpu.nvidia.com/device=<name> and k8s.gpu.nvidia.com/claim=<claim UID>-<name>."""
+    _, session, sock, servers = node
+    gpus = session.devices
+    uid = "0b5c7f2e-1d3a-4e5f-8a9b-0c1d2e3f4a5b"
+    nv = "gpu.nvidia.com"
+    servers.append(serve(sock, Lister([("ml", "a", "main", "nvidia.com/gpu", [gpus[0].uuid])], claims=[
+        ("ml", "train", "main", "gpus", [(nv, "node-1", "gpu-2", ["k8s.gpu.nvidia.com/device=gpu-2"]),
+                                        (nv, "node-1", "gpu-3", [])]),
+        ("ml", "mig", "main", "mig", [(nv, "node-1", "gpu-4-mig-9-4-4", [])]),
+        ("ml", "cdi", "main", "c", [(nv, "node-1", "", [f"k8s.gpu.nvidia.com/claim={uid}-gpu-5"])]),
+        ("ml", "uuid", "main", "u", [(nv, "node-1", "", [f"nvidia.com/gpu={gpus[6].uuid}"])]),
+        ("ml", "vm", "main", "v", [(nv, "node-1", "gpu-vfio-0", [])]),  # not an NVML GPU
+        ("ml", "nic", "main", "n", [("dra.net", "node-1", "eth1", [])]),  # another driver: not a GPU
+    ])))
+    out, problems = kind(session, sock).read(gpus)
+    assert problems == []
+    assert {g.index: out[g.uuid] for g in gpus} == {
+        0: (pod("a"),), 1: (), 2: (pod("train"),), 3: (pod("train"),), 4: (pod("mig"),), 5: (pod("cdi"),),
+        6: (pod("uuid"),), 7: ()}
+
+
+def test_a_dra_device_matching_no_gpu_is_a_problem_and_no_gpu_is_called_idle(node):
+    _, session, sock, servers = node
+    gpus = session.devices
+    servers.append(serve(sock, Lister([("ml", "a", "main", "nvidia.com/gpu", [gpus[0].uuid])], claims=[
+        ("ml", "x", "main", "gpus", [("gpu.nvidia.com", "node-1", "gpu-99", [])])])))
+    out, problems = kind(session, sock).read(gpus)
+    assert out == {gpus[0].uuid: (pod("a"),)}
+    assert "gpu-99" in problems[0] and "claim ml/gpus" in problems[0] and "ml/x" in problems[0]
+
+
+def test_dra_drivers_are_configurable(node):
+    _, session, sock, servers = node
+    gpus = session.devices
+    servers.append(serve(sock, Lister([], claims=[
+        ("ml", "x", "main", "gpus", [("gpu.example.com", "p", "gpu-1", [])])])))
+    assert kind(session, sock).read(gpus)[0][gpus[1].uuid] == ()
+    k = KubeletKind(session, str(sock), kubelet.DEFAULT_RESOURCES, 2.0, ["gpu.example.com"])
+    assert k.read(gpus)[0][gpus[1].uuid] == (pod("x"),)
+
+
+def test_the_connection_is_kept_and_made_again_when_the_kubelet_closes_it(node):
+    """The client keeps its HTTP/2 connection between readings; a kubelet that closes an idle
+    connection (here grpc's max_connection_idle: a GOAWAY) costs no reading: the call that finds
+    it closed is made again on a new connection."""
+    _, session, sock, servers = node
+    gpus = session.devices
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2),
+                         options=[("grpc.max_connection_idle_ms", 200)])
+    lister = Lister([("ml", "a", "main", "nvidia.com/gpu", [gpus[0].uuid])])
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
+        "List": grpc.unary_unary_rpc_method_handler(lister.List, response_serializer=lambda b: b)})])
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+    servers.append(server)
+    client = kubelet.KubeletClient(str(sock), 2.0)
+    assert [d.device_id for d in client.list().devices] == [gpus[0].uuid]
+    first = client._channel._sock
+    assert [d.device_id for d in client.list().devices] == [gpus[0].uuid]
+    assert client._channel._sock is first  # kept
+    # wait until the server's GOAWAY for the idle connection is in the socket, unread
+    deadline = time.monotonic() + 20
+    while not goaway_pending(first):
+        assert time.monotonic() < deadline, "no GOAWAY within 20 s"
+        select.select([], [], [], 0.02)
+    assert [d.device_id for d in client.list().devices] == [gpus[0].uuid]
+    assert client._channel._sock is not first and lister.calls == 3
+    client.close()
+
+
+def goaway_pending(sock) -> bool:
+    """Whether the frames waiting unread in `sock` hold an HTTP/2 GOAWAY (frame type 7)."""
+    if not select.select([sock], [], [], 0)[0]:
+        return False
+    data = sock.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    i = 0
+    while i + 9 <= len(data):
+        if data[i + 3] == 7:
+            return True
+        i += 9 + int.from_bytes(data[i:i + 3], "big")
+    return False
+
+
+@settings(max_examples=200, derandomize=True)
+@given(st.text(max_size=60), st.lists(st.text(max_size=80), max_size=3))
+def test_no_dra_device_makes_matching_raise_or_find_a_gpu_that_is_not_there(device, cdi):
+    gpus = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(8)]
+    index = kubelet.GpuIndex({u.lower(): u for u in gpus}, dict(enumerate(gpus)), dict(enumerate(gpus)), {})
+    found = index.find_claim(kubelet.ClaimDevice("ns", "p", "c", "ns/claim", "gpu.nvidia.com", "pool", device,
+                                                 tuple(cdi)))
+    assert found is None or found <= set(gpus)
+
+
+def test_every_documented_device_id_shape_finds_its_gpu():
+    gpus = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(8)]
+    minors = {10 + i: u for i, u in enumerate(gpus)}  # minor numbers differ from NVML indexes here
+    mig = "MIG-aaaaaaaa-0000-0000-0000-000000000000"
+    index = kubelet.GpuIndex({u.lower(): u for u in gpus}, minors, dict(enumerate(gpus)),
+                             {mig.lower(): gpus[4]})
+    cases = {gpus[1]: 1, f"{gpus[2]}::3": 2, mig: 4, f"{mig}::7": 4, f"MIG-{gpus[5]}/1/0": 5, "6": 6,
+             "7:1": 7, "nvidia10": 0, "nvidia11/vgpu0": 1, "nvidia13/gi1": 3, "nvidia13/gi2/vgpu0": 3}
+    assert {d: gpus.index(index.find(d)) for d in cases} == cases
+
+    def claim(device, *cdi):
+        return kubelet.ClaimDevice("ns", "p", "c", "ns/x", "gpu.nvidia.com", "pool", device, cdi)
+
+    uid = "0b5c7f2e-1d3a-4e5f-8a9b-0c1d2e3f4a5b"
+    assert index.find_claim(claim("gpu-12")) == {gpus[2]}
+    assert index.find_claim(claim("gpu-13-mig-19-0-1")) == {gpus[3]}
+    assert index.find_claim(claim("", "k8s.gpu.nvidia.com/device=gpu-14")) == {gpus[4]}
+    assert index.find_claim(claim("", f"k8s.gpu.nvidia.com/claim={uid}-gpu-15")) == {gpus[5]}
+    assert index.find_claim(claim("", f"nvidia.com/gpu={gpus[6]}", "nvidia.com/gpu=7")) == {gpus[6], gpus[7]}
+    assert index.find_claim(claim("", "nvidia.com/gpu=all")) == set(gpus)
+    assert index.find_claim(claim("gpu-vfio-0")) == set()
+    assert index.find_claim(claim("gpu-3")) is None  # minor 3 is no GPU here
+    assert index.find_claim(claim("")) is None

@@ -67,27 +67,28 @@ def test_a_missing_directory_means_no_job(tmp_path):
     assert problems == [] and out == {u: () for u in U}
 
 
-def test_a_bad_file_leaves_its_gpu_unobserved_and_names_itself(tmp_path):
-    (tmp_path / "1").write_text("1001\nrm -rf /\n")
+def test_a_bad_line_is_dropped_and_named_by_its_number_the_file_kept(tmp_path):
+    (tmp_path / "1").write_text("1001\n4\x002\n" + "7" * 300 + "\n1002\n")
+    (tmp_path / "2").write_text("\x1b[2J\n")  # nothing usable: GPU 2 holds something unknown
     (tmp_path / "9").write_text("1005\n")  # no GPU 9 on this node
     out, problems = slurm_mapping.by_uuid(slurm_mapping.read_dir(str(tmp_path)), GPUS)
-    assert U[1] not in out and out[U[0]] == ()
-    assert any(str(tmp_path / "1") in p and "line 2" in p for p in problems)
+    assert out[U[1]] == (job("1001"), job("1002")) and U[2] not in out and out[U[0]] == ()
+    assert any(str(tmp_path / "1") in p and "line(s) 2, 3" in p for p in problems)
+    assert not any("777" in p or "\x1b" in p for p in problems)  # the line's number, never its text
     assert any("GPU 9" in p for p in problems)
 
 
 def test_array_and_heterogeneous_job_ids_are_ids():
-    assert slurm_mapping.parse_jobs("123_4\n77+1\n 9 \n", "f") == ["123_4", "77+1", "9"]
+    assert slurm_mapping.parse_jobs(b"123_4\n77+1\n 9 \r\n").jobs == ["123_4", "77+1", "9"]
 
 
 @settings(max_examples=200, derandomize=True)
-@given(st.text(max_size=200))
-def test_no_text_makes_the_parser_raise_anything_but_a_mapping_error(text):
-    try:
-        jobs = slurm_mapping.parse_jobs(text, "f")
-    except slurm_mapping.MappingError:
-        return
-    assert all(slurm_mapping.JOB_ID.fullmatch(j) for j in jobs)
+@given(st.binary(max_size=400))
+def test_no_bytes_make_the_parser_raise_or_keep_an_id_that_cannot_be_a_label(data):
+    parsed = slurm_mapping.parse_jobs(data)
+    assert len(parsed.jobs) <= slurm_mapping.MAX_JOBS_PER_FILE
+    assert all(j and j.isprintable() and len(j) <= slurm_mapping.MAX_JOB_ID_CHARS and j == j.strip()
+               for j in parsed.jobs)
 
 
 # --- cgroups of NVML's processes --------------------------------------------------------------
@@ -96,7 +97,7 @@ V2 = "0::/system.slice/slurmstepd.scope/job_{j}/step_0/user/task_0\n"
 V2_MULTI = "0::/system.slice/node-7_slurmstepd.scope/job_{j}/step_batch/slurm\n"
 V1 = ("12:pids:/slurm/uid_1000/job_{j}/step_0/task_0\n11:devices:/slurm/uid_1000/job_{j}/step_0\n"
       "1:name=systemd:/system.slice/slurmd.service\n")
-V1_PREPEND = "4:memory:/cluster7/uid_0/job_{j}/step_extern\n"
+V1_PREPEND = "4:memory:/cluster7/uid_0/job_{j}/step_extern\n"  # CgroupPrepend=/cluster7, configured
 NOT_A_JOB = ["0::/system.slice/sshd.service\n", "0::/kubepods/pod1234/abc\n",
              "0::/system.slice/slurmstepd.scope/system\n", "0::/user.slice/job_12/x\n"]
 
@@ -108,9 +109,14 @@ def test_no_cgroup_text_makes_the_parser_raise_or_invent_a_non_numeric_job(text)
     assert job is None or (job.isascii() and job.isdigit())
 
 
-@pytest.mark.parametrize("shape", [V2, V2_MULTI, V1, V1_PREPEND])
+@pytest.mark.parametrize("shape", [V2, V2_MULTI, V1])
 def test_the_job_of_a_cgroup_in_each_shape(shape):
     assert slurm_cgroup.parse_cgroup(shape.format(j=4242)) == "4242"
+
+
+def test_another_cgroup_root_counts_once_configured():
+    assert slurm_cgroup.parse_cgroup(V1_PREPEND.format(j=4242)) is None
+    assert slurm_cgroup.parse_cgroup(V1_PREPEND.format(j=4242), ["/cluster7"]) == "4242"
 
 
 @pytest.mark.parametrize("text", NOT_A_JOB)
@@ -306,7 +312,7 @@ def test_a_broken_kind_fails_the_collector_with_its_reason(tmp_path):
 def test_a_partly_bad_directory_marks_the_source_and_keeps_the_rest(tmp_path):
     d = tmp_path / "map"
     d.mkdir()
-    (d / "1").write_text("not a job\n")
+    (d / "1").write_text("not\ta job\n")  # a control character: not an id
     (d / "2").write_text("7\n")
     _, _, ctx = collector_ctx(tmp_path, slurm_job_mapping_dir=str(d))
     runner = Runner([WorkloadCollector(ctx)], deadline_s=5)

@@ -4,7 +4,7 @@ The wrappers: deploy/slurm/gpu-health-check.sh (as the health check and as a pro
 fenced block marked ```` ```sh wrapper ```` in README.md and docs/*.md (the convention:
 tests/doc_blocks.py, docs/design.md). Each runs with a fake `scontrol` that records what it is
 asked and the real `gpu-health-exporter check` (this checkout) given one of three faults: a
-configuration error and a kernel log of `dmesg -T` output (tool errors: no drain), and XID 63 on
+configuration error and a kernel log with an XID line it cannot read (tool errors: no drain), and XID 63 on
 a simulated p5 (action required: a drain, so the test can see one). "Drained" is a `scontrol
 update` to DRAIN, FAIL or DOWN, or a non-zero exit (a prolog's non-zero exit drains the node).
 """
@@ -24,8 +24,8 @@ from tests.doc_blocks import ROOT, fenced_blocks
 from tests.helpers import NETGUARD
 
 SCRIPT = ROOT / "deploy" / "slurm" / "gpu-health-check.sh"
-DMESG_T = ("[Fri Nov 27 10:14:09 2026] NVRM: Xid (PCI:0000:53:00): 94, pid=4121, name=python3, Contained: "
-           "CE User Channel (0x9). RST: No, D-RST: No\n") * 3
+# An XID line cut off inside its report: `check` cannot say what it was (exit 3, never 0)
+DMESG_T = "[Fri Nov 27 10:14:09 2026] NVRM: Xid (PCI:0000:53:0\n" * 3
 
 
 def wrappers() -> dict[str, list[str]]:
@@ -93,3 +93,15 @@ def test_a_wrapper_drains_on_action_required_and_never_on_a_tool_error(tmp_path,
         work.mkdir()
         drained, what = run(argv, work, args)
         assert drained == fault.startswith("xid 63"), (name, fault, what)
+
+
+@pytest.mark.parametrize(("argv", "drains"), [([str(SCRIPT)], False), ([str(SCRIPT), "--prolog"], True)])
+def test_a_gpu_that_does_not_answer_fails_the_prolog_and_is_logged_with_its_problem(tmp_path, argv, drains):
+    """Issue 37: check answers 3 (unknown) for a GPU whose NVML calls hang. The prolog fails (Slurm
+    drains and requeues: no job starts on it); the health check logs check's problem, not the
+    first 300 characters of the JSON (the node header)."""
+    drained, what = run(argv, tmp_path, f"--simulate p5.48xlarge --scenario gpu-nvml-hang "
+                                        f"--path.state-dir {tmp_path / 'state'}")
+    assert drained == drains, what
+    assert "GPU 3" in what and "did not answer" in what, what
+    assert "update" not in what.split("stderr")[0].split("scontrol:")[1]  # never a drain by scontrol itself

@@ -65,7 +65,27 @@ def test_node_verdict_takes_the_worst_and_adds_node_reasons():
     healthy = node_verdict([GpuVerdict("0", "u", "p")], NodeGpuHealth(count=8, expected=None), 8)
     assert (healthy.verdict, healthy.reasons, healthy.expected_gpus) == ("healthy", [], 8)
     no_nvml = node_verdict([], NodeGpuHealth(count=0, nvml_error="NVML could not be initialised"), 8)
-    assert (no_nvml.verdict, no_nvml.reasons) == ("degraded", ["nvml_unavailable"])
+    assert (no_nvml.verdict, no_nvml.reasons) == ("unknown", ["nvml_unavailable"])  # never healthy
+
+
+def test_a_gpu_that_does_not_answer_is_unknown_then_reboot_required():
+    """Issue 37: the GPU's reads overran the deadline (unanswered_s set) or failed (read_ok off)."""
+    from exporter.xid.verdict import UNRESPONSIVE_S, GpuInput, judge
+
+    hung = GpuHealth(3, "u", "p", unanswered_s=0.0)
+    assert gpu_reasons(hung, [], False) == ["gpu_not_answering"]
+    long = GpuHealth(3, "u", "p", unanswered_s=UNRESPONSIVE_S)
+    assert gpu_reasons(long, [], False) == ["gpu_unresponsive"]
+    assert gpu_reasons(GpuHealth(3, "u", "p", unanswered_s=5.0), [], False, unresponsive_s=2.0) == \
+        ["gpu_unresponsive"]
+    assert gpu_reasons(GpuHealth(3, "u", "p", read_ok=False), [], False) == ["gpu_not_read"]
+    assert gpu_reasons(GpuHealth(3, "u", "p", lost=True, read_ok=False), [], False) == ["gpu_lost"]
+    nv = judge([GpuInput("3", "u", "p", hung, []), GpuInput("0", "u0", "p0", GpuHealth(0, "u0", "p0"), [])],
+               NodeGpuHealth(count=8, expected=8), 8)
+    assert nv.verdict == "unknown" and [g.verdict for g in nv.gpus] == ["healthy", "unknown"]
+    # what could be read and says "act" wins over unknown
+    assert worst(["unknown", "reset_required"]) == "reset_required"
+    assert worst(["degraded", "unknown"]) == "unknown"
 
 
 def test_reason_set_is_bounded_and_levels_are_verdicts():

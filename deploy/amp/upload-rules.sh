@@ -14,14 +14,14 @@ aws=${AWS:-aws}
 shopt -s nullglob
 files=("$rules_dir"/*.yml)
 [ ${#files[@]} -gt 0 ] || { echo "no rule files in $rules_dir" >&2; exit 1; }
-for f in "${files[@]}"; do
+for f in ${files[@]+"${files[@]}"}; do
   name="gpu-health-exporter-$(basename "$f" .yml)"
-  if "$aws" amp describe-rule-groups-namespace "${region[@]}" --workspace-id "$ws" --name "$name" \
+  if "$aws" amp describe-rule-groups-namespace ${region[@]+"${region[@]}"} --workspace-id "$ws" --name "$name" \
        >/dev/null 2>&1; then
     verb=put-rule-groups-namespace
   else
     verb=create-rule-groups-namespace
   fi
-  "$aws" amp "$verb" "${region[@]}" --workspace-id "$ws" --name "$name" --data "fileb://$f" >/dev/null
+  "$aws" amp "$verb" ${region[@]+"${region[@]}"} --workspace-id "$ws" --name "$name" --data "fileb://$f" >/dev/null
   echo "$verb $name <- $f"
 done

@@ -10,7 +10,7 @@ args=(-N -h -o '%N %o')
 [ -n "${2:-}" ] && args+=(-p "$2")
 tmp=$(mktemp "$(dirname "$out")/.slurm-targets.XXXXXX")
 trap 'rm -f "$tmp"' EXIT
-sinfo "${args[@]}" | sort -u | awk -v port="$port" '
+sinfo ${args[@]+"${args[@]}"} | sort -u | awk -v port="$port" '
   BEGIN { printf "[" }
   NF == 2 { printf "%s\n  {\"targets\": [\"%s:%s\"], \"labels\": {\"instance\": \"%s\"}}", sep, $2, port, $1; sep = "," }
   END { print "\n]" }' >"$tmp"

@@ -10,12 +10,21 @@
 #   0 healthy, 1 degraded      nothing (degraded is an alert, not a drain)
 #   2 action required          drain the node with a reason naming the GPUs and the cause:
 #                                "gpu-health: GPU 1 replace (xid_replace: XID 94)"
-#                              and the Slurm jobs or pods the faults hit, as `check` recorded them
-#                              (kept after the job died of it): "... XID 94; job 4242)"
+#                              and the Slurm jobs or pods the faults behind that reason hit (the
+#                              XIDs of the verdict's tiers, or the SXids of a node reason), as
+#                              `check` recorded them (kept after the job died of it):
+#                              "... XID 94; job 4242)"; never the workloads of another XID (an
+#                              application's XID 13) when the verdict's reason is something else.
+#                              The reason is printable single-line text (no control characters,
+#                              no U+2028 line separators), at most 200 characters
 #                              on HyperPod Slurm instead state FAIL with the reason its auto-resume acts
 #                              on, "Action:Replace" or "Action:Reboot" (a GPU reset is done by a reboot
 #                              there); the details go to syslog (tag gpu-health-check)
-#   3 could not check, or the check failed or timed out: never drains (logged)
+#   3 could not check, or the check failed or timed out: never drains (logged, with check's
+#                              problems); but a GPU that does not answer NVML (reason
+#                              gpu_not_answering: a fault of the node, not of the tool) fails a
+#                              prolog (exit 1: Slurm drains the node and requeues the job), so no job
+#                              starts on it; as a health check it is logged (the daemon pages if it lasts)
 # A node already drained, failed or down is left as it is (its reason is not overwritten).
 # As a prolog (--prolog) it exits 1 after draining, so Slurm requeues the job; otherwise 0.
 # Settings (all optional) in /etc/default/gpu-health-check or the file GPU_HEALTH_CHECK_CONFIG names:
@@ -42,6 +51,26 @@ prolog=no
 log() { logger -t gpu-health-check -- "$node: $*" 2>/dev/null; echo "gpu-health-check: $node: $*" >&2; }
 done_ok() { exit 0; }
 
+# Exit 3: log check's problems (not the JSON's first bytes, which are only the node header); a prolog
+# fails when a GPU does not answer NVML.
+unknown() {
+  local why hung
+  why=$(printf '%s' "$report" | "$python" -c '
+import json, sys
+d = json.load(sys.stdin)
+hung = [str(g["gpu"]) for g in d.get("gpus", []) if "gpu_not_answering" in g.get("reasons", [])]
+print(",".join(hung) or "-", "; ".join(d.get("problems", [])) or "no reason given")
+' 2>/dev/null) || why="- $(printf '%s' "$report" | tr -d '\n' | head -c 300)"
+  hung=${why%% *}
+  why=${why#* }
+  if [ "$hung" != - ] && [ "$prolog" = yes ]; then
+    log "GPU(s) $hung do not answer NVML: failing the prolog (Slurm drains the node and requeues the job): $(printf '%s' "$why" | head -c 400)"
+    exit 1
+  fi
+  log "could not check (not draining): $(printf '%s' "$why" | head -c 400)"
+  done_ok
+}
+
 if [ "$hyperpod" = auto ]; then
   if [ -e /opt/ml/config/resource_config.json ]; then hyperpod=yes; else hyperpod=no; fi
 fi
@@ -53,7 +82,7 @@ case $status in
   0) done_ok ;;
   1) log "degraded (not draining): $(printf '%s' "$report" | head -c 300 | tr '\n' ' ')"; done_ok ;;
   2) ;;
-  3) log "could not check (not draining): $(printf '%s' "$report" | tr -d '\n' | head -c 300)"; done_ok ;;
+  3) unknown ;;
   124) log "check timed out after ${timeout_s}s (not draining)"; done_ok ;;
   *) log "check failed with exit status $status (not draining)"; done_ok ;;
 esac
@@ -65,8 +94,10 @@ import json, sys
 rank = {"replace_required": 3, "reboot_required": 2, "reset_required": 1}
 d = json.load(sys.stdin)
 node = d["node"]
+def line(text):  # printable single-line text: a reason goes to scontrol, syslog and a log line
+    return "".join(c if c.isprintable() else " " for c in str(text))
 if node["verdict"] == "unknown":  # nothing was checked (older exporters exited 2 on a bad config)
-    print("none", "; ".join(d.get("problems", []))[:200])
+    print("none", line("; ".join(d.get("problems", [])))[:200])
     sys.exit()
 def hit(events):  # the workloads the faults hit, as check recorded them: "job 42", "pod ns/name"
     names = []
@@ -85,14 +116,17 @@ for g in d["gpus"]:
     xids = sorted({x["xid"] for x in g["xids"]
                    if x["tier"] in ("replace", "reboot", "reset") and not x["acknowledged"]})
     cause = ",".join(g["reasons"]) + (": XID " + ",".join(map(str, xids)) if xids else "")
-    events = [e for e in g.get("workloads_hit", []) if e["event"] == "xid"]
-    cause += hit([e for e in events if e["xid"] in xids] or events)
+    # only the events behind this verdict: its XIDs (none when the reason is not an XID)
+    cause += hit([e for e in g.get("workloads_hit", []) if e["event"] == "xid" and e["xid"] in xids])
     parts.append("GPU %s %s (%s)" % (g["gpu"], g["verdict"].replace("_required", ""), cause))
 if not parts:  # a node-level cause, e.g. fewer GPUs than the instance type has, an NVSwitch SXid
+    sxids = {x["sxid"] for x in d.get("nvswitch_sxids", []) if x["tier"] in ("replace", "reboot")} \
+        if any(r.startswith("sxid_") for r in node["reasons"]) else set()
     parts.append("node %s (%s; GPUs %s/%s%s)" % (node["verdict"].replace("_required", ""),
                  ",".join(node["reasons"]), node["gpu_count"], node["expected_gpus"],
-                 hit([e for g in d["gpus"] for e in g.get("workloads_hit", []) if e["event"] == "sxid"])))
-print({3: "replace", 2: "reboot"}.get(worst, "reset"), "gpu-health: " + "; ".join(parts)[:200])
+                 hit([e for g in d["gpus"] for e in g.get("workloads_hit", [])
+                      if e["event"] == "sxid" and e["sxid"] in sxids])))
+print({3: "replace", 2: "reboot"}.get(worst, "reset"), line("gpu-health: " + "; ".join(parts))[:200])
 ' 2>/dev/null)
 if [ -z "$summary" ]; then
   log "action required but the report could not be read (not draining)"

@@ -7,14 +7,15 @@
 # What it does (docs/deploy.md, "HyperPod Slurm"):
 #   1. a venv at /opt/gpu-health-exporter with the wheel; the runbooks at
 #      /usr/share/doc/gpu-health-exporter/runbooks.html; the systemd unit; the config; the job
-#      mapping prolog/epilog in /opt/gpu-health-exporter/slurm/ when DIR has them (not wired in);
+#      mapping prolog/epilog in /opt/gpu-health-exporter/slurm/ when DIR has them (not wired in), and
+#      its directory made at boot (tmpfiles.conf, when DIR has it);
 #   2. the health check at /opt/gpu-health-exporter/slurm/gpu-health-check.sh (HyperPod mode is
 #      detected from /opt/ml/config/resource_config.json: drains become state FAIL with the reason
 #      Action:Replace / Action:Reboot that HyperPod's auto-resume acts on);
 #   3. on the controller only: HealthCheckProgram/Interval in slurm.conf unless one is set already,
 #      then `scontrol reconfigure`.
 set -euo pipefail
-src=${1:?usage: hyperpod-lifecycle.sh DIR (holding the wheel, gpu-health-exporter.service, gpu-health-check.sh, config.yaml, and optionally job-mapping.sh, prolog.sh, epilog.sh)}
+src=${1:?usage: hyperpod-lifecycle.sh DIR (holding the wheel, gpu-health-exporter.service, gpu-health-check.sh, config.yaml, and optionally job-mapping.sh, prolog.sh, epilog.sh, tmpfiles.conf)}
 prefix=/opt/gpu-health-exporter
 slurm_conf=${SLURM_CONF:-/opt/slurm/etc/slurm.conf}
 
@@ -30,6 +31,12 @@ install -m 0755 "$src/gpu-health-check.sh" "$prefix/slurm/gpu-health-check.sh"
 for f in job-mapping.sh prolog.sh epilog.sh; do
   if [ -e "$src/$f" ]; then install -m 0755 "$src/$f" "$prefix/slurm/$f"; fi
 done
+# The mapping directory from boot, so a node no job has run on yet reads "no job", not "directory
+# missing" (workload.slurm_job_mapping_missing_seconds).
+if [ -e "$src/tmpfiles.conf" ]; then
+  install -m 0644 "$src/tmpfiles.conf" /etc/tmpfiles.d/gpu-health-exporter-job-mapping.conf
+  systemd-tmpfiles --create /etc/tmpfiles.d/gpu-health-exporter-job-mapping.conf || true
+fi
 install -m 0644 "$src/gpu-health-exporter.service" /etc/systemd/system/
 systemctl daemon-reload
 systemctl enable --now gpu-health-exporter

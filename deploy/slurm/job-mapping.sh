@@ -1,8 +1,14 @@
 #!/bin/bash
 # gpu-health-exporter: keep the Slurm job mapping directory (dcgm-exporter's format, the one AWS's
 # HyperPod lifecycle scripts write) that the exporter reads with workload.slurm_job_mapping_dir:
-# one file per GPU index, /run/slurm/dcgm_job_mapping/<index>, holding the ids of the jobs on that
-# GPU, one a line. docs/deploy.md, "Workloads", says how to install it.
+# one file per GPU, /run/slurm/dcgm_job_mapping/<index>, holding the ids of the jobs on that GPU,
+# one a line. docs/deploy.md, "Workloads", says how to install it.
+#
+# GPU_HEALTH_JOB_MAPPING_NAMES picks the file names:
+#   index (default)  the NVML indexes of SLURM_JOB_GPUS: <dir>/2 (what dcgm-exporter reads)
+#   uuid             the GPU and MIG UUIDs of CUDA_VISIBLE_DEVICES, as Slurm 25.11 sets it:
+#                    <dir>/GPU-<uuid>, <dir>/MIG-<uuid> (the exporter reads both forms)
+#   both             each of the two
 #
 #   job-mapping.sh add      from the Prolog (prolog.sh):  SLURM_JOB_ID's line into each of SLURM_JOB_GPUS
 #   job-mapping.sh remove   from the Epilog (epilog.sh):  that line out of every GPU's file (whatever
@@ -17,12 +23,18 @@
 # It never fails the job: a Prolog or Epilog that exits non-zero drains the node, which a lost
 # bookkeeping line does not deserve. Problems go to stderr and syslog (tag gpu-health-exporter).
 # GPU_HEALTH_JOB_MAPPING_DIR overrides the directory.
+#
+# Bash 4.2 (Amazon Linux 2) and later: an empty array is never expanded as "${a[@]}" under set -u
+# (before 4.4 that is an unbound-variable error, which would fail the Epilog and drain the node) but
+# as ${a[@]+"${a[@]}"}; tests/test_shell_scripts.py rejects the construct in every script.
 set -uo pipefail
 
 action=${1:-}
 dir=${GPU_HEALTH_JOB_MAPPING_DIR:-/run/slurm/dcgm_job_mapping}
 job=${SLURM_JOB_ID:-}
 gpus=${SLURM_JOB_GPUS:-}
+visible=${CUDA_VISIBLE_DEVICES:-}
+names=${GPU_HEALTH_JOB_MAPPING_NAMES:-index}
 
 say() {
   echo "gpu-health-exporter job-mapping: $*" >&2
@@ -41,6 +53,19 @@ indexes() {
       echo "$((10#$part))"
     else
       say "job $job: SLURM_JOB_GPUS part '$part' is not a GPU index; skipped"
+    fi
+  done
+}
+
+# GPU-<uuid>,MIG-<uuid> -> one a line (entries of CUDA_VISIBLE_DEVICES that are not UUIDs are skipped)
+uuids() {
+  local part
+  local IFS=,
+  for part in $1; do
+    if [[ $part =~ ^(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]{6,62}[0-9A-Fa-f]$ ]]; then
+      echo "$part"
+    elif [[ -n $part ]]; then
+      say "job $job: CUDA_VISIBLE_DEVICES entry '$part' is not a GPU or MIG UUID; skipped"
     fi
   done
 }
@@ -68,15 +93,22 @@ update() {
     fi
   fi
   tmp=$(mktemp "$dir/.$gpu.XXXXXX") || return 1
-  printf '%s\n' "${keep[@]}" >"$tmp" && chmod 0644 "$tmp" && mv -f -- "$tmp" "$file" || { rm -f -- "$tmp"; return 1; }
+  # keep is never empty here, and expanded the guarded way anyway (tests/test_shell_scripts.py)
+  if ! { printf '%s\n' ${keep[@]+"${keep[@]}"} >"$tmp" && chmod 0644 "$tmp" && mv -f -- "$tmp" "$file"; }; then
+    rm -f -- "$tmp"
+    return 1
+  fi
 }
 
 main() {
   case $action in add | remove) ;; *) say "usage: job-mapping.sh add|remove (got '$action')"; return 0 ;; esac
+  case $names in index | uuid | both) ;; *) say "GPU_HEALTH_JOB_MAPPING_NAMES '$names' is not index, uuid or both; index used"; names=index ;; esac
   [[ $job =~ ^[0-9]+$ ]] || { say "SLURM_JOB_ID '$job' is not a job id; nothing done"; return 0; }
-  local targets=() f
+  local -a targets=()
+  local f
   if [[ $action == add ]]; then
-    [[ -n $gpus ]] || return 0 # a job without GPUs
+    [[ -n $gpus || ( $names != index && -n $visible ) ]] || return 0 # a job without GPUs
+    # shellcheck disable=SC2174  # the mode is the mapping directory's; its parents are Slurm's
     mkdir -p -m 0755 -- "$dir" || { say "cannot create $dir"; return 0; }
   else
     [[ -d $dir ]] || return 0
@@ -84,14 +116,17 @@ main() {
   exec 9>>"$dir/.lock" || { say "cannot open $dir/.lock"; return 0; }
   flock -w 30 9 || { say "job $job: $dir/.lock still held after 30 s; mapping not updated"; return 0; }
   if [[ $action == add ]]; then
-    mapfile -t targets < <(indexes "$gpus")
+    [[ $names == uuid ]] || while IFS= read -r f; do targets+=("$f"); done < <(indexes "$gpus")
+    [[ $names == index ]] || while IFS= read -r f; do targets+=("$f"); done < <(uuids "$visible")
   else
     for f in "$dir"/*; do
       f=${f##*/}
-      [[ $f =~ ^[0-9]+(\.[0-9]+)?$ ]] && targets+=("$f")
+      [[ $f =~ ^[0-9]+(\.[0-9]+)?$ || $f =~ ^(GPU|MIG)-[0-9A-Fa-f-]+$ ]] && targets+=("$f")
     done
   fi
-  for f in "${targets[@]}"; do
+  # "${targets[@]}" of an empty array is an unbound variable to bash 4.2 under set -u (RHEL 7's bash)
+  ((${#targets[@]})) || return 0
+  for f in ${targets[@]+"${targets[@]}"}; do
     update "$f" || say "job $job: could not $action its line in $dir/$f"
   done
   return 0

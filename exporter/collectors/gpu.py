@@ -118,6 +118,9 @@ class GpuCollector(Collector):
         self._init_lock = threading.Lock()
         self.problems = ProblemLog(self.log)
         self._activity: dict[int, str] = {}  # GPU index -> its last activity reason (logged on change)
+        # GPU index -> monotonic time its NVML calls first overran the read deadline; cleared when
+        # it answers again (the verdict's gpu_not_answering / gpu_unresponsive, exporter.health)
+        self._unanswered_since: dict[int, float] = {}
         self._stuck_msg = (f"NVML did not answer within {self.read_timeout:g}s; the GPU is not read again "
                            "until that call returns, the other GPUs are served")
 
@@ -173,7 +176,7 @@ class GpuCollector(Collector):
             elif o.status == deadline.SKIPPED:
                 results[i] = "not read: the GPUs before it used up gpu.timeout_seconds"
             elif o.status == deadline.ERROR:
-                results[i] = Reading(ok=False, errors=[f"{type(o.value).__name__}: {o.value}"])
+                results[i] = Reading(ok=False, errors=[o.reason])
             else:
                 results[i] = self._stuck_msg
         return results
@@ -278,8 +281,9 @@ class GpuCollector(Collector):
         fixed[0].append(info)
         fixed[1].append(lost_s[lost])
         fixed[2].append(read_s[ok])
-        gh = GpuHealth(index=i, uuid=d.uuid, pci_bus_id=d.pci_bus_id, lost=lost)
+        gh = GpuHealth(index=i, uuid=d.uuid, pci_bus_id=d.pci_bus_id, lost=lost, read_ok=ok)
         health.gpus[i] = gh
+        gh.unanswered_s = self._answered(i, r)
         if lost:
             return
         self.problems.report(f"GPU {i}", "; ".join(r.errors) if isinstance(r, Reading) else r)
@@ -302,6 +306,19 @@ class GpuCollector(Collector):
         if slow is not None and not slow.lost and slow.labels is labels:
             for spec, samples in slow.all_groups():  # the same Sample objects every scrape
                 out.add_samples(spec, samples)
+
+
+    def _answered(self, i: int, r: Reading | str) -> float | None:
+        """Seconds GPU `i` has not answered NVML (its read overran the deadline, this time or an
+        earlier one still stuck), None when it answered. Logged once when it starts and ends."""
+        if r == self._stuck_msg:
+            since = self._unanswered_since.setdefault(i, time.monotonic())
+            return time.monotonic() - since
+        since = self._unanswered_since.pop(i, None)
+        if since is not None and isinstance(r, Reading):
+            self.log.info("GPU %d answers NVML again after %.0fs without an answer", i,
+                          time.monotonic() - since)
+        return None
 
 
 def identity_labels(d: DeviceIdentity) -> dict[str, str]:

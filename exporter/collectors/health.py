@@ -20,7 +20,7 @@ from exporter.config import Section, non_negative, setting
 from exporter.node import expected_gpus
 from exporter.xid.parser import pci_key
 from exporter.xid.service import XidService
-from exporter.xid.verdict import FABRIC_GRACE_S, VERDICTS, GpuInput, NodeVerdict, judge
+from exporter.xid.verdict import FABRIC_GRACE_S, UNRESPONSIVE_S, VERDICTS, GpuInput, NodeVerdict, judge
 
 G = ("gpu", "uuid", "pci_bus_id")
 
@@ -34,11 +34,17 @@ class HealthSection(Section):
     fabric_grace_seconds: float = setting(
         300.0, "Seconds after boot before a GPU whose NVLink fabric registration has not completed counts "
         "against the verdict (docs/fabric.md).", check=non_negative)
+    unresponsive_seconds: float = setting(
+        UNRESPONSIVE_S, "How long NVML may fail to answer for a GPU (its reads overrunning "
+        "gpu.read_timeout_seconds) before its verdict goes from unknown (reason gpu_not_answering) to "
+        "reboot_required (gpu_unresponsive); docs/xid.md, \"A GPU that does not answer\".",
+        check=non_negative)
 
 VERDICT = define(
     "gpu_health_verdict", "gauge",
-    "1 for the GPU's current verdict (healthy, degraded, reset_required, reboot_required, "
-    "replace_required), 0 for the others.", G + ("verdict",), collector="health")
+    "1 for the GPU's current verdict (healthy, degraded, unknown, reset_required, reboot_required, "
+    "replace_required), 0 for the others; unknown: NVML did not answer or its reads failed.",
+    G + ("verdict",), collector="health")
 REASON = define(
     "gpu_health_reason", "gauge",
     "1 per active reason behind the GPU's verdict (bounded set, see docs/xid.md).", G + ("reason",),
@@ -72,8 +78,9 @@ class HealthCollector(Derived):
         """Returns the verdict it exported (`check` prints it)."""
         self.service.ensure_loaded()
         self.service.refresh_acks()
-        nv = evaluate(self.service, inputs["gpu"], expected_gpus(self.ctx),
-                      self.ctx.config.health.fabric_grace_seconds)
+        cfg = self.ctx.config.health
+        nv = evaluate(self.service, inputs["gpu"], expected_gpus(self.ctx), cfg.fabric_grace_seconds,
+                      cfg.unresponsive_seconds)
         for g in nv.gpus:
             labels = dict(gpu=g.gpu, uuid=g.uuid, pci_bus_id=g.pci_bus_id)
             for v in VERDICTS:
@@ -90,7 +97,7 @@ class HealthCollector(Derived):
 
 
 def evaluate(service: XidService, health: Any, expected: int | None,
-             fabric_grace_s: float = FABRIC_GRACE_S) -> NodeVerdict:
+             fabric_grace_s: float = FABRIC_GRACE_S, unresponsive_s: float = UNRESPONSIVE_S) -> NodeVerdict:
     """Gather the verdict's inputs: the GPUs of the GPU collector's reading (else those NVML
     lists) and every address with XIDs, each with its XIDs less acks, and the SXids."""
     rows: dict[str, tuple[str, str, str, Any]] = {}
@@ -113,7 +120,8 @@ def evaluate(service: XidService, health: Any, expected: int | None,
     gpus = [GpuInput(gpu, uuid, bus_id, h, snap.xids.get(k, []),
                      s is not None and gpu.isdigit() and int(gpu) in s.lost)
             for k, (gpu, uuid, bus_id, h) in rows.items()]
-    return judge(gpus, health, expected, list(snap.sxids), service.kernel_now(), fabric_grace_s)
+    return judge(gpus, health, expected, list(snap.sxids), service.kernel_now(), fabric_grace_s,
+                 unresponsive_s)
 
 
 COLLECTOR = HealthCollector

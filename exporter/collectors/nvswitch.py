@@ -9,17 +9,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
+from exporter.attribution.ledger import SXID
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
-from exporter.config import Section, setting
-from exporter.metric import Sample
-from exporter.workload.attribution import (
-    SXID,
+from exporter.collectors.attribution_series import (
     WORKLOAD_LABELS,
     PreparedSeries,
     last_seen,
     series_labels,
 )
+from exporter.config import Section, setting
+from exporter.metric import Sample
 from exporter.xid.parser import pci_label
 from exporter.xid.sxid_catalog import check_fatal_tier, check_policy
 

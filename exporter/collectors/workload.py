@@ -19,10 +19,24 @@ from typing import Any, ClassVar
 
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context, Failed, ProblemLog
-from exporter.config import Section, positive, setting
+from exporter.config import Section, non_negative, positive, setting
 from exporter.metric import Sample
-from exporter.workload.kubelet import DEFAULT_RESOURCES, DEFAULT_SOCKET
+from exporter.workload.kubelet import DEFAULT_DRA_DRIVERS, DEFAULT_RESOURCES, DEFAULT_SOCKET
+from exporter.workload.model import MAX_WORKLOADS
 from exporter.workload.source import WorkloadSource, from_config
+
+
+def _per_gpu(v: Any) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_WORKLOADS:
+        return f"an integer from 1 to {MAX_WORKLOADS} (what fault attribution keeps per GPU)"
+    return None
+
+
+def _roots(v: Any) -> str | None:
+    if not v or not all(isinstance(x, str) and x.startswith("/") and len(x) <= 256 and x.isprintable()
+                        for x in v):
+        return "a non-empty list of absolute cgroup paths (/system.slice, /slurm)"
+    return None
 
 
 def _names(v: Any) -> str | None:
@@ -41,22 +55,39 @@ class WorkloadSection(Section):
         True, "Run the workload collector once a kind (slurm_job_mapping_dir, slurm_cgroup, "
         "kubelet_socket) is configured; without one it does not run.")
     slurm_job_mapping_dir: str | None = setting(
-        None, "Slurm job mapping directory in dcgm-exporter's format (one file per GPU index, `N` or `N.M` "
-        "for a MIG instance, one job id a line), as written by deploy/slurm/prolog.sh and HyperPod's "
-        "lifecycle scripts: /run/slurm/dcgm_job_mapping (--workload.slurm-job-mapping-dir).")
+        None, "Slurm job mapping directory in dcgm-exporter's format (one file per GPU: named by its index, "
+        "`N` or `N.M` for a MIG instance, or its UUID, `GPU-...` or `MIG-...`; one job id a line), as "
+        "written by deploy/slurm/prolog.sh and HyperPod's lifecycle scripts: /run/slurm/dcgm_job_mapping "
+        "(--workload.slurm-job-mapping-dir; docs/xid.md lists the forms each producer writes).")
+    slurm_job_mapping_missing_seconds: float = setting(
+        900.0, "How long after start a configured job mapping directory may not exist (no job has run "
+        "since boot) before that is a problem of the slurm_mapping source (its GPUs unknown, "
+        "gpu_health_exporter_workload_source_up 0). Create the directory at boot (deploy/slurm/"
+        "tmpfiles.conf) to keep a node idle since boot quiet.", check=non_negative)
     slurm_cgroup: bool = setting(
         False, "Slurm without a prolog: each GPU's jobs from the cgroups (paths.procfs/PID/cgroup) of the "
         "processes NVML reports on it; a GPU with no process gets no job. Needs the host PID namespace "
         "(--workload.slurm-cgroup).")
+    slurm_cgroup_roots: list[str] = setting(
+        ["/system.slice", "/slurm"], "Where slurmstepd keeps its jobs' cgroups: a process is a job's only "
+        "when its cgroup path starts at one of these with the job's directory right below (v2 "
+        "`/system.slice/[<node>_]slurmstepd.scope/job_<id>`, v1 `/slurm/uid_<uid>/job_<id>`); nothing "
+        "under user@UID.service or another delegated subtree counts. Add your CgroupPrepend, or the "
+        "cgroup root of a slurmd not run by systemd.", check=_roots,
+        expected="a list of absolute cgroup paths")
     kubelet_socket: str | None = setting(
         None, f"The kubelet's pod-resources socket, {DEFAULT_SOCKET} (--workload.kubelet-socket). "
         "Mount its directory, not the socket, so a kubelet restart is seen.")
     kubelet_resource_names: list[str] = setting(
         DEFAULT_RESOURCES, "Kubernetes resource names (shell patterns) whose devices are GPUs.",
         check=_names, expected="a list of resource names")
+    kubelet_dra_drivers: list[str] = setting(
+        DEFAULT_DRA_DRIVERS, "DRA drivers (shell patterns) whose claimed devices are GPUs: pod-resources' "
+        "dynamic_resources (Kubernetes 1.34 and later); gpu.nvidia.com is NVIDIA's DRA driver.",
+        check=_names, expected="a list of DRA driver names")
     max_per_gpu: int = setting(
-        8, "Workloads exported (and attributed) per GPU at most; the rest are counted in "
-        "gpu_health_exporter_workload_overflow.", check=positive)
+        8, f"Workloads exported (and attributed) per GPU at most, 1 to {MAX_WORKLOADS}; the rest are "
+        "counted in gpu_health_exporter_workload_overflow.", check=_per_gpu)
     timeout_seconds: float = setting(
         2.0, "Deadline of one reading of every kind (the kubelet's List gets 0.8 of it).", check=positive)
 

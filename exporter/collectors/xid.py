@@ -9,17 +9,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
+from exporter.attribution.ledger import XID
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context
-from exporter.config import Section, positive, setting
-from exporter.metric import Sample
-from exporter.workload.attribution import (
+from exporter.collectors.attribution_series import (
     WORKLOAD_LABELS,
-    XID,
     PreparedSeries,
     last_seen,
     series_labels,
 )
+from exporter.config import Section, positive, setting
+from exporter.metric import Sample
 from exporter.xid.policy import check_policy
 
 G = ("gpu", "uuid", "pci_bus_id")

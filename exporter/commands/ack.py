@@ -68,7 +68,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         index = ident.index if index is None else index
         uuid = uuid or ident.uuid
     baseline = {k: n for k, n in (counts or {}).items() if args.xid is None or split_key(k)[0] == args.xid}
-    problem = svc.write_ack(Ack(pci, index, uuid, args.xid, time.time(), baseline))
+    problem = svc.write_ack(Ack(pci, index, uuid, args.xid, time.time(), baseline, mono=time.monotonic()))
     if problem:
         print(f"gpu-health-exporter ack: cannot write the state file {svc.snapshot().state.path}: "
               f"{problem}", file=sys.stderr)

@@ -11,8 +11,8 @@ import json
 import os
 import sys
 
+from exporter.capture import record
 from exporter.collector import Context
-from exporter.nvml.capture import record
 
 HELP = "record this node's NVML answers and NVIDIA kernel-log lines into one file that --nvml-capture " \
        "and --kmsg-file replay"

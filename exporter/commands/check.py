@@ -11,7 +11,9 @@ command-line error, a kernel log none of whose lines is a record (`dmesg -T` out
 `problems` (exit 2 is only ever "this node needs action", so a wrapper may drain on it alone).
 
 The expected GPU count needs the instance type: config, else the DMI product name, else one
-IMDS request with the configured timeout (the check starts no background lookup).
+IMDS request with the configured timeout (the check starts no background lookup). IMDS is asked
+only when that answer is used: not when the config gives node.expected_gpus, not when NVML is
+unusable, not when the DMI identity says the host is not on EC2.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import sys
 import time
 from typing import Any
 
+from exporter.attribution.ledger import XID, Attribution
+from exporter.attribution.text import describe
 from exporter.collector import Context
 from exporter.node import instance_type
-from exporter.workload.attribution import XID, Attribution, describe
 from exporter.xid.parser import pci_key, pci_label
 from exporter.xid.service import KmsgView, XidService, XidSnapshot, one_shot
 
@@ -34,7 +37,7 @@ log = logging.getLogger("exporter.check")
 HELP = ("one-shot health check without a daemon: per-GPU and node verdict; exit 0 healthy, 1 degraded, "
         "2 action required, 3 could not check (verdict unknown: also a configuration error)")
 
-EXIT = {"healthy": 0, "degraded": 1}
+EXIT = {"healthy": 0, "degraded": 1, "unknown": 3}
 EXIT_ACTION, EXIT_UNKNOWN = 2, 3
 USAGE_EXIT = EXIT_UNKNOWN  # a command-line error (cli.main): the check was not made
 UNKNOWN = "unknown"
@@ -64,17 +67,44 @@ def verdict(ctx: Context) -> tuple[Any, list[str]]:
         problems.append(f"the GPU read failed: {gpu.error}")
     elif health.nvml_error:
         problems.append(f"NVML: {health.nvml_error}")
+    else:
+        problems += unread_gpus(health, ctx.config.gpu.read_timeout_seconds)
     nv = runner.readings.get("health")
     if nv is None:
         problems.append(f"the verdict failed: {runner.status['health'].error}")
     return nv, problems
 
 
+def unread_gpus(health: Any, timeout_s: float) -> list[str]:
+    """A problem per GPU whose health could not be read: it is `unknown`, never `healthy`."""
+    out = []
+    for i, g in sorted(health.gpus.items()):
+        if g.lost:
+            continue
+        if g.unanswered_s is not None:
+            out.append(f"GPU {i} ({g.pci_bus_id}): NVML did not answer within {timeout_s:g}s "
+                       "(gpu.read_timeout_seconds); its health is unknown (a hung NVML call is a common "
+                       "first sign of a GPU about to fall off the bus)")
+        elif not g.read_ok:
+            out.append(f"GPU {i} ({g.pci_bus_id}): its health-critical NVML reads failed; its health is "
+                       "unknown")
+    return out
+
+
+def needs_instance_type(ctx: Context) -> bool:
+    """Whether the check will use the instance type (the expected GPU count): not when the config
+    gives the count, and not when NVML is unusable (the answer can only be 3, so IMDS is not asked
+    for a number nothing reads)."""
+    if ctx.config.node.expected_gpus is not None:
+        return False
+    return bool(ctx.nvml.ensure())
+
+
 def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
     svc = one_shot(ctx, read_only=True)
     nv, problems = verdict(ctx)
     snap = svc.snapshot()
-    if snap.state.problem in ("corrupt", "unreadable"):
+    if snap.state.problem in ("corrupt", "newer_version", "unreadable"):
         problems.append(f"state file {snap.state.path} is {snap.state.problem}: XID counts come from "
                         "the kernel log alone and may be incomplete")
     k = snap.kmsg
@@ -87,15 +117,8 @@ def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
 
 
 def unparseable_kmsg(k: KmsgView) -> str:
-    """Why the kernel log read is no evidence: not one of its lines was a record (a `dmesg -T`
-    or journal dump given as --kmsg-file). Its XIDs cannot have been counted, so "healthy" from
-    it would be a guess, whatever the state file says. Empty when at least one record parsed."""
-    st = k.stats
-    if not (k.enabled and k.ok) or st.records or not st.malformed:
-        return ""
-    return (f"kernel log {k.path}: none of its {st.malformed} line(s) is a /dev/kmsg record "
-            f"(`prio,seq,usec,flags;message`, as `cat /dev/kmsg` or `capture` saves them; `dmesg` "
-            f"output is not); last line not parsed: {st.last_malformed[:80]!r}")
+    """Why the kernel log read is no evidence (KmsgView.unparseable); empty when it is."""
+    return k.unparseable()
 
 
 def exit_status(verdict: str, could_not_check: bool) -> int:
@@ -110,10 +133,18 @@ def node_verdict(nv: Any, code: int) -> str:
     return UNKNOWN if code == EXIT_UNKNOWN else nv.verdict
 
 
-def gpu_verdict(g: Any, code: int) -> str:
-    """A GPU's verdict as printed: when the check could not be made (exit 3), a GPU known only from
-    its kernel-log lines is not `healthy` (NVML was not asked); a worse reading stays."""
-    return UNKNOWN if code == EXIT_UNKNOWN and g.verdict == "healthy" else g.verdict
+def node_wide(problems: list[str]) -> bool:
+    """A problem that leaves every GPU's verdict in doubt (NVML unusable, the kernel log or state
+    unread), not only one GPU's (unread_gpus: those begin with "GPU <index> (")."""
+    return any(not p.startswith("GPU ") for p in problems)
+
+
+def gpu_verdict(g: Any, code: int, problems: list[str] | None = None) -> str:
+    """A GPU's verdict as printed: when the check could not be made (exit 3) for a reason of the
+    whole node, a GPU known only from its kernel-log lines, or whose XIDs could not be read, is not
+    `healthy`; a worse reading stays. A GPU NVML read while another did not answer keeps its own."""
+    doubt = code == EXIT_UNKNOWN and (problems is None or node_wide(problems))
+    return UNKNOWN if doubt and g.verdict == "healthy" else g.verdict
 
 
 def details(nv: Any, ctx: Context) -> dict[str, str]:
@@ -167,7 +198,7 @@ def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Conte
                  "expected_gpus": nv.expected_gpus},
         "gpus": [{
             "gpu": int(g.gpu) if g.gpu.isdigit() else None, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id,
-            "verdict": gpu_verdict(g, code), "reasons": g.reasons, "fabric_state": g.fabric_state,
+            "verdict": gpu_verdict(g, code, problems), "reasons": g.reasons, "fabric_state": g.fabric_state,
             "xids": [{"xid": x.xid, "count": x.count, "tier": x.tier, "last_seen": _iso(x.last_seen),
                       "acknowledged": x.acknowledged, "meaning": x.meaning} for x in g.xids],
             # the workloads on this GPU when each fault was counted, kept after they ended
@@ -197,7 +228,7 @@ def table(nv: Any, problems: list[str], code: int, ctx: Context, svc: XidService
     for g in nv.gpus:
         xids = ", ".join(f"{x.xid} x{x.count} {x.tier}" + (" (acked)" if x.acknowledged else "")
                          for x in g.xids) or "-"
-        rows.append((g.gpu or "-", g.pci_bus_id, g.uuid or "-", gpu_verdict(g, code),
+        rows.append((g.gpu or "-", g.pci_bus_id, g.uuid or "-", gpu_verdict(g, code, problems),
                      ",".join(g.reasons) or "-", xids))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
@@ -249,7 +280,8 @@ def failed(args: argparse.Namespace, e: Exception) -> int:
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     """The check (an error of its own goes to failed(), through exporter.cli: exit 3)."""
-    ctx.identity.lookup_now()
+    if needs_instance_type(ctx):
+        ctx.identity.lookup_now()
     nv, svc, problems = gather(ctx)
     if nv is None:
         print("gpu-health-exporter check: could not check: " + "; ".join(problems), file=sys.stderr)

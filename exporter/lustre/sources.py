@@ -336,21 +336,9 @@ class Tree:
         for p, o in zip(paths, self._files.read(paths), strict=True):
             if o.status in (deadline.OK, deadline.ERROR):
                 out.append(o.value)
-            elif o.status == deadline.BLOCKED:
-                out.append(TimeoutError(errno.ETIMEDOUT, "an earlier read is still blocked", p))
-            elif o.status == deadline.SKIPPED:
-                out.append(TimeoutError(errno.ETIMEDOUT, "not read: no thread to read it", p))
             else:
-                why = f"read did not finish within {self.timeout_s:g}s"
-                out.append(TimeoutError(errno.ETIMEDOUT, why, p))
+                out.append(TimeoutError(errno.ETIMEDOUT, o.reason, p))
         return out
-
-    def read_file(self, path: str) -> str:
-        """One file's text under its deadline; raises what the read raised."""
-        r = self.read_files([path])[0]
-        if isinstance(r, BaseException):
-            raise r
-        return r
 
     def read(self, kind: str, *parts: str) -> str | None:
         """The text of the file `kind` under `<tree>/<parts>/`, trying the version's trees in

@@ -1,5 +1,5 @@
 """A fake NVML backend that replays a capture made by `gpu-health-exporter capture`
-(exporter/nvml/capture.py; the captures in tests/fixtures/nvml were made on real GPUs with the
+(exporter/capture.py; the captures in tests/fixtures/nvml were made on real GPUs with the
 same format).
 
 It answers each call with the captured result or the captured NVML error, optionally after the
@@ -12,8 +12,9 @@ does not list). Calls on one GPU hold that GPU's lock while they "run", because 
 calls on one GPU; calls on different GPUs do not wait for each other (an assumption: it could
 not be measured on a one-GPU machine). The cost is slept (releasing the GIL, as a real NVML
 call does inside ctypes) through a per-thread balance: time.sleep overshoots by tens of
-microseconds, so the overshoot is credited to the thread's next calls and the total time spent
-matches the captured latencies, while a single cheap call may cost nothing or one sleep.
+microseconds, so the overshoot is credited to the thread's next cheap calls and the total time
+spent matches the captured latencies, while a single cheap call may cost nothing or one sleep.
+A call costing SPEND_WHOLE_S or more always spends at least its own cost, on its own.
 
 GPU Performance Monitoring (GPM): a capture's `nvmlGpmMetricsGet` entry holds what each metric
 read over the capture's interval (percent, or MiB/s), {metric id: {"ret", "value"}}. The fake
@@ -54,6 +55,7 @@ from exporter.nvml.backend import (
 
 DATA = Path(__file__).resolve().parent.parent / "data"  # shipped as package data
 DEFAULT_FIELD_US = 2.7  # a cheap field, per field_cost.json
+SPEND_WHOLE_S = 1e-3  # a call costing this or more sleeps its whole cost, never paid by credit
 MIG_DEVICE_UUIDS = "mig_device_uuids"  # the key of NvmlBackend.mig_device_uuids' answer
 
 # Capture keys of calls whose arguments are enums recorded by name.
@@ -340,10 +342,15 @@ class FakeBackend(NvmlBackend):
 
     def hang(self, index: int, fn: str | None = None, seconds: float = 3600.0,
              at_s: float | None = None) -> None:
-        """Calls on GPU `index` (only `fn` when given) block for `seconds` or until `release()`."""
+        """Calls on GPU `index` (only `fn` when given) block for `seconds` or until `release()`.
+        With `at_s`, the hang lasts from `at_s` to `at_s + seconds` on the fake's clock: a clock
+        advanced past its end (a one-shot command playing the node a minute in) sees it over."""
         def do() -> None:
+            left = seconds - (max(0.0, self.now() - at_s) if at_s is not None else 0.0)
+            if left <= 0:
+                return
             self._unhang.clear()
-            self._hangs[index] = (fn, time.monotonic() + seconds)
+            self._hangs[index] = (fn, time.monotonic() + left)
         if at_s is None:
             do()
         else:
@@ -409,10 +416,17 @@ class FakeBackend(NvmlBackend):
                 remaining = hang[1] - time.monotonic()
                 if remaining > 0:
                     self._unhang.wait(remaining)
-            # Pay the cost through a per-thread balance: time.sleep overshoots by ~70 us, so
-            # each sleep's real length is booked and the overshoot credited to later calls.
+            # A call that costs a sleep's worth or more is spent whole, on its own: a real call
+            # takes its time however slow the calls before it were, and its overshoot (the host
+            # was slow) is nobody's credit. The cheaper calls and scripted slowdowns are paid
+            # through a per-thread balance: time.sleep overshoots by ~70 us, so each sleep's real
+            # length is booked and the overshoot credited to later calls.
+            cost = us * 1e-6 if self.latencies else 0.0
+            if cost >= SPEND_WHOLE_S:
+                time.sleep(cost)
+                cost = 0.0
             tls = self._tls
-            owed = getattr(tls, "owed", 0.0) + (us * 1e-6 if self.latencies else 0.0) + extra
+            owed = getattr(tls, "owed", 0.0) + cost + extra
             if owed > 0:
                 t = time.perf_counter()
                 time.sleep(owed)

@@ -237,6 +237,18 @@ def _hang(f: FakeBackend, p: Any) -> None:
     f.hang(FAULTY_GPU, seconds=600.0, at_s=ONSET_S)
 
 
+HANG_ONCE_S = 2.0  # gpu-nvml-hang-once: one stall, longer than the 1 s read deadline
+HANG_RECOVER_S = 90.0  # gpu-nvml-hang-recover: past health.unresponsive_seconds (60 s), then answers
+
+
+def _hang_once(f: FakeBackend, p: Any) -> None:
+    f.hang(FAULTY_GPU, seconds=HANG_ONCE_S, at_s=ONSET_S)
+
+
+def _hang_recover(f: FakeBackend, p: Any) -> None:
+    f.hang(FAULTY_GPU, seconds=HANG_RECOVER_S, at_s=ONSET_S)
+
+
 def _slow(f: FakeBackend, p: Any) -> None:
     f.slow_down(FAULTY_GPU, 0.05, at_s=ONSET_S)
 
@@ -281,7 +293,15 @@ SCENARIOS: dict[str, tuple[str, Callable[[FakeBackend, Any], None]]] = {
     "gpu-gpm-in-use": (f"GPU {FAULTY_GPU}'s performance counters are held by a profiler (DCGM profiling, "
                        "Nsight): GPM samples fail with In Use", _gpm_in_use),
     "gpu-mig-mode": (f"GPU {FAULTY_GPU} is in MIG mode: no GPM activity for it", _mig_mode),
-    "gpu-nvml-hang": (f"every NVML call on GPU {FAULTY_GPU} blocks for 600s from {ONSET_S:g}s", _hang),
+    "gpu-nvml-hang": (f"every NVML call on GPU {FAULTY_GPU} blocks for 600s from {ONSET_S:g}s (hangs for "
+                      "good: verdict unknown, then reboot_required after health.unresponsive_seconds)",
+                      _hang),
+    "gpu-nvml-hang-once": (f"NVML calls on GPU {FAULTY_GPU} block for {HANG_ONCE_S:g}s once, from "
+                           f"{ONSET_S:g}s, then answer (verdict unknown for a scrape, then healthy)",
+                           _hang_once),
+    "gpu-nvml-hang-recover": (f"NVML calls on GPU {FAULTY_GPU} block for {HANG_RECOVER_S:g}s from "
+                              f"{ONSET_S:g}s, then answer (unknown, reboot_required, then healthy again)",
+                              _hang_recover),
     "gpu-nvml-slow": (f"every NVML call on GPU {FAULTY_GPU} takes 50 ms longer from {ONSET_S:g}s", _slow),
     **{f"gpu-xid-event-{x}": (f"NVML delivers an XID {x} event for GPU {FAULTY_GPU} after {ONSET_S:g}s "
                               "(no kernel-log line)", _xid(x)) for x in XID_EVENTS},

@@ -5,7 +5,9 @@
   is pointed at it (workload.slurm_job_mapping_dir).
 - `k8s-pods`: two training pods hold half of the GPUs each (by UUID, as the NVIDIA device plugin
   names them), served by a tiny kubelet pod-resources v1 server on a unix socket under the root
-  (workload.kubelet_socket); it also lists a non-GPU device, which is not a GPU's workload.
+  (workload.kubelet_socket), in a process of its own as a kubelet is
+  (exporter.simulate.podresources_server); it also lists a non-GPU device, which is not a GPU's
+  workload.
 
 Each scenario can run with the other; both start holding the GPUs at once."""
 
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.simulate.kmsg import gpu_uuid
+from exporter.simulate.podresources_server import PodResourcesServer
 from exporter.simulate.source import SimSource
 
 SLURM_JOB = "4242"
@@ -27,34 +30,6 @@ def pod_resources(uuids: list[str]) -> list[tuple[str, str, str, str, list[str]]
     out = [(*PODS[0], "nvidia.com/gpu", uuids[:half]), (*PODS[1], "nvidia.com/gpu", uuids[half:])]
     out.append(("training", "llama-pretrain-0", "trainer", "vpc.amazonaws.com/efa", ["efa0"]))
     return [x for x in out if x[4]]
-
-
-class PodResourcesServer:
-    """A kubelet pod-resources v1 server (List only) on a unix socket, from the committed .proto."""
-
-    def __init__(self, socket_path: str, pods: list[tuple[str, str, str, str, list[str]]]) -> None:
-        from concurrent import futures
-
-        import grpc
-
-        from exporter.workload.podresources import api_pb2, api_pb2_grpc
-
-        class Lister(api_pb2_grpc.PodResourcesListerServicer):
-            def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - the RPC's name
-                resp = api_pb2.ListPodResourcesResponse()
-                for ns, pod, container, resource, ids in pods:
-                    p = resp.pod_resources.add(name=pod, namespace=ns)
-                    c = p.containers.add(name=container)
-                    c.devices.add(resource_name=resource, device_ids=ids)
-                return resp
-
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(Lister(), self.server)
-        self.server.add_insecure_port(f"unix://{socket_path}")
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop(0)
 
 
 class WorkloadSimSource(SimSource):

@@ -1,11 +1,17 @@
 """Slurm jobs without a prolog: the processes NVML reports on each GPU, mapped to their job
 through /proc/PID/cgroup (under the configurable procfs root).
 
-Slurm puts every step's processes in a cgroup named after the job:
-- cgroup v2: `.../system.slice/slurmstepd.scope/job_<id>/step_<n>/...` (with
-  --enable-multiple-slurmd the scope is `<node>_slurmstepd.scope`);
-- cgroup v1: `<controller>/slurm/uid_<uid>/job_<id>/step_<n>/...` (the `slurm` prefix is
-  CgroupPrepend's default, so any `uid_<uid>/job_<id>` pair is accepted).
+Slurm puts every step's processes in a cgroup named after the job, at the root of the hierarchy
+where slurmstepd keeps its jobs, and only there is a path trusted (a job id anywhere else can be
+forged: an unprivileged user can create `x_slurmstepd.scope/job_4242` under their own
+`user@UID.service`, which systemd delegates to them):
+- cgroup v2: `/system.slice/slurmstepd.scope/job_<id>/...`, on the unified line (`0::`); with
+  --enable-multiple-slurmd the scope is `<node>_slurmstepd.scope`;
+- cgroup v1: `/slurm/uid_<uid>/job_<id>/...` on a controller's line (`/slurm` is CgroupPrepend's
+  default).
+The roots are `workload.slurm_cgroup_roots` (default `/system.slice` for v2 and `/slurm` for v1;
+add another CgroupPrepend, or the cgroup root of a slurmd not run by systemd). A path must start
+at one of them: nothing under `/user.slice`, `user@UID.service` or any other subtree matches.
 
 A GPU allocated to a job with no process running on it cannot be seen this way: a GPU with no
 process gets no job. A containerised exporter needs the host's PID namespace (hostPID) so that
@@ -21,19 +27,31 @@ from exporter.nvml.backend import NvmlBackend, NvmlError
 from exporter.nvml.session import DeviceIdentity
 from exporter.workload.model import Workload
 
-_V2 = re.compile(r"/(?:[^/]+_)?slurmstepd\.scope/job_([0-9]+)(?:/|$)")
-_V1 = re.compile(r"/uid_[0-9]+/job_([0-9]+)(?:/|$)")
+DEFAULT_ROOTS = ("/system.slice", "/slurm")
+_V2 = re.compile(r"/(?:[^/]+_)?slurmstepd\.scope/job_([0-9]{1,20})(?:/|$)")  # below a root
+_V1 = re.compile(r"/uid_[0-9]{1,10}/job_([0-9]{1,20})(?:/|$)")
 PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
 MAX_CGROUP_BYTES = 64 * 1024
 
 
-def parse_cgroup(text: str) -> str | None:
-    """The Slurm job id in a /proc/PID/cgroup file's text (`hier:controllers:path` lines), else None."""
+def parse_cgroup(text: str, roots: Sequence[str] = DEFAULT_ROOTS) -> str | None:
+    """The Slurm job id in a /proc/PID/cgroup file's text (`hier:controllers:path` lines), else
+    None: a v2 path (the `0::` line) or a v1 path (a controller's line) that starts at one of
+    `roots` with slurmstepd's job directory right below it."""
     for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        m = _V2.search(path) or _V1.search(path)
-        if m:
-            return m.group(1)
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hier, controllers, path = parts
+        unified = hier == "0" and controllers == ""
+        pattern = _V2 if unified else _V1
+        for root in roots:
+            root = "/" + root.strip("/") if root.strip("/") else ""
+            if root and not path.startswith(root + "/"):
+                continue
+            m = pattern.match(path, len(root))
+            if m:
+                return m.group(1)
     return None
 
 
@@ -63,7 +81,7 @@ def check_procfs(procfs: str) -> None:
                            "ProtectProc=invisible): the Slurm cgroup kind cannot see the jobs' processes")
 
 
-def job_of_pid(procfs: str, pid: int) -> str | None:
+def job_of_pid(procfs: str, pid: int, roots: Sequence[str] = DEFAULT_ROOTS) -> str | None:
     """The job of process `pid` from {procfs}/PID/cgroup; None when it is in no job (or gone)."""
     try:
         fd = os.open(f"{procfs}/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
@@ -75,11 +93,12 @@ def job_of_pid(procfs: str, pid: int) -> str | None:
         return None
     finally:
         os.close(fd)
-    return parse_cgroup(data.decode("utf-8", "replace"))
+    return parse_cgroup(data.decode("utf-8", "replace"), roots)
 
 
 def jobs_by_uuid(backend: NvmlBackend, procfs: str, gpus: Sequence[DeviceIdentity],
-                 skip: Iterable[int] = ()) -> tuple[dict[str, tuple[Workload, ...]], list[str]]:
+                 skip: Iterable[int] = (), roots: Sequence[str] = DEFAULT_ROOTS,
+                 ) -> tuple[dict[str, tuple[Workload, ...]], list[str]]:
     """Each GPU's jobs (by UUID) from its processes; a GPU whose processes NVML cannot list is
     not observed (a problem), nor are the GPUs in `skip` (lost)."""
     out: dict[str, tuple[Workload, ...]] = {}
@@ -97,7 +116,7 @@ def jobs_by_uuid(backend: NvmlBackend, procfs: str, gpus: Sequence[DeviceIdentit
         jobs = set()
         for pid in pids:
             if pid not in cache:
-                cache[pid] = job_of_pid(procfs, pid)
+                cache[pid] = job_of_pid(procfs, pid, roots)
             if cache[pid]:
                 jobs.add(cache[pid])
         out[g.uuid] = tuple(Workload(hpc_job=j) for j in sorted(jobs))

@@ -18,10 +18,13 @@ The interface fault attribution uses (exporter.workload.model has the types):
   `collect`, so a `Derived` collector gets it with `depends_on = ("workload",)`.
 - `Context.workload` is the process's one source (None when no kind is configured).
 - `WorkloadSource.listeners`: called with every reading taken (Context connects fault
-  attribution's history, exporter.workload.attribution.WorkloadHistory.observe).
+  attribution's history, exporter.attribution.history.WorkloadHistory.observe).
 
 A GPU in a reading is observed by every configured kind; its workloads are the union of theirs,
-sorted, at most `workload.max_per_gpu` (the rest counted in `Observation.overflow`)."""
+sorted, at most `workload.max_per_gpu` (the rest counted in `Observation.overflow`). The one rule
+for what a GPU holds (exporter.workload.model.admit) is applied here, so the series and fault
+attribution see the same thing: a GPU holding a workload whose ids cannot be labels (too long,
+not printable single-line text) is not observed, and says so, never idle."""
 
 from __future__ import annotations
 
@@ -35,13 +38,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter import deadline
+from exporter.nvml.backend import NvmlError
 from exporter.nvml.session import DeviceIdentity, NvmlSession
 from exporter.workload import kubelet, slurm_cgroup, slurm_mapping
-from exporter.workload.model import Workload, WorkloadReading
+from exporter.workload.model import MAX_LABEL_CHARS, Workload, WorkloadReading, admit
 
 log = logging.getLogger("exporter.workload")
 
-KUBELET_SHARE = 0.8  # of the source's deadline: the gRPC call's own timeout, so it ends in time
+KUBELET_SHARE = 0.8  # of the source's deadline: the List call's own timeout, so it ends in time
 
 
 @dataclass
@@ -72,50 +76,98 @@ class Kind:
 
 
 class SlurmMappingKind(Kind):
+    """The job mapping directory (exporter.workload.slurm_mapping). A directory that does not
+    exist means no job for `missing_grace_s` after start (/run is emptied at boot and the first
+    prolog creates it); past that it is a problem and no GPU is observed: a configured directory
+    that never appears is a prolog that is not installed, not a node with every GPU idle."""
+
     name = "slurm_mapping"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, nvml: NvmlSession | None = None, missing_grace_s: float = 900.0,
+                 mono: Callable[[], float] = time.monotonic) -> None:
         self.path = path
+        self.nvml = nvml
+        self.missing_grace_s = missing_grace_s
+        self._mono = mono
+        self._since = mono()
+        self._warned_odd = False
 
     def read(self, gpus: Sequence[DeviceIdentity]) -> KindResult:
         try:
             found = slurm_mapping.read_dir(self.path)
         except OSError as e:
             raise OSError(f"Slurm job mapping directory {self.path}: {e.strerror or e}") from None
-        return slurm_mapping.by_uuid(found, gpus)
+        if found.missing:
+            waited = self._mono() - self._since
+            if waited < self.missing_grace_s:
+                return {g.uuid: () for g in gpus if g.uuid}, []
+            return {}, [f"Slurm job mapping directory {self.path} does not exist {waited:.0f}s after start "
+                        f"(workload.slurm_job_mapping_missing_seconds: {self.missing_grace_s:g}): is the "
+                        "prolog installed (deploy/slurm/prolog.sh)? The GPUs' jobs are unknown"]
+        if found.odd and not self._warned_odd:
+            self._warned_odd = True
+            where, jid = found.odd[0]
+            log.warning("Slurm job mapping file %s holds %r, not of a Slurm job id's shape (123, 123_4, "
+                        "123+1): taken as the job's id as dcgm-exporter takes any line (said once)",
+                        where, jid)
+        mig = self._mig_parents(gpus) if any(isinstance(g, str) and g.lower().startswith("mig-")
+                                             for g in (*found.jobs, *found.bad)) else {}
+        return slurm_mapping.by_uuid(found, gpus, mig)
+
+    def _mig_parents(self, gpus: Sequence[DeviceIdentity]) -> dict[str, str]:
+        """MIG device UUID -> its GPU's UUID, from NVML (empty without it: MIG-named files then
+        match no GPU, a problem, never a guess)."""
+        out: dict[str, str] = {}
+        if self.nvml is None or not self.nvml.ensure():
+            return out
+        for g in gpus:
+            if not g.uuid:
+                continue
+            try:
+                for m in self.nvml.backend.mig_device_uuids(g.index):
+                    out[str(m).lower()] = g.uuid
+            except NvmlError:
+                continue
+        return out
 
 
 class SlurmCgroupKind(Kind):
     name = "slurm_cgroup"
 
-    def __init__(self, nvml: NvmlSession, procfs: str) -> None:
-        self.nvml, self.procfs = nvml, procfs
+    def __init__(self, nvml: NvmlSession, procfs: str,
+                 roots: Sequence[str] = slurm_cgroup.DEFAULT_ROOTS) -> None:
+        self.nvml, self.procfs, self.roots = nvml, procfs, tuple(roots)
 
     def read(self, gpus: Sequence[DeviceIdentity]) -> KindResult:
         if not self.nvml.ensure():
             raise RuntimeError(f"NVML is not available for the processes on the GPUs: {self.nvml.error}")
         slurm_cgroup.check_procfs(self.procfs)
-        return slurm_cgroup.jobs_by_uuid(self.nvml.backend, self.procfs, gpus, skip=self.nvml.lost)
+        return slurm_cgroup.jobs_by_uuid(self.nvml.backend, self.procfs, gpus, skip=self.nvml.lost,
+                                         roots=self.roots)
 
 
 class KubeletKind(Kind):
     name = "kubelet"
 
     def __init__(self, nvml: NvmlSession, socket_path: str, resources: Sequence[str],
-                 timeout_s: float) -> None:
+                 timeout_s: float, dra_drivers: Sequence[str] = kubelet.DEFAULT_DRA_DRIVERS) -> None:
         self.nvml = nvml
         self.resources = list(resources)
+        self.dra_drivers = list(dra_drivers)
         self.client = kubelet.KubeletClient(socket_path, timeout_s)
         self._index: kubelet.GpuIndex | None = None
         self._index_of: tuple[str, ...] = ()
         self._index_at = 0.0
 
     def read(self, gpus: Sequence[DeviceIdentity]) -> KindResult:
-        devices = self.client.list()
+        listing = self.client.list()
         index = self._gpu_index(gpus)
-        out, unmatched = kubelet.assign(devices, gpus, self.resources, index)
+        out, unmatched = kubelet.assign(listing.devices, gpus, self.resources, index, listing.claims,
+                                        self.dra_drivers)
         if unmatched and time.monotonic() - self._index_at > 60:  # MIG reconfigured since: read again
-            out, unmatched = kubelet.assign(devices, gpus, self.resources, self._gpu_index(gpus, True))
+            index = self._gpu_index(gpus, True)
+            out, unmatched = kubelet.assign(listing.devices, gpus, self.resources, index, listing.claims,
+                                            self.dra_drivers)
         return out, unmatched
 
     def _gpu_index(self, gpus: Sequence[DeviceIdentity], fresh: bool = False) -> kubelet.GpuIndex:
@@ -137,11 +189,13 @@ class WorkloadSource:
     """The configured kinds, read under one deadline; see the module docstring."""
 
     def __init__(self, kinds: Sequence[Kind], timeout_s: float, max_per_gpu: int, pool: deadline.Pool,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic) -> None:
         self.kinds = list(kinds)
         self.timeout_s = timeout_s
         self.max_per_gpu = max_per_gpu
         self._clock = clock
+        self._mono = mono
+        self._inflight_mono = 0.0  # when the reading in flight started
         self._reader = deadline.DeadlineReader(lambda k: k.read(self._gpus), timeout_s, key=lambda k: k.name,
                                                pool=pool)
         self._gpus: Sequence[DeviceIdentity] = ()
@@ -156,32 +210,49 @@ class WorkloadSource:
         """A fresh reading (see the module docstring)."""
         return self.observe(gpus).reading
 
-    def observe(self, gpus: Sequence[DeviceIdentity]) -> Observation:
-        """A fresh reading with its problems and overflow; joins a reading in flight."""
-        with self._lock:
-            fut = self._inflight
-            owner = fut is None
-            if owner:
-                fut = self._inflight = Future()
+    def observe(self, gpus: Sequence[DeviceIdentity], not_before: float | None = None) -> Observation:
+        """A fresh reading with its problems and overflow; joins a reading in flight, unless
+        that one started before monotonic time `not_before` (a live fault's reading must start
+        after the fault): then it waits for that one to end and takes its own."""
+        while True:
+            with self._lock:
+                fut = self._inflight
+                owner = fut is None
+                if owner:
+                    fut = self._inflight = Future()
+                    started = self._inflight_mono = self._mono()
+                stale = not owner and not_before is not None and self._inflight_mono < not_before
+            if not stale:
+                break
+            try:  # the owner clears _inflight before it hands its result over: no spin after this
+                fut.result(timeout=self.timeout_s + 1.0)
+            except FutureTimeout:
+                return self._nothing("the reading in flight did not end in time")
+            except Exception:  # noqa: BLE001 - its outcome is not ours; a reading of our own follows
+                pass
         if not owner:
             try:
                 return fut.result(timeout=self.timeout_s + 1.0)
             except Exception as e:  # the owner's failure or its overrun: this caller observed nothing
                 why = "the reading in flight did not end in time" if isinstance(e, FutureTimeout) else repr(e)
-                return Observation(WorkloadReading(self._clock(), {}),
-                                   {k.name: [why] for k in self.kinds}, failed=[k.name for k in self.kinds])
+                return self._nothing(why)
         try:
-            obs = self._observe(gpus)
-            fut.set_result(obs)
-            return obs
+            obs = self._observe(gpus, started)
         except BaseException as e:  # a written-off worker unwinds here too: never leave joiners waiting
-            fut.set_exception(e if isinstance(e, Exception) else RuntimeError("abandoned"))
-            raise
-        finally:
             with self._lock:
                 self._inflight = None
+            fut.set_exception(e if isinstance(e, Exception) else RuntimeError("abandoned"))
+            raise
+        with self._lock:
+            self._inflight = None
+        fut.set_result(obs)
+        return obs
 
-    def _observe(self, gpus: Sequence[DeviceIdentity]) -> Observation:
+    def _nothing(self, why: str) -> Observation:
+        return Observation(WorkloadReading(self._clock(), {}, self._mono()),
+                           {k.name: [why] for k in self.kinds}, failed=[k.name for k in self.kinds])
+
+    def _observe(self, gpus: Sequence[DeviceIdentity], mono: float) -> Observation:
         at = self._clock()
         self._gpus = list(gpus)
         outcomes = self._reader.read(self.kinds, budget=self.timeout_s)
@@ -201,13 +272,19 @@ class WorkloadSource:
         observed = set.intersection(*(set(r) for r in results)) if results else set()
         by_uuid: dict[str, tuple[Workload, ...]] = {}
         overflow: dict[str, int] = {}
-        for uuid in observed:
-            held = sorted({w for r in results for w in r[uuid]})
+        index = {g.uuid: g.index for g in gpus}
+        for uuid in sorted(observed):
+            held = admit(w for r in results for w in r[uuid])
+            if held is None:  # the one rule: shown and attributed alike, so neither
+                problems.setdefault(_kind_of(results, self.kinds, uuid), []).append(
+                    f"GPU {index.get(uuid, uuid)}: a workload id that is not printable single-line text "
+                    f"of at most {MAX_LABEL_CHARS} characters; the GPU's workloads are unknown")
+                continue
             if len(held) > self.max_per_gpu:
                 overflow[uuid] = len(held) - self.max_per_gpu
                 held = held[:self.max_per_gpu]
-            by_uuid[uuid] = tuple(held)
-        obs = Observation(WorkloadReading(at, by_uuid), problems, overflow, failed)
+            by_uuid[uuid] = held
+        obs = Observation(WorkloadReading(at, by_uuid, mono), problems, overflow, failed)
         self.latest, self.last = obs.reading, obs
         for listener in self.listeners:
             listener(obs.reading)
@@ -219,6 +296,14 @@ class WorkloadSource:
                 k.close()
             except Exception:  # noqa: BLE001 - shutdown goes on
                 log.exception("closing workload kind %s", k.name)
+
+
+def _kind_of(results: list[dict[str, tuple[Workload, ...]]], kinds: Sequence[Kind], uuid: str) -> str:
+    """The kind whose reading of GPU `uuid` holds a workload the rule refuses."""
+    for kind, r in zip(kinds, results, strict=True):
+        if admit(r.get(uuid, ())) is None:
+            return kind.name
+    return kinds[0].name
 
 
 def _why(o: Any, timeout_s: float) -> str:
@@ -241,12 +326,12 @@ def from_config(config: Any, nvml: NvmlSession, pool: deadline.Pool) -> Workload
         return None
     kinds: list[Kind] = []
     if sec.slurm_job_mapping_dir:
-        kinds.append(SlurmMappingKind(sec.slurm_job_mapping_dir))
+        kinds.append(SlurmMappingKind(sec.slurm_job_mapping_dir, nvml, sec.slurm_job_mapping_missing_seconds))
     if sec.slurm_cgroup:
-        kinds.append(SlurmCgroupKind(nvml, config.paths.procfs))
+        kinds.append(SlurmCgroupKind(nvml, config.paths.procfs, sec.slurm_cgroup_roots))
     if sec.kubelet_socket:
         kinds.append(KubeletKind(nvml, sec.kubelet_socket, sec.kubelet_resource_names,
-                                 sec.timeout_seconds * KUBELET_SHARE))
+                                 sec.timeout_seconds * KUBELET_SHARE, sec.kubelet_dra_drivers))
     if not kinds:
         return None
     return WorkloadSource(kinds, sec.timeout_seconds, sec.max_per_gpu, pool)

@@ -13,8 +13,8 @@ import threading
 import time
 from typing import Any
 
+from exporter.attribution.text import describe
 from exporter.nvml.backend import EVENT_XID, Event
-from exporter.workload.attribution import describe
 from exporter.xid.catalog import lookup
 from exporter.xid.clock import KernelClock
 from exporter.xid.identities import GpuIdentities
@@ -58,8 +58,8 @@ class XidCounter:
             if isinstance(parsed, GpuAt):
                 self.identities.identify(parsed.pci, uuid=parsed.uuid)
             elif isinstance(parsed, XidReport) and new:
-                self._count("kmsg", parsed.pci, parsed.xid, rec.usec / 1e6, None, parsed.action,
-                            self.clock.wall, parsed.text)
+                self._count("kmsg", parsed.pci, parsed.xid, rec.usec / 1e6, rec.wall, parsed.action,
+                            self.clock.wall, parsed.text)  # rec.wall: a text line's own time
 
     # -- NVML events ---------------------------------------------------------------------------------
     def on_nvml_event(self, ev: Event) -> None:
@@ -126,7 +126,7 @@ class XidCounter:
         hit = ""
         if self.attribution is not None and not other:
             at = wall if wall is not None else (wall_of(kernel_s) if wall_of is not None else time.time())
-            hit = describe(self.attribution.xid(pci, xid, at).workloads)
+            hit = describe(self.attribution.xid(pci, xid, at, kernel_s).workloads)
         if self.log_events:
             self._log_event(source, pci, xid, action, text, other, hit)
 

@@ -12,7 +12,10 @@ distinct message, never raised; malformed records are logged at most once a minu
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -92,9 +95,7 @@ class KmsgFollower:
             self.reader.close()
             msg = f"cannot read {self.path}: {e.strerror or e}"
             if self.status.error != msg:
-                hint = " (reading /dev/kmsg needs CAP_SYSLOG when kernel.dmesg_restrict=1)" \
-                    if getattr(e, "errno", None) in (1, 13) else ""
-                log.warning("%s%s", msg, hint)
+                log.warning("%s%s", msg, read_error_hint(self.path, getattr(e, "errno", None)))
             self.status.ok, self.status.error = False, msg
             self.reader.stats.errors += 1
             return n
@@ -122,3 +123,18 @@ class KmsgFollower:
     def close(self) -> None:
         with self._reading:
             self.reader.close()
+
+
+def read_error_hint(path: str, err: int | None) -> str:
+    """What to do about a permission error: the kernel log device needs CAP_SYSLOG; a regular file
+    (a saved log, --kmsg-file) needs read permission for this user, which no capability is about."""
+    if err not in (errno.EPERM, errno.EACCES):
+        return ""
+    try:
+        device = stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        device = False
+    if device:
+        return " (reading /dev/kmsg needs CAP_SYSLOG when kernel.dmesg_restrict=1)"
+    return (f" (a file: this user (uid {os.getuid()}) may not read it; check its mode and owner, "
+            f"`ls -l {path}`)")

@@ -19,6 +19,15 @@ past the record it begins. A line longer than MAX_LINE_BYTES (without its newlin
 however it arrives (in one write or in pieces): it is dropped (counted malformed), never held
 whole in memory. NUL bytes before a record (a file truncated under a writer that kept its
 offset) are skipped.
+
+A regular file may also hold the kernel log in the text forms people save (`dmesg`, `dmesg -T`,
+`journalctl -k` in its short forms, syslog; exporter.xid.textlog), or a mix of them with records:
+each such line is read as a record of its own (a kernel record when the line is the kernel's; its
+time since boot from the line's `[ 5123.456789]`, else from its wall-clock time, kept as the
+record's `wall`). They have no sequence numbers: a text line's is its place among the file's lines,
+so a mix is read in file order, and the daemon, which follows /dev/kmsg, has nothing to gain from
+them. A line that names an XID or SXid report (exporter.xid.textlog.looks_like_fault) which no
+parser can read is counted in `stats.unparsed_faults`: `check` then cannot say "healthy".
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from exporter.xid import textlog
 
 KERNEL_FACILITY_MAX_PRIO = 7  # facility 0 (kernel): prio 0..7; user space cannot write facility 0
 # A record is at most a few KiB (the kernel's own limit is 8 KiB with its prefix); a longer line
@@ -49,6 +60,7 @@ class Record(NamedTuple):
     usec: int  # microseconds since boot (kernel clock)
     flags: str
     message: str
+    wall: float | None = None  # Unix time the line gave (a text-form line); None: from the kernel clock
 
     @property
     def kernel(self) -> bool:
@@ -79,6 +91,9 @@ class ReaderStats:
     repeated: int = 0  # records skipped after a reopen because they had been read already
     errors: int = 0
     last_malformed: str = ""  # the last malformed record (truncated), for the log
+    text_lines: int = 0  # lines read in a text form (dmesg, journalctl, syslog), counted in `records`
+    unparsed_faults: int = 0  # lines naming an XID or SXid report that no parser could read
+    last_unparsed_fault: str = ""
     first_seq: int | None = None
     last_seq: int | None = None
 
@@ -107,6 +122,9 @@ class KmsgReader:
         self._mark: tuple[int, bytes] | None = None
         self._poll: select.poll | None = None
         self.high_seq: int | None = None  # the highest sequence number read, across every open
+        self._line_no = 0  # lines of the open file read so far (a text line's sequence number)
+        self._text_high = 0  # the highest text line read (a file read again skips them)
+        self._wall_base: float | None = None  # the wall time a text line's kernel time counts from
 
     # -- opening -------------------------------------------------------------------------------
     def open(self) -> None:
@@ -125,6 +143,7 @@ class KmsgReader:
         self._pending = b""
         self._discard = False
         self._mark = None
+        self._line_no = 0
         if self._device:
             self._poll = select.poll()
             self._poll.register(self._fd, select.POLLIN)
@@ -159,6 +178,34 @@ class KmsgReader:
     def _malformed(self, text: str) -> None:
         self.stats.malformed += 1
         self.stats.last_malformed = text[:120]
+        if textlog.looks_like_fault(text):
+            self._unparsed_fault(text)
+
+    def _unparsed_fault(self, text: str) -> None:
+        self.stats.unparsed_faults += 1
+        self.stats.last_unparsed_fault = text[:160]
+
+    def _check_fault(self, rec: Record) -> None:
+        """A kernel record that names an XID or SXid report no parser reads: the log cannot be
+        trusted to have every fault counted."""
+        if rec.kernel and textlog.looks_like_fault(rec.message) and not readable_fault(rec.message):
+            self._unparsed_fault(rec.message)
+
+    def _text_record(self, line: str) -> Record | None:
+        """A line in a text form (exporter.xid.textlog) as a record; None when it is in none."""
+        t = textlog.parse_line(line)
+        if t is None:
+            return None
+        kernel_s = t.kernel_s
+        if kernel_s is None:
+            if t.wall is None:
+                return None
+            if self._wall_base is None:  # this boot's start, or the log's first line if older
+                self._wall_base = min(time.time() - time.monotonic(), t.wall)
+            kernel_s = max(0.0, t.wall - self._wall_base)
+        usec = min(int(kernel_s * 1e6), MAX_USEC)
+        prio = textlog.KERNEL_PRIO if t.kernel else textlog.USER_PRIO
+        return Record(prio, self._line_no, usec, "-", t.message, t.wall)
 
     def _note(self, rec: Record) -> bool:
         """Account for a record; False when it was read before (skip it): its sequence number is
@@ -198,6 +245,7 @@ class KmsgReader:
             if rec is None:
                 self._malformed(text)
                 continue
+            self._check_fault(rec)
             if self._note(rec):
                 yield rec
 
@@ -214,10 +262,25 @@ class KmsgReader:
             line = line.lstrip("\x00")  # NULs: a copytruncate'd file whose writer kept its offset
             if not line or line[0] == " ":  # continuation line (KEY=value) or blank
                 continue
+            self._line_no += 1
             rec = parse_record(line)
             if rec is None:
-                self._malformed(line)
+                if textlog.is_marker(line):
+                    continue
+                rec = self._text_record(line)
+                if rec is None:
+                    self._malformed(line)
+                    continue
+                self._check_fault(rec)
+                if self._line_no <= self._text_high:  # read before (the file was read again)
+                    self.stats.repeated += 1
+                    continue
+                self._text_high = self._line_no
+                self.stats.records += 1
+                self.stats.text_lines += 1
+                yield rec
                 continue
+            self._check_fault(rec)
             if self._note(rec):
                 yield rec
 
@@ -280,3 +343,12 @@ class KmsgReader:
             self._poll.poll(max(0, int(timeout_s * 1000)))
         else:
             time.sleep(timeout_s)
+
+
+def readable_fault(message: str) -> bool:
+    """An XID or SXid line one of the parsers reads (an XID report, an SXid report or its
+    continuation)."""
+    from exporter.xid.parser import parse_xid
+    from exporter.xid.sxid import parse_sxid
+
+    return parse_xid(message) is not None or parse_sxid(message) is not None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 
-from exporter.workload.attribution_state import AttributionPersistence
+from exporter.xid.attribution_state import AttributionPersistence
 from exporter.xid.follower import KmsgFollower
 from exporter.xid.identities import GpuIdentities
 from exporter.xid.store import Ack, StateFile, XidStore
@@ -40,7 +40,7 @@ class XidPersistence:
         self.follower = follower  # owns the kernel-log sequence number each file records
         self.write_xids = write_xids  # False when XIDs are not counted: the file is only read
         self.sxids_enabled = sxids_enabled  # False: the SXid state is neither read nor written
-        self.attribution = attribution  # the workloads the events hit (exporter.workload.attribution)
+        self.attribution = attribution  # the workloads the events hit (exporter.attribution)
         self.loaded = False
         self.found = False  # a state file for this boot and kernel log was read
         self._lock = threading.Lock()  # one flush or intake at a time

@@ -28,8 +28,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.workload.attribution import Attribution, FaultAttribution, WorkloadHistory, acks_key
-from exporter.workload.attribution_state import AttributionPersistence, AttributionStateFile
+from exporter.attribution.fault import FaultAttribution
+from exporter.attribution.history import WorkloadHistory
+from exporter.attribution.ledger import Attribution, acks_key
+from exporter.xid.attribution_state import AttributionPersistence, AttributionStateFile
 from exporter.xid.clock import KernelClock
 from exporter.xid.counter import XidCounter
 from exporter.xid.follower import KmsgFollower
@@ -58,6 +60,25 @@ class KmsgView:
     error: str
     stats: ReaderStats  # a copy
     last_seq: int | None  # the last record whose reports are counted (this run or an earlier one)
+
+    def unparseable(self) -> str:
+        """Why the kernel log read is no evidence: a line that names an XID or SXid report could not
+        be read (its fault may be missing from the counts), or not one of its lines was in a form we
+        read (/dev/kmsg records, dmesg, journalctl -k, syslog: exporter.xid.textlog). "Healthy" from it
+        would be a guess, whatever the state file says. Empty when it can be trusted. (`check`'s
+        exit 3, and the Kubernetes condition's Unknown.)"""
+        st = self.stats
+        if not (self.enabled and self.ok):
+            return ""
+        if st.unparsed_faults:
+            return (f"kernel log {self.path}: {st.unparsed_faults} line(s) name an XID or SXid report "
+                    f"that could not be read, so faults may be missing from the counts; last: "
+                    f"{st.last_unparsed_fault[:120]!r}")
+        if st.records or not st.malformed:
+            return ""
+        return (f"kernel log {self.path}: none of its {st.malformed} line(s) is a kernel-log line in a "
+                f"form `check` reads (/dev/kmsg records, dmesg, dmesg -T, journalctl -k short, "
+                f"short-iso, short-precise, syslog); last line not parsed: {st.last_malformed[:80]!r}")
 
 
 @dataclass(frozen=True)
@@ -118,8 +139,9 @@ class XidService:
             if self.xid_enabled else None
         self.sxid_counter = SxidCounter(self.sxids, self.sxid_policy, self.clock) \
             if self.sxid_enabled else None
-        # Each counted event records the workloads on its GPU(s) then (exporter.workload.attribution).
-        self.attribution = FaultAttribution(workloads or WorkloadHistory(), self.identities)
+        # Each counted event records the workloads on its GPU(s) then (exporter.attribution).
+        self.attribution = FaultAttribution(workloads or WorkloadHistory(), self.identities,
+                                            kernel_offset=lambda: self.clock.offset_s)
         for c in (self.counter, self.sxid_counter):
             if c is not None:
                 c.attribution = self.attribution

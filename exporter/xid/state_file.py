@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from exporter.regular_file import NotRegularFile, open_regular, read_regular
-from exporter.xid.state_values import StateError, show
+from exporter.state.versions import BY_WHAT, NewerVersion, StateError
+from exporter.xid.state_values import show
 
 log = logging.getLogger("exporter.xid.state_file")
 
@@ -122,14 +123,15 @@ def encodable(s: str) -> str:
     return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-def set_aside(path: Path, keep: int) -> Path:
-    """Rename a corrupt state file to `<name>.corrupt-<UTC time>[.n]` for a human, keeping the
-    newest `keep` of them. Raises OSError when it cannot be renamed."""
+def set_aside(path: Path, keep: int, kind: str = "corrupt") -> Path:
+    """Rename a corrupt state file to `<name>.<kind>-<UTC time>[.n]` for a human (`kind`:
+    "corrupt", or "newer-v<N>" for a newer version's), keeping the newest `keep` of each kind.
+    Raises OSError when it cannot be renamed."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     aside = next(p for n in range(1000) if not (p := path.with_name(
-        f"{path.name}.corrupt-{stamp}" + (f".{n}" if n else ""))).exists())
+        f"{path.name}.{kind}-{stamp}" + (f".{n}" if n else ""))).exists())
     os.replace(path, aside)
-    for p in sorted(path.parent.glob(f"{path.name}.corrupt*"))[:-keep]:
+    for p in sorted(path.parent.glob(f"{path.name}.{kind}-*"))[:-keep]:
         with contextlib.suppress(OSError):
             p.unlink()
     return aside
@@ -138,16 +140,18 @@ def set_aside(path: Path, keep: int) -> Path:
 @dataclass
 class StateStatus:
     ok: bool = True  # the last read and write of the state file worked
-    problem: str = ""  # "", "missing", "corrupt", "unreadable", "unwritable", "other_boot", "no_boot_id"
+    # "", "missing", "corrupt", "newer_version", "unreadable", "unwritable", "other_boot", "no_boot_id"
+    problem: str = ""
     read_errors: int = 0
     write_errors: int = 0
     writes: int = 0
 
 
 class StateFile:
-    """One state file in `state_dir`: `name`, its documents checked by `validate` (raises
+    """One state file in `state_dir`: `name`, its documents upgraded to this exporter's version
+    by the schema of `what` (exporter.state.versions) and checked by `validate` (raises
     StateError) and, when `merge` is given, merged with what is on disk before each write (what
-    `ack` wrote is kept). `what` names its counts in log lines ("XID", "SXid")."""
+    `ack` wrote is kept). `what` names its counts in log lines ("XID", "SXid", "workload")."""
 
     def __init__(self, state_dir: str, boot_id: str, kmsg: str = "", read_only: bool = False, *,
                  name: str, validate: Callable[[Any], None], what: str, merge: Merge | None = None) -> None:
@@ -155,6 +159,7 @@ class StateFile:
         self.dir = Path(state_dir)
         self.path = self.dir / name
         self.validate = validate
+        self.schema = BY_WHAT[what]
         self.what = what
         self.merge = merge
         self.label = "state file" if what == "XID" else f"{what} state file"  # in log lines
@@ -245,8 +250,11 @@ class StateFile:
             return None
         self._ident = ident
         try:
-            data = json.loads(raw.decode("utf-8"))
+            data = self.schema.upgrade(json.loads(raw.decode("utf-8")))  # an older version migrated
             self.validate(data)  # every field, before anyone uses it
+        except NewerVersion as e:
+            self._newer(e, ident)
+            return None
         except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError included
             self._corrupt(e, ident)
             return None
@@ -301,6 +309,31 @@ class StateFile:
                   "one recorded only in the old file (ring buffer wrapped since) is lost; inspect %s "
                   "(gpu_health_exporter_state_file_recoveries_total counts the XID file's)",
                   self.label, self.path, why, aside.name, self.what, aside)
+
+    def _newer(self, e: NewerVersion, ident: tuple) -> None:
+        """A file of a newer version (the exporter was rolled back): not corrupt, and not ours to
+        read. Set aside under a name that says so, for the newer exporter (or a human) to take
+        back; this one counts from the kernel log from here, and says what that may lose."""
+        if self.read_only:
+            self._bad = ident
+            self._problem("newer_version", f"{e}; left in place (the daemon sets it aside)", write=False)
+            return
+        try:
+            aside = set_aside(self.path, CORRUPT_KEEP, f"newer-v{e.found}")
+        except OSError as err:
+            self._bad = ident
+            self._problem("newer_version", f"{e}, and it cannot be set aside: {err.strerror or err}",
+                          write=False)
+            return
+        self._behind = True
+        self.status.ok, self.status.problem = False, "newer_version"
+        self.status.read_errors += 1
+        if not self.holds:
+            self.recoveries += 1  # its counts are not read: a recovery, as for a corrupt file
+        log.error("%s %s: %s. Set aside as %s (kept for a newer exporter: move it back after "
+                  "upgrading again); %s counts are rebuilt from the kernel log, and one recorded only "
+                  "in that file (ring buffer wrapped since) is not counted by this version",
+                  self.label, self.path, e, aside.name, self.what)
 
     def changed_on_disk(self) -> bool:
         """True when someone else (ack) wrote the file since we last read or wrote it (or our last

@@ -11,6 +11,8 @@ import math
 import re
 from typing import Any
 
+from exporter.state.versions import StateError  # noqa: F401 - re-exported: the validators raise it
+
 # A unix time or kernel uptime beyond this (year 2286) is no real time: time.gmtime and the
 # exposition would overflow long before a value like 1e300.
 MAX_TIME_S = 1e10
@@ -19,10 +21,6 @@ MAX_UUID_CHARS = 96  # NVML's UUID buffer (NVML_DEVICE_UUID_V2_BUFFER_SIZE)
 MAX_INDEX = 1023  # a GPU index
 PCI_KEY_RE = re.compile(r"[0-9a-f]{8}:[0-9a-f]{2}:[0-9a-f]{2}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-class StateError(ValueError):
-    """A state file field out of shape or range; the message names the field."""
 
 
 def show(v: Any, limit: int = 80) -> str:

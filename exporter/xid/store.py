@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.state import versions
 from exporter.xid import state_file
 from exporter.xid.catalog import XID_MAX, XID_MIN, lookup, valid_xid
 from exporter.xid.identities import MAX_IDENTITIES, Identity  # noqa: F401 - Identity: re-exported
@@ -41,7 +42,7 @@ from exporter.xid.state_values import (  # noqa: F401 - StateError: re-exported
     text,
 )
 
-STATE_VERSION = 1
+STATE_VERSION = versions.XID.version  # what this exporter writes; older ones are migrated
 STATE_NAME = "xid-state.json"
 MAX_OPEN_PER_KEY = 4
 MAX_KEYS = 4096
@@ -137,6 +138,7 @@ def _validate_ack(a: dict, where: str, counts: dict) -> None:
     _optional(a, "xid", lambda v, w: integer(v, w, XID_MIN, XID_MAX), f"{where}.")
     _optional(a, "uuid", lambda v, w: text(v, w, MAX_UUID_CHARS), f"{where}.")
     seconds(a.get("time"), f"{where}.time")
+    _optional(a, "mono", seconds, f"{where}.")
     if a.get("logged") not in (None, True, False):
         raise StateError(f"{where}.logged is {show(a['logged'])}; expected true or false")
     for k, v in mapping(a.get("baseline") or {}, f"{where}.baseline").items():
@@ -180,17 +182,22 @@ class Ack:
     time: float
     baseline: dict[str, int]  # count per count key at the time of the ack
     logged: bool = False  # a daemon logged it (kept in the file: logged once, across restarts)
+    # time.monotonic() when taken (this boot's clock, as the file is this boot's): what clears
+    # the attributions before it whatever the wall clock did; None in an ack written before
+    mono: float | None = None
 
     def to_json(self) -> dict:
         d = {"pci": self.pci, "index": self.index, "uuid": self.uuid, "xid": self.xid,
              "time": self.time, "baseline": self.baseline}
+        if self.mono is not None:
+            d["mono"] = self.mono
         return {**d, "logged": True} if self.logged else d
 
     @classmethod
     def from_json(cls, d: dict) -> Ack:
         return cls(str(d["pci"]), d.get("index"), str(d.get("uuid") or ""), d.get("xid"),
                    float(d["time"]), {str(k): int(v) for k, v in dict(d.get("baseline") or {}).items()},
-                   d.get("logged") is True)
+                   d.get("logged") is True, None if d.get("mono") is None else float(d["mono"]))
 
     def ident(self) -> tuple:
         return (self.pci, self.xid, round(self.time, 3))

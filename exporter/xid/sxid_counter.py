@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from exporter.workload.attribution import describe_sxid
+from exporter.attribution.text import describe_sxid
 from exporter.xid.clock import KernelClock
 from exporter.xid.kmsg import Record
 from exporter.xid.parser import pci_label
@@ -32,12 +32,12 @@ class SxidCounter:
         """One kernel-log record; `new`: not counted by an earlier run."""
         if rec.kernel and new and "SXid" in rec.message:
             parsed = parse_sxid(rec.message)
-            wall = self.clock.wall(rec.usec / 1e6)
+            wall = rec.wall if rec.wall is not None else self.clock.wall(rec.usec / 1e6)
             counted = isinstance(parsed, SxidReport) and \
                 self.store.report(parsed.pci, parsed.switch, parsed.sxid, parsed.severity, wall)
             hit = ""
             if counted and self.attribution is not None:
-                hit = describe_sxid(self.attribution.sxid(parsed.pci, parsed.sxid, wall))
+                hit = describe_sxid(self.attribution.sxid(parsed.pci, parsed.sxid, wall, rec.usec / 1e6))
             if counted and self.log_events:
                 log.warning("SXid %05d counted on NVSwitch %d (PCI %s): severity %s, tier %s%s; %s; %s",
                             parsed.sxid, parsed.switch, pci_label(parsed.pci), parsed.severity,

@@ -15,13 +15,14 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.state import versions
 from exporter.xid.state_file import StateFile
 from exporter.xid.state_values import StateError, integer, mapping, pci_key, seconds, sequence, show, text
 from exporter.xid.store import MAX_BOOT_ID_CHARS, MAX_COUNT, MAX_SEQ, MAX_SOURCE_CHARS, OTHER
 from exporter.xid.sxid import SEVERITIES
 
 STATE_NAME = "sxid-state.json"
-STATE_VERSION = 1
+STATE_VERSION = versions.SXID.version  # what this exporter writes; older ones are migrated
 MAX_SERIES = 256  # label cardinality guard: 4-6 switches, a few dozen codes ever seen
 MAX_SWITCH = 63
 # Switch PCI addresses with series of their own (an HGX board has 4, an NVL72 tray 2); reports

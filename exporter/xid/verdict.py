@@ -1,10 +1,18 @@
 """The health verdict per GPU and per node, from XIDs since boot (less acknowledgements) and the
 GPU collector's live NVML state. Pure: inputs in, verdicts out.
 
-Levels, least to most severe: healthy, degraded, reset_required, reboot_required,
+Levels, least to most severe: healthy, degraded, unknown, reset_required, reboot_required,
 replace_required. Each reason has one level; a GPU's verdict is its most severe reason's, the
 node's the most severe of its GPUs' and its own (GPU count below expected, NVML unusable).
 XID reasons are sticky (they last until `ack`); NVML state reasons last while the state does.
+
+`unknown` is "this GPU's health could not be read": NVML did not answer for it within
+gpu.read_timeout_seconds (a hung call, one of the commonest signs of a GPU about to fall off the
+bus) or its health-critical reads failed. It is never `healthy`: `check` exits 3 on it, the
+daemon exports it. It ranks above `degraded` (a node we cannot judge must not take work a
+degraded one would) and below the action levels (what could be read and says "reset" wins). A GPU
+that has not answered for health.unresponsive_seconds is `reboot_required` (`gpu_unresponsive`):
+a call stuck that long is a driver or GPU fault that only a reboot clears (docs/xid.md).
 """
 
 from __future__ import annotations
@@ -16,7 +24,8 @@ from exporter.xid.catalog import lookup
 from exporter.xid.policy import Policy
 from exporter.xid.store import Count, split_key
 
-VERDICTS = ("healthy", "degraded", "reset_required", "reboot_required", "replace_required")
+VERDICTS = ("healthy", "degraded", "unknown", "reset_required", "reboot_required", "replace_required")
+UNKNOWN = "unknown"
 LEVEL = {v: i for i, v in enumerate(VERDICTS)}
 
 # reason -> verdict level. The set is fixed: it is a label value.
@@ -30,6 +39,10 @@ GPU_REASONS: dict[str, str] = {
     "row_remap_pending": "reset_required",
     "recovery_action_reset": "reset_required",
     "uncorrected_ecc": "reset_required",
+    # NVML did not answer for the GPU (a hung call): unknown at once, reboot once it lasts
+    "gpu_unresponsive": "reboot_required",
+    "gpu_not_answering": "unknown",
+    "gpu_not_read": "unknown",  # NVML answered with errors to health-critical reads, or was not asked
     "recovery_action_drain": "degraded",
     "recovery_action_other": "degraded",
     "xid_unknown": "degraded",
@@ -40,13 +53,14 @@ GPU_REASONS: dict[str, str] = {
 }
 NODE_REASONS: dict[str, str] = {
     "gpu_count_below_expected": "reboot_required",
-    "nvml_unavailable": "degraded",
+    "nvml_unavailable": "unknown",  # no GPU could be read: never healthy (check exits 3)
     # NVSwitch SXids: one switch in trouble fails NVLink for every GPU, so they are the node's
     "sxid_replace": "replace_required",
     "sxid_reboot": "reboot_required",
     "sxid_unknown": "degraded",
 }
 SXID_TIER_REASON = {"replace": "sxid_replace", "reboot": "sxid_reboot", "unknown": "sxid_unknown"}
+UNRESPONSIVE_S = 60.0  # health.unresponsive_seconds: a GPU not answering this long needs a reboot
 FABRIC_GRACE_S = 300.0  # registration normally completes within a minute of the Fabric Manager starting
 ALL_REASONS = {**GPU_REASONS, **NODE_REASONS}
 TIER_REASON = {"replace": "xid_replace", "reboot": "xid_reboot", "reset": "xid_reset",
@@ -55,6 +69,29 @@ TIER_REASON = {"replace": "xid_replace", "reboot": "xid_reboot", "reset": "xid_r
 # headers; they map as XID 154's action codes do (exporter.xid.policy.ACTION_TIERS).
 RECOVERY_REASON = {1: "recovery_action_reset", 2: "recovery_action_reboot", 3: "recovery_action_drain",
                    4: "recovery_action_reset", 6: "recovery_action_reset", 7: "recovery_action_reboot"}
+
+
+# reason -> the runbook section (docs/runbooks.md, the alert that pages on it) an operator opens for
+# it: the landing page links each reason there (tests/test_landing_page.py holds every reason to a
+# section that exists).
+RUNBOOK: dict[str, str] = {
+    "xid_replace": "GpuXidReplaceNow", "xid_reboot": "GpuXidRebootRequired",
+    "xid_reset": "GpuXidResetRequired", "xid_unknown": "GpuXidUnknown",
+    "row_remap_failure": "GpuRowRemapFailure",
+    "row_remap_pending": "GpuRowRemapPending", "gpu_lost": "GpuLost", "gpu_unresponsive": "GpuUnresponsive",
+    "gpu_not_answering": "GpuUnresponsive", "gpu_not_read": "GpuHealthUnreadable",
+    "recovery_action_reboot": "GpuRecoveryActionRebootRequired",
+    "recovery_action_reset": "GpuRecoveryActionRequired",
+    "recovery_action_drain": "GpuRecoveryActionRequired",
+    "recovery_action_other": "GpuRecoveryActionRequired",
+    "uncorrected_ecc": "GpuEccUncorrectedErrors", "fabric_not_completed": "GpuFabricNotCompleted",
+    "fabric_status_error": "GpuFabricRegistrationFailed", "fabric_health": "GpuFabricRegistrationFailed",
+    "gpu_count_below_expected": "GpuCountBelowExpected", "nvml_unavailable": "GpuCountBelowExpected",
+    "sxid_replace": "NvswitchSxidReplaceNow", "sxid_reboot": "NvswitchSxidRebootRequired",
+    "sxid_unknown": "NvswitchSxidUnknown",
+}
+# Reasons an `ack` clears (the sticky XID ones); the others last as long as the NVML state does.
+ACKABLE = frozenset(TIER_REASON.values())
 
 
 def worst(verdicts: list[str]) -> str:
@@ -138,8 +175,15 @@ def fabric_reasons(h: GpuHealth, uptime_s: float | None, grace_s: float = FABRIC
     return out
 
 
+def answer_reasons(h: GpuHealth, unresponsive_s: float = UNRESPONSIVE_S) -> set[str]:
+    """A GPU NVML did not answer for (`unanswered_s` set), or whose health reads failed."""
+    if h.unanswered_s is not None:
+        return {"gpu_unresponsive" if h.unanswered_s >= unresponsive_s else "gpu_not_answering"}
+    return set() if h.read_ok else {"gpu_not_read"}
+
+
 def gpu_reasons(h: GpuHealth | None, lines: list[XidLine], lost: bool, uptime_s: float | None = None,
-                fabric_grace_s: float = FABRIC_GRACE_S) -> list[str]:
+                fabric_grace_s: float = FABRIC_GRACE_S, unresponsive_s: float = UNRESPONSIVE_S) -> list[str]:
     reasons: set[str] = set()
     for line in lines:
         if not line.acknowledged and line.tier in TIER_REASON:
@@ -156,6 +200,8 @@ def gpu_reasons(h: GpuHealth | None, lines: list[XidLine], lost: bool, uptime_s:
         if h.ecc_uncorrected_volatile:
             reasons.add("uncorrected_ecc")
         reasons |= fabric_reasons(h, uptime_s, fabric_grace_s)
+        if not h.lost:
+            reasons |= answer_reasons(h, unresponsive_s)
     return sorted(reasons, key=lambda r: (-LEVEL[GPU_REASONS[r]], r))
 
 
@@ -195,12 +241,13 @@ class GpuInput:
 
 def judge(gpus: list[GpuInput], health: NodeGpuHealth | None, expected: int | None,
           sxids: list[SxidLine] | None = None, uptime_s: float | None = None,
-          fabric_grace_s: float = FABRIC_GRACE_S) -> NodeVerdict:
+          fabric_grace_s: float = FABRIC_GRACE_S, unresponsive_s: float = UNRESPONSIVE_S) -> NodeVerdict:
     """The node and per-GPU verdicts from their inputs (fabric registration judged once
-    `fabric_grace_s` of uptime have passed)."""
+    `fabric_grace_s` of uptime have passed; a GPU not answering for `unresponsive_s` needs a
+    reboot)."""
     out = []
     for g in gpus:
-        reasons = gpu_reasons(g.health, g.xids, g.lost, uptime_s, fabric_grace_s)
+        reasons = gpu_reasons(g.health, g.xids, g.lost, uptime_s, fabric_grace_s, unresponsive_s)
         out.append(GpuVerdict(g.gpu, g.uuid, g.pci_bus_id, worst([GPU_REASONS[r] for r in reasons]), reasons,
                               g.xids, g.health.fabric_state if g.health is not None else None))
     out.sort(key=lambda g: (not g.gpu.isdigit(), int(g.gpu) if g.gpu.isdigit() else 0, g.pci_bus_id))

@@ -12,18 +12,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from exporter.workload.attribution import (
-    MAX_GPUS,
-    MAX_PER_GPU,
-    MAX_WORKLOADS,
-    SXID,
-    XID,
-    Attribution,
-    AttributionLedger,
-    valid_label,
-    valid_workload,
-)
-from exporter.workload.model import Workload
+from exporter.attribution.history import MAX_GPUS
+from exporter.attribution.ledger import MAX_PER_GPU, SXID, XID, Attribution, AttributionLedger
+from exporter.workload.model import MAX_WORKLOADS, Workload, valid_label, valid_workload
 from exporter.xid.catalog import XID_MAX, XID_MIN
 from exporter.xid.state_file import StateFile
 from exporter.xid.state_values import PCI_KEY_RE, seconds
@@ -41,7 +32,8 @@ def to_state(ledger: AttributionLedger) -> dict:
     """The state document (the state file adds boot_id and kmsg)."""
     return {"version": STATE_VERSION, "records": [
         [r.pci, r.kind, r.code, r.switch, round(r.time, 3),
-         None if r.workloads is None else [[w.hpc_job, w.namespace, w.pod, w.container] for w in r.workloads]]
+         None if r.workloads is None else [[w.hpc_job, w.namespace, w.pod, w.container] for w in r.workloads],
+         None if r.mono is None else round(r.mono, 6)]
         for r in ledger.records()]}
 
 
@@ -58,9 +50,11 @@ def validate_state(st: Any) -> list[Attribution]:
 
 
 def _record(row: Any, where: str) -> Attribution:
-    if not isinstance(row, list) or len(row) != 6:
-        raise ValueError(f"{where}: expected [pci, kind, code, switch, unix time, workloads or null]")
-    pci, kind, code, switch, t, ws = row
+    # a record holds 6 fields as written before the event's monotonic time was kept, 7 since
+    if not isinstance(row, list) or len(row) not in (6, 7):
+        raise ValueError(f"{where}: expected [pci, kind, code, switch, unix time, workloads or null, "
+                         "monotonic time or null]")
+    pci, kind, code, switch, t, ws, mono = row if len(row) == 7 else (*row, None)
     if not isinstance(pci, str) or not PCI_KEY_RE.fullmatch(pci):
         raise ValueError(f"{where}: {pci!r} is not a GPU's PCI key")
     if kind not in _CODES:
@@ -72,20 +66,21 @@ def _record(row: Any, where: str) -> Attribution:
             or (kind == XID and switch):
         raise ValueError(f"{where}: switch {switch!r}: an SXid names its NVSwitch's PCI key, an XID none")
     t = seconds(t, f"{where}: time")  # the state files' one rule for a time
+    mono = None if mono is None else seconds(mono, f"{where}: monotonic time")
     if ws is None:
-        return Attribution(pci, kind, code, switch, t, None)
+        return Attribution(pci, kind, code, switch, t, None, mono)
     if not isinstance(ws, list) or len(ws) > MAX_WORKLOADS:
         raise ValueError(f"{where}: workloads: expected null or a list of at most {MAX_WORKLOADS}")
     workloads = []
     for j, w in enumerate(ws):
         if not isinstance(w, list) or len(w) != 4 or not all(valid_label(f) for f in w):
             raise ValueError(f"{where}: workloads[{j}]: expected [hpc_job, namespace, pod, container], "
-                             "strings without control characters")
+                             "printable single-line strings")
         wl = Workload(*w)
         if not valid_workload(wl):
             raise ValueError(f"{where}: workloads[{j}]: neither a Slurm job (hpc_job alone) nor a pod")
         workloads.append(wl)
-    return Attribution(pci, kind, code, switch, float(t), tuple(sorted(set(workloads))))
+    return Attribution(pci, kind, code, switch, float(t), tuple(sorted(set(workloads))), mono)
 
 
 class AttributionStateFile:

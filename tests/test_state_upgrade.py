@@ -1,0 +1,153 @@
+"""State written by earlier versions of this project loads with every count (issue 38).
+
+tests/fixtures/state/<commit>/ holds the state files a simulated p5.48xlarge wrote at that commit
+(its XID, SXid and, from c88ad74, workload-attribution files), after two `ack`s folded in by the
+running daemon (all XIDs of GPU 1; XID 63 of GPU 2). How they were made is in the README there.
+The current code loads each: every XID and SXid count, every ack, every attribution. A file of a
+newer version (a downgrade) is set aside under a name that says so, with a log line, never read
+as zero counts in silence.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from exporter.cli import build_context, build_parser, main
+from exporter.state import versions
+from exporter.state.versions import NewerVersion, Schema, StateError
+from tests.helpers import FIXTURES
+
+STATE = FIXTURES / "state"
+COMMITS = sorted(p.name for p in STATE.iterdir() if p.is_dir())
+
+
+def fixture(commit: str, name: str) -> dict:
+    return json.loads((STATE / commit / name).read_text())
+
+
+def sim_args(commit: str, state: Path) -> list[str]:
+    """The simulated node that wrote the fixture: its kernel log's name ("simulated:PROFILE:SCENARIOS")
+    is what the file records, so the same node reads it as its own."""
+    _, profile, scenarios = fixture(commit, "xid-state.json")["kmsg"].split(":")
+    return ["--simulate", profile, *[a for s in scenarios.split(",") for a in ("--scenario", s)],
+            "--path.state-dir", str(state)]
+
+
+def copied(commit: str, tmp_path: Path) -> Path:
+    state = tmp_path / "state"
+    shutil.copytree(STATE / commit, state)
+    (state / "README.md").unlink(missing_ok=True)
+    return state
+
+
+def test_fixtures_of_both_commits_are_here():
+    assert {"c475e11", "c88ad74"} <= set(COMMITS)
+
+
+@pytest.mark.parametrize("commit", COMMITS)
+def test_the_state_loads_with_every_count_and_ack(commit, tmp_path):
+    """Loaded alone (the kernel log not read): the counts are the file's, not the log's."""
+    state = copied(commit, tmp_path)
+    ctx, sim = build_context(build_parser().parse_args(sim_args(commit, state)))
+    try:
+        svc = ctx.xid
+        svc.load_state()
+        assert svc.persistence.found and svc.state.status.problem == ""
+        want = {(p, k): v[0] for p, ks in fixture(commit, "xid-state.json")["counts"].items()
+                for k, v in ks.items()}
+        got = {(p, k): c.count for p, ks in svc.store.snapshot().items() for k, c in ks.items()}
+        assert got == want and len(want) == 4
+        acks = {(a.pci, a.xid, tuple(sorted(a.baseline.items()))) for a in svc.store.acks_snapshot()}
+        assert acks == {(a["pci"], a["xid"], tuple(sorted(a["baseline"].items())))
+                        for a in fixture(commit, "xid-state.json")["acks"]} and len(acks) == 2
+        sx = {(p, n, sev): c.count for (p, n, sev), c in svc.sxids.snapshot().items()}
+        on_disk = fixture(commit, "sxid-state.json")["counts"]
+        assert sx == {(p, n, sev): count for p, n, sev, count, _ in on_disk}
+        assert sum(sx.values()) == 25
+        assert svc.follower.counted_through("xid") == fixture(commit, "xid-state.json")["last_seq"]
+    finally:
+        sim.close()
+
+
+@pytest.mark.parametrize("commit", COMMITS)
+def test_check_reports_the_counts_acks_and_attribution_of_the_old_files(commit, tmp_path, capsys):
+    """`check` on the node that wrote them: each XID once (the log's records up to the file's
+    sequence number are not counted again), the acked ones acknowledged, and (from c88ad74, the
+    first with attribution) the Slurm job each fault hit."""
+    state = copied(commit, tmp_path)
+    main(["check", *sim_args(commit, state), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    xids = {(g["gpu"], x["xid"]): (x["count"], x["acknowledged"]) for g in out["gpus"] for x in g["xids"]}
+    assert xids == {(1, 94): (1, True), (2, 63): (1, True), (3, 74): (1, False), (5, 79): (1, False)}
+    assert sorted((s["sxid"], s["count"]) for s in out["nvswitch_sxids"]) == [(20001, 24), (20034, 1)]
+    assert not out["problems"], out["problems"]
+    if (STATE / commit / "workload-state.json").exists():
+        hit = {(g["gpu"], w["event"], w.get("xid") or w.get("sxid")):
+               [j.get("hpc_job") for j in w["workloads"]] for g in out["gpus"] for w in g["workloads_hit"]}
+        index = {p: g["index"] for p, g in fixture(commit, "xid-state.json")["gpus"].items()}
+        written = fixture(commit, "workload-state.json")["records"]
+        records = {(index[pci], kind, code) for pci, kind, code, *_ in written}
+        acked = {r for r in records if r[0] == 1 or r[:3] == (2, "xid", 63)}  # the acks clear what they cover
+        assert len(records) == 20 and len(acked) == 4
+        assert set(hit) == records - acked
+        assert set(map(tuple, hit.values())) == {("4242",)}
+
+
+def newer(commit: str, state: Path) -> Path:
+    """The fixture's XID file as a newer exporter would write it (version + 1)."""
+    path = state / "xid-state.json"
+    doc = fixture(commit, "xid-state.json")
+    path.write_text(json.dumps({**doc, "version": versions.XID.version + 1}))
+    return path
+
+
+def test_a_newer_version_is_set_aside_with_a_clear_message_not_read_as_zero(tmp_path, caplog):
+    state = copied(COMMITS[-1], tmp_path)
+    newer(COMMITS[-1], state)
+    ctx, sim = build_context(build_parser().parse_args(sim_args(COMMITS[-1], state)))
+    try:
+        with caplog.at_level(logging.ERROR):
+            ctx.xid.load_state()
+        st = ctx.xid.state
+        assert st.status.problem == "newer_version" and st.recoveries == 1
+        aside = [p.name for p in state.glob("xid-state.json.*") if p.name != "xid-state.json.lock"]
+        assert aside and aside[0].startswith(f"xid-state.json.newer-v{versions.XID.version + 1}-")
+        assert not (state / "xid-state.json").exists()
+        msg = caplog.text
+        assert "written by a newer exporter" in msg and aside[0] in msg and "kernel log" in msg
+        assert "corrupt" not in msg
+    finally:
+        sim.close()
+
+
+def test_check_says_the_state_is_of_a_newer_version_and_leaves_it(tmp_path, capsys):
+    state = copied(COMMITS[-1], tmp_path)
+    path = newer(COMMITS[-1], state)
+    before = path.read_bytes()
+    main(["check", *sim_args(COMMITS[-1], state), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["sources"]["state_file"]["problem"] == "newer_version"
+    assert any("newer_version" in p for p in out["problems"]), out["problems"]
+    assert path.read_bytes() == before
+
+
+def test_migrations_run_in_order_and_a_gap_or_a_bad_version_is_an_error():
+    def v1_to_v2(doc: dict) -> dict:
+        counts = doc["counts"]
+        return {**doc, "counts": {p: {k: {"n": v[0]} for k, v in ks.items()} for p, ks in counts.items()}}
+
+    schema = Schema("XID", 3, {1: v1_to_v2, 2: lambda d: {**d, "renamed": True}})
+    up = schema.upgrade({"version": 1, "counts": {"p": {"94": [3, 1.0, 2.0]}}})
+    assert up == {"version": 3, "counts": {"p": {"94": {"n": 3}}}, "renamed": True}
+    with pytest.raises(StateError, match="version 1 has no migration to 3"):
+        Schema("XID", 3, {2: lambda d: d}).upgrade({"version": 1})
+    with pytest.raises(NewerVersion, match="version 4 was written by a newer exporter"):
+        schema.upgrade({"version": 4})
+    for bad in (None, True, 0, "1"):
+        with pytest.raises(StateError, match="version is"):
+            schema.upgrade({"version": bad})
