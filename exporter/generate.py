@@ -7,6 +7,8 @@ refuses to run from an installed package, like exporter.docs).
 
 One command for every file made from another source (CI runs `--check`: .ci/run):
 
+- job-rules: rules/job.yml (exporter.job_rules' default settings) and its promtool suites
+  tests/rules/job.test.yml and job_day.test.yml (tests/job_cases.py);
 - docs: docs/metrics.md, docs/configuration.md, from the metric catalog and the config schema
   (exporter.docs);
 - dashboards: dashboards/*.json and the panel reference in docs/dashboards.md, from
@@ -153,7 +155,16 @@ def _golden() -> dict[Path, str | None]:
 
 # In order, each before what reads its output: the dashboards' JSON files before the counts of
 # dashboards (doc-lists), docs/runbooks.md's lists before the runbooks' ConfigMap (deploy).
+def _job_rules() -> dict[Path, str | None]:
+    from exporter import job_rules
+    from tests import job_cases
+
+    return {ROOT / "rules" / "job.yml": job_rules.render(),
+            job_cases.SUITE: job_cases.text(False), job_cases.DAY_SUITE: job_cases.text(True)}
+
+
 GENERATORS: dict[str, Generator] = {
+    "job-rules": _job_rules,  # before deploy and doc-lists, which read rules/
     "docs": _docs,
     "dashboards": _dashboards,
     "doc-lists": _doc_lists,

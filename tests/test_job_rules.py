@@ -22,13 +22,13 @@ def _promtool(*args: str) -> subprocess.CompletedProcess:
 
 def test_rules_file_is_the_default_rendering():
     assert (ROOT / "rules" / "job.yml").read_text() == job_rules.render(), \
-        "rules/job.yml is stale: run .venv/bin/python -m exporter.job_rules"
+        "rules/job.yml is stale: run .venv/bin/python -m exporter.generate"
 
 
 def test_suite_is_generated_from_the_cases():
     for path, day in ((job_cases.SUITE, False), (job_cases.DAY_SUITE, True)):
         assert path.read_text() == job_cases.text(day), \
-            f"{path.name} is stale: run .venv/bin/python -m tests.job_cases"
+            f"{path.name} is stale: run .venv/bin/python -m exporter.generate"
 
 
 def test_every_group_has_its_own_interval():
