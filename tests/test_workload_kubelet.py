@@ -6,7 +6,6 @@ kubelet that never answers. And the committed protobuf module is exactly what gr
 the committed .proto."""
 
 import filecmp
-import select
 import socket
 import subprocess
 import sys
@@ -334,7 +333,7 @@ def test_the_connection_is_kept_and_made_again_when_the_kubelet_closes_it(node):
     deadline = time.monotonic() + 20
     while not goaway_pending(first):
         assert time.monotonic() < deadline, "no GOAWAY within 20 s"
-        select.select([], [], [], 0.02)
+        time.sleep(0.02)
     assert [d.device_id for d in client.list().devices] == [gpus[0].uuid]
     assert client._channel._sock is not first and lister.calls == 3
     client.close()
@@ -342,9 +341,10 @@ def test_the_connection_is_kept_and_made_again_when_the_kubelet_closes_it(node):
 
 def goaway_pending(sock) -> bool:
     """Whether the frames waiting unread in `sock` hold an HTTP/2 GOAWAY (frame type 7)."""
-    if not select.select([sock], [], [], 0)[0]:
+    try:  # poll-free: a worker's descriptors can be past select()'s 1024
+        data = sock.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
         return False
-    data = sock.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
     i = 0
     while i + 9 <= len(data):
         if data[i + 3] == 7:
