@@ -98,8 +98,15 @@ def test_unreadable_kernel_log_with_this_boots_state_file_is_still_a_check(tmp_p
     log = tmp_path / "kmsg.txt"
     log.write_text(REPLAYED)
     args = ["--simulate", "p5.48xlarge", "--kmsg-file", str(log), "--path.state-dir", state]
-    assert main(["ack", *args, "--gpu", "0"]) == 0  # writes this boot's state, counts included
+    assert main(["ack", *args, "--gpu", "0"]) == 0  # its acks file names this boot and the counts
     capsys.readouterr()
+    acks = json.loads((tmp_path / "state" / "xid-acks.json").read_text())
+    a = acks["acks"][0]
+    daemons = {a["pci"]: {k: [n, 1.0, a["time"]] for k, n in a["baseline"].items()}}
+    assert daemons[a["pci"]]  # XIDs were counted on GPU 0
+    (tmp_path / "state" / "xid-state.json").write_text(  # the daemon's state file of this boot ...
+        json.dumps({"version": 1, "boot_id": acks["boot_id"], "counts": daemons}))
+    (tmp_path / "state" / "xid-acks.json").unlink()  # ... without the ack
     log.unlink()  # e.g. no CAP_SYSLOG for the check: the daemon's state still has the counts
     code, out = run_check(capsys, *args, "--json")
     doc = json.loads(out)
