@@ -222,10 +222,10 @@ def build_context(args: argparse.Namespace) -> tuple[Context, Simulation | None]
         nvml = NvmlSession.for_capture(args.nvml_capture, args.nvml_latencies, pool)
     else:
         nvml = NvmlSession(make=sources.nvml, pool=pool) if sources else NvmlSession.real(pool)
-    source, state_file = xid_source(cfg, args, sources)
+    source, acks_file = xid_source(cfg, args, sources)
     ctx = compose(cfg, nvml=nvml, statvfs=sources.statvfs if sources else os.statvfs,
                   imds_url=sources.imds_url if sources else None, pool=pool, xid_source=source,
-                  xid_state_file=state_file)
+                  xid_acks_file=acks_file)
     return ctx, simulation
 
 
@@ -245,12 +245,12 @@ def simulated_node(args: argparse.Namespace) -> Simulation | None:
 
 def xid_source(cfg: Any, args: argparse.Namespace,
                sources: SimulatedSources | None) -> tuple[str | None, Any]:
-    """Which kernel log the XID service's counts come from, and its state file's kind: the
-    simulated node's unless a flag names another (each set of scenario flags its own, its state
-    file sharing the node's acks), a replayed capture (its file, not the temporary copy of its
-    records), else paths.kmsg (None, and the product's state file: None)."""
+    """Which kernel log the XID service's counts come from, and its acks file's kind: the
+    simulated node's unless a flag names another (each set of scenario flags its own, its acks
+    file the node's), a replayed capture (its file, not the temporary copy of its records), else
+    paths.kmsg (None, and the product's acks file: None)."""
     if sources is not None and not (args.kmsg_file or args.path_kmsg):
-        return sources.kmsg_source, sources.xid_state_file
+        return sources.kmsg_source, sources.xid_acks_file
     replay = args.kmsg_file and cfg.paths.kmsg != args.kmsg_file
     return (os.path.abspath(args.kmsg_file) if replay else None), None
 

@@ -19,13 +19,13 @@ from exporter.nvml.session import NvmlSession
 
 if TYPE_CHECKING:
     from exporter.config import Config
-    from exporter.xid.store import StateFile
+    from exporter.xid.store import AcksFile
 
 
 def compose(config: Config, *, nvml: NvmlSession | None = None,
             statvfs: Callable[[str], os.statvfs_result] = os.statvfs, imds_url: str | None = None,
             pool: Pool | None = None, xid_source: str | None = None,
-            xid_state_file: type[StateFile] | None = None) -> Context:
+            xid_acks_file: type[AcksFile] | None = None) -> Context:
     """Every part of a process, built once and wired:
 
     - `pool`: the threads of every read under a deadline (None: a new one; the caller closes it);
@@ -37,8 +37,8 @@ def compose(config: Config, *, nvml: NvmlSession | None = None,
     - the workload source from the config's `workload` section (None when no kind is set) and
       the `WorkloadHistory` that hears each of its readings;
     - the XID service (None without an xid section), told which kernel log its counts come from
-      and its state file's kind (`xid_source`, `xid_state_file`, None: paths.kmsg and the
-      product's StateFile; see XidService) and asking the workload source for a fresh reading
+      and its acks file's kind (`xid_source`, `xid_acks_file`, None: paths.kmsg and the
+      product's AcksFile; see XidService) and asking the workload source for a fresh reading
       when it counts a fault."""
     pool = pool if pool is not None else Pool()
     nvml = nvml if nvml is not None else NvmlSession.real(pool)
@@ -55,7 +55,7 @@ def compose(config: Config, *, nvml: NvmlSession | None = None,
     if getattr(config, "xid", None) is not None:
         from exporter.xid.service import XidService
 
-        kind = {"state_file": xid_state_file} if xid_state_file is not None else {}
+        kind = {"acks_file": xid_acks_file} if xid_acks_file is not None else {}
         xid = XidService(config, nvml, source=xid_source, workloads=workloads, **kind)
     if workload is not None:  # fault attribution hears every reading the source takes
         workload.listeners.append(workloads.observe)

@@ -72,7 +72,7 @@ class Outcome(NamedTuple):
         if self.status == TIMEOUT:
             return f"did not finish within its {self.limit:g}s deadline"
         if self.status == BUDGET:
-            return "did not finish before the time budget of the whole read ran out"
+            return f"did not finish before the whole read's budget ran out (own deadline {self.limit:g}s)"
         if self.status == BLOCKED:
             return (f"an earlier read is still blocked past its {self.limit:g}s deadline; not read again "
                     "until it returns")

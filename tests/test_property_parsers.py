@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 from exporter.config import ConfigError, load
 from exporter.efa import parse as efa
 from exporter.lustre import discovery, parsers
+from exporter.xid.identities import GpuIdentities
 from exporter.xid.kmsg import KmsgReader, parse_record
 from exporter.xid.parser import KernelLogParser, parse_message
-from exporter.xid.store import StateFile, XidStore
+from exporter.xid.store import XID_DOC, StateFile, XidStore
 from exporter.xid.sxid import parse_sxid
 
 EXAMPLES = settings.default.max_examples  # the profile's: 300 in CI, more with HYPOTHESIS_PROFILE=search
@@ -190,10 +191,11 @@ def test_state_file(tmp_path_factory, raw):
     (d / "xid-state.json").write_bytes(raw)
     data = StateFile(str(d), "b").read()  # never raises: a bad file is set aside
     if data is not None:
-        s = XidStore()
-        s.merge_state(data)
+        s, ids = XidStore(), GpuIdentities(None)
+        XID_DOC.load(data, s, ids)
         assert all(0 <= c.count <= 10**9 for ks in s.counts.values() for c in ks.values())
-        assert StateFile(str(d), "b").write(s)
+        assert StateFile(str(d), "b").write(XID_DOC.dump(s, ids, data.get("last_seq")))
+        assert StateFile(str(d), "b").read() is not None  # what is written reads back
 
 
 # -- the config ----------------------------------------------------------------------------------

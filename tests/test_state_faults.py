@@ -22,12 +22,12 @@ from exporter import simulate
 from exporter.cli import main
 from exporter.collectors.xid import XidCollector
 from exporter.runner import Runner
+from exporter.state import file as state_file
+from exporter.state.file import MAX_STATE_BYTES
 from exporter.xid import kmsg as kmsg_mod
-from exporter.xid import state_file
 from exporter.xid.kmsg import KmsgReader
 from exporter.xid.service import one_shot
-from exporter.xid.state_file import MAX_STATE_BYTES
-from exporter.xid.store import StateFile
+from exporter.xid.store import Ack, StateFile
 from exporter.xid.sxid_store import SxidStateFile
 from tests.helpers import samples, scrape
 from tests.test_check import REAL
@@ -125,16 +125,22 @@ def test_an_ack_baseline_above_the_count_does_not_silence_the_gpu(tmp_path, caps
     log.write_text(REAL + XID94)
     state = tmp_path / "state"
     args = ["--simulate", "p5.48xlarge", "--kmsg-file", str(log), "--path.state-dir", str(state)]
-    assert main(["ack", *args, "--gpu", "1"]) == 0  # writes this boot's state (a GPU with no XID)
-    doc = json.loads((state / "xid-state.json").read_text())
-    doc["acks"] = [{"pci": PCI, "index": 0, "uuid": "", "xid": 94, "time": time.time(),
-                    "baseline": {"94": 10**9}}]
-    (state / "xid-state.json").write_text(json.dumps(doc))
+    assert main(["ack", *args, "--gpu", "1"]) == 0  # writes this boot's acks file (a GPU with no XID)
+    doc = json.loads((state / "xid-acks.json").read_text())
+    doc["acks"].append({"pci": PCI, "index": 0, "uuid": "", "xid": 94, "time": time.time(),
+                        "baseline": {"94": 10**9}})
+    (state / "xid-acks.json").write_text(json.dumps(doc))
     capsys.readouterr()
     code = main(["check", *args, "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert code == 2 and out["node"]["verdict"] == "replace_required"  # the forged ack holds nothing
-    assert out["sources"]["state_file"]["problem"] == "corrupt"
+    # the forged ack waits for counts that never come (XidStore.add_ack): it holds nothing
+    assert code == 2 and out["node"]["verdict"] == "replace_required"
+    forged = {"pci": PCI, "index": 0, "uuid": "", "xid": 94, "time": 1.7e9, "baseline": {"94": 2}}
+    # and in the XID state file, a baseline above its counts makes the file corrupt
+    (state / "xid-state.json").write_text(json.dumps({**doc, "acks": [forged], "counts": {}}))
+    code = main(["check", *args, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 2 and out["sources"]["state_file"]["problem"] == "corrupt"
 
 
 def test_an_sxid_state_file_out_of_shape_is_set_aside(tmp_path, caplog):
@@ -233,23 +239,26 @@ def test_a_recovery_persists_for_the_boot_even_without_new_events(tmp_path):
     assert one_shot(make_ctx(tmp_path, "")).state.recoveries == 1
 
 
-def test_the_daemon_writes_what_ack_counted_ahead_of_it(tmp_path):
-    """`ack` may count a record the daemon has not read yet; the daemon's next write keeps the
-    larger count and sequence number, so the file it writes stays valid (an ack's baseline never
-    above the count) and a restart counts the record once."""
+def test_an_ack_of_what_the_daemon_has_not_counted_yet_waits_for_the_count(tmp_path):
+    """`ack` may count a record the daemon has not read yet; the daemon takes the ack once it
+    counted the record, so the file it writes stays valid (an ack's baseline never above the
+    count; only the daemon writes counts) and a restart counts the record once."""
     ctx = make_ctx(tmp_path, "")
     daemon = one_shot(ctx)
     with open(tmp_path / "kmsg", "a") as f:
         f.write(XID94)
     ack_svc = one_shot(make_ctx(tmp_path, None))  # `ack` reads the record the daemon has not
-    doc = ack_svc.persistence.snapshot()
-    doc["acks"] = [{"pci": PCI, "index": None, "uuid": "", "xid": 94, "time": time.time(),
-                    "baseline": {"94": 1}}]
-    assert ack_svc.state.write(doc, merge_counts=True)
-    daemon.refresh_acks()
-    assert counts(daemon) == {} and daemon.flush_state(force=True)  # still behind the kernel log
-    again = one_shot(make_ctx(tmp_path, None))  # restart: the file is valid, the record counted once
+    assert ack_svc.write_ack(Ack(PCI, None, "", 94, time.time(), {"94": 1})) == ""
+    assert daemon.refresh_acks() == []  # the ack waits for the count it acknowledges ...
+    assert counts(daemon) == {}  # still behind the kernel log
+    daemon.flush_state(force=True)
+    assert (on_disk(tmp_path) or {}).get("acks", []) == []  # ... so what it writes is valid
+    daemon.read_kmsg()
+    assert [a.xid for a in daemon.refresh_acks()] == [94]  # counted: the ack holds
+    daemon.flush_state(force=True)
+    again = one_shot(make_ctx(tmp_path, None))  # restart: the files are valid, the record counted once
     assert again.state.status.problem == "" and counts(again) == {(PCI, "94"): 1}
+    assert [a.xid for a in again.store.acks] == [94]
 
 
 def test_the_scrape_never_waits_for_the_state_lock_and_keeps_the_acks_it_holds(tmp_path):
@@ -339,9 +348,10 @@ def this_boots_state(tmp_path, capsys):
     log.write_text(REAL)
     state = tmp_path / "state"
     args = ["--simulate", "p5.48xlarge", "--kmsg-file", str(log), "--path.state-dir", str(state)]
-    assert main(["ack", *args, "--gpu", "1"]) == 0  # writes this boot's state
-    capsys.readouterr()
-    return args, state, json.loads((state / "xid-state.json").read_text())
+    assert main(["ack", *args, "--gpu", "1"]) == 0  # writes this boot's acks file (only the daemon
+    capsys.readouterr()                               # writes the XID state file)
+    acks = json.loads((state / "xid-acks.json").read_text())
+    return args, state, {"version": 1, "boot_id": acks["boot_id"], "counts": {}, "acks": []}
 
 
 def test_check_with_a_1e300_last_seen_answers_3_not_a_crash(tmp_path, capsys):
@@ -357,7 +367,7 @@ def test_check_with_a_1e300_last_seen_answers_3_not_a_crash(tmp_path, capsys):
 def test_check_with_infinity_in_the_sxid_state_answers_not_a_crash(tmp_path, capsys):
     """Fails on the old code: Infinity was accepted, OverflowError, exit 1."""
     args, state, doc = this_boots_state(tmp_path, capsys)
-    sx = {"version": 1, "boot_id": doc["boot_id"], "kmsg": doc["kmsg"], "last_seq": None,
+    sx = {"version": 1, "boot_id": doc["boot_id"], "last_seq": None,
           "counts": [["00000000:05:00", 12028, "non_fatal", 1, float("inf")]], "switches": {}}
     (state / "sxid-state.json").write_text(json.dumps(sx))
     code = main(["check", *args, "--json"])
@@ -418,8 +428,7 @@ def test_ack_does_not_count_a_half_written_record_nor_move_past_it(tmp_path, cap
     args = ["--simulate", "p5.48xlarge", "--kmsg-file", str(log), "--path.state-dir", str(state)]
     assert main(["ack", *args, "--gpu", "0"]) == 0
     assert "none counted yet" in capsys.readouterr().out
-    doc = json.loads((state / "xid-state.json").read_text())
-    assert PCI not in doc["counts"] and doc["last_seq"] < 520
+    assert not (state / "xid-state.json").exists()  # `ack` writes the acks file alone
     with open(log, "a") as f:
         f.write(REST)
     code = main(["check", *args, "--json"])

@@ -19,7 +19,7 @@ from exporter import collectors
 from exporter.runner import Runner
 from exporter.xid.service import one_shot
 from exporter.xid.store import MAX_COUNT, OTHER
-from exporter.xid.sxid_store import SxidStateFile
+from exporter.xid.sxid_store import SXID_DOC, SxidStateFile
 from tests.helpers import samples, scrape
 from tests.test_xid_service import make_ctx
 
@@ -215,14 +215,14 @@ def test_an_sxid_state_file_is_loaded_exactly_or_set_aside(doc):
         write(path, doc)
         sf = SxidStateFile(d, "b", "k")
         st_ = sf.read()
-        if sf.status.problem == "corrupt":
-            assert st_ is None and not path.exists() and list(Path(d).glob("sxid-state.json.corrupt-*"))
+        if sf.status.problem in ("corrupt", "newer_version"):  # set aside for a human (or a newer exporter)
+            assert st_ is None and not path.exists() and list(Path(d).glob("sxid-state.json.*-*"))
             return
         if st_ is None:  # another boot's or log's
             assert (doc.get("boot_id"), doc.get("kmsg")) != ("b", "k")
             return
         store = SxidStore()
-        store.load(st_)
+        assert SXID_DOC.load(st_, store) == doc.get("last_seq")  # what the follower resumes from
         switches = doc.get("switches") or {}
         want: dict = {}
         for p, x, s, n, wall in doc.get("counts") or []:
@@ -232,5 +232,5 @@ def test_an_sxid_state_file_is_loaded_exactly_or_set_aside(doc):
         assert {k: (c.count, c.last_wall) for k, c in store.counts.items()} == want
         assert all(math.isfinite(c.last_wall) for c in store.counts.values())
         assert st_.get("last_seq") == doc.get("last_seq")  # what the follower resumes from
-        assert sf.write({**store.to_state("b"), "last_seq": st_.get("last_seq")})
+        assert sf.write(SXID_DOC.dump(store, st_.get("last_seq")))
         assert SxidStateFile(d, "b", "k").read() is not None

@@ -13,7 +13,7 @@ from exporter.runner import Runner
 from exporter.xid.service import one_shot
 from exporter.xid.sxid import SxidContinuation, SxidReport, parse_sxid
 from exporter.xid.sxid_catalog import SxidPolicy, describe
-from exporter.xid.sxid_store import STATE_NAME
+from exporter.xid.sxid_store import STATE_NAME, SXID_DOC
 from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, value
 from tests.test_xid_service import make_ctx
 
@@ -181,7 +181,7 @@ def test_the_state_file_write_never_follows_a_planted_symlink(tmp_path):
     (state / f".{STATE_NAME}.{os.getpid()}.tmp").symlink_to(victim)
     (state / f".{STATE_NAME}.1.tmp").write_text("{half")  # a writer killed mid-write
     svc = one_shot(make_ctx(tmp_path, kmsg(RECORDS[3:4])))
-    assert svc.sxid_state.write(svc.sxids)
+    assert svc.sxid_state.write(SXID_DOC.dump(svc.sxids, None))
     assert victim.read_text() == "precious" and not list(state.glob(".*.tmp"))
 
 

@@ -383,7 +383,7 @@ def test_a_bad_state_file_is_refused_with_the_field_named_and_ignored(tmp_path, 
     (tmp_path / "state" / STATE_NAME).write_text(json.dumps({**bad, "kmsg": str(tmp_path / "kmsg")}))
     with caplog.at_level(logging.WARNING):
         one_shot(node.ctx)
-    # refused naming the field, and set aside as every state file is (exporter.xid.state_file)
+    # refused naming the field, and set aside as every state file is (exporter.state.file)
     assert "workload state file" in caplog.text and "records[0]" in caplog.text
     assert node.svc.attribution.ledger.records() == []
     assert [a.read_text() for a in (tmp_path / "state").glob(f"{STATE_NAME}.corrupt-*")] == [

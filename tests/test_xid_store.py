@@ -3,9 +3,15 @@
 import json
 import os
 
-from exporter.xid.store import MAX_UNKNOWN_GPUS, OTHER, Ack, StateFile, XidStore
+from exporter.xid.identities import GpuIdentities
+from exporter.xid.store import ACKS_DOC, MAX_UNKNOWN_GPUS, OTHER, XID_DOC, Ack, AcksFile, StateFile, XidStore
 
 PCI = "00000000:53:00"
+
+
+def dump(s: XidStore, last_seq: int | None = None) -> dict:
+    """The XID document's body as the daemon writes it."""
+    return XID_DOC.dump(s, GpuIdentities(None), last_seq)
 
 
 def test_nvml_and_kmsg_for_one_xid_count_once_in_either_order():
@@ -64,7 +70,7 @@ def test_state_roundtrip_is_atomic_and_keyed_by_boot(tmp_path):
     s = XidStore()
     s.report("kmsg", PCI, 63, 1.0, 1700000000.0)
     sf = StateFile(str(tmp_path / "state"), "boot-a", "/dev/kmsg")
-    assert sf.write({**s.to_state("boot-a"), "last_seq": 42})
+    assert sf.write(dump(s, 42))
     assert not [p for p in (tmp_path / "state").iterdir() if p.name.endswith(".tmp")]
     data = StateFile(str(tmp_path / "state"), "boot-a", "/dev/kmsg").read()
     assert data["last_seq"] == 42 and data["counts"][PCI]["63"][0] == 1
@@ -89,48 +95,42 @@ def test_corrupt_and_unwritable_state_are_reported_not_raised(tmp_path):
     bad = StateFile(str(blocked / "sub"), "b")
     s = XidStore()
     s.report("kmsg", PCI, 31, 1.0, 0.0)
-    assert bad.write(s) is False
+    assert bad.write(dump(s)) is False
     assert (bad.status.ok, bad.status.problem, bad.status.write_errors) == (False, "unwritable", 1)
     assert s.counts[PCI]["31"].count == 1  # nothing lost in memory
 
 
-def test_write_merges_acks_written_by_another_process(tmp_path):
+def test_ack_writes_the_acks_file_alone_and_the_daemon_folds_it_in(tmp_path):
+    """One writer a file: `ack` never writes the daemon's counts; the daemon takes its acks."""
     d = str(tmp_path)
-    daemon, ack = XidStore(), XidStore()
-    daemon.report("kmsg", PCI, 63, 1.0, 0.0)
-    StateFile(d, "b").write(daemon)
-    ack.merge_state(StateFile(d, "b").read())
-    ack.add_ack(Ack(PCI, 0, "", None, 2.0, {"63": 1}))
-    StateFile(d, "b").write(ack)
-    sf = StateFile(d, "b")
-    sf._mtime = 0.0  # the daemon's last view of the file
-    assert sf.changed_on_disk()
-    daemon.report("kmsg", PCI, 31, 30.0, 0.0)
-    before = daemon.to_state("b")
-    sf.write(daemon.to_state("b"))  # the daemon's next write keeps the ack ...
-    assert daemon.to_state("b")["acks"] == before["acks"] == []  # ... written from a snapshot
-    on_disk = json.loads(open(os.path.join(d, "xid-state.json")).read())
-    assert len(on_disk["acks"]) == 1 and on_disk["counts"][PCI]["63"][0] == 1
-    assert sf.changed_on_disk()  # the ack it kept is news for the daemon's intake
-    assert [a.xid for a in daemon.merge_state(sf.read_news(), counts=False)] == [None]
-    assert len(daemon.acks) == 1 and daemon.unacked(PCI).keys() == {"31"}
-    assert not sf.changed_on_disk()
-
-
-def test_daemon_takes_only_acks_from_disk_so_counts_written_by_ack_are_not_added_twice(tmp_path):
-    d = str(tmp_path)
-    ack = XidStore()
-    ack.report("kmsg", PCI, 79, 5.0, 0.0)  # `ack` read a record the daemon has not reached yet
-    ack.add_ack(Ack(PCI, 0, "", None, 6.0, {"79": 1}))
-    StateFile(d, "b").write(ack, merge_counts=True)
     daemon = XidStore()
-    sf = StateFile(d, "b")
-    assert sf.changed_on_disk()  # never read by this process yet: there is news
-    daemon.merge_state(sf.read_news(), counts=False)
-    sf.write(daemon.to_state("b"))
-    assert daemon.counts == {} and len(daemon.acks) == 1
+    daemon.report("kmsg", PCI, 63, 1.0, 0.0)
+    state = StateFile(d, "b")
+    assert state.write(dump(daemon))
+    written = (tmp_path / "xid-state.json").read_bytes()
+    assert AcksFile(d, "b").update(lambda disk: ACKS_DOC.dump([Ack(PCI, 0, "", None, 2.0, {"63": 1})]))
+    assert (tmp_path / "xid-state.json").read_bytes() == written  # `ack` left the daemon's file alone
+    intake = AcksFile(d, "b")
+    assert intake.changed_on_disk()
+    assert [a.xid for a in ACKS_DOC.load(intake.read_news(), daemon)] == [None]
+    assert not intake.changed_on_disk()
+    daemon.report("kmsg", PCI, 31, 30.0, 0.0)
+    assert daemon.unacked(PCI).keys() == {"31"}
+    assert state.write(dump(daemon))
+    on_disk = json.loads((tmp_path / "xid-state.json").read_text())
+    assert len(on_disk["acks"]) == 1 and on_disk["counts"][PCI]["63"][0] == 1
+
+
+def test_an_ack_of_counts_not_held_yet_waits_until_they_are(tmp_path):
+    """`ack` read a record the daemon has not reached yet: its ack waits for the count (never a
+    count of `ack`'s added to the daemon's, never a baseline above the counts written)."""
+    daemon = XidStore()
+    assert ACKS_DOC.load({"acks": [Ack(PCI, 0, "", None, 6.0, {"79": 1}).to_json()]}, daemon) == []
+    assert daemon.acks == [] and dump(daemon)["acks"] == [] and daemon.take_waiting() == []
     daemon.report("kmsg", PCI, 79, 5.0, 0.0)  # the daemon's follower reaches the record
+    assert [a.time for a in daemon.take_waiting()] == [6.0]
     assert daemon.counts[PCI]["79"].count == 1 and daemon.unacked(PCI) == {}
+    assert len(dump(daemon)["acks"]) == 1
 
 
 def test_cardinality_guard_refuses_new_series_beyond_the_caps():
@@ -157,9 +157,9 @@ def test_unknown_addresses_share_a_bucket_and_never_crowd_out_a_listed_gpu():
         s.report("kmsg", PCI, 800 + x, 200.0 + x, 0.0, listed=True)
     assert s.report("kmsg", PCI, 95, 400.0, 0.0, listed=True) and s.counts[PCI]["95"].count == 1
     # after a restart (state file) the same holds
-    st = s.to_state("b")
+    st = dump(s)
     s2 = XidStore()
-    s2.merge_state(st, listed=lambda pci: pci in listed)
+    s2.merge(st["counts"], st["open"], listed=lambda pci: pci in listed)
     assert s2.report("kmsg", PCI, 48, 500.0, 0.0, listed=True) and s2.counts[PCI]["48"].count == 1
     s2.report("kmsg", "0000ffff:ee:00", 31, 500.0, 0.0)
     assert s2.counts[OTHER]["31"].count == 70 - MAX_UNKNOWN_GPUS + 1
@@ -215,7 +215,7 @@ def test_temp_file_never_follows_a_planted_symlink_and_stale_temps_are_removed(t
     (d / ".xid-state.json.999999.tmp").write_text('{"half a wri')  # a writer SIGKILLed mid-write
     s = XidStore()
     s.report("kmsg", PCI, 31, 1.0, 0.0)
-    assert StateFile(str(d), "b").write(s)
+    assert StateFile(str(d), "b").write(dump(s))
     assert victim.read_text() == "precious"
     assert sorted(p.name for p in d.iterdir()) == ["xid-state.json", "xid-state.json.lock"]
     assert StateFile(str(d), "b").read()["counts"][PCI]["31"][0] == 1
@@ -227,7 +227,7 @@ def test_a_recovery_is_a_lasting_signal_kept_in_the_new_state_file(tmp_path):
     s = XidStore()
     assert sf.read() is None
     s.report("kmsg", PCI, 31, 1.0, 0.0)
-    assert sf.write(s.to_state("b")) and sf.status.ok  # ok again after the next write ...
+    assert sf.write(dump(s)) and sf.status.ok  # ok again after the next write ...
     assert sf.recoveries == 1
     sf2 = StateFile(str(d), "b")  # ... but a restart still knows this boot recovered from a corrupt file
     assert sf2.read() is not None and sf2.recoveries == 1
@@ -244,21 +244,22 @@ def test_kernel_clock_offset_follows_live_records_and_ignores_other_boots():
     assert abs(c.offset_s - (-0.1)) < 1e-9 and c.samples == 2
 
 
-def test_the_write_merge_folds_extra_addresses_into_other_and_never_drops_a_count(tmp_path):
-    """One limit rule for every merge: addresses of the file on disk beyond the guards are folded
-    into "other" (never dropped, never given series of their own), and merging again adds nothing."""
+def test_loading_folds_extra_addresses_into_other_and_never_drops_a_count(tmp_path):
+    """One limit rule for every load: addresses of the file beyond the guards are folded into
+    "other" (never dropped, never given series of their own), and loading again adds nothing."""
     d = str(tmp_path)
-    disk = XidStore()  # `ack`, say, which counted addresses the daemon has not read yet
+    earlier = XidStore()  # an earlier run, which counted addresses this one has not read yet
     for i in range(MAX_UNKNOWN_GPUS + 4):
-        disk.report("kmsg", f"0000{i:04x}:ee:00", 31, float(i), 0.0)
-    StateFile(d, "b").write(disk)
+        earlier.report("kmsg", f"0000{i:04x}:ee:00", 31, float(i), 0.0)
+    assert StateFile(d, "b").write(dump(earlier))
     daemon = XidStore()  # its own unknown addresses fill the room
     for i in range(100, 100 + MAX_UNKNOWN_GPUS):
         daemon.report("kmsg", f"0000{i:04x}:ee:00", 43, float(i), 0.0)
-    sf = StateFile(d, "b")
-    assert sf.write(daemon, merge_counts=True)
-    counts = sf.read()["counts"]
+    doc = StateFile(d, "b").read()
+    daemon.merge(doc["counts"], doc["open"], lambda pci: False)
+    counts = dump(daemon)["counts"]
     assert sum(ks.get("31", [0])[0] for ks in counts.values()) == MAX_UNKNOWN_GPUS + 4
     assert counts[OTHER]["31"][0] == MAX_UNKNOWN_GPUS + 4
     assert len([p for p in counts if p != OTHER]) == MAX_UNKNOWN_GPUS
-    assert sf.write(daemon, merge_counts=True) and sf.read()["counts"] == counts
+    daemon.merge(doc["counts"], doc["open"], lambda pci: False)
+    assert dump(daemon)["counts"] == counts

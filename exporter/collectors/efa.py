@@ -187,22 +187,8 @@ class EfaCollector(Collector):
         A device whose read from an earlier scrape is still blocked is not read again until that
         read returns."""
         out: list[DeviceReading] = []
-        timeout = self.device_timeout
         for dev, o in zip(devices, self.reads.read(devices, self.budget), strict=True):
-            if o.status == deadline.OK:
-                out.append(o.value)
-                continue
-            if o.status == deadline.BLOCKED:
-                why = f"a read from an earlier scrape is still blocked (over {timeout:g} s)"
-            elif o.status == deadline.TIMEOUT:
-                why = f"read did not finish within {timeout:g} s"
-            elif o.status == deadline.BUDGET:
-                why = "read did not finish within the collection's deadline"
-            elif o.status == deadline.ERROR:
-                why = f"{type(o.value).__name__}: {o.value}"
-            else:
-                why = "not read: the devices before it used up the collection's deadline"
-            out.append(DeviceReading(dev, error=why))
+            out.append(o.value if o.status == deadline.OK else DeviceReading(dev, error=o.reason))
         return out
 
     def _read_one(self, dev: EfaDevice) -> DeviceReading:

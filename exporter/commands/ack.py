@@ -70,8 +70,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     baseline = {k: n for k, n in (counts or {}).items() if args.xid is None or split_key(k)[0] == args.xid}
     problem = svc.write_ack(Ack(pci, index, uuid, args.xid, time.time(), baseline, mono=time.monotonic()))
     if problem:
-        print(f"gpu-health-exporter ack: cannot write the state file {svc.snapshot().state.path}: "
-              f"{problem}", file=sys.stderr)
+        path = svc.snapshot().state.path if svc.state.disabled else svc.acks_file.path
+        print(f"gpu-health-exporter ack: cannot write the state file {path}: {problem}", file=sys.stderr)
         return 2
     what = f"XID {args.xid}" if args.xid is not None else "all XIDs"
     counted = ", ".join(f"{k} x{n}" for k, n in sorted(baseline.items())) or "none counted yet"

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from exporter.collector import Context
     from exporter.config import Config
     from exporter.nvml.fake import FakeBackend
-    from exporter.xid.store import StateFile
+    from exporter.xid.store import AcksFile
 
 log = logging.getLogger("exporter.simulate")
 
@@ -104,7 +104,7 @@ class SimulatedSources:
     statvfs: Callable[[str], os.statvfs_result]  # answers for its mounts
     imds_url: str | None  # its fake IMDS on 127.0.0.1; None: IMDS off
     kmsg_source: str  # what names its kernel log in the state files
-    xid_state_file: type[StateFile]  # keeps its acks across scenario flags (exporter.simulate.acks)
+    xid_acks_file: type[AcksFile]  # keeps its acks across scenario flags (exporter.simulate.acks)
 
     def config(self) -> dict[str, Any]:
         """The config layer it makes, between the file and the flags: its roots and settings."""
@@ -165,7 +165,7 @@ class Simulation:
     def prepare(self, nvml_latencies: bool = False) -> SimulatedSources:
         """Build the node (unless built) and return what it hands the composition root."""
         from exporter import collectors
-        from exporter.simulate.acks import SharedAcksStateFile
+        from exporter.simulate.acks import SharedAcksFile
 
         collectors.collector_classes()  # every section its settings are in is declared
         self.build()
@@ -191,7 +191,7 @@ class Simulation:
             # each set of scenario flags is its own kernel log, whose counts are kept apart; the
             # node's acks hold across them (its root is a temporary directory: not in the name)
             kmsg_source=f"simulated:{self.profile.instance_type}:{','.join(sorted(self.scenarios))}",
-            xid_state_file=SharedAcksStateFile)
+            xid_acks_file=SharedAcksFile)
 
     # -- the backends the composition root hands to the Context ------------------------------
     def nvml_backend(self, latencies: bool = False) -> FakeBackend:
@@ -220,7 +220,7 @@ class Simulation:
         sources, pool = self.prepare(nvml_latencies), Pool()
         return compose(config, nvml=NvmlSession(make=sources.nvml, pool=pool), statvfs=sources.statvfs,
                        imds_url=sources.imds_url, pool=pool, xid_source=sources.kmsg_source,
-                       xid_state_file=sources.xid_state_file)
+                       xid_acks_file=sources.xid_acks_file)
 
     @property
     def kmsg_path(self) -> str:

@@ -1,11 +1,18 @@
 """The state the exporter keeps on disk across restarts within a boot, and its versions.
 
-Three JSON documents in `paths.state_dir`, each written whole and atomically:
+Four JSON documents in `paths.state_dir`, each written whole and atomically by its one writer
+(exporter.state.file), each with one schema object (exporter.state.document) that validates,
+dumps and loads it:
 
-- `xid-state.json` (exporter.xid.store): XID counts, open events, GPU identities, acks, the last
-  kernel-log sequence number;
-- `sxid-state.json` (exporter.xid.sxid_store): SXid counts per NVSwitch;
-- `workload-state.json` (exporter.workload.attribution_state): which workloads each fault hit.
+- `xid-state.json` (XID_DOC, exporter.xid.store), the daemon's: XID counts, open events, GPU
+  identities, the acks it folded in, the last kernel-log sequence number;
+- `xid-acks.json` (ACKS_DOC, exporter.xid.store), `ack`'s: this boot's acknowledgements, which
+  the daemon folds in (so no file has two writers of its counts);
+- `sxid-state.json` (SXID_DOC, exporter.xid.sxid_store), the daemon's: SXid counts per NVSwitch;
+- `workload-state.json` (WORKLOAD_DOC, exporter.xid.attribution_state), the daemon's: which
+  workloads each fault hit.
+
+Every value read is checked by exporter.state.values; a document out of shape raises StateError.
 
 Every document carries `version`. exporter.state.versions holds each document's schema version
 and the migrations from every version this project has written to the current one: a file of an

@@ -62,7 +62,7 @@ class Schema:
 # tests/fixtures/state/); their optional fields (`written`, an ack's `logged`, `recoveries`) are
 # optional in version 1's validators, so no migration is needed yet.
 XID = Schema("XID", 1)
+ACKS = Schema("acks", 1)  # xid-acks.json, which `ack` writes (first written after c88ad74)
 SXID = Schema("SXid", 1)
 WORKLOAD = Schema("workload", 1)
 
-BY_WHAT: dict[str, Schema] = {s.what: s for s in (XID, SXID, WORKLOAD)}

@@ -268,7 +268,7 @@ class WorkloadSource:
                 continue
             failed.append(kind.name)
             results.append({})
-            problems[kind.name] = [_why(o, self.timeout_s)]
+            problems[kind.name] = [_why(o)]
         observed = set.intersection(*(set(r) for r in results)) if results else set()
         by_uuid: dict[str, tuple[Workload, ...]] = {}
         overflow: dict[str, int] = {}
@@ -306,16 +306,12 @@ def _kind_of(results: list[dict[str, tuple[Workload, ...]]], kinds: Sequence[Kin
     return kinds[0].name
 
 
-def _why(o: Any, timeout_s: float) -> str:
-    if o.status == deadline.ERROR:
-        e = o.value
-        known = isinstance(e, (OSError, RuntimeError, kubelet.KubeletError))
-        return str(e) if known else f"{type(e).__name__}: {e}"
-    if o.status == deadline.BLOCKED:
-        return "an earlier reading is still blocked; not read again until it returns"
-    if o.status in (deadline.TIMEOUT, deadline.BUDGET):
-        return f"did not answer within {timeout_s:g}s"
-    return "not read: the kinds before it used the deadline"
+def _why(o: Any) -> str:
+    """The outcome's own reason (exporter.deadline.Outcome.reason), except that an error the
+    sources raise with their own words (the socket or file they name) keeps those words."""
+    if o.status == deadline.ERROR and isinstance(o.value, (OSError, RuntimeError, kubelet.KubeletError)):
+        return str(o.value)
+    return o.reason
 
 
 def from_config(config: Any, nvml: NvmlSession, pool: deadline.Pool) -> WorkloadSource | None:

@@ -14,23 +14,23 @@ from typing import Any
 
 from exporter.attribution.history import MAX_GPUS
 from exporter.attribution.ledger import MAX_PER_GPU, SXID, XID, Attribution, AttributionLedger
+from exporter.state import versions
+from exporter.state.file import StateFile
+from exporter.state.values import PCI_KEY_RE, StateError, seconds
 from exporter.workload.model import MAX_WORKLOADS, Workload, valid_label, valid_workload
 from exporter.xid.catalog import XID_MAX, XID_MIN
-from exporter.xid.state_file import StateFile
-from exporter.xid.state_values import PCI_KEY_RE, seconds
 from exporter.xid.sxid_store import SXID_MAX, SXID_MIN
 
 log = logging.getLogger("exporter.workload")
 
 STATE_NAME = "workload-state.json"
-STATE_VERSION = 1
+STATE_VERSION = versions.WORKLOAD.version  # what this exporter writes; older ones are migrated
 MAX_RECORDS = MAX_GPUS * MAX_PER_GPU
 _CODES = {XID: (XID_MIN, XID_MAX), SXID: (SXID_MIN, SXID_MAX)}
 
 
-def to_state(ledger: AttributionLedger) -> dict:
-    """The state document (the state file adds boot_id and kmsg)."""
-    return {"version": STATE_VERSION, "records": [
+def _dump(ledger: AttributionLedger) -> dict:
+    return {"records": [
         [r.pci, r.kind, r.code, r.switch, round(r.time, 3),
          None if r.workloads is None else [[w.hpc_job, w.namespace, w.pod, w.container] for w in r.workloads],
          None if r.mono is None else round(r.mono, 6)]
@@ -38,67 +38,85 @@ def to_state(ledger: AttributionLedger) -> dict:
 
 
 def validate_state(st: Any) -> list[Attribution]:
-    """The records of a state document; ValueError naming the first field out of shape."""
+    """The records of a state document; StateError naming the first field out of shape."""
     if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
-        raise ValueError(f"not a version-{STATE_VERSION} workload state document")
+        raise StateError(f"not a version-{STATE_VERSION} workload state document")
     if not isinstance(st.get("boot_id", ""), str) or not isinstance(st.get("kmsg", ""), str):
-        raise ValueError("boot_id or kmsg is not a string")
+        raise StateError("boot_id or kmsg is not a string")
     rows = st.get("records")
     if not isinstance(rows, list) or len(rows) > MAX_RECORDS:
-        raise ValueError(f"records: expected a list of at most {MAX_RECORDS} entries")
+        raise StateError(f"records: expected a list of at most {MAX_RECORDS} entries")
     return [_record(row, f"records[{i}]") for i, row in enumerate(rows)]
 
 
 def _record(row: Any, where: str) -> Attribution:
     # a record holds 6 fields as written before the event's monotonic time was kept, 7 since
     if not isinstance(row, list) or len(row) not in (6, 7):
-        raise ValueError(f"{where}: expected [pci, kind, code, switch, unix time, workloads or null, "
+        raise StateError(f"{where}: expected [pci, kind, code, switch, unix time, workloads or null, "
                          "monotonic time or null]")
     pci, kind, code, switch, t, ws, mono = row if len(row) == 7 else (*row, None)
     if not isinstance(pci, str) or not PCI_KEY_RE.fullmatch(pci):
-        raise ValueError(f"{where}: {pci!r} is not a GPU's PCI key")
+        raise StateError(f"{where}: {pci!r} is not a GPU's PCI key")
     if kind not in _CODES:
-        raise ValueError(f"{where}: kind {kind!r} is not xid or sxid")
+        raise StateError(f"{where}: kind {kind!r} is not xid or sxid")
     lo, hi = _CODES[kind]
     if isinstance(code, bool) or not isinstance(code, int) or not lo <= code <= hi:
-        raise ValueError(f"{where}: {kind} {code!r} is not an integer from {lo} to {hi}")
+        raise StateError(f"{where}: {kind} {code!r} is not an integer from {lo} to {hi}")
     if not isinstance(switch, str) or (kind == SXID) != bool(PCI_KEY_RE.fullmatch(switch)) \
             or (kind == XID and switch):
-        raise ValueError(f"{where}: switch {switch!r}: an SXid names its NVSwitch's PCI key, an XID none")
+        raise StateError(f"{where}: switch {switch!r}: an SXid names its NVSwitch's PCI key, an XID none")
     t = seconds(t, f"{where}: time")  # the state files' one rule for a time
     mono = None if mono is None else seconds(mono, f"{where}: monotonic time")
     if ws is None:
         return Attribution(pci, kind, code, switch, t, None, mono)
     if not isinstance(ws, list) or len(ws) > MAX_WORKLOADS:
-        raise ValueError(f"{where}: workloads: expected null or a list of at most {MAX_WORKLOADS}")
+        raise StateError(f"{where}: workloads: expected null or a list of at most {MAX_WORKLOADS}")
     workloads = []
     for j, w in enumerate(ws):
         if not isinstance(w, list) or len(w) != 4 or not all(valid_label(f) for f in w):
-            raise ValueError(f"{where}: workloads[{j}]: expected [hpc_job, namespace, pod, container], "
+            raise StateError(f"{where}: workloads[{j}]: expected [hpc_job, namespace, pod, container], "
                              "printable single-line strings")
         wl = Workload(*w)
         if not valid_workload(wl):
-            raise ValueError(f"{where}: workloads[{j}]: neither a Slurm job (hpc_job alone) nor a pod")
+            raise StateError(f"{where}: workloads[{j}]: neither a Slurm job (hpc_job alone) nor a pod")
         workloads.append(wl)
     return Attribution(pci, kind, code, switch, float(t), tuple(sorted(set(workloads))), mono)
 
 
+class WorkloadDocument:
+    """`workload-state.json`, written by the daemon alone: which workloads each fault hit."""
+
+    name = STATE_NAME
+    schema = versions.WORKLOAD
+    validate = staticmethod(validate_state)
+
+    def dump(self, ledger: AttributionLedger) -> dict:
+        """The body as of now (the ledger's records; changes nothing)."""
+        return _dump(ledger)
+
+    def load(self, doc: dict, ledger: AttributionLedger) -> None:
+        """Add a validated document's records to `ledger` (what it holds stays)."""
+        for rec in validate_state(doc):
+            ledger.add(rec)
+
+
+WORKLOAD_DOC = WorkloadDocument()
+
+
 class AttributionStateFile:
-    """`workload-state.json`: the state files' one implementation (exporter.xid.state_file) in one
-    more configuration. Read for this boot and kernel log, set aside when it breaks a rule of
-    validate_state, written atomically; never raises (its problems are in `file.status`)."""
+    """`workload-state.json`: read for this boot and kernel log, set aside when it breaks a rule
+    of validate_state, written atomically; never raises (its problems are in `file.status`)."""
 
     def __init__(self, state_dir: str, boot_id: str, source: str) -> None:
-        self.file = StateFile(state_dir, boot_id, source, name=STATE_NAME, validate=validate_state,
-                              what="workload")
+        self.file = StateFile(state_dir, boot_id, source, doc=WORKLOAD_DOC)
 
     def load(self, ledger: AttributionLedger) -> None:
         data = self.file.read()
-        for rec in validate_state(data) if data is not None else []:
-            ledger.add(rec)
+        if data is not None:
+            WORKLOAD_DOC.load(data, ledger)
 
     def write(self, ledger: AttributionLedger) -> bool:
-        return self.file.write(to_state(ledger))
+        return self.file.write(WORKLOAD_DOC.dump(ledger))
 
 
 class AttributionPersistence:

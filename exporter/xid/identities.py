@@ -13,8 +13,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.state.values import MAX_INDEX, storable_uuid
 from exporter.xid.parser import pci_key, pci_label
-from exporter.xid.state_values import MAX_INDEX, storable_uuid
 
 log = logging.getLogger("exporter.xid")
 

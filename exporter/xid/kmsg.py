@@ -48,7 +48,7 @@ KERNEL_FACILITY_MAX_PRIO = 7  # facility 0 (kernel): prio 0..7; user space canno
 # in a file is not a record: it is dropped up to its newline, never kept whole in memory.
 MAX_LINE_BYTES = 64 << 10
 # Bounds of a record's numbers: what the state file holds of them (the sequence number, times
-# derived from the kernel clock) must pass its validation (exporter.xid.state_values).
+# derived from the kernel clock) must pass its validation (exporter.state.values).
 MAX_SEQ = 2**63 - 1
 MAX_USEC = 10**15  # 31.7 years since boot
 MARK_BYTES = 256  # the start of the last line read, compared on every poll (rewritten in place?)

@@ -1,16 +1,15 @@
 """Keeping the XID and SXid counts across restarts within a boot: loads the state files into the
-stores and identities, writes them from snapshots (never changing a store to do so), and takes
-in the acknowledgements `ack` writes while the daemon runs.
+stores and identities, writes them from snapshots (never changing a store to do so), and folds
+in the acknowledgements `ack` writes to the acks file while the daemon runs.
 
-The XID state file holds counts, open events, identities, acks and the last kernel-log sequence
-number (exporter.xid.store); the SXid state file its own counts (exporter.xid.sxid_store).
-Writes are rate-limited (STATE_WRITE_MIN_S) and the sequence number is written now and then
-even without new events (STATE_WRITE_IDLE_S). What the daemon holds is written back whenever the
-file on disk is not what it last wrote: set aside as corrupt, removed, replaced by another boot's
-or another log's, rewritten by `ack` (whose acks it then merges): at the next flush, and so on
-shutdown and reload, which flush last. The counts it writes take the larger of its own and the
-file's (`ack` may have counted records the daemon has not read yet, up to the file's sequence
-number), so an acknowledgement's baseline never exceeds the counts in any file it writes.
+Each file has one writer: the daemon writes the XID state file (counts, open events, identities,
+the acks it folded in, the last kernel-log sequence number: exporter.xid.store's XidDocument),
+the SXid and workload state files; `ack` writes only the acks file (AcksDocument), which the
+daemon reads. So no write merges with the file on disk. Writes are rate-limited
+(STATE_WRITE_MIN_S) and the sequence number is written now and then even without new events
+(STATE_WRITE_IDLE_S). What the daemon holds is written back whenever the file on disk is not
+what it last wrote (set aside as corrupt, removed, replaced by another boot's or another log's):
+at the next flush, and so on shutdown and reload, which flush last.
 """
 
 from __future__ import annotations
@@ -21,18 +20,19 @@ import time
 from exporter.xid.attribution_state import AttributionPersistence
 from exporter.xid.follower import KmsgFollower
 from exporter.xid.identities import GpuIdentities
-from exporter.xid.store import Ack, StateFile, XidStore
-from exporter.xid.sxid_store import SxidStateFile, SxidStore
+from exporter.xid.store import ACKS_DOC, XID_DOC, Ack, AcksFile, StateFile, XidStore, take_acks
+from exporter.xid.sxid_store import SXID_DOC, SxidStateFile, SxidStore
 
 STATE_WRITE_MIN_S = 1.0
 STATE_WRITE_IDLE_S = 60.0  # write the sequence number now and then even without new events
 
 
 class XidPersistence:
-    def __init__(self, state: StateFile, sxid_state: SxidStateFile, store: XidStore,
+    def __init__(self, state: StateFile, acks: AcksFile, sxid_state: SxidStateFile, store: XidStore,
                  identities: GpuIdentities, sxids: SxidStore, follower: KmsgFollower, write_xids: bool = True,
                  sxids_enabled: bool = True, attribution: AttributionPersistence | None = None) -> None:
         self.state = state
+        self.acks = acks  # written by `ack` alone; read here
         self.sxid_state = sxid_state
         self.store = store
         self.identities = identities
@@ -58,19 +58,16 @@ class XidPersistence:
         with self._lock:
             with self.state.locked():
                 data = self.state.read()
-            other = self.state.other_acks()
-            if other is not None:
-                self.store.merge_state(other, counts=False)
+                acks = self.acks.read()
             if data is not None:
-                self.identities.load(data.get("gpus") or {})
-                self.store.merge_state(data, listed=self.identities.is_listed)
-                self.follower.resume("xid", data.get("last_seq"))
+                self.follower.resume("xid", XID_DOC.load(data, self.store, self.identities))
+            if acks is not None:
+                ACKS_DOC.load(acks, self.store)
             self.found = data is not None
             if self.sxids_enabled:
                 sx = self.sxid_state.read()
                 if sx is not None:
-                    self.sxids.load(sx)
-                    self.follower.resume("sxid", sx.get("last_seq"))
+                    self.follower.resume("sxid", SXID_DOC.load(sx, self.sxids))
             self._sxid_written = self.sxids.version
             if self.attribution is not None:
                 self.attribution.load()
@@ -78,27 +75,35 @@ class XidPersistence:
             self.loaded = True
 
     def take_acks(self) -> list[Ack]:
-        """Acknowledgements written by `ack` since we last read the file; returns the new ones.
+        """Acknowledgements `ack` wrote since we last read the acks file; returns the new ones.
         On the scrape path: never waits for a flush in progress (which may wait for `ack`'s lock)
         nor for the file's lock; the acks held stay and the news is taken at a later look."""
         if not self._lock.acquire(blocking=False):
             return []
         try:
-            new: list[Ack] = []
+            new = self.store.take_waiting()  # counted since: their baselines are reached
+            data = self.acks.read_news()
+            if data is not None:
+                new += ACKS_DOC.load(data, self.store)
+            # The XID state file changed under us: corrupt (set aside here), or written by an
+            # older `ack` in a rolling upgrade (its acks are taken; its counts never are).
             data = self.state.read_news()
-            for doc in (data, self.state.other_acks()):
-                if doc is not None:
-                    new += self.store.merge_state(doc, counts=False)
+            if data is not None:
+                new += take_acks(self.store, data.get("acks") or [])
             return new
         finally:
             self._lock.release()
 
     def snapshot(self) -> dict:
-        """The XID state document as of now."""
-        doc = self.store.to_state(self.state.boot_id)
-        doc["gpus"] = self.identities.to_state()
-        doc["last_seq"] = self.follower.counted_through("xid")
-        return doc
+        """The XID state document's body as of now."""
+        return XID_DOC.dump(self.store, self.identities, self.follower.counted_through("xid"))
+
+    def write_ack(self, ack: Ack) -> bool:
+        """Add `ack` to the acks file (`ack`, the file's one writer): what the file holds stays."""
+        def add(on_disk: dict | None) -> dict:
+            held = [Ack.from_json(a) for a in (on_disk or {}).get("acks") or []]
+            return ACKS_DOC.dump([*held, ack])
+        return self.acks.update(add)
 
     def flush(self, force: bool = False) -> bool:
         """Write what changed (at most once a STATE_WRITE_MIN_S unless `force`); True when the
@@ -120,7 +125,7 @@ class XidPersistence:
             if not force and now - self._last_write < STATE_WRITE_MIN_S:
                 return False
             self._last_write = now
-            if self.state.write(self.snapshot(), merge_counts=True):
+            if self.state.write(self.snapshot()):
                 self._written_version, self._written_seq = version, seq
                 return True
             return False
@@ -134,5 +139,5 @@ class XidPersistence:
             return
         self._sxid_last_write = now
         version = self.sxids.version
-        if self.sxid_state.write({**self.sxids.to_state(self.sxid_state.boot_id), "last_seq": seq}):
+        if self.sxid_state.write(SXID_DOC.dump(self.sxids, seq)):
             self._sxid_written = version

@@ -31,6 +31,7 @@ from typing import Any
 from exporter.attribution.fault import FaultAttribution
 from exporter.attribution.history import WorkloadHistory
 from exporter.attribution.ledger import Attribution, acks_key
+from exporter.state.file import read_boot_id
 from exporter.xid.attribution_state import AttributionPersistence, AttributionStateFile
 from exporter.xid.clock import KernelClock
 from exporter.xid.counter import XidCounter
@@ -40,8 +41,7 @@ from exporter.xid.kmsg import ReaderStats
 from exporter.xid.nvml_events import NvmlEventWatcher, WatcherStatus
 from exporter.xid.persistence import XidPersistence
 from exporter.xid.policy import Policy
-from exporter.xid.state_file import read_boot_id
-from exporter.xid.store import Ack, StateFile, XidStore, split_key
+from exporter.xid.store import Ack, AcksFile, StateFile, XidStore, split_key
 from exporter.xid.sxid_catalog import SxidPolicy
 from exporter.xid.sxid_counter import SxidCounter, sxid_lines
 from exporter.xid.sxid_store import SxidStateFile, SxidStore
@@ -116,12 +116,12 @@ class XidSnapshot:
 
 class XidService:
     def __init__(self, config: Any, nvml: Any, source: str | None = None,
-                 workloads: WorkloadHistory | None = None, state_file: type[StateFile] = StateFile) -> None:
+                 workloads: WorkloadHistory | None = None, acks_file: type[AcksFile] = AcksFile) -> None:
         """`source` names the kernel log the state's counts come from (default: paths.kmsg; a
         simulated node or a replayed capture has its own); `workloads`: what the workload source
         observed, fed by whatever produces its readings (None: an empty history of our own, so
-        every event is attributed as unknown); `state_file`: the XID state file's kind (the
-        simulated node's shares acks across its kernel logs, exporter.simulate.acks)."""
+        every event is attributed as unknown); `acks_file`: the acks file's kind (the simulated
+        node's shares acks across its kernel logs, exporter.simulate.acks)."""
         cfg = config.xid
         self.cfg = cfg
         nvswitch = getattr(config, "nvswitch", None)  # the section the nvswitch collector declares
@@ -149,10 +149,12 @@ class XidService:
                      if c is not None}
         self.follower = KmsgFollower(self.kmsg_path, consumers, self.clock, enabled=cfg.kmsg)
         source = source or self.kmsg_path
-        self.state = state_file(config.paths.state_dir, boot_id, source)
+        self.state = StateFile(config.paths.state_dir, boot_id, source)
+        self.acks_file = acks_file(config.paths.state_dir, boot_id, source)
         self.sxid_state = SxidStateFile(config.paths.state_dir, boot_id, source)
-        self.persistence = XidPersistence(self.state, self.sxid_state, self.store, self.identities,
-                                          self.sxids, self.follower, write_xids=self.xid_enabled,
+        self.persistence = XidPersistence(self.state, self.acks_file, self.sxid_state, self.store,
+                                          self.identities, self.sxids, self.follower,
+                                          write_xids=self.xid_enabled,
                                           sxids_enabled=self.sxid_enabled,
                                           attribution=AttributionPersistence(
                                               AttributionStateFile(config.paths.state_dir, boot_id, source),
@@ -234,11 +236,14 @@ class XidService:
         self.attribution.fresh = fresh
 
     def write_ack(self, ack: Ack) -> str:
-        """Write `ack` to the state file, from a snapshot (the store stays as read). Returns ""
-        when written, else the state file's problem."""
-        doc = self.persistence.snapshot()
-        doc["acks"] = [*doc["acks"], ack.to_json()]
-        return "" if self.state.write(doc, merge_counts=True) else (self.state.status.problem or "unwritable")
+        """Add `ack` to the acks file, which the daemon folds in (the store stays as read).
+        Returns "" when written, else the problem: the acks file's, or the XID state file's when
+        its path is no regular file (nothing the daemon folds in would be kept)."""
+        if self.state.disabled:
+            return self.state.status.problem or "unreadable"
+        if self.persistence.write_ack(ack):
+            return ""
+        return self.acks_file.status.problem or "unwritable"
 
     # -- one pass (one-shot commands; the background loop) -------------------------------------------
     @property
@@ -355,8 +360,9 @@ def one_shot(ctx: Any, read_only: bool = False) -> XidService:
     """The service for a one-shot command: state loaded, kernel-log backlog read (`read_only`:
     a corrupt state file is left for the daemon to set aside)."""
     svc = ctx.xid
-    svc.state.read_only = svc.sxid_state.read_only = read_only
+    svc.state.read_only = svc.acks_file.read_only = svc.sxid_state.read_only = read_only
     svc.session()  # the GPUs NVML lists, before counting (the cardinality guard spares them)
     svc.load_state()
     svc.read_kmsg()
+    svc.persistence.take_acks()  # the acks the backlog's counts now reach
     return svc

@@ -7,7 +7,7 @@ kernel-log line of the same XID count once, an XID 13 flood of one line per SM c
 a bus loss reported by both an `Xid ... 79` line and a `fallen off the bus` line counts once.
 Memory is bounded: at most a few open events per (GPU, XID) are remembered, older ones pruned.
 
-State file (exporter.xid.state_file reads and writes it): JSON in `state_dir`, keyed by the
+State file (exporter.state.file reads and writes it): JSON in `state_dir`, keyed by the
 boot id, written atomically under an advisory lock shared with `ack`. It holds the counts, the
 last kernel-log sequence number processed (records up to it are not counted again
 after a restart, even when the ring buffer still holds them), the open events (so a flood that
@@ -24,11 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.state import file as state_file
 from exporter.state import versions
-from exporter.xid import state_file
-from exporter.xid.catalog import XID_MAX, XID_MIN, lookup, valid_xid
-from exporter.xid.identities import MAX_IDENTITIES, Identity  # noqa: F401 - Identity: re-exported
-from exporter.xid.state_values import (  # noqa: F401 - StateError: re-exported
+from exporter.state.values import (  # noqa: F401 - StateError: re-exported
     MAX_INDEX,
     MAX_SEQ,
     MAX_UUID_CHARS,
@@ -41,9 +39,12 @@ from exporter.xid.state_values import (  # noqa: F401 - StateError: re-exported
     show,
     text,
 )
+from exporter.xid.catalog import XID_MAX, XID_MIN, lookup, valid_xid
+from exporter.xid.identities import MAX_IDENTITIES, GpuIdentities, Identity  # noqa: F401 - re-exported
 
 STATE_VERSION = versions.XID.version  # what this exporter writes; older ones are migrated
 STATE_NAME = "xid-state.json"
+ACKS_NAME = "xid-acks.json"
 MAX_OPEN_PER_KEY = 4
 MAX_KEYS = 4096
 # Label cardinality guards. A GPU NVML lists is never subject to them for a catalog XID (its
@@ -132,7 +133,9 @@ def validate_state(st: Any) -> None:
         _validate_ack(mapping(a, f"acks[{i}]"), f"acks[{i}]", counts)
 
 
-def _validate_ack(a: dict, where: str, counts: dict) -> None:
+def _validate_ack(a: dict, where: str, counts: dict | None) -> None:
+    """An acknowledgement; its baseline within `counts` (a state document's), or MAX_COUNT in the
+    acks file, which holds no counts."""
     pci = pci_key(a.get("pci"), f"{where}.pci", OTHER)
     _optional(a, "index", lambda v, w: integer(v, w, 0, MAX_INDEX), f"{where}.")
     _optional(a, "xid", lambda v, w: integer(v, w, XID_MIN, XID_MAX), f"{where}.")
@@ -148,8 +151,12 @@ def _validate_ack(a: dict, where: str, counts: dict) -> None:
                              f"baseline for another XID")
         # The counts at the ack are counts this file holds (at the address, or folded into the
         # shared bucket): a baseline above them would silence XIDs that were never acknowledged.
-        held = max((c[0] for c in (counts.get(pci, {}).get(k), counts.get(OTHER, {}).get(k)) if c), default=0)
-        integer(v, f"{where}.baseline[{k}]", 0, held)
+        integer(v, f"{where}.baseline[{k}]", 0, MAX_COUNT if counts is None else _held(counts, pci, k))
+
+
+def _held(counts: dict, pci: str, key: str) -> int:
+    """The count a state document's `counts` hold for `key` at `pci` (or in the shared bucket)."""
+    return max((c[0] for c in (counts.get(pci, {}).get(key), counts.get(OTHER, {}).get(key)) if c), default=0)
 
 
 @dataclass
@@ -214,6 +221,10 @@ class XidStore:
         self.counts: dict[str, dict[str, Count]] = {}
         self.open: dict[tuple[str, int], deque[OpenEvent]] = {}
         self.acks: list[Ack] = []
+        # Acks whose baseline is above the counts held: `ack` counted records not read here yet.
+        # Each is added once the counts reach it (so a forged baseline never silences a GPU,
+        # and the state file written always validates); until then it waits, bounded.
+        self.waiting: list[Ack] = []
         self.unknown: set[str] = set()  # addresses with series of their own that were not listed
         self.reports: dict[str, int] = {}  # raw reports per source
         self.merged: dict[str, int] = {}  # reports that joined an existing event, per source
@@ -299,11 +310,15 @@ class XidStore:
                     for p, ks in self.counts.items()}
 
     def add_ack(self, ack: Ack) -> bool:
-        """Add an acknowledgement; False when it is known already."""
+        """Add an acknowledgement; False when it is known already, or waits (see take_acks)."""
         with self.lock:
             known = next((a for a in self.acks if a.ident() == ack.ident()), None)
             if known is not None:
                 known.logged = known.logged or ack.logged  # another daemon run logged it
+                return False
+            if not self._covered(ack):
+                if all(a.ident() != ack.ident() for a in self.waiting):
+                    self.waiting = [*self.waiting, ack][-MAX_ACKS:]
                 return False
             self.acks.append(ack)
             if len(self.acks) > MAX_ACKS:  # the oldest go: the newest per GPU are the ones that matter
@@ -311,6 +326,19 @@ class XidStore:
                 del self.acks[: len(self.acks) - MAX_ACKS]
             self.version += 1
             return True
+
+    def _covered(self, ack: Ack) -> bool:
+        """The counts held reach the ack's baseline (at its address, or in the shared bucket)."""
+        def held(key: str) -> int:
+            return max((c.count for c in (self.counts.get(ack.pci, {}).get(key),
+                                          self.counts.get(OTHER, {}).get(key)) if c), default=0)
+        return all(n <= held(k) for k, n in ack.baseline.items())
+
+    def take_waiting(self) -> list[Ack]:
+        """The waiting acks the counts reach now, added; those that were added."""
+        with self.lock:
+            waiting, self.waiting = self.waiting, []
+            return [a for a in waiting if self.add_ack(a)]
 
     def take_unlogged_acks(self, among: list[Ack] | None = None) -> list[Ack]:
         """The acks (of `among`, default all) not logged yet, marked logged now (the next write
@@ -339,48 +367,19 @@ class XidStore:
                     out[key] = c
             return out
 
-    # -- state (de)serialisation ------------------------------------------------------------------
-    def to_state(self, boot_id: str) -> dict:
-        """A snapshot of the store as a state document (without `gpus`, which the identities
-        add, `last_seq`, which the follower adds, and `recoveries`/`kmsg`, which the state file
-        adds). Changes nothing."""
+    def merge(self, counts: dict, opened: list, listed: Callable[[str], bool]) -> None:
+        """Take a validated state document's `counts` and `open` events (same boot): counts by
+        fold_counts (what is known stays; merging the same document twice counts nothing twice),
+        open events not known yet (so a flood spanning a restart is one event)."""
         with self.lock:
-            return {
-                "version": STATE_VERSION,
-                "boot_id": boot_id,
-                "written": round(time.time(), 3),
-                "counts": {p: {k: c.to_json() for k, c in ks.items()} for p, ks in self.counts.items()},
-                "open": [[p, x, ev.key, round(ev.start_s, 6), sorted(ev.sources)]
-                         for (p, x), q in self.open.items() for ev in q],
-                "gpus": {},
-                "acks": [a.to_json() for a in self.acks],
-            }
-
-    def merge_state(self, st: dict, counts: bool = True,
-                    listed: Callable[[str], bool] = lambda pci: False) -> list[Ack]:
-        """Take a state file's content (same boot). Counts take the larger value per key so no
-        count already known is lost; acks are unioned. With counts=False only acks are taken
-        (the daemon's periodic merge: its own counts are the truth, and a count `ack` wrote from
-        records the daemon is about to read must not be added twice). `listed` says which
-        addresses are GPUs (the guards spare them). Returns the acks that were new."""
-        validate_state(st)
-        new_acks = []
-        with self.lock:
-            for a in st.get("acks") or []:
-                ack = Ack.from_json(a)
-                if self.add_ack(ack):
-                    new_acks.append(ack)
-            if not counts:
-                return new_acks
-            if fold_counts(self.counts, st.get("counts") or {}, listed, self.unknown):
+            if fold_counts(self.counts, counts, listed, self.unknown):
                 self.version += 1
-            for p, x, key, start_s, sources in st.get("open") or []:
+            for p, x, key, start_s, sources in opened:
                 if (str(p), int(x)) not in self.open and len(self.open) >= MAX_KEYS:
                     continue
                 q = self.open.setdefault((str(p), int(x)), deque(maxlen=MAX_OPEN_PER_KEY))
                 if not any(ev.start_s == float(start_s) for ev in q):
                     q.append(OpenEvent(float(start_s), str(key), set(sources)))
-            return new_acks
 
 
 def fold_counts(into: dict[str, dict[str, Count]], counts: dict, listed: Callable[[str], bool],
@@ -418,52 +417,85 @@ def fold_counts(into: dict[str, dict[str, Count]], counts: dict, listed: Callabl
     return changed
 
 
-def merge_docs(mine: dict, disk: dict | None, counts: bool = False) -> tuple[dict, bool]:
-    """Our state document merged with the one on disk (both validated, same boot): acks written
-    by another process (`ack`) are kept; with `counts`, its counts, identities, open events and
-    sequence number too (the larger count wins). Returns (document, whether the disk held acks
-    ours lacks). Neither input is changed."""
-    if disk is None:
-        return mine, False
-    out = dict(mine)
-    known = {_ack_ident(a) for a in mine.get("acks") or []}
-    extra = [a for a in disk.get("acks") or [] if _ack_ident(a) not in known]
-    logged = {_ack_ident(a) for a in disk.get("acks") or [] if a.get("logged") is True}
-    if extra or logged:  # and keep another run's mark that it logged an ack
-        acks = sorted([*({**a, "logged": True} if _ack_ident(a) in logged else a
-                         for a in mine.get("acks") or []), *extra], key=lambda a: a["time"])
-        out["acks"] = acks[-MAX_ACKS:]
-    if counts:
-        gpus = dict(mine.get("gpus") or {})
-        for p, ident in (disk.get("gpus") or {}).items():
-            if p not in gpus and len(gpus) < MAX_IDENTITIES:
-                gpus[p] = ident
-        out["gpus"] = gpus
-
-        def listed(p: str) -> bool:  # the rule of GpuIdentities.is_listed, on the document's identities
-            ident = gpus.get(p) or {}
-            return ident.get("index") is not None or bool(ident.get("uuid"))
-
-        held = {p: {k: Count.from_json(v) for k, v in ks.items()}
-                for p, ks in (mine.get("counts") or {}).items()}
-        fold_counts(held, disk.get("counts") or {}, listed, {p for p in held if p != OTHER and not listed(p)})
-        out["counts"] = {p: {k: c.to_json() for k, c in ks.items()} for p, ks in held.items()}
-        opened = list(mine.get("open") or [])
-        seen = {(e[0], e[1], e[3]) for e in opened}
-        room = max(0, MAX_KEYS - len(opened))
-        out["open"] = opened + [e for e in disk.get("open") or [] if (e[0], e[1], e[3]) not in seen][:room]
-        seqs = [q for q in (mine.get("last_seq"), disk.get("last_seq")) if q is not None]
-        out["last_seq"] = max(seqs) if seqs else None
-    return out, bool(extra)
+def take_acks(store: XidStore, acks: list) -> list[Ack]:
+    """A validated document's acks added to `store` (those its counts do not reach yet wait);
+    those that were new."""
+    return [ack for ack in map(Ack.from_json, acks) if store.add_ack(ack)]
 
 
-def _ack_ident(a: dict) -> tuple:
-    return (a.get("pci"), a.get("xid"), round(float(a.get("time") or 0), 3))
+class XidDocument:
+    """`xid-state.json`, written by the daemon alone: counts, open events, GPU identities, the
+    acks it folded in and the kernel-log sequence number its counts cover."""
+
+    name = STATE_NAME
+    schema = versions.XID
+    validate = staticmethod(validate_state)
+
+    def dump(self, store: XidStore, identities: GpuIdentities, last_seq: int | None) -> dict:
+        """The body of the document as of now (a snapshot; changes nothing). The store holds only
+        acks its counts reach (XidStore.add_ack), so the file written always validates."""
+        with store.lock:
+            counts = {p: {k: c.to_json() for k, c in ks.items()} for p, ks in store.counts.items()}
+            opened = [[p, x, ev.key, round(ev.start_s, 6), sorted(ev.sources)]
+                      for (p, x), q in store.open.items() for ev in q]
+            acks = [a.to_json() for a in store.acks]
+        return {"written": round(time.time(), 3), "counts": counts, "open": opened,
+                "gpus": identities.to_state(), "acks": acks, "last_seq": last_seq}
+
+    def load(self, doc: dict, store: XidStore, identities: GpuIdentities) -> int | None:
+        """Take a validated document into the identities and the store; returns its last_seq."""
+        identities.load(doc.get("gpus") or {})
+        store.merge(doc.get("counts") or {}, doc.get("open") or [], identities.is_listed)
+        take_acks(store, doc.get("acks") or [])  # after the counts their baselines are of
+        return doc.get("last_seq")
+
+
+def validate_acks(doc: Any) -> None:
+    """Raise StateError naming the first field of an acks document out of shape or range."""
+    if not isinstance(doc, dict) or doc.get("version") != versions.ACKS.version:
+        raise StateError(f"not a version-{versions.ACKS.version} acks document")
+    _optional(doc, "boot_id", lambda v, w: text(v, w, MAX_BOOT_ID_CHARS), "")
+    _optional(doc, "kmsg", lambda v, w: text(v, w, MAX_SOURCE_CHARS), "")
+    _optional(doc, "recoveries", lambda v, w: integer(v, w, 0, MAX_COUNT), "")
+    acks = sequence(doc.get("acks") or [], "acks")
+    if len(acks) > MAX_ACKS:
+        raise StateError(f"acks: {len(acks)} entries; at most {MAX_ACKS} expected")
+    for i, a in enumerate(acks):
+        _validate_ack(mapping(a, f"acks[{i}]"), f"acks[{i}]", None)
+
+
+class AcksDocument:
+    """`xid-acks.json`, written by `ack` alone: the acknowledgements of this boot, which the daemon
+    folds into its store (and its own document) when it reads the file. So each file has one
+    writer of its counts, and nothing merges two writers' counts."""
+
+    name = ACKS_NAME
+    schema = versions.ACKS
+    validate = staticmethod(validate_acks)
+
+    def dump(self, acks: list[Ack]) -> dict:
+        """The body: the newest MAX_ACKS of `acks`."""
+        return {"acks": [a.to_json() for a in sorted(acks, key=lambda a: a.time)[-MAX_ACKS:]]}
+
+    def load(self, doc: dict, store: XidStore) -> list[Ack]:
+        """Fold a validated document's acks into `store`; returns those that were new."""
+        return take_acks(store, doc.get("acks") or [])
+
+
+XID_DOC = XidDocument()
+ACKS_DOC = AcksDocument()
 
 
 class StateFile(state_file.StateFile):
-    """The XID state file (`xid-state.json`): this module's documents, merged with the file's."""
+    """The XID state file (`xid-state.json`)."""
 
     def __init__(self, state_dir: str, boot_id: str, kmsg: str = "", read_only: bool = False) -> None:
-        super().__init__(state_dir, boot_id, kmsg, read_only, name=STATE_NAME, validate=validate_state,
-                         what="XID", merge=merge_docs)
+        super().__init__(state_dir, boot_id, kmsg, read_only, doc=XID_DOC)
+
+
+class AcksFile(state_file.StateFile):
+    """The acks file (`xid-acks.json`). Keyed by the boot and the kernel log as the XID state file
+    is (the simulated node's is shared by its kernel logs: exporter.simulate.acks)."""
+
+    def __init__(self, state_dir: str, boot_id: str, kmsg: str = "", read_only: bool = False) -> None:
+        super().__init__(state_dir, boot_id, kmsg, read_only, doc=ACKS_DOC)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.state import versions
-from exporter.xid.state_file import StateFile
-from exporter.xid.state_values import StateError, integer, mapping, pci_key, seconds, sequence, show, text
+from exporter.state.file import StateFile
+from exporter.state.values import StateError, integer, mapping, pci_key, seconds, sequence, show, text
 from exporter.xid.store import MAX_BOOT_ID_CHARS, MAX_COUNT, MAX_SEQ, MAX_SOURCE_CHARS, OTHER
 from exporter.xid.sxid import SEVERITIES
 
@@ -73,23 +73,16 @@ class SxidStore:
         with self.lock:
             return {k: SxidCount(c.count, c.last_wall) for k, c in self.counts.items()}
 
-    def to_state(self, boot_id: str) -> dict:
-        """A snapshot as a state document (the follower adds `last_seq`, the state file the kernel
-        log and recoveries)."""
+    def merge(self, switches: dict[str, int], counts: list[list]) -> None:
+        """Take a validated document's switches and counts by the XID counts' rule (fold_counts):
+        an address beyond MAX_SWITCHES is folded into OTHER (summed within the document), then
+        each count takes the larger value, so what is known stays and nothing counts twice."""
         with self.lock:
-            return {"version": STATE_VERSION, "boot_id": boot_id,
-                    "counts": [[p, x, s, c.count, round(c.last_wall, 3)]
-                               for (p, x, s), c in self.counts.items()],
-                    "switches": dict(self.switches)}
-
-    def load(self, st: dict) -> None:
-        """Take a validated state document (validate_state first)."""
-        with self.lock:
-            for p, n in (st.get("switches") or {}).items():
+            for p, n in switches.items():
                 if p in self.switches or len(self.switches) < MAX_SWITCHES:
                     self.switches[p] = n
             loaded: dict[tuple[str, int, str], SxidCount] = {}
-            for p, x, s, n, wall in st.get("counts") or []:
+            for p, x, s, n, wall in counts:
                 key = (p if p in self.switches else OTHER, x, s)  # beyond the limit: folded
                 cur = loaded.get(key)
                 loaded[key] = SxidCount(n, float(wall)) if cur is None else \
@@ -103,7 +96,7 @@ class SxidStore:
 
 def validate_state(st: Any) -> None:
     """Raise StateError naming the first field of an SXid state document out of shape or range
-    (the XID state file's rules, exporter.xid.state_values)."""
+    (the XID state file's rules, exporter.state.values)."""
     if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
         raise StateError(f"not a version-{STATE_VERSION} SXid state document")
     for key, check in (("boot_id", lambda v, w: text(v, w, MAX_BOOT_ID_CHARS)),
@@ -132,10 +125,32 @@ def validate_state(st: Any) -> None:
         integer(v, f"switches[{pci_key(k, 'switches')}]", 0, MAX_SWITCH)
 
 
+class SxidDocument:
+    """`sxid-state.json`, written by the daemon alone: SXid counts, switch indices and the
+    kernel-log sequence number they cover."""
+
+    name = STATE_NAME
+    schema = versions.SXID
+    validate = staticmethod(validate_state)
+
+    def dump(self, store: SxidStore, last_seq: int | None) -> dict:
+        """The body as of now (a snapshot; changes nothing)."""
+        with store.lock:
+            return {"counts": [[p, x, s, c.count, round(c.last_wall, 3)]
+                               for (p, x, s), c in store.counts.items()],
+                    "switches": dict(store.switches), "last_seq": last_seq}
+
+    def load(self, doc: dict, store: SxidStore) -> int | None:
+        """Take a validated document into `store`; returns its last_seq."""
+        store.merge(doc.get("switches") or {}, doc.get("counts") or [])
+        return doc.get("last_seq")
+
+
+SXID_DOC = SxidDocument()
+
+
 class SxidStateFile(StateFile):
-    """`sxid-state.json`: read for this boot and kernel log, written whole (only the daemon writes
-    it, so nothing on disk is merged)."""
+    """`sxid-state.json`: read for this boot and kernel log."""
 
     def __init__(self, state_dir: str, boot_id: str, source: str, read_only: bool = False) -> None:
-        super().__init__(state_dir, boot_id, source, read_only, name=STATE_NAME, validate=validate_state,
-                         what="SXid")
+        super().__init__(state_dir, boot_id, source, read_only, doc=SXID_DOC)

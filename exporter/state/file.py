@@ -1,11 +1,12 @@
-"""The state files in `state_dir` (XID counts, SXid counts): one implementation for both.
+"""The state files in `state_dir`: one implementation for every document (exporter.state).
 
 A state file is JSON keyed by the boot id and the kernel log its counts came from, written
 atomically (temporary file, fsync, rename, fsync of the directory) under an advisory lock on the
-state directory shared with `ack` and `check`. What a document holds, how it is validated and how
-ours merges with the one on disk are the caller's (exporter.xid.store for XIDs,
-exporter.xid.sxid_store for SXids); this module reads, checks, sets aside and writes. Never raises:
-problems are logged once and recorded in `status` (exported as metrics).
+state directory shared with `ack` and `check`. Each file has one writer (the daemon; `ack` for
+the acks file), so a write never merges with what is on disk. What a document holds and how it
+is validated are its Document's (exporter.state.document); this module reads, upgrades, checks,
+sets aside and writes, adding the envelope every document shares (version, boot_id, kmsg,
+recoveries). Never raises: problems are logged once and recorded in `status` (metrics).
 """
 
 from __future__ import annotations
@@ -23,18 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from exporter.regular_file import NotRegularFile, open_regular, read_regular
-from exporter.state.versions import BY_WHAT, NewerVersion, StateError
-from exporter.xid.state_values import show
+from exporter.state.document import Document
+from exporter.state.values import show
+from exporter.state.versions import NewerVersion, StateError
 
-log = logging.getLogger("exporter.xid.state_file")
+log = logging.getLogger("exporter.state.file")
 
 CORRUPT_KEEP = 5  # corrupt state files set aside that are kept for a human (oldest removed)
 LOCK_NAME = "xid-state.json.lock"  # one advisory lock for the state directory
-
-# Merges our document with the one on disk: (ours, disk or None, counts too) -> (document,
-# whether the disk held acks ours lacks).
-Merge = Callable[[dict, "dict | None", bool], "tuple[dict, bool]"]
-
 
 def _remove_stale_temps(path: Path) -> None:
     """Temporary files of `path` left by a writer killed mid-write. Writers of a state file are
@@ -148,21 +145,18 @@ class StateStatus:
 
 
 class StateFile:
-    """One state file in `state_dir`: `name`, its documents upgraded to this exporter's version
-    by the schema of `what` (exporter.state.versions) and checked by `validate` (raises
-    StateError) and, when `merge` is given, merged with what is on disk before each write (what
-    `ack` wrote is kept). `what` names its counts in log lines ("XID", "SXid", "workload")."""
+    """One state file in `state_dir`: `doc`'s (its name, versions and validator), upgraded to
+    this exporter's version when read. `kmsg` names the kernel log its counts come from: a file
+    of another log is not this one's ("" reads any)."""
 
     def __init__(self, state_dir: str, boot_id: str, kmsg: str = "", read_only: bool = False, *,
-                 name: str, validate: Callable[[Any], None], what: str, merge: Merge | None = None) -> None:
+                 doc: Document) -> None:
         self.kmsg = encodable(kmsg)  # the kernel log the counts came from; a state of another log is not ours
         self.dir = Path(state_dir)
-        self.path = self.dir / name
-        self.validate = validate
-        self.schema = BY_WHAT[what]
-        self.what = what
-        self.merge = merge
-        self.label = "state file" if what == "XID" else f"{what} state file"  # in log lines
+        self.doc = doc
+        self.path = self.dir / doc.name
+        self.what = doc.schema.what  # names its counts in log lines ("XID", "SXid", "workload", "acks")
+        self.label = "state file" if self.what == "XID" else f"{self.what} state file"  # in log lines
         self.boot_id = boot_id
         # read_only (`check`): a corrupt file is reported but left in place for the daemon, which
         # sets it aside and records the recovery.
@@ -178,7 +172,6 @@ class StateFile:
         self._behind = False  # what is on disk is not what we hold: the next flush writes
         self._bad: tuple | None = None  # a file found corrupt that could not be set aside: not re-read
         self._logged: set[str] = set()
-        self._stale = False  # the last write kept acks from disk the reader has not taken yet
         # The path is not a regular file (a FIFO, a link...): nothing is read from or written
         # to it for the rest of the run; counts are kept in memory (logged once, an error).
         self.disabled = False
@@ -250,8 +243,8 @@ class StateFile:
             return None
         self._ident = ident
         try:
-            data = self.schema.upgrade(json.loads(raw.decode("utf-8")))  # an older version migrated
-            self.validate(data)  # every field, before anyone uses it
+            data = self.doc.schema.upgrade(json.loads(raw.decode("utf-8")))  # an older version migrated
+            self.doc.validate(data)  # every field, before anyone uses it
         except NewerVersion as e:
             self._newer(e, ident)
             return None
@@ -269,19 +262,8 @@ class StateFile:
         if self.kmsg and data.get("kmsg") not in (None, self.kmsg):
             self.status.problem = "other_source"  # counts of another kernel log (a replay)
             self._behind = True
-            self.other_source(data)
             return None
         return data
-
-    def other_source(self, data: dict) -> None:
-        """A valid state of this boot whose counts come from another kernel log: not ours, and
-        the next write replaces it. (The simulated node keeps its acknowledgements:
-        exporter.simulate.acks.)"""
-
-    def other_acks(self) -> dict | None:
-        """A state document whose acknowledgements apply besides ours: none here (the simulated
-        node's, exporter.simulate.acks)."""
-        return None
 
     def _corrupt(self, e: Exception, ident: tuple) -> None:
         why = show(str(e) if isinstance(e, StateError) else f"{type(e).__name__}: {e}", 300)
@@ -336,10 +318,8 @@ class StateFile:
                   self.label, self.path, e, aside.name, self.what)
 
     def changed_on_disk(self) -> bool:
-        """True when someone else (ack) wrote the file since we last read or wrote it (or our last
-        write kept acks from it that we have not read)."""
-        if self._stale:
-            return True
+        """True when someone else (`ack`, the acks file's writer) wrote the file since we last read
+        or wrote it."""
         now = identity_on_disk(self.path)
         return now is not None and now != self._ident and now != self._bad
 
@@ -357,34 +337,37 @@ class StateFile:
         with self.locked(wait=False) as held:
             if not held:
                 return None
-            data = self.read()
-        self._stale = False
-        return data
+            return self.read()
 
-    def write(self, state: Any, merge_counts: bool = False) -> bool:
-        """Write a state document (a snapshot; anything with `to_state(boot_id)` is snapshotted
-        here) with `merge`, merged with what is on disk: acks written by `ack` (counts too with
-        merge_counts). Atomic; changes no store."""
+    def write(self, body: dict) -> bool:
+        """Write a document's body (its Document's dump; the envelope is added here), atomically,
+        whatever is on disk (this process is the file's one writer). False (the problem in
+        `status`) when not written."""
         if self.disabled:
             return False
-        doc = state if isinstance(state, dict) else state.to_state(self.boot_id)
         with self.locked():
-            data, extra = doc, False
-            if self.merge is not None:
-                on_disk = self.read()
-                if self.disabled:
-                    return False
-                data, extra = self.merge(doc, on_disk, merge_counts)
-            data = {**data, "boot_id": self.boot_id, "kmsg": self.kmsg, "recoveries": self.recoveries}
-            try:
-                write_json_atomic(self.path, data)
-                self._ident = self._written = identity_on_disk(self.path)
-                self._behind = False
-            except OSError as e:
-                self._problem("unwritable", f"cannot write (counts kept in memory): {e.strerror or e}",
-                              write=True)
-                return False
-            self._stale = self._stale or extra  # acks we wrote but have not taken: read_news has news
+            return self._write(body)
+
+    def update(self, change: Callable[[dict | None], dict]) -> bool:
+        """Write `change(what is on disk now, or None)` under the lock (the acks file's writer
+        adds to what it holds)."""
+        if self.disabled:
+            return False
+        with self.locked():
+            body = change(self.read())
+            return not self.disabled and self._write(body)
+
+    def _write(self, body: dict) -> bool:
+        data = {**body, "version": self.doc.schema.version, "boot_id": self.boot_id, "kmsg": self.kmsg,
+                "recoveries": self.recoveries}
+        try:
+            write_json_atomic(self.path, data)
+            self._ident = self._written = identity_on_disk(self.path)
+            self._behind = False
+        except OSError as e:
+            self._problem("unwritable", f"cannot write (counts kept in memory): {e.strerror or e}",
+                          write=True)
+            return False
         self.status.ok = True
         self.status.problem = ""
         self.status.writes += 1
