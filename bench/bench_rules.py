@@ -134,6 +134,7 @@ class Figures:
     # group -> its evaluation interval (s), and Prometheus' CPU s of its queries, one per round
     intervals: dict[str, float] = field(default_factory=dict)
     group_cpu_s: dict[str, list[float]] = field(default_factory=dict)
+    group_round_s: dict[str, list[float]] = field(default_factory=dict)  # its rules' query time, per round
     rules_dir: str = "rules"
     baseline: Figures | None = None  # the same history measured with --baseline-rules
 
@@ -151,6 +152,13 @@ class Figures:
         """The whole rule set's cores at the groups' own intervals: (from query time, from CPU)."""
         c = self.cost()
         return sum(q for _, q, _, _ in c), sum(u for _, _, u, _ in c)
+
+    def cores_per_round(self) -> list[tuple[float, float]]:
+        """The cores of each round alone (query time, CPU): their spread is the run's."""
+        rounds = min((len(v) for v in self.group_cpu_s.values()), default=0)
+        every = {g: self.intervals.get(g, default_interval()) for g in self.groups}
+        return [(sum(self.group_round_s[g][k] / every[g] for g in self.group_round_s),
+                 sum(self.group_cpu_s[g][k] / every[g] for g in self.group_cpu_s)) for k in range(rounds)]
 
 
 def default_interval() -> float:
@@ -458,14 +466,17 @@ def _isolated(api: str, at: int, repeats: int, sets: list[tuple[Path, Figures]],
             for group, every, rules in groups:
                 figs.intervals[group] = every
                 cpu = _cpu_s(pid)
+                took = 0.0
                 for rule in rules:
                     name = rule.get("alert") or rule.get("record")
                     r = requests.get(f"{api}/query", params={"query": rule["expr"], "time": f"{at - k:.3f}",
                                                              "stats": "all"}, timeout=600).json()
                     if r.get("status") != "success":
                         raise RuntimeError(f"{figs.rules_dir} {group}/{name}: {r.get('error')}")
+                    took += r["data"]["stats"]["timings"]["execTotalTime"]
                     got.setdefault((group, name), []).append(r["data"]["stats"]["timings"]["execTotalTime"])
                 figs.group_cpu_s.setdefault(group, []).append(_cpu_s(pid) - cpu)
+                figs.group_round_s.setdefault(group, []).append(took)
             figs.cpu_s_per_round.append(_cpu_s(pid) - round_cpu)
     for (_, figs), got in zip(loaded, times, strict=True):
         per_group: dict[str, list[tuple[float, float]]] = {}
@@ -546,6 +557,10 @@ def cost_table(r: Figures, top: int = 10) -> str:
     head = f"{r.rules_dir} at {r.nodes:,} nodes: {q:.3f} cores at the groups' own intervals ({how})"
     if not r.live:
         head += f"; {u:.3f} cores from Prometheus' CPU"
+        per = r.cores_per_round()
+        if per:
+            head += (f"\n  round by round: {min(q for q, _ in per):.3f}-{max(q for q, _ in per):.3f} cores "
+                     f"(query time), {min(c for _, c in per):.3f}-{max(c for _, c in per):.3f} (CPU)")
     lines = [head,
              f"  biggest groups by cost (of {len(r.groups)}):",
              f"  {'group':28} {'interval':>8} {'ms/eval':>9} {'CPU ms/eval':>11} {'cores':>7} {'share':>6}"]
