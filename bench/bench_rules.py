@@ -2,6 +2,7 @@
 Prometheus holding synthetic history for N nodes (a simulated p5.48xlarge's series, 8 GPUs each).
 
     python bench/bench_rules.py --nodes 100 500 2000 [--interval 30] [--live] [--top N]
+                                [--baseline-rules DIR]
 
 For each node count it
   1. scrapes a simulated p5.48xlarge once (the exporter on 127.0.0.1) and keeps the series the rules
@@ -22,7 +23,20 @@ For each node count it
      `evaluationTime` is read: on a host with fewer cores than busy groups that measures the
      contention as well (at 2,000 nodes on 2 cores every group waits seconds for a core).
 
-`measure(nodes)` returns the figures (bench/figures.py calls it); the command prints one table.
+What a Prometheus pays is each group's cost per evaluation over its own `interval:` (a group
+without one runs at deploy/prometheus/scrape.yml's `evaluation_interval`): the command prints
+those cores for the whole rule set, from the query time (the sum of the groups' medians, each over
+its interval) and from Prometheus' own CPU (utime + stime around each group's queries, median of
+the rounds, over its interval), and the groups that cost the most. promtool ignores `interval:`,
+so this is where a group's interval shows.
+
+With --baseline-rules DIR (another checkout's rules/, e.g. `git worktree add /tmp/base main`), the
+same history is measured with both rule sets, round by round interleaved, and both costs are
+printed: before and after from one run on one host. The history holds every series either rule set
+reads, and always every `efa_*` family a node exports by default (BALLAST): a real Prometheus holds
+them whether or not a rule reads them, and its head's size sets the cost of every read.
+
+`measure(nodes)` returns the figures (bench/figures.py calls it); the command prints the tables.
 Nothing leaves 127.0.0.1.
 """
 
@@ -52,9 +66,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import remote_write  # noqa: E402  (bench/, beside this file)
 
 from tests.helpers import running_exporter, start_listening, wait_until_serving  # noqa: E402
-from tests.rules_lint import all_rules, metric_names  # noqa: E402
+from tests.rules_lint import metric_names  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "rules"
+# The families held though no rule may read them (see the module's doc): the EFA devices' own series.
+BALLAST = re.compile(r"^efa_")
 SHORT_S = 17 * 60  # history of every series (the longest plain window in rules/ is 15m)
 LONG_S = 80 * 60  # history of series read over [1h] offset 15m
 LONG = {"gpu_ecc_errors_total", "efa_admin_commands_no_completion_total"}
@@ -115,11 +132,70 @@ class Figures:
     rss_bytes: int = 0
     rss_peak_bytes: int = 0
     cpu_s_per_round: list[float] = field(default_factory=list)
+    # group -> its evaluation interval (s), and Prometheus' CPU s of its queries, one per round
+    intervals: dict[str, float] = field(default_factory=dict)
+    group_cpu_s: dict[str, list[float]] = field(default_factory=dict)
+    group_round_s: dict[str, list[float]] = field(default_factory=dict)  # its rules' query time, per round
+    rules_dir: str = "rules"
+    baseline: Figures | None = None  # the same history measured with --baseline-rules
+
+    def cost(self) -> list[tuple[str, float, float, float]]:
+        """(group, cores from query time, cores from CPU, interval s) of every group, costliest first:
+        its cost per evaluation over its own interval."""
+        out = []
+        for g, (med, _, _) in self.groups.items():
+            every = self.intervals.get(g, default_interval())
+            cpu = statistics.median(self.group_cpu_s[g]) if self.group_cpu_s.get(g) else float("nan")
+            out.append((g, med / every, cpu / every, every))
+        return sorted(out, key=lambda c: -c[1])
+
+    def cores(self) -> tuple[float, float]:
+        """The whole rule set's cores at the groups' own intervals: (from query time, from CPU)."""
+        c = self.cost()
+        return sum(q for _, q, _, _ in c), sum(u for _, _, u, _ in c)
+
+    def cores_per_round(self) -> list[tuple[float, float]]:
+        """The cores of each round alone (query time, CPU): their spread is the run's."""
+        rounds = min((len(v) for v in self.group_cpu_s.values()), default=0)
+        every = {g: self.intervals.get(g, default_interval()) for g in self.groups}
+        return [(sum(self.group_round_s[g][k] / every[g] for g in self.group_round_s),
+                 sum(self.group_cpu_s[g][k] / every[g] for g in self.group_cpu_s)) for k in range(rounds)]
 
 
-def node_series() -> list[tuple[str, dict[str, str], float]]:
-    """(name, labels, value) of one simulated p5.48xlarge's series that the rules read."""
-    wanted = {n for _, _, r in all_rules() for n in metric_names(r["expr"]) if ":" not in n} - {"ALERTS"}
+def default_interval() -> float:
+    """The evaluation interval of a group without `interval:`: the shipped Prometheus config's."""
+    cfg = yaml.safe_load((ROOT / "deploy" / "prometheus" / "scrape.yml").read_text())
+    return duration_s(cfg["global"].get("evaluation_interval", "1m"))
+
+
+def duration_s(d: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    parts = re.findall(r"(\d+)(ms|s|m|h|d)", d)
+    if not parts or "".join(a + b for a, b in parts) != d:
+        raise ValueError(f"not a Prometheus duration: {d!r}")
+    return sum(int(a) * units[b] for a, b in parts)
+
+
+def rule_groups(rules_dir: Path = RULES) -> list[tuple[str, float, list[dict]]]:
+    """(group, interval s, rules) of every group of the rule files in `rules_dir`."""
+    out = []
+    for f in sorted(rules_dir.glob("*.yml")):
+        for g in yaml.safe_load(f.read_text())["groups"]:
+            every = duration_s(g["interval"]) if "interval" in g else default_interval()
+            out.append((g["name"], every, g["rules"]))
+    return out
+
+
+def all_rules(rules_dir: Path = RULES) -> list[tuple[str, str, dict]]:
+    """(group, group, rule) of every rule, as tests.rules_lint.all_rules with a directory."""
+    return [(name, name, r) for name, _, rules in rule_groups(rules_dir) for r in rules]
+
+
+def node_series(rule_dirs: Iterable[Path] = (RULES,)) -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of one simulated p5.48xlarge's series that the rules read, and the
+    BALLAST families."""
+    wanted = {n for d in rule_dirs for _, _, r in all_rules(d) for n in metric_names(r["expr"])
+              if ":" not in n} - {"ALERTS"}
     # A Slurm job on every GPU (gpu_workload_info): the job-health rules group the fleet into jobs
     # of JOB_NODES nodes each (histories()).
     with running_exporter("--simulate", "p5.48xlarge", "--scenario", "slurm-job") as url:
@@ -128,7 +204,7 @@ def node_series() -> list[tuple[str, dict[str, str], float]]:
     out = []
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name in wanted:
+            if s.name in wanted or BALLAST.match(s.name):
                 if s.name == "gpu_nvlink_errors_total":  # the per-GPU default of issue 14, not per link
                     if s.labels.get("link") not in ("0", "all"):
                         continue
@@ -279,10 +355,12 @@ def _rules_copy(dst: Path) -> None:
 
 
 def measure(nodes: int, interval: int = 30, evaluations: int = 4, log=print, head: bool = True,
-            live: bool = False) -> Figures:
+            live: bool = False, baseline_rules: Path | None = None) -> Figures:
     """Build the history for `nodes` nodes and measure every rule group's evaluation time. With
     `head` (the default) the last HEAD_S seconds go into Prometheus' head by remote write, as on a
-    live Prometheus; without it, everything is read from imported blocks (slower per series)."""
+    live Prometheus; without it, everything is read from imported blocks (slower per series). With
+    `baseline_rules`, that directory's rules are measured on the same history as well (isolated
+    only), interleaved round by round, into the result's `baseline`."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-rules-"))
     # Isolated, the queries are made at the history's end, whenever that is. Live, the history must
     # end when the rules start evaluating: later, their instant selectors find nothing (5m
@@ -295,7 +373,8 @@ def measure(nodes: int, interval: int = 30, evaluations: int = 4, log=print, hea
     config = tmp / "prometheus.yml"
     proc = None
     try:
-        per_node = node_series()
+        rule_dirs = [RULES] + ([baseline_rules] if baseline_rules else [])
+        per_node = node_series(rule_dirs)
         t = time.monotonic()
         series, samples, in_blocks = write_blocks(histories(per_node, nodes, interval, end), head_start,
                                                   tmp / "history.om")
@@ -331,21 +410,31 @@ def measure(nodes: int, interval: int = 30, evaluations: int = 4, log=print, hea
         if late > 60:
             raise RuntimeError(f"writing and pushing took {late:.0f} s longer than estimated: the history "
                                "is stale; run a smaller --nodes first (it calibrates the estimate)")
-        figs = Figures(nodes, series, samples, head, live)
+        figs = Figures(nodes, series, samples, head, live, rules_dir=_shown(RULES))
+        if baseline_rules:
+            figs.baseline = Figures(nodes, series, samples, head, live, rules_dir=_shown(baseline_rules))
         if live:
             time.sleep(max(0.0, -late) + 1)
             _live(api, proc, config, tmp / "rules", evaluations, figs)
         else:
-            _isolated(api, end, evaluations, figs, proc.pid)
+            sets = [(RULES, figs)] + ([(baseline_rules, figs.baseline)] if figs.baseline else [])
+            _isolated(api, end, evaluations, sets, proc.pid)
         tsdb = requests.get(f"{api}/status/tsdb", timeout=60).json()["data"]
-        figs.head_series = int(tsdb["headStats"]["numSeries"])
-        figs.rss_bytes, figs.rss_peak_bytes = _rss(proc.pid)
+        for f in (figs, figs.baseline):
+            if f is not None:
+                f.head_series = int(tsdb["headStats"]["numSeries"])
+                f.rss_bytes, f.rss_peak_bytes = _rss(proc.pid)
         return figs
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=120)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _shown(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def _cpu_s(pid: int) -> float:
@@ -364,32 +453,43 @@ def _rss(pid: int) -> tuple[int, int]:
     return got["VmRSS"], got["VmHWM"]
 
 
-def _isolated(api: str, at: int, repeats: int, figs: Figures, pid: int) -> None:
+def _isolated(api: str, at: int, repeats: int, sets: list[tuple[Path, Figures]], pid: int) -> None:
     """Each rule's expression as an instant query, one at a time, `repeats` times at slightly
     different times; a group's time is the sum of its rules' medians (Prometheus evaluates the
     rules of a group one after another). Prometheus' own execution time of the query
     (`stats=all`), so HTTP and JSON are not counted; the rules' writes (recorded series, ALERTS)
-    are not either. `at`: the end of the history."""
-    per_group: dict[str, list[tuple[float, float]]] = {}
-    times: dict[str, list[float]] = {}
-    # Round by round (every rule once per round), so that Prometheus' CPU time per round is measured
-    # as well: it includes parsing and the JSON answer, not the writes of the rules' output.
+    are not either. `at`: the end of the history. With several rule sets (a baseline), each round
+    runs every set's rules, one set after another, so both see the same host."""
+    loaded = [(rule_groups(d), figs) for d, figs in sets]
+    times: list[dict[tuple[str, str], list[float]]] = [{} for _ in sets]
+    # Round by round (every rule once per round), so that Prometheus' CPU time per round, and per
+    # group, is measured as well: it includes parsing and the JSON answer, not the writes of the
+    # rules' output.
     for k in range(repeats):
-        cpu = _cpu_s(pid)
-        for _, group, rule in all_rules():
-            r = requests.get(f"{api}/query", params={"query": rule["expr"], "time": f"{at - k:.3f}",
-                                                     "stats": "all"}, timeout=600).json()
-            if r.get("status") != "success":
-                raise RuntimeError(f"{group}/{rule.get('alert') or rule.get('record')}: {r.get('error')}")
-            times.setdefault(f"{group}\0{rule.get('alert') or rule.get('record')}", []).append(
-                r["data"]["stats"]["timings"]["execTotalTime"])
-        figs.cpu_s_per_round.append(_cpu_s(pid) - cpu)
-    for key, ts in times.items():
-        group, name = key.split("\0")
-        figs.rules[f"{group}/{name}"] = statistics.median(ts)
-        per_group.setdefault(group, []).append((statistics.median(ts), max(ts)))
-    for group, rules in sorted(per_group.items()):
-        figs.groups[group] = (sum(m for m, _ in rules), sum(x for _, x in rules), len(rules))
+        for (groups, figs), got in zip(loaded, times, strict=True):
+            round_cpu = _cpu_s(pid)
+            for group, every, rules in groups:
+                figs.intervals[group] = every
+                cpu = _cpu_s(pid)
+                took = 0.0
+                for rule in rules:
+                    name = rule.get("alert") or rule.get("record")
+                    r = requests.get(f"{api}/query", params={"query": rule["expr"], "time": f"{at - k:.3f}",
+                                                             "stats": "all"}, timeout=600).json()
+                    if r.get("status") != "success":
+                        raise RuntimeError(f"{figs.rules_dir} {group}/{name}: {r.get('error')}")
+                    took += r["data"]["stats"]["timings"]["execTotalTime"]
+                    got.setdefault((group, name), []).append(r["data"]["stats"]["timings"]["execTotalTime"])
+                figs.group_cpu_s.setdefault(group, []).append(_cpu_s(pid) - cpu)
+                figs.group_round_s.setdefault(group, []).append(took)
+            figs.cpu_s_per_round.append(_cpu_s(pid) - round_cpu)
+    for (_, figs), got in zip(loaded, times, strict=True):
+        per_group: dict[str, list[tuple[float, float]]] = {}
+        for (group, name), ts in got.items():
+            figs.rules[f"{group}/{name}"] = statistics.median(ts)
+            per_group.setdefault(group, []).append((statistics.median(ts), max(ts)))
+        for group, rules in sorted(per_group.items()):
+            figs.groups[group] = (sum(m for m, _ in rules), sum(x for _, x in rules), len(rules))
 
 
 def _live(api: str, proc: subprocess.Popen, config: Path, rules_dir: Path, evaluations: int,
@@ -426,6 +526,7 @@ def _live(api: str, proc: subprocess.Popen, config: Path, rules_dir: Path, evalu
         times = list(evals.values())
         figs.groups[name] = (statistics.median(times), max(times), rules_per_group[name])
     figs.rules = {k: statistics.median(v.values()) for k, v in per_rule.items()}
+    figs.intervals = {name: every for name, every, _ in rule_groups()}
 
 
 def table(results: list[Figures]) -> str:
@@ -454,6 +555,27 @@ def table(results: list[Figures]) -> str:
     return "\n".join(lines)
 
 
+def cost_table(r: Figures, top: int = 10) -> str:
+    """The rule set's cores at the groups' own intervals, and its costliest groups."""
+    q, u = r.cores()
+    how = "evaluationTime" if r.live else "query time"
+    head = f"{r.rules_dir} at {r.nodes:,} nodes: {q:.3f} cores at the groups' own intervals ({how})"
+    if not r.live:
+        head += f"; {u:.3f} cores from Prometheus' CPU"
+        per = r.cores_per_round()
+        if per:
+            head += (f"\n  round by round: {min(q for q, _ in per):.3f}-{max(q for q, _ in per):.3f} cores "
+                     f"(query time), {min(c for _, c in per):.3f}-{max(c for _, c in per):.3f} (CPU)")
+    lines = [head,
+             f"  biggest groups by cost (of {len(r.groups)}):",
+             f"  {'group':28} {'interval':>8} {'ms/eval':>9} {'CPU ms/eval':>11} {'cores':>7} {'share':>6}"]
+    for g, cq, cu, every in r.cost()[:top]:
+        cpu_ms = cu * every * 1000
+        lines.append(f"  {g:28} {every:>7g}s {r.groups[g][0] * 1000:>9.1f} {cpu_ms:>11.0f} {cq:>7.4f} "
+                     f"{cq / q if q else 0:>6.1%}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[100])
@@ -464,14 +586,30 @@ def main() -> None:
     ap.add_argument("--blocks-only", action="store_true",
                     help="read everything from imported blocks (the earlier method) instead of the head")
     ap.add_argument("--top", type=int, default=0, metavar="N", help="also list the N slowest rules")
+    ap.add_argument("--top-groups", type=int, default=10, metavar="N",
+                    help="groups listed by cost at their intervals (default 10)")
+    ap.add_argument("--baseline-rules", type=Path, metavar="DIR",
+                    help="also measure this directory's rule files on the same history (before/after)")
     args = ap.parse_args()
+    if args.baseline_rules and args.live:
+        ap.error("--baseline-rules measures in isolation only (not with --live)")
     results = [measure(n, args.interval, args.evaluations, log=lambda m: print(m, file=sys.stderr),
-                       head=not args.blocks_only, live=args.live)
+                       head=not args.blocks_only, live=args.live, baseline_rules=args.baseline_rules)
                for n in args.nodes]
     how = (f"Prometheus' evaluationTime, every group evaluated every {EVAL_S} s, concurrently" if args.live
            else "its rules' expressions queried one at a time (sum of their median execution times)")
     print(f"Rule group evaluation time: {how}; history at a {args.interval} s scrape")
     print(table(results))
+    for r in results:
+        print(cost_table(r, args.top_groups))
+    if args.baseline_rules:
+        base = [r.baseline for r in results if r.baseline]
+        print(f"\nBaseline {base[0].rules_dir}, the same history and rounds:")
+        print(table(base))
+        for b, r in zip(base, results, strict=True):
+            print(cost_table(b, args.top_groups))
+            print(f"{r.rules_dir} / {b.rules_dir} at {r.nodes:,} nodes: {r.cores()[0] / b.cores()[0]:.2f}x "
+                  f"(query time), {r.cores()[1] / b.cores()[1]:.2f}x (CPU)")
     if args.top:
         for r in results:
             print(f"slowest rules at {r.nodes:,} nodes (median ms):")

@@ -1,4 +1,8 @@
-"""EFA fabric: the fleet's EFA devices, outliers first (top-k per panel), never every device."""
+"""EFA fabric: the fleet's EFA devices, outliers first (top-k per panel), never every device.
+
+Fleet sums, per-node panels and the inventory read the node's totals (efa_node_*_total,
+efa_devices_unreadable: one series per node, issue 36); only the top-k device panels, which
+locate a device, read the per-device series."""
 
 from __future__ import annotations
 
@@ -32,20 +36,31 @@ def _top(metric: str) -> str:
     return f"topk({K}, {_device_rate(metric)})"
 
 
+def _node(metric: str) -> str:
+    """The node's total of a per-device EFA counter (exporter.efa.node_totals)."""
+    return "efa_node_" + metric.removeprefix("efa_")
+
+
 def _fleet(metric: str) -> str:
-    return f"sum(rate({metric}{sel()}[$__rate_interval]))"
+    """The selection's rate of an EFA counter, from the nodes' totals (one series a node)."""
+    return f"sum(rate({_node(metric)}{sel()}[$__rate_interval]))"
 
 
-def devices_stat(title: str, where: str, width: int):
-    """EFA devices found, expected and unreadable (the fleet's here, one node's on the node dashboard)."""
+def devices_stat(title: str, where: str, width: int, name_devices: bool = False):
+    """EFA devices found, expected and unreadable (the fleet's here, one node's on the node dashboard,
+    which also names the unreadable devices: `name_devices`, a read of one node's devices)."""
+    named = [query(f"efa_device_up{sel()} == 0", "{{device}} unreadable")] if name_devices else []
     return stat_panel(
         title,
         f"EFA devices found {where}, the number the instance type should have, and devices whose "
-        "counters could not be read in the last scrape. Fewer than expected: a device failed to probe.",
-        "none", "three values",
+        "counters could not be read in the last scrape"
+        + (" (each by name)" if name_devices else "")
+        + ". Fewer than expected: a device failed to probe.",
+        "none", "three values" + (", plus one per unreadable device" if name_devices else ""),
         query(f"sum(efa_devices{sel()})", "found"),
         query(f"sum(efa_devices_expected{sel()})", "expected"),
-        query(f"count(efa_device_up{sel()} == 0) or vector(0)", "unreadable"),
+        query(f"sum(efa_devices_unreadable{sel()})", "unreadable"),
+        *named,
         thresholds=NEUTRAL, width=width, height=6, overrides=[colour("unreadable", "red")])
 
 
@@ -54,11 +69,12 @@ def inventory() -> list:
     short = table_panel(
         "Nodes short of devices or with unreadable devices",
         "Nodes enumerating fewer EFA devices than expected (a device failed to probe: "
-        "EfaDevicesBelowExpected), and devices whose counters could not be read (an admin command "
-        "failed or hung: EfaDeviceUnreadable). Click a node for its dashboard.",
-        "none", "one row per short node and per unreadable device",
+        "EfaDevicesBelowExpected), and nodes with devices whose counters could not be read (an admin "
+        "command failed or hung: EfaDeviceUnreadable). Click a node for its dashboard, which names the "
+        "devices.",
+        "none", "one row per short node and per node with unreadable devices",
         instant(f"efa_devices_expected{sel()} - efa_devices{sel()} > 0", "devices missing"),
-        instant(f"efa_device_up{sel()} == 0", "unreadable"),
+        instant(f"efa_devices_unreadable{sel()} > 0", "devices unreadable"),
         width=16, height=6, thresholds=OK_RED)
     return [found, short]
 
@@ -93,22 +109,25 @@ def traffic() -> list:
         width=12)
     per_node = timeseries_panel(
         "Top nodes by EFA throughput",
-        "Bytes per second sent and received per node (all its devices), from the recording rules in "
-        "rules/efa.yml.",
+        "Bytes per second sent and received per node (all its devices), from the node's totals the "
+        "exporter sums (efa_node_tx_bytes_total, efa_node_rx_bytes_total).",
         "Bps", f"top {K} nodes per point, twice",
-        query(f"topk({K}, instance:efa_tx_bytes:rate5m{sel()})", "{{instance}} tx"),
-        query(f"topk({K}, instance:efa_rx_bytes:rate5m{sel()})", "{{instance}} rx"),
+        query(f"topk({K}, rate(efa_node_tx_bytes_total{sel()}[$__rate_interval]))", "{{instance}} tx"),
+        query(f"topk({K}, rate(efa_node_rx_bytes_total{sel()}[$__rate_interval]))", "{{instance}} rx"),
         width=12)
     return [totals, top_bytes, low_bytes, packets, per_node]
 
 
 def retransmits() -> list:
     share = timeseries_panel(
-        "Retransmitted share, worst devices",
-        "Share of sent packets the device had to retransmit (10 m, rules/efa.yml). Above 1% with real "
-        "traffic raises EfaRetransmitRatioHigh: congestion or a failing path.",
-        "percentunit", TOP,
-        query(f"topk({K}, device:efa_retrans_packets:ratio_rate10m{sel()})", DEVICE),
+        "Retransmitted share, worst nodes",
+        "Share of the packets a node's EFA devices sent that they had to retransmit, from the node's "
+        "totals, as EfaRetransmitRatioHigh reads them (over 10 minutes there). Above 1% for 10 minutes "
+        "with real traffic raises the alert: congestion or a failing path; the panel beside it shows "
+        "which device.",
+        "percentunit", f"top {K} nodes per point",
+        query(f"topk({K}, rate(efa_node_retrans_packets_total{sel()}[$__rate_interval]) "
+              f"/ (rate(efa_node_tx_packets_total{sel()}[$__rate_interval]) > 0))", "{{instance}}"),
         thresholds=steps((None, "green"), (0.01, "red")), width=12)
     retrans = timeseries_panel(
         "Retransmitted packets, worst devices",

@@ -308,7 +308,8 @@ def exporter() -> list:
         "none", "one row per failing collector or source",
         instant(" or ".join([
             _problem(f"gpu_health_exporter_collector_success{sel()} == 0", "collector failing", "collector"),
-            _problem(f"efa_device_up{sel()} == 0", "EFA device unreadable", "device"),
+            # the node's count (one series a node): the node dashboard names the devices
+            _problem(f"efa_devices_unreadable{sel()} > 0", "EFA devices unreadable", ""),
             _problem(f"lustre_client_source_up{sel()} == 0", "Lustre source unreadable", "source"),
             _problem(f"lustre_client_statfs_success{sel()} == 0", "Lustre mount not answering", "mount"),
             _problem(f"gpu_read_success{sel()} == 0", "GPU unreadable", "gpu"),

@@ -354,7 +354,7 @@ STATFS = value_text({"0": ("NO", "red"), "1": ("yes", "green")})
 
 
 def efa_fsx() -> list:
-    devices = devices_stat("EFA devices", "on the node", width=6)
+    devices = devices_stat("EFA devices", "on the node", width=6, name_devices=True)
     efa_bytes = timeseries_panel(
         "EFA throughput per device",
         "Bytes sent (positive) and received (negative) per second per EFA device.",

@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from exporter.efa import reader as efa_reader
+from exporter.efa.node_totals import NODE_TOTALS
 from exporter.runner import Runner
 from exporter.simulate.efa import NETWORK, RDMA_WRITE, kernel_files
 from tests.efa_trees import FaultyReader, collect, collector, efa, mellanox, run
@@ -61,7 +62,8 @@ def test_split_layout_exports_every_counter_once_with_its_own_value(tmp_path):
     assert value(ss, "efa_device_up", device="rdmap79s0") == 1
     assert value(ss, "efa_info", device="rdmap79s0", pci_address="0000:4f:00.0", pci_device_id="0xefa2") == 1
     assert value(ss, "gpu_health_exporter_collector_success", collector="efa") == 1
-    counters = [k for k in ss if k[0].startswith("efa_") and k[0].endswith("_total")]
+    counters = [k for k in ss if k[0].startswith("efa_") and k[0].endswith("_total")
+                and not k[0].startswith("efa_node_")]
     assert len(counters) == 22 + 5 + 7  # every file once: 22 port, 5 admin/keep-alive, 7 verbs errors
     assert promtool_check_metrics(text) == ""
 
@@ -74,7 +76,8 @@ def test_combined_layout_before_5_15_is_not_double_counted(tmp_path):
     ss = samples(text)
     port, device, combined = kernel_files((5, 10))
     assert combined
-    counters = [k for k in ss if k[0].startswith("efa_") and k[0].endswith("_total")]
+    counters = [k for k in ss if k[0].startswith("efa_") and k[0].endswith("_total")
+                and not k[0].startswith("efa_node_")]
     assert len(counters) == len(port) + len(device)  # one sample per counter, not two
     assert value(ss, "efa_tx_bytes_total", device="efa_0", port="1") == vals["tx_bytes"]
     assert value(ss, "efa_admin_commands_submitted_total", device="efa_0") == vals["submitted_cmds"]
@@ -120,7 +123,9 @@ def test_a_counter_set_reads_and_exports_only_its_files(tmp_path, setting, want)
     read = {p.rsplit("/", 1)[1] for p in reader.reads if "/hw_counters/" in p}
     assert read == set(want)
     exported = {n for n in names(text) if n.startswith("efa_") and n.endswith("_total")}
-    assert exported == {lookup(f, "port").spec.name for f in want}
+    per_device = {lookup(f, "port").spec.name for f in want}
+    # the node's totals (issue 36) of the summed families it read, and only those
+    assert exported == per_device | {NODE_TOTALS[n].name for n in per_device if n in NODE_TOTALS}
     assert ("efa_port_rate_bytes_per_second" in names(text)) == (setting != "default")
     assert "efa_info" not in names(text) and value(text, "efa_device_up", device="rdmap16s0") == 1
 
@@ -584,3 +589,59 @@ def test_an_unchanged_counter_is_the_same_sample_and_a_changed_one_shows_its_new
     ss = samples(run(c))
     assert value(ss, "efa_tx_bytes_total", device="rdmap79s0", port="1") == vals["tx_bytes"] + 7
     assert value(ss, "efa_rx_bytes_total", device="rdmap79s0", port="1") == vals["rx_bytes"]
+
+
+# --- the node's totals (issue 36) -------------------------------------------------------------------
+
+def _set(dev, file: str, v: int) -> None:
+    (dev / "ports" / "1" / "hw_counters" / file).write_text(f"{v}\n")
+
+
+def test_node_totals_sum_every_device_and_stay_monotonic(tmp_path, monkeypatch):
+    """efa_node_*_total: the devices' sum at the first reading, then only what each device rose, so
+    a failed read, a device's reset or a device gone never makes the node's counter fall (rate()
+    would read a fall as a reset and count the whole total again)."""
+    monkeypatch.setattr(efa_reader, "RECHECK_S", 0.0)
+    a = efa(tmp_path, "rdmap16s0", 16, values={"retrans_timeout_events": 100, "tx_bytes": 1000})
+    b = efa(tmp_path, "rdmap17s0", 17, values={"retrans_timeout_events": 50, "tx_bytes": 2000})
+    reader = FaultyReader()
+    c = collector(tmp_path, reader=reader, **{"efa.counters": "default"})
+
+    def node(text: str, name: str = "efa_node_retrans_timeout_events_total") -> float:
+        return value(samples(text), name)
+
+    text = run(c)
+    assert node(text) == 150 and node(text, "efa_node_tx_bytes_total") == 3000
+    assert value(samples(text), "efa_devices_unreadable") == 0
+    assert promtool_check_metrics(text) == ""
+    _set(a, "retrans_timeout_events", 110)
+    assert node(run(c)) == 160
+    # b fails its reads: the total holds (b adds nothing), and the node counts one unreadable device
+    reader.fail("rdmap17s0/ports/1/hw_counters/retrans_timeout_events")
+    _set(a, "retrans_timeout_events", 120)
+    _set(b, "retrans_timeout_events", 70)
+    text = run(c)
+    assert node(text) == 170 and value(samples(text), "efa_devices_unreadable") == 1
+    # b answers again: what it rose meanwhile is added
+    reader.faults.clear()
+    assert node(run(c)) == 190
+    # a is reset (its counter starts over): its new value is added, as rate() counts a reset
+    _set(a, "retrans_timeout_events", 5)
+    assert node(run(c)) == 195
+    # b goes away: the total keeps what it counted
+    (tmp_path / "class" / "infiniband" / "rdmap17s0").unlink()
+    text = run(c)
+    assert value(samples(text), "efa_devices") == 1 and node(text) == 195
+    _set(a, "retrans_timeout_events", 6)
+    assert node(run(c)) == 196
+
+
+def test_node_totals_follow_the_counter_set(tmp_path):
+    """A summed family is totalled only when its file is read; efa_devices_unreadable always."""
+    efa(tmp_path, "rdmap16s0", 16, values={"tx_bytes": 7})
+    c = collector(tmp_path, **{"efa.counters": ["tx_bytes"]})
+    text = run(c)
+    got = {n for n in names(text) if n.startswith("efa_node_")}
+    assert got == {"efa_node_tx_bytes_total"}
+    assert value(samples(text), "efa_node_tx_bytes_total") == 7
+    assert value(samples(text), "efa_devices_unreadable") == 0

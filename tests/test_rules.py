@@ -203,6 +203,25 @@ def test_group_limits_and_unique_names():
     assert len(names) == len(set(names))
 
 
+# Issue 36: what a group costs is its cost per evaluation over its interval (bench/bench_rules.py),
+# so every group says its interval, and a group with a critical alert (a page) is evaluated every
+# 30 s or faster, so every page comes within a minute of its condition (docs/alerts.md,
+# "Evaluation intervals"). promtool ignores `interval:`; tests/test_alert_matrix.py runs the groups
+# at their own intervals (compressed) on a live Prometheus.
+CRITICAL_MAX_INTERVAL_S = 30
+
+
+def test_every_group_names_its_interval_and_pages_within_a_minute():
+    for path in rule_files():
+        for g in load(path)["groups"]:
+            assert "interval" in g, f"{path.name}: group {g['name']} has no interval: (docs/alerts.md)"
+            every = _duration_s(g["interval"])
+            assert 15 <= every <= 300, (g["name"], g["interval"])
+            critical = [r["alert"] for r in g["rules"] if r.get("labels", {}).get("severity") == "critical"]
+            if critical:
+                assert every <= CRITICAL_MAX_INTERVAL_S, f"{g['name']} ({g['interval']}) pages: {critical}"
+
+
 def test_rule_files_convert_to_prometheusrule(tmp_path):
     """Each file is a PrometheusRule's spec as is: wrap it, unwrap it, and promtool still accepts it."""
     for path in rule_files():

@@ -1,4 +1,5 @@
-"""EFA collector: every driver counter of every EFA device, device facts, per-device up.
+"""EFA collector: every driver counter of every EFA device, device facts, per-device up, and the
+node's totals of the counters the rules read (exporter.efa.node_totals).
 
 Discovery, reading and naming live in exporter.efa; this module adds the samples and keeps one
 device's failure from touching the others.
@@ -18,6 +19,7 @@ from exporter.config import Section, non_negative, positive, setting
 from exporter.efa.discovery import Discovery, EfaDevice
 from exporter.efa.naming import INFO as INFO_ITEM
 from exporter.efa.naming import OPT_IN, C, check_counters, counter_set
+from exporter.efa.node_totals import DEVICES_UNREADABLE, NodeTotals
 from exporter.efa.reader import DeviceReader, DeviceReading
 from exporter.efa.sysfs import SysfsReader
 from exporter.metric import Sample
@@ -100,6 +102,7 @@ class EfaCollector(Collector):
         raise_fd_limit()
         self._fixed: dict[str, tuple[tuple[str, str, str], Sample, Sample, Sample]] = {}  # info, up 1, up 0
         self.problems = ProblemLog(self.log)
+        self.totals = NodeTotals()
 
     def close(self) -> None:
         self.devices.close()
@@ -132,7 +135,8 @@ class EfaCollector(Collector):
         up: list[Sample] = []
         groups: dict[str, list[Sample]] = {}
         specs: list[MetricSpec] = []
-        for reading in self.read_all(devices):
+        readings = self.read_all(devices)
+        for reading in readings:
             dev = reading.device
             info_sample, up1, up0 = self._fixed_samples(dev, version)
             if self.info:
@@ -151,10 +155,16 @@ class EfaCollector(Collector):
                     specs.append(spec)
                 g += samples[a:b]
         out.add_samples(DEVICE_UP, up)
+        out.add(DEVICES_UNREADABLE, len(failing))
+        if devices is not self._known:
+            self.totals.forget_except({d.name for d in devices})
+        self.totals.update(readings)
         if info:
             out.add_samples(INFO, info)
         for spec in specs:
             out.add_samples(spec, groups[spec.name])
+        for spec, sample in self.totals.samples():
+            out.add_samples(spec, (sample,))
         if devices is not self._known:  # listed again: forget what went away
             self._known = devices
             self.devices.forget_except({d.path for d in devices})
