@@ -170,16 +170,22 @@ def series(case: Case) -> list[dict]:
             total += s.evictions
             ev.append(total)
         add("lustre_client_import_evictions_total", target, ev)
+        # one EFA device: the node's totals (efa_node_*_total, which the EFA rules read) are its own
         dev = {**base, "device": "rdmap0s0", "port": "1"}
-        add("efa_tx_bytes_total", dev, _cumulative([s.efa_tx for s in nodes]))
+
+        def efa(name: str, values: list[float], dev: dict = dev, node: dict = base) -> None:
+            add(f"efa_{name}_total", dev, values)
+            add(f"efa_node_{name}_total", node, values)
+
+        efa("tx_bytes", _cumulative([s.efa_tx for s in nodes]))
         pkts = [s.efa_tx / 8000 for s in nodes]
-        add("efa_tx_packets_total", dev, _cumulative(pkts))
-        add("efa_retrans_packets_total", dev, _cumulative([p * s.efa_retrans_ratio for p, s in zip(pkts, nodes, strict=True)]))
+        efa("tx_packets", _cumulative(pkts))
+        efa("retrans_packets", _cumulative([p * s.efa_retrans_ratio for p, s in zip(pkts, nodes, strict=True)]))
         to, total = [], 0.0
         for s in nodes:
             total += s.efa_timeouts
             to.append(total)
-        add("efa_retrans_timeout_events_total", dev, to)
+        efa("retrans_timeout_events", to)
     ksm = {"cluster": "c1", "job": "kube-state-metrics", "instance": "ksm:8080"}
     for key, labels in case.ksm.items():
         ns, pod = key.split("/")
