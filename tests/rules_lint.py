@@ -11,6 +11,17 @@ import yaml
 from tests.helpers import ROOT
 
 RULES_DIR = ROOT / "rules"
+
+
+def copy_rules_at_global_interval(dst: Path) -> None:
+    """rules/ as shipped into `dst`, less each group's `interval:`: a live test's Prometheus then
+    evaluates every group at its own (seconds-long) global interval, the pace of its scrape."""
+    dst.mkdir(parents=True)
+    for f in sorted(RULES_DIR.glob("*.yml")):
+        doc = yaml.safe_load(f.read_text())
+        for g in doc["groups"]:
+            g.pop("interval", None)
+        (dst / f.name).write_text(yaml.safe_dump(doc, sort_keys=False))
 SUITES_DIR = ROOT / "tests" / "rules"
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 ALERTS_MD = ROOT / "docs" / "alerts.md"

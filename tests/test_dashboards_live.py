@@ -26,7 +26,7 @@ import yaml
 from dashboards.build import dashboards
 from exporter import job_rules
 from tests.helpers import ROOT, served_base, start_listening, wait_until_serving
-from tests.rules_lint import RULES_DIR
+from tests.rules_lint import copy_rules_at_global_interval
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +75,7 @@ def _start_exporters(tmp_path) -> dict[str, tuple[subprocess.Popen, str]]:
 
 def _start_prometheus(tmp_path, targets: dict[str, str]) -> tuple[subprocess.Popen, str]:
     rules = tmp_path / "rules"
-    shutil.copytree(RULES_DIR, rules)
+    copy_rules_at_global_interval(rules)  # every group at the scrape's pace
     # The job-health groups at the scrape's pace (their shipped windows are minutes long).
     (rules / "job.yml").write_text(job_rules.render(job_rules.Settings(
         interval=f"{SCRAPE_S}s", window=RATE_INTERVAL, evidence_window=RATE_INTERVAL, carry="5s")))
