@@ -16,8 +16,9 @@ again (BLOCKED): a hung item costs its deadline once and holds one thread at mos
 
 `each` reads the items in order on one worker (a write-off moves the rest to another), not a
 worker per item: one hand-over to a worker and one back per call. A hand-over per item (`call`
-for each) cost 6.8x the CPU of reading 32 short files in one `each`: 1.48 against 0.22 ms
-(`.venv/bin/python bench/bench_deadline.py`, 2026-11-28, 2-core host; 32 = a p5's EFA devices).
+for each) cost 6x the CPU or more of reading 32 short files in one `each`: 1.48 against 0.22 ms
+(`.venv/bin/python bench/bench_deadline.py`, 2026-11-28, a loaded 2-core host; reruns 2.03
+against 0.35 and 1.87 against 0.15 ms; 32 = a p5's EFA devices).
 Items are never read at once (no lanes) and a slow item does not hand the rest over early:
 reading a p5's 8 GPUs at once saved wall time but no CPU, 3.53 against 3.65 ms per collection
 (`bench/bench_gpu.py --scrapes 300 --skip-whole`, simulated p5 with captured NVML latencies,
