@@ -91,6 +91,25 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     NET_LOG.unlink(missing_ok=True)
 
 
+@pytest.fixture
+def pool():
+    """The deadline pool (exporter.deadline) of a Runner, NvmlSession or reader a test builds."""
+    from tests.helpers import test_pool
+
+    return test_pool()  # closed by close_pools
+
+
+@pytest.fixture(autouse=True)
+def close_pools():
+    """Close the pools tests.helpers.test_pool() made in the test and its function-scoped
+    fixtures (their idle threads leave), after those fixtures' own teardown."""
+    from tests.helpers import close_test_pools, test_pools_made
+
+    since = test_pools_made()
+    yield
+    close_test_pools(since)
+
+
 @pytest.fixture(autouse=True)
 def loopback_only():
     """Fail the test that tried to reach beyond loopback (or whose exporter did), even if the code
