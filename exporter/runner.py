@@ -2,8 +2,10 @@
 per-collector success and duration metrics, and errors logged when a source's state changes.
 
 The collectors run one after another on a worker of the pool the composition root hands it
-(exporter.deadline), each under its own deadline, all within the longest of them (a
-collector that hangs costs the ones after it one collection, never the scrape); derived
+(exporter.deadline), each under its own deadline: past it the collector fails that scrape,
+its worker is written off and the ones after it go on, on another worker, so a hung collector
+never takes the others' families down (it delays them by its deadline once: while its read is
+stuck it is not started again, and fails at once); derived
 collectors (exporter.collector.Derived, the verdict) run after the sources, with the readings
 the sources returned in the same collection."""
 
@@ -168,14 +170,13 @@ class Runner:
         outs: dict[str, Families] = {}
         sources = [c for c in self.collectors if not isinstance(c, Derived)]
         derived = [c for c in self.collectors if isinstance(c, Derived)]
-        budget = max([self.deadline_s, *self.deadlines.values()])
         results: dict[str, Outcome] = {}
-        for c, o in zip(sources, self._each([(c, None) for c in sources], budget), strict=True):
+        for c, o in zip(sources, self._each([(c, None) for c in sources]), strict=True):
             results[c.name] = self._outcome(c, o, outs)
         for layer in _layers(derived):
             items = [(c, {d: results[d].reading if d in results else None
                           for d in c.depends_on}) for c in layer]
-            for c, o in zip(layer, self._each(items, budget), strict=True):
+            for c, o in zip(layer, self._each(items), strict=True):
                 results[c.name] = self._outcome(c, o, outs)
         metrics = Collection()
         own = Families()
@@ -197,8 +198,9 @@ class Runner:
         self.ready.set()
         return metrics
 
-    def _each(self, items: list[tuple[Collector, Any]], budget: float) -> list[deadline.Outcome]:
-        return self._reads.each(items, self._run, key=lambda item: item[0].name, budget=budget,
+    def _each(self, items: list[tuple[Collector, Any]]) -> list[deadline.Outcome]:
+        # No budget for the whole read: one would leave the collectors after a hung one unread.
+        return self._reads.each(items, self._run, key=lambda item: item[0].name,
                                 timeout=lambda item: self.deadlines.get(item[0].name, self.deadline_s))
 
     def _outcome(self, c: Collector, o: deadline.Outcome, outs: dict[str, Families]) -> Outcome:

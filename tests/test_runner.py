@@ -63,6 +63,20 @@ def test_failing_and_hanging_collectors_do_not_take_others_down(caplog):
     r.close()
 
 
+def test_a_hung_collector_listed_first_does_not_take_the_others_down():
+    """The collectors after a hung one are still read in that scrape (on another worker)."""
+    hung, good = Probe("hung", "hang"), Probe("good")
+    r = Runner([hung, good], deadline_s=0.3, pool=test_pool())
+    for _ in range(2):  # the scrape that finds it hung, and the next (still stuck: not started)
+        s = samples(scrape(r))
+        assert value(s, "gpu_health_exporter_test_probe", source="good") == 1
+        assert value(s, "gpu_health_exporter_collector_success", collector="good") == 1
+        assert value(s, "gpu_health_exporter_collector_success", collector="hung") == 0
+    assert hung.calls == 1
+    hung.release.set()
+    r.close()
+
+
 def test_errors_logged_on_state_change_only(caplog):
     caplog.set_level(logging.INFO)
     bad = Probe("bad", "raise")
