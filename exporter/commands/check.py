@@ -39,6 +39,7 @@ HELP = ("one-shot health check without a daemon: per-GPU and node verdict; exit 
 
 EXIT = {"healthy": 0, "degraded": 1, "unknown": 3}
 EXIT_ACTION, EXIT_UNKNOWN = 2, 3
+READ_ONLY_STATE = True  # a corrupt state file is reported, left in place for the daemon (cli.main)
 USAGE_EXIT = EXIT_UNKNOWN  # a command-line error (cli.main): the check was not made
 UNKNOWN = "unknown"
 
@@ -101,7 +102,7 @@ def needs_instance_type(ctx: Context) -> bool:
 
 
 def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
-    svc = one_shot(ctx, read_only=True)
+    svc = one_shot(ctx)  # read-only: exporter.cli builds this command's Context with READ_ONLY_STATE
     nv, problems = verdict(ctx)
     snap = svc.snapshot()
     if snap.state.problem in ("corrupt", "newer_version", "unreadable"):

@@ -164,8 +164,8 @@ class StateFile:
         self.status = StateStatus()
         # corrupt state files set aside this boot: read from the file, plus those set aside here
         self.recoveries = 0
-        # Set once the caller holds what the file held and writes it back (the daemon once it
-        # runs): a corrupt file set aside from then on loses nothing, so it is no recovery.
+        # Set by hold(), once the caller holds what the file held and writes it back (the daemon
+        # once it runs): a corrupt file set aside from then on loses nothing, so it is no recovery.
         self.holds = False
         self._ident: tuple | None = None  # the file as we last read or wrote it (file_identity)
         self._written: tuple | None = None  # the file as we last wrote it
@@ -175,6 +175,11 @@ class StateFile:
         # The path is not a regular file (a FIFO, a link...): nothing is read from or written
         # to it for the rest of the run; counts are kept in memory (logged once, an error).
         self.disabled = False
+
+    def hold(self) -> None:
+        """From now on the caller holds what the file held and writes it back whenever the file is
+        not what it holds (the daemon, once it runs): a corrupt file set aside loses nothing."""
+        self.holds = True
 
     def _refuse(self, e: OSError) -> None:
         """The state path is not a regular file: log it once and carry on without persistence."""
