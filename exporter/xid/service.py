@@ -80,6 +80,9 @@ class KmsgView:
 
 @dataclass(frozen=True)
 class StateView:
+    """The XID state: its state file and the acks file `ack` writes (`ok` and the error counts
+    are both files'; `problem` the state file's, `acks_problem` the acks file's)."""
+
     path: str
     found: bool  # a state file for this boot and kernel log was read
     ok: bool
@@ -87,6 +90,8 @@ class StateView:
     recoveries: int
     read_errors: int
     write_errors: int
+    acks_path: str = ""
+    acks_problem: str = ""
 
 
 @dataclass(frozen=True)
@@ -160,15 +165,17 @@ class XidService:
         xids, counts, acks, sxids, switches = self._lines()
         with self.store.lock:
             reports, merged, dropped = dict(self.store.reports), dict(self.store.merged), self.store.dropped
-        st, status, w = self.state.status, self.follower.status, self.watcher
+        st, ak, status, w = self.state.status, self.acks_file.status, self.follower.status, self.watcher
         return XidSnapshot(
             xids=xids, counts=counts, acks=acks, reports=reports, merged=merged, dropped=dropped,
             nvml_events=self.nvml_events, sxids=sxids, sxid_switches=switches,
             sxid_dropped=self.sxids.dropped,
             kmsg=KmsgView(self.kmsg_path, status.enabled, status.ok, status.error,
                           dataclasses.replace(self.follower.reader.stats), self.last_seq),
-            state=StateView(str(self.state.path), self.persistence.found, st.ok, st.problem,
-                            self.state.recoveries, st.read_errors, st.write_errors),
+            state=StateView(str(self.state.path), self.persistence.found, st.ok and ak.ok, st.problem,
+                            self.state.recoveries, st.read_errors + ak.read_errors,
+                            st.write_errors + ak.write_errors, str(self.acks_file.path),
+                            ak.problem if not ak.ok else ""),
             watcher=None if w is None else (w.alive, dataclasses.replace(w.status)),
             hits_version=(self.attribution.ledger.version, acks_key(list(acks)), self.identities.version))
 
