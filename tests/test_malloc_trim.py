@@ -1,4 +1,4 @@
-"""The freed-memory hand-back (exporter.cli.MallocTrim): after the first collection, then at most
+"""The freed-memory hand-back (exporter.lifecycle.MallocTrim): after the first collection, then at most
 once an interval, from the main thread's signal wait."""
 
 from __future__ import annotations
