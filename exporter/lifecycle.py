@@ -126,9 +126,14 @@ class Signals:
     def __init__(self) -> None:
         self._event = threading.Event()
         self._last = signal.SIGTERM
+
+    def install(self) -> Signals:
+        """Take SIGTERM and SIGINT from here on (the process's handlers: the daemon calls this
+        once it serves, not the constructor)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handler)
         hold_sighup()
+        return self
 
     def _handler(self, signum: int, _frame: Any) -> None:
         self._last = signal.Signals(signum)

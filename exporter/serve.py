@@ -54,7 +54,7 @@ def serve(args: argparse.Namespace) -> int:
                         telemetry_path=path)
     except OSError as e:
         return cannot_start(args, f"cannot listen on {cfg.listen}: {e.strerror or e}")
-    signals = Signals()
+    signals = Signals().install()
     if simulation is not None:
         simulation.start()
     ctx.identity.start()  # the IMDS lookup, if config leaves something to ask (never from a scrape)
