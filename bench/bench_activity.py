@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.collectors import collector_classes  # noqa: E402
 from exporter.config import load  # noqa: E402
+from exporter.deadline import Pool  # noqa: E402
 from exporter.exposition import render  # noqa: E402
 from exporter.nvml.session import NvmlSession  # noqa: E402
 from exporter.profiles import PROFILES  # noqa: E402
@@ -46,8 +47,10 @@ def node(gpm: bool, latencies: bool) -> Runner:
         for dev in fake.devices:
             for key in [k for k in dev if k.startswith("nvmlGpm")]:
                 del dev[key]
-    ctx = compose(load(None, {"node.instance_type": "p5.48xlarge"}), nvml=NvmlSession(fake))
-    return Runner([GpuCollector(ctx)], deadline_s=5.0)
+    pool = Pool()  # the bench process exits with it
+    ctx = compose(load(None, {"node.instance_type": "p5.48xlarge"}), nvml=NvmlSession(fake, pool=pool),
+                  pool=pool)
+    return Runner([GpuCollector(ctx)], deadline_s=5.0, pool=pool)
 
 
 def per_collection(runner: Runner, n: int) -> tuple[float, float]:

@@ -117,8 +117,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scrapes", type=int, default=200)
     ap.add_argument("--node-exporter", default="/usr/bin/prometheus-node-exporter")
-    ap.add_argument("--read-workers", type=int, default=None,
-                    help="efa.read_workers for our exporter (default: the config default)")
     ap.add_argument("--baseline-checkout", type=Path, default=None,
                     help="another checkout of this repository to serve the same tree, for before/after")
     ap.add_argument("--whole-node", action="store_true",
@@ -134,8 +132,7 @@ def main() -> int:
         sysfs = build_tree(tmp / "compat", node_exporter_compat=True)
         built = time.time()
         cfg = tmp / "config.yaml"
-        cfg.write_text("node: {instance_type: p5.48xlarge}\ninstance: {imds: false}\n"
-                       + (f"efa: {{read_workers: {args.read_workers}}}\n" if args.read_workers else ""))
+        cfg.write_text("node: {instance_type: p5.48xlarge}\ninstance: {imds: false}\n")
 
         # A directory changed within the last RACY_NS is listed again at every read (its stat cannot
         # be trusted yet): time the steady state, as on a node whose devices came up long ago.
@@ -231,7 +228,7 @@ def main() -> int:
         ratio_wall = statistics.median(wall["ours"]) / statistics.median(wall["ne"])
         ratio_cpu = cpu["ours"] / cpu["ne"] if cpu["ne"] else float("inf")
         print(f"# bench_efa: {args.scrapes} interleaved scrapes, 32 simulated EFA devices (p5.48xlarge, 6.17 "
-              f"counter set), efa.read_workers {args.read_workers or 'default'}\n"
+              "counter set)\n"
               f"# host: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
               f"Python {platform.python_version()}\n# ours: {checkout_version(ROOT)}")
         if "base" in names:

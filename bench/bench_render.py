@@ -54,7 +54,7 @@ def main() -> None:
     a = p.parse_args()
     argv = ["--simulate", "p5.48xlarge"] + (["--config", a.config] if a.config else [])
     ctx, sim = build_context(build_parser().parse_args(argv))
-    runner = Runner(collectors.build(ctx), 5.0)
+    runner = Runner(collectors.build(ctx), 5.0, pool=ctx.pool)
     try:
         collection = runner.collect()
         fams = families(collection)

@@ -26,7 +26,7 @@ SCRAPES = 20
 with tempfile.TemporaryDirectory() as d:
     tmp = Path(d)
     ctx = make_ctx(tmp, "4,500,5000000,-;NVRM: Xid (PCI:0000:53:00): 94, pid=1, name=p, x\n")
-    runner = Runner([XidCollector(ctx)], deadline_s=10)
+    runner = Runner([XidCollector(ctx)], deadline_s=10, pool=ctx.pool)
     scrape(runner)
     (tmp / "state").mkdir(exist_ok=True)
     (tmp / "state" / "xid-state.json").write_bytes(b" " * (17 << 20))

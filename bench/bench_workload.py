@@ -38,6 +38,7 @@ from exporter.collector import Collector  # noqa: E402
 from exporter.collectors.workload import WorkloadCollector  # noqa: E402
 from exporter.compose import compose  # noqa: E402
 from exporter.config import load  # noqa: E402
+from exporter.deadline import Pool  # noqa: E402
 from exporter.nvml.fake import FakeBackend, load_capture  # noqa: E402
 from exporter.nvml.session import NvmlSession  # noqa: E402
 from exporter.profiles import PROFILES  # noqa: E402
@@ -75,7 +76,7 @@ RSS = textwrap.dedent("""
 
 def session() -> tuple[FakeBackend, NvmlSession]:
     fake = FakeBackend(node_capture(P5, load_capture()))
-    s = NvmlSession(fake)
+    s = NvmlSession(fake, pool=Pool())  # the bench process exits with it
     assert s.ensure()
     return fake, s
 
@@ -91,7 +92,7 @@ def cpu_per_scrape(overrides: dict, nvml: NvmlSession, scrapes: int) -> tuple[fl
     collectors.discover()  # the composition root: the collectors' config sections
     ctx = compose(load(None, overrides), nvml=nvml)
     c = WorkloadCollector(ctx)
-    runners = [Runner([c], deadline_s=5), Runner([Nothing(ctx)], deadline_s=5)]
+    runners = [Runner([c], deadline_s=5, pool=ctx.pool), Runner([Nothing(ctx)], deadline_s=5, pool=ctx.pool)]
     for r in runners:
         for _ in range(50):
             r.collect()

@@ -24,6 +24,7 @@ from exporter.collectors.health import HealthCollector  # noqa: E402
 from exporter.collectors.xid import XidCollector  # noqa: E402
 from exporter.compose import compose  # noqa: E402
 from exporter.config import load  # noqa: E402
+from exporter.deadline import Pool  # noqa: E402
 from exporter.nvml.fake import FakeBackend  # noqa: E402
 from exporter.nvml.session import NvmlSession  # noqa: E402
 from exporter.runner import Runner  # noqa: E402
@@ -44,7 +45,7 @@ def main() -> None:
             out.append(f"4,{seq},{seq * 30_000_000},-;NVRM: Xid (PCI:{pci}): {x}, pid=1, name=p, t\n")
             seq += 1
     (d / "kmsg").write_text("".join(out))
-    nvml = NvmlSession(FakeBackend({"system": {}, "devices": []}))
+    nvml = NvmlSession(FakeBackend({"system": {}, "devices": []}), pool=Pool())
     nvml.backend.fail_init(12, "no NVML in this bench")
     collectors.discover()  # the composition root: the collectors' config sections
     cfg = load(None, {"paths.procfs": str(d / "proc"), "paths.kmsg": str(d / "kmsg"),
@@ -54,7 +55,7 @@ def main() -> None:
     t = time.process_time()
     svc = one_shot(ctx)
     svc.flush_state(force=True)
-    text = scrape(Runner([XidCollector(ctx), HealthCollector(ctx)], deadline_s=60))
+    text = scrape(Runner([XidCollector(ctx), HealthCollector(ctx)], deadline_s=60, pool=ctx.pool))
     cpu = time.process_time() - t
     lines = text.splitlines()
     print(json.dumps({

@@ -120,7 +120,7 @@ def main() -> int:
                     "nvml_events": {f"{p}/{t}": n for (p, t), n in c.service.nvml_events.items()},
                     "seconds_fault_end_to_counted": first_count, "clock_offset_s": c.service.clock.offset_s,
                     "clock_samples": c.service.clock.samples}
-    text = scrape(Runner([c], deadline_s=10))
+    text = scrape(Runner([c], deadline_s=10, pool=ctx.pool))
     (out / "metrics.txt").write_text(text)
     c.close()
     print("after:", json.dumps(rep["after"]), flush=True)

@@ -24,6 +24,12 @@ Rows (NAME: command):
 The default set takes about 10 minutes on the 2-core development host.
 
 --write replaces the table between the figures markers at the top of docs/performance.md.
+
+Each figure is printed beside the one it replaces, read from the table now between the markers (no
+second run): "3.94 (3.80–4.10) [was 2.35]". The previous value of a cell is found by matching the
+old cell against the row's own template (`previous_figures`), so a row whose wording changed, or
+that failed last time, simply has no "was". --baseline-checkout DIR still measures another checkout
+in the same run, for a ratio measured side by side.
 """
 
 from __future__ import annotations
@@ -246,6 +252,69 @@ def spread(values: list[float]) -> str:
     return fmt(med) if lo == hi else f"{fmt(med)} ({fmt(lo)}–{fmt(hi)})"
 
 
+# One figure in a cell as `spread` writes it, maybe followed by the previous table's value:
+# "12.4", "12.4 (11.9–13.6)", "n/a", each optionally " [was 9.1]". The group is the median.
+_FIGURE = r"(n/a|-?[\d,.]+)(?: \(-?[\d,.]+–-?[\d,.]+\))?(?: \[was [^\]]*\])?"
+_MARK = "\x00{}\x00"
+
+
+def cell_pattern(row: Row) -> tuple[list[str], re.Pattern[str]]:
+    """The figure names of a row's cell, in order, and a pattern that matches a cell the row's
+    template wrote, capturing each figure's median."""
+    keys: list[str] = []
+
+    def mark(key: str) -> str:
+        keys.append(key)
+        return _MARK.format(len(keys) - 1)
+
+    parts = re.split(r"\x00\d+\x00", row.cell(mark))  # the template's text between its figures
+    return keys, re.compile(_FIGURE.join(re.escape(p) for p in parts))
+
+
+def _table_rows(doc: str) -> list[list[str]]:
+    """The cells of each row of the table between the figures markers (header first)."""
+    if BEGIN not in doc or END not in doc:
+        return []
+    table = doc[doc.index(BEGIN):doc.index(END)]
+    return [[c.strip() for c in line.strip().strip("|").split(" | ")]
+            for line in table.splitlines() if line.startswith("| ") and not line.startswith("|---")]
+
+
+def previous_figures(doc: str, rows: list[Row] = ROWS) -> dict[str, dict[str, str]]:
+    """Row name -> figure name -> the median the table in `doc` gives it (as written), for each
+    row whose command and cell the table has in the row's current form."""
+    table = _table_rows(doc)
+    if not table or "figure" not in table[0]:
+        return {}
+    col = table[0].index("figure")
+    cells = {r[-1].strip("`"): r[col] for r in table[1:] if len(r) == len(table[0])}
+    out: dict[str, dict[str, str]] = {}
+    for row in rows:
+        cell = cells.get(" ".join(row.command))
+        if cell is None:
+            continue
+        keys, pattern = cell_pattern(row)
+        m = pattern.fullmatch(cell)
+        if m is not None:
+            out[row.name] = {k: v for k, v in zip(keys, m.groups(), strict=True) if v != "n/a"}
+    return out
+
+
+def previous_note(doc: str) -> str:
+    """When and where the table in `doc` was measured, from its opening sentence (for the new one's)."""
+    if BEGIN not in doc or END not in doc:
+        return ""
+    intro = doc[doc.index(BEGIN):doc.index(END)].split("\n|", 1)[0]
+    date = re.search(r"\d{4}-\d{2}-\d{2}", intro)
+    rev = re.search(r"\bat ([0-9a-f]{7,40})\b", intro)
+    return ", ".join(x for x in (rev and f"at {rev[1]}", date and date[0]) if x)
+
+
+def with_previous(figure: str, previous: str | None) -> str:
+    """A figure as the cell shows it, with the previous table's beside it."""
+    return figure if previous is None else f"{figure} [was {previous}]"
+
+
 def run_row(row: Row, checkout: Path = ROOT) -> Figures:
     """Run a row's command in `checkout` (this tree, or a baseline's: its own bench scripts and
     exporter) and parse what it printed."""
@@ -323,6 +392,11 @@ def main() -> int:
         rows = [r for r in ROWS if r.name in args.only]
     else:
         rows = [r for r in ROWS if args.long or not r.long]
+    doc = ROOT / "docs" / "performance.md"
+    before = doc.read_text() if doc.exists() else ""
+    previous, previous_when = previous_figures(before, rows), previous_note(before)
+    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True, check=False).stdout.strip()
     t0 = time.monotonic()
     trees = {"this": ROOT}
     if args.baseline_checkout:
@@ -344,8 +418,11 @@ def main() -> int:
     took = time.monotonic() - t0
     lines = [BEGIN, "", f"Each figure is the median of {args.runs} runs with their range in brackets, the "
              "runs interleaved row by row (`python bench/figures.py --write`, "
-             f"{took / 60:.0f} min, a 2-core host shared with other work, {time.strftime('%Y-%m-%d')}). "
-             "Commands run from the repository root with `PYTHONPATH=.`." + baseline_note(args), "",
+             f"{took / 60:.0f} min, at {rev or 'an unknown commit'}, a 2-core host shared with other work, "
+             f"{time.strftime('%Y-%m-%d')}). Commands run from the repository root with `PYTHONPATH=.`."
+             + (f" [was X]: the median the table this one replaced gave ({previous_when or 'its run'}), "
+                "on that day's host, so a ratio to it is only as good as the two hosts' likeness."
+                if previous else "") + baseline_note(args), "",
              "| what | figure | " + ("baseline | this ÷ baseline | " if args.baseline_checkout else "")
              + "command |", "|---|---|---|" + ("---|---|" if args.baseline_checkout else "")]
 
@@ -353,7 +430,8 @@ def main() -> int:
         if (tree, row.name) in errors:
             return f"failed: {errors[tree, row.name]}"
         figs = runs[tree, row.name]
-        return row.cell(lambda k: spread([f[k] for f in figs]))
+        was = previous.get(row.name, {}) if tree == "this" else {}
+        return row.cell(lambda k: with_previous(spread([f[k] for f in figs]), was.get(k)))
 
     for row in rows:
         cells = [cell("this", row)]
@@ -369,7 +447,6 @@ def main() -> int:
     table = "\n".join(lines)
     print(table)
     if args.write:
-        doc = ROOT / "docs" / "performance.md"
         text = doc.read_text()
         if BEGIN in text:
             text = text[:text.index(BEGIN)] + table + text[text.index(END) + len(END):]

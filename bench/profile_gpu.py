@@ -38,7 +38,7 @@ def main() -> int:
     if args.real and args.replicate:
         bench_gpu.use_replicated(ctx, args.replicate)
     c = GpuCollector(ctx)
-    runner = Runner([c], deadline_s=10)
+    runner = Runner([c], deadline_s=10, pool=ctx.pool)
     # read inline so that cProfile (this thread only) sees the NVML reads too
     c._read_all = lambda: {i: c._read_fast(i) for i in c.gpus}
     for _ in range(20):

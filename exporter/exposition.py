@@ -22,7 +22,14 @@ from exporter.metric import Metric, go_float
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
-_MAX_CACHED = 200_000  # series prefixes kept; cleared when exceeded (label churn stays bounded)
+# Series prefixes kept, sized to the node: cleared when they reach PREFIX_SERIES_FACTOR times the
+# series of the last render (at least PREFIX_FLOOR). Series come and go with workloads (a job's
+# labels on gpu_workload_info and the attribution series): a fixed bound of 200,000 let a node with
+# short jobs grow this cache by tens of MiB over weeks (issue 36 item 3, docs/performance.md); at
+# 4x the live series a clear costs one render's prefixes again, once per 3x the node's series of churn.
+PREFIX_FLOOR = 4096
+PREFIX_SERIES_FACTOR = 4
+_prefix_limit = PREFIX_FLOOR
 _prefixes: dict[tuple, str] = {}
 _MAX_CHUNKS = 4096  # families whose last rendering is kept; cleared when exceeded
 _chunks: dict[tuple, tuple[list, str]] = {}  # family (name, type, help, unit, format) -> (samples, text)
@@ -39,7 +46,7 @@ def _prefix(name: str, labels: dict[str, str]) -> str:
     key = (name, *labels.values())
     p = _prefixes.get(key)
     if p is None:
-        if len(_prefixes) >= _MAX_CACHED:
+        if len(_prefixes) >= _prefix_limit:
             _prefixes.clear()
         if labels:
             inner = ",".join(f'{k}="{_escape_label(v)}"' for k, v in sorted(labels.items()))
@@ -78,15 +85,18 @@ def _same(old: list, new: list) -> bool:
 
 
 def render(metrics: Iterable[Metric], openmetrics: bool = False) -> bytes:
+    global _prefix_limit
     out: list[str] = []
     append = out.append
     get = _prefixes.get
+    series = 0
     for m in metrics:
         # A family whose samples are what they were last time (most of a healthy node's: info
         # series, error counters at 0, thresholds) reuses its text; comparing costs about a
         # quarter of formatting.
         head = (m.name, m.type, m.documentation, m.unit, openmetrics)
         samples = m.samples
+        series += len(samples)
         last = _chunks.get(head)
         if last is not None and _same(last[0], samples):
             append(last[1])
@@ -110,6 +120,7 @@ def render(metrics: Iterable[Metric], openmetrics: bool = False) -> bytes:
         _chunks[head] = (list(samples), chunk)
     if openmetrics:
         append("# EOF\n")
+    _prefix_limit = max(PREFIX_FLOOR, PREFIX_SERIES_FACTOR * series)
     return "".join(out).encode()
 
 

@@ -2,9 +2,12 @@
 per-collector success and duration metrics, and errors logged when a source's state changes.
 
 The collectors run one after another on a worker of the pool the composition root hands it
-(exporter.deadline), each under its own deadline; derived collectors (exporter.collector.Derived,
-the verdict) run after the sources, with the readings the sources returned in the same
-collection."""
+(exporter.deadline), each under its own deadline: past it the collector fails that scrape,
+its worker is written off and the ones after it go on, on another worker, so a hung collector
+never takes the others' families down (it delays them by its deadline once: while its read is
+stuck it is not started again, and fails at once); derived
+collectors (exporter.collector.Derived, the verdict) run after the sources, with the readings
+the sources returned in the same collection."""
 
 from __future__ import annotations
 
@@ -26,8 +29,6 @@ from exporter.collector import Collector, Derived, Failed
 from exporter.config import Config
 
 log = logging.getLogger("exporter.runner")
-
-HANDOVER_S = 0.25  # a collector running this long no longer holds up the ones after it
 
 COLLECTOR_SUCCESS = define(
     "gpu_health_exporter_collector_success", "gauge",
@@ -91,17 +92,15 @@ class Runner:
     """Collects all collectors on demand. Concurrent callers share the collection in flight."""
 
     def __init__(self, collectors: Iterable[Collector], deadline_s: float,
-                 deadlines: dict[str, float] | None = None, pool: deadline.Pool | None = None) -> None:
+                 deadlines: dict[str, float] | None = None, *, pool: deadline.Pool) -> None:
         self.collectors = list(collectors)
         self.deadline_s = deadline_s
         self.deadlines = deadlines or {}
         self.status = {c.name: CollectorStatus() for c in self.collectors}
         # collectors run one after another on a pool worker, not a thread each: most of a
         # collection is short system calls, which threads running at once would turn into GIL
-        # hand-overs. Without a pool (a test's runner) it has one of its own.
-        self._own_pool = deadline.Pool() if pool is None else None
-        self._reader = deadline.DeadlineReader(self._run, self._deadline, key=lambda item: item[0].name,
-                                               pool=pool or self._own_pool, handover=HANDOVER_S)
+        # hand-overs.
+        self._reads = deadline.Deadlines(pool)
         self._lock = threading.Lock()
         self._inflight: Future | None = None
         self.readings: dict[str, Any] = {}  # the last collection's readings (what dependants got)
@@ -113,13 +112,13 @@ class Runner:
 
     @classmethod
     def from_config(cls, collectors: Iterable[Collector], cfg: Config,
-                    pool: deadline.Pool | None = None) -> Runner:
+                    pool: deadline.Pool) -> Runner:
         """Each collector's deadline is its section's `timeout_seconds` where it has one, else
         the top-level `collector_timeout_seconds`."""
         collectors = list(collectors)
         deadlines = {c.name: getattr(cfg, c.name).timeout_seconds for c in collectors
                      if getattr(getattr(cfg, c.name, None), "timeout_seconds", None)}
-        return cls(collectors, cfg.collector_timeout_seconds, deadlines, pool)
+        return cls(collectors, cfg.collector_timeout_seconds, deadlines, pool=pool)
 
     def start(self) -> None:
         for c in self.collectors:
@@ -132,8 +131,6 @@ class Runner:
                 c.close()
             except Exception:  # noqa: BLE001 - shutdown must go on
                 log.exception("closing collector %s", c.name)
-        if self._own_pool is not None:
-            self._own_pool.close()
 
     def collect(self, scrape: bool = True, arrived: float | None = None) -> Collection:
         """Return one complete collection; joins the one in flight when there is one. A caller
@@ -167,21 +164,19 @@ class Runner:
         return result
 
     def _collect_all(self) -> Collection:
-        """Sources one after another on a pool worker, each under its deadline (a slow one hands
-        the rest to another worker after HANDOVER_S), then the derived collectors with the
-        sources' readings of this collection."""
+        """Sources one after another on a pool worker, each under its deadline, then the derived
+        collectors with the sources' readings of this collection."""
         self.collections += 1
         outs: dict[str, Families] = {}
         sources = [c for c in self.collectors if not isinstance(c, Derived)]
         derived = [c for c in self.collectors if isinstance(c, Derived)]
-        budget = max([self.deadline_s, *self.deadlines.values()])
         results: dict[str, Outcome] = {}
-        for c, o in zip(sources, self._reader.read([(c, None) for c in sources], budget), strict=True):
+        for c, o in zip(sources, self._each([(c, None) for c in sources]), strict=True):
             results[c.name] = self._outcome(c, o, outs)
         for layer in _layers(derived):
             items = [(c, {d: results[d].reading if d in results else None
                           for d in c.depends_on}) for c in layer]
-            for c, o in zip(layer, self._reader.read(items, budget), strict=True):
+            for c, o in zip(layer, self._each(items), strict=True):
                 results[c.name] = self._outcome(c, o, outs)
         metrics = Collection()
         own = Families()
@@ -203,21 +198,17 @@ class Runner:
         self.ready.set()
         return metrics
 
-    def _deadline(self, item: tuple[Collector, Any]) -> float:
-        return self.deadlines.get(item[0].name, self.deadline_s)
+    def _each(self, items: list[tuple[Collector, Any]]) -> list[deadline.Outcome]:
+        # No budget for the whole read: one would leave the collectors after a hung one unread.
+        return self._reads.each(items, self._run, key=lambda item: item[0].name,
+                                timeout=lambda item: self.deadlines.get(item[0].name, self.deadline_s))
 
     def _outcome(self, c: Collector, o: deadline.Outcome, outs: dict[str, Families]) -> Outcome:
-        if o.status == deadline.OK:
+        if o.ok:
             res, outs[c.name] = o.value
             return res
-        limit = self.deadlines.get(c.name, self.deadline_s)
-        if o.status == deadline.BLOCKED:
-            return Outcome(False, "still running past its deadline from an earlier collection", limit)
-        if o.status in (deadline.TIMEOUT, deadline.BUDGET):
-            return Outcome(False, f"missed its {limit:g}s deadline", limit)
-        if o.status == deadline.ERROR:
-            return Outcome(False, o.reason, o.took)
-        return Outcome(False, "not run: the collectors before it used up the collection's deadline", 0.0)
+        missed = o.status in (deadline.TIMEOUT, deadline.BLOCKED)  # its duration is then its deadline
+        return Outcome(False, o.reason, self.deadlines.get(c.name, self.deadline_s) if missed else o.took)
 
     @classmethod
     def _run(cls, item: tuple[Collector, Mapping[str, Any] | None]) -> tuple[Outcome, Families]:

@@ -64,10 +64,37 @@ def _unit_module(path: Path) -> bool:
     return _module_tier[key]
 
 
+# The modules that take longest on the 2-core CI (seconds from `pytest --durations`, idle host),
+# longest first: run first, so that under pytest-xdist (.ci/run: --dist loadfile
+# --no-loadscope-reorder) the two workers end together instead of one finishing a two-minute module
+# alone while the other idles. xdist's own order (most tests first) put exactly these one-to-three
+# test modules last, all at once. A stale list costs only balance, never a test: refresh it from a
+# whole run's --durations when a module's figure moves by half a minute or more.
+LONGEST_FIRST = (
+    "test_rules.py",  # 140: the promtool suites
+    "test_alert_matrix.py",  # 120
+    "test_job_health_live.py",  # 90
+    "test_dashboards_live.py",  # 70
+    "test_slurm.py",  # 60
+    "test_kubernetes.py",  # 45
+    "test_workload_attribution_slurm.py",
+    "test_http_heldout.py",
+    "test_container.py",
+    "test_rules_live.py",
+    "test_workload_slurm.py",
+)
+
+
+def _rank(item: pytest.Item) -> int:
+    name = Path(str(item.fspath)).name
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slow") is None and _unit_module(Path(str(item.fspath))):
             item.add_marker(pytest.mark.unit)
+    items.sort(key=_rank)  # stable: a module's tests, and the other modules, keep their order
 
 
 VIOLATIONS: list[str] = []  # this process's
@@ -92,6 +119,25 @@ def child_violations() -> list[str]:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     NET_LOG.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def pool():
+    """The deadline pool (exporter.deadline) of a Runner, NvmlSession or reader a test builds."""
+    from tests.helpers import test_pool
+
+    return test_pool()  # closed by close_pools
+
+
+@pytest.fixture(autouse=True)
+def close_pools():
+    """Close the pools tests.helpers.test_pool() made in the test and its function-scoped
+    fixtures (their idle threads leave), after those fixtures' own teardown."""
+    from tests.helpers import close_test_pools, test_pools_made
+
+    since = test_pools_made()
+    yield
+    close_test_pools(since)
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from exporter.config import load
 from exporter.efa.sysfs import SysfsReader
 from exporter.runner import Runner
 from exporter.simulate.efa import write_device
-from tests.helpers import scrape
+from tests.helpers import scrape, test_pool
 
 
 def efa(sys_root: Path, name: str, bus: int, **kw) -> Path:
@@ -35,7 +35,7 @@ def collector(sys_root: Path, reader: SysfsReader | None = None, pool=None, **ov
 
 def run(c: EfaCollector) -> str:
     """One scrape through the real runner (collector success/duration included)."""
-    return scrape(Runner([c], deadline_s=10))
+    return scrape(Runner([c], deadline_s=10, pool=test_pool()))
 
 
 def collect(c: EfaCollector) -> Families:

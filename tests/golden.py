@@ -17,7 +17,7 @@ from exporter.cli import build_context, build_parser
 from exporter.exposition import render
 from exporter.runner import Runner
 from exporter.server import families
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, test_pool
 
 GOLDEN = FIXTURES / "golden"
 FROZEN = 1767225600.0  # 2026-01-01T00:00:00Z
@@ -66,7 +66,7 @@ def golden_scrape(work: Path, extra_config: str) -> str:
             freeze(0.0)
         records = len((sim.root / "dev" / "kmsg").read_text().splitlines())
         built = collectors.build(ctx)
-        runner = Runner.from_config(built, ctx.config)
+        runner = Runner.from_config(built, ctx.config, pool=test_pool())
         try:
             runner.start()
             for c in built:

@@ -22,6 +22,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.deadline import Pool
 from exporter.exposition import render
 from exporter.runner import Runner
 
@@ -29,6 +30,35 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 NO_IMDS = FIXTURES / "config" / "no-imds.yaml"  # `instance.imds: false`: this machine is no EC2 instance
 NETGUARD = ROOT / "tests" / "netguard"  # the loopback guard, loaded by every exporter started here
+
+
+_POOLS: list[Pool] = []  # made by test_pool(); see close_test_pools
+
+
+def test_pool() -> Pool:
+    """A deadline pool for a Runner or NvmlSession a test builds (the pool is never defaulted).
+    One made by a test or its function-scoped fixtures is closed when the test ends (the `pool`
+    fixture is the same for a test function's own use); one made by a module- or
+    session-scoped fixture lives as long as the process (its idle threads are daemons)."""
+    pool = Pool()
+    _POOLS.append(pool)
+    return pool
+
+
+test_pool.__test__ = False  # a helper, not a test pytest should collect
+
+
+def close_test_pools(since: int) -> None:
+    """Close the pools test_pool() made after the first `since` (by the test that just ended)."""
+    while len(_POOLS) > since:
+        _POOLS.pop().close()
+
+
+def test_pools_made() -> int:
+    return len(_POOLS)
+
+
+test_pools_made.__test__ = False
 
 
 def scrape(runner: Runner) -> str:

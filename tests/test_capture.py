@@ -10,7 +10,7 @@ from exporter.collectors.gpu import GpuCollector
 from exporter.collectors.xid import XidCollector
 from exporter.runner import Runner
 from exporter.xid.service import one_shot
-from tests.helpers import FIXTURES, samples, scrape
+from tests.helpers import FIXTURES, samples, scrape, test_pool
 
 CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"
 KMSG = FIXTURES / "kmsg" / "kmsg_nvidia.txt"
@@ -24,7 +24,7 @@ def node_metrics(tmp_path, *flags: str) -> dict:
     ctx, simulation = build_context(args)
     try:
         one_shot(ctx)
-        runner = Runner([GpuCollector(ctx), XidCollector(ctx)], deadline_s=10)
+        runner = Runner([GpuCollector(ctx), XidCollector(ctx)], deadline_s=10, pool=test_pool())
         ss = samples(scrape(runner))
         runner.close()
     finally:

@@ -17,7 +17,7 @@ from exporter.compose import compose
 from exporter.config import load
 from exporter.runner import Runner
 from exporter.simulate.imds import FakeImdsServer
-from tests.helpers import FIXTURES, scrape
+from tests.helpers import FIXTURES, scrape, test_pool
 
 REAL = (FIXTURES / "kmsg" / "kmsg_nvidia.txt").read_text()
 # What `dmesg -T` prints for the same kind of node: human timestamps, no /dev/kmsg record prefix.
@@ -128,7 +128,7 @@ def test_no_instance_metadata_call_when_config_gives_everything():
                           "instance.instance_id": "i-0123", "instance.availability_zone": "us-east-2b",
                           "instance.scheduled_events": False})
         ctx = compose(cfg)
-        runner = Runner.from_config(collectors.build(ctx, only=["instance", "health"]), cfg)
+        runner = Runner.from_config(collectors.build(ctx, only=["instance", "health"]), cfg, pool=test_pool())
         assert ctx.identity.start() is None  # the daemon's start-up: nothing to ask
         runner.start()
         try:

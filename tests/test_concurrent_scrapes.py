@@ -9,12 +9,12 @@ from exporter import collectors
 from exporter.cli import build_context, build_parser
 from exporter.runner import Runner
 from exporter.server import Server
-from tests.helpers import value
+from tests.helpers import test_pool, value
 
 
 def test_twenty_concurrent_scrapes_make_one_set_of_nvml_calls():
     ctx, sim = build_context(build_parser().parse_args(["--simulate", "p5.48xlarge", "--collectors", "gpu"]))
-    runner = Runner(collectors.build(ctx, ["gpu"]), 5.0)
+    runner = Runner(collectors.build(ctx, ["gpu"]), 5.0, pool=test_pool())
     srv = Server(runner, "127.0.0.1", 0)
     srv.start()
     url = f"http://127.0.0.1:{srv.port}/metrics"

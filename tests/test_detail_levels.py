@@ -21,6 +21,7 @@ from exporter.cli import build_context, build_parser
 from exporter.exposition import render
 from exporter.process import process_metrics
 from exporter.runner import Runner
+from tests.helpers import test_pool
 from tests.rules_lint import PENDING_SERIES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +104,7 @@ def scrape_simulated(config: Path | None = None) -> str:
         argv += ["--config", str(config)]
     ctx, sim = build_context(build_parser().parse_args(argv))
     built = collectors.build(ctx)
-    runner = Runner.from_config(built, ctx.config)
+    runner = Runner.from_config(built, ctx.config, pool=test_pool())
     try:
         sim.advance(60)
         runner.start()

@@ -12,7 +12,7 @@ import pytest
 from exporter import imds
 from exporter.collectors.instance import InstanceCollector
 from exporter.runner import Runner
-from tests.helpers import names, promtool_check_metrics, samples, scrape, value, wait_for
+from tests.helpers import names, promtool_check_metrics, samples, scrape, test_pool, value, wait_for
 from tests.test_imds import ctx_for, fake  # noqa: F401 - fixtures
 
 # The EC2 user guide's example (instance metadata, scheduled events), as IMDS serves it.
@@ -71,7 +71,7 @@ def test_poll_exports_active_events_and_follows_changes(fake):  # noqa: F811
     fake.meta[imds.EVENTS_PATH] = json.dumps([ACTIVE, COMPLETED, RETIRE])
     ctx = ctx_for(fake.url, **{"instance.scheduled_events_interval_seconds": 0.1})
     inst = InstanceCollector(ctx)
-    runner = Runner([inst], deadline_s=5)
+    runner = Runner([inst], deadline_s=5, pool=test_pool())
     runner.start()
     try:
         assert wait_for(lambda: inst.events)
@@ -110,7 +110,7 @@ def test_events_poll_never_blocks_a_scrape_and_can_be_off(fake):  # noqa: F811
     ctx = ctx_for(fake.url, **{"instance.imds_timeout_seconds": 20.0, "node.instance_type": "p5.48xlarge",
                                "instance.instance_id": "i-1", "instance.availability_zone": "a"})
     inst = InstanceCollector(ctx)
-    runner = Runner([inst], deadline_s=5)
+    runner = Runner([inst], deadline_s=5, pool=test_pool())
     t = time.monotonic()
     assert ctx.identity.start() is None  # the identity is all in the config ...
     runner.start()
@@ -125,7 +125,7 @@ def test_events_poll_never_blocks_a_scrape_and_can_be_off(fake):  # noqa: F811
     off.start()
     try:
         assert off.poller is None
-        text = scrape(Runner([off], deadline_s=5))
+        text = scrape(Runner([off], deadline_s=5, pool=test_pool()))
         assert "gpu_health_exporter_imds_events_lookup_success" not in names(text)
     finally:
         off.close()

@@ -13,7 +13,7 @@ from exporter.collectors.efa import EfaCollector
 from exporter.config import load
 from exporter.runner import Runner
 from exporter.simulate import Simulation
-from tests.helpers import names, promtool_check_metrics, running_exporter, samples, scrape, value
+from tests.helpers import names, promtool_check_metrics, running_exporter, samples, scrape, test_pool, value
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def simulated():
         sim = Simulation(profile, list(scenarios))
         sims.append(sim)
         ctx = sim.context(load(None, {**sim.prepare().config(), "efa.counters": "all"}))
-        return sim, Runner([EfaCollector(ctx)], deadline_s=10)
+        return sim, Runner([EfaCollector(ctx)], deadline_s=10, pool=test_pool())
 
     yield make
     for s in sims:
@@ -77,7 +77,7 @@ def faulty():
     (building a 32-device tree costs a second on a slow file system, so they share one)."""
     sim = Simulation("p5.48xlarge", FAULTS)
     ctx = sim.context(load(None, {**sim.prepare().config(), "efa.device_timeout_seconds": 0.5}))
-    runner = Runner([EfaCollector(ctx)], deadline_s=10)
+    runner = Runner([EfaCollector(ctx)], deadline_s=10, pool=test_pool())
     sim.advance(1.0)
     yield sim, runner, samples(scrape(runner))
     efa_source(sim).release_hang()

@@ -25,7 +25,7 @@ from exporter.metric import Sample
 from exporter.runner import Runner
 from exporter.server import families
 from exporter.simulate import all_scenarios
-from tests.helpers import promtool_check_metrics
+from tests.helpers import promtool_check_metrics, test_pool
 
 GAUGE = MetricSpec("gpu_test_tricky", "gauge", 'help with \\ backslash, "quotes"\nand a newline',
                    ("path", "n"), "", "test")
@@ -127,7 +127,7 @@ def _collect_scenario(scenario: str | None, config) -> Collection:
     if scenario:
         argv += ["--scenario", scenario]
     ctx, sim = build_context(build_parser().parse_args(argv))
-    runner = Runner(collectors.build(ctx), 1.0)
+    runner = Runner(collectors.build(ctx), 1.0, pool=test_pool())
     try:
         ctx.nvml.ensure()
         sim.play(60.0)  # every scenario's onset is behind us (its fake NVML's too)
@@ -184,7 +184,7 @@ def test_a_simulated_p5_passes_promtool_and_parses_to_the_collected_samples(ever
 def test_metrics_renders_each_collectors_part_of_the_collection_it_serves():
     from tests.test_runner import Probe
 
-    runner = Runner([Probe("alpha"), Probe("broken", "raise"), Probe("beta")], deadline_s=1)
+    runner = Runner([Probe("alpha"), Probe("broken", "raise"), Probe("beta")], deadline_s=1, pool=test_pool())
     try:
         first = runner.collect()
         second = runner.collect()

@@ -23,7 +23,7 @@ from exporter.runner import Runner
 from exporter.simulate.nvml import fake_backend
 from exporter.simulate.nvml_scenarios import FAULTY_GPU, IDLE_UTIL
 from exporter.simulate.nvml_synth import TRAINING_LEVELS, activity_levels
-from tests.helpers import promtool_check_metrics, samples, scrape, value
+from tests.helpers import promtool_check_metrics, samples, scrape, test_pool, value
 
 collector_classes()  # declares the config sections
 from exporter.collectors.gpu import GpuCollector  # noqa: E402
@@ -253,11 +253,11 @@ def test_detail_adds_the_pipes_and_the_traffic():
 
 def node(profile: str, scenarios=()) -> tuple:
     fake = fake_backend(PROFILES[profile], scenarios)
-    ctx = compose(load(None, {"node.instance_type": profile}), nvml=NvmlSession(fake))
+    ctx = compose(load(None, {"node.instance_type": profile}), nvml=NvmlSession(fake, pool=test_pool()))
     c = GpuCollector(ctx)
     fake.init()
     fake.advance_to(0.0)
-    return fake, c, Runner([c], deadline_s=5.0)
+    return fake, c, Runner([c], deadline_s=5.0, pool=test_pool())
 
 
 def test_simulated_p5_is_busy_training_with_ratios_in_0_1_and_clean_exposition():

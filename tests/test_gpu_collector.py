@@ -22,7 +22,15 @@ from exporter.profiles import PROFILES
 from exporter.runner import Runner
 from exporter.simulate.nvml import fake_backend
 from exporter.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S
-from tests.helpers import FIXTURES, promtool_check_metrics, running_exporter, samples, scrape, value
+from tests.helpers import (
+    FIXTURES,
+    promtool_check_metrics,
+    running_exporter,
+    samples,
+    scrape,
+    test_pool,
+    value,
+)
 
 collector_classes()  # declares the config sections
 from exporter.collectors.gpu import GpuCollector  # noqa: E402
@@ -49,18 +57,19 @@ def make(fake: FakeBackend | None = None, profile: str | None = None,
     if profile:
         overrides["node.instance_type"] = profile
     ctx = compose(load(None, overrides),
-                  nvml=NvmlSession(fake) if fake is not None else NvmlSession.for_capture(str(CAPTURE)))
+                  nvml=NvmlSession(fake, pool=test_pool()) if fake is not None
+                  else NvmlSession.for_capture(str(CAPTURE), False, test_pool()))
     return ctx, GpuCollector(ctx)
 
 
 def run(c: Collector, *others: Collector, deadline: float = 5.0) -> tuple[str, dict]:
-    text = scrape(Runner([c, *others], deadline_s=deadline))
+    text = scrape(Runner([c, *others], deadline_s=deadline, pool=test_pool()))
     return text, samples(text)
 
 
 def reading(c: GpuCollector) -> NodeGpuHealth:
     """What the GPU collector hands the verdict from one collection."""
-    runner = Runner([c], deadline_s=5.0)
+    runner = Runner([c], deadline_s=5.0, pool=test_pool())
     runner.collect()
     return runner.readings[c.name]
 
@@ -69,7 +78,7 @@ def reading(c: GpuCollector) -> NodeGpuHealth:
 def capture_scrape() -> tuple[str, dict, NodeGpuHealth]:
     _, c = make()
     c.refresh_slow(timeout=10)
-    runner = Runner([c], deadline_s=5.0)
+    runner = Runner([c], deadline_s=5.0, pool=test_pool())
     text = scrape(runner)
     return text, samples(text), runner.readings[c.name]
 
@@ -391,7 +400,7 @@ def test_nvml_missing_fails_the_collector_with_one_log_line(caplog, monkeypatch)
     ctx = compose(load(None, {"node.instance_type": "p5.48xlarge"}))
     c = GpuCollector(ctx)
     other = _Other(ctx)
-    runner = Runner([c, other], deadline_s=5)
+    runner = Runner([c, other], deadline_s=5, pool=test_pool())
     with caplog.at_level(logging.INFO):
         for _ in range(3):
             ss = samples(scrape(runner))
@@ -526,7 +535,7 @@ def test_gpu_hung_at_start_does_not_hold_up_the_others():
     fake = fake_backend(PROFILES["p5.48xlarge"])
     fake.hang(2, seconds=30)
     ctx = compose(load(None, {"gpu.read_timeout_seconds": 0.2, "node.instance_type": "p5.48xlarge"}),
-                  nvml=NvmlSession(fake, identity_timeout_s=0.3))
+                  nvml=NvmlSession(fake, identity_timeout_s=0.3, pool=test_pool()))
     c = GpuCollector(ctx)
     try:
         t = time.monotonic()

@@ -10,7 +10,7 @@ from exporter.profiles import PROFILES
 from exporter.runner import Runner
 from exporter.simulate.nvml import fake_backend
 from exporter.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S
-from tests.helpers import samples, scrape, value
+from tests.helpers import samples, scrape, test_pool, value
 from tests.test_xid_service import make_ctx
 
 F = str(FAULTY_GPU)
@@ -19,7 +19,7 @@ F = str(FAULTY_GPU)
 def p5(tmp_path, scenarios=()):
     fake = fake_backend(PROFILES["p5.48xlarge"], scenarios)
     fake.advance_to(0)
-    ctx = make_ctx(tmp_path, "", nvml=NvmlSession(fake))
+    ctx = make_ctx(tmp_path, "", nvml=NvmlSession(fake, pool=test_pool()))
     return fake, ctx
 
 
@@ -30,7 +30,7 @@ def p5(tmp_path, scenarios=()):
 def test_a_fault_read_in_this_collection_is_in_this_collection_s_verdict(tmp_path, scenario, metric,
                                                                          reason, verdict):
     fake, ctx = p5(tmp_path, [scenario])
-    runner = Runner([HealthCollector(ctx), GpuCollector(ctx)], deadline_s=5)
+    runner = Runner([HealthCollector(ctx), GpuCollector(ctx)], deadline_s=5, pool=test_pool())
     s = samples(scrape(runner))
     assert value(s, metric, gpu=F) == 0 and value(s, "gpu_health_verdict", gpu=F, verdict="healthy") == 1
     fake.advance_to(ONSET_S + 1)
@@ -45,7 +45,7 @@ def test_a_fault_read_in_this_collection_is_in_this_collection_s_verdict(tmp_pat
 
 def test_failed_gpu_collector_hands_the_verdict_nvml_unavailable(tmp_path):
     ctx = make_ctx(tmp_path, "")  # NVML init fails
-    runner = Runner([GpuCollector(ctx), HealthCollector(ctx)], deadline_s=5)
+    runner = Runner([GpuCollector(ctx), HealthCollector(ctx)], deadline_s=5, pool=test_pool())
     s = samples(scrape(runner))
     assert value(s, "gpu_health_exporter_collector_success", collector="gpu") == 0
     assert value(s, "gpu_health_exporter_collector_success", collector="health") == 1
@@ -56,7 +56,7 @@ def test_failed_gpu_collector_hands_the_verdict_nvml_unavailable(tmp_path):
 
 def test_without_a_gpu_collector_the_verdict_lists_nvml_s_gpus(tmp_path):
     _, ctx = p5(tmp_path)
-    runner = Runner([HealthCollector(ctx)], deadline_s=5)
+    runner = Runner([HealthCollector(ctx)], deadline_s=5, pool=test_pool())
     s = samples(scrape(runner))
     healthy = [dict(ls)["gpu"] for (n, ls), v in s.items()
                if n == "gpu_health_verdict" and dict(ls)["verdict"] == "healthy" and v == 1]
@@ -72,7 +72,7 @@ def _hung(tmp_path, unresponsive_s):
     fake, ctx = p5(tmp_path)
     ctx.config.health.unresponsive_seconds = unresponsive_s
     ctx.config.gpu.read_timeout_seconds = 0.3
-    runner = Runner([HealthCollector(ctx), GpuCollector(ctx)], deadline_s=5)
+    runner = Runner([HealthCollector(ctx), GpuCollector(ctx)], deadline_s=5, pool=test_pool())
     s = samples(scrape(runner))  # NVML opened and every GPU read once: healthy
     assert _gpu(s, gpu=F) == {"healthy"}
     return fake, ctx, runner
@@ -147,7 +147,7 @@ def test_a_gpu_whose_health_reads_fail_is_unknown(tmp_path):
 
     fake, ctx = p5(tmp_path)
     fake.fail(FAULTY_GPU, "nvmlDeviceGetFieldValues", NVML_ERROR_UNKNOWN)
-    runner = Runner([HealthCollector(ctx), GpuCollector(ctx)], deadline_s=5)
+    runner = Runner([HealthCollector(ctx), GpuCollector(ctx)], deadline_s=5, pool=test_pool())
     s = samples(scrape(runner))
     assert value(s, "gpu_read_success", gpu=F) == 0
     assert _gpu(s, gpu=F) == {"unknown"}

@@ -16,6 +16,7 @@ from exporter.httpd import HttpServer, Limits, Response
 from exporter.runner import Runner
 from exporter.server import Server
 from exporter.webconfig import BasicAuth, ConfigError, WebConfig, load_web_config
+from tests.helpers import test_pool
 from tests.test_runner import Probe
 
 PASSWORD = "s3cret-scrape"
@@ -49,7 +50,7 @@ def cost12_users():
 
 
 def _serve(users, **limits):
-    runner = Runner([Probe("alpha")], deadline_s=5)
+    runner = Runner([Probe("alpha")], deadline_s=5, pool=test_pool())
     srv = Server(runner, "127.0.0.1", 0, WebConfig(users=users), Limits(**limits) if limits else None)
     srv.start()
     return srv, runner
@@ -212,7 +213,7 @@ def test_an_address_flooding_wrong_passwords_is_made_to_wait():
 def test_probes_do_not_wait_behind_busy_workers():
     """Issue 18 item 2: /healthz and /readyz are answered while every worker is taken."""
     hung = Probe("hung", "hang")
-    runner = Runner([hung], deadline_s=30)
+    runner = Runner([hung], deadline_s=30, pool=test_pool())
     srv = Server(runner, "127.0.0.1", 0, limits=Limits(workers=1))
     srv.start()
     base = f"http://127.0.0.1:{srv.port}"

@@ -16,7 +16,16 @@ from exporter.nvml.fake import FakeBackend
 from exporter.nvml.session import NvmlSession
 from exporter.runner import Runner
 from exporter.simulate.imds import FakeImdsServer
-from tests.helpers import FIXTURES, names, promtool_check_metrics, refused_address, samples, scrape, value
+from tests.helpers import (
+    FIXTURES,
+    names,
+    promtool_check_metrics,
+    refused_address,
+    samples,
+    scrape,
+    test_pool,
+    value,
+)
 
 META = {"instance-type": "p5.48xlarge", "instance-id": "i-0123456789abcdef0",
         "placement/availability-zone": "us-east-2b"}
@@ -62,7 +71,7 @@ def test_lookup_publishes_identity_and_metrics(fake):
     ctx = ctx_for(fake.url)
     inst = InstanceCollector(ctx)
     efa = EfaCollector(ctx)
-    runner = Runner([inst, efa], deadline_s=5)
+    runner = Runner([inst, efa], deadline_s=5, pool=test_pool())
     lookup = ctx.identity.start()  # the composition root's call at start-up, once per process
     runner.start()
     try:
@@ -91,7 +100,7 @@ def test_config_wins_over_imds(fake):
     inst.start()
     try:
         assert lookup.succeeded.wait(5)
-        ss = samples(scrape(Runner([inst], deadline_s=5)))
+        ss = samples(scrape(Runner([inst], deadline_s=5, pool=test_pool())))
     finally:
         inst.close()
         ctx.identity.close()
@@ -103,7 +112,7 @@ def test_imds_down_never_blocks_start_or_scrape(fake):
     fake.delay_s = 3.0  # a black hole as far as a 2 s timeout is concerned
     ctx = ctx_for(fake.url, **{"instance.imds_timeout_seconds": 2.0})
     inst = InstanceCollector(ctx)
-    runner = Runner([inst], deadline_s=5)
+    runner = Runner([inst], deadline_s=5, pool=test_pool())
     t = time.monotonic()
     ctx.identity.start()
     runner.start()
@@ -125,7 +134,8 @@ def test_the_scrape_path_never_starts_the_lookup(fake):
     from exporter.collectors.health import HealthCollector
 
     ctx = ctx_for(fake.url, **{"instance.scheduled_events": False})
-    runner = Runner([InstanceCollector(ctx), EfaCollector(ctx), HealthCollector(ctx)], deadline_s=5)
+    runner = Runner([InstanceCollector(ctx), EfaCollector(ctx), HealthCollector(ctx)], deadline_s=5,
+            pool=test_pool())
     try:
         scrape(runner)
         assert node.instance_type(ctx) is None and node.expected_gpus(ctx) is None
@@ -174,7 +184,7 @@ def test_imds_off_in_simulation_capture_and_config(fake, tmp_path):
     ctx = ctx_for(fake.url, **{"instance.imds": False})
     inst = InstanceCollector(ctx)
     inst.start()
-    text = scrape(Runner([inst], deadline_s=5))
+    text = scrape(Runner([inst], deadline_s=5, pool=test_pool()))
     assert "gpu_health_exporter_instance_info" not in names(text)
     assert "gpu_health_exporter_imds_lookup_success" not in names(text)
 
@@ -213,7 +223,7 @@ def one_gpu_ctx(tmp_path, product_name: str | None, dmi: dict | None = None, nvm
     cfg = load(None, {"paths.sysfs": sysfs, "paths.kmsg": str(kmsg),
                       "paths.state_dir": str(tmp_path / "st"), "instance.imds_timeout_seconds": 0.5,
                       **overrides})
-    return compose(cfg, nvml=nvml or NvmlSession(FakeBackend.from_file(CAPTURE)))
+    return compose(cfg, nvml=nvml or NvmlSession(FakeBackend.from_file(CAPTURE), pool=test_pool()))
 
 
 def test_instance_type_from_dmi_first_then_imds_and_config_wins(tmp_path, fake):
@@ -238,7 +248,7 @@ def test_daemon_verdict_knows_a_p5_by_dmi(tmp_path):
     from exporter.collectors.health import HealthCollector
 
     ctx = one_gpu_ctx(tmp_path, "p5.48xlarge")
-    runner = Runner([GpuCollector(ctx), HealthCollector(ctx)], deadline_s=10)
+    runner = Runner([GpuCollector(ctx), HealthCollector(ctx)], deadline_s=10, pool=test_pool())
     try:
         ss = samples(scrape(runner))
     finally:
@@ -355,7 +365,8 @@ def test_check_asks_imds_nothing_when_nvml_is_unusable(tmp_path, fake, capsys):
 
     broken = FakeBackend({"system": {}, "devices": []})
     broken.fail_init(12, "NVML Shared Library Not Found")
-    ctx = one_gpu_ctx(tmp_path, None, nvml=NvmlSession(broken), **{"instance.imds_endpoint": fake.url})
+    ctx = one_gpu_ctx(tmp_path, None, nvml=NvmlSession(broken,
+            pool=test_pool()), **{"instance.imds_endpoint": fake.url})
     code = check.run(argparse.Namespace(json=True), ctx)
     doc = json.loads(capsys.readouterr().out)
     assert code == 3 and doc["node"]["verdict"] == "unknown"

@@ -19,7 +19,7 @@ from exporter.kube.condition import (
 )
 from exporter.kube.writer import LABEL_KEY, LABEL_VALUE, OWNER_ANNOTATION, TAINT_KEY, Options, Writer, plan
 from exporter.xid.verdict import VERDICTS, GpuVerdict, NodeVerdict, XidLine
-from tests.helpers import wait_for
+from tests.helpers import test_pool, wait_for
 
 
 def test_every_verdict_state_has_a_condition_and_anything_else_is_unknown():
@@ -231,19 +231,22 @@ def test_the_collector_gets_this_collections_verdict_and_nvml_trouble_is_unknown
     from tests.test_xid_service import make_ctx
 
     _, ctx = p5(tmp_path / "ok")
-    runner = Runner([KubernetesCollector(ctx), HealthCollector(ctx), GpuCollector(ctx)], deadline_s=5)
+    runner = Runner([KubernetesCollector(ctx), HealthCollector(ctx), GpuCollector(ctx)], deadline_s=5,
+            pool=test_pool())
     scrape(runner)  # the kernel log not read yet (no follower), no state file: cannot tell
     assert runner.readings["kubernetes"].reason == "KernelLogNotRead"
     runner.close()
     ctx.xid.read_kmsg()  # as the daemon's follower does
-    runner = Runner([KubernetesCollector(ctx), HealthCollector(ctx), GpuCollector(ctx)], deadline_s=5)
+    runner = Runner([KubernetesCollector(ctx), HealthCollector(ctx), GpuCollector(ctx)], deadline_s=5,
+            pool=test_pool())
     text = scrape(runner)
     d = runner.readings["kubernetes"]
     assert (d.status, d.reason, d.taint, d.replace) == ("True", "Healthy", False, False), d
     assert value(text, "gpu_health_exporter_kubernetes_up") == 0  # never started: nothing written
     runner.close()
     ctx = make_ctx(tmp_path / "no-nvml", "")  # NVML init fails: the verdict says unknown (issue 37)
-    runner = Runner([KubernetesCollector(ctx), GpuCollector(ctx), HealthCollector(ctx)], deadline_s=5)
+    runner = Runner([KubernetesCollector(ctx), GpuCollector(ctx), HealthCollector(ctx)], deadline_s=5,
+            pool=test_pool())
     scrape(runner)
     d = runner.readings["kubernetes"]
     assert runner.readings["health"].verdict == "unknown"

@@ -21,6 +21,7 @@ from exporter.runner import Runner
 from exporter.share import CHECKOUT
 from exporter.xid.verdict import ALL_REASONS, RUNBOOK, GpuVerdict, NodeVerdict, XidLine
 from tests.browser import render
+from tests.helpers import test_pool
 from tests.test_server import serving, wait_ready
 
 
@@ -75,7 +76,7 @@ def node():
     """A simulated p5 with a Slurm job on every GPU and XID 94 on GPU 1, served on 127.0.0.1."""
     ctx, sim = build_context(build_parser().parse_args(
         ["--simulate", "p5.48xlarge", "--scenario", "slurm-job", "--scenario", "xid-94"]))
-    runner = Runner.from_config(collectors.build(ctx, None), ctx.config)
+    runner = Runner.from_config(collectors.build(ctx, None), ctx.config, pool=test_pool())
     sim.start()
     runner.start()
     try:

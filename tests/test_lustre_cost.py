@@ -19,7 +19,7 @@ from exporter.lustre import parsers, sources
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
 from exporter.simulate import lustre as sim_lustre
-from tests.helpers import FIXTURES, samples, scrape, value, wait_for
+from tests.helpers import FIXTURES, samples, scrape, test_pool, value, wait_for
 from tests.lustre_tree import FakeStatvfs, FsSpec, LustreTree, import_file
 
 DIR = FIXTURES / "lustre"
@@ -130,7 +130,7 @@ def test_an_oversized_import_costs_only_its_series_and_is_logged(tmp_path, caplo
     tree.write(tree.proc / "osc" / dev / "import", huge)
     overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
     c = LustreCollector(compose(load(None, overrides), statvfs=FakeStatvfs({"/fsx": TiB})))
-    s = samples(scrape(Runner([c], deadline_s=5)))
+    s = samples(scrape(Runner([c], deadline_s=5, pool=test_pool())))
     assert value(s, "gpu_health_exporter_collector_success", collector="lustre") == 1
     assert value(s, "lustre_client_rpcs_in_flight", component="osc") == 3 * 2  # the other 3 OSTs
     assert value(s, "lustre_client_source_up", source="procfs") == 0
@@ -164,7 +164,7 @@ def test_statvfs_comes_from_the_context_and_no_thread_is_made_per_scrape(tmp_pat
     assert all(name.startswith(f"{ctx.pool.name}-") for name in made), made
     assert ctx.pool.started <= ctx.pool.size and ctx.pool.written_off == 0
     assert statvfs.calls == 22
-    s = samples(scrape(Runner([c], deadline_s=5)))
+    s = samples(scrape(Runner([c], deadline_s=5, pool=test_pool())))
     assert value(s, "lustre_client_filesystem_size_bytes", mount="/fsy") == 2 * TiB
 
 
@@ -184,7 +184,7 @@ def test_a_hung_mount_is_not_probed_again_until_its_call_returns_and_the_others_
     c = LustreCollector(compose(load(None, overrides), statvfs=statvfs))
     try:
         for _ in range(3):
-            s = samples(scrape(Runner([c], deadline_s=5)))
+            s = samples(scrape(Runner([c], deadline_s=5, pool=test_pool())))
             assert value(s, "lustre_client_filesystem_size_bytes", mount="/fsy") == 2 * TiB
             assert value(s, "lustre_client_statfs_success", mount="/fsx") == 0
         assert sum(p.endswith("/fsx") for p in calls) == 1  # the stuck call is not started again
@@ -192,7 +192,7 @@ def test_a_hung_mount_is_not_probed_again_until_its_call_returns_and_the_others_
     finally:
         release.set()
     wait_for(lambda: not c.probe.stuck())
-    s = samples(scrape(Runner([c], deadline_s=5)))
+    s = samples(scrape(Runner([c], deadline_s=5, pool=test_pool())))
     assert value(s, "lustre_client_filesystem_size_bytes", mount="/fsx") == TiB
 
 
@@ -205,7 +205,7 @@ def test_simulated_ost_count(tmp_path, osts):
                       "paths.debugfs": str(tmp_path / "sys/kernel/debug"), "lustre.lfs_command": "",
                       "lustre.use_ioctl": False})
     c = LustreCollector(compose(cfg, statvfs=sim_lustre.fake_statvfs(tmp_path)))
-    s = samples(scrape(Runner([c], deadline_s=10)))
+    s = samples(scrape(Runner([c], deadline_s=10, pool=test_pool())))
     assert value(s, "lustre_client_targets", component="osc") == osts
     states = [value(s, "lustre_client_import_state", component="osc", state=st) for st in ("FULL", "IDLE")]
     assert sum(states) == osts
@@ -223,7 +223,7 @@ def test_max_rpcs_in_flight_is_read_again_after_the_refresh_interval(tmp_path, m
     tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx", osts=2)]).build()
     overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
     c = LustreCollector(compose(load(None, overrides), statvfs=FakeStatvfs({"/fsx": TiB})))
-    r = Runner([c], deadline_s=5)
+    r = Runner([c], deadline_s=5, pool=test_pool())
     assert value(samples(scrape(r)), "lustre_client_max_rpcs_in_flight", component="osc") == 16
     tree.write(tree.sys / "osc" / "fs1-OST0000-osc-ffff8d1e4c6b9000" / "max_rpcs_in_flight", "64\n")
     assert value(samples(scrape(r)), "lustre_client_max_rpcs_in_flight", component="osc") == 16  # kept
@@ -268,7 +268,7 @@ def test_per_target_files_are_opened_once_and_read_again_through_their_descripto
     tree = LustreTree(tmp_path, filesystems=[FsSpec("fs1", "/fsx", osts=4)]).build()
     overrides = {**tree.overrides(), "lustre.lfs_command": "", "lustre.use_ioctl": False}
     c = LustreCollector(compose(load(None, overrides), statvfs=FakeStatvfs({"/fsx": TiB})))
-    r = Runner([c], deadline_s=5)
+    r = Runner([c], deadline_s=5, pool=test_pool())
     first = samples(scrape(r))
     opened = _opens(monkeypatch)
     dev = tree.proc / "osc" / "fs1-OST0002-osc-ffff8d1e4c6b9000"

@@ -11,7 +11,7 @@ from exporter.config import load
 from exporter.runner import Runner
 from exporter.simulate import Simulation, all_scenarios
 from exporter.simulate.lustre import CAPACITY_BYTES, EVICT_AT_S, SCENARIOS
-from tests.helpers import promtool_check_metrics, running_exporter, samples, scrape, value
+from tests.helpers import promtool_check_metrics, running_exporter, samples, scrape, test_pool, value
 
 FSX = {"fsname": "abcdefgh", "mount": "/fsx"}
 OSC = {**FSX, "component": "osc", "target": ""}
@@ -30,7 +30,7 @@ def node(request):
         sims.append(sim)
         overrides = {**sim.prepare().config(), **{f"lustre.{k}": v for k, v in cfg.items()}}
         c = LustreCollector(sim.context(load(None, overrides)))
-        return sim, Runner([c], deadline_s=5)
+        return sim, Runner([c], deadline_s=5, pool=test_pool())
 
     yield start
     for s in sims:

@@ -19,7 +19,7 @@ from exporter.nvml.session import NvmlSession, pci_key
 from exporter.profiles import PROFILES
 from exporter.simulate.nvml import fake_backend
 from exporter.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S, SCENARIOS
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, test_pool
 
 CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"
 
@@ -266,14 +266,14 @@ def test_scenarios_declared_to_the_simulation():
 @pytest.mark.parametrize("addr", ["0000:00:06", "PCI:0000:00:06", "00000000:00:06.0", "0000:00:06.0",
                                   "pci:0000:00:06", " 00:06.0 "])
 def test_session_by_pci_accepts_kernel_and_nvml_forms(addr):
-    s = NvmlSession(FakeBackend.from_file(CAPTURE))
+    s = NvmlSession(FakeBackend.from_file(CAPTURE), pool=test_pool())
     assert s.ensure()
     d = s.by_pci(addr)
     assert d is not None and d.index == 0 and d.pci_bus_id == "00000000:00:06.0"
 
 
 def test_session_identity_and_lookups(capture):
-    s = NvmlSession(fake_backend(PROFILES["p5.48xlarge"]))
+    s = NvmlSession(fake_backend(PROFILES["p5.48xlarge"]), pool=test_pool())
     assert s.ensure() and s.error == ""
     assert len(s.devices) == 8
     d = s.devices[5]
@@ -289,7 +289,7 @@ def test_session_init_failure_is_reported_and_retried_with_backoff():
     now = [0.0]
     f = FakeBackend.from_file(CAPTURE)
     f.fail_init(b.NVML_ERROR_DRIVER_NOT_LOADED)
-    s = NvmlSession(f, clock=lambda: now[0])
+    s = NvmlSession(f, clock=lambda: now[0], pool=test_pool())
     assert not s.ensure()
     assert "Driver Not Loaded" in s.error and "9" in s.error
     f._init_error = None  # the driver loads
@@ -302,7 +302,7 @@ def test_session_init_failure_is_reported_and_retried_with_backoff():
 def test_session_gpu_lost_at_start_is_marked():
     f = fake_backend(PROFILES["p5.48xlarge"])
     f.lose(2)
-    s = NvmlSession(f)
+    s = NvmlSession(f, pool=test_pool())
     assert s.ensure()
     assert s.lost == {2} and s.devices[2].uuid == "" and s.devices[3].uuid
     f.restore(2)
@@ -313,11 +313,12 @@ def test_the_context_s_nvml_session_loads_its_backend_on_first_use(tmp_path):
     from exporter.compose import compose
     from exporter.config import load
 
-    ctx = compose(load(None), nvml=NvmlSession.for_capture(str(CAPTURE)))
+    ctx = compose(load(None), nvml=NvmlSession.for_capture(str(CAPTURE), False, test_pool()))
     s = ctx.nvml
     assert not isinstance(s.backend, FakeBackend)  # nothing loaded until someone uses NVML
     assert s.ensure() and isinstance(s.backend, FakeBackend) and ctx.nvml is s
-    bad = compose(load(None), nvml=NvmlSession.for_capture(str(tmp_path / "missing.json"))).nvml
+    missing = str(tmp_path / "missing.json")
+    bad = compose(load(None), nvml=NvmlSession.for_capture(missing, False, test_pool())).nvml
     assert not bad.ensure() and "missing.json" in bad.error
 
 

@@ -25,7 +25,7 @@ from exporter.nvml.fake import FakeBackend
 from exporter.nvml.pynvml_backend import PynvmlBackend
 from exporter.nvml.session import NvmlSession
 from exporter.runner import Runner
-from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, value
+from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, test_pool, value
 
 pytestmark = pytest.mark.real_gpu
 
@@ -144,7 +144,7 @@ def test_nvlink_calls_where_present(real):
 
 
 def test_session_identity_and_kernel_address_forms(real):
-    s = NvmlSession(PynvmlBackend())
+    s = NvmlSession(PynvmlBackend(), pool=test_pool())
     assert s.ensure(), s.error
     assert len(s.devices) == real.device_count() >= 1
     for d in s.devices:
@@ -176,7 +176,7 @@ def test_collector_serves_the_real_gpus(real):
     # No capture, no simulation: the real library; every detail level (gpu_clock_max_hertz is opt-in).
     ctx = compose(load(None, {"gpu.detail": "all"}))
     c = GpuCollector(ctx)
-    runner = Runner([c], deadline_s=10)
+    runner = Runner([c], deadline_s=10, pool=test_pool())
     scrape(runner)
     c.refresh_slow(timeout=30)
     text = scrape(runner)

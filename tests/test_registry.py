@@ -13,7 +13,7 @@ from exporter.catalog import Families, define
 from exporter.collector import Collector
 from exporter.compose import compose
 from exporter.config import ConfigError, Section, load, positive, setting
-from tests.helpers import scrape, value
+from tests.helpers import scrape, test_pool, value
 
 
 @dataclass
@@ -86,7 +86,7 @@ def test_a_registered_collector_is_built_enabled_and_its_metrics_served(toy, tmp
     cfg = load(p)
     built = collectors.build(compose(cfg), only=["nvme"])
     assert [c.name for c in built] == ["nvme"]
-    runner = Runner(built, 5.0)
+    runner = Runner(built, 5.0, pool=test_pool())
     try:
         text = scrape(runner)
     finally:

@@ -9,7 +9,7 @@ from exporter.collector import Collector, Derived, Failed
 from exporter.compose import compose
 from exporter.config import load
 from exporter.runner import Runner
-from tests.helpers import samples, scrape, value
+from tests.helpers import samples, scrape, test_pool, value
 
 # The tests' own metric: a spec of their own, never declared in the product's catalog.
 PROBE = MetricSpec("gpu_health_exporter_test_probe", "gauge", "Test-only metric.", ("source",), "", "test")
@@ -34,7 +34,7 @@ class Probe(Collector):
 
 def test_failing_and_hanging_collectors_do_not_take_others_down(caplog):
     good, bad, hung = Probe("good"), Probe("bad", "raise"), Probe("hung", "hang")
-    r = Runner([good, bad, hung], deadline_s=0.3)
+    r = Runner([good, bad, hung], deadline_s=0.3, pool=test_pool())
     t = time.monotonic()
     s = samples(scrape(r))
     assert time.monotonic() - t < 2
@@ -63,10 +63,24 @@ def test_failing_and_hanging_collectors_do_not_take_others_down(caplog):
     r.close()
 
 
+def test_a_hung_collector_listed_first_does_not_take_the_others_down():
+    """The collectors after a hung one are still read in that scrape (on another worker)."""
+    hung, good = Probe("hung", "hang"), Probe("good")
+    r = Runner([hung, good], deadline_s=0.3, pool=test_pool())
+    for _ in range(2):  # the scrape that finds it hung, and the next (still stuck: not started)
+        s = samples(scrape(r))
+        assert value(s, "gpu_health_exporter_test_probe", source="good") == 1
+        assert value(s, "gpu_health_exporter_collector_success", collector="good") == 1
+        assert value(s, "gpu_health_exporter_collector_success", collector="hung") == 0
+    assert hung.calls == 1
+    hung.release.set()
+    r.close()
+
+
 def test_errors_logged_on_state_change_only(caplog):
     caplog.set_level(logging.INFO)
     bad = Probe("bad", "raise")
-    r = Runner([bad], deadline_s=1)
+    r = Runner([bad], deadline_s=1, pool=test_pool())
     for _ in range(5):
         scrape(r)
     errors = [rec for rec in caplog.records if "collector bad failed" in rec.getMessage()]
@@ -79,7 +93,7 @@ def test_errors_logged_on_state_change_only(caplog):
 
 def test_twenty_concurrent_scrapes_share_one_collection():
     slow = Probe("slow", delay=0.3)
-    r = Runner([slow], deadline_s=5)
+    r = Runner([slow], deadline_s=5, pool=test_pool())
     results, barrier = [], threading.Barrier(20)
 
     def one():
@@ -101,7 +115,7 @@ def test_twenty_concurrent_scrapes_share_one_collection():
 
 
 def test_ready_after_first_collection():
-    r = Runner([Probe("a")], deadline_s=1)
+    r = Runner([Probe("a")], deadline_s=1, pool=test_pool())
     assert not r.ready.is_set()
     scrape(r)
     assert r.ready.is_set()
@@ -153,7 +167,7 @@ class Verdict(Derived):
 
 def test_derived_collector_gets_its_dependency_s_reading_of_the_same_collection():
     src, v = Source("src", delay=0.2), Verdict()
-    r = Runner([v, src], deadline_s=2)  # listed first: the runner still waits for its input
+    r = Runner([v, src], deadline_s=2, pool=test_pool())  # listed first: the runner still waits for its input
     for _ in range(3):
         t = time.monotonic()
         s = samples(scrape(r))
@@ -168,7 +182,7 @@ def test_derived_collector_gets_its_dependency_s_reading_of_the_same_collection(
 def test_derived_collector_inputs_when_the_dependency_fails_hangs_or_is_absent():
     # raised: None; raised with Failed(reading): that reading
     src, v = Source("src", "raise"), Verdict()
-    r = Runner([src, v], deadline_s=2)
+    r = Runner([src, v], deadline_s=2, pool=test_pool())
     s = samples(scrape(r))
     assert v.seen == [None] and value(s, "gpu_health_exporter_collector_success", collector="verdict") == 1
     src.behaviour = "fail-with-reading"
@@ -178,7 +192,7 @@ def test_derived_collector_inputs_when_the_dependency_fails_hangs_or_is_absent()
     r.close()
     # missed its deadline: None, and the verdict is still served within its own deadline
     hung, v = Source("src", "hang"), Verdict()
-    r = Runner([hung, v], deadline_s=3, deadlines={"src": 0.3})
+    r = Runner([hung, v], deadline_s=3, deadlines={"src": 0.3}, pool=test_pool())
     t = time.monotonic()
     s = samples(scrape(r))
     assert time.monotonic() - t < 2.0
@@ -189,7 +203,7 @@ def test_derived_collector_inputs_when_the_dependency_fails_hangs_or_is_absent()
     r.close()
     # not enabled (not built): None
     v = Verdict()
-    r = Runner([v], deadline_s=1)
+    r = Runner([v], deadline_s=1, pool=test_pool())
     scrape(r)
     assert v.seen == [None]
     r.close()

@@ -34,3 +34,40 @@ def test_cli_and_every_collector_load_prometheus_client_and_nothing_a_node_does_
     assert {"gpu", "efa", "xid", "lustre"} <= set(out["collectors"]), out["collectors"]
     assert out["present"] == PRESENT
     assert out["model"] == ["prometheus_client.metrics_core.Metric", "prometheus_client.samples.Sample"]
+
+
+# The served exporter (issue 36 item 3): what the process imports over its life, start-up and
+# scrapes, from Python's own import log (PYTHONPROFILEIMPORTTIME, written to the exporter's log).
+# A subcommand's imports (`capture`'s recorder: statistics, decimal, the fake NVML) were made by
+# every daemon, because the parser lists the subcommands.
+NEVER_SERVED = ["exporter.capture", "statistics", "requests", "urllib3", "bcrypt", "grpc"]
+KUBELET_ONLY = ["h2", "hpack", "hyperframe", "google.protobuf"]
+
+
+def _served_imports(tmp_path, monkeypatch, *args: str) -> set[str]:
+    import re
+
+    import requests
+
+    from tests.helpers import start_exporter, stop_within
+
+    monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")
+    proc, url, log = start_exporter(tmp_path, *args)
+    try:
+        for _ in range(3):
+            assert requests.get(url, timeout=30).ok
+    finally:
+        stop_within(proc)
+    found = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+([\w.]+)$", log.read_text(), re.M))
+    assert {"exporter.httpd", "psutil"} <= found, log.read_text()[-2000:]  # the log is the import log
+    return found
+
+
+def test_the_served_exporter_imports_only_what_its_kinds_use(tmp_path, monkeypatch):
+    node = _served_imports(tmp_path, monkeypatch)  # a node's defaults, no GPU here
+    assert not node & {*NEVER_SERVED, *KUBELET_ONLY}
+    p5 = _served_imports(tmp_path, monkeypatch, "--simulate", "p5.48xlarge")
+    assert not p5 & {*NEVER_SERVED, *KUBELET_ONLY}
+    kubelet = _served_imports(tmp_path, monkeypatch, "--simulate", "p5.48xlarge", "--scenario", "k8s-pods")
+    assert not kubelet & set(NEVER_SERVED)
+    assert {"h2", "hpack", "hyperframe"} <= kubelet  # the kind's client, and only with the kind on

@@ -16,7 +16,7 @@ from exporter.httpd import Request
 from exporter.runner import Runner
 from exporter.server import App, Server
 from exporter.xid.verdict import GpuVerdict, NodeVerdict
-from tests.helpers import samples, value
+from tests.helpers import samples, test_pool, value
 from tests.test_runner import Probe
 
 
@@ -84,7 +84,7 @@ def test_a_request_queued_before_a_collection_gets_that_collection():
     that collection started) is answered from it, not with a collection of its own: 600 queued
     requests cost a collection or two, not 150."""
     probe = Probe("alpha")
-    runner = Runner([probe], deadline_s=5)
+    runner = Runner([probe], deadline_s=5, pool=test_pool())
     try:
         arrived = time.monotonic()
         first = runner.collect()
@@ -129,7 +129,7 @@ def gpu_and_efa():
     names = ["gpu", "efa", "health"]
     args = ["--simulate", "p5.48xlarge", "--collectors", ",".join(names)]
     ctx, sim = build_context(build_parser().parse_args(args))
-    runner = Runner(collectors.build(ctx, names), 10.0)
+    runner = Runner(collectors.build(ctx, names), 10.0, pool=test_pool())
     runner.start()
     srv = Server(runner, "127.0.0.1", 0, telemetry_path="/probe")
     srv.start()
@@ -145,7 +145,7 @@ def test_the_telemetry_path_is_configurable(gpu_and_efa):
     assert r.status_code == 404 and "/probe" in r.text
     assert requests.get(gpu_and_efa + "/healthz", timeout=10).status_code == 200
     with pytest.raises(ValueError):
-        Server(Runner([], 1.0), "127.0.0.1", 0, telemetry_path="/healthz")
+        Server(Runner([], 1.0, pool=test_pool()), "127.0.0.1", 0, telemetry_path="/healthz")
 
 
 def test_collect_filters_collectors_and_keeps_the_exporters_own(gpu_and_efa):

@@ -17,7 +17,7 @@ from exporter.exposition import choose_encoding
 from exporter.httpd import Limits
 from exporter.runner import Runner
 from exporter.server import Server
-from tests.helpers import ROOT, port_of, promtool_check_metrics, samples, value, wait_until_serving
+from tests.helpers import ROOT, port_of, promtool_check_metrics, samples, test_pool, value, wait_until_serving
 from tests.test_runner import Probe
 
 
@@ -56,7 +56,7 @@ def wait_ready(base: str) -> None:
 
 
 def test_endpoints():
-    with serving(Runner([Probe("alpha")], deadline_s=1)) as addr:
+    with serving(Runner([Probe("alpha")], deadline_s=1, pool=test_pool())) as addr:
         base = f"http://{addr}"
         assert requests.get(base + "/healthz", timeout=5).status_code == 200
         wait_ready(base)
@@ -75,7 +75,7 @@ def test_endpoints():
 
 def test_ready_after_the_first_collection_without_a_scrape():
     """Defect 7: /readyz turns 200 from the start-up collection, before Prometheus comes."""
-    runner = Runner([Probe("slow", delay=0.5)], deadline_s=5)
+    runner = Runner([Probe("slow", delay=0.5)], deadline_s=5, pool=test_pool())
     with serving(runner) as addr:
         assert requests.get(f"http://{addr}/readyz", timeout=5).status_code == 503
         wait_ready(f"http://{addr}")
@@ -88,7 +88,7 @@ def test_ready_after_the_first_collection_without_a_scrape():
 
 def test_only_get_and_head_and_head_has_no_body():
     """Defect 10: other methods get 405 with Allow and trigger no collection; HEAD sends no body."""
-    runner = Runner([Probe("alpha")], deadline_s=1)
+    runner = Runner([Probe("alpha")], deadline_s=1, pool=test_pool())
     with serving(runner) as addr:
         wait_ready(f"http://{addr}")
         before = runner.collections
@@ -120,7 +120,7 @@ def test_content_coding_negotiation(header, want):
 
 def test_content_coding_on_the_wire():
     """Defect 10: `gzip;q=0` gets no gzip; no acceptable coding gets 406."""
-    with serving(Runner([Probe("alpha")], deadline_s=1)) as addr:
+    with serving(Runner([Probe("alpha")], deadline_s=1, pool=test_pool())) as addr:
         url = f"http://{addr}/metrics"
         r = requests.get(url, headers={"Accept-Encoding": "gzip;q=0"}, timeout=5)
         assert "Content-Encoding" not in r.headers and r.text.startswith("# HELP")
@@ -134,7 +134,7 @@ def test_keep_alive_responses_leave_in_one_piece():
     """A response's head and body go out in one write with TCP_NODELAY: written apart, the body
     of every response after the first on a keep-alive connection waited for the client's
     delayed ACK (40 ms per scrape; Nagle holds data sent behind unacked data)."""
-    with serving(Runner([Probe("alpha")], deadline_s=1)) as addr:
+    with serving(Runner([Probe("alpha")], deadline_s=1, pool=test_pool())) as addr:
         wait_ready(f"http://{addr}")
         host, port = addr.split(":")
         with socket.create_connection((host, int(port)), timeout=5) as s:
@@ -156,7 +156,7 @@ def test_idle_connections_take_no_threads_and_do_not_block_scrapes():
     """Defect 3: a thread per connection before; 300 idle connections now cost no thread, and at
     the connection limit the longest-idle ones make room for scrapes."""
     limits = Limits(max_connections=100, read_header_timeout=30, workers=2)
-    server = serving(Runner([Probe("alpha")], deadline_s=1), limits=limits)
+    server = serving(Runner([Probe("alpha")], deadline_s=1, pool=test_pool()), limits=limits)
     with server as addr:
         wait_ready(f"http://{addr}")
         threads = threading.active_count()
@@ -179,7 +179,7 @@ def test_idle_connections_take_no_threads_and_do_not_block_scrapes():
 def test_slow_header_client_is_dropped_and_scrapes_go_on():
     """Defect 3: a client sending its head a byte at a time is closed after the header timeout."""
     limits = Limits(read_header_timeout=1.0, idle_timeout=1.0)
-    with serving(Runner([Probe("alpha")], deadline_s=1), limits=limits) as addr:
+    with serving(Runner([Probe("alpha")], deadline_s=1, pool=test_pool()), limits=limits) as addr:
         host, port = addr.split(":")
         slow = socket.create_connection((host, int(port)), timeout=10)
         start = time.monotonic()
@@ -248,7 +248,7 @@ def test_process_metrics_have_the_standard_names_and_sane_values():
     reg = CollectorRegistry()
     ProcessCollector(registry=reg)
     theirs = samples(generate_latest(reg).decode())
-    with serving(Runner([Probe("alpha")], deadline_s=1)) as addr:
+    with serving(Runner([Probe("alpha")], deadline_s=1, pool=test_pool())) as addr:
         ours = samples(requests.get(f"http://{addr}/metrics", timeout=5).text)
     ours_names = {n for n, _ in ours if n.startswith("process_")}
     assert ours_names == {n for n, _ in theirs} | {"process_threads"}
@@ -270,7 +270,7 @@ def test_landing_page_shows_the_verdict_and_each_sources_problems():
     ctx, sim = build_context(build_parser().parse_args(
         ["--simulate", "p5.48xlarge", "--scenario", "gpu-lost", "--scenario", "efa-counters-unreadable",
          "--scenario", "lustre-debugfs-missing", "--scenario", "lustre-lbug"]))
-    runner = Runner.from_config(collectors.build(ctx, None), ctx.config)
+    runner = Runner.from_config(collectors.build(ctx, None), ctx.config, pool=test_pool())
     sim.start()
     runner.start()
     try:

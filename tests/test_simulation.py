@@ -10,7 +10,7 @@ import pytest
 from exporter import collectors
 from exporter.cli import build_context, build_parser, main
 from exporter.runner import Runner
-from tests.helpers import ROOT, guarded_env, samples, scrape, value
+from tests.helpers import ROOT, guarded_env, samples, scrape, test_pool, value
 
 EDGE = {"exporter/cli.py", "exporter/startup.py"}  # the command line; exporter/simulate/ is the simulation
 
@@ -71,7 +71,7 @@ def test_the_simulated_node_takes_its_shape_from_its_flags(shaped):
     assert len(list((sim.root / "sys" / "class" / "infiniband").iterdir())) == 4
     osts = [p.name for p in (sim.root / "proc" / "fs" / "lustre" / "osc").iterdir()]
     assert len(osts) == 16 and any("OST000f" in n for n in osts)
-    runner = Runner.from_config(collectors.build(ctx, ["gpu", "efa", "health"]), ctx.config)
+    runner = Runner.from_config(collectors.build(ctx, ["gpu", "efa", "health"]), ctx.config, pool=test_pool())
     try:
         ss = samples(scrape(runner))
     finally:

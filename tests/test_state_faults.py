@@ -29,7 +29,7 @@ from exporter.xid.kmsg import KmsgReader
 from exporter.xid.service import one_shot
 from exporter.xid.store import Ack, StateFile
 from exporter.xid.sxid_store import SxidStateFile
-from tests.helpers import samples, scrape
+from tests.helpers import samples, scrape, test_pool
 from tests.test_check import REAL
 from tests.test_xid_service import counts, make_ctx
 
@@ -68,7 +68,7 @@ def wait_for(cond, what: str, timeout_s: float = 30.0):
 
 def finite_exposition(ctx) -> dict:
     """A scrape as /metrics renders it (a render error is a 500); every value finite."""
-    got = samples(scrape(Runner([XidCollector(ctx)], deadline_s=10)))
+    got = samples(scrape(Runner([XidCollector(ctx)], deadline_s=10, pool=test_pool())))
     assert all(math.isfinite(v) for v in got.values()), got
     return got
 
@@ -106,7 +106,7 @@ def test_a_state_value_out_of_shape_sets_the_file_aside_naming_the_field(tmp_pat
 def test_a_12_mb_uuid_is_set_aside_and_never_reaches_a_scrape(tmp_path):
     ctx = load_doc(tmp_path, good_doc(gpus={PCI: {"index": 0, "uuid": "GPU-" + "x" * 12_000_000}}))
     assert ctx.xid.state.status.problem == "corrupt" and ctx.xid.identities.get(PCI) is None
-    assert len(scrape(Runner([XidCollector(ctx)], deadline_s=10))) < 100_000
+    assert len(scrape(Runner([XidCollector(ctx)], deadline_s=10, pool=test_pool()))) < 100_000
 
 
 def test_the_files_the_exporter_writes_pass_its_own_validation(tmp_path):

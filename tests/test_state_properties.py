@@ -20,7 +20,7 @@ from exporter.runner import Runner
 from exporter.xid.service import one_shot
 from exporter.xid.store import MAX_COUNT, OTHER
 from exporter.xid.sxid_store import SXID_DOC, SxidStateFile
-from tests.helpers import samples, scrape
+from tests.helpers import samples, scrape, test_pool
 from tests.test_xid_service import make_ctx
 
 GPUS = ["00000000:53:00", "00000000:64:00", "00000000:75:00"]
@@ -116,7 +116,7 @@ def scrape_is_sound(ctx) -> dict:
     """The node's XID, SXid and verdict metrics as /metrics renders them (a render error would be
     a 500), every value finite."""
     built = collectors.build(ctx, only=["gpu", "health", "xid", "nvswitch"])
-    got = samples(scrape(Runner.from_config(built, ctx.config)))
+    got = samples(scrape(Runner.from_config(built, ctx.config, pool=test_pool())))
     bad = {k: v for k, v in got.items() if not math.isfinite(v)}
     assert not bad, bad
     return got

@@ -14,7 +14,7 @@ from exporter.xid.service import one_shot
 from exporter.xid.sxid import SxidContinuation, SxidReport, parse_sxid
 from exporter.xid.sxid_catalog import SxidPolicy, describe
 from exporter.xid.sxid_store import STATE_NAME, SXID_DOC
-from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, value
+from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, test_pool, value
 from tests.test_xid_service import make_ctx
 
 RECORDS = (FIXTURES / "sxid" / "records.txt").read_text().splitlines()
@@ -107,7 +107,7 @@ def test_fixture_counts_each_report_once_and_never_a_continuation(tmp_path):
     assert c[("00000000:06:00", 20009, "non_fatal")] == 3
     assert c[("00000000:06:00", 20034, "fatal")] == 1
     assert ("00000000:07:00", 20034, "fatal") not in c  # only a Severity line from that switch
-    text = scrape(Runner([NvswitchCollector(ctx)], deadline_s=5))
+    text = scrape(Runner([NvswitchCollector(ctx)], deadline_s=5, pool=test_pool()))
     assert promtool_check_metrics(text) == ""
     assert value(text, "gpu_nvswitch_sxid_errors_total", switch="1", pci_bus_id="00000000:06:00.0",
                  sxid="20034", sxid_severity="fatal", tier="reboot") == 1

@@ -13,7 +13,7 @@ import requests
 from exporter.runner import Runner
 from exporter.server import Server
 from exporter.webconfig import ConfigError, load_web_config
-from tests.helpers import ROOT, start_exporter, value, wait_for
+from tests.helpers import ROOT, start_exporter, test_pool, value, wait_for
 from tests.test_runner import Probe
 
 PASSWORD = "s3cret-scrape"
@@ -53,7 +53,7 @@ def _users() -> str:
 
 
 def _serve(web_file):
-    runner = Runner([Probe("alpha")], deadline_s=1)
+    runner = Runner([Probe("alpha")], deadline_s=1, pool=test_pool())
     srv = Server(runner, "127.0.0.1", 0, load_web_config(web_file))
     srv.start()
     return srv, runner

@@ -27,7 +27,7 @@ from exporter.workload import slurm_cgroup, slurm_mapping
 from exporter.workload.model import Workload, WorkloadReading
 from exporter.workload.source import Kind, SlurmMappingKind, WorkloadSource
 from exporter.xid.store import Ack
-from tests.helpers import ROOT, samples, scrape, value
+from tests.helpers import ROOT, samples, scrape, test_pool, value
 from tests.test_shell_scripts import unguarded_array_expansions
 from tests.test_workload_attribution import drain_reason
 from tests.test_workload_sources import GPUS, U, collector_ctx, job
@@ -125,7 +125,7 @@ def test_a_symlink_fifo_or_dangling_link_is_reported_by_name_never_its_content(t
     assert any(f"{d / '2'} is a symbolic link" in p for p in problems)
     assert any(f"{d / '3'} is a directory" in p for p in problems)
     _, _, ctx = collector_ctx(tmp_path, slurm_job_mapping_dir=str(d))
-    runner = Runner([WorkloadCollector(ctx)], deadline_s=5)
+    runner = Runner([WorkloadCollector(ctx)], deadline_s=5, pool=test_pool())
     with caplog.at_level(logging.DEBUG):
         s = samples(scrape(runner))
     runner.close()
@@ -156,7 +156,7 @@ def test_a_configured_directory_missing_past_the_grace_is_a_source_problem(tmp_p
     out_f = Families()
     reading = WorkloadCollector(ctx).collect(out_f)
     assert reading.by_uuid == {}
-    s = samples(scrape(Runner([WorkloadCollector(ctx)], deadline_s=5)))
+    s = samples(scrape(Runner([WorkloadCollector(ctx)], deadline_s=5, pool=test_pool())))
     assert value(s, "gpu_health_exporter_workload_source_up", source="slurm_mapping") == 0
     assert not [k for k in s if k[0] == "gpu_workload_info"]
     assert summarise(out_f, None).problems == {

@@ -28,7 +28,7 @@ from exporter.workload.model import Workload, WorkloadReading
 from exporter.xid.attribution_state import STATE_NAME, validate_state
 from exporter.xid.parser import pci_key
 from exporter.xid.service import one_shot
-from tests.helpers import ROOT, promtool_check_metrics, samples, scrape
+from tests.helpers import ROOT, promtool_check_metrics, samples, scrape, test_pool
 from tests.test_xid_service import fake_p5, make_ctx
 
 JOB42, JOB43 = Workload(hpc_job="42"), Workload(hpc_job="43")
@@ -232,7 +232,8 @@ class Node:
         self.svc.read_kmsg()
 
     def scrape(self) -> dict:
-        return samples(scrape(Runner([XidCollector(self.ctx), NvswitchCollector(self.ctx)], deadline_s=5)))
+        return samples(scrape(Runner([XidCollector(self.ctx), NvswitchCollector(self.ctx)], deadline_s=5,
+                pool=test_pool())))
 
 
 def hits(s: dict, name: str = "gpu_xid_workload_last_seen_timestamp_seconds") -> set[tuple]:
@@ -259,7 +260,8 @@ def test_an_xid_names_the_job_in_the_log_line_the_series_and_the_state_file_afte
     assert "XID 13 counted on GPU 1" in caplog.text and "no workload (the GPU was idle)" in caplog.text
     s = node.scrape()
     assert hits(s) == {("0", "79", "42", "")}  # none for the idle GPU
-    assert promtool_check_metrics(scrape(Runner([XidCollector(node.ctx)], deadline_s=5))) == ""
+    assert promtool_check_metrics(scrape(Runner([XidCollector(node.ctx)], deadline_s=5,
+            pool=test_pool()))) == ""
     node.svc.flush_state(force=True)
     doc = json.loads((tmp_path / "state" / STATE_NAME).read_text())
     recs = validate_state(doc)

@@ -20,7 +20,7 @@ from exporter import collectors
 from exporter.cli import build_context, build_parser, main, shutdown
 from exporter.runner import Runner
 from exporter.server import Server
-from tests.helpers import promtool_check_metrics, samples, wait_for
+from tests.helpers import promtool_check_metrics, samples, test_pool, wait_for
 
 METRIC = "gpu_xid_workload_last_seen_timestamp_seconds"
 
@@ -31,7 +31,7 @@ class Daemon:
                      "--path.state-dir", str(tmp_path / "state"),
                      "--workload.slurm-job-mapping-dir", str(tmp_path / "mapping")]
         self.ctx, self.sim = build_context(build_parser().parse_args(self.args))
-        self.runner = Runner.from_config(collectors.build(self.ctx), self.ctx.config)
+        self.runner = Runner.from_config(collectors.build(self.ctx), self.ctx.config, pool=test_pool())
         self.server = Server(self.runner, "127.0.0.1", 0)
         self.sim.start()
         self.runner.start()

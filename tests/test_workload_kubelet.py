@@ -27,7 +27,7 @@ from exporter.workload import kubelet
 from exporter.workload.model import Workload
 from exporter.workload.podresources import api_pb2
 from exporter.workload.source import KubeletKind, from_config
-from tests.helpers import ROOT, samples, scrape, value
+from tests.helpers import ROOT, samples, scrape, test_pool, value
 from tests.test_workload_sources import fake_p5
 from tests.test_xid_service import make_ctx
 
@@ -191,7 +191,7 @@ def test_the_collector_over_a_real_socket(node, tmp_path):
     ctx = make_ctx(tmp_path, "", nvml=session)
     ctx.config = load(None, {"workload.kubelet_socket": str(sock), "workload.timeout_seconds": 1.0})
     ctx.workload = from_config(ctx.config, session, ctx.pool)
-    runner = Runner([WorkloadCollector(ctx)], deadline_s=5)
+    runner = Runner([WorkloadCollector(ctx)], deadline_s=5, pool=test_pool())
     s = samples(scrape(runner))
     for g in (2, 5):
         assert value(s, "gpu_workload_info", gpu=str(g), namespace="ml", pod="a", container="main") == 1
@@ -235,7 +235,7 @@ def test_a_silent_kubelet_never_holds_up_the_gpu_reading(node, tmp_path):
     ctx = make_ctx(tmp_path, "", nvml=session)
     ctx.config = load(None, {"workload.kubelet_socket": str(sock), "workload.timeout_seconds": 0.5})
     ctx.workload = from_config(ctx.config, session, ctx.pool)
-    runner = Runner.from_config([GpuCollector(ctx), WorkloadCollector(ctx)], ctx.config)
+    runner = Runner.from_config([GpuCollector(ctx), WorkloadCollector(ctx)], ctx.config, pool=test_pool())
     try:
         t = time.monotonic()
         s = samples(scrape(runner))

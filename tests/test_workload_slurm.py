@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 import requests
@@ -56,9 +57,14 @@ def workloads(url):
     return {g: sorted(j) for g, j in out.items()}
 
 
-def sbatch(cluster, gpus, seconds):
+def sbatch(cluster, gpus, seconds, until: Path | None = None):
+    """A job of `seconds`, or one that ends on its own as soon as the file `until` exists (at most
+    `seconds`): the test decides when it ends, whatever the host's load."""
+    wrap = f"sleep {seconds}"
+    if until is not None:
+        wrap = f"for i in $(seq {seconds * 5}); do [ -e {until} ] && exit 0; sleep 0.2; done"
     r = cluster.run([need("sbatch"), "--parsable", f"--gres=gpu:{gpus}", "-o", "/dev/null",
-                     "--wrap", f"sleep {seconds}"])
+                     "--wrap", wrap])
     assert r.returncode == 0, r.stderr
     return r.stdout.strip().split(";")[0]
 
@@ -81,24 +87,26 @@ def test_a_job_on_gpus_2_and_5_is_in_the_info_series_while_it_runs(gpu_cluster, 
         assert workloads(url) == {}
         # Slurm hands out the lowest free GPUs: fill 0-1, 2, 3-4, 5, 6-7, then free 2 and 5.
         fillers = [sbatch(c, n, 600) for n in (2, 1, 2, 1, 2)]
-        wait_for(lambda: all(job_state(c, j) == "RUNNING" for j in fillers), 60, "fillers running", log=ctl)
+        wait_for(lambda: all(job_state(c, j) == "RUNNING" for j in fillers), 180, "fillers running", log=ctl)
         a, b, cc, d, e = fillers
         assert workloads(url) == {"0": [a], "1": [a], "2": [b], "3": [cc], "4": [cc], "5": [d], "6": [e],
                                   "7": [e]}
         c.run([need("scancel"), b, d], check=True)
         wait_for(lambda: job_state(c, b) in ("GONE", "CANCELLED")
-                 and job_state(c, d) in ("GONE", "CANCELLED"), 60, "2 and 5 freed", log=ctl)
+                 and job_state(c, d) in ("GONE", "CANCELLED"), 180, "2 and 5 freed", log=ctl)
         assert "2" not in workloads(url) and "5" not in workloads(url)
 
-        job = sbatch(c, 2, 8)
-        wait_for(lambda: job_state(c, job) not in ("PENDING", "CONFIGURING", "PROLOG"), 60, "the job running",
-                 log=ctl)
-        assert job_state(c, job) == "RUNNING", "the job ended before it was seen running; make it longer"
+        release = tmp_path / "release"  # the job runs until this exists, then ends by itself
+        job = sbatch(c, 2, 600, until=release)
+        wait_for(lambda: job_state(c, job) not in ("PENDING", "CONFIGURING", "PROLOG"), 180,
+                 "the job running", log=ctl)
+        assert job_state(c, job) == "RUNNING"
         seen = workloads(url)  # the first collection after its start
         assert seen["2"] == [job] and seen["5"] == [job]
         assert seen["0"] == [a] and seen["3"] == [cc] and seen["7"] == [e]
 
-        wait_for(lambda: job_state(c, job) in ("GONE", "COMPLETED"), 60, "the job ended", log=ctl)
+        release.touch()
+        wait_for(lambda: job_state(c, job) in ("GONE", "COMPLETED"), 180, "the job ended", log=ctl)
         seen = workloads(url)  # the first collection after its end (the Epilog has run)
         assert "2" not in seen and "5" not in seen and seen["4"] == [cc]
     finally:

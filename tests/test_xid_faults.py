@@ -23,7 +23,7 @@ from exporter.xid import kmsg as kmsg_mod
 from exporter.xid.kmsg import KmsgReader
 from exporter.xid.service import one_shot
 from exporter.xid.sxid import SxidContinuation, parse_sxid
-from tests.helpers import samples, scrape
+from tests.helpers import samples, scrape, test_pool
 from tests.test_xid_service import counts, make_ctx
 
 
@@ -179,7 +179,7 @@ def test_gpu_at_lines_cannot_make_unbounded_series_memory_or_state(tmp_path):
     assert len(svc.identities.known) <= MAX_IDENTITIES
     assert len(svc.store.counts) <= MAX_IDENTITIES + MAX_UNKNOWN_GPUS + 1  # + "other"
     assert total(svc) == 600 * 8  # nothing lost: the rest is under pci_bus_id="other"
-    text = scrape(Runner([XidCollector(ctx)], deadline_s=10))
+    text = scrape(Runner([XidCollector(ctx)], deadline_s=10, pool=test_pool()))
     series = [1 for n, _ in samples(text) if n == "gpu_xid_errors_total"]
     assert len(series) <= (MAX_IDENTITIES + MAX_UNKNOWN_GPUS + 1) * 8  # was 4,800
     assert svc.flush_state(force=True)
@@ -213,7 +213,7 @@ def test_many_nvswitch_addresses_share_an_overflow_bucket(tmp_path):
     svc = one_shot(ctx)
     assert len(svc.sxids.switches) == MAX_SWITCHES
     assert sum(c.count for c in svc.sxids.snapshot().values()) == 200
-    text = scrape(Runner([NvswitchCollector(ctx)], deadline_s=5))
+    text = scrape(Runner([NvswitchCollector(ctx)], deadline_s=5, pool=test_pool()))
     pcis = {dict(ls)["pci_bus_id"] for n, ls in samples(text) if n == "gpu_nvswitch_sxid_errors_total"}
     assert len(pcis) == MAX_SWITCHES + 1 and "other" in pcis
 

@@ -35,7 +35,7 @@ from exporter.simulate.nvml_synth import node_capture
 from exporter.xid import kmsg as kmsg_mod
 from exporter.xid.service import one_shot
 from exporter.xid.sxid import SxidContinuation, SxidReport, parse_sxid
-from tests.helpers import ROOT, samples, scrape, start_exporter, stop_within, value, wait_for
+from tests.helpers import ROOT, samples, scrape, start_exporter, stop_within, test_pool, value, wait_for
 from tests.test_xid_service import make_ctx
 
 GPU2 = "0000:75:00"  # GPU 2 of the simulated/faked p5.48xlarge
@@ -81,7 +81,7 @@ def bounded(fn, timeout_s: float = 15.0):
 
 def p5_session():
     fake = FakeBackend(node_capture(PROFILES["p5.48xlarge"], load_capture()))
-    s = NvmlSession(fake)
+    s = NvmlSession(fake, pool=test_pool())
     assert s.ensure()
     return fake, s
 
@@ -126,7 +126,7 @@ class TestFileReopen:
             f.write("".join(rec(i) for i in range(20, 60)))
         svc.read_kmsg(live=True)
         assert total(svc) == 60
-        text = scrape(Runner([XidCollector(ctx)], deadline_s=10))
+        text = scrape(Runner([XidCollector(ctx)], deadline_s=10, pool=test_pool()))
         assert value(text, "gpu_health_exporter_kmsg_records_total") == 60  # repeats are not reads
         assert value(text, "gpu_health_exporter_kmsg_malformed_records_total") == 0
 
@@ -457,7 +457,7 @@ def test_ten_thousand_addresses_stay_bounded_also_after_a_restart(tmp_path, gpu_
     svc = one_shot(ctx)
     assert total(svc) == n  # nothing lost: the rest is counted under "other"
     collectors = [XidCollector(ctx), HealthCollector(ctx)] if gpu_at else [XidCollector(ctx)]
-    runner = Runner(collectors, deadline_s=30)
+    runner = Runner(collectors, deadline_s=30, pool=test_pool())
     text = scrape(runner)
     runner.close()
     assert len(series(text, "gpu_xid_errors_total")) <= 100
@@ -472,7 +472,7 @@ def test_ten_thousand_addresses_stay_bounded_also_after_a_restart(tmp_path, gpu_
     ctx2 = make_ctx(tmp_path, log + more)
     svc2 = one_shot(ctx2)
     assert total(svc2) == n + 2000
-    text2 = scrape(Runner([XidCollector(ctx2)], deadline_s=30))
+    text2 = scrape(Runner([XidCollector(ctx2)], deadline_s=30, pool=test_pool()))
     assert len(series(text2, "gpu_xid_errors_total")) <= 100
     assert svc2.flush_state(force=True)
     assert state.stat().st_size < 300_000
@@ -484,7 +484,7 @@ def test_a_gpu_nvml_lists_keeps_its_own_series_under_a_flood(tmp_path):
     _, session = p5_session()
     ctx = make_ctx(tmp_path, flood(3000) + rec(10**6, xid=94, pci=GPU2), nvml=session)
     one_shot(ctx)
-    text = scrape(Runner([XidCollector(ctx)], deadline_s=30))
+    text = scrape(Runner([XidCollector(ctx)], deadline_s=30, pool=test_pool()))
     assert value(text, "gpu_xid_errors_total", gpu="2", xid="94", tier="replace") == 1
 
 
@@ -498,7 +498,7 @@ def test_many_nvswitch_addresses_switches_and_codes_stay_bounded_after_restart(t
     log = "".join(lines)
     ctx = make_ctx(tmp_path, log)
     svc = one_shot(ctx)
-    text = scrape(Runner([NvswitchCollector(ctx)], deadline_s=30))
+    text = scrape(Runner([NvswitchCollector(ctx)], deadline_s=30, pool=test_pool()))
     ss = series(text, "gpu_nvswitch_sxid_errors_total")
     assert 0 < len(ss) <= 256
     assert len({s["pci_bus_id"] for s in ss}) <= 17
@@ -574,7 +574,7 @@ def test_a_dump_after_its_report_counts_once_and_adds_no_unknown_reason(tmp_path
     svc = one_shot(ctx)
     assert sxid_counts(svc) == {("00000000:06:00", 20034, "fatal"): 1,
                                 ("00000000:c1:00", 28006, "non_fatal"): 1}
-    s = samples(scrape(Runner([HealthCollector(ctx)], deadline_s=10)))
+    s = samples(scrape(Runner([HealthCollector(ctx)], deadline_s=10, pool=test_pool())))
     reasons = {dict(ls)["reason"] for (n, ls) in s if n == "gpu_node_health_reason"}
     assert "sxid_unknown" not in reasons and "sxid_reboot" in reasons
 
@@ -642,7 +642,7 @@ def test_odd_things_at_the_state_file_paths_never_block_and_are_left_alone(name,
         if kind.startswith("symlink") and kind != "symlink_to_fifo":
             assert (tmp / f"target-{name}").read_text() == '{"precious": true}'
         if name == "xid-state.json":
-            text = scrape(Runner([XidCollector(ctx)], deadline_s=10))
+            text = scrape(Runner([XidCollector(ctx)], deadline_s=10, pool=test_pool()))
             assert value(text, "gpu_health_exporter_state_file_ok") == 0
         del keep
     finally:
@@ -659,7 +659,7 @@ def test_odd_things_at_the_state_dir_never_block(kind):
         svc = bounded(lambda: one_shot(ctx))
         assert total(svc) == 1
         assert bounded(lambda: svc.flush_state(force=True)) is False
-        text = scrape(Runner([XidCollector(ctx)], deadline_s=10))
+        text = scrape(Runner([XidCollector(ctx)], deadline_s=10, pool=test_pool()))
         assert value(text, "gpu_health_exporter_state_file_ok") == 0
         del keep
     finally:
@@ -766,7 +766,7 @@ def run_ack(ctx, gpu: str, xid: int | None = None) -> int:
 def test_an_ack_is_exported_and_logged_once_and_not_again_after_a_restart(tmp_path, caplog, capsys):
     caplog.set_level(logging.INFO)
     ctx, c = daemon_service(tmp_path, rec(0, xid=63, pci=GPU2) + rec(1, xid=48, pci="0000:64:00"))
-    runner = Runner([XidCollector(ctx)], deadline_s=10)
+    runner = Runner([XidCollector(ctx)], deadline_s=10, pool=test_pool())
     try:
         wait_for(lambda: total(c.service) == 2, what="counts")
         c.service.flush_state(force=True)
@@ -791,9 +791,9 @@ def test_an_ack_is_exported_and_logged_once_and_not_again_after_a_restart(tmp_pa
     caplog.clear()
     ctx2, c2 = daemon_service(tmp_path, None)
     try:
-        text = scrape(Runner([XidCollector(ctx2)], deadline_s=10))
+        text = scrape(Runner([XidCollector(ctx2)], deadline_s=10, pool=test_pool()))
         assert value(text, "gpu_xid_acknowledged_timestamp_seconds", gpu="2", xid="all") >= t0 - 1
-        scrape(Runner([XidCollector(ctx2)], deadline_s=10))
+        scrape(Runner([XidCollector(ctx2)], deadline_s=10, pool=test_pool()))
     finally:
         c2.close()
     assert xid_logs(caplog, "acknowledged") == [] and xid_logs(caplog, "counted") == []
@@ -810,7 +810,7 @@ def test_an_ack_made_while_the_daemon_was_down_is_logged_when_it_starts(tmp_path
     caplog.clear()
     ctx2, c2 = daemon_service(tmp_path, None)
     try:
-        runner = Runner([XidCollector(ctx2)], deadline_s=10)
+        runner = Runner([XidCollector(ctx2)], deadline_s=10, pool=test_pool())
         scrape(runner)
         scrape(runner)
         c2.service.flush_state(force=True)
@@ -821,7 +821,7 @@ def test_an_ack_made_while_the_daemon_was_down_is_logged_when_it_starts(tmp_path
     caplog.clear()
     ctx3, c3 = daemon_service(tmp_path, None)
     try:
-        scrape(Runner([XidCollector(ctx3)], deadline_s=10))
+        scrape(Runner([XidCollector(ctx3)], deadline_s=10, pool=test_pool()))
     finally:
         c3.close()
     assert xid_logs(caplog, "acknowledged") == []
@@ -905,7 +905,7 @@ def test_a_backlog_xid_read_before_nvml_is_up_is_logged_with_its_gpu(tmp_path, c
     the event watcher does that): the log line still names the GPU."""
     caplog.set_level(logging.WARNING)
     fake = FakeBackend(node_capture(PROFILES["p5.48xlarge"], load_capture()))
-    session = NvmlSession(fake)  # not initialised yet
+    session = NvmlSession(fake, pool=test_pool())  # not initialised yet
     ctx = make_ctx(tmp_path, rec(0, xid=63, pci=GPU2), nvml=session, follow_poll_seconds=0.02)
     c = XidCollector(ctx)
     c.start()

@@ -8,6 +8,7 @@ import pytest
 
 from exporter.xid import kmsg as kmsg_mod
 from exporter.xid.kmsg import KmsgReader
+from tests.helpers import test_pool
 
 
 def test_file_backlog_then_follow_with_continuations_and_partial_lines(tmp_path):
@@ -84,7 +85,7 @@ def test_malformed_records_are_counted_exported_and_logged_when_the_count_grows(
     c.service.read_kmsg()
     assert c.service.snapshot().kmsg.stats.malformed == 4 and c.service.snapshot().kmsg.stats.records == 2
     assert "4 malformed kernel-log record(s) skipped" in caplog.text and "underscores" in caplog.text
-    text = scrape(Runner([c], deadline_s=5))
+    text = scrape(Runner([c], deadline_s=5, pool=test_pool()))
     assert value(text, "gpu_health_exporter_kmsg_malformed_records_total") == 4
     assert value(text, "gpu_xid_errors_total", xid="31") == 1
 

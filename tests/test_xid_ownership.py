@@ -15,7 +15,7 @@ from exporter.collectors.nvswitch import NvswitchCollector
 from exporter.collectors.xid import XidCollector
 from exporter.runner import Runner
 from exporter.xid.service import one_shot
-from tests.helpers import samples, scrape, value, wait_for
+from tests.helpers import samples, scrape, test_pool, value, wait_for
 from tests.test_xid_service import counts, fake_p5, make_ctx
 
 XID63 = "NVRM: Xid (PCI:0000:75:00): 63, pid='<unknown>', name=<unknown>, Row Remapper: New row marked"
@@ -58,7 +58,7 @@ def test_nvswitch_disabled_counts_no_sxid_and_the_verdict_ignores_them(tmp_path)
     ctx = compose(load(None, {**_overrides(tmp_path), "nvswitch.enabled": False}), nvml=base.nvml)
     svc = one_shot(ctx)
     assert sxid_counts(svc) == {} and counts(svc) == {("00000000:75:00", "63"): 1}
-    s = samples(scrape(Runner([HealthCollector(ctx)], deadline_s=5)))
+    s = samples(scrape(Runner([HealthCollector(ctx)], deadline_s=5, pool=test_pool())))
     assert value(s, "gpu_node_health_reason", reason="xid_replace") == 1
     assert not [1 for n, ls in s if n == "gpu_node_health_reason" and dict(ls)["reason"].startswith("sxid")]
 
@@ -73,7 +73,7 @@ def test_the_verdict_loads_the_state_file_with_the_xid_and_nvswitch_collectors_o
     assert svc.flush_state(force=True)
     (tmp_path / "kmsg").write_text("")  # the ring wrapped: only the state file has them
     ctx = make_ctx(tmp_path, None)
-    runner = Runner([HealthCollector(ctx)], deadline_s=5)  # no xid or nvswitch collector
+    runner = Runner([HealthCollector(ctx)], deadline_s=5, pool=test_pool())  # no xid or nvswitch collector
     runner.start()
     try:
         s = samples(scrape(runner))
@@ -101,7 +101,7 @@ def test_an_ack_is_exported_from_the_next_scrape_and_logged_once(tmp_path, caplo
     _, session = fake_p5()
     ctx = make_ctx(tmp_path, records(XID63), nvml=session)
     one_shot(ctx)
-    runner = Runner([XidCollector(ctx)], deadline_s=5)
+    runner = Runner([XidCollector(ctx)], deadline_s=5, pool=test_pool())
     s = samples(scrape(runner))
     assert not [1 for n, _ in s if n == "gpu_xid_acknowledged_timestamp_seconds"]
     paths = ["--path.kmsg", str(tmp_path / "kmsg"), "--path.procfs", str(tmp_path / "proc"),

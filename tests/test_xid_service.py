@@ -17,7 +17,7 @@ from exporter.runner import Runner
 from exporter.simulate.nvml_synth import node_capture
 from exporter.xid.service import one_shot
 from exporter.xid.store import Ack
-from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, value, wait_for
+from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, test_pool, value, wait_for
 
 KMSG = FIXTURES / "kmsg"
 P5 = PROFILES["p5.48xlarge"]
@@ -34,14 +34,14 @@ def make_ctx(tmp_path, kmsg_text, boot_id="boot-1", nvml=None, fresh=None, read_
                  "paths.state_dir": str(tmp_path / "state"), "xid.nvml_events": False}
     overrides.update({f"xid.{k}": v for k, v in xid.items()})
     if nvml is None:
-        nvml = NvmlSession(FakeBackend({"system": {}, "devices": []}))
+        nvml = NvmlSession(FakeBackend({"system": {}, "devices": []}), pool=test_pool())
         nvml.backend.fail_init(12, "no NVML in this test")
     return compose(load(None, overrides), nvml=nvml, fresh=fresh, read_only=read_only)
 
 
 def fake_p5():
     fake = FakeBackend(node_capture(P5, load_capture()))
-    session = NvmlSession(fake)
+    session = NvmlSession(fake, pool=test_pool())
     assert session.ensure()
     return fake, session
 
@@ -54,7 +54,7 @@ def test_real_capture_replay_counts_the_one_xid_31(tmp_path):
     ctx = make_ctx(tmp_path, (KMSG / "kmsg_nvidia.txt").read_text())
     one_shot(ctx)
     c = XidCollector(ctx)  # the service one_shot loaded (ctx.xid)
-    text = scrape(Runner([c], deadline_s=5))
+    text = scrape(Runner([c], deadline_s=5, pool=test_pool()))
     assert promtool_check_metrics(text) == ""
     # NVML does not list 0000:00:06 here: counted with its address, uuid from the NVRM GPU at line
     assert value(text, "gpu_xid_errors_total", xid="31", tier="application", gpu="",
@@ -72,7 +72,7 @@ def test_every_variant_counts_once_with_its_tier(tmp_path):
         ("00000018:01:00", "149"): 1, ("00000000:b9:00", "154/2"): 1, ("00000000:ca:00", "154/1"): 1,
         ("00000000:a8:00", "79"): 1, ("00000000:86:00", "79"): 1, ("00000000:9b:00", "119"): 1,
     }  # the prio-12 "XID 79" written from user space is not counted
-    text = scrape(Runner([XidCollector(ctx)], deadline_s=5))
+    text = scrape(Runner([XidCollector(ctx)], deadline_s=5, pool=test_pool()))
     tiers = {(dict(ls)["pci_bus_id"], dict(ls)["xid"]): dict(ls)["tier"]
              for (n, ls), _ in samples(text).items() if n == "gpu_xid_errors_total"}
     assert tiers[("00000000:B9:00.0", "154")] == "reboot" and tiers[("00000000:CA:00.0", "154")] == "reset"
@@ -134,12 +134,13 @@ def test_corrupt_state_file_does_not_crash_and_is_a_metric(tmp_path):
     ctx = make_ctx(tmp_path, _xid_record(0, 1_000_000))
     one_shot(ctx)
     c = XidCollector(ctx)  # the service one_shot loaded (ctx.xid)
-    text = scrape(Runner([c], deadline_s=5))
+    text = scrape(Runner([c], deadline_s=5, pool=test_pool()))
     assert value(text, "gpu_health_exporter_state_file_ok") == 0
     assert value(text, "gpu_health_exporter_state_file_errors_total", operation="read") == 1
     assert value(text, "gpu_xid_errors_total", xid="31") == 1
     assert c.service.flush_state(force=True)  # a good file replaces it
-    assert value(scrape(Runner([c], deadline_s=5)), "gpu_health_exporter_state_file_ok") == 1
+    assert value(scrape(Runner([c], deadline_s=5,
+            pool=test_pool())), "gpu_health_exporter_state_file_ok") == 1
 
 
 def test_non_utf8_state_file_at_start_is_recovered_and_the_recovery_lasts(tmp_path):
@@ -150,13 +151,13 @@ def test_non_utf8_state_file_at_start_is_recovered_and_the_recovery_lasts(tmp_pa
     c.service.load_state()  # the daemon's start-up: used to raise UnicodeDecodeError
     c.service.read_kmsg()
     assert c.service.flush_state(force=True)
-    text = scrape(Runner([c], deadline_s=5))
+    text = scrape(Runner([c], deadline_s=5, pool=test_pool()))
     assert value(text, "gpu_health_exporter_state_file_ok") == 1
     assert value(text, "gpu_health_exporter_state_file_recoveries_total") == 1
     assert value(text, "gpu_xid_errors_total", xid="31") == 1
     restarted = make_ctx(tmp_path, _xid_record(0, 1_000_000))
     one_shot(restarted)
-    text = scrape(Runner([XidCollector(restarted)], deadline_s=5))
+    text = scrape(Runner([XidCollector(restarted)], deadline_s=5, pool=test_pool()))
     assert value(text, "gpu_health_exporter_state_file_recoveries_total") == 1  # after a restart too
 
 
@@ -168,7 +169,7 @@ def test_unknown_pci_addresses_never_crowd_out_an_nvml_gpu_also_after_a_restart(
         _, session = fake_p5()
         ctx = make_ctx(tmp_path, log, nvml=session)
         svc = one_shot(ctx)
-        text = scrape(Runner([XidCollector(ctx)], deadline_s=5))
+        text = scrape(Runner([XidCollector(ctx)], deadline_s=5, pool=test_pool()))
         assert value(text, "gpu_xid_errors_total", gpu="0", xid="94", tier="replace") == 1, restart
         assert value(text, "gpu_xid_errors_total", gpu="", uuid="", pci_bus_id="other", xid="31",
                      tier="application") == 70 - 16
@@ -181,7 +182,7 @@ def test_policy_from_config_moves_xids_between_tiers(tmp_path):
     ctx = make_ctx(tmp_path, log, policy={"reset": [63], "application": [94]})
     one_shot(ctx)
     c = XidCollector(ctx)  # the service one_shot loaded (ctx.xid)
-    text = scrape(Runner([c], deadline_s=5))
+    text = scrape(Runner([c], deadline_s=5, pool=test_pool()))
     assert value(text, "gpu_xid_errors_total", xid="63", tier="reset") == 1
     assert value(text, "gpu_xid_errors_total", xid="94", tier="application") == 1
     for bad in ({"page": [1]}, {"reset": ["63"]}, {"reset": [63], "replace": [63]}, [63]):
@@ -209,7 +210,7 @@ def test_nvml_event_and_kernel_line_for_one_xid_count_once_live(tmp_path):
         while c.service.store.reports.get("kmsg", 0) < 1 or c.service.store.reports.get("nvml", 0) < 1:
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        text = scrape(Runner([c], deadline_s=5))
+        text = scrape(Runner([c], deadline_s=5, pool=test_pool()))
         assert value(text, "gpu_xid_errors_total", gpu="2", xid="63", tier="replace") == 1
         assert value(text, "gpu_nvml_events_total", gpu="2", event_type="xid") == 1
         assert value(text, "gpu_health_exporter_xid_reports_merged_total", source="kmsg") + \
@@ -237,7 +238,7 @@ def test_a_lost_gpu_is_dropped_from_the_event_set_and_the_others_still_report(tm
         while c.service.store.reports.get("nvml", 0) < 1:
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        text = scrape(Runner([c], deadline_s=5))
+        text = scrape(Runner([c], deadline_s=5, pool=test_pool()))
         assert value(text, "gpu_xid_errors_total", gpu="1", xid="48", tier="reset") == 1
         assert value(text, "gpu_health_exporter_nvml_event_gpus", state="excluded") == 1
         assert value(text, "gpu_health_exporter_nvml_event_gpus", state="registered") == 7
@@ -266,7 +267,7 @@ def test_nvml_xid_154_waits_for_the_kernel_line_that_names_the_action(tmp_path):
         while c.service.store.reports.get("nvml", 0) < 1:  # submitted after the 3 s grace
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        text = scrape(Runner([c], deadline_s=5))
+        text = scrape(Runner([c], deadline_s=5, pool=test_pool()))
         assert value(text, "gpu_xid_errors_total", gpu="6", xid="154", tier="reboot") == 1
         assert not [1 for n, ls in samples(text) if n == "gpu_xid_errors_total" and ("tier", "reset") in ls]
     finally:
@@ -279,7 +280,7 @@ def test_unreadable_kernel_log_is_a_metric_and_nvml_state_goes_on(tmp_path):
     c.service.load_state()
     assert c.service.read_kmsg() == 0
     assert "cannot read" in c.service.snapshot().kmsg.error
-    text = scrape(Runner([c], deadline_s=5))
+    text = scrape(Runner([c], deadline_s=5, pool=test_pool()))
     assert value(text, "gpu_health_exporter_kmsg_up") == 0
     assert value(text, "gpu_health_exporter_collector_success", collector="xid") == 1
 

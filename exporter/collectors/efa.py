@@ -50,9 +50,8 @@ class EfaSection(Section):
         "selected are not read.",
         check=check_counters, expected="default, all, or a list of counter file names")
     read_workers: int = setting(
-        1, "Threads reading devices at once, each reading its share of the devices one after another. 1 "
-        "(one pool thread) costs the least CPU; more only shorten the collection "
-        "when reads wait on the devices.",
+        1, "Retired, ignored (kept so configs that set it still load): one pool thread reads the devices "
+        "one after another, which costs the least CPU.",
         check=positive)
 
 DEVICES = define("efa_devices", "gauge",
@@ -92,8 +91,7 @@ class EfaCollector(Collector):
         limit = cfg.timeout_seconds or ctx.config.collector_timeout_seconds
         self.budget = limit * 0.8  # all devices' reads, so the collection ends within its deadline
         self.device_timeout = min(cfg.device_timeout_seconds, self.budget)
-        self.reads = deadline.DeadlineReader(self._read_one, self.device_timeout, key=lambda d: d.path,
-                                             pool=ctx.pool, lanes=cfg.read_workers)
+        self.reads = deadline.Deadlines(ctx.pool)
         self._recheck = False  # a read failed: list the devices again next scrape
         self._known: list[EfaDevice] | None = None  # the device list of the last scrape
         self._version = ""  # the driver's, read when the devices are listed
@@ -190,13 +188,15 @@ class EfaCollector(Collector):
         return cached[1], cached[2], cached[3]
 
     def read_all(self, devices: list[EfaDevice]) -> list[DeviceReading]:
-        """Read the devices in efa.read_workers chains (one by default), each device within
+        """Read the devices one after another on a pool thread, each device within
         device_timeout_seconds of the start of its read, all within 80% of the collector's deadline.
         A device whose read from an earlier scrape is still blocked is not read again until that
         read returns."""
         out: list[DeviceReading] = []
-        for dev, o in zip(devices, self.reads.read(devices, self.budget), strict=True):
-            out.append(o.value if o.status == deadline.OK else DeviceReading(dev, error=o.reason))
+        outcomes = self.reads.each(devices, self._read_one, key=lambda d: d.path, timeout=self.device_timeout,
+                                   budget=self.budget)
+        for dev, o in zip(devices, outcomes, strict=True):
+            out.append(o.value if o.ok else DeviceReading(dev, error=o.reason))
         return out
 
     def _read_one(self, dev: EfaDevice) -> DeviceReading:

@@ -4,8 +4,8 @@ Each GPU is read under its own deadline (gpu.read_timeout_seconds) by exporter.d
 calls can block for tens of seconds on a sick GPU and cannot be interrupted, so reads run on a
 worker of the process's pool (Context.pool) and a GPU whose read overruns is reported unread
 (gpu_read_success 0) while the other GPUs are served; until its stuck call returns it is not
-read again (one stuck thread per GPU at most). One worker reads the GPUs in turn (with
-gpu.parallel, one worker per GPU) and, when a GPU overruns, another carries on with the rest.
+read again (one stuck thread per GPU at most). One worker reads the GPUs in turn and, when a GPU
+overruns, another carries on with the rest.
 
 Expensive counters (energy, throttle time, PCIe replays and errors, ECC mode, NVLink) are read
 in the background, on the pool, at most every gpu.slow_interval_seconds (a scrape starts the
@@ -67,8 +67,8 @@ class GpuSection(Section):
         check=positive)
     parallel: bool = setting(
         False,
-        "Read the GPUs concurrently (one task per GPU) instead of one after another; see "
-        "docs/performance.md for why the default is off.")
+        "Retired, ignored (kept so configs that set it still load): the GPUs are read one after "
+        "another; reading them at once saved wall time but no CPU (docs/performance.md).")
     nvlink: bool = setting(True, "Read NVLink link state and error counters (slow cadence).")
     detail: str | list[str] = setting(
         [],
@@ -77,6 +77,10 @@ class GpuSection(Section):
         + "; or all. nvlink_per_link costs 680 series on a p5 (8 GPUs x 18 links x 5); the link "
         "is named in the XID 74 log line either way.",
         check=check_detail, expected="a list of detail names, or all")
+
+
+class NoAnswer(str):
+    """Why a GPU has no reading when its NVML calls did not answer within the read deadline."""
 
 
 @dataclass
@@ -101,16 +105,14 @@ class GpuCollector(Collector):
         self.budget = cfg.timeout_seconds * GPU_READ_SHARE
         self.read_timeout = cfg.read_timeout_seconds  # at most the budget (the config checks it)
         self.slow_interval = cfg.slow_interval_seconds
-        self.parallel = cfg.parallel
         self.nvlink = cfg.nvlink
         self.detail = frozenset(DETAIL) if cfg.detail == "all" else frozenset(cfg.detail)
         self.session: NvmlSession = ctx.nvml
         self.gpus: dict[int, _Gpu] = {}
         self.pool = ctx.pool
-        lanes = None if self.parallel else 1  # gpu.parallel: a worker per GPU
-        self._fast = deadline.DeadlineReader(self._read_fast, self.read_timeout, pool=self.pool, lanes=lanes)
+        self._fast = deadline.Deadlines(self.pool)
         # a slow read holds its GPU's lock: one that hangs is left to its deadline like a fast one
-        self._slow = deadline.DeadlineReader(self._read_slow, self.budget, pool=self.pool, lanes=lanes)
+        self._slow = deadline.Deadlines(self.pool)
         self._slow_lock = threading.Lock()  # one refresh at a time
         self._slow_due = 0.0  # monotonic time the next background refresh is due
         self._started = False
@@ -121,8 +123,6 @@ class GpuCollector(Collector):
         # GPU index -> monotonic time its NVML calls first overran the read deadline; cleared when
         # it answers again (the verdict's gpu_not_answering / gpu_unresponsive, exporter.health)
         self._unanswered_since: dict[int, float] = {}
-        self._stuck_msg = (f"NVML did not answer within {self.read_timeout:g}s; the GPU is not read again "
-                           "until that call returns, the other GPUs are served")
 
     # --- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -167,18 +167,20 @@ class GpuCollector(Collector):
 
     # --- all GPUs, each under its deadline ----------------------------------------------------
     def _read_all(self) -> dict[int, Reading | str]:
-        """Each GPU's reading, or why there is none (the stuck message for a GPU that overran)."""
+        """Each GPU's reading, or why there is none (NVML did not answer in time, or the GPUs
+        before it used up the budget)."""
         order = list(self.gpus)
         results: dict[int, Reading | str] = {}
-        for i, o in zip(order, self._fast.read(order, self.budget), strict=True):
-            if o.status == deadline.OK:
+        for i, o in zip(order, self._fast.each(order, self._read_fast, timeout=self.read_timeout,
+                                               budget=self.budget), strict=True):
+            if o.ok:
                 results[i] = o.value
-            elif o.status == deadline.SKIPPED:
-                results[i] = "not read: the GPUs before it used up gpu.timeout_seconds"
             elif o.status == deadline.ERROR:
                 results[i] = Reading(ok=False, errors=[o.reason])
-            else:
-                results[i] = self._stuck_msg
+            elif o.status == deadline.SKIPPED:
+                results[i] = o.reason
+            else:  # TIMEOUT, BLOCKED: NVML did not answer in time (the verdict's unanswered time)
+                results[i] = NoAnswer(f"NVML: {o.reason}")
         return results
 
     # --- slow cadence -----------------------------------------------------------------------
@@ -193,7 +195,7 @@ class GpuCollector(Collector):
             blocked = set(self._fast.stuck()) | set(self._slow.stuck())
             todo = [i for i in self.gpus if i not in s.lost and i not in blocked]
             if todo:
-                self._slow.read(todo, timeout)
+                self._slow.each(todo, self._read_slow, timeout=self.budget, budget=timeout)
 
     def _refresh_in_background(self) -> None:
         if self._closed or not self._slow_lock.acquire(blocking=False):
@@ -311,7 +313,7 @@ class GpuCollector(Collector):
     def _answered(self, i: int, r: Reading | str) -> float | None:
         """Seconds GPU `i` has not answered NVML (its read overran the deadline, this time or an
         earlier one still stuck), None when it answered. Logged once when it starts and ends."""
-        if r == self._stuck_msg:
+        if isinstance(r, NoAnswer):
             since = self._unanswered_since.setdefault(i, time.monotonic())
             return time.monotonic() - since
         since = self._unanswered_since.pop(i, None)

@@ -224,11 +224,10 @@ class LustreCollector(Collector):
         self.do_statfs: bool = cfg.statfs
         self.rootfs: str = cfg.rootfs
         # statvfs and the instance probes (lfs, ioctl) of a mount that lost its servers hang: each
-        # mount's call on a worker of its own, under probe_timeout_seconds; a mount whose call is
-        # still stuck is not probed again until it returns. Items: (mount path, call of the path).
+        # mount's call under probe_timeout_seconds; a mount whose call is still stuck is not
+        # probed again until it returns (keyed by the mount's path).
         self.probe_timeout_s: float = cfg.probe_timeout_seconds
-        self.probe = deadline.DeadlineReader(lambda item: item[1](item[0]), self.probe_timeout_s,
-                                             key=lambda item: item[0], pool=ctx.pool, lanes=None)
+        self.probe = deadline.Deadlines(ctx.pool)
         # Seams (tests replace these attributes): the simulated node passes its fake statvfs in
         # the Context and turns the mount probes (lfs, ioctl) off in its config.
         self.statvfs: StatvfsFn = ctx.statvfs
@@ -381,7 +380,8 @@ class LustreCollector(Collector):
         if self.use_ioctl:
             candidates.append(discovery.ioctl_getmdname)
         for fn in candidates:
-            o = self.probe.read([(path, fn)])[0]  # a failure falls through to the next method
+            # a failure falls through to the next method
+            o = self.probe.call(path, lambda fn=fn: fn(path), self.probe_timeout_s)
             inst = o.value if o.ok else None
             if isinstance(inst, str) and inst in listed:
                 parts = discovery.split_instance(inst)
@@ -571,21 +571,18 @@ class LustreCollector(Collector):
             acc.add(MAX_RPCS, t.max_rpcs, labels)
 
     def _statfs_all(self, mounts: list[Mount], out: Families) -> None:
-        """statvfs of every mount at once (a pool worker each), each within the probe timeout: a
-        hung mount costs the collection at most probe_timeout_seconds once, then nothing while
-        stuck."""
+        """statvfs of every mount, one after another, each within the probe timeout: a hung mount
+        costs the collection probe_timeout_seconds once, then nothing while stuck."""
         paths = [self._host_path(m.mountpoint) for m in mounts]
-        outcomes = self.probe.read([(p, self.statvfs) for p in paths])
+        outcomes = self.probe.each(paths, self.statvfs, timeout=self.probe_timeout_s)
         for m, path, o in zip(mounts, paths, outcomes, strict=True):
             labels = {"fsname": m.fsname, "mount": m.mountpoint}
             subject = f"statfs {m.mountpoint}"
             if o.status == deadline.ERROR and not isinstance(o.value, OSError):
                 raise o.value
             if not o.ok:
-                why = (f"failed: {o.value.strerror or o.value}" if o.status == deadline.ERROR else
-                       f"did not answer within {self.probe_timeout_s:g}s (file system unreachable?); "
-                       "capacity not exported")
-                self.problems.report(subject, f"statvfs({path}) {why}")
+                why = f"failed: {o.value.strerror or o.value}" if isinstance(o.value, OSError) else o.reason
+                self.problems.report(subject, f"statvfs({path}): {why}; capacity not exported")
                 out.add(STATFS_OK, 0, **labels)
                 continue
             st = o.value

@@ -11,7 +11,6 @@ import json
 import os
 import sys
 
-from exporter.capture import record
 from exporter.collector import Context
 
 HELP = "record this node's NVML answers and NVIDIA kernel-log lines into one file that --nvml-capture " \
@@ -23,6 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:  # a simulated node's onsets: played by cli.main
+    # Here, not at the top: every process lists the subcommands (cli.build_parser), and the
+    # recorder's imports (statistics, decimal, the fake NVML) are 1.6 MiB the daemon never uses.
+    from exporter.capture import record
+
     session = ctx.nvml
     if not session.ensure():
         print(f"gpu-health-exporter capture: {session.error}", file=sys.stderr)

@@ -21,7 +21,8 @@ total it left unless a device was reset during its previous run (then Prometheus
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from operator import itemgetter
 
 from exporter.catalog import MetricSpec, define
 from exporter.efa import naming
@@ -66,6 +67,24 @@ DEVICES_UNREADABLE = define(
     collector=naming.C)
 
 
+class _Plan:
+    """What of one device's reading is summed: per summed metric its Sample (one port) or its
+    slice of Samples (several ports), picked from `DeviceReading.samples` in one call."""
+
+    def __init__(self, runs: list[tuple[MetricSpec, int, int]]) -> None:
+        self.runs = runs
+        summed = [(spec.name, a, b) for spec, a, b in runs if spec.name in NODE_TOTALS]
+        self.names = [name for name, _, _ in summed]
+        self.single = {name: b == a + 1 for name, a, b in summed}
+        picks = [a if b == a + 1 else slice(a, b) for _, a, b in summed]
+        if len(picks) == 1:
+            only = picks[0]
+            self.pick: Callable[[list[Sample]], tuple] = lambda samples: (samples[only],)
+        else:
+            self.pick = itemgetter(*picks) if picks else (lambda samples: ())
+        self.seen: tuple | None = None  # what `pick` gave last time
+
+
 class NodeTotals:
     """The running per-node totals of one collector (see the module's doc)."""
 
@@ -73,29 +92,45 @@ class NodeTotals:
         self._last: dict[tuple[str, str], float] = {}  # (device, per-device metric) -> its last value
         self._totals: dict[str, float] = {}  # per-device metric -> the node's running total
         self._samples: dict[str, tuple[float, Sample]] = {}  # the node's last Sample per metric, reused
+        # device -> its reading's `runs` (the reader keeps one list while the device's files stay
+        # open) and what is summed of it; and the summed Samples it gave last time
+        self._plans: dict[str, _Plan] = {}
 
     def update(self, readings: Iterable[DeviceReading]) -> None:
         """Add what each successfully read device's summed counters rose since its last reading."""
-        last, totals = self._last, self._totals
+        plans = self._plans
         for reading in readings:
             if reading.error:
                 continue
             dev = reading.device.name
-            samples = reading.samples
-            for spec, a, b in reading.runs:
-                if spec.name not in NODE_TOTALS:
-                    continue
-                value = samples[a].value if b == a + 1 else sum(s.value for s in samples[a:b])
-                key = (dev, spec.name)
-                prev = last.get(key)
-                rise = value if prev is None or value < prev else value - prev
-                last[key] = value
-                totals[spec.name] = totals.get(spec.name, 0.0) + rise
+            plan = plans.get(dev)
+            if plan is None or plan.runs is not reading.runs:  # first reading, or its files reopened
+                plan = plans[dev] = _Plan(reading.runs)
+            # Every scrape (issue 36's figures): the reader hands back the same (immutable) Sample
+            # for a file whose bytes did not change, so a device none of whose summed counters
+            # moved costs one tuple comparison (identity first) and a moved one only its own work.
+            current = plan.pick(reading.samples)
+            if current == plan.seen:
+                continue
+            for name, now, before in zip(plan.names, current, plan.seen or (None,) * len(current),
+                                         strict=True):
+                if now is not before:
+                    self._add(dev, name, now.value if plan.single[name] else sum(s.value for s in now))
+            plan.seen = current
+
+    def _add(self, dev: str, name: str, value: float) -> None:
+        key = (dev, name)
+        prev = self._last.get(key)
+        rise = value if prev is None or value < prev else value - prev
+        self._last[key] = value
+        self._totals[name] = self._totals.get(name, 0.0) + rise
 
     def forget_except(self, devices: set[str]) -> None:
         """Forget the devices no longer listed (a device that comes back counts from its new value)."""
         for key in [k for k in self._last if k[0] not in devices]:
             del self._last[key]
+        for dev in self._plans.keys() - devices:
+            del self._plans[dev]
 
     def samples(self) -> list[tuple[MetricSpec, Sample]]:
         """The node's series, one per summed family read so far, in catalog order."""

@@ -2,5 +2,5 @@
 
 The collector (exporter.collectors.lustre) ties them together and owns every stateful object
 here: the eviction tracker, the `Tree` (client version, this scrape's source problems) and the
-the mount probes (a `DeadlineReader`: calls still stuck on a hung mount).
+the mount probes (exporter.deadline: calls still stuck on a hung mount).
 """

@@ -273,7 +273,7 @@ class Tree:
         # are missing) and is not read again until its read returns: it costs its deadline once.
         self.reader = reader  # path -> text (tests wrap it)
         self.timeout_s = timeout_s
-        self._files = deadline.DeadlineReader(lambda path: self.reader(path), timeout_s, pool=pool)
+        self._files = deadline.Deadlines(pool)
         self.version: tuple[int, ...] | None = None
         self.state = {s: SourceState() for s in SOURCES}
         self._reach: dict[str, int] = {}  # file kind -> trees to read at first (see read_many)
@@ -333,10 +333,11 @@ class Tree:
         """Each path's text, or the exception its read raised (TimeoutError past its deadline),
         all of them read in one hand-over to a pool worker."""
         out: list[str | BaseException] = []
-        for p, o in zip(paths, self._files.read(paths), strict=True):
+        outcomes = self._files.each(paths, lambda path: self.reader(path), timeout=self.timeout_s)
+        for p, o in zip(paths, outcomes, strict=True):
             if o.status in (deadline.OK, deadline.ERROR):
                 out.append(o.value)
-            else:
+            else:  # not read in time: its reason in the error the callers report
                 out.append(TimeoutError(errno.ETIMEDOUT, o.reason, p))
         return out
 

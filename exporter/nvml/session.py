@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.deadline import DeadlineReader, Pool
+from exporter.deadline import Deadlines, Pool
 from exporter.nvml.backend import (
     NVML_ERROR_LIBRARY_NOT_FOUND,
     NVML_ERROR_UNINITIALIZED,
@@ -66,14 +66,14 @@ class NvmlSession:
 
     def __init__(self, backend: NvmlBackend | None = None, clock: Any = time.monotonic,
                  identity_timeout_s: float = IDENTITY_TIMEOUT_S,
-                 make: Callable[[], NvmlBackend] | None = None, pool: Pool | None = None) -> None:
+                 make: Callable[[], NvmlBackend] | None = None, *, pool: Pool) -> None:
         """Give the backend, or `make`, which makes it on the first ensure(); `pool`: the
-        process's (exporter.deadline), where the GPUs' identities are read (none: one of its own)."""
+        process's (exporter.deadline), where the GPUs' identities are read."""
         self._make = make
         self.backend: NvmlBackend = backend if backend is not None else UnavailableBackend("not loaded yet")
         self.identity_timeout_s = identity_timeout_s
-        # a worker per GPU: a GPU whose identity calls hang is not waited for past the deadline
-        self._ids = DeadlineReader(self._identity, identity_timeout_s, pool=pool or Pool(), lanes=None)
+        # a GPU whose identity calls hang is not waited for past the deadline
+        self._ids = Deadlines(pool)
         self.devices: list[DeviceIdentity] = []
         self.lost: set[int] = set()
         self.error = "not initialised yet"
@@ -89,7 +89,7 @@ class NvmlSession:
         self._by_uuid: dict[str, DeviceIdentity] = {}
 
     @classmethod
-    def for_capture(cls, path: str, latencies: bool = False, pool: Pool | None = None) -> NvmlSession:
+    def for_capture(cls, path: str, latencies: bool, pool: Pool) -> NvmlSession:
         """A session replaying a capture file (made by `capture`); an unreadable file leaves NVML
         unavailable, saying why."""
         def make() -> NvmlBackend:
@@ -102,7 +102,7 @@ class NvmlSession:
         return cls(make=make, pool=pool)
 
     @classmethod
-    def real(cls, pool: Pool | None = None) -> NvmlSession:
+    def real(cls, pool: Pool) -> NvmlSession:
         """A session on the real NVML library (pynvml), loaded on the first ensure()."""
         def make() -> NvmlBackend:
             from exporter.nvml.pynvml_backend import PynvmlBackend
@@ -166,10 +166,11 @@ class NvmlSession:
                               read("nvmlDeviceGetName") or "")
 
     def _identities(self, count: int) -> list[DeviceIdentity]:
-        """Every GPU's identity, read concurrently under one deadline: a GPU whose calls hang
-        (they cannot be interrupted) is listed with empty uuid and address, to be read again
-        once it answers (refresh_identity), instead of holding up the whole node."""
-        outcomes = self._ids.read(range(count), self.identity_timeout_s)
+        """Every GPU's identity, one after another, each under the identity deadline: a GPU whose
+        calls hang (they cannot be interrupted) costs it once and is listed with empty uuid and
+        address, to be read again once it answers (refresh_identity), instead of holding up the
+        whole node."""
+        outcomes = self._ids.each(range(count), self._identity, timeout=self.identity_timeout_s)
         missing = [i for i, o in enumerate(outcomes) if not o.ok]
         if missing:
             log.warning("NVML did not answer identity calls of GPU(s) %s within %gs", missing,

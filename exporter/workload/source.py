@@ -197,9 +197,7 @@ class WorkloadSource:
         self._clock = clock
         self._mono = mono
         self._inflight_mono = 0.0  # when the reading in flight started
-        self._reader = deadline.DeadlineReader(lambda k: k.read(self._gpus), timeout_s, key=lambda k: k.name,
-                                               pool=pool)
-        self._gpus: Sequence[DeviceIdentity] = ()
+        self._reads = deadline.Deadlines(pool)
         self._lock = threading.Lock()
         self._inflight: Future | None = None
         self.latest: WorkloadReading | None = None
@@ -255,13 +253,14 @@ class WorkloadSource:
 
     def _observe(self, gpus: Sequence[DeviceIdentity], mono: float) -> Observation:
         at = self._clock()
-        self._gpus = list(gpus)
-        outcomes = self._reader.read(self.kinds, budget=self.timeout_s)
+        gpus = list(gpus)
+        outcomes = self._reads.each(self.kinds, lambda k: k.read(gpus), key=lambda k: k.name,
+                                    timeout=self.timeout_s, budget=self.timeout_s)
         problems: dict[str, list[str]] = {}
         failed: list[str] = []
         results: list[dict[str, tuple[Workload, ...]]] = []
         for kind, o in zip(self.kinds, outcomes, strict=True):
-            if o.status == deadline.OK:
+            if o.ok:
                 found, kind_problems = o.value
                 results.append(found)
                 if kind_problems:
@@ -310,7 +309,7 @@ def _kind_of(results: list[dict[str, tuple[Workload, ...]]], kinds: Sequence[Kin
 def _why(o: Any) -> str:
     """The outcome's own reason (exporter.deadline.Outcome.reason), except that an error the
     sources raise with their own words (the socket or file they name) keeps those words."""
-    if o.status == deadline.ERROR and isinstance(o.value, (OSError, RuntimeError, kubelet.KubeletError)):
+    if isinstance(o.value, (OSError, RuntimeError, kubelet.KubeletError)):  # o is not OK: its exception
         return str(o.value)
     return o.reason
 
