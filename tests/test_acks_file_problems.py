@@ -21,7 +21,7 @@ ERRORS = "gpu_health_exporter_state_file_errors_total"
 
 
 def _metrics(ctx) -> str:
-    return scrape(Runner([XidCollector(ctx)], deadline_s=5))
+    return scrape(Runner([XidCollector(ctx)], deadline_s=5, pool=ctx.pool))
 
 
 def test_a_corrupt_acks_file_is_a_metric_and_its_log_line_is_about_acks(tmp_path, caplog):
