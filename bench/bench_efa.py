@@ -50,6 +50,7 @@ from exporter.collectors.efa import EfaCollector  # noqa: E402
 from exporter.compose import compose  # noqa: E402
 from exporter.config import load  # noqa: E402
 from exporter.efa import reader as efa_reader  # noqa: E402
+from exporter.lifecycle import raise_fd_limit  # noqa: E402
 from exporter.profiles import PROFILES  # noqa: E402
 from exporter.simulate.efa import EfaSim, kernel_files  # noqa: E402
 from tests.helpers import port_of, wait_until_serving  # noqa: E402
@@ -138,6 +139,7 @@ def main() -> int:
         time.sleep(max(0.0, built + efa_reader.RACY_NS / 1e9 + 0.1 - time.time()))
         # collector-only, in process
         collectors.discover()  # the composition root: the collectors' config sections
+        raise_fd_limit()  # and the process start-up's open-file limit (exporter.lifecycle)
         ctx = compose(load(cfg, {"paths.sysfs": str(sysfs)}))
         col = EfaCollector(ctx)
         for _ in range(5):

@@ -1,7 +1,12 @@
-"""The composition root's one builder: a Context from a validated config and the backends it is
-handed. exporter.cli.build_context (the daemon and the one-shot commands), the simulated node
-and the tests all build their Context here, so a fake goes through the same wiring as the real
-backend and nothing else constructs a part of the process."""
+"""The composition root: every part of the process is built here, once, and handed its
+dependencies through its constructor; nothing is wired after construction.
+
+- `compose(config, ...)`: a Context from a validated config and the backends it is handed (the
+  simulated node, the tests and exporter.startup.build_context (a command line's config and
+  backends) build theirs here, so a fake goes through the same wiring; the daemon's
+  collectors, runner, server and signals are built by exporter.serve);
+- `xid_service(...)`: the XID service's parts (exporter.xid.service lists them).
+Process start-up (malloc arenas, the open-file limit, signals) is exporter.lifecycle's."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from exporter import dmi
-from exporter.attribution.fault import fresh_reading
+from exporter.attribution.fault import FaultAttribution, fresh_reading
 from exporter.attribution.history import WorkloadHistory
 from exporter.collector import Context
 from exporter.deadline import Pool
@@ -19,13 +24,18 @@ from exporter.nvml.session import NvmlSession
 
 if TYPE_CHECKING:
     from exporter.config import Config
+    from exporter.workload.model import WorkloadReading
+    from exporter.xid.service import XidService
     from exporter.xid.store import AcksFile
+
+FreshReading = Callable[[float], "WorkloadReading | None"]
 
 
 def compose(config: Config, *, nvml: NvmlSession | None = None,
             statvfs: Callable[[str], os.statvfs_result] = os.statvfs, imds_url: str | None = None,
             pool: Pool | None = None, xid_source: str | None = None,
-            xid_acks_file: type[AcksFile] | None = None) -> Context:
+            xid_acks_file: type[AcksFile] | None = None, read_only: bool = False,
+            fresh: FreshReading | None = None) -> Context:
     """Every part of a process, built once and wired:
 
     - `pool`: the threads of every read under a deadline (None: a new one; the caller closes it);
@@ -34,12 +44,11 @@ def compose(config: Config, *, nvml: NvmlSession | None = None,
       node's fake on 127.0.0.1; None: config's `instance.imds_endpoint`);
     - the instance identity (config, the DMI product name under the sysfs root, then IMDS; its
       background lookup is started by the daemon, `IdentitySource.start`, never by a scrape);
-    - the workload source from the config's `workload` section (None when no kind is set) and
-      the `WorkloadHistory` that hears each of its readings;
-    - the XID service (None without an xid section), told which kernel log its counts come from
-      and its acks file's kind (`xid_source`, `xid_acks_file`, None: paths.kmsg and the
-      product's AcksFile; see XidService) and asking the workload source for a fresh reading
-      when it counts a fault."""
+    - the workload source from the config's `workload` section (None when no kind is set),
+      telling the `WorkloadHistory` each of its readings;
+    - the XID service (None without an xid section): see xid_service for `xid_source`,
+      `xid_acks_file` and `read_only`; its fault attribution asks the workload source for a
+      fresh reading when it counts a fault (`fresh`, None: that; a test's stand-in otherwise)."""
     pool = pool if pool is not None else Pool()
     nvml = nvml if nvml is not None else NvmlSession.real(pool)
     identity = IdentitySource(config, imds_url=imds_url,
@@ -50,16 +59,73 @@ def compose(config: Config, *, nvml: NvmlSession | None = None,
     if getattr(config, "workload", None) is not None:
         from exporter.workload.source import from_config
 
-        workload = from_config(config, nvml, pool)
+        # fault attribution hears every reading the source takes
+        workload = from_config(config, nvml, pool, listeners=[workloads.observe])
+    if fresh is None and workload is not None:  # and asks for one when a fault is counted
+        fresh = fresh_reading(workload, nvml)
     xid = None
     if getattr(config, "xid", None) is not None:
-        from exporter.xid.service import XidService
-
-        kind = {"acks_file": xid_acks_file} if xid_acks_file is not None else {}
-        xid = XidService(config, nvml, source=xid_source, workloads=workloads, **kind)
-    if workload is not None:  # fault attribution hears every reading the source takes
-        workload.listeners.append(workloads.observe)
-        if xid is not None:  # and asks for one when a fault is counted
-            xid.fresh_readings(fresh_reading(workload, nvml))
+        xid = xid_service(config, nvml, source=xid_source, workloads=workloads, fresh=fresh,
+                          acks_file=xid_acks_file, read_only=read_only)
     return Context(config=config, nvml=nvml, statvfs=statvfs, identity=identity, workload=workload,
                    xid=xid, workloads=workloads, pool=pool)
+
+
+def xid_service(config: Config, nvml: NvmlSession, *, source: str | None = None,
+                workloads: WorkloadHistory | None = None, fresh: FreshReading | None = None,
+                acks_file: type[AcksFile] | None = None, read_only: bool = False) -> XidService:
+    """The XID service and its parts. `source` names the kernel log the state's counts come from
+    (None: paths.kmsg; a simulated node or a replayed capture has its own); `workloads`: what the
+    workload source observed (None: an empty history, so every event is attributed as unknown);
+    `fresh`: a workload reading taken after a fault (None: none); `acks_file`: the acks file's
+    kind (None: the product's; the simulated node shares acks across its kernel logs,
+    exporter.simulate.acks); `read_only` (`check`): corrupt state files are reported and left in
+    place for the daemon, which sets them aside and records the recovery.
+
+    `xid.enabled: false` builds no XID counter (no XID is counted, no NVML event watcher) and
+    `nvswitch.enabled: false` no SXid counter; the state files are still read for the verdict."""
+    from exporter.state.file import read_boot_id
+    from exporter.xid.attribution_state import AttributionPersistence, AttributionStateFile
+    from exporter.xid.clock import KernelClock
+    from exporter.xid.counter import XidCounter
+    from exporter.xid.follower import KmsgFollower
+    from exporter.xid.identities import GpuIdentities
+    from exporter.xid.persistence import XidPersistence
+    from exporter.xid.policy import Policy
+    from exporter.xid.service import XidService
+    from exporter.xid.store import AcksFile, StateFile, XidStore
+    from exporter.xid.sxid_catalog import SxidPolicy
+    from exporter.xid.sxid_counter import SxidCounter
+    from exporter.xid.sxid_store import SxidStateFile, SxidStore
+
+    cfg = config.xid
+    nvswitch = getattr(config, "nvswitch", None)  # the section the nvswitch collector declares
+    sxid_enabled = nvswitch is None or bool(nvswitch.enabled)
+    policy = Policy(cfg.policy)
+    sxid_policy = SxidPolicy(nvswitch.policy, nvswitch.fatal_tier) if nvswitch else SxidPolicy()
+    clock = KernelClock()
+    boot_id = read_boot_id(config.paths.procfs)
+    identities = GpuIdentities(nvml)
+    store, sxids = XidStore(cfg.merge_window_seconds), SxidStore()
+    # Each counted event records the workloads on its GPU(s) then (exporter.attribution).
+    attribution = FaultAttribution(workloads or WorkloadHistory(), identities, fresh=fresh,
+                                   kernel_offset=lambda: clock.offset_s)
+    counter = XidCounter(store, identities, policy, clock, cfg.kmsg, attribution=attribution) \
+        if cfg.enabled else None
+    sxid_counter = SxidCounter(sxids, sxid_policy, clock, attribution=attribution) if sxid_enabled else None
+    consumers = {name: c.handle_record for name, c in (("xid", counter), ("sxid", sxid_counter))
+                 if c is not None}
+    follower = KmsgFollower(config.paths.kmsg, consumers, clock, enabled=cfg.kmsg)
+    source = source or config.paths.kmsg
+    state_dir = config.paths.state_dir
+    state = StateFile(state_dir, boot_id, source, read_only)
+    acks = (acks_file or AcksFile)(state_dir, boot_id, source, read_only)
+    sxid_state = SxidStateFile(state_dir, boot_id, source, read_only)
+    attribution_file = AttributionStateFile(state_dir, boot_id, source)
+    persistence = XidPersistence(
+        state, acks, sxid_state, store, identities, sxids, follower, write_xids=counter is not None,
+        sxids_enabled=sxid_enabled, attribution=AttributionPersistence(attribution_file, attribution.ledger))
+    return XidService(cfg, kmsg_path=config.paths.kmsg, policy=policy, sxid_policy=sxid_policy, clock=clock,
+                      identities=identities, store=store, sxids=sxids, counter=counter,
+                      sxid_counter=sxid_counter, attribution=attribution, follower=follower, state=state,
+                      acks_file=acks, sxid_state=sxid_state, persistence=persistence)

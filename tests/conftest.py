@@ -22,7 +22,8 @@
   listed by hand: a module is in the tier by what it does. The full suite (.ci/run) runs
   everything, the unit tier included.
 - The suite is a composition root: it discovers the collectors once, at start, so their config
-  sections are in the schema whatever a test imports (exporter.config imports no collector).
+  sections are in the schema whatever a test imports (exporter.config imports no collector), and
+  lifts the open-file limit as the exporter does at start (exporter.lifecycle.raise_fd_limit).
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ from pathlib import Path
 import pytest
 
 from exporter import collectors
+from exporter.lifecycle import raise_fd_limit
 from tests.netguard import sitecustomize as guard  # the loopback guard, in this process from here on
 
 
 def pytest_configure(config: pytest.Config) -> None:
     collectors.discover()
+    raise_fd_limit()  # process start-up, as the exporter's (EFA keeps its counter files open)
     config.addinivalue_line("markers", "unit: the fast in-process tier (set by tests/conftest.py)")
 
 

@@ -17,4 +17,4 @@ def test_nvml_imports_only_the_deadline_primitive():
 def test_nothing_below_the_commands_imports_the_capture_recorder():
     graph = import_graph()
     users = {m for m, deps in graph.items() if "exporter.capture" in deps}
-    assert users <= {"exporter.cli", "exporter.commands.capture"}, users
+    assert users <= {"exporter.cli", "exporter.arguments", "exporter.commands.capture"}, users

@@ -1,4 +1,4 @@
-"""The freed-memory hand-back (exporter.cli.MallocTrim): after the first collection, then at most
+"""The freed-memory hand-back (exporter.lifecycle.MallocTrim): after the first collection, then at most
 once an interval, from the main thread's signal wait."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def test_the_real_trim_calls_the_c_library():
 
 def test_the_signal_wait_runs_the_tick_until_a_signal_comes():
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    signals = Signals()  # (handles SIGTERM and SIGINT, holds SIGHUP: all undone below)
+    signals = Signals().install()  # (handles SIGTERM and SIGINT, holds SIGHUP: all undone below)
     ticks = []
 
     def tick() -> None:

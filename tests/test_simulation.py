@@ -12,7 +12,7 @@ from exporter.cli import build_context, build_parser, main
 from exporter.runner import Runner
 from tests.helpers import ROOT, guarded_env, samples, scrape, test_pool, value
 
-EDGE = {"exporter/cli.py"}  # the composition root; exporter/simulate/ is the simulation itself
+EDGE = {"exporter/cli.py", "exporter/startup.py"}  # the command line; exporter/simulate/ is the simulation
 
 
 def _modules():

@@ -125,7 +125,9 @@ def scrape_is_sound(ctx) -> dict:
 def check_is_sound(ctx) -> None:
     """`check --json` (read-only) makes its verdict and document of this state without an error."""
     from exporter.commands import check
+    from exporter.compose import compose
 
+    ctx = compose(ctx.config, nvml=ctx.nvml, pool=ctx.pool, read_only=True)  # as exporter.cli builds check's
     nv, svc, problems = check.gather(ctx)
     assert nv is not None, problems
     json.dumps(check.to_json(nv, svc, problems, check.exit_status(nv.verdict, bool(problems)), ctx))

@@ -226,9 +226,9 @@ def test_an_id_that_cannot_be_a_label_makes_the_gpu_unknown_in_the_series_and_at
     made the GPU idle."""
     pool = Pool()
     try:
-        src = WorkloadSource([Fixed({U[0]: (bad, job("7")), U[1]: (job("8"),)})], 2.0, 8, pool)
         history = WorkloadHistory()
-        src.listeners.append(history.observe)
+        src = WorkloadSource([Fixed({U[0]: (bad, job("7")), U[1]: (job("8"),)})], 2.0, 8, pool,
+                             listeners=[history.observe])
         obs = src.observe(GPUS[:2])
         assert U[0] not in obs.reading.by_uuid and obs.reading.by_uuid[U[1]] == (job("8"),)
         assert "GPU 0: a workload id that is not printable" in obs.problems["fixed"][0]

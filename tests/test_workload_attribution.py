@@ -196,7 +196,8 @@ class Node:
     def __init__(self, tmp_path, text: str | None = "") -> None:
         self.tmp_path = tmp_path
         self.fake, session = fake_p5()
-        self.ctx = make_ctx(tmp_path, text, nvml=session)
+        self.world: dict[int, tuple[Workload, ...]] | None = None  # what the GPUs hold now (hold())
+        self.ctx = make_ctx(tmp_path, text, nvml=session, fresh=self._fresh)
         self.svc = self.ctx.xid
         self.uuid = {d.index: d.uuid for d in session.devices}
         self.pci = {d.index: pci_key(d.pci_bus_id) for d in session.devices}
@@ -215,12 +216,14 @@ class Node:
         event sees; the source's fresh reading of the composition root, faked."""
         self.world = dict(by_index)
 
-        def fresh(not_before: float) -> WorkloadReading:
-            held = {self.uuid[i]: w for i, w in self.world.items()}
-            r = WorkloadReading(time.time(), held, time.monotonic())
-            self.ctx.workloads.observe(r)
-            return r
-        self.svc.fresh_readings(fresh)
+    def _fresh(self, not_before: float) -> WorkloadReading | None:
+        """The source's fresh reading of the composition root, faked: none before hold()."""
+        if self.world is None:
+            return None
+        held = {self.uuid[i]: w for i, w in self.world.items()}
+        r = WorkloadReading(time.time(), held, time.monotonic())
+        self.ctx.workloads.observe(r)
+        return r
 
     def log(self, line_of_seq) -> None:
         self.seq += 1

@@ -1,4 +1,4 @@
-"""Fault attribution end to end in the daemon: the composition root (exporter.cli.build_context)
+"""Fault attribution end to end in the daemon: the composition root (exporter.startup.build_context)
 on a simulated p5 following a kernel-log file, every collector, the HTTP endpoint, and the workload
 source reading a Slurm mapping directory that the test writes as the prolog and epilog do.
 

@@ -23,7 +23,7 @@ KMSG = FIXTURES / "kmsg"
 P5 = PROFILES["p5.48xlarge"]
 
 
-def make_ctx(tmp_path, kmsg_text, boot_id="boot-1", nvml=None, **xid):
+def make_ctx(tmp_path, kmsg_text, boot_id="boot-1", nvml=None, fresh=None, read_only=False, **xid):
     proc = tmp_path / "proc"
     (proc / "sys/kernel/random").mkdir(parents=True, exist_ok=True)
     (proc / "sys/kernel/random/boot_id").write_text(boot_id + "\n")
@@ -36,7 +36,7 @@ def make_ctx(tmp_path, kmsg_text, boot_id="boot-1", nvml=None, **xid):
     if nvml is None:
         nvml = NvmlSession(FakeBackend({"system": {}, "devices": []}), pool=test_pool())
         nvml.backend.fail_init(12, "no NVML in this test")
-    return compose(load(None, overrides), nvml=nvml)
+    return compose(load(None, overrides), nvml=nvml, fresh=fresh, read_only=read_only)
 
 
 def fake_p5():

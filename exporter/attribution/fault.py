@@ -37,7 +37,7 @@ class FaultAttribution:
     XID service knows them), a reading after the event or the history (`history`), the answer to
     the ledger.
 
-    `fresh(not_before)` (set by the composition root when a workload source is configured) takes
+    `fresh(not_before)` (given by the composition root when a workload source is configured) takes
     a reading that starts at or after monotonic time `not_before` and returns it (None when it
     could not); it also reaches the history through the source's listeners. `kernel_offset` is the
     kernel clock's offset from time.monotonic() (exporter.xid.clock.KernelClock.offset_s)."""
@@ -45,11 +45,12 @@ class FaultAttribution:
     def __init__(self, history: WorkloadHistory, identities: Any,
                  ledger: AttributionLedger | None = None,
                  kernel_offset: Callable[[], float] = lambda: 0.0,
+                 fresh: Callable[[float], WorkloadReading | None] | None = None,
                  mono: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.history = history
         self.identities = identities
         self.ledger = ledger or AttributionLedger()
-        self.fresh: Callable[[float], WorkloadReading | None] | None = None
+        self.fresh = fresh
         self.kernel_offset = kernel_offset
         self._mono = mono
         self._wall = wall

@@ -8,7 +8,6 @@ device's failure from touching the others.
 from __future__ import annotations
 
 import os
-import resource
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -97,7 +96,6 @@ class EfaCollector(Collector):
         self._known: list[EfaDevice] | None = None  # the device list of the last scrape
         self._version = ""  # the driver's, read when the devices are listed
         self._failing: set[str] = set()  # devices with a problem reported
-        raise_fd_limit()
         self._fixed: dict[str, tuple[tuple[str, str, str], Sample, Sample, Sample]] = {}  # info, up 1, up 0
         self.problems = ProblemLog(self.log)
         self.totals = NodeTotals()
@@ -206,20 +204,6 @@ class EfaCollector(Collector):
             return self.devices.read(dev)
         except Exception as e:  # noqa: BLE001 - a reader bug fails the device, not the collector
             return DeviceReading(dev, error=f"{type(e).__name__}: {e}")
-
-
-
-def raise_fd_limit() -> None:
-    """Lift the soft limit on open files to the hard one, as Go programs (node_exporter) do at
-    start: the counter files stay open, 37 per device with efa.counters all (1,184 on a p5),
-    past the 1,024 soft limit that systemd and most shells set."""
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        want = 1 << 16 if hard == resource.RLIM_INFINITY else hard
-        if soft != resource.RLIM_INFINITY and soft < want:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    except (OSError, ValueError):
-        pass  # not allowed (a sandbox): a device whose files cannot be opened reports why
 
 
 COLLECTOR = EfaCollector

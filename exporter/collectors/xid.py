@@ -127,7 +127,8 @@ ACKED = define(
 STATE_OK = define(
     "gpu_health_exporter_state_file_ok", "gauge",
     "1 if the XID state file was last read and written without trouble, 0 if it is corrupt, unreadable "
-    "or unwritable (counts are kept in memory and from the kernel log).", collector="xid")
+    "or unwritable (counts are kept in memory and from the kernel log), or if the acks file `ack` writes "
+    "is (until a good one is read again: an acknowledgement may be lost; see the log).", collector="xid")
 STATE_RECOVERIES = define(
     "gpu_health_exporter_state_file_recoveries_total", "counter",
     "Corrupt XID state files set aside this boot (kept across restarts in the new state file). Counts "
@@ -135,7 +136,7 @@ STATE_RECOVERIES = define(
     "file is kept beside the state file as xid-state.json.corrupt-<time>.", collector="xid")
 STATE_ERRORS = define(
     "gpu_health_exporter_state_file_errors_total", "counter",
-    "State file failures by operation (read: corrupt or unreadable; write).", ["operation"],
+    "XID state and acks file failures by operation (read: corrupt or unreadable; write).", ["operation"],
     collector="xid")
 
 

@@ -39,6 +39,7 @@ HELP = ("one-shot health check without a daemon: per-GPU and node verdict; exit 
 
 EXIT = {"healthy": 0, "degraded": 1, "unknown": 3}
 EXIT_ACTION, EXIT_UNKNOWN = 2, 3
+READ_ONLY_STATE = True  # a corrupt state file is reported, left in place for the daemon (cli.main)
 USAGE_EXIT = EXIT_UNKNOWN  # a command-line error (cli.main): the check was not made
 UNKNOWN = "unknown"
 
@@ -101,12 +102,15 @@ def needs_instance_type(ctx: Context) -> bool:
 
 
 def gather(ctx: Context) -> tuple[Any, XidService, list[str]]:
-    svc = one_shot(ctx, read_only=True)
+    svc = one_shot(ctx)  # read-only: exporter.cli builds this command's Context with READ_ONLY_STATE
     nv, problems = verdict(ctx)
     snap = svc.snapshot()
     if snap.state.problem in ("corrupt", "newer_version", "unreadable"):
         problems.append(f"state file {snap.state.path} is {snap.state.problem}: XID counts come from "
                         "the kernel log alone and may be incomplete")
+    if snap.state.acks_problem in ("corrupt", "newer_version", "unreadable"):
+        problems.append(f"acks file {snap.state.acks_path} is {snap.state.acks_problem}: acknowledgements "
+                        "recorded only there are not applied, so an acknowledged GPU may show its XIDs again")
     k = snap.kmsg
     if k.enabled and not k.ok and not snap.state.found:  # the state alone has the counts
         problems.append(f"kernel log: {k.error} and no state file for this boot")
@@ -212,6 +216,7 @@ def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Conte
             "kmsg": {"path": k.path, "ok": k.ok, "error": k.error,
                      "records": st.records, "missed_records": st.missed, "overwrites": st.overwrites},
             "state_file": {"path": snap.state.path, "found": snap.state.found, "problem": snap.state.problem},
+            "acks_file": {"path": snap.state.acks_path, "problem": snap.state.acks_problem},
         },
         "problems": problems,
     }

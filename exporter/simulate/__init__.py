@@ -92,7 +92,7 @@ def remove_abandoned_roots(tmp: str | None = None) -> list[Path]:
 
 @dataclass(frozen=True)
 class SimulatedSources:
-    """What a simulated node hands the composition root (exporter.cli.build_context), once."""
+    """What a simulated node hands the composition root (exporter.startup.build_context), once."""
 
     sysfs: str  # the roots of its generated trees
     procfs: str

@@ -6,7 +6,7 @@ Layout written under the simulation root (client 2.15.6):
   sys/fs/lustre/{version,health_check}, sys/fs/lustre/llite/<inst>/, {osc,mdc}/<dev>/max_rpcs_in_flight
   sys/kernel/debug/lustre/llite/<inst>/{stats,max_cached_mb}, {osc,mdc}/<dev>/stats, health_check
   sim/lustre-statvfs.json                      what statvfs("/fsx") answers in simulation mode
-                                               (`fake_statvfs(root)`, which cli.py hands to the
+                                               (`fake_statvfs(root)`, which exporter.startup hands the
                                                collector as Context.statvfs)
 
 Every value is a function of the elapsed time, so `advance(t)` is repeatable in tests.

@@ -164,8 +164,8 @@ class StateFile:
         self.status = StateStatus()
         # corrupt state files set aside this boot: read from the file, plus those set aside here
         self.recoveries = 0
-        # Set once the caller holds what the file held and writes it back (the daemon once it
-        # runs): a corrupt file set aside from then on loses nothing, so it is no recovery.
+        # Set by hold(), once the caller holds what the file held and writes it back (the daemon
+        # once it runs): a corrupt file set aside from then on loses nothing, so it is no recovery.
         self.holds = False
         self._ident: tuple | None = None  # the file as we last read or wrote it (file_identity)
         self._written: tuple | None = None  # the file as we last wrote it
@@ -175,6 +175,20 @@ class StateFile:
         # The path is not a regular file (a FIFO, a link...): nothing is read from or written
         # to it for the rest of the run; counts are kept in memory (logged once, an error).
         self.disabled = False
+
+    def loss(self, newer: bool = False) -> str:
+        """What is lost with a file set aside (log lines): counts come back from the kernel log
+        while it still has them. `newer`: set aside as a newer version's."""
+        if newer:
+            return (f"{self.what} counts are rebuilt from the kernel log, and one recorded only in that file "
+                    "(ring buffer wrapped since) is not counted by this version")
+        return (f"{self.what} counts are rebuilt from the kernel log: one recorded only in the old file "
+                "(ring buffer wrapped since) is lost")
+
+    def hold(self) -> None:
+        """From now on the caller holds what the file held and writes it back whenever the file is
+        not what it holds (the daemon, once it runs): a corrupt file set aside loses nothing."""
+        self.holds = True
 
     def _refuse(self, e: OSError) -> None:
         """The state path is not a regular file: log it once and carry on without persistence."""
@@ -287,10 +301,9 @@ class StateFile:
             return
         self.recoveries += 1
         # Always logged (not once per kind): each recovery may have lost counts.
-        log.error("%s %s: corrupt (%s); set aside as %s. %s counts are rebuilt from the kernel log: "
-                  "one recorded only in the old file (ring buffer wrapped since) is lost; inspect %s "
+        log.error("%s %s: corrupt (%s); set aside as %s. %s; inspect %s "
                   "(gpu_health_exporter_state_file_recoveries_total counts the XID file's)",
-                  self.label, self.path, why, aside.name, self.what, aside)
+                  self.label, self.path, why, aside.name, self.loss(), aside)
 
     def _newer(self, e: NewerVersion, ident: tuple) -> None:
         """A file of a newer version (the exporter was rolled back): not corrupt, and not ours to
@@ -313,9 +326,7 @@ class StateFile:
         if not self.holds:
             self.recoveries += 1  # its counts are not read: a recovery, as for a corrupt file
         log.error("%s %s: %s. Set aside as %s (kept for a newer exporter: move it back after "
-                  "upgrading again); %s counts are rebuilt from the kernel log, and one recorded only "
-                  "in that file (ring buffer wrapped since) is not counted by this version",
-                  self.label, self.path, e, aside.name, self.what)
+                  "upgrading again); %s", self.label, self.path, e, aside.name, self.loss(newer=True))
 
     def changed_on_disk(self) -> bool:
         """True when someone else (`ack`, the acks file's writer) wrote the file since we last read

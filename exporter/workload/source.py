@@ -17,8 +17,8 @@ The interface fault attribution uses (exporter.workload.model has the types):
 - The `workload` collector (exporter.collectors.workload) returns each scrape's reading from its
   `collect`, so a `Derived` collector gets it with `depends_on = ("workload",)`.
 - `Context.workload` is the process's one source (None when no kind is configured).
-- `WorkloadSource.listeners`: called with every reading taken (Context connects fault
-  attribution's history, exporter.attribution.history.WorkloadHistory.observe).
+- `WorkloadSource.listeners`: called with every reading taken (the composition root,
+  exporter.compose, passes fault attribution's history, exporter.attribution.history.WorkloadHistory.observe).
 
 A GPU in a reading is observed by every configured kind; its workloads are the union of theirs,
 sorted, at most `workload.max_per_gpu` (the rest counted in `Observation.overflow`). The one rule
@@ -189,7 +189,8 @@ class WorkloadSource:
     """The configured kinds, read under one deadline; see the module docstring."""
 
     def __init__(self, kinds: Sequence[Kind], timeout_s: float, max_per_gpu: int, pool: deadline.Pool,
-                 clock: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic,
+                 listeners: Sequence[Callable[[WorkloadReading], Any]] = ()) -> None:
         self.kinds = list(kinds)
         self.timeout_s = timeout_s
         self.max_per_gpu = max_per_gpu
@@ -202,7 +203,7 @@ class WorkloadSource:
         self.latest: WorkloadReading | None = None
         self.last: Observation | None = None
         # told every reading, the scrape's and a fresh one alike (fault attribution's history)
-        self.listeners: list[Callable[[WorkloadReading], Any]] = []
+        self.listeners = tuple(listeners)
 
     def read(self, gpus: Sequence[DeviceIdentity]) -> WorkloadReading:
         """A fresh reading (see the module docstring)."""
@@ -313,7 +314,8 @@ def _why(o: Any) -> str:
     return o.reason
 
 
-def from_config(config: Any, nvml: NvmlSession, pool: deadline.Pool) -> WorkloadSource | None:
+def from_config(config: Any, nvml: NvmlSession, pool: deadline.Pool,
+                listeners: Sequence[Callable[[WorkloadReading], Any]] = ()) -> WorkloadSource | None:
     """The source of the config's `workload` section; None when no kind is configured (or the
     collector is disabled)."""
     sec = getattr(config, "workload", None)
@@ -329,4 +331,4 @@ def from_config(config: Any, nvml: NvmlSession, pool: deadline.Pool) -> Workload
                                  sec.timeout_seconds * KUBELET_SHARE, sec.kubelet_dra_drivers))
     if not kinds:
         return None
-    return WorkloadSource(kinds, sec.timeout_seconds, sec.max_per_gpu, pool)
+    return WorkloadSource(kinds, sec.timeout_seconds, sec.max_per_gpu, pool, listeners=listeners)

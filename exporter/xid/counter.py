@@ -36,7 +36,7 @@ MAX_HELD_LOGS = 256
 
 class XidCounter:
     def __init__(self, store: XidStore, identities: GpuIdentities, policy: Policy, clock: KernelClock,
-                 kmsg_enabled: bool = True) -> None:
+                 kmsg_enabled: bool = True, attribution: Any = None) -> None:
         self.store = store
         self.identities = identities
         self.policy = policy
@@ -44,13 +44,17 @@ class XidCounter:
         self.kmsg_enabled = kmsg_enabled  # NVML's XID 154 waits for the kernel line only if one comes
         self.parser = KernelLogParser()
         self.log_events = False  # the daemon logs each counted event; one-shot commands print them
-        self.attribution: Any = None  # FaultAttribution: records the workloads each event hit
+        self.attribution = attribution  # FaultAttribution: records the workloads each event hit
         self.nvml_events: dict[tuple[str, str], int] = {}  # (pci key, event type name) -> count
         self._pending_154: list[tuple[float, str, float, float]] = []  # (due, pci, kernel_s, wall)
         self._held_logs: list[tuple[float, tuple]] = []  # (due, _log_event args): GPU not known yet
         self._lock = threading.Lock()
 
     # -- kernel log --------------------------------------------------------------------------------
+    def log_from_now(self) -> None:
+        """Log each counted event from now on (the daemon, once it runs: its log is the trail)."""
+        self.log_events = True
+
     def handle_record(self, rec: Record, new: bool = True) -> None:
         """One kernel-log record; `new`: not counted by an earlier run (its identities still count)."""
         if rec.kernel:  # prio >= 8: written from user space, not the driver

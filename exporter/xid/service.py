@@ -1,5 +1,5 @@
 """The XID service: the process-wide XID/SXid objects, built once by the composition root
-(exporter.cli) and handed to the collectors and commands through the Context, and the
+(exporter.compose.xid_service) and handed to the collectors and commands through the Context, and the
 background work that drives them in the daemon.
 
 Parts, one job each:
@@ -29,10 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.attribution.fault import FaultAttribution
-from exporter.attribution.history import WorkloadHistory
 from exporter.attribution.ledger import Attribution, acks_key
-from exporter.state.file import read_boot_id
-from exporter.xid.attribution_state import AttributionPersistence, AttributionStateFile
 from exporter.xid.clock import KernelClock
 from exporter.xid.counter import XidCounter
 from exporter.xid.follower import KmsgFollower
@@ -83,6 +80,9 @@ class KmsgView:
 
 @dataclass(frozen=True)
 class StateView:
+    """The XID state: its state file and the acks file `ack` writes (`ok` and the error counts
+    are both files'; `problem` the state file's, `acks_problem` the acks file's)."""
+
     path: str
     found: bool  # a state file for this boot and kernel log was read
     ok: bool
@@ -90,6 +90,8 @@ class StateView:
     recoveries: int
     read_errors: int
     write_errors: int
+    acks_path: str = ""
+    acks_problem: str = ""
 
 
 @dataclass(frozen=True)
@@ -115,50 +117,25 @@ class XidSnapshot:
 
 
 class XidService:
-    def __init__(self, config: Any, nvml: Any, source: str | None = None,
-                 workloads: WorkloadHistory | None = None, acks_file: type[AcksFile] = AcksFile) -> None:
-        """`source` names the kernel log the state's counts come from (default: paths.kmsg; a
-        simulated node or a replayed capture has its own); `workloads`: what the workload source
-        observed, fed by whatever produces its readings (None: an empty history of our own, so
-        every event is attributed as unknown); `acks_file`: the acks file's kind (the simulated
-        node's shares acks across its kernel logs, exporter.simulate.acks)."""
-        cfg = config.xid
+    def __init__(self, cfg: Any, *, kmsg_path: str, policy: Policy, sxid_policy: SxidPolicy,
+                 clock: KernelClock, identities: GpuIdentities, store: XidStore, sxids: SxidStore,
+                 counter: XidCounter | None, sxid_counter: SxidCounter | None,
+                 attribution: FaultAttribution, follower: KmsgFollower, state: StateFile,
+                 acks_file: AcksFile, sxid_state: SxidStateFile, persistence: XidPersistence) -> None:
+        """The parts, built by the composition root (exporter.compose.xid_service): `cfg` is the
+        config's xid section; no XID counter when XIDs are not counted (`xid.enabled: false`),
+        no SXid counter when SXids are not (`nvswitch.enabled: false`)."""
         self.cfg = cfg
-        nvswitch = getattr(config, "nvswitch", None)  # the section the nvswitch collector declares
-        self.xid_enabled = bool(cfg.enabled)
-        self.sxid_enabled = nvswitch is None or bool(nvswitch.enabled)
-        self.policy = Policy(cfg.policy)
-        self.sxid_policy = SxidPolicy(nvswitch.policy, nvswitch.fatal_tier) if nvswitch else SxidPolicy()
-        self.clock = KernelClock()
-        self.kmsg_path = config.paths.kmsg
-        boot_id = read_boot_id(config.paths.procfs)
-        self.identities = GpuIdentities(nvml)
-        self.store = XidStore(cfg.merge_window_seconds)
-        self.sxids = SxidStore()
-        self.counter = XidCounter(self.store, self.identities, self.policy, self.clock, cfg.kmsg) \
-            if self.xid_enabled else None
-        self.sxid_counter = SxidCounter(self.sxids, self.sxid_policy, self.clock) \
-            if self.sxid_enabled else None
-        # Each counted event records the workloads on its GPU(s) then (exporter.attribution).
-        self.attribution = FaultAttribution(workloads or WorkloadHistory(), self.identities,
-                                            kernel_offset=lambda: self.clock.offset_s)
-        for c in (self.counter, self.sxid_counter):
-            if c is not None:
-                c.attribution = self.attribution
-        consumers = {name: c.handle_record for name, c in (("xid", self.counter), ("sxid", self.sxid_counter))
-                     if c is not None}
-        self.follower = KmsgFollower(self.kmsg_path, consumers, self.clock, enabled=cfg.kmsg)
-        source = source or self.kmsg_path
-        self.state = StateFile(config.paths.state_dir, boot_id, source)
-        self.acks_file = acks_file(config.paths.state_dir, boot_id, source)
-        self.sxid_state = SxidStateFile(config.paths.state_dir, boot_id, source)
-        self.persistence = XidPersistence(self.state, self.acks_file, self.sxid_state, self.store,
-                                          self.identities, self.sxids, self.follower,
-                                          write_xids=self.xid_enabled,
-                                          sxids_enabled=self.sxid_enabled,
-                                          attribution=AttributionPersistence(
-                                              AttributionStateFile(config.paths.state_dir, boot_id, source),
-                                              self.attribution.ledger))
+        self.kmsg_path = kmsg_path
+        self.policy, self.sxid_policy, self.clock = policy, sxid_policy, clock
+        self.identities, self.store, self.sxids = identities, store, sxids
+        self.counter, self.sxid_counter = counter, sxid_counter
+        self.xid_enabled = counter is not None
+        self.sxid_enabled = sxid_counter is not None
+        self.attribution = attribution
+        self.follower = follower
+        self.state, self.acks_file, self.sxid_state = state, acks_file, sxid_state
+        self.persistence = persistence
         self.watcher: NvmlEventWatcher | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -188,15 +165,17 @@ class XidService:
         xids, counts, acks, sxids, switches = self._lines()
         with self.store.lock:
             reports, merged, dropped = dict(self.store.reports), dict(self.store.merged), self.store.dropped
-        st, status, w = self.state.status, self.follower.status, self.watcher
+        st, ak, status, w = self.state.status, self.acks_file.status, self.follower.status, self.watcher
         return XidSnapshot(
             xids=xids, counts=counts, acks=acks, reports=reports, merged=merged, dropped=dropped,
             nvml_events=self.nvml_events, sxids=sxids, sxid_switches=switches,
             sxid_dropped=self.sxids.dropped,
             kmsg=KmsgView(self.kmsg_path, status.enabled, status.ok, status.error,
                           dataclasses.replace(self.follower.reader.stats), self.last_seq),
-            state=StateView(str(self.state.path), self.persistence.found, st.ok, st.problem,
-                            self.state.recoveries, st.read_errors, st.write_errors),
+            state=StateView(str(self.state.path), self.persistence.found, st.ok and ak.ok, st.problem,
+                            self.state.recoveries, st.read_errors + ak.read_errors,
+                            st.write_errors + ak.write_errors, str(self.acks_file.path),
+                            ak.problem if not ak.ok else ""),
             watcher=None if w is None else (w.alive, dataclasses.replace(w.status)),
             hits_version=(self.attribution.ledger.version, acks_key(list(acks)), self.identities.version))
 
@@ -230,10 +209,6 @@ class XidService:
 
     def kernel_now(self) -> float:
         return self.clock.now()
-
-    def fresh_readings(self, fresh: Any) -> None:
-        """How attribution asks the workload source for a reading when a fault is counted."""
-        self.attribution.fresh = fresh
 
     def write_ack(self, ack: Ack) -> str:
         """Add `ack` to the acks file, which the daemon folds in (the store stays as read).
@@ -296,10 +271,11 @@ class XidService:
                 self.load_state()
             # From here the daemon holds what the file held and writes it back whenever the file
             # is not what it holds: a corrupt file set aside now loses nothing (no recovery).
-            self.state.holds = self.xid_enabled
+            if self.xid_enabled:
+                self.state.hold()
             for c in (self.counter, self.sxid_counter):
                 if c is not None:
-                    c.log_events = True  # the daemon's log is the trail of every counted event
+                    c.log_from_now()  # the daemon's log is the trail of every counted event
             self._log_acks = True
             self._log_unlogged_acks()  # those written while no daemon ran
             self._thread = threading.Thread(target=self._follow, name="kmsg-follow", daemon=True)
@@ -356,11 +332,10 @@ class XidService:
         return self._thread is not None and self._thread.is_alive()
 
 
-def one_shot(ctx: Any, read_only: bool = False) -> XidService:
-    """The service for a one-shot command: state loaded, kernel-log backlog read (`read_only`:
-    a corrupt state file is left for the daemon to set aside)."""
+def one_shot(ctx: Any) -> XidService:
+    """The service for a one-shot command: state loaded, kernel-log backlog read (`check` builds
+    its Context read-only, exporter.compose: a corrupt state file is left for the daemon)."""
     svc = ctx.xid
-    svc.state.read_only = svc.acks_file.read_only = svc.sxid_state.read_only = read_only
     svc.session()  # the GPUs NVML lists, before counting (the cardinality guard spares them)
     svc.load_state()
     svc.read_kmsg()

@@ -495,7 +495,27 @@ class StateFile(state_file.StateFile):
 
 class AcksFile(state_file.StateFile):
     """The acks file (`xid-acks.json`). Keyed by the boot and the kernel log as the XID state file
-    is (the simulated node's is shared by its kernel logs: exporter.simulate.acks)."""
+    is (the simulated node's is shared by its kernel logs: exporter.simulate.acks).
+
+    Its problems (unreadable, corrupt, a newer version's) are the XID state's: the daemon reports
+    them with the XID state file's in gpu_health_exporter_state_file_ok and _errors_total, and
+    `check` among its problems. One stays until a good acks file is read again (the next `ack`
+    writes one) or the daemon restarts: the daemon never writes this file, so nothing else
+    clears it, and an acknowledgement may have been lost with it."""
 
     def __init__(self, state_dir: str, boot_id: str, kmsg: str = "", read_only: bool = False) -> None:
         super().__init__(state_dir, boot_id, kmsg, read_only, doc=ACKS_DOC)
+
+    def read(self) -> dict | None:
+        data = super().read()
+        if data is not None:  # a good file again: its earlier trouble is over
+            self.status.ok, self.status.problem = True, ""
+        return data
+
+    def loss(self, newer: bool = False) -> str:
+        """Acks are not counts: those the daemon already folded in stay (the XID state file keeps
+        them); one recorded only in this file is not applied."""
+        lost = "that file is not applied by this version" if newer else "the old file is lost"
+        return ("acknowledgements the daemon already took stay (the XID state file keeps them); one "
+                f"recorded only in {lost}: its GPU's XIDs drive its verdict again until it is "
+                "acknowledged again (gpu-health-exporter ack)")

@@ -21,12 +21,17 @@ log = logging.getLogger("exporter.sxid")
 
 
 class SxidCounter:
-    def __init__(self, store: SxidStore, policy: SxidPolicy, clock: KernelClock) -> None:
+    def __init__(self, store: SxidStore, policy: SxidPolicy, clock: KernelClock,
+                 attribution: Any = None) -> None:
         self.store = store
         self.policy = policy
         self.clock = clock
         self.log_events = False  # the daemon logs each counted report; one-shot commands print them
-        self.attribution: Any = None  # FaultAttribution: records the workloads each report hit
+        self.attribution = attribution  # FaultAttribution: records the workloads each report hit
+
+    def log_from_now(self) -> None:
+        """Log each counted report from now on (the daemon, once it runs: its log is the trail)."""
+        self.log_events = True
 
     def handle_record(self, rec: Record, new: bool = True) -> None:
         """One kernel-log record; `new`: not counted by an earlier run."""
