@@ -1,4 +1,4 @@
-"""RSS of the exporter with and without the freed-memory hand-back (exporter.cli.MallocTrim).
+"""RSS of the exporter with and without the freed-memory hand-back (exporter.lifecycle.MallocTrim).
 
 Starts the exporter (this host's GPUs through NVML, or `--simulate PROFILE`), GPU collector only
 and then every collector, each as shipped and with MallocTrim's trim replaced by a no-op; scrapes
@@ -31,9 +31,10 @@ from tests.helpers import no_imds, port_of  # noqa: E402
 
 NO_TRIM = """
 import sys
-import exporter.cli as cli
-cli._malloc_trim = lambda: (lambda: None)
-sys.exit(cli.main(sys.argv[1:]))
+import exporter.lifecycle
+from exporter.cli import main
+exporter.lifecycle._malloc_trim = lambda: (lambda: None)
+sys.exit(main(sys.argv[1:]))
 """
 SHIPPED = "import sys\nfrom exporter.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"

@@ -56,7 +56,9 @@ def rss():
 
 out = {"python": rss()}
 from exporter import collectors
-from exporter.cli import build_context, build_parser, limit_malloc_arenas
+from exporter.arguments import build_parser
+from exporter.lifecycle import limit_malloc_arenas
+from exporter.startup import build_context
 collectors.collector_classes()
 out["imports"] = rss()
 if variant == "pynvml-import":
@@ -149,7 +151,9 @@ IMDS_CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
 from exporter import collectors
-from exporter.cli import build_context, build_parser, limit_malloc_arenas
+from exporter.arguments import build_parser
+from exporter.lifecycle import limit_malloc_arenas
+from exporter.startup import build_context
 from exporter.server import Server, limits_from_config
 import logging
 collectors.collector_classes()

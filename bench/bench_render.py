@@ -19,10 +19,11 @@ from prometheus_client.exposition import generate_latest  # noqa: E402
 from prometheus_client.openmetrics.exposition import generate_latest as om_generate_latest  # noqa: E402
 
 from exporter import collectors  # noqa: E402
-from exporter.cli import build_context, build_parser  # noqa: E402
+from exporter.arguments import build_parser  # noqa: E402
 from exporter.exposition import render  # noqa: E402
 from exporter.runner import Runner  # noqa: E402
 from exporter.server import families  # noqa: E402
+from exporter.startup import build_context
 
 
 class Fixed:

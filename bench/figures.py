@@ -332,9 +332,10 @@ def detail_levels(n: int) -> str:
     """Series and median in-process scrape of the default and `all` configs, interleaved."""
     sys.path.insert(0, str(ROOT))
     from exporter import collectors
-    from exporter.cli import build_context, build_parser
+    from exporter.arguments import build_parser
     from exporter.exposition import render
     from exporter.runner import Runner
+    from exporter.startup import build_context
 
     every = Path(tempfile.mkdtemp()) / "all.yml"
     every.write_text("efa:\n  counters: all\ngpu:\n  detail: all\n")

@@ -12,33 +12,11 @@ import sys
 from typing import Any
 
 from exporter import logs, reload_snapshot
-
-# What tests and tools import from here (`exporter.cli` is the entry point and its old home).
-from exporter.arguments import (  # noqa: F401
-    PATH_FLAGS,
-    SHAPE_FLAGS,
-    add_collector_options,
-    add_source_options,
-    build_parser,
-    cli_overrides,
-    command_modules,
-    enabled_by_flags,
-    kmsg_replay_path,
-    selected,
-)
+from exporter.arguments import add_source_options, build_parser, command_modules, selected
 from exporter.config import ConfigError
-from exporter.lifecycle import (  # noqa: F401
-    MallocTrim,
-    Signals,
-    _malloc_trim,
-    exit_now,
-    hold_sighup,
-    limit_malloc_arenas,
-    raise_fd_limit,
-    shutdown,
-)
-from exporter.serve import cannot_start, serve, served_url  # noqa: F401
-from exporter.startup import build_context, simulated_node, xid_source  # noqa: F401
+from exporter.lifecycle import exit_now, hold_sighup, raise_fd_limit
+from exporter.serve import serve
+from exporter.startup import build_context
 
 log = logging.getLogger("exporter")
 

@@ -13,10 +13,11 @@ from pathlib import Path
 from unittest import mock
 
 from exporter import collectors
-from exporter.cli import build_context, build_parser
+from exporter.arguments import build_parser
 from exporter.exposition import render
 from exporter.runner import Runner
 from exporter.server import families
+from exporter.startup import build_context
 from tests.helpers import FIXTURES, test_pool
 
 GOLDEN = FIXTURES / "golden"

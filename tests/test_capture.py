@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 
-from exporter.cli import build_context, build_parser, main
+from exporter.arguments import build_parser
+from exporter.cli import main
 from exporter.collectors.gpu import GpuCollector
 from exporter.collectors.xid import XidCollector
 from exporter.runner import Runner
+from exporter.startup import build_context
 from exporter.xid.service import one_shot
 from tests.helpers import FIXTURES, samples, scrape, test_pool
 

@@ -14,7 +14,8 @@ import pytest
 import requests
 
 from exporter import buildinfo, logs
-from exporter.cli import build_parser, cli_overrides, served_url
+from exporter.arguments import build_parser, cli_overrides
+from exporter.serve import served_url
 from tests.helpers import ROOT, names, start_exporter, value
 
 

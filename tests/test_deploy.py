@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from exporter import deploygen
-from exporter.cli import build_context, build_parser
+from exporter.arguments import build_parser
+from exporter.startup import build_context
 from tests.helpers import ROOT, promtool
 from tests.k8s import K8S_VERSIONS, KUSTOMIZE, OVERLAYS, by_kind, one, render, schedules_on, validate
 

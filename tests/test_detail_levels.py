@@ -16,11 +16,12 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import collectors
+from exporter.arguments import build_parser
 from exporter.catalog import DOMAIN_PREFIXES, all_specs
-from exporter.cli import build_context, build_parser
 from exporter.exposition import render
 from exporter.process import process_metrics
 from exporter.runner import Runner
+from exporter.startup import build_context
 from tests.helpers import test_pool
 from tests.rules_lint import PENDING_SERIES
 

@@ -17,14 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample as ClientSample
 
 from exporter import catalog, collectors
+from exporter.arguments import build_parser
 from exporter.catalog import Families, MetricSpec, all_specs, define
-from exporter.cli import build_context, build_parser
 from exporter.collection import Collection
 from exporter.exposition import encode, negotiate, render
 from exporter.metric import Sample
 from exporter.runner import Runner
 from exporter.server import families
 from exporter.simulate import all_scenarios
+from exporter.startup import build_context
 from tests.helpers import promtool_check_metrics, test_pool
 
 GAUGE = MetricSpec("gpu_test_tricky", "gauge", 'help with \\ backslash, "quotes"\nand a newline',

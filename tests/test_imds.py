@@ -164,7 +164,8 @@ def test_lookup_retries_with_backoff_until_imds_answers(fake):
 
 
 def test_imds_off_in_simulation_capture_and_config(fake, tmp_path):
-    from exporter.cli import build_context, build_parser
+    from exporter.arguments import build_parser
+    from exporter.startup import build_context
 
     cfg = tmp_path / "config.yaml"  # a file that asks for IMDS: a simulated or replayed node still does not
     cfg.write_text(f"instance:\n  imds: true\n  imds_endpoint: {fake.url}\n")

@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 
-from exporter.cli import MallocTrim, Signals, _malloc_trim
+from exporter.lifecycle import MallocTrim, Signals, _malloc_trim
 
 
 class Clock:

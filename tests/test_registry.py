@@ -98,7 +98,7 @@ def test_a_registered_collector_is_built_enabled_and_its_metrics_served(toy, tmp
 
 
 def test_a_registered_collector_gets_its_command_line_flags(toy):
-    from exporter.cli import build_parser, cli_overrides
+    from exporter.arguments import build_parser, cli_overrides
 
     args = build_parser().parse_args(["--no-collector.nvme"])
     assert cli_overrides(args)["nvme.enabled"] is False

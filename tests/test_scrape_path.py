@@ -10,11 +10,12 @@ import pytest
 import requests
 
 from exporter import collectors, exposition, server
-from exporter.cli import build_context, build_parser
+from exporter.arguments import build_parser
 from exporter.collection import Collection
 from exporter.httpd import Request
 from exporter.runner import Runner
 from exporter.server import App, Server
+from exporter.startup import build_context
 from exporter.xid.verdict import GpuVerdict, NodeVerdict
 from tests.helpers import samples, test_pool, value
 from tests.test_runner import Probe

@@ -265,7 +265,8 @@ def test_landing_page_shows_the_verdict_and_each_sources_problems():
     """Issue 10 item 5 / issue 12's new-user point: a lost GPU, a down EFA device and a failed
     Lustre source show on `/` with the node verdict and its reasons, not 'ok' per collector."""
     from exporter import collectors
-    from exporter.cli import build_context, build_parser
+    from exporter.arguments import build_parser
+    from exporter.startup import build_context
 
     ctx, sim = build_context(build_parser().parse_args(
         ["--simulate", "p5.48xlarge", "--scenario", "gpu-lost", "--scenario", "efa-counters-unreadable",

@@ -8,8 +8,10 @@ import ast
 import pytest
 
 from exporter import collectors
-from exporter.cli import build_context, build_parser, main
+from exporter.arguments import build_parser
+from exporter.cli import main
 from exporter.runner import Runner
+from exporter.startup import build_context
 from tests.helpers import ROOT, guarded_env, samples, scrape, test_pool, value
 
 EDGE = {"exporter/cli.py", "exporter/startup.py"}  # the command line; exporter/simulate/ is the simulation

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import build_context, build_parser, main
+from exporter.arguments import build_parser
+from exporter.cli import main
+from exporter.startup import build_context
 from exporter.state import versions
 from exporter.state.versions import NewerVersion, Schema, StateError
 from tests.helpers import FIXTURES

@@ -12,9 +12,10 @@ import pytest
 import requests
 
 from exporter import collectors
-from exporter.cli import build_context, build_parser
+from exporter.arguments import build_parser
 from exporter.runner import Runner
 from exporter.server import Server
+from exporter.startup import build_context
 from tests.helpers import running_exporter
 
 

@@ -17,9 +17,12 @@ import time
 import requests
 
 from exporter import collectors
-from exporter.cli import build_context, build_parser, main, shutdown
+from exporter.arguments import build_parser
+from exporter.cli import main
+from exporter.lifecycle import shutdown
 from exporter.runner import Runner
 from exporter.server import Server
+from exporter.startup import build_context
 from tests.helpers import promtool_check_metrics, samples, test_pool, wait_for
 
 METRIC = "gpu_xid_workload_last_seen_timestamp_seconds"

@@ -256,11 +256,12 @@ def test_off_unless_a_kind_is_configured():
 
 
 def test_flags_set_the_kinds():
-    from exporter import cli
+    from exporter import arguments
 
-    args = cli.build_parser().parse_args(["--workload.slurm-job-mapping-dir", "/m", "--workload.slurm-cgroup",
-                                          "--workload.kubelet-socket", "/k.sock"])
-    o = cli.cli_overrides(args)
+    args = arguments.build_parser().parse_args(["--workload.slurm-job-mapping-dir", "/m",
+                                                "--workload.slurm-cgroup",
+                                                "--workload.kubelet-socket", "/k.sock"])
+    o = arguments.cli_overrides(args)
     assert o["workload.slurm_job_mapping_dir"] == "/m" and o["workload.slurm_cgroup"] is True
     assert o["workload.kubelet_socket"] == "/k.sock"
 
@@ -343,7 +344,8 @@ def test_overflow_is_exported_per_gpu(tmp_path):
 def test_the_simulated_node_shows_a_slurm_job_and_pods(tmp_path):
     """`--simulate p5.48xlarge --scenario slurm-job --scenario k8s-pods`, as the quick start runs it
     (the composition root: config overrides from the simulation, its fake NVML, its gRPC server)."""
-    from exporter.cli import build_context, build_parser
+    from exporter.arguments import build_parser
+    from exporter.startup import build_context
 
     args = build_parser().parse_args(["--simulate", "p5.48xlarge", "--scenario", "slurm-job",
                                       "--scenario", "k8s-pods"])

@@ -271,7 +271,7 @@ def test_a_symlinked_state_file_is_not_followed(tmp_path, caplog):
 
 # -- minor: the replayed capture's kernel log is a private file ------------------------------------
 def test_a_replayed_capture_s_kernel_log_is_written_privately(tmp_path):
-    from exporter.cli import kmsg_replay_path
+    from exporter.arguments import kmsg_replay_path
 
     capture = tmp_path / "capture.json"
     capture.write_text(json.dumps({"kmsg": [xid_record(0).strip()]}))

@@ -756,8 +756,8 @@ def test_every_counted_event_logged_once_and_not_again_after_a_restart(tmp_path,
 def run_ack(ctx, gpu: str, xid: int | None = None) -> int:
     import argparse
 
-    from exporter.cli import build_context  # noqa: F401 - the same composition the CLI uses
     from exporter.commands import ack
+    from exporter.startup import build_context  # noqa: F401 - the same composition the CLI uses
 
     ack_ctx = make_ctx(Path(ctx.config.paths.state_dir).parent, None, nvml=p5_session()[1])
     return ack.run(argparse.Namespace(gpu=gpu, xid=xid), ack_ctx)
