@@ -4,13 +4,23 @@ few times the series the node serves. A fixed bound of 200,000 held about 100 Mi
 
 from __future__ import annotations
 
+import pytest
+
 from exporter import exposition
 from exporter.metric import Metric, Sample
 
 
-def _family(name: str, labels: list[dict[str, str]]) -> Metric:
+@pytest.fixture(autouse=True)
+def fresh_caches(monkeypatch):
+    """The caches are the process's: start from empty ones, whatever rendered before in this worker."""
+    monkeypatch.setattr(exposition, "_prefixes", {})
+    monkeypatch.setattr(exposition, "_chunks", {})
+    monkeypatch.setattr(exposition, "_prefix_limit", exposition.PREFIX_FLOOR)
+
+
+def _family(name: str, labels: list[dict[str, str]], value: float = 1.0) -> Metric:
     m = Metric(name, "help", "gauge")
-    m.samples = [Sample(name, lab, 1.0) for lab in labels]
+    m.samples = [Sample(name, lab, value) for lab in labels]
     return m
 
 
@@ -27,8 +37,9 @@ def test_prefixes_of_churning_series_stay_within_a_multiple_of_the_served_series
 
 
 def test_a_node_with_many_series_keeps_them_all_cached():
-    big = _family("efa_tx_bytes_total", [{"device": f"rdmap{i}s0", "port": "1"} for i in range(3000)])
-    exposition.render([big])
-    exposition.render([big])
-    assert exposition._prefix_limit == exposition.PREFIX_SERIES_FACTOR * 3000
-    assert len(exposition._prefixes) >= 3000  # not cleared below what one render needs
+    n = 2 * exposition.PREFIX_FLOOR  # more series than the floor: the first render clears once
+    labels = [{"device": f"rdmap{i}s0", "port": "1"} for i in range(n)]
+    exposition.render([_family("efa_tx_bytes_total", labels)])
+    exposition.render([_family("efa_tx_bytes_total", labels, 2.0)])  # new values: every prefix looked up
+    assert exposition._prefix_limit == exposition.PREFIX_SERIES_FACTOR * n
+    assert len(exposition._prefixes) >= n  # not cleared below what one render needs
