@@ -71,15 +71,16 @@ def _unit_module(path: Path) -> bool:
 # test modules last, all at once. A stale list costs only balance, never a test: refresh it from a
 # whole run's --durations when a module's figure moves by half a minute or more.
 LONGEST_FIRST = (
-    "test_rules.py",  # 140: the promtool suites
-    "test_alert_matrix.py",  # 120
+    "test_alert_matrix.py",  # 130
+    "test_rules_suites.py",  # 110: the promtool suites, two at a time
     "test_job_health_live.py",  # 90
     "test_dashboards_live.py",  # 70
     "test_slurm.py",  # 60
     "test_kubernetes.py",  # 45
     "test_workload_attribution_slurm.py",
     "test_http_heldout.py",
-    "test_container.py",
+    "test_container.py",  # builds the image first
+    "test_rules_before_fix.py",
     "test_rules_live.py",
     "test_workload_slurm.py",
 )

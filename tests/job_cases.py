@@ -7,7 +7,7 @@ A case is a small cluster (nodes of GPUs, the jobs holding them) and a function 
 that says what each GPU and node does then; this module turns it into the series the exporter
 exports (cumulative GPM activity counters, memory, clocks, workload info, EFA and Lustre counters,
 kube-state-metrics' pod series) and writes the expected alerts. tests/test_job_rules.py checks the
-file is this module's output; tests/test_rules.py runs it with the real promtool.
+file is this module's output; tests/test_rules_suites.py runs it with the real promtool.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "tests" / "rules" / "job.test.yml"
-# The day-long case in a suite of its own: tests/test_rules.py runs the suites two at a time.
+# The day-long case in a suite of its own: tests/test_rules_suites.py runs the suites two at a time.
 DAY_SUITE = ROOT / "tests" / "rules" / "job_day.test.yml"
 DAY = "a simulated day of a healthy job with hourly checkpoints: no alert"
 RUNBOOK = "file:///usr/share/doc/gpu-health-exporter/runbooks.html"

@@ -1,4 +1,4 @@
-"""Helpers for tests/test_rules.py: load the rule files and the promtool suites, and pull the metric
+"""Helpers for tests/test_rules*.py: load the rule files and the promtool suites, and pull the metric
 names out of PromQL expressions (a small lexer, enough for the expressions in rules/)."""
 
 from __future__ import annotations

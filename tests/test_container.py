@@ -114,14 +114,15 @@ def _buildah(*args: str, timeout: float = 60) -> str:
 
 @pytest.fixture(scope="module")
 def image_root():
-    """The image's root filesystem (mounted read-only by the test) and its config. .ci/run builds the
-    image before the tests; run alone, this builds it (deploy/build-image.sh, a few minutes once)."""
+    """The image of this checkout (deploy/build-image.sh: its Debian base cached by its package
+    list, a few minutes the first time on a machine, about 20 s after), its root filesystem mounted
+    read-only by the test, and its config. Built here, not by .ci/run, so that the build runs on one
+    xdist worker beside the others' tests; always built, so an image of another checkout is never
+    the one tested."""
     assert shutil.which("buildah") and shutil.which("mmdebstrap"), \
         "buildah and mmdebstrap are missing: install Debian's buildah and mmdebstrap (.ci/run does)"
-    env = {**os.environ, "STORAGE_DRIVER": "vfs"}
-    if subprocess.run(["buildah", "inspect", "--type", "image", IMAGE], capture_output=True,
-                      env=env, timeout=60).returncode != 0:
-        subprocess.run(["bash", str(ROOT / "deploy" / "build-image.sh"), IMAGE], check=True, timeout=1200)
+    subprocess.run(["bash", str(ROOT / "deploy" / "build-image.sh"), IMAGE], check=True, timeout=1200,
+                   stdout=subprocess.DEVNULL)
     config = json.loads(_buildah("inspect", "--type", "image", IMAGE))["OCIv1"]["config"]
     ctr = _buildah("from", "--pull-never", IMAGE)
     try:
