@@ -209,7 +209,10 @@ class _Run:
                     return  # written off while this read was blocked: its result is stale
                 self.done.append((status, value, now - since))
                 since = self.since = now
-                self.cond.notify_all()
+                # No notify: the caller wakes at the start, at the end, or when the item in
+                # progress may have overrun. A wake-up per item cost the EFA collector's 32
+                # devices +1.1 ms of server CPU a scrape (the GIL handed back and forth:
+                # bench/bench_efa.py --baseline-checkout, 2026-11-28).
 
     def end(self) -> None:
         with self.cond:
