@@ -93,6 +93,20 @@ def test_an_xid_line_no_parser_reads_is_counted_as_unparsed_in_every_form(tmp_pa
     assert r.stats.unparsed_faults == 1 and cut in r.stats.last_unparsed_fault
 
 
+def test_a_flood_s_lines_are_readable_and_a_cut_line_after_it_is_still_unparsed(tmp_path):
+    """The reader takes a line starting with the last readable XID's header as readable without
+    parsing it again (a flood); a line that only looks like it is still checked whole."""
+    flood = [f"4,{n},{5_000_000 + n},-;NVRM: Xid (PCI:0000:53:00): 13, pid=42, name=python3, SM {n % 2}"
+             for n in range(50)]
+    cut = "NVRM: Xid (PCI:0000:53:00): 1"  # another XID's header cut short: not the flood's
+    other = "NVRM: Xid (PCI:0000:zz:00): 13, pid=42"  # not a PCI address a parser reads
+    (tmp_path / "log").write_text("\n".join([*flood, f"4,60,6000000000,-;{cut}3x",
+                                             f"4,61,6000000001,-;{other}"]) + "\n")
+    r = KmsgReader(str(tmp_path / "log"))
+    assert len(list(r.read_available())) == 52
+    assert r.stats.unparsed_faults == 1 and other in r.stats.last_unparsed_fault
+
+
 def test_another_program_s_line_is_read_never_counted(tmp_path):
     text = "Nov 27 10:14:09 ip-10-1-2-3 python3[4121]: " + XID94 + "\n-- Boot 3f2a --\n"
     ctx = make_ctx(tmp_path, text)

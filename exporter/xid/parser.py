@@ -109,6 +109,15 @@ def parse_xid(message: str) -> XidReport | None:
     return XidReport(key, xid, pid or None, name or None, gi, action, text[:200])
 
 
+def xid_header(message: str) -> str:
+    """The "NVRM: Xid (PCI:...): N" a readable XID line starts with ("" when it does not start with
+    one): a line with the same header and no further digit after it is the same GPU and XID."""
+    m = _XID_RE.search(message)
+    if m is None or m.start() != 0 or parse_xid(message) is None:
+        return ""
+    return message[:m.end(3)]
+
+
 def parse_message(message: str) -> XidReport | GpuAt | BusLossStart | None:
     """Classify one kernel message. Cheap for the common case (no `NVRM`)."""
     if "NVRM" not in message:
