@@ -12,7 +12,15 @@ import pytest
 import requests
 import yaml
 
-from tests.helpers import ROOT, promtool, refused_address, running_exporter, start_listening, wait_for
+from tests.helpers import (
+    ROOT,
+    promtool,
+    refused_address,
+    running_exporter,
+    start_listening,
+    wait_for,
+    wait_until_serving,
+)
 
 PROM = ROOT / "deploy" / "prometheus"
 UPLOAD = ROOT / "deploy" / "amp" / "upload-rules.sh"
@@ -96,6 +104,8 @@ def _scrape_stored(tmp_path, alertmanager: str) -> tuple[list, list, list]:
              f"--storage.tsdb.path={tmp_path / 'tsdb'}", "--web.listen-address=127.0.0.1:0",
              "--log.level=warn"], tmp_path / "prometheus.log")
         api = f"http://127.0.0.1:{port}/api/v1"
+        # its API answers 503 until the TSDB is open (a loaded host: seconds after it listens)
+        wait_until_serving(f"http://127.0.0.1:{port}/-/ready", proc, 60, "prometheus")
 
         def stored() -> tuple | None:
             try:
