@@ -21,7 +21,7 @@ _DETAIL = re.compile(
     r"  Rank (\d+) (?:has launched up to operation (\d+) |has status (\w+) |has not launched any operations "
     r"|reported (.+?) )?-- (?:GPU (\d+)(?: \(NVML (\d+)\))? managed by process (\d+) on node (\S+)"
     r"|\[process information not found\])")
-_PROCESS = re.compile(r"  Process (\d+) on node (\S+) managing GPUs? \S+(?: \(NVML \S+\))?")
+_PROCESS = re.compile(r"  Process (\d+) on node (\S+) managing GPUs? (\d+)(?:,\d+)*(?: \(NVML \S+\))?")
 _GROUP_OPS = re.compile(r"  (\d+) ranks? (?:has|have) (?:launched up to operation (\d+)|not launched any operations)")
 _GROUP_OTHER = re.compile(r"  (\d+) ranks? (?:has|have) status \w+|  (\d+) ranks? reported (.+)")
 _OLD_MISSING = re.compile(r"  The missing ranks?: ([\d,]+)")
@@ -182,15 +182,19 @@ def parse(data: bytes) -> Report:
             table = max(table, (size, min(size, int(r.group(6)) // comms_in_group)))
     blocks: dict[tuple[int, int, str], _Block] = {}
     dead: set[tuple[str, int]] = set()
+    procs: list[tuple[str, int, int]] = []  # the missing processes the Errors section lists
     timeouts = 0
     for section, entries in (("Errors", _entries(errors)), ("Warnings", _entries(warnings))):
         for header, lines in entries:
             where = f"{section} {header[:40]!r}"
-            if header == "DEAD":
+            if header in ("DEAD", "INCOMPLETE"):
                 for line in lines:
                     p = _PROCESS.fullmatch(line)
                     if p is not None:
-                        dead.add((validate.host(p.group(2), where), validate.pid(int(p.group(1)), where)))
+                        who = (validate.host(p.group(2), where), validate.pid(int(p.group(1)), where))
+                        procs.append((*who, validate.dev(int(p.group(3)), where)))
+                        if header == "DEAD":
+                            dead.add(who)
                 continue
             if header == "TIMEOUT":
                 timeouts += sum(int(t.group(1)) for line in lines if (t := _TIMEOUTS.fullmatch(line)))
@@ -208,6 +212,10 @@ def parse(data: bytes) -> Report:
     lags: list[Lag] = []
     errs: list[tuple[Rank, str]] = []
     for (_g, _i, h), b in blocks.items():
+        if len(procs) == 1 and len(b.missing) == 1 and b.missing[0][2] == -1:
+            # 2.24/2.25 print missing ranks by number only: one rank, one missing process: the same
+            host, pid, gpu = procs[0]
+            b.missing = [(b.missing[0][0], host, pid, gpu, gpu)]
         missing = tuple(Missing(r, host, pid, cuda, nvml, (host, pid) not in dead, (host, pid) in dead)
                         for r, host, pid, cuda, nvml in b.missing)
         comms.append(Communicator(h, b.size, (), missing))
