@@ -12,7 +12,7 @@ from pathlib import Path
 
 def _hex(ip: str, port: int) -> str:
     raw = ipaddress.ip_address(ip).packed
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     return f"{words.hex().upper()}:{port:04X}"
 
 
@@ -33,15 +33,18 @@ def write(root: Path, procs: list[Proc], listeners: list[tuple[str, int, int]]) 
     for i, (ip, port, inode) in enumerate(listeners):
         table = v6 if ":" in ip else v4
         zero = _hex("::" if ":" in ip else "0.0.0.0", 0)
-        table.append(f"{i:4d}: {_hex(ip, port)} {zero} 0A 00000000:00000000 00:00000000 00000000  1000        0 "
-                     f"{inode} 1 0000000000000000 100 0 0 10 0")
+        table.append(
+            f"{i:4d}: {_hex(ip, port)} {zero} 0A 00000000:00000000 00:00000000 00000000  1000        0 "
+            f"{inode} 1 0000000000000000 100 0 0 10 0"
+        )
     for p in procs:
         d = root / str(p.pid)
         (d / "fd").mkdir(parents=True, exist_ok=True)
         (d / "net").mkdir(exist_ok=True)
         (d / "ns").mkdir(exist_ok=True)
-        (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in
-                                             {"PATH": "/usr/bin", **p.env}.items()))
+        (d / "environ").write_bytes(
+            b"".join(f"{k}={v}".encode() + b"\0" for k, v in {"PATH": "/usr/bin", **p.env}.items())
+        )
         (d / "status").write_text(f"Name:\tpython\nPid:\t{p.pid}\nNSpid:\t{p.pid}\t{p.nspid}\n")
         (d / "maps").write_text(p.maps)
         for fd in os.listdir(d / "fd"):

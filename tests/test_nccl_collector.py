@@ -38,30 +38,57 @@ def pool():
 class Node:
     """One simulated node of the 4-node job: the fake server, a procfs tree, the collector."""
 
-    def __init__(self, tmp: Path, pool, server: RasServer, *, node: int = NODE, env: dict[str, str] | None = None,
-                 squatter: bool = False, own: bool = True, maps: str = "",
-                 **cfg: object) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        pool,
+        server: RasServer,
+        *,
+        node: int = NODE,
+        env: dict[str, str] | None = None,
+        squatter: bool = False,
+        own: bool = True,
+        maps: str = "",
+        **cfg: object,
+    ) -> None:
         self.server, self.job = server, server.job
         self.root = tmp / f"proc{node}"
         ranks = [r for r in self.job.ranks if r.host == f"10.1.2.{10 + node}"]
         self.pids = {100 + r.gpu: r for r in ranks}  # host pids 100.., NSpid = the rank's pid
         ring = 900000 + node  # the RAS ring listener on the bootstrap IP, owned by the job
         env = {"NCCL_RAS_ADDR": f"localhost:{server.port}"} if env is None else env
-        procs = [nccl_tree.Proc(hp, r.pid, r.gpu, env, [ring] + ([server.inode] if own and hp == 100 else []),
-                                maps) for hp, r in self.pids.items()]
-        nccl_tree.write(self.root, procs, [(server.host, server.port, server.inode),
-                                            (f"10.1.2.{10 + node}", 41000, ring),
-                                            *([("0.0.0.0", server.port, 424242)] if squatter else [])])
-        overrides = {"paths.procfs": str(self.root), "nccl.enabled": True, "nccl.interval_seconds": 30,
-                     **{f"nccl.{k}": v for k, v in cfg.items()}}
+        procs = [
+            nccl_tree.Proc(
+                hp, r.pid, r.gpu, env, [ring] + ([server.inode] if own and hp == 100 else []), maps
+            )
+            for hp, r in self.pids.items()
+        ]
+        nccl_tree.write(
+            self.root,
+            procs,
+            [
+                (server.host, server.port, server.inode),
+                (f"10.1.2.{10 + node}", 41000, ring),
+                *([("0.0.0.0", server.port, 424242)] if squatter else []),
+            ],
+        )
+        overrides = {
+            "paths.procfs": str(self.root),
+            "nccl.enabled": True,
+            "nccl.interval_seconds": 30,
+            **{f"nccl.{k}": v for k, v in cfg.items()},
+        }
         config = load(None, overrides)
         nvml = NvmlSession(fake_backend(PROFILES["p5.48xlarge"]), pool=pool)
         ctx = compose(config, nvml=nvml, pool=pool)
         nvml.ensure()
         self.uuids = [d.uuid for d in nvml.devices]
         self.c = collectors.collector_classes()["nccl"](
-            ctx, processes=lambda gpus: {hp: r.gpu for hp, r in self.pids.items() if r.gpu in gpus},
-            opener=netns.open_socket, mono=lambda: self.now)
+            ctx,
+            processes=lambda gpus: {hp: r.gpu for hp, r in self.pids.items() if r.gpu in gpus},
+            opener=netns.open_socket,
+            mono=lambda: self.now,
+        )
         self.now = 1000.0  # the collector's clock: each query() is one interval later
         self.c.start()
 
@@ -97,11 +124,14 @@ def make(tmp_path, pool, job):
     made: list[Node | RasServer] = []
 
     def build(version: str = "2.29.7", fault: str = "", host: str = "127.0.0.1", **kw: object) -> Node:
-        server = RasServer(job, version=version, fault=fault, host=host, delay_s=kw.pop("delay_s", 12.0)).start()
+        server = RasServer(
+            job, version=version, fault=fault, host=host, delay_s=kw.pop("delay_s", 12.0)
+        ).start()
         made.append(server)
         n = Node(tmp_path, pool, server, **kw)
         made.append(n)
         return n
+
     yield build
     for m in made:
         m.close()
@@ -125,8 +155,18 @@ def test_a_lagging_rank_is_named_with_its_node_and_gpu(make, job):
     assert value(ss, "nccl_ras_up", gpu="0") == 1
     assert value(ss, "nccl_ras_querier", gpu="0") == 1
     assert culprits(ss) == {("nccl_ras_rank_behind", "10.1.2.11", "13", "5")}
-    assert value(ss, "nccl_ras_rank_behind", gpu="0", peer_ip="10.1.2.11", peer_pid="4013", peer_rank="13",
-                 peer_gpu="5") == 1
+    assert (
+        value(
+            ss,
+            "nccl_ras_rank_behind",
+            gpu="0",
+            peer_ip="10.1.2.11",
+            peer_pid="4013",
+            peer_rank="13",
+            peer_gpu="5",
+        )
+        == 1
+    )
     assert value(ss, "nccl_ras_job_ops_launched", gpu="0", which="max") == 101
     assert value(ss, "nccl_ras_job_ops_launched", gpu="0", which="min") == 100
     assert value(ss, "nccl_ras_collectives_launched_total", gpu="3", op="AllReduce") == 100
@@ -149,12 +189,19 @@ def test_the_laggards_own_node_resolves_it_by_its_endpoint(make, job):
 @pytest.mark.parametrize("version", ["2.24.3", "2.28.7", "2.29.7"])
 def test_missing_and_dead_peers_in_every_version(make, job, version):
     job.kill(21, dead=True)
-    n = make(version=version, node=0, maps=f"7f00 r-xp 0 0:0 1 /usr/lib/libnccl.so.{version}\n",
-             elect=False)
+    n = make(version=version, node=0, maps=f"7f00 r-xp 0 0:0 1 /usr/lib/libnccl.so.{version}\n", elect=False)
     ss = n.query()
     assert value(ss, "nccl_ras_up", gpu="0") == 1
-    assert value(ss, "nccl_ras_info", gpu="0", nccl_version=version,
-                 format="text" if version < "2.28.7" else "json") == 1
+    assert (
+        value(
+            ss,
+            "nccl_ras_info",
+            gpu="0",
+            nccl_version=version,
+            format="text" if version < "2.28.7" else "json",
+        )
+        == 1
+    )
     assert culprits(ss) == {("nccl_ras_peer_missing", "10.1.2.12", "21", "5")}
     assert value(ss, "nccl_ras_job_ranks", gpu="0", state="dead") == 1
 
@@ -169,10 +216,17 @@ def test_a_version_a_query_can_crash_is_never_queried(make, job):
     assert unknown.server.statuses == 0 and not culprits(ss)
 
 
-@pytest.mark.parametrize("fault,result", [
-    ("frozen", "timeout"), ("delay", "timeout"), ("truncated", "protocol_error"), ("huge", "too_large"),
-    ("deep", "protocol_error"), ("zeroed", "ok"),
-])
+@pytest.mark.parametrize(
+    "fault,result",
+    [
+        ("frozen", "timeout"),
+        ("delay", "timeout"),
+        ("truncated", "protocol_error"),
+        ("huge", "too_large"),
+        ("deep", "protocol_error"),
+        ("zeroed", "ok"),
+    ],
+)
 def test_hostile_servers_never_name_a_wrong_rank_nor_hang(make, job, fault, result):
     job.freeze(13)
     job.step(1, "AllGather")
@@ -229,7 +283,9 @@ def test_nccl_ras_addr_and_ipv6(make, job):
 
 def test_one_status_per_job_per_interval_cluster_wide(tmp_path, pool, job):
     server = RasServer(job).start()
-    nodes = [Node(tmp_path, pool, server, node=i, standby_intervals=1000, backup_intervals=1000) for i in range(4)]
+    nodes = [
+        Node(tmp_path, pool, server, node=i, standby_intervals=1000, backup_intervals=1000) for i in range(4)
+    ]
     try:
         for n in nodes:
             n.query()
@@ -241,3 +297,16 @@ def test_one_status_per_job_per_interval_cluster_wide(tmp_path, pool, job):
         for n in nodes:
             n.close()
         server.close()
+
+
+def test_a_scrape_never_waits_for_a_query(make, job):
+    """A server that never answers holds the collector's own thread, not the scrape: the scrape
+    returns while the query is still running, and the query ends at its deadline."""
+    n = make(fault="frozen", node=0, query_timeout_seconds=60.0)
+    n.now += 30
+    ss = samples(n.scrape())  # queues the query
+    assert not n.c.settled(0.0)  # still in flight after the scrape returned
+    assert value(samples(n.scrape()), "nccl_ras_queries_total", result="timeout") == 0
+    assert value(ss, "nccl_ras_queries_total", result="ok") == 0
+    n.server.close()  # the server goes away: the query ends (an error), the thread is free again
+    assert n.c.settled(30.0)

@@ -15,8 +15,13 @@ from exporter.nccl import findings, parse_json, parse_text
 from exporter.nccl.model import ReplyError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
-CASES = ("01-healthy-4node", "02-missing-unresponsive", "03-dead-process", "04-lagging-rank",
-         "05-init-transition")
+CASES = (
+    "01-healthy-4node",
+    "02-missing-unresponsive",
+    "03-dead-process",
+    "04-lagging-rank",
+    "05-init-transition",
+)
 # What fixtures/nccl/README.md says a parser must conclude.
 EXPECTED = {
     "01-healthy-4node": ({}, {}),
@@ -96,8 +101,17 @@ def test_garbage_rank_numbers_discard_the_text_report() -> None:  # NVIDIA/nccl#
 
 def test_zeroed_communicators_are_dropped() -> None:  # NVIDIA/nccl#2346
     doc = json.loads((FIXTURES / "01-healthy-4node.json").read_bytes())
-    doc["communicators"].append({"hash": "0x0", "secondary_hash": "0x0:0x0", "size": 0, "ranks_count": 0,
-                                 "missing_ranks_count": 0, "ranks": [], "missing_ranks": []})
+    doc["communicators"].append(
+        {
+            "hash": "0x0",
+            "secondary_hash": "0x0:0x0",
+            "size": 0,
+            "ranks_count": 0,
+            "missing_ranks_count": 0,
+            "ranks": [],
+            "missing_ranks": [],
+        }
+    )
     doc["communicators_count"] += 1
     r = parse_json.parse(json.dumps(doc).encode())
     assert len(r.communicators) == 9
@@ -115,18 +129,21 @@ def _mutated(path: list[object], value: object) -> bytes:
 WORLD = 8  # the index of the 32-rank communicator in fixture 04 (sorted by hash)
 
 
-@pytest.mark.parametrize("path,value", [
-    (["communicators", WORLD, "ranks", 3, "rank"], 32),  # not below the size
-    (["communicators", WORLD, "ranks", 3, "rank"], 2),  # a repeated rank
-    (["communicators", WORLD, "ranks", 3, "host"], "10.1.2.11\nevil=\"1\""),  # label injection
-    (["communicators", WORLD, "ranks", 3, "pid"], True),  # a bool is no pid
-    (["communicators", WORLD, "ranks", 3, "nvml_dev"], 999),
-    (["communicators", WORLD, "ranks", 3, "collective_counts", "AllReduce"], -1),
-    (["communicators", WORLD, "size"], 0),  # zeroed size with ranks
-    (["communicators", WORLD, "hash"], "b10d"),
-    (["communicators_count"], 3),
-    (["nccl_version"], "abc"),
-])
+@pytest.mark.parametrize(
+    "path,value",
+    [
+        (["communicators", WORLD, "ranks", 3, "rank"], 32),  # not below the size
+        (["communicators", WORLD, "ranks", 3, "rank"], 2),  # a repeated rank
+        (["communicators", WORLD, "ranks", 3, "host"], '10.1.2.11\nevil="1"'),  # label injection
+        (["communicators", WORLD, "ranks", 3, "pid"], True),  # a bool is no pid
+        (["communicators", WORLD, "ranks", 3, "nvml_dev"], 999),
+        (["communicators", WORLD, "ranks", 3, "collective_counts", "AllReduce"], -1),
+        (["communicators", WORLD, "size"], 0),  # zeroed size with ranks
+        (["communicators", WORLD, "hash"], "b10d"),
+        (["communicators_count"], 3),
+        (["nccl_version"], "abc"),
+    ],
+)
 def test_a_bad_field_discards_the_whole_json_reply(path: list[object], value: object) -> None:
     with pytest.raises(ReplyError):
         parse_json.parse(_mutated(path, value))
@@ -167,23 +184,60 @@ def test_any_bytes_parse_or_raise_reply_error(data: bytes) -> None:
 ranks = st.integers(min_value=-5, max_value=2**40)
 
 
-@given(st.lists(st.tuples(ranks, st.sampled_from(["10.0.0.1", "::1", "unknown", "x"]),
-                          st.integers(-3, 2**33), st.integers(-3, 100), st.integers(0, 2**65)),
-                max_size=12),
-       st.integers(-2, 70000), st.sampled_from(["0x0", "0x1f", "zz"]))
+@given(
+    st.lists(
+        st.tuples(
+            ranks,
+            st.sampled_from(["10.0.0.1", "::1", "unknown", "x"]),
+            st.integers(-3, 2**33),
+            st.integers(-3, 100),
+            st.integers(0, 2**65),
+        ),
+        max_size=12,
+    ),
+    st.integers(-2, 70000),
+    st.sampled_from(["0x0", "0x1f", "zz"]),
+)
 def test_hostile_json_communicators_never_name_an_invalid_rank(
-        rows: list[tuple[int, str, int, int, int]], size: int, hash_: str) -> None:
-    comm = {"hash": hash_, "secondary_hash": "0x1:0x2", "size": size, "ranks_count": len(rows),
-            "missing_ranks_count": 0, "missing_ranks": [],
-            "ranks": [{"rank": r, "host": h, "pid": p, "cuda_dev": d, "nvml_dev": d,
-                       "status": {"init_state": 0, "async_error": 0, "finalize_called": False,
-                                  "destroy_flag": False, "abort_flag": False},
-                       "collective_counts": {op: c for op in ("Broadcast", "Reduce", "AllGather",
-                                                              "ReduceScatter", "AllReduce")}}
-                      for r, h, p, d, c in rows]}
-    doc = {"nccl_version": "2.29.7", "cuda_runtime_version": 1, "cuda_driver_version": 1, "timestamp": "",
-           "communicators_count": 1, "communicators": [comm],
-           "ras": {"collection_time_sec": 0.01, "timeouts_count": 0}}
+    rows: list[tuple[int, str, int, int, int]], size: int, hash_: str
+) -> None:
+    comm = {
+        "hash": hash_,
+        "secondary_hash": "0x1:0x2",
+        "size": size,
+        "ranks_count": len(rows),
+        "missing_ranks_count": 0,
+        "missing_ranks": [],
+        "ranks": [
+            {
+                "rank": r,
+                "host": h,
+                "pid": p,
+                "cuda_dev": d,
+                "nvml_dev": d,
+                "status": {
+                    "init_state": 0,
+                    "async_error": 0,
+                    "finalize_called": False,
+                    "destroy_flag": False,
+                    "abort_flag": False,
+                },
+                "collective_counts": {
+                    op: c for op in ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
+                },
+            }
+            for r, h, p, d, c in rows
+        ],
+    }
+    doc = {
+        "nccl_version": "2.29.7",
+        "cuda_runtime_version": 1,
+        "cuda_driver_version": 1,
+        "timestamp": "",
+        "communicators_count": 1,
+        "communicators": [comm],
+        "ras": {"collection_time_sec": 0.01, "timeouts_count": 0},
+    }
     try:
         f = findings.summarise(parse_json.parse(json.dumps(doc).encode()))
     except ReplyError:

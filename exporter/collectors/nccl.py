@@ -40,88 +40,190 @@ class NcclSection(Section):
 
     name: ClassVar[str] = C
     enabled: bool = setting(
-        False, "Query NCCL's RAS of the jobs on this node (--collector.nccl). Off by default: each query is a "
+        False,
+        "Query NCCL's RAS of the jobs on this node (--collector.nccl). Off by default: each query is a "
         "job-wide collective inside the training processes, and some NCCL versions have crashed under it "
-        "(docs/nccl.md, \"Risks\").")
+        '(docs/nccl.md, "Risks").',
+    )
     interval_seconds: float = setting(
-        30.0, "Seconds between two queries of a job by its querier (the other nodes query less often: "
-        "docs/nccl.md, \"Fleet cost\").", check=positive)
+        30.0,
+        "Seconds between two queries of a job by its querier (the other nodes query less often: "
+        'docs/nccl.md, "Fleet cost").',
+        check=positive,
+    )
     query_timeout_seconds: float = setting(
-        15.0, "Deadline of one query, connect to end of reply; a server slower than this is given up "
-        "(result timeout).", check=positive)
+        15.0,
+        "Deadline of one query, connect to end of reply; a server slower than this is given up "
+        "(result timeout).",
+        check=positive,
+    )
     max_reply_bytes: int = setting(
-        16 << 20, "A longer reply is given up (result too_large): about 570 bytes per rank per communicator, "
-        "so 16 MiB covers 4,096 GPUs with 6 communicators each.", check=positive)
+        16 << 20,
+        "A longer reply is given up (result too_large): about 570 bytes per rank per communicator, "
+        "so 16 MiB covers 4,096 GPUs with 6 communicators each.",
+        check=positive,
+    )
     leg_timeout_seconds: int = setting(
-        5, "The TIMEOUT sent to the server: how long one leg of NCCL's collective waits for a peer.",
-        check=positive)
+        5,
+        "The TIMEOUT sent to the server: how long one leg of NCCL's collective waits for a peer.",
+        check=positive,
+    )
     elect: bool = setting(
-        True, "One querier per job, chosen from the replies (world rank 0's node); false: every node "
-        "queries every interval.")
+        True,
+        "One querier per job, chosen from the replies (world rank 0's node); false: every node "
+        "queries every interval.",
+    )
     backup_intervals: int = setting(
-        2, "The backup node (the lowest rank on another node) queries every this many intervals.", check=positive)
+        2,
+        "The backup node (the lowest rank on another node) queries every this many intervals.",
+        check=positive,
+    )
     standby_intervals: int = setting(
-        30, "The other nodes query every max(this, the job's nodes) intervals.", check=positive)
+        30, "The other nodes query every max(this, the job's nodes) intervals.", check=positive
+    )
     query_unknown_text_versions: bool = setting(
-        False, "Query a server that speaks only text (NCCL before 2.28.7) whose version the library file "
-        "name does not give (pip wheels ship libnccl.so.2): it may be 2.26, which a query can crash.")
+        False,
+        "Query a server that speaks only text (NCCL before 2.28.7) whose version the library file "
+        "name does not give (pip wheels ship libnccl.so.2): it may be 2.26, which a query can crash.",
+    )
     max_named_ranks: int = setting(
-        16, "At most this many ranks behind, missing peers and ranks with errors are exported per job (the "
-        "most behind first).", check=non_negative)
+        16,
+        "At most this many ranks behind, missing peers and ranks with errors are exported per job (the "
+        "most behind first).",
+        check=non_negative,
+    )
 
 
-UP = define("nccl_ras_up", "gauge",
-            "1 when this node's last query of the job's RAS was answered and trusted, 0 when it was not; "
-            "gpu: the job's lowest GPU on this node.", G, collector=C)
-INFO = define("nccl_ras_info", "gauge", "Always 1: the NCCL version and the report format of the job's last reply.",
-              G + ("nccl_version", "format"), collector=C)
-ROLE = define("nccl_ras_querier", "gauge",
-              "1 when this node queries the job every interval (its querier), 0 when it queries less often.",
-              G, collector=C)
-QUERIES = define("nccl_ras_queries_total", "counter",
-                 "Queries of RAS by outcome: ok, no_listener, untrusted (a listener not the job's, or a reply "
-                 "that does not know it), timeout, protocol_error, too_large, unsupported (a version a query "
-                 "can crash), error.", ("result",), collector=C)
-DURATION = define("nccl_ras_query_duration_seconds", "gauge", "How long the job's last answered query took.",
-                  G, unit="seconds", collector=C)
-COLLECTION = define("nccl_ras_collection_seconds", "gauge",
-                    "How long NCCL's job-wide collective took for the last reply, as the server says.",
-                    G, unit="seconds", collector=C)
-REPLY_BYTES = define("nccl_ras_reply_bytes", "gauge", "Size of the job's last reply.", G, unit="bytes",
-                     collector=C)
-LAST_REPLY = define("nccl_ras_last_reply_timestamp_seconds", "gauge",
-                    "When this node last had a trusted reply about the job.", G, unit="seconds", collector=C)
-ENDPOINT = define("nccl_ras_endpoint_info", "gauge",
-                  "Always 1 per process of a job on this node: the IP a RAS report gives it (its bootstrap "
-                  "interface: node or pod IP), its pid in its namespace and its GPU; how a peer named by any "
-                  "node's reply is found on its node.", ("gpu", "ip", "pid"), collector=C)
-LAUNCHED = define("nccl_ras_collectives_launched_total", "counter",
-                  "Collective operations the GPU's rank launched in the largest communicator, by op (host-side "
-                  "launches; Send/Recv and CUDA-graph launches are not counted), from this node's last reply.",
-                  ("gpu", "op"), collector=C)
-BEHIND = define("nccl_ras_ops_behind", "gauge",
-                "Operations the GPU's rank is behind the most advanced rank of its communicators, within this "
-                "node's last reply.", ("gpu", "rank"), collector=C)
-ERRORS = define("nccl_ras_rank_errors", "gauge",
-                "1 while the GPU's rank reports an error of `kind` (init, async, abort) in this node's last reply.",
-                ("gpu", "kind"), collector=C)
-JOB_OPS = define("nccl_ras_job_ops_launched", "gauge",
-                 "Operations launched by the most (which=max) and least (which=min) advanced rank of the job's "
-                 "largest communicator, in the querier's last JSON reply; gpu: the job's lowest GPU here.",
-                 G + ("which",), collector=C)
-JOB_RANKS = define("nccl_ras_job_ranks", "gauge",
-                   "Ranks of the job's largest communicator by state (total, reporting, unresponsive, dead), in "
-                   "the querier's last reply.", G + ("state",), collector=C)
-RANK_BEHIND = define("nccl_ras_rank_behind", "gauge",
-                     "Operations a rank of the job is behind the most advanced one, for the ranks behind (at most "
-                     "nccl.max_named_ranks), in the querier's last reply; peer_gpu: its GPU as NCCL names it.",
-                     PEER, collector=C)
-PEER_MISSING = define("nccl_ras_peer_missing", "gauge",
-                      "1 per rank whose process did not answer (state unresponsive) or was declared dead, in the "
-                      "querier's last reply (at most nccl.max_named_ranks).", PEER + ("state",), collector=C)
-RANK_ERROR = define("nccl_ras_rank_error", "gauge",
-                    "1 per rank of the job reporting an error of `kind` (init, async, abort), in the querier's "
-                    "last reply (at most nccl.max_named_ranks).", PEER + ("kind",), collector=C)
+UP = define(
+    "nccl_ras_up",
+    "gauge",
+    "1 when this node's last query of the job's RAS was answered and trusted, 0 when it was not; "
+    "gpu: the job's lowest GPU on this node.",
+    G,
+    collector=C,
+)
+INFO = define(
+    "nccl_ras_info",
+    "gauge",
+    "Always 1: the NCCL version and the report format of the job's last reply.",
+    G + ("nccl_version", "format"),
+    collector=C,
+)
+ROLE = define(
+    "nccl_ras_querier",
+    "gauge",
+    "1 when this node queries the job every interval (its querier), 0 when it queries less often.",
+    G,
+    collector=C,
+)
+QUERIES = define(
+    "nccl_ras_queries_total",
+    "counter",
+    "Queries of RAS by outcome: ok, no_listener, untrusted (a listener not the job's, or a reply "
+    "that does not know it), timeout, protocol_error, too_large, unsupported (a version a query "
+    "can crash), error.",
+    ("result",),
+    collector=C,
+)
+DURATION = define(
+    "nccl_ras_query_duration_seconds",
+    "gauge",
+    "How long the job's last answered query took.",
+    G,
+    unit="seconds",
+    collector=C,
+)
+COLLECTION = define(
+    "nccl_ras_collection_seconds",
+    "gauge",
+    "How long NCCL's job-wide collective took for the last reply, as the server says.",
+    G,
+    unit="seconds",
+    collector=C,
+)
+REPLY_BYTES = define(
+    "nccl_ras_reply_bytes", "gauge", "Size of the job's last reply.", G, unit="bytes", collector=C
+)
+LAST_REPLY = define(
+    "nccl_ras_last_reply_timestamp_seconds",
+    "gauge",
+    "When this node last had a trusted reply about the job.",
+    G,
+    unit="seconds",
+    collector=C,
+)
+ENDPOINT = define(
+    "nccl_ras_endpoint_info",
+    "gauge",
+    "Always 1 per process of a job on this node: the IP a RAS report gives it (its bootstrap "
+    "interface: node or pod IP), its pid in its namespace and its GPU; how a peer named by any "
+    "node's reply is found on its node.",
+    ("gpu", "ip", "pid"),
+    collector=C,
+)
+LAUNCHED = define(
+    "nccl_ras_collectives_launched_total",
+    "counter",
+    "Collective operations the GPU's rank launched in the largest communicator, by op (host-side "
+    "launches; Send/Recv and CUDA-graph launches are not counted), from this node's last reply.",
+    ("gpu", "op"),
+    collector=C,
+)
+BEHIND = define(
+    "nccl_ras_ops_behind",
+    "gauge",
+    "Operations the GPU's rank is behind the most advanced rank of its communicators, within this "
+    "node's last reply.",
+    ("gpu", "rank"),
+    collector=C,
+)
+ERRORS = define(
+    "nccl_ras_rank_errors",
+    "gauge",
+    "1 while the GPU's rank reports an error of `kind` (init, async, abort) in this node's last reply.",
+    ("gpu", "kind"),
+    collector=C,
+)
+JOB_OPS = define(
+    "nccl_ras_job_ops_launched",
+    "gauge",
+    "Operations launched by the most (which=max) and least (which=min) advanced rank of the job's "
+    "largest communicator, in the querier's last JSON reply; gpu: the job's lowest GPU here.",
+    G + ("which",),
+    collector=C,
+)
+JOB_RANKS = define(
+    "nccl_ras_job_ranks",
+    "gauge",
+    "Ranks of the job's largest communicator by state (total, reporting, unresponsive, dead), in "
+    "the querier's last reply.",
+    G + ("state",),
+    collector=C,
+)
+RANK_BEHIND = define(
+    "nccl_ras_rank_behind",
+    "gauge",
+    "Operations a rank of the job is behind the most advanced one, for the ranks behind (at most "
+    "nccl.max_named_ranks), in the querier's last reply; peer_gpu: its GPU as NCCL names it.",
+    PEER,
+    collector=C,
+)
+PEER_MISSING = define(
+    "nccl_ras_peer_missing",
+    "gauge",
+    "1 per rank whose process did not answer (state unresponsive) or was declared dead, in the "
+    "querier's last reply (at most nccl.max_named_ranks).",
+    PEER + ("state",),
+    collector=C,
+)
+RANK_ERROR = define(
+    "nccl_ras_rank_error",
+    "gauge",
+    "1 per rank of the job reporting an error of `kind` (init, async, abort), in the querier's "
+    "last reply (at most nccl.max_named_ranks).",
+    PEER + ("kind",),
+    collector=C,
+)
 
 
 @dataclass
@@ -157,6 +259,7 @@ def nvml_processes(ctx: Context) -> Processes:
             except NvmlError:
                 continue
         return out
+
     return read
 
 
@@ -167,10 +270,15 @@ class NcclCollector(Derived):
     docs_group = "NCCL RAS"
     depends_on = ("workload",)
 
-    def __init__(self, ctx: Context, processes: Processes | None = None, opener: netns.Opener | None = None,
-                 mono: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        processes: Processes | None = None,
+        opener: netns.Opener | None = None,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(ctx)
-        cfg = ctx.config.nccl
+        cfg = ctx.config.nccl  # type: ignore[attr-defined]  # the section this collector declares
         self.cfg = cfg
         self.procfs = ctx.config.paths.procfs
         self.processes = processes or nvml_processes(ctx)
@@ -260,15 +368,19 @@ class NcclCollector(Derived):
         out.add(LAST_REPLY, good.at, gpu=a)
         if self._mono() - job.last_ok_mono >= 3 * self.cfg.interval_seconds:
             return  # a node that queries rarely does not show an old reply as the present
-        mine = {key: w for key, w in f.ranks.items() if w.pid in good.local and (not good.local_ips or w.host in good.local_ips)}
+        mine = {
+            key: w
+            for key, w in f.ranks.items()
+            if w.pid in good.local and (not good.local_ips or w.host in good.local_ips)
+        }
         for key, w in sorted(mine.items(), key=lambda kv: kv[1].rank):
-            gpu = str(good.local[w.pid])
+            local_gpu = str(good.local[w.pid])
             for op, n in zip(OPS, f.counts.get(key, ()), strict=False):
-                out.add(LAUNCHED, n, gpu=gpu, op=op)
+                out.add(LAUNCHED, n, gpu=local_gpu, op=op)
             if f.format == "json" or key in f.behind:
-                out.add(BEHIND, f.behind.get(key, 0), gpu=gpu, rank=str(w.rank))
+                out.add(BEHIND, f.behind.get(key, 0), gpu=local_gpu, rank=str(w.rank))
             for kind in f.errors.get(key, ()):
-                out.add(ERRORS, 1, gpu=gpu, kind=kind)
+                out.add(ERRORS, 1, gpu=local_gpu, kind=kind)
         if job.role not in (election.QUERIER, election.UNKNOWN):
             return  # the job-wide view is the querier's to export: one copy per job
         self._export_job(out, a, f)
@@ -278,17 +390,29 @@ class NcclCollector(Derived):
             out.add(JOB_OPS, f.ops_max, gpu=a, which="max")
             out.add(JOB_OPS, f.ops_min, gpu=a, which="min")
         states = list(f.missing.values())
-        for state, n in (("total", f.size), ("reporting", f.reporting),
-                         ("unresponsive", states.count("unresponsive")), ("dead", states.count("dead"))):
+        for state, n in (
+            ("total", f.size),
+            ("reporting", f.reporting),
+            ("unresponsive", states.count("unresponsive")),
+            ("dead", states.count("dead")),
+        ):
             out.add(JOB_RANKS, n, gpu=a, state=state)
         k = self.cfg.max_named_ranks
 
         def peer(key: tuple[str, int]) -> dict[str, str]:
             w = f.ranks[key]
-            return {"gpu": a, "peer_ip": w.host, "peer_pid": str(w.pid), "peer_rank": str(w.rank),
-                    "peer_gpu": str(w.gpu)}
+            return {
+                "gpu": a,
+                "peer_ip": w.host,
+                "peer_pid": str(w.pid),
+                "peer_rank": str(w.rank),
+                "peer_gpu": str(w.gpu),
+            }
+
         named = [key for key in f.ranks if key[0]]  # a rank without a host cannot be placed
-        for key in sorted((x for x in named if x in f.behind), key=lambda x: (-f.behind[x], f.ranks[x].rank))[:k]:
+        for key in sorted((x for x in named if x in f.behind), key=lambda x: (-f.behind[x], f.ranks[x].rank))[
+            :k
+        ]:
             out.add(RANK_BEHIND, f.behind[key], **peer(key))
         for key in sorted((x for x in named if x in f.missing), key=lambda x: f.ranks[x].rank)[:k]:
             out.add(PEER_MISSING, 1, state=f.missing[key], **peer(key))
@@ -323,13 +447,16 @@ class NcclCollector(Derived):
                 if job is not None:
                     self._record(job, reading)
                 self._cond.notify_all()
-            self.problems.report(w.describe(), "" if reading.result == client.OK else
-                                 f"NCCL RAS {reading.result}: {reading.why}")
+            self.problems.report(
+                w.describe(),
+                "" if reading.result == client.OK else f"NCCL RAS {reading.result}: {reading.why}",
+            )
 
     def _read(self, gpus: list[int], version: str | None) -> JobReading:
         pids = self.processes(gpus)
-        return read_job(self.procfs, pids, self.opener, self.settings, version,
-                        self.cfg.query_unknown_text_versions)
+        return read_job(
+            self.procfs, pids, self.opener, self.settings, version, self.cfg.query_unknown_text_versions
+        )
 
     def _record(self, job: _Job, reading: JobReading) -> None:
         job.queued = False
@@ -346,8 +473,8 @@ class NcclCollector(Derived):
         if reading.version:
             job.version = reading.version
         job.reading = reading
-        f = job.good.findings if job.good else None
-        every = election.every(job.role, f, self.cfg.backup_intervals, self.cfg.standby_intervals)
+        last = job.good.findings if job.good else None
+        every = election.every(job.role, last, self.cfg.backup_intervals, self.cfg.standby_intervals)
         job.due = self._mono() + every * self.cfg.interval_seconds
 
 

@@ -84,8 +84,14 @@ class _Conn:
                 raise QueryFailed(TOO_LARGE, f"the reply exceeds {max_bytes} bytes")
 
 
-def status(connect: Callable[[float], socket.socket], *, timeout_s: float, max_bytes: int,
-           leg_timeout_s: int = 5, allow: Callable[[str], bool] = lambda fmt: True) -> Reply:
+def status(
+    connect: Callable[[float], socket.socket],
+    *,
+    timeout_s: float,
+    max_bytes: int,
+    leg_timeout_s: int = 5,
+    allow: Callable[[str], bool] = lambda fmt: True,
+) -> Reply:
     """Run one STATUS. `connect(timeout)` returns a connected socket. Raises QueryFailed."""
     end = time.monotonic() + timeout_s
     for attempt in (1, 2):
@@ -101,7 +107,11 @@ def status(connect: Callable[[float], socket.socket], *, timeout_s: float, max_b
             hello = conn.line(HANDSHAKE_S)
         except (TimeoutError, QueryFailed) as e:
             sock.close()
-            if attempt == 1 and time.monotonic() < end and not (isinstance(e, QueryFailed) and e.result != TIMEOUT):
+            if (
+                attempt == 1
+                and time.monotonic() < end
+                and not (isinstance(e, QueryFailed) and e.result != TIMEOUT)
+            ):
                 continue  # another SO_REUSEPORT listener may answer a new connection
             if isinstance(e, QueryFailed):
                 raise
@@ -125,8 +135,10 @@ def status(connect: Callable[[float], socket.socket], *, timeout_s: float, max_b
         else:
             raise QueryFailed(PROTOCOL_ERROR, f"unexpected answer to SET FORMAT: {answer[:60]!r}")
         if not allow(fmt):
-            raise QueryFailed(UNSUPPORTED, "the server speaks only text and its NCCL version is not known "
-                                           "to be safe to query")
+            raise QueryFailed(
+                UNSUPPORTED,
+                "the server speaks only text and its NCCL version is not known to be safe to query",
+            )
         conn.send("STATUS")
         return Reply(fmt, conn.rest(max_bytes))
     except TimeoutError:

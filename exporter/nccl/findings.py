@@ -97,7 +97,9 @@ def summarise(report: Report) -> Findings:
         f.behind[key] = max(f.behind.get(key, 0), lag.behind)
     for r, kind in report.error_ranks:
         f.ranks.setdefault((r.host, r.pid), Who(r.rank, r.host, r.pid, r.nvml_dev))
-        f.errors[(r.host, r.pid)] = tuple(k for k in ERROR_KINDS if k == kind or k in f.errors.get((r.host, r.pid), ()))
+        f.errors[(r.host, r.pid)] = tuple(
+            k for k in ERROR_KINDS if k == kind or k in f.errors.get((r.host, r.pid), ())
+        )
     # a process that is gone is not behind: the others wait for it, which `missing` says
     for key in f.missing:
         f.behind.pop(key, None)

@@ -53,31 +53,46 @@ def _int(obj: Any, key: str, where: str, lo: int, hi: int) -> int:
 
 
 def _identity(r: Any, where: str) -> tuple[int, str, int, int, int]:
-    return (_int(r, "rank", where, 0, MAX_RANKS - 1),
-            validate.host(_get(r, "host", str, where), where),
-            validate.pid(_int(r, "pid", where, -1, 2**31), where),
-            validate.dev(_int(r, "cuda_dev", where, -1, 2**31), where),
-            validate.dev(_int(r, "nvml_dev", where, -1, 2**31), where))
+    return (
+        _int(r, "rank", where, 0, MAX_RANKS - 1),
+        validate.host(_get(r, "host", str, where), where),
+        validate.pid(_int(r, "pid", where, -1, 2**31), where),
+        validate.dev(_int(r, "cuda_dev", where, -1, 2**31), where),
+        validate.dev(_int(r, "nvml_dev", where, -1, 2**31), where),
+    )
 
 
 def _rank(r: Any, where: str) -> Rank:
     rank, host, pid, cuda, nvml = _identity(r, where)
     st = _get(r, "status", dict, where)
     counts = _get(r, "collective_counts", dict, where)
-    return Rank(rank, host, pid, cuda, nvml,
-                counts=tuple(_int(counts, op, f"{where}.collective_counts", 0, MAX_COUNT) for op in OPS),
-                init_state=_int(st, "init_state", f"{where}.status", -2**31, 2**31),
-                async_error=_int(st, "async_error", f"{where}.status", -2**31, 2**31),
-                finalize=_get(st, "finalize_called", bool, where),
-                destroy=_get(st, "destroy_flag", bool, where),
-                abort=_get(st, "abort_flag", bool, where))
+    return Rank(
+        rank,
+        host,
+        pid,
+        cuda,
+        nvml,
+        counts=tuple(_int(counts, op, f"{where}.collective_counts", 0, MAX_COUNT) for op in OPS),
+        init_state=_int(st, "init_state", f"{where}.status", -(2**31), 2**31),
+        async_error=_int(st, "async_error", f"{where}.status", -(2**31), 2**31),
+        finalize=_get(st, "finalize_called", bool, where),
+        destroy=_get(st, "destroy_flag", bool, where),
+        abort=_get(st, "abort_flag", bool, where),
+    )
 
 
 def _missing(r: Any, where: str) -> Missing:
     rank, host, pid, cuda, nvml = _identity(r, where)
     st = _get(r, "status", dict, where)
-    return Missing(rank, host, pid, cuda, nvml, _get(st, "unresponsive", bool, where),
-                   _get(st, "considered_dead", bool, where))
+    return Missing(
+        rank,
+        host,
+        pid,
+        cuda,
+        nvml,
+        _get(st, "unresponsive", bool, where),
+        _get(st, "considered_dead", bool, where),
+    )
 
 
 def _communicator(c: Any, where: str) -> Communicator | None:
@@ -88,8 +103,9 @@ def _communicator(c: Any, where: str) -> Communicator | None:
     size = _int(c, "size", where, 0, MAX_RANKS)
     ranks_raw = _get(c, "ranks", list, where)
     missing_raw = _get(c, "missing_ranks", list, where)
-    if _int(c, "ranks_count", where, 0, MAX_RANKS) != len(ranks_raw) or \
-            _int(c, "missing_ranks_count", where, 0, MAX_RANKS) != len(missing_raw):
+    if _int(c, "ranks_count", where, 0, MAX_RANKS) != len(ranks_raw) or _int(
+        c, "missing_ranks_count", where, 0, MAX_RANKS
+    ) != len(missing_raw):
         raise ReplyError(f"{where}: ranks_count or missing_ranks_count differs from its list")
     if size == 0 or int(m.group(1), 16) == 0:
         if ranks_raw or missing_raw:
@@ -116,8 +132,11 @@ def parse(data: bytes) -> Report:
     comms_raw = _get(doc, "communicators", list, where)
     if _int(doc, "communicators_count", where, 0, MAX_COMMUNICATORS) != len(comms_raw):
         raise ReplyError("communicators_count differs from the list")
-    comms = tuple(comm for i, raw in enumerate(comms_raw)
-                  if (comm := _communicator(raw, f"communicators[{i}]")) is not None)
+    comms = tuple(
+        comm
+        for i, raw in enumerate(comms_raw)
+        if (comm := _communicator(raw, f"communicators[{i}]")) is not None
+    )
     ras = _get(doc, "ras", dict, where)
     collection = float(_get(ras, "collection_time_sec", float, "ras"))
     if not 0 <= collection < 1e6:

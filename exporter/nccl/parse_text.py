@@ -20,9 +20,12 @@ _ENTRY = re.compile(r"#(\d+)-(\d+) \(([0-9a-f]{16})\) (INCOMPLETE|ERROR|MISMATCH
 _DETAIL = re.compile(
     r"  Rank (\d+) (?:has launched up to operation (\d+) |has status (\w+) |has not launched any operations "
     r"|reported (.+?) )?-- (?:GPU (\d+)(?: \(NVML (\d+)\))? managed by process (\d+) on node (\S+)"
-    r"|\[process information not found\])")
+    r"|\[process information not found\])"
+)
 _PROCESS = re.compile(r"  Process (\d+) on node (\S+) managing GPUs? (\d+)(?:,\d+)*(?: \(NVML \S+\))?")
-_GROUP_OPS = re.compile(r"  (\d+) ranks? (?:has|have) (?:launched up to operation (\d+)|not launched any operations)")
+_GROUP_OPS = re.compile(
+    r"  (\d+) ranks? (?:has|have) (?:launched up to operation (\d+)|not launched any operations)"
+)
 _GROUP_OTHER = re.compile(r"  (\d+) ranks? (?:has|have) status \w+|  (\d+) ranks? reported (.+)")
 _OLD_MISSING = re.compile(r"  The missing ranks?: ([\d,]+)")
 _TIMEOUTS = re.compile(r"  Encountered (\d+) communication timeouts? while gathering communicator data")
@@ -38,9 +41,9 @@ def _sections(text: str) -> tuple[list[str], list[str], list[str]]:
         w = lines.index("Warnings")
     except ValueError:
         raise ReplyError("no Errors or Warnings section (truncated?)") from None
-    if not e < w or lines[e + 1:e + 2] != ["======"] or lines[w + 1:w + 2] != ["========"]:
+    if not e < w or lines[e + 1 : e + 2] != ["======"] or lines[w + 1 : w + 2] != ["========"]:
         raise ReplyError("Errors and Warnings sections out of shape")
-    return lines[:e], lines[e + 2:w], lines[w + 2:]
+    return lines[:e], lines[e + 2 : w], lines[w + 2 :]
 
 
 def _entries(lines: list[str]) -> list[tuple[str, list[str]]]:
@@ -138,7 +141,10 @@ def _comm_entry(block: _Block, word: str, lines: list[str], where: str) -> None:
     else:  # MISMATCH: a status block, then one block per op
         op_lines: list[str] | None = None
         for line in [*lines, ""]:
-            if _OPS_HEADER.fullmatch(line) or line == "  Communicator ranks have different collective operation counts":
+            if (
+                _OPS_HEADER.fullmatch(line)
+                or line == "  Communicator ranks have different collective operation counts"
+            ):
                 if op_lines is not None:
                     _ops_block(block, op_lines, where)
                 op_lines = []
@@ -216,9 +222,15 @@ def parse(data: bytes) -> Report:
             # 2.24/2.25 print missing ranks by number only: one rank, one missing process: the same
             host, pid, gpu = procs[0]
             b.missing = [(b.missing[0][0], host, pid, gpu, gpu)]
-        missing = tuple(Missing(r, host, pid, cuda, nvml, (host, pid) not in dead, (host, pid) in dead)
-                        for r, host, pid, cuda, nvml in b.missing)
+        missing = tuple(
+            Missing(r, host, pid, cuda, nvml, (host, pid) not in dead, (host, pid) in dead)
+            for r, host, pid, cuda, nvml in b.missing
+        )
         comms.append(Communicator(h, b.size, (), missing))
-        lags += [Lag(h, r, host, pid, nvml, behind) for r, (host, pid, nvml, behind) in b.behind.items() if behind]
+        lags += [
+            Lag(h, r, host, pid, nvml, behind) for r, (host, pid, nvml, behind) in b.behind.items() if behind
+        ]
         errs += b.errors
-    return Report(version, "text", tuple(comms), collection, timeouts, tuple(lags), tuple(errs), frozenset(dead), table)
+    return Report(
+        version, "text", tuple(comms), collection, timeouts, tuple(lags), tuple(errs), frozenset(dead), table
+    )

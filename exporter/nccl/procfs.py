@@ -30,7 +30,10 @@ class Endpoint:
         return f"[{self.ip}]:{self.port}" if self.family == socket.AF_INET6 else f"{self.ip}:{self.port}"
 
 
-LOCALHOST = (Endpoint(socket.AF_INET, "127.0.0.1", DEFAULT_PORT), Endpoint(socket.AF_INET6, "::1", DEFAULT_PORT))
+LOCALHOST = (
+    Endpoint(socket.AF_INET, "127.0.0.1", DEFAULT_PORT),
+    Endpoint(socket.AF_INET6, "::1", DEFAULT_PORT),
+)
 
 
 @dataclass(frozen=True)
@@ -74,14 +77,14 @@ def ras_addr(procfs: str, pid: int) -> str | None:
     data = _read(f"{procfs}/{pid}/environ", MAX_ENVIRON)
     for item in (data or b"").split(b"\0"):
         if item.startswith(b"NCCL_RAS_ADDR="):
-            return item[len(b"NCCL_RAS_ADDR="):].decode("ascii", "replace")[:300]
+            return item[len(b"NCCL_RAS_ADDR=") :].decode("ascii", "replace")[:300]
     return None
 
 
 def _ip(hexaddr: str) -> str:
     raw = bytes.fromhex(hexaddr)
     # procfs prints each 32-bit word in host (little-endian) order
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     return str(ipaddress.ip_address(words))
 
 

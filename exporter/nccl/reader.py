@@ -50,7 +50,9 @@ class JobReading:
     at: float = 0.0  # wall clock of the reply
 
 
-def local_view(root: str, pids: dict[int, int]) -> tuple[dict[int, int], set[str], set[int], list[procfs.Listener]]:
+def local_view(
+    root: str, pids: dict[int, int]
+) -> tuple[dict[int, int], set[str], set[int], list[procfs.Listener]]:
     """(nspid -> GPU, the job's own listening IPs, its socket inodes, the listeners of its network
     namespace) from procfs; `pids`: host pid -> GPU index."""
     local = {ns: gpu for pid, gpu in pids.items() if (ns := procfs.nspid(root, pid)) is not None}
@@ -59,9 +61,15 @@ def local_view(root: str, pids: dict[int, int]) -> tuple[dict[int, int], set[str
     return local, procfs.own_ips(found, owned), owned, found
 
 
-def read_job(root: str, pids: dict[int, int], opener: Opener, settings: Settings,
-             version: str | None = None, allow_unknown_text: bool = False,
-             clock: Callable[[], float] = time.time) -> JobReading:
+def read_job(
+    root: str,
+    pids: dict[int, int],
+    opener: Opener,
+    settings: Settings,
+    version: str | None = None,
+    allow_unknown_text: bool = False,
+    clock: Callable[[], float] = time.time,
+) -> JobReading:
     """Query the RAS of the job whose processes on this node are `pids` (host pid -> GPU index).
     `version`: what an earlier reply said (else the library file mapped tells, if it can)."""
     if not pids:
@@ -94,8 +102,16 @@ def read_job(root: str, pids: dict[int, int], opener: Opener, settings: Settings
     return base
 
 
-def _query(root: str, ref: int, ep: procfs.Endpoint, opener: Opener, settings: Settings,
-           base: JobReading, allow_unknown_text: bool, clock: Callable[[], float]) -> JobReading:
+def _query(
+    root: str,
+    ref: int,
+    ep: procfs.Endpoint,
+    opener: Opener,
+    settings: Settings,
+    base: JobReading,
+    allow_unknown_text: bool,
+    clock: Callable[[], float],
+) -> JobReading:
     def connect(timeout: float) -> socket.socket:
         sock = opener(root, ref, ep.family)
         try:
@@ -111,8 +127,13 @@ def _query(root: str, ref: int, ep: procfs.Endpoint, opener: Opener, settings: S
 
     start = time.monotonic()
     try:
-        reply = client.status(connect, timeout_s=settings.timeout_s, max_bytes=settings.max_bytes,
-                              leg_timeout_s=settings.leg_timeout_s, allow=allow)
+        reply = client.status(
+            connect,
+            timeout_s=settings.timeout_s,
+            max_bytes=settings.max_bytes,
+            leg_timeout_s=settings.leg_timeout_s,
+            allow=allow,
+        )
     except client.QueryFailed as e:
         base.result, base.why, base.took_s = e.result, str(e), time.monotonic() - start
         return base
@@ -129,8 +150,12 @@ def _query(root: str, ref: int, ep: procfs.Endpoint, opener: Opener, settings: S
     f = summarise(report)
     # The reply must know this node's processes of the job: else it is another job's RAS (two
     # jobs of one user share the port) or a squatter's.
-    if not any(w.pid in base.local and (not base.local_ips or w.host in base.local_ips) for w in f.ranks.values()) \
-            and f.format == "json":
+    if (
+        not any(
+            w.pid in base.local and (not base.local_ips or w.host in base.local_ips) for w in f.ranks.values()
+        )
+        and f.format == "json"
+    ):
         base.result, base.why = client.UNTRUSTED, "the reply lists none of the job's processes on this node"
         return base
     base.result, base.findings, base.at = client.OK, f, clock()

@@ -78,7 +78,9 @@ class FakeJob:
 
     def snapshot(self) -> list[FakeRank]:
         with self.lock:
-            return [FakeRank(r.rank, r.host, r.pid, r.gpu, list(r.counts), r.frozen, r.gone) for r in self.ranks]
+            return [
+                FakeRank(r.rank, r.host, r.pid, r.gpu, list(r.counts), r.frozen, r.gone) for r in self.ranks
+            ]
 
 
 def _v(version: str) -> tuple[int, ...]:
@@ -88,22 +90,66 @@ def _v(version: str) -> tuple[int, ...]:
 def render_json(ranks: list[FakeRank], version: str, timeouts: int = 0, zeroed: bool = False) -> bytes:
     """The JSON STATUS document (2.28.7+), pretty-printed as NCCL writes it."""
     live = [r for r in ranks if not r.gone]
-    comm = {"hash": "0x" + WORLD_HASH, "secondary_hash": "0xe617f1be56c659a1:0x23ac287d1824726",
-            "size": len(ranks), "ranks_count": len(live), "missing_ranks_count": len(ranks) - len(live),
-            "ranks": [{"rank": r.rank, "host": r.host, "pid": r.pid, "cuda_dev": r.gpu, "nvml_dev": r.gpu,
-                       "status": {"init_state": 0, "async_error": 0, "finalize_called": False,
-                                  "destroy_flag": False, "abort_flag": False},
-                       "collective_counts": dict(zip(OPS, r.counts, strict=True))} for r in live],
-            "missing_ranks": [{"rank": r.rank, "host": r.host, "pid": r.pid, "cuda_dev": r.gpu, "nvml_dev": r.gpu,
-                               "status": {"unresponsive": True, "considered_dead": r.gone == "dead"}}
-                              for r in ranks if r.gone]}
+    comm = {
+        "hash": "0x" + WORLD_HASH,
+        "secondary_hash": "0xe617f1be56c659a1:0x23ac287d1824726",
+        "size": len(ranks),
+        "ranks_count": len(live),
+        "missing_ranks_count": len(ranks) - len(live),
+        "ranks": [
+            {
+                "rank": r.rank,
+                "host": r.host,
+                "pid": r.pid,
+                "cuda_dev": r.gpu,
+                "nvml_dev": r.gpu,
+                "status": {
+                    "init_state": 0,
+                    "async_error": 0,
+                    "finalize_called": False,
+                    "destroy_flag": False,
+                    "abort_flag": False,
+                },
+                "collective_counts": dict(zip(OPS, r.counts, strict=True)),
+            }
+            for r in live
+        ],
+        "missing_ranks": [
+            {
+                "rank": r.rank,
+                "host": r.host,
+                "pid": r.pid,
+                "cuda_dev": r.gpu,
+                "nvml_dev": r.gpu,
+                "status": {"unresponsive": True, "considered_dead": r.gone == "dead"},
+            }
+            for r in ranks
+            if r.gone
+        ],
+    }
     comms = [comm]
     if zeroed:
-        comms.insert(0, {"hash": "0x0", "secondary_hash": "0x0:0x0", "size": 0, "ranks_count": 0,
-                         "missing_ranks_count": 0, "ranks": [], "missing_ranks": []})
-    doc = {"nccl_version": version, "cuda_runtime_version": 12080, "cuda_driver_version": 12090,
-           "timestamp": time.strftime("%F %T"), "communicators_count": len(comms), "communicators": comms,
-           "ras": {"collection_time_sec": "@TIME@", "timeouts_count": timeouts}}
+        comms.insert(
+            0,
+            {
+                "hash": "0x0",
+                "secondary_hash": "0x0:0x0",
+                "size": 0,
+                "ranks_count": 0,
+                "missing_ranks_count": 0,
+                "ranks": [],
+                "missing_ranks": [],
+            },
+        )
+    doc = {
+        "nccl_version": version,
+        "cuda_runtime_version": 12080,
+        "cuda_driver_version": 12090,
+        "timestamp": time.strftime("%F %T"),
+        "communicators_count": len(comms),
+        "communicators": comms,
+        "ras": {"collection_time_sec": "@TIME@", "timeouts_count": timeouts},
+    }
     text = json.dumps(doc, indent=2).replace('"@TIME@"', "0.010")
     # NCCL prints an empty array as `[`, a blank line, `]`
     text = re.sub(r"( *)(\"\w+\": )\[\]", lambda m: f"{m.group(1)}{m.group(2)}[\n\n{m.group(1)}]", text)
@@ -122,48 +168,76 @@ def render_text(ranks: list[FakeRank], version: str, garbage: bool = False) -> b
     per_node = {h: sum(1 for r in ranks if r.host == h) for h in nodes}
     live_per_node = [sum(1 for r in live if r.host == h) for h in nodes]
     t = "0.01" if _v(version) < (2, 28, 7) else "0.010"
-    out = [f"NCCL version {version} compiled with CUDA 12.9", "CUDA runtime version 12080, driver version 12090", "",
-           "Job summary", "===========", "",
-           "  Nodes  Processes         GPUs  Processes     GPUs",
-           "(total)   per node  per process    (total)  (total)",
-           f"{len(nodes):7d}  {max(per_node.values()):9d}  {1:11d}  {len(ranks):9d}  {len(ranks):7d}", "",
-           f"Communicators... ({t}s)", "=============", "",
-           "Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors",
-           "    #  in group  per comm  per node  per comm  in group"]
+    out = [
+        f"NCCL version {version} compiled with CUDA 12.9",
+        "CUDA runtime version 12080, driver version 12090",
+        "",
+        "Job summary",
+        "===========",
+        "",
+        "  Nodes  Processes         GPUs  Processes     GPUs",
+        "(total)   per node  per process    (total)  (total)",
+        f"{len(nodes):7d}  {max(per_node.values()):9d}  {1:11d}  {len(ranks):9d}  {len(ranks):7d}",
+        "",
+        f"Communicators... ({t}s)",
+        "=============",
+        "",
+        "Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors",
+        "    #  in group  per comm  per node  per comm  in group",
+    ]
     mismatch = len({tuple(r.counts) if not old else sum(r.counts) for r in live}) > 1
     missing = [r for r in ranks if r.gone]
     errors = ",".join(w for w, on in (("INCOMPLETE", missing), ("MISMATCH", mismatch)) if on) or "OK"
     lo, hi = min(x for x in live_per_node if x), max(live_per_node)
     rpn = str(hi) if lo == hi else f"{lo}-{hi}"
-    out += [f"{0:5d}  {1:8d}  {len({r.host for r in live}):8d}  {rpn:>8s}  {len(ranks):8d}  {len(live):8d}  "
-            f"{'UNKNOWN' if old and not live else 'RUNNING':>8s}  {errors:>6s}", "", "Errors", "======", ""]
+    out += [
+        f"{0:5d}  {1:8d}  {len({r.host for r in live}):8d}  {rpn:>8s}  {len(ranks):8d}  {len(live):8d}  "
+        f"{'UNKNOWN' if old and not live else 'RUNNING':>8s}  {errors:>6s}",
+        "",
+        "Errors",
+        "======",
+        "",
+    ]
     unresponsive = [r for r in missing if r.gone == "unresponsive"]
     dead = [r for r in missing if r.gone == "dead"]
-    for word, group, line in (("INCOMPLETE", unresponsive, "Missing communicator data from {n} job process{es}"),
-                              ("DEAD", dead, "{n} job process{es} considered dead (unreachable via the RAS network)")):
+    for word, group, line in (
+        ("INCOMPLETE", unresponsive, "Missing communicator data from {n} job process{es}"),
+        ("DEAD", dead, "{n} job process{es} considered dead (unreachable via the RAS network)"),
+    ):
         if group:
             n = len(group)
             es = "es are" if n > 1 and word == "DEAD" else "es" if n > 1 else " is" if word == "DEAD" else ""
-            out += [word, "  " + line.format(n=n, es=es)] + [f"  Process {r.pid} on node {r.host} managing GPU {r.gpu}"
-                                                             for r in group] + [""]
+            out += (
+                [word, "  " + line.format(n=n, es=es)]
+                + [f"  Process {r.pid} on node {r.host} managing GPU {r.gpu}" for r in group]
+                + [""]
+            )
     if missing:
-        out += [f"#0-0 ({WORLD_HASH}) INCOMPLETE", f"  Missing communicator data from {len(missing)} rank"
-                + ("s" if len(missing) > 1 else "")]
+        out += [
+            f"#0-0 ({WORLD_HASH}) INCOMPLETE",
+            f"  Missing communicator data from {len(missing)} rank" + ("s" if len(missing) > 1 else ""),
+        ]
         if old:
-            out.append(f"  The missing rank{'s' if len(missing) > 1 else ''}: {','.join(str(r.rank) for r in missing)}")
+            numbers = ",".join(str(r.rank) for r in missing)
+            out.append(f"  The missing rank{'s' if len(missing) > 1 else ''}: {numbers}")
         else:
             out += [f"  Rank {r.rank + (1057455228 if garbage else 0)} -- {_who(r)}" for r in missing]
         out.append("")
     out += ["Warnings", "========", ""]
     if mismatch:
         out.append(f"#0-0 ({WORLD_HASH}) MISMATCH")
-        columns = [(None, [sum(r.counts) for r in live])] if old else \
-            [(op, [r.counts[i] for r in live]) for i, op in enumerate(OPS)]
+        columns = (
+            [(None, [sum(r.counts) for r in live])]
+            if old
+            else [(op, [r.counts[i] for r in live]) for i, op in enumerate(OPS)]
+        )
         for op, values in columns:
             if len(set(values)) < 2:
                 continue
-            out.append("  Communicator ranks have different "
-                       + ("collective operation counts" if op is None else f"{op} operation counts"))
+            out.append(
+                "  Communicator ranks have different "
+                + ("collective operation counts" if op is None else f"{op} operation counts")
+            )
             groups: dict[int, list[FakeRank]] = {}
             for r, v in zip(live, values, strict=True):
                 groups.setdefault(v, []).append(r)
@@ -185,17 +259,35 @@ def render_event(r: FakeRank, fmt: str) -> bytes:
     """A PEER_DEAD monitor event (2.29+)."""
     now = time.strftime("%F %T")
     if fmt == "json":
-        return (json.dumps({"timestamp": now, "group": "LIFECYCLE", "event": "PEER_DEAD",
-                            "peer": {"host": r.host, "pid": r.pid, "cuda_devs": "@D@", "nvml_devs": "@D@"},
-                            "details": ""}, indent=2).replace('"@D@"', f"[{r.gpu}]") + "\n").encode()
+        return (
+            json.dumps(
+                {
+                    "timestamp": now,
+                    "group": "LIFECYCLE",
+                    "event": "PEER_DEAD",
+                    "peer": {"host": r.host, "pid": r.pid, "cuda_devs": "@D@", "nvml_devs": "@D@"},
+                    "details": "",
+                },
+                indent=2,
+            ).replace('"@D@"', f"[{r.gpu}]")
+            + "\n"
+        ).encode()
     return f"[{now}] PEER_DEAD: Process {r.pid} on node {r.host} managing GPU {r.gpu} \n".encode()
 
 
 class RasServer:
     """Listens on `host` (127.0.0.1 or ::1), port 0 unless given; a thread per connection."""
 
-    def __init__(self, job: FakeJob, version: str = "2.29.7", host: str = "127.0.0.1", port: int = 0,
-                 fault: str = "", delay_s: float = 12.0, reuse_port: bool = False) -> None:
+    def __init__(
+        self,
+        job: FakeJob,
+        version: str = "2.29.7",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        fault: str = "",
+        delay_s: float = 12.0,
+        reuse_port: bool = False,
+    ) -> None:
         if fault not in FAULTS:
             raise ValueError(f"fault {fault!r}: one of {FAULTS}")
         self.job, self.version, self.fault, self.delay_s = job, version, fault, delay_s
@@ -215,6 +307,7 @@ class RasServer:
     @property
     def inode(self) -> int:
         import os
+
         return os.fstat(self.sock.fileno()).st_ino
 
     def start(self) -> RasServer:
@@ -326,5 +419,5 @@ class RasServer:
         else:
             data = render_text(ranks, self.version, garbage=self.fault == "garbage")
         if self.fault == "truncated":
-            data = data[:len(data) // 2]
+            data = data[: len(data) // 2]
         self._send(conn, data)
