@@ -203,8 +203,8 @@ def nccl() -> list:
         "The rank the job waits for",
         "The rank NCCL's RAS names now, which TrainingJobNcclStalled names once the job stops launching: "
         "the dead, unresponsive, failing or lagging rank with its node and GPU and the cause from that "
-        "node's evidence; or a collective every rank launched (all counts equal). A rank one or two operations "
-        "behind in a running job is normal.",
+        "node's evidence; or a collective every rank launched (all counts equal). A rank one or two "
+        "operations behind in a running job is normal.",
         "none", "one row per named rank",
         instant(f"instance_gpu_training_job:nccl_ras_culprit_cause:info{js()}", "rank"),
         instant(f"instance_training_job:nccl_ras_in_flight{js()}", "in flight"),
