@@ -32,8 +32,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from exporter.nccl.model import OPS
+from exporter.profiles import Profile
+from exporter.simulate.source import Shape, SimSource
 
 HUGE_BYTES = 50 * 1000 * 1000
 WORLD_HASH = "b10db1a1153c041c"
@@ -478,3 +481,176 @@ def write_procfs(root: Path, procs: list[Proc], listeners: list[tuple[str, int, 
         (d / "net" / "tcp6").write_text("\n".join(v6) + "\n")
         if not (d / "ns" / "net").is_symlink():
             os.symlink("/proc/self/ns/net", d / "ns" / "net")
+
+
+# -- the simulated job: a timeline every node of the job shares, and the node's source ------------
+
+ONSET_S = 20.0  # seconds after the server's start when a scenario's fault begins
+DEAD_AFTER_S = 60.0  # NCCL declares an unreachable peer dead after 60 s
+TICK_S = 1.0
+CULPRIT_GPU = 3
+JOB_SCENARIOS = {
+    "nccl-job": "the node's GPUs run ranks of an NCCL 2.29 job whose RAS answers (a fake server: the "
+    "shared one of --simulate.nccl-ras-port, else the node's own for a 2-node job); with slurm-job",
+    "nccl-lagging-rank": f"from {ONSET_S:g}s the rank on GPU {CULPRIT_GPU} of the job's culprit node stops "
+    "launching; the others launch one more collective and wait for it",
+    "nccl-dead-peer": f"from {ONSET_S:g}s the culprit rank's process stops answering; NCCL declares it dead "
+    f"{DEAD_AFTER_S:g}s later",
+    "nccl-collective-hang": f"from {ONSET_S:g}s every rank has launched the same collective and none "
+    "completes (all counts equal and frozen)",
+}
+
+
+class Timeline:
+    """Plays a scenario on a fake job: every rank launches 10 AllReduce a second until the onset,
+    then the fault. The culprit is the rank on GPU CULPRIT_GPU of node `culprit_node`."""
+
+    def __init__(self, job: FakeJob, scenario: str, gpus: int, culprit_node: int = 0) -> None:
+        self.job, self.scenario = job, scenario
+        self.culprit = culprit_node * gpus + min(CULPRIT_GPU, gpus - 1)
+        self.stop = threading.Event()
+        self.t0 = time.monotonic()
+
+    def advance(self, elapsed_s: float) -> None:
+        fault = self.scenario != "nccl-job" and elapsed_s >= ONSET_S
+        if not fault:
+            self.job.step(10)
+            return
+        with self.job.lock:
+            done = self.job.ranks[self.culprit].frozen or self.job.ranks[self.culprit].gone
+        if self.scenario == "nccl-lagging-rank" and not done:
+            self.job.freeze(self.culprit)
+            self.job.step(1, "AllGather")  # the others launch the next collective, then wait in it
+            for r in self.job.ranks:
+                self.job.freeze(r.rank)
+        elif self.scenario == "nccl-dead-peer":
+            if not done:
+                for r in self.job.ranks:
+                    self.job.freeze(r.rank)
+            self.job.kill(self.culprit, dead=elapsed_s >= ONSET_S + DEAD_AFTER_S)
+        elif self.scenario == "nccl-collective-hang" and not done:
+            for r in self.job.ranks:
+                self.job.freeze(r.rank)
+
+    def start(self) -> Timeline:
+        def loop() -> None:
+            while not self.stop.wait(TICK_S):
+                self.advance(time.monotonic() - self.t0)
+
+        threading.Thread(target=loop, name="fake-ras-timeline", daemon=True).start()
+        return self
+
+
+def listening_inode(port: int, host: str = "127.0.0.1") -> int | None:
+    """The inode of the LISTEN socket on host:port in this network namespace (/proc/net/tcp): how
+    a simulated node finds the shared fake server, which another process owns."""
+    want = _hex(host, port)
+    try:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        f = line.split()
+        if len(f) > 9 and f[1] == want and f[3] == "0A":
+            return int(f[9])
+    return None
+
+
+HOST_PID_BASE = 100000  # the simulated node's host pids of the job's processes: base + GPU index
+
+
+def nvml_processes(fake: Any, gpus: int) -> None:
+    """Make the fake NVML list the job's process on each GPU (the nccl collector's processes)."""
+    for g in range(gpus):
+        fake.set_value(
+            g, "nvmlDeviceGetComputeRunningProcesses", [{"pid": HOST_PID_BASE + g, "usedGpuMemory": 0}]
+        )
+
+
+class NcclSimSource(SimSource):
+    """The node's share of an NCCL job: a procfs tree of its processes (environ with
+    NCCL_RAS_ADDR, NSpid, fd links to the RAS sockets, net/tcp with the server's listener) and,
+    without a shared server, a fake server of its own playing the scenario."""
+
+    name = "nccl"
+    scenarios = JOB_SCENARIOS
+
+    def __init__(self, root: Path, profile: Profile, scenarios: set[str]) -> None:
+        super().__init__(root, profile, scenarios)
+        self.port: int | None = None
+        self.node = 0
+        self.server: RasServer | None = None
+        self.timeline: Timeline | None = None
+
+    def configure(self, shape: Shape) -> None:
+        self.port = getattr(shape, "nccl_ras_port", None)
+        self.node = getattr(shape, "nccl_node", None) or 0
+
+    def build(self) -> None:
+        if not self.active:
+            return
+        gpus = self.profile.gpus
+        job = FakeJob.uniform(max(2, self.node + 1), gpus)
+        if self.port:
+            port, inode = self.port, listening_inode(self.port)
+            if inode is None:
+                raise ValueError(
+                    f"--simulate.nccl-ras-port {self.port}: nothing listens on 127.0.0.1:{self.port}"
+                )
+        else:
+            scenario = next((s for s in sorted(self.active) if s != "nccl-job"), "nccl-job")
+            self.server = RasServer(job).start()
+            self.timeline = Timeline(job, scenario, gpus, culprit_node=self.node).start()
+            port, inode = self.server.port, self.server.inode
+        host = job.ranks[self.node * gpus].host
+        ranks = [r for r in job.ranks if r.host == host]
+        ring = 900000 + self.node  # the RAS ring's listener on the bootstrap IP
+        procs = [
+            Proc(
+                HOST_PID_BASE + r.gpu,
+                r.pid,
+                r.gpu,
+                {"NCCL_RAS_ADDR": f"127.0.0.1:{port}"},
+                [ring, inode] if r.gpu == 0 else [ring],
+                "7f00 r-xp 0 0:0 1 /usr/lib/libnccl.so.2.29.7\n",
+            )
+            for r in ranks
+        ]
+        write_procfs(self.root / "proc", procs, [("127.0.0.1", port, inode), (host, 41000, ring)])
+
+    def settings(self) -> dict[str, Any]:
+        return {"nccl.enabled": True, "nccl.interval_seconds": 5.0} if self.active else {}
+
+    def close(self) -> None:
+        if self.timeline is not None:
+            self.timeline.stop.set()
+        if self.server is not None:
+            self.server.close()
+
+
+SOURCE = NcclSimSource
+
+
+def main(argv: list[str] | None = None) -> None:
+    """A shared fake RAS server for the simulated nodes of one job:
+    `python -m exporter.simulate.nccl_ras --nodes 2 --scenario nccl-lagging-rank --culprit-node 1`
+    prints `listening on 127.0.0.1:PORT` and plays the scenario until killed; each node runs with
+    `--scenario slurm-job --scenario nccl-job --simulate.nccl-ras-port PORT --simulate.nccl-node K`."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--scenario", choices=sorted(JOB_SCENARIOS), default="nccl-job")
+    ap.add_argument("--culprit-node", type=int, default=0)
+    ap.add_argument("--version", default="2.29.7")
+    a = ap.parse_args(argv)
+    job = FakeJob.uniform(a.nodes, a.gpus)
+    server = RasServer(job, version=a.version).start()
+    Timeline(job, a.scenario, a.gpus, a.culprit_node).start()
+    print(f"listening on 127.0.0.1:{server.port}", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
