@@ -44,9 +44,14 @@ def test_a_simulated_node_reads_its_jobs_ras(tmp_path):
         runner = Runner(collectors.build(ctx, only=["workload", "nccl"]), 5.0, pool=ctx.pool)
         runner.start()
         try:
-            ss = wait_for(lambda: (s := samples(scrape(runner))) and
-                          value(s, "nccl_ras_queries_total", result="ok") >= 1 and samples(scrape(runner)),
-                          what="a RAS reply")
+            ss = wait_for(
+                lambda: (
+                    (s := samples(scrape(runner)))
+                    and value(s, "nccl_ras_queries_total", result="ok") >= 1
+                    and samples(scrape(runner))
+                ),
+                what="a RAS reply",
+            )
             assert value(ss, "nccl_ras_up", gpu="0") == 1
             assert value(ss, "nccl_ras_querier", gpu="0") == 1  # node 0 hosts world rank 0
             assert value(ss, "nccl_ras_job_ranks", gpu="0", state="total") == 8  # 2 nodes of 4 GPUs

@@ -619,7 +619,7 @@ class NcclSimSource(SimSource):
         write_procfs(self.root / "proc", procs, [("127.0.0.1", port, inode), (host, 41000, ring)])
 
     def settings(self) -> dict[str, Any]:
-        return {"nccl.enabled": True, "nccl.interval_seconds": 5.0} if self.active else {}
+        return {"nccl.enabled": True, "nccl.interval_seconds": 2.0} if self.active else {}
 
     def close(self) -> None:
         if self.timeline is not None:
