@@ -21,7 +21,7 @@ from exporter.simulate.nccl_ras import FakeJob, RasServer
 from exporter.simulate.nvml import fake_backend
 from exporter.workload.model import Workload, WorkloadReading
 from tests import nccl_tree
-from tests.helpers import promtool_check_metrics, samples, test_pool, value
+from tests.helpers import promtool_check_metrics, samples, test_pool, value, wait_for
 
 JOB = Workload(hpc_job="4711")
 NODE = 1  # this node is the job's second host: 10.1.2.11, ranks 8..15
@@ -310,3 +310,21 @@ def test_a_scrape_never_waits_for_a_query(make, job):
     assert value(ss, "nccl_ras_queries_total", result="ok") == 0
     n.server.close()  # the server goes away: the query ends (an error), the thread is free again
     assert n.c.settled(30.0)
+
+
+def test_a_hung_process_listing_is_written_off_and_not_read_again_until_it_returns(make, job):
+    """NVML's process list (or procfs) that blocks: the read is written off at the collector's
+    deadline (exporter.deadline), the job reads as timeout, and is not read again meanwhile."""
+    import threading
+
+    release = threading.Event()
+    n = make(node=0, query_timeout_seconds=0.2)
+    listed = n.c.processes
+    n.c.processes = lambda gpus: (release.wait(60), listed(gpus))[1]
+    try:
+        assert value(n.query(), "nccl_ras_queries_total", result="timeout") == 1
+        assert value(n.query(), "nccl_ras_queries_total", result="timeout") == 2  # blocked: not read again
+        assert n.server.statuses == 0
+    finally:
+        release.set()
+    wait_for(lambda: value(n.query(), "nccl_ras_up", gpu="0") == 1, what="a reply once the listing returned")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from exporter import deadline
 from exporter.catalog import Families, define
 from exporter.collector import Context, Derived, ProblemLog
 from exporter.config import Section, non_negative, positive, setting
@@ -284,6 +285,9 @@ class NcclCollector(Derived):
         self.processes = processes or nvml_processes(ctx)
         self.opener = opener or netns.open_socket
         self.settings = Settings(cfg.query_timeout_seconds, cfg.max_reply_bytes, cfg.leg_timeout_seconds)
+        self.reads = deadline.Deadlines(ctx.pool)
+        # the socket's deadline, plus time to list the job's processes and read procfs
+        self.deadline_s = cfg.query_timeout_seconds * 1.5 + 1.0
         self._mono = mono
         self._cond = threading.Condition()
         self._jobs: dict[Workload, _Job] = {}
@@ -435,11 +439,7 @@ class NcclCollector(Derived):
                     continue
                 self._busy = True
                 gpus, version = list(job.gpus), job.version
-            try:
-                reading = self._read(gpus, version)
-            except Exception as e:  # noqa: BLE001 - a bug in one job's read must not end the thread
-                self.log.exception("reading the RAS of %s", w.describe())
-                reading = JobReading(client.ERROR, f"{type(e).__name__}: {e}")
+            reading = self._read_under_deadline(w, gpus, version)
             with self._cond:
                 self._busy = False
                 self.results[reading.result] += 1
@@ -451,6 +451,20 @@ class NcclCollector(Derived):
                 w.describe(),
                 "" if reading.result == client.OK else f"NCCL RAS {reading.result}: {reading.why}",
             )
+
+    def _read_under_deadline(self, w: Workload, gpus: list[int], version: str | None) -> JobReading:
+        """The job's reading on a pool thread (exporter.deadline). The socket's own deadline ends a
+        query; this one also bounds what else can block (NVML's process list, procfs): past it the
+        read is written off, and the job is not read again until it returns."""
+        o = self.reads.call(("nccl", w), lambda: self._read(gpus, version), self.deadline_s)
+        if o.ok:
+            r: JobReading = o.value
+            return r
+        if o.status == deadline.ERROR:
+            self.log.error("reading the RAS of %s: %s", w.describe(), o.reason)
+        return JobReading(
+            client.TIMEOUT if o.status in (deadline.TIMEOUT, deadline.BLOCKED) else client.ERROR, o.reason
+        )
 
     def _read(self, gpus: list[int], version: str | None) -> JobReading:
         pids = self.processes(gpus)
