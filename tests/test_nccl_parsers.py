@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.nccl import findings, parse_json, parse_text
@@ -246,3 +246,65 @@ def test_hostile_json_communicators_never_name_an_invalid_rank(
         assert 0 <= who.rank < size <= 65536
         assert -1 <= who.gpu <= 63 and (who.pid == -1 or 0 < who.pid <= 4194304)
         assert who.host in ("", "10.0.0.1", "::1")
+
+
+def _serve(sock, reply: bytes, setup: bytes) -> None:
+    """The server side of one session on a socketpair: answer the setup lines, then `reply`."""
+    buf = b""
+    try:
+        answers = iter(setup.split(b"|"))
+        while True:
+            chunk = sock.recv(1024)
+            if not chunk:
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                if line == b"STATUS":
+                    sock.sendall(reply)
+                    return
+                sock.sendall(next(answers) + b"\n")
+    except (OSError, StopIteration):
+        pass
+    finally:
+        sock.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 200_000), st.integers(1, 100_000))
+def test_the_client_never_reads_past_its_byte_cap(size: int, cap: int) -> None:
+    import socket
+    import threading
+
+    from exporter.nccl import client
+
+    mine, theirs = socket.socketpair()
+    t = threading.Thread(target=_serve, args=(theirs, b"x" * size, b"SERVER PROTOCOL 2|OK|OK"), daemon=True)
+    t.start()
+    try:
+        reply = client.status(lambda _timeout: mine, timeout_s=30, max_bytes=cap)
+        assert size <= cap and len(reply.data) == size and reply.format == "json"
+    except client.QueryFailed as e:
+        assert e.result == client.TOO_LARGE and size > cap
+    t.join(30)
+
+
+@pytest.mark.parametrize(
+    "setup,result",
+    [
+        (b"HTTP/1.1 400 Bad Request", "protocol_error"),  # not a RAS server
+        (b"SERVER PROTOCOL 2|ERROR: Invalid timeout value 5", "protocol_error"),
+        (b"SERVER PROTOCOL 2|OK|" + b"y" * 5000, "protocol_error"),  # a line longer than 1024 bytes
+    ],
+)
+def test_the_client_refuses_what_is_not_the_protocol(setup: bytes, result: str) -> None:
+    import socket
+    import threading
+
+    from exporter.nccl import client
+
+    mine, theirs = socket.socketpair()
+    threading.Thread(target=_serve, args=(theirs, b"{}", setup), daemon=True).start()
+    with pytest.raises(client.QueryFailed) as e:
+        client.status(lambda _timeout: mine, timeout_s=30, max_bytes=1 << 20)
+    assert e.value.result == result
