@@ -230,7 +230,6 @@ RANK_ERROR = define(
 @dataclass
 class _Job:
     anchor: int  # the job's lowest GPU index here
-    pids: dict[int, int] = field(default_factory=dict)  # host pid -> GPU
     reading: JobReading | None = None  # the last attempt
     good: JobReading | None = None  # the last trusted reply
     role: str = election.UNKNOWN
