@@ -171,6 +171,47 @@ def io() -> list:
     return [efa, read, write]
 
 
+def nccl() -> list:
+    """NCCL's own view (rules/nccl.yml; the nccl collector, off by default): a separate row."""
+    progress = timeseries_panel(
+        "NCCL collective progress",
+        "Collectives launched by the job's most and least advanced rank (NCCL's RAS, the querier's last "
+        "reply). Flat lines: no rank launches (a stall); a gap between most and least that does not close: "
+        "a rank behind. Empty where the nccl collector is off or RAS answers only in text (NCCL before "
+        "2.28.7).",
+        "none", "2 series per job",
+        query(f"max by (which) (nccl_ras_job_ops_launched{sel()} * on (cluster, instance, gpu) group_left () "
+              f"gpu:nccl_ras_job:info{js()})", "{{which}} advanced rank"),
+    )
+    rate = timeseries_panel(
+        "Collectives launched per GPU",
+        "Collectives per second each GPU's rank launches (NCCL's RAS; the GPUs of the nodes that query it). "
+        "All at 0: the job launches nothing.",
+        "ops", "one series per GPU of the job's querying node",
+        query(_job_gpus(f"sum by (cluster, instance, gpu) (rate(nccl_ras_collectives_launched_total{sel()}"
+                        f"[$__rate_interval]))"), GPU))
+    behind = timeseries_panel(
+        "Ranks behind (NCCL RAS)",
+        "Operations each rank is behind the most advanced one in the same reply (at most 16 ranks, the most "
+        "behind first), by the node IP, rank and GPU NCCL gives.",
+        "none", "at most 16 series per job",
+        query(f"max by (peer_ip, peer_rank, peer_gpu) (nccl_ras_rank_behind{sel()} "
+              f"* on (cluster, instance, gpu) group_left () gpu:nccl_ras_job:info{js()})",
+              "rank {{peer_rank}} on {{peer_ip}} GPU {{peer_gpu}}"),
+        bars=True)
+    culprit = table_panel(
+        "The rank the job waits for",
+        "The rank NCCL's RAS names now, which TrainingJobNcclStalled names once the job stops launching: "
+        "the dead, unresponsive, failing or lagging rank with its node and GPU and the cause from that "
+        "node's evidence; or a collective every rank launched (all counts equal). A rank one or two "
+        "operations behind in a running job is normal.",
+        "none", "one row per named rank",
+        instant(f"instance_gpu_training_job:nccl_ras_culprit_cause:info{js()}", "rank"),
+        instant(f"instance_training_job:nccl_ras_in_flight{js()}", "in flight"),
+        width=24, height=6, gpu_link=True, hide=("hpc_job",))
+    return [culprit, progress, behind, rate]
+
+
 def _variables() -> list:
     cluster = (db.QueryVariable("cluster").label("Cluster").datasource(DS)
                .query("label_values(gpu_health_exporter_build_info, cluster)")
@@ -203,7 +244,7 @@ def build() -> db.Dashboard:
     for v in _variables():
         d = d.with_variable(v)
     rows = (("Job", overview()), ("Activity", activity()), ("Stragglers and faults", faults()),
-            ("EFA and Lustre", io()))
+            ("EFA and Lustre", io()), ("NCCL collective progress", nccl()))
     for title, panels in rows:
         d = d.with_row(db.Row(title))
         for p in panels:

@@ -23,6 +23,9 @@ SHAPE_FLAGS = {
     "efa_devices": "EFA devices (0 to 64, at most the instance family's PCI layout: 32 on p5; "
                    "default: the profile's)",
     "lustre_osts": "OSTs of its FSx for Lustre mount (1 to 4096; default: 8)",
+    "nccl_ras_port": "NCCL job's shared fake RAS server, its port on 127.0.0.1 (`python -m "
+                     "exporter.simulate.nccl_ras`; with --scenario nccl-job)",
+    "nccl_node": "place in that NCCL job (0: the first node)",
 }
 
 PATH_FLAGS = {

@@ -15,7 +15,7 @@ from exporter.metric import Metric, Sample
 _SPECS: dict[str, MetricSpec] = {}
 
 # process_: the exporter's own process metrics, under the names every Prometheus exporter uses.
-DOMAIN_PREFIXES = ("gpu_health_exporter_", "gpu_", "efa_", "lustre_client_", "ec2_", "process_")
+DOMAIN_PREFIXES = ("gpu_health_exporter_", "gpu_", "efa_", "lustre_client_", "ec2_", "nccl_ras_", "process_")
 
 
 @dataclass(frozen=True)

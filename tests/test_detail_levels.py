@@ -156,12 +156,14 @@ def test_rules_and_dashboards_are_fed_by_the_default_config(default_scrape):
                    if n not in specs or specs[n].detail != "default" or not _enabled_by_default(specs[n])}
     assert not_default == {}, "used by rules/dashboards but not exported by the default config"
     event_only = sorted(missing)
-    event_sources = ("instance", "nvswitch", "xid", "lustre", *ON_ONCE_CONFIGURED)
+    event_sources = ("instance", "nvswitch", "xid", "lustre", *ON_ONCE_CONFIGURED, *OFF_BY_DEFAULT)
     assert all(specs[n].collector in event_sources for n in event_only), event_only
 
 
 # Collectors with nothing to read until the node says where: on by default once configured.
 ON_ONCE_CONFIGURED = {"workload": "the workload source (a Slurm mapping directory, cgroups or the kubelet)"}
+# Collectors off by default whose rules stay silent without them (the operator turns them on).
+OFF_BY_DEFAULT = {"nccl": "queries run inside the training processes: docs/nccl.md, \"Risks\""}
 
 
 def _enabled_by_default(spec) -> bool:  # noqa: ANN001
@@ -169,7 +171,8 @@ def _enabled_by_default(spec) -> bool:  # noqa: ANN001
 
     cfg = load(None)
     section = getattr(cfg, spec.collector, None)
-    return section is None or getattr(section, "enabled", True) or spec.collector in ON_ONCE_CONFIGURED
+    return section is None or getattr(section, "enabled", True) or spec.collector in ON_ONCE_CONFIGURED \
+        or spec.collector in OFF_BY_DEFAULT
 
 
 def test_default_stays_within_the_series_budget(default_scrape):

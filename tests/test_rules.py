@@ -41,7 +41,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 def test_there_are_rules_and_suites():
     assert {p.name for p in rule_files()} == {"gpu.yml", "xid.yml", "efa.yml", "fsx.yml", "exporter.yml",
-                                              "fabric.yml", "ec2.yml", "job.yml"}
+                                              "fabric.yml", "ec2.yml", "job.yml", "nccl.yml"}
     assert len(suites()) >= 5
     assert len(alerts()) >= 40
 
@@ -138,7 +138,7 @@ MUST_SURVIVE_RESTART = {
     "LustreClientUnhealthy", "LustreStatsSourceUnreadable", "LustreMountUnresponsive",
     "LustreFilesystemNearlyFull",
     # job health: a restart empties the job's series for a scrape or two (keep_firing_for)
-    "TrainingJobStalled", "TrainingJobStraggler",
+    "TrainingJobStalled", "TrainingJobStraggler", "TrainingJobNcclStalled",
     # the exporter's own: only the one that says no exporter is scraped at all
     "GpuHealthExporterAbsent",
 }

@@ -19,6 +19,10 @@ def fake_backend(profile: Any, scenarios: Sequence[str] = (), latencies: bool = 
     NVML scenarios among `scenarios`."""
     fake = FakeBackend(node_capture(profile, capture or load_capture()), latencies=latencies)
     apply_scenarios(fake, scenarios, profile)
+    if any(s.startswith("nccl-") for s in scenarios):  # the NCCL job's processes on its GPUs
+        from exporter.simulate.nccl_ras import nvml_processes
+
+        nvml_processes(fake, profile.gpus)
     return fake
 
 

@@ -23,11 +23,15 @@ class Shape:
     gpus: int | None = None
     efa_devices: int | None = None
     lustre_osts: int | None = None
+    nccl_ras_port: int | None = None  # the port of its NCCL job's fake RAS server (simulate/nccl_ras.py)
+    nccl_node: int | None = None  # which node of that job this one is
 
     def __post_init__(self) -> None:
         for flag, v, lo, hi in (("--simulate.gpus", self.gpus, 0, MAX_GPUS),
                                 ("--simulate.efa-devices", self.efa_devices, 0, 64),
-                                ("--simulate.lustre-osts", self.lustre_osts, 1, 4096)):
+                                ("--simulate.lustre-osts", self.lustre_osts, 1, 4096),
+                                ("--simulate.nccl-ras-port", self.nccl_ras_port, 1, 65535),
+                                ("--simulate.nccl-node", self.nccl_node, 0, 4095)):
             if v is not None and not lo <= v <= hi:
                 raise ValueError(f"{flag} is {v}; expected an integer from {lo} to {hi}")
 

@@ -1,0 +1,43 @@
+"""Which node of a job queries RAS (pure). A STATUS is a job-wide collective, so a job of N nodes
+whose every node asked each interval would run N collectives per interval. The querier is chosen
+from what any reply says, so every node chooses the same one without talking to the others:
+
+- querier: the node hosting the lowest rank of the largest communicator (world rank 0), queries
+  every interval;
+- backup: the node of the lowest rank on another host, every `backup` intervals: it takes over
+  within that when the querier's exporter is gone;
+- standby: every other node, every max(`standby`, nodes) intervals: revalidates the choice (a new
+  job, new hosts) at a cost of at most one more STATUS per interval, whatever the job's size.
+
+About 1 + 1/backup + 1 STATUS per job per interval, cluster-wide. A node with no reply yet (a new
+job) queries once; a text report (NCCL before 2.28.7) does not list healthy ranks, so it names no
+querier and every node queries (docs/nccl.md, "Fleet cost")."""
+
+from __future__ import annotations
+
+from exporter.nccl.findings import Findings
+
+QUERIER, BACKUP, STANDBY, UNKNOWN = "querier", "backup", "standby", "unknown"
+
+
+def role(f: Findings | None, local_hosts: set[str]) -> str:
+    if f is None or f.format != "json" or not local_hosts:
+        return UNKNOWN
+    order = sorted((w.rank, w.host) for w in f.ranks.values() if w.host)
+    if not order:
+        return UNKNOWN
+    first = order[0][1]
+    if first in local_hosts:
+        return QUERIER
+    second = next((h for _r, h in order if h != first), "")
+    return BACKUP if second in local_hosts else STANDBY
+
+
+def every(r: str, f: Findings | None, backup: int, standby: int) -> int:
+    """How many intervals between this node's queries in role `r`."""
+    if r == BACKUP:
+        return backup
+    if r == STANDBY:
+        nodes = len({w.host for w in f.ranks.values()}) if f is not None else 1
+        return max(standby, nodes)
+    return 1
