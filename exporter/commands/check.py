@@ -54,7 +54,7 @@ def verdict(ctx: Context) -> tuple[Any, list[str]]:
     from exporter import collectors
     from exporter.runner import Runner
 
-    runner = Runner.from_config(collectors.build(ctx, only=["gpu", "health"]), ctx.config, ctx.pool)
+    runner = Runner.from_config(collectors.build(ctx, only=["gpu", "active", "health"]), ctx.config, ctx.pool)
     try:
         runner.collect()
     finally:
