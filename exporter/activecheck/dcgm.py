@@ -23,7 +23,9 @@ from typing import Any
 from exporter.activecheck.result import CheckResult, Finding
 
 EXIT_OK, EXIT_ISOLATE, EXIT_NVVS_KILLED, EXIT_TEST_FAILED, EXIT_NO_HOST_ENGINE = 0, 205, 203, 226, 235
-SEVERITY_ISOLATE = 3  # DCGM_ERROR_ISOLATE (awsome parse-dcgm-results.py: 3 ISOLATE, 2 RESET, 1 MONITOR)
+# dcgmErrorSeverity_t (dcgmlib/dcgm_errors.h): 0 NONE, 1 MONITOR, 2 ISOLATE, 3 UNKNOWN, 4 TRIAGE,
+# 5 CONFIG, 6 RESET. (awsome's parse-dcgm-results.py reads 3 as ISOLATE: that is its own scale.)
+SEVERITY_ISOLATE = 2
 TOP_KEYS = ("DCGM Diagnostic", "DCGM GPU Diagnostic")
 STATUS = {"pass": "pass", "fail": "fail", "warn": "warn", "skip": "skip", "not run": "skip"}
 LEVELS = {"quick": 1, "short": 1, "medium": 2, "long": 3, "xlong": 4}

@@ -115,14 +115,15 @@ def _result(res: str, reason: str, test: str = "", meas: dict[str, float] | None
                        findings=findings, measurements=meas or {})
 
 
-def judge(text: str, exit_code: int | None, size: int, expected: Callable[[int], float | None],
+def judge(text: str, exit_code: int | None, size: int, expected: Callable[[int | None], float | None],
           min_fraction: float) -> CheckResult:
     """The check's result from a finished all_reduce_perf run, judged by busbw at `size` bytes
-    against `min_fraction` x expected(nodes) GB/s (None: bandwidth not judged). Wrong values or
+    against `min_fraction` x expected(nodes) GB/s (None: bandwidth not judged; nodes is None when
+    the output has no rank lines to count them by). Wrong values or
     NCCL/CUDA failures are `fail`; a run that produced no table (a launch that failed: mpirun
     short of slots) is `error`, a tool problem and never a node fault."""
     rep = parse(text)
-    nodes = len(rep.hosts) or 1
+    nodes = len(rep.hosts) or None
     if rep.errors:
         return _result("fail", f"nccl-tests reported: {rep.errors[0]}", COLLECTIVE, exit_code=exit_code)
     if any(r.wrong for r in rep.rows) or (rep.out_of_bounds or 0) > 0:
@@ -136,17 +137,20 @@ def judge(text: str, exit_code: int | None, size: int, expected: Callable[[int],
         sizes = ", ".join(str(x.size) for x in rep.rows[-3:])
         return _result("error", f"no row for {size} bytes in the table (largest sizes: {sizes})",
                        exit_code=exit_code)
-    meas = {"bus_bandwidth_bytes_per_second": r.busbw * GB, "size_bytes": float(size), "nodes": float(nodes)}
+    meas = {"bus_bandwidth_bytes_per_second": r.busbw * GB, "size_bytes": float(size)}
+    if nodes:
+        meas["nodes"] = float(nodes)
+    on = f"on {nodes} node(s)" if nodes else "on the nodes it ran on"
     if exit_code not in (0, None):
         return _result("error", f"all_reduce_perf exited {exit_code}", meas=meas, exit_code=exit_code)
     exp = expected(nodes)
     if exp is None:
-        return _result("pass", f"busbw {r.busbw:.1f} GB/s at {size} bytes on {nodes} node(s); no expected "
+        return _result("pass", f"busbw {r.busbw:.1f} GB/s at {size} bytes {on}; no expected "
                        "value to judge it by", meas=meas, exit_code=exit_code)
     meas["expected_bus_bandwidth_bytes_per_second"] = exp * GB
     floor = exp * min_fraction
     if r.busbw < floor:
-        return _result("fail", f"busbw {r.busbw:.1f} GB/s at {size} bytes on {nodes} node(s), under "
+        return _result("fail", f"busbw {r.busbw:.1f} GB/s at {size} bytes {on}, under "
                        f"{floor:.1f} ({min_fraction:g} x the expected {exp:g})", BANDWIDTH, meas, exit_code)
-    return _result("pass", f"busbw {r.busbw:.1f} GB/s at {size} bytes on {nodes} node(s) (expected "
+    return _result("pass", f"busbw {r.busbw:.1f} GB/s at {size} bytes {on} (expected "
                    f"{exp:g})", meas=meas, exit_code=exit_code)

@@ -114,8 +114,8 @@ class Suite:
         if isinstance(run, CheckResult):
             return run
 
-        def figure(nodes: int) -> float | None:
-            scope = "multi_node" if nodes > 1 else "single_node"
+        def figure(nodes: int | None) -> float | None:
+            scope = self.cfg.nccl_scope if nodes is None else "multi_node" if nodes > 1 else "single_node"
             fig = expected.figure(self.node.instance_type, scope, self.cfg.nccl_expected)
             return fig.busbw_gbps if fig and fig.size_bytes == size else None
 

@@ -43,7 +43,8 @@ VALID = define(
     ("check",), collector="active")
 BUSBW = define(
     "gpu_health_active_nccl_bus_bandwidth_bytes_per_second", "gauge",
-    "all_reduce_perf bus bandwidth at the judged size in the nccl check's last valid result.",
+    "all_reduce_perf bus bandwidth at the judged size in the nccl check's last valid result (nodes: "
+    "how many its rank lines name, 0 when it printed none).",
     ("size_bytes", "nodes"), unit="bytes_per_second", collector="active")
 BUSBW_EXPECTED = define(
     "gpu_health_active_nccl_expected_bus_bandwidth_bytes_per_second", "gauge",
@@ -104,7 +105,7 @@ def export(out: Families, r: CheckResult, now: float) -> None:
         out.add(GPU_RESULT, 1, check=c, gpu=gpu, result=status)
     m: dict[str, Any] = r.measurements
     if c == "nccl" and "bus_bandwidth_bytes_per_second" in m:
-        labels = dict(size_bytes=str(int(m.get("size_bytes", 0))), nodes=str(int(m.get("nodes", 1))))
+        labels = dict(size_bytes=str(int(m.get("size_bytes", 0))), nodes=str(int(m.get("nodes", 0))))
         out.add(BUSBW, m["bus_bandwidth_bytes_per_second"], **labels)
         if "expected_bus_bandwidth_bytes_per_second" in m:
             out.add(BUSBW_EXPECTED, m["expected_bus_bandwidth_bytes_per_second"], **labels)
