@@ -93,5 +93,8 @@ class ActiveSection(Section):
     nccl_expected: dict[str, Any] = setting({}, "Expected busbw (GB/s) per instance family, over the "
                                             "published figures: {p5: {single_node: 450, multi_node: 480}}.",
                                             check=_expected)
+    pass_max_age_seconds: float | None = setting(
+        None, "Opt in to the GpuActiveCheckPassStale alert: a selected check whose last pass is older "
+        "than this (or that never passed) is stale. Null: no such alert for this node.", check=positive)
     min_start_seconds: float = setting(1.0, "A check is not started with less of the budget left.",
                                        check=non_negative)

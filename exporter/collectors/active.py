@@ -50,6 +50,10 @@ BUSBW_EXPECTED = define(
     "gpu_health_active_nccl_expected_bus_bandwidth_bytes_per_second", "gauge",
     "The expected bus bandwidth that result was judged by (published figure or active.nccl_expected).",
     ("size_bytes", "nodes"), unit="bytes_per_second", collector="active")
+PASS_MAX_AGE = define(
+    "gpu_health_active_check_pass_max_age_seconds", "gauge",
+    "active.pass_max_age_seconds, per check of active.checks, when set: the node opted in to the "
+    "GpuActiveCheckPassStale alert.", ("check",), unit="seconds", collector="active")
 READ_OK = define(
     "gpu_health_exporter_active_result_read_success", "gauge",
     "0 when the check's result file exists but cannot be read or is not a result (the log says why).",
@@ -78,7 +82,10 @@ class ActiveCollector(Collector):
             elif check in results:
                 out.add(READ_OK, 1, check=check)
         now = time.time()
-        out.declare(RESULT)
+        cfg = self.ctx.config.active
+        if cfg.pass_max_age_seconds is not None:
+            for check in cfg.checks:
+                out.add(PASS_MAX_AGE, cfg.pass_max_age_seconds, check=check)
         for check, r in results.items():
             export(out, r, now)
         return findings.reasons(results.values(), now)
