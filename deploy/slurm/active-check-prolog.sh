@@ -50,7 +50,7 @@ level=()
 # The command keeps its own budget; `timeout` only bounds a command that could not start its clock.
 # shellcheck disable=SC2086  # GPU_HEALTH_ACTIVE_ARGS is a list of arguments
 out=$(timeout "$((${budget%.*} + 30))" "$exporter" active --checks "$checks" --budget "$budget" \
-      --reuse-pass "$reuse" "${level[@]}" ${GPU_HEALTH_ACTIVE_ARGS:-} 2>&1)
+      --reuse-pass "$reuse" ${level[@]+"${level[@]}"} ${GPU_HEALTH_ACTIVE_ARGS:-} 2>&1)
 status=$?
 summary=$(printf '%s' "$out" | tr '\n' ' ' | tr -cd '[:print:]' | head -c 400)
 case $status in

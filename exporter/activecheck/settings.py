@@ -77,6 +77,9 @@ class ActiveSection(Section):
                               "4 (xlong, 1-2 h).", check=_level)
     dcgm_deadline_seconds: float = setting(1200.0, "Deadline of dcgmi diag.", check=positive)
     dcgmi: str = setting("dcgmi", "DCGM's dcgmi (a path, or a name looked up on PATH).")
+    dcgm_host: str | None = setting(None, "The DCGM host engine dcgmi connects to (--host), e.g. the GPU "
+                                    "Operator's nvidia-dcgm.gpu-operator.svc:5555; null: the local one. "
+                                    "None answering: the check is skipped.")
     nccl_deadline_seconds: float = setting(600.0, "Deadline of all_reduce_perf.", check=positive)
     all_reduce_perf: str = setting("all_reduce_perf", "nccl-tests' all_reduce_perf (a path, or a name "
                                    "looked up on PATH).")

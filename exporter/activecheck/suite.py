@@ -90,7 +90,8 @@ class Suite:
         return nvmlcheck.run(self.node.nvml, self.node.pool, exp)
 
     def run_dcgm(self) -> CheckResult:
-        run = self._tool("dcgm", [self.cfg.dcgmi, "diag", "-r", str(self.cfg.dcgm_level), "-j"],
+        host = ["--host", self.cfg.dcgm_host] if self.cfg.dcgm_host else []
+        run = self._tool("dcgm", [self.cfg.dcgmi, "diag", *host, "-r", str(self.cfg.dcgm_level), "-j"],
                          self.cfg.dcgm_deadline_seconds)
         if isinstance(run, CheckResult):
             return run
