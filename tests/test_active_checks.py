@@ -13,7 +13,6 @@ import pytest
 from exporter.activecheck import result
 from exporter.activecheck.suite import Node, Suite
 from exporter.cli import main
-from exporter.compose import compose
 from exporter.config import load
 from exporter.nvml.backend import NVML_ERROR_NOT_SUPPORTED
 from exporter.nvml.fake import FakeBackend, load_capture

@@ -39,7 +39,8 @@ def put(ctx, r: CheckResult, age_s: float = 10.0) -> None:
 
 
 def dcgm_fail(gpu: str, category: str, isolate: bool = False) -> CheckResult:
-    return CheckResult("dcgm", "fail", "failed", findings=[Finding(gpu, "t", "fail", category, [11], isolate)])
+    f = Finding(gpu, "t", "fail", category, [11], isolate)
+    return CheckResult("dcgm", "fail", "failed", findings=[f])
 
 
 def node_reasons(s):

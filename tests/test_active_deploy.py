@@ -62,4 +62,4 @@ def test_the_job_config_is_valid(docs, tmp_path):
     p = tmp_path / "config.yaml"
     p.write_text(one(docs, "ConfigMap")["data"]["config.yaml"])
     cfg = load(p)
-    assert cfg.active.checks == ["nvml", "dcgm", "nccl"]
+    assert cfg.active.run == ["nvml", "dcgm", "nccl"]

@@ -35,7 +35,8 @@ def test_dcgm3_fail_and_warn_fail_on_persistence_and_keep_the_warning():
 
 def test_dcgm3_with_the_text_dcgmi_prints_first_and_gpu_ids_strings():
     doc = json.loads(text("dcgm3-diag-r1-pass.json"))
-    doc["DCGM GPU Diagnostic"]["test_categories"][0]["tests"][0]["results"] = [{"gpu_ids": "0,1", "status": "PASS"}]
+    first_test = doc["DCGM GPU Diagnostic"]["test_categories"][0]["tests"][0]
+    first_test["results"] = [{"gpu_ids": "0,1", "status": "PASS"}]
     out = "Successfully ran diagnostic for group.\n" + json.dumps(doc)
     findings, _, _ = dcgm.parse(out)
     assert [(f.gpu, f.status) for f in findings[:2]] == [("0", "pass"), ("1", "pass")]
@@ -58,7 +59,8 @@ def test_dcgm4_real_diagnostic_test_object_in_a_full_document_passes_on_8_gpus()
 
 
 def test_dcgm4_isolate_failure_names_the_gpu_and_its_error():
-    res, reason, findings, _ = dcgm.judge(text("dcgm4-diag-r2-fail-isolate-constructed.json"), dcgm.EXIT_ISOLATE)
+    out = text("dcgm4-diag-r2-fail-isolate-constructed.json")
+    res, reason, findings, _ = dcgm.judge(out, dcgm.EXIT_ISOLATE)
     assert res == "fail" and "GPU 3 Hardware/memory (error 11)" in reason
     [f] = [f for f in findings if f.status == "fail"]
     assert (f.gpu, f.category, f.isolate) == ("3", "Hardware", True)
@@ -172,7 +174,8 @@ def test_nccl_rows_with_wrong_values_na_and_exponent_numbers():
 
 
 def test_nccl_missing_size_or_garbage_is_an_error():
-    assert nccl.judge(text("nccl-tests-allreduce-a100x8-single-node.txt"), 0, 16 * GiB, expect(1.0), 0.9).result == "error"
+    single = text("nccl-tests-allreduce-a100x8-single-node.txt")  # its largest size is 1 GiB
+    assert nccl.judge(single, 0, 16 * GiB, expect(1.0), 0.9).result == "error"
     assert nccl.judge("\x00garbage\n" * 5, 0, 16 * GiB, expect(1.0), 0.9).result == "error"
 
 

@@ -77,7 +77,8 @@ def test_pass_then_cached_pass_then_a_failure_drains_and_requeues(prolog_cluster
         wait_for(lambda: "DRAIN" in c.node().get("State", ""), 180, "the node drained", log=ctl)
         n = c.node()
         assert "Prolog" in n.get("Reason", ""), n
-        assert job_state(c, third) in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING"), job_state(c, third)
+        state = job_state(c, third)
+        assert state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING"), state
         assert c.ran.read_text().count("diag") == 2
     finally:
         c.run([need("scancel"), third])

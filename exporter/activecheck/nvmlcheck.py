@@ -65,7 +65,8 @@ def _gpu_findings(call: Callable[[str, tuple[int, ...]], Any], gpu: str, e: Expe
         if e.ecc is not None and isinstance(ecc, list) and len(ecc) == 2:
             cur, pending = bool(ecc[0]), bool(ecc[1])
             if cur != e.ecc:
-                add("ecc", "fail", f"ECC mode is {'on' if cur else 'off'}, expected {'on' if e.ecc else 'off'}")
+                on_off = {True: "on", False: "off"}
+                add("ecc", "fail", f"ECC mode is {on_off[cur]}, expected {on_off[e.ecc]}")
             elif pending != cur:
                 add("ecc", "warn", "an ECC mode change is pending a GPU reset")
             else:
@@ -103,7 +104,8 @@ def _pcie(get: Callable[..., Any], gpu: str) -> list[Finding]:
     if None in (gen, max_gen, width, max_width):
         return []
     if width < max_width:
-        return [Finding(gpu, "pcie", "fail", message=f"PCIe link x{width}, the GPU and slot allow x{max_width}")]
+        return [Finding(gpu, "pcie", "fail",
+                        message=f"PCIe link x{width}, the GPU and slot allow x{max_width}")]
     if gen < max_gen:
         return [Finding(gpu, "pcie", "warn", message=f"PCIe link gen {gen}, the GPU and slot allow gen "
                         f"{max_gen} (an idle GPU may lower it to save power)")]
@@ -149,7 +151,8 @@ def run(session: NvmlSession, pool: Pool, expect: Expect) -> CheckResult:
         findings += _gpu_findings(call, gpu, expect)
     count = len(session.devices)
     if expect.gpus is not None and count < expect.gpus:
-        findings.append(Finding("", "gpu_count", "fail", message=f"NVML lists {count} GPUs, expected {expect.gpus}"))
+        findings.append(Finding("", "gpu_count", "fail",
+                                message=f"NVML lists {count} GPUs, expected {expect.gpus}"))
     failed = [f for f in findings if f.status == "fail"]
     warned = [f for f in findings if f.status == "warn"]
     res = "fail" if failed else "warn" if warned else "pass"

@@ -51,7 +51,7 @@ class ActiveSection(Section):
     name: ClassVar[str] = "active"
     enabled: bool = setting(True, "Export the active checks' results (the daemon only reads their files; "
                             "with none there it exports nothing).")
-    checks: list[str] = setting(list(CHECKS), "The checks the `active` command runs, in this order: "
+    run: list[str] = setting(list(CHECKS), "The checks the `active` command runs, in this order: "
                                 + ", ".join(CHECKS) + ". A check whose tool is missing is skipped.",
                                 check=_checks)
     budget_seconds: float = setting(900.0, "Total time the `active` command may take; a check is not "

@@ -85,8 +85,9 @@ class Suite:
 
     def run_nvml(self) -> CheckResult:
         c = self.cfg
-        exp = nvmlcheck.Expect(self.node.expected_gpus, c.nvml_ecc, c.nvml_persistence, c.nvml_power_limit_watts,
-                               c.nvml_max_sm_clock_mhz, min(c.nvml_call_timeout_seconds, max(self.left(), 0.1)))
+        exp = nvmlcheck.Expect(self.node.expected_gpus, c.nvml_ecc, c.nvml_persistence,
+                               c.nvml_power_limit_watts, c.nvml_max_sm_clock_mhz,
+                               min(c.nvml_call_timeout_seconds, max(self.left(), 0.1)))
         return nvmlcheck.run(self.node.nvml, self.node.pool, exp)
 
     def run_dcgm(self) -> CheckResult:
@@ -146,8 +147,9 @@ class Suite:
             loop.measurements = meas
             return loop
         note = "" if tool.find(self.cfg.fi_pingpong) else f"; no loopback ({self.cfg.fi_pingpong} not found)"
-        return CheckResult("efa", "pass", f"libfabric opens {n} EFA devices{' of ' + str(want) if want else ''}"
-                           f"{note}", exit_code=run.exit_code, tool="fi_info", measurements=meas)
+        of = f" of {want}" if want else ""
+        return CheckResult("efa", "pass", f"libfabric opens {n} EFA devices{of}{note}",
+                           exit_code=run.exit_code, tool="fi_info", measurements=meas)
 
     def _loopback(self) -> CheckResult | None:
         """fi_pingpong between a server and a client on this node over EFA; None when the tool is

@@ -52,7 +52,7 @@ BUSBW_EXPECTED = define(
     ("size_bytes", "nodes"), unit="bytes_per_second", collector="active")
 PASS_MAX_AGE = define(
     "gpu_health_active_check_pass_max_age_seconds", "gauge",
-    "active.pass_max_age_seconds, per check of active.checks, when set: the node opted in to the "
+    "active.pass_max_age_seconds, per check of active.run, when set: the node opted in to the "
     "GpuActiveCheckPassStale alert.", ("check",), unit="seconds", collector="active")
 READ_OK = define(
     "gpu_health_exporter_active_result_read_success", "gauge",
@@ -82,11 +82,11 @@ class ActiveCollector(Collector):
             elif check in results:
                 out.add(READ_OK, 1, check=check)
         now = time.time()
-        cfg = self.ctx.config.active
+        cfg = self.ctx.config.section(ActiveSection)
         if cfg.pass_max_age_seconds is not None:
-            for check in cfg.checks:
+            for check in cfg.run:
                 out.add(PASS_MAX_AGE, cfg.pass_max_age_seconds, check=check)
-        for check, r in results.items():
+        for r in results.values():
             export(out, r, now)
         return findings.reasons(results.values(), now)
 

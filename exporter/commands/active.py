@@ -1,6 +1,6 @@
 """`gpu-health-exporter active`: run the opt-in active checks (docs/active-checks.md).
 
-Runs the checks it finds (nvml, efa, dcgm, nccl; active.checks, or --checks) within a total
+Runs the checks it finds (nvml, efa, dcgm, nccl; active.run, or --checks) within a total
 budget, each under its own deadline, and writes one result file per check to
 <paths.state_dir>/active/, which the daemon exports and its verdict uses. A missing tool is
 `skip`, never `fail`; a check that hangs is killed with its process group (`timeout`).
@@ -23,6 +23,7 @@ from typing import Any
 
 from exporter import node
 from exporter.activecheck import findings, result
+from exporter.activecheck.settings import ActiveSection
 from exporter.activecheck.suite import Node, Suite
 from exporter.collector import Context
 
@@ -34,9 +35,11 @@ EXIT = {"healthy": 0, "degraded": 1, "unknown": 3}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checks", metavar="LIST",
-                   help="Comma-separated checks to run (default: active.checks): " + ", ".join(result.CHECKS))
-    p.add_argument("--budget", type=float, metavar="SECONDS", help="Total budget (default: active.budget_seconds).")
-    p.add_argument("--dcgm-level", type=int, choices=(1, 2, 3, 4), help="dcgmi diag level (default: active.dcgm_level).")
+                   help="Comma-separated checks to run (default: active.run): " + ", ".join(result.CHECKS))
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="Total budget (default: active.budget_seconds).")
+    p.add_argument("--dcgm-level", type=int, choices=(1, 2, 3, 4),
+                   help="dcgmi diag level (default: active.dcgm_level).")
     p.add_argument("--reuse-pass", type=float, metavar="SECONDS",
                    help="Run nothing and exit 0 when every selected check passed (or was skipped) within "
                         "this many seconds.")
@@ -44,10 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def selected(args: argparse.Namespace, ctx: Context) -> list[str]:
-    names = [c.strip() for c in args.checks.split(",") if c.strip()] if args.checks else list(ctx.config.active.checks)
+    names = ([c.strip() for c in args.checks.split(",") if c.strip()] if args.checks
+             else list(ctx.config.section(ActiveSection).run))
     bad = [c for c in names if c not in result.CHECKS]
     if bad:
-        raise ValueError(f"--checks: unknown check {', '.join(bad)}; expected some of {', '.join(result.CHECKS)}")
+        raise ValueError(f"--checks: unknown check {', '.join(bad)}; expected some of "
+                         + ", ".join(result.CHECKS))
     return names
 
 
@@ -71,7 +76,7 @@ def exit_status(results: list[result.CheckResult]) -> int:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    cfg = ctx.config.active
+    cfg = ctx.config.section(ActiveSection)
     try:
         checks = selected(args, ctx)
     except ValueError as e:
@@ -79,7 +84,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         return USAGE_EXIT
     state_dir = ctx.paths.state_dir
     if args.reuse_pass is not None and recent_pass(state_dir, checks, args.reuse_pass, time.time()):
-        print(f"active checks: a pass within {args.reuse_pass:g}s is on record ({', '.join(checks)}); nothing run")
+        print(f"active checks: a pass within {args.reuse_pass:g}s is on record ({', '.join(checks)}); "
+              "nothing run")
         return 0
     if args.dcgm_level is not None:
         cfg.dcgm_level = args.dcgm_level
