@@ -303,9 +303,9 @@ def test_results_are_written_atomically_and_read_back(tmp_path):
     assert back == r and back.last_pass_at == 20.0
     assert [p.name for p in (tmp_path / "active").iterdir()] == ["nccl.json"]  # no temporary left
     (tmp_path / "active" / "dcgm.json").write_text('{"version": 1, "check": "dcgm", "result": "maybe"}')
-    results, problems = result.read_all(tmp_path)
-    assert set(results) == {"nccl"} and "result: expected one of" in problems["dcgm"]
-    assert "dcgm.json" in problems["dcgm"]
+    with pytest.raises(ValueError, match=r"dcgm\.json: result: expected one of"):
+        result.read(tmp_path, "dcgm")
+    assert result.read(tmp_path, "efa") is None
 
 
 def test_validity(tmp_path):
@@ -314,3 +314,20 @@ def test_validity(tmp_path):
     assert not r.valid(now) and r.age_s(now) == pytest.approx(100)
     assert result.CheckResult("dcgm", "fail", finished_at=now - 10, valid_for_s=60).valid(now)
     assert not result.CheckResult("dcgm", "fail", finished_at=now + 3600, valid_for_s=60).valid(now)
+
+
+def test_check_reads_the_recorded_results_as_the_daemon_does(tmp_path, capsys):
+    """`check` runs no tool but its verdict counts a valid failure on record, and not an expired one."""
+    state = tmp_path / "state"
+    now = time.time()
+    failed = result.CheckResult("dcgm", "fail", "failed", started_at=now - 20, finished_at=now - 10,
+                                findings=[result.Finding("2", "memory", "fail", "Hardware", [11])])
+    result.write(state, failed)
+    args = ["check", "--simulate", "p5.48xlarge", "--path.state-dir", str(state), "--json"]
+    assert main(args) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["node"]["verdict"] == "replace_required" and "active_dcgm_hardware" in doc["node"]["reasons"]
+    failed.finished_at, failed.valid_for_s = now - 7200, 3600.0
+    result.write(state, failed)
+    assert main(args) == 0
+    capsys.readouterr()

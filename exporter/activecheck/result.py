@@ -141,21 +141,6 @@ def read(state_dir: str | os.PathLike[str], check: str) -> CheckResult | None:
     return r
 
 
-def read_all(state_dir: str | os.PathLike[str]) -> tuple[dict[str, CheckResult], dict[str, str]]:
-    """Every check's last result, and a problem per check whose file could not be read."""
-    out: dict[str, CheckResult] = {}
-    problems: dict[str, str] = {}
-    for check in CHECKS:
-        try:
-            r = read(state_dir, check)
-        except (OSError, ValueError) as e:
-            problems[check] = str(e)
-            continue
-        if r is not None:
-            out[check] = r
-    return out, problems
-
-
 def write(state_dir: str | os.PathLike[str], r: CheckResult) -> bool:
     """Write `r` as the check's result, carrying over when it last passed. A `skip` says nothing
     about the node, so it never replaces a result that is still valid (a failure is not hidden by

@@ -13,6 +13,7 @@ from exporter.activecheck.result import CheckResult
 from exporter.activecheck.settings import ActiveSection
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context, ProblemLog
+from exporter.state.file import identity_on_disk
 from exporter.xid.verdict import ActiveReasons
 
 RESULT = define(
@@ -71,16 +72,39 @@ class ActiveCollector(Collector):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self.problems = ProblemLog(self.log)
+        # check -> (identity of the file parsed, its result): a file is parsed again only once it
+        # was replaced (the writer renames a new file into place: a new inode)
+        self._parsed: dict[str, tuple[tuple[int, ...], CheckResult]] = {}
+
+    def _read(self, check: str) -> CheckResult | None:
+        ident = identity_on_disk(result.path_of(self.ctx.paths.state_dir, check))
+        if ident is None:
+            self._parsed.pop(check, None)
+            return None
+        hit = self._parsed.get(check)
+        if hit is not None and hit[0] == ident:
+            return hit[1]
+        r = result.read(self.ctx.paths.state_dir, check)  # raises OSError/ValueError naming the file
+        if r is not None:
+            self._parsed[check] = (ident, r)
+        return r
 
     def collect(self, out: Families) -> ActiveReasons:
         """Returns the verdict's reasons from the valid results (the health collector's input)."""
-        results, problems = result.read_all(self.ctx.paths.state_dir)
+        results: dict[str, CheckResult] = {}
         for check in result.CHECKS:
-            self.problems.report(f"active check {check} result", problems.get(check, ""))
-            if check in problems:
+            problem = ""
+            try:
+                r = self._read(check)
+            except (OSError, ValueError) as e:
+                problem, r = str(e), None
+                self._parsed.pop(check, None)
+            self.problems.report(f"active check {check} result", problem)
+            if problem:
                 out.add(READ_OK, 0, check=check)
-            elif check in results:
+            elif r is not None:
                 out.add(READ_OK, 1, check=check)
+                results[check] = r
         now = time.time()
         cfg = self.ctx.config.section(ActiveSection)
         if cfg.pass_max_age_seconds is not None:
