@@ -223,8 +223,9 @@ def gpu_reasons(h: GpuHealth | None, lines: list[XidLine], lost: bool, uptime_s:
 
 
 def node_verdict(gpus: list[GpuVerdict], health: NodeGpuHealth | None, expected: int | None,
-                 sxids: list[SxidLine] | None = None) -> NodeVerdict:
-    reasons: set[str] = sxid_reasons(sxids or [])
+                 sxids: list[SxidLine] | None = None, extra: frozenset[str] = frozenset()) -> NodeVerdict:
+    """`extra`: node reasons of other sources (the active checks')."""
+    reasons: set[str] = sxid_reasons(sxids or []) | extra
     for g in gpus:
         reasons.update(g.reasons)
     count = None
@@ -281,11 +282,6 @@ def judge(gpus: list[GpuInput], health: NodeGpuHealth | None, expected: int | No
         out.append(GpuVerdict(g.gpu, g.uuid, g.pci_bus_id, worst([GPU_REASONS[r] for r in reasons]), reasons,
                               g.xids, g.health.fabric_state if g.health is not None else None))
     out.sort(key=lambda g: (not g.gpu.isdigit(), int(g.gpu) if g.gpu.isdigit() else 0, g.pci_bus_id))
-    nv = node_verdict(out, health, expected, sxids)
     named = {g.gpu for g in gpus}
-    extra = set(active.node).union(*(r for i, r in active.gpus.items() if i not in named))
-    if extra - set(nv.reasons):
-        reasons = set(nv.reasons) | extra
-        nv.reasons = sorted(reasons, key=lambda r: (-LEVEL[ALL_REASONS[r]], r))
-        nv.verdict = worst([ALL_REASONS[r] for r in reasons])
-    return nv
+    extra = active.node.union(*(r for i, r in active.gpus.items() if i not in named))
+    return node_verdict(out, health, expected, sxids, extra)
