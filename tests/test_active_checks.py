@@ -128,6 +128,7 @@ def test_the_budget_cuts_a_running_check_and_skips_the_rest(tmp_path, node):
     assert rs["dcgm"].result == "timeout" and "the rest of the budget" in rs["dcgm"].reason
     assert rs["nccl"].result == "skip" and "budget" in rs["nccl"].reason
     assert not marker.exists()
+    assert result.read(tmp_path / "state", "nccl") is None  # not recorded: a cached pass must not count it
 
 
 @pytest.mark.parametrize(("fixture", "code", "expected", "want"), [

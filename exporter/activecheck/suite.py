@@ -2,7 +2,8 @@
 result as soon as it is known (a suite cut short leaves the results it has).
 
 A check whose tool is missing is `skip`, never `fail`. A check is not started once less than
-`min_start_seconds` of the budget is left (`skip`, saying so); one running is given
+`min_start_seconds` of the budget is left (`skip`, saying so, and not recorded: it says nothing
+of the node, and a cached pass must not count it); one running is given
 min(its deadline, what is left of the budget) and, past that, killed with its process group
 and reported `timeout`.
 """
@@ -53,9 +54,10 @@ class Suite:
         for check in checks:
             started = time.time()
             if self.left() < max(self.cfg.min_start_seconds, 1e-3):
-                r = CheckResult(check, "skip", f"not started: the budget of {self.budget_s:g}s was spent")
-            else:
-                r = getattr(self, f"run_{check}")()
+                out.append(CheckResult(check, "skip", f"not started: the budget of {self.budget_s:g}s was "
+                                       "spent", started_at=started, finished_at=started))
+                continue
+            r = getattr(self, f"run_{check}")()
             r.started_at, r.finished_at = started, time.time()
             r.valid_for_s = self.cfg.valid_for_seconds
             try:

@@ -85,9 +85,8 @@ def run(argv: Sequence[str], timeout_s: float, env: dict[str, str] | None = None
             out, _ = proc.communicate(timeout=KILL_GRACE_S)
         except subprocess.TimeoutExpired:  # a child that left the group still holds the pipe
             proc.kill()
-            for pipe in (proc.stdout,):
-                if pipe is not None:
-                    pipe.close()
+            if proc.stdout is not None:
+                proc.stdout.close()
             proc.wait()
             out = b""
     _kill_group(proc, signal.SIGKILL)  # whatever of the group ignored SIGTERM
