@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from exporter.activecheck import result
 from exporter.activecheck.suite import Node, Suite
@@ -19,7 +20,7 @@ from exporter.nvml.fake import FakeBackend, load_capture
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import PROFILES
 from exporter.simulate.nvml_synth import node_capture
-from tests.helpers import FIXTURES, test_pool, wait_for
+from tests.helpers import FIXTURES, samples, start_exporter, stop_within, test_pool, value, wait_for
 
 DIAG = FIXTURES / "diag"
 GiB = 1 << 30
@@ -332,3 +333,27 @@ def test_check_reads_the_recorded_results_as_the_daemon_does(tmp_path, capsys):
     result.write(state, failed)
     assert main(args) == 0
     capsys.readouterr()
+
+
+def test_the_daemon_exports_what_active_recorded_and_never_runs_a_tool(tmp_path, node, capsys):
+    """`active` records a DCGM failure; the daemon, with a dcgmi that would hang first on its PATH,
+    serves the results and the verdict they give, and never starts a tool itself."""
+    bin_dir, _, _ = node
+    pid_file = tmp_path / "pid"
+    fake_tool(bin_dir, "dcgmi", prints("dcgm4-diag-r2-fail-isolate-constructed.json", 205))
+    state = tmp_path / "state"
+    assert active(tmp_path, capsys, "--checks", "nvml,dcgm")[0] == 2
+    fake_tool(bin_dir, "dcgmi", hangs(pid_file))  # the daemon must never start it
+    pid_file.unlink(missing_ok=True)
+    proc, url, _ = start_exporter(tmp_path, "--simulate", "p5.48xlarge", "--path.state-dir", str(state))
+    try:
+        s = samples(requests.get(url, timeout=30).text)
+        assert value(s, "gpu_health_active_check_result", check="dcgm", result="fail") == 1
+        assert value(s, "gpu_health_active_check_result", check="nvml", result="pass") == 1
+        assert value(s, "gpu_health_active_check_gpu_result", check="dcgm", gpu="3", result="fail") == 1
+        assert value(s, "gpu_health_reason", gpu="3", reason="active_dcgm_hardware") == 1
+        assert value(s, "gpu_node_health_verdict", verdict="replace_required") == 1
+        assert value(s, "gpu_health_active_check_valid", check="dcgm") == 1
+        assert not pid_file.exists()
+    finally:
+        stop_within(proc)
