@@ -75,7 +75,24 @@ def verdict() -> list:
         instant(f"gpu_health_reason{G} == 1", "reason"),
         width=12, height=8, node_link=False, hide=("Value #A", "Value #B"),
         overrides=[_gpu_link(), override("verdict", mappings=value_text(VERDICT_TEXT))])
-    return [node_verdict, reasons, gpus]
+    return [node_verdict, reasons, gpus, active_checks()]
+
+
+def active_checks() -> object:
+    """The opt-in active checks' results (the Verdict row's last panel)."""
+    return table_panel(
+        "Active checks",
+        "The last result of each opt-in active check (`gpu-health-exporter active`: nvml, efa, dcgm, "
+        "nccl; docs/active-checks.md) while it is valid, how long it took, when it ran and when it last "
+        "passed. A failure feeds the verdict as an active_* reason. Empty: no check has run on this node.",
+        "none", "one row per check that has run",
+        instant(f"gpu_health_active_check_result{sel()} == 1", "result"),
+        instant(f"gpu_health_active_check_duration_seconds{sel()}", "duration"),
+        instant(f"gpu_health_active_check_last_run_timestamp_seconds{sel()} * 1000", "last run"),
+        instant(f"gpu_health_active_check_last_pass_timestamp_seconds{sel()} * 1000", "last pass"),
+        width=24, height=6, node_link=False,
+        overrides=[override("duration", unit="s"), override("last run", unit="dateTimeFromNow"),
+                   override("last pass", unit="dateTimeFromNow")])
 
 
 def xids() -> list:

@@ -123,6 +123,7 @@ MUST_SURVIVE_RESTART = {
     "GpuPowerBrakeActive",
     "GpuTemperatureNearSlowdown", "GpuPcieLinkWidthDegraded", "GpuPcieLinkGenerationDegraded",
     "GpuPcieReplayRateHigh", "GpuNvlinkErrorsRising", "GpuNvlinkDown",
+    "GpuActiveCheckFailed", "GpuActiveCheckPassStale",
     # NVSwitch, fabric, EC2
     "NvswitchSxidReplaceNow", "NvswitchSxidRebootRequired", "NvswitchSxidUnknown",
     "NvswitchSxidNonFatalRateHigh",

@@ -20,7 +20,15 @@ from exporter.config import Section, non_negative, setting
 from exporter.node import expected_gpus
 from exporter.xid.parser import pci_key
 from exporter.xid.service import XidService
-from exporter.xid.verdict import FABRIC_GRACE_S, UNRESPONSIVE_S, VERDICTS, GpuInput, NodeVerdict, judge
+from exporter.xid.verdict import (
+    FABRIC_GRACE_S,
+    UNRESPONSIVE_S,
+    VERDICTS,
+    ActiveReasons,
+    GpuInput,
+    NodeVerdict,
+    judge,
+)
 
 G = ("gpu", "uuid", "pci_bus_id")
 
@@ -64,8 +72,9 @@ class HealthCollector(Derived):
     prefix = "gpu_"
     docs_group = "GPU and node health verdicts"
     # Inputs, by collector name: "gpu" -> NodeGpuHealth (None when the GPU collector did not
-    # hand one over in this collection).
-    depends_on = ("gpu",)
+    # hand one over in this collection); "active" -> ActiveReasons from the active checks' valid
+    # results (None: the active collector is off or failed, so they add nothing).
+    depends_on = ("gpu", "active")
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -80,7 +89,7 @@ class HealthCollector(Derived):
         self.service.refresh_acks()
         cfg = self.ctx.config.health
         nv = evaluate(self.service, inputs["gpu"], expected_gpus(self.ctx), cfg.fabric_grace_seconds,
-                      cfg.unresponsive_seconds)
+                      cfg.unresponsive_seconds, inputs.get("active"))
         for g in nv.gpus:
             labels = dict(gpu=g.gpu, uuid=g.uuid, pci_bus_id=g.pci_bus_id)
             for v in VERDICTS:
@@ -97,7 +106,8 @@ class HealthCollector(Derived):
 
 
 def evaluate(service: XidService, health: Any, expected: int | None,
-             fabric_grace_s: float = FABRIC_GRACE_S, unresponsive_s: float = UNRESPONSIVE_S) -> NodeVerdict:
+             fabric_grace_s: float = FABRIC_GRACE_S, unresponsive_s: float = UNRESPONSIVE_S,
+             active: ActiveReasons | None = None) -> NodeVerdict:
     """Gather the verdict's inputs: the GPUs of the GPU collector's reading (else those NVML
     lists) and every address with XIDs, each with its XIDs less acks, and the SXids."""
     rows: dict[str, tuple[str, str, str, Any]] = {}
@@ -121,7 +131,7 @@ def evaluate(service: XidService, health: Any, expected: int | None,
                      s is not None and gpu.isdigit() and int(gpu) in s.lost)
             for k, (gpu, uuid, bus_id, h) in rows.items()]
     return judge(gpus, health, expected, list(snap.sxids), service.kernel_now(), fabric_grace_s,
-                 unresponsive_s)
+                 unresponsive_s, active)
 
 
 COLLECTOR = HealthCollector

@@ -1,7 +1,8 @@
 """`gpu-health-exporter check`: a one-shot health check that needs no running daemon.
 
-Reads NVML once (through the GPU collector), the kernel-log backlog and the daemon's state file
-(read only), then prints the verdict per GPU and for the node as a table or JSON. Exit status:
+Reads NVML once (through the GPU collector), the kernel-log backlog, the daemon's state file
+(read only) and the active checks' valid results (it never runs a check: `active` does), then
+prints the verdict per GPU and for the node as a table or JSON. Exit status:
 0 healthy, 1 degraded, 2 action required (reset, reboot or replace), 3 could not check (NVML
 unusable, or neither the kernel log nor a state file for this boot could be read) unless what
 could be read already shows that action is required. Exit 3 always comes with the node verdict
@@ -54,7 +55,7 @@ def verdict(ctx: Context) -> tuple[Any, list[str]]:
     from exporter import collectors
     from exporter.runner import Runner
 
-    runner = Runner.from_config(collectors.build(ctx, only=["gpu", "health"]), ctx.config, ctx.pool)
+    runner = Runner.from_config(collectors.build(ctx, only=["gpu", "active", "health"]), ctx.config, ctx.pool)
     try:
         runner.collect()
     finally:

@@ -50,6 +50,12 @@ GPU_REASONS: dict[str, str] = {
     "fabric_not_completed": "reboot_required",
     "fabric_status_error": "reboot_required",
     "fabric_health": "degraded",
+    # Active checks (exporter.activecheck.findings), while their result is valid: a DCGM failure
+    # counts as its category says; an NVML check off its expected value is a configuration to fix
+    "active_dcgm_hardware": "replace_required",
+    "active_dcgm_integration": "reboot_required",
+    "active_dcgm_other": "degraded",
+    "active_nvml": "degraded",
 }
 NODE_REASONS: dict[str, str] = {
     "gpu_count_below_expected": "reboot_required",
@@ -58,6 +64,15 @@ NODE_REASONS: dict[str, str] = {
     "sxid_replace": "replace_required",
     "sxid_reboot": "reboot_required",
     "sxid_unknown": "degraded",
+    # Active checks about the node, or about a GPU the tool did not name: bandwidth under the
+    # instance type's expected value is degraded, never an action
+    "active_dcgm_hardware": "replace_required",
+    "active_dcgm_integration": "reboot_required",
+    "active_dcgm_other": "degraded",
+    "active_nvml": "degraded",
+    "active_nccl_bandwidth": "degraded",
+    "active_nccl_failed": "degraded",
+    "active_efa": "degraded",
 }
 SXID_TIER_REASON = {"replace": "sxid_replace", "reboot": "sxid_reboot", "unknown": "sxid_unknown"}
 UNRESPONSIVE_S = 60.0  # health.unresponsive_seconds: a GPU not answering this long needs a reboot
@@ -89,6 +104,8 @@ RUNBOOK: dict[str, str] = {
     "gpu_count_below_expected": "GpuCountBelowExpected", "nvml_unavailable": "GpuCountBelowExpected",
     "sxid_replace": "NvswitchSxidReplaceNow", "sxid_reboot": "NvswitchSxidRebootRequired",
     "sxid_unknown": "NvswitchSxidUnknown",
+    **dict.fromkeys(("active_dcgm_hardware", "active_dcgm_integration", "active_dcgm_other", "active_nvml",
+                     "active_nccl_bandwidth", "active_nccl_failed", "active_efa"), "GpuActiveCheckFailed"),
 }
 # Reasons an `ack` clears (the sticky XID ones); the others last as long as the NVML state does.
 ACKABLE = frozenset(TIER_REASON.values())
@@ -206,8 +223,9 @@ def gpu_reasons(h: GpuHealth | None, lines: list[XidLine], lost: bool, uptime_s:
 
 
 def node_verdict(gpus: list[GpuVerdict], health: NodeGpuHealth | None, expected: int | None,
-                 sxids: list[SxidLine] | None = None) -> NodeVerdict:
-    reasons: set[str] = sxid_reasons(sxids or [])
+                 sxids: list[SxidLine] | None = None, extra: frozenset[str] = frozenset()) -> NodeVerdict:
+    """`extra`: node reasons of other sources (the active checks')."""
+    reasons: set[str] = sxid_reasons(sxids or []) | extra
     for g in gpus:
         reasons.update(g.reasons)
     count = None
@@ -223,6 +241,15 @@ def node_verdict(gpus: list[GpuVerdict], health: NodeGpuHealth | None, expected:
     verdict = worst([ALL_REASONS[r] for r in reasons])
     ordered = sorted(reasons, key=lambda r: (-LEVEL[ALL_REASONS[r]], r))
     return NodeVerdict(verdict, ordered, gpus, count, expected, list(sxids or []))
+
+
+@dataclass(frozen=True)
+class ActiveReasons:
+    """Reasons from the active checks' valid results (exporter.activecheck.findings): per GPU
+    index, and the node's own. An expired result gives none: absent, never healthy."""
+
+    gpus: dict[str, frozenset[str]] = field(default_factory=dict)
+    node: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -241,14 +268,20 @@ class GpuInput:
 
 def judge(gpus: list[GpuInput], health: NodeGpuHealth | None, expected: int | None,
           sxids: list[SxidLine] | None = None, uptime_s: float | None = None,
-          fabric_grace_s: float = FABRIC_GRACE_S, unresponsive_s: float = UNRESPONSIVE_S) -> NodeVerdict:
+          fabric_grace_s: float = FABRIC_GRACE_S, unresponsive_s: float = UNRESPONSIVE_S,
+          active: ActiveReasons | None = None) -> NodeVerdict:
     """The node and per-GPU verdicts from their inputs (fabric registration judged once
     `fabric_grace_s` of uptime have passed; a GPU not answering for `unresponsive_s` needs a
-    reboot)."""
+    reboot; `active`: the active checks' reasons, a GPU's that no input names the node's)."""
     out = []
+    active = active or ActiveReasons()
     for g in gpus:
         reasons = gpu_reasons(g.health, g.xids, g.lost, uptime_s, fabric_grace_s, unresponsive_s)
+        if active.gpus.get(g.gpu):
+            reasons = sorted(set(reasons) | active.gpus[g.gpu], key=lambda r: (-LEVEL[GPU_REASONS[r]], r))
         out.append(GpuVerdict(g.gpu, g.uuid, g.pci_bus_id, worst([GPU_REASONS[r] for r in reasons]), reasons,
                               g.xids, g.health.fabric_state if g.health is not None else None))
     out.sort(key=lambda g: (not g.gpu.isdigit(), int(g.gpu) if g.gpu.isdigit() else 0, g.pci_bus_id))
-    return node_verdict(out, health, expected, sxids)
+    named = {g.gpu for g in gpus}
+    extra = active.node.union(*(r for i, r in active.gpus.items() if i not in named))
+    return node_verdict(out, health, expected, sxids, extra)
