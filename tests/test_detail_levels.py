@@ -161,7 +161,8 @@ def test_rules_and_dashboards_are_fed_by_the_default_config(default_scrape):
 
 
 # Collectors with nothing to read until the node says where: on by default once configured.
-ON_ONCE_CONFIGURED = {"workload": "the workload source (a Slurm mapping directory, cgroups or the kubelet)"}
+ON_ONCE_CONFIGURED = {"workload": "the workload source (a Slurm mapping directory, cgroups or the kubelet)",
+                      "active": "the result files the `active` command writes (docs/active-checks.md)"}
 # Collectors off by default whose rules stay silent without them (the operator turns them on).
 OFF_BY_DEFAULT = {"nccl": "queries run inside the training processes: docs/nccl.md, \"Risks\""}
 
