@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from exporter import runbooks, share
+from exporter import helmchart, runbooks, share
 from exporter.rules import DEFAULT_RUNBOOK_BASE, check_base, rebase
 
 ROOT = share.CHECKOUT
@@ -141,6 +141,7 @@ def expected() -> dict[Path, str]:
     out = {RULES_OUT: prometheus_rules()}
     out.update({DASHBOARDS_OUT / n: t for n, t in dashboard_configmaps().items()})
     out.update({RUNBOOKS_OUT / n: t for n, t in runbooks_component().items()})
+    out.update(helmchart.expected())
     return out
 
 
@@ -151,7 +152,7 @@ def stale() -> list[Path]:
     for d in (DASHBOARDS_OUT, RUNBOOKS_OUT):
         if d.exists():
             bad += [p for p in sorted(d.glob("*.yaml")) if p not in want]
-    return bad
+    return bad + helmchart.strays(want)
 
 
 def render_copy(out: Path, base: str, src: Path | None = None) -> int:
@@ -188,8 +189,12 @@ def regenerate() -> int:
             if p not in want:
                 p.unlink()
                 print(f"removed {p.relative_to(ROOT)}")
+    for p in helmchart.strays(want):
+        p.unlink()
+        print(f"removed {p.relative_to(ROOT)}")
     for p, text in want.items():
         if not p.exists() or p.read_text() != text:
+            p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text)
             print(f"wrote {p.relative_to(ROOT)}")
     return 0
