@@ -20,12 +20,14 @@ own prose and test):
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from exporter import __version__, deploymodel as m, runbooks, share
+from exporter import __version__, runbooks, share
+from exporter import deploymodel as m
 from exporter.rules import DEFAULT_RUNBOOK_BASE
 
 CHART = share.CHECKOUT / "deploy" / "helm" / m.NAME
@@ -55,7 +57,7 @@ def _selection(ds: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
     for t in terms:
         (e,) = t["matchExpressions"]
         if e["operator"] != "In":
-            raise ValueError(f"base DaemonSet: node affinity term on {e['key']}: only `In` terms are modelled")
+            raise ValueError(f"base DaemonSet: node affinity term on {e['key']}: only `In` is modelled")
         if e["key"] == INSTANCE_TYPE:
             types += e["values"]
         else:
@@ -107,33 +109,50 @@ def values() -> dict[str, Any]:
     }
 
 
-VALUES_COMMENTS = {
-    "platform": "Where it runs: hyperpod-eks (SageMaker HyperPod on EKS), eks (the EKS accelerated AMI) or\n"
-                "eks-gpu-operator (NVML through the GPU Operator's `nvidia` RuntimeClass).",
-    "image": "The image built from deploy/Dockerfile and pushed to your registry. tag: empty is the chart's\n"
-             "appVersion; digest (sha256:...) pins it and wins over the tag.",
-    "kernelLog": "privileged (XIDs since boot from /dev/kmsg: the exporter container runs privileged, as every\n"
-                 "overlay) or unprivileged (CAP_SYSLOG only: no kernel-log history, XIDs from NVML events\n"
-                 "from the start; docs/deploy.md, \"Kernel log in a pod\").",
-    "nodeCondition": "The GpuHealthy condition on the node's own Node (RBAC: patch nodes/status only).",
-    "nodeActions": "Opt-in, each with its own RBAC (get and patch nodes): the NoSchedule taint\n"
-                   "gpu-health-exporter/action-required on reset/reboot/replace verdicts, and HyperPod's\n"
-                   "node-health-status=UnschedulablePendingReplacement label on replace verdicts.",
-    "nodeSelection": "GPU nodes: by instance type (node.kubernetes.io/instance-type In instanceTypes) OR any of\n"
-                     "the labels (each an `In` term). `affinity` replaces the whole node affinity.",
-    "tolerations": "Runs on GPU nodes whatever their taints: nvidia.com/gpu, HyperPod's node-health-status, and\n"
-                   "any NoSchedule taint (the affinity keeps it on GPU nodes). Add to extraTolerations.",
-    "resources": "From the measured RSS (docs/performance.md): 57.6-69.6 MiB on real H100/H200 hosts. The\n"
-                 "request (96Mi) is 1.4x the highest; the limit (256Mi) 3.7x, for a kernel-log flood's backfill.",
-    "config": "Merged over the DaemonSet's config file (deploy/kubernetes/base/config.yaml; every key in\n"
-              "docs/configuration.md).",
-    "monitoring": "Prometheus Operator objects. enabled: auto renders each only where the API server serves its\n"
-                  "CRD (a missing CRD never fails an install); true forces it (helm template for GitOps),\n"
-                  "false leaves it out. `release` is your kube-prometheus-stack release (its selectors match\n"
-                  "the label), `cluster` the cluster label on every series.",
-    "dashboards": "One ConfigMap per dashboard for Grafana's dashboard sidecar (label grafana_dashboard=\"1\").",
-    "runbooks": "The runbooks page in a ConfigMap (docs/deploy.md, \"Runbook links\").",
-    "tests": "`helm test`: a pod on one GPU node checks its exporter's /metrics and the node's GpuHealthy.",
+VALUES_COMMENTS = {  # wrapped into values.yaml's comments
+    "platform": (
+        "Where it runs: hyperpod-eks (SageMaker HyperPod on EKS), eks (the EKS accelerated AMI) "
+        "or eks-gpu-operator (NVML through the GPU Operator's `nvidia` RuntimeClass)."),
+    "image": (
+        "The image built from deploy/Dockerfile and pushed to your registry. tag: empty is the "
+        "chart's appVersion; digest (sha256:...) pins it and wins over the tag."),
+    "kernelLog": (
+        "privileged (XIDs since boot from /dev/kmsg: the exporter container runs privileged, as "
+        "every overlay) or unprivileged (CAP_SYSLOG only: no kernel-log history, XIDs from NVML "
+        "events from the start; docs/deploy.md, \"Kernel log in a pod\")."),
+    "nodeCondition": (
+        "The GpuHealthy condition on the node's own Node (RBAC: patch nodes/status only)."),
+    "nodeActions": (
+        "Opt-in, each with its own RBAC (get and patch nodes): the NoSchedule taint "
+        "gpu-health-exporter/action-required on reset/reboot/replace verdicts, and HyperPod's "
+        "node-health-status=UnschedulablePendingReplacement label on replace verdicts."),
+    "nodeSelection": (
+        "GPU nodes: by instance type (node.kubernetes.io/instance-type In instanceTypes) OR any "
+        "of the labels (each an `In` term). `affinity` replaces the whole node affinity."),
+    "tolerations": (
+        "Runs on GPU nodes whatever their taints: nvidia.com/gpu, HyperPod's "
+        "node-health-status, and any NoSchedule taint (the affinity keeps it on GPU nodes). Add "
+        "to extraTolerations."),
+    "resources": (
+        "From the measured RSS (docs/performance.md): 57.6-69.6 MiB on real H100/H200 hosts. "
+        "The request (96Mi) is 1.4x the highest; the limit (256Mi) 3.7x, for a kernel-log "
+        "flood's backfill."),
+    "config": (
+        "Merged over the DaemonSet's config file (deploy/kubernetes/base/config.yaml; every key "
+        "in docs/configuration.md)."),
+    "monitoring": (
+        "Prometheus Operator objects. enabled: auto renders each only where the API server "
+        "serves its CRD (a missing CRD never fails an install); true forces it (helm template "
+        "for GitOps), false leaves it out. `release` is your kube-prometheus-stack release (its "
+        "selectors match the label), `cluster` the cluster label on every series."),
+    "dashboards": (
+        "One ConfigMap per dashboard for Grafana's dashboard sidecar (label "
+        "grafana_dashboard=\"1\")."),
+    "runbooks": (
+        "The runbooks page in a ConfigMap (docs/deploy.md, \"Runbook links\")."),
+    "tests": (
+        "`helm test`: a pod on one GPU node checks its exporter's /metrics and the node's "
+        "GpuHealthy."),
 }
 
 
@@ -143,7 +162,7 @@ def values_yaml() -> str:
     for key, val in values().items():
         if key in VALUES_COMMENTS:
             out.append("")
-            out += [f"# {line}" for line in VALUES_COMMENTS[key].splitlines()]
+            out += [f"# {line}" for line in textwrap.wrap(VALUES_COMMENTS[key], 98, break_on_hyphens=False)]
         out.append(_yaml({key: val}, 0))
     return "\n".join(out) + "\n"
 
@@ -238,14 +257,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{- define "ghe.image" -}}
 {{- $v := .Values.image -}}
-{{- if $v.digest -}}{{ $v.repository }}@{{ $v.digest }}{{- else -}}{{ $v.repository }}:{{ $v.tag | default .Chart.AppVersion }}{{- end -}}
+{{- if $v.digest -}}
+{{ $v.repository }}@{{ $v.digest }}
+{{- else -}}
+{{ $v.repository }}:{{ $v.tag | default .Chart.AppVersion }}
+{{- end -}}
 {{- end -}}
 
 {{/* Whether a Prometheus Operator object renders: ARGS (list $ "Kind" .enabled). auto: only where the
 API server serves the kind (helm template: only with --api-versions monitoring.coreos.com/v1/KIND). */}}
 {{- define "ghe.monitoring" -}}
 {{- $ctx := index . 0 -}}{{- $kind := index . 1 -}}{{- $on := index . 2 | toString -}}
-{{- if or (eq $on "true") (and (eq $on "auto") ($ctx.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" $kind))) -}}
+{{- $served := $ctx.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" $kind) -}}
+{{- if or (eq $on "true") (and (eq $on "auto") $served) -}}
 true
 {{- end -}}
 {{- end -}}
@@ -547,8 +571,9 @@ metadata:
   annotations:
 {_yaml(FOLDER_ANNOTATION, 4)}
 data:
-  {{{{ base $path }}}}: |-
-    {{{{- $.Files.Get $path | replace "{DEFAULT_RUNBOOK_BASE}" $.Values.monitoring.runbookBase | nindent 4 }}}}
+  {{{{ base $path }}}}: |
+    {{{{- $text := $.Files.Get $path }}}}
+    {{{{- $text | replace "{DEFAULT_RUNBOOK_BASE}" $.Values.monitoring.runbookBase | nindent 4 }}}}
 {{{{- end }}}}
 {{{{- end }}}}
 """
@@ -570,8 +595,9 @@ def chart_yaml() -> str:
     return GENERATED.format(source="exporter/__init__.py's version") + _yaml({
         "apiVersion": "v2",
         "name": m.NAME,
-        "description": "Per-node GPU health for Kubernetes GPU fleets (HyperPod EKS, EKS): XIDs, NVML, EFA and "
-                       "FSx for Lustre as Prometheus metrics, the verdict as the Node's GpuHealthy condition.",
+        "description": "Per-node GPU health for Kubernetes GPU fleets (HyperPod EKS, EKS): XIDs, NVML, "
+                       "EFA and FSx for Lustre as Prometheus metrics, the verdict as the Node's GpuHealthy "
+                       "condition.",
         "type": "application",
         "version": __version__,
         "appVersion": __version__,

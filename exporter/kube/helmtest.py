@@ -98,7 +98,8 @@ def run(url: str, node: str, timeout_s: float, condition: bool, api_url: str = "
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m exporter.kube.helmtest", description=__doc__.splitlines()[0])
-    p.add_argument("--url", default="http://127.0.0.1:9858/metrics", help="The node's exporter (%(default)s).")
+    p.add_argument("--url", default="http://127.0.0.1:9858/metrics",
+                   help="The node's exporter (%(default)s).")
     p.add_argument("--node", default=os.environ.get("NODE_NAME", ""), help="This node's name (NODE_NAME).")
     p.add_argument("--timeout", type=float, default=60.0, help="Seconds to wait in all (%(default)s).")
     p.add_argument("--no-condition", dest="condition", action="store_false",

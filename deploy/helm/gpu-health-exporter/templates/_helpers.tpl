@@ -22,14 +22,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{- define "ghe.image" -}}
 {{- $v := .Values.image -}}
-{{- if $v.digest -}}{{ $v.repository }}@{{ $v.digest }}{{- else -}}{{ $v.repository }}:{{ $v.tag | default .Chart.AppVersion }}{{- end -}}
+{{- if $v.digest -}}
+{{ $v.repository }}@{{ $v.digest }}
+{{- else -}}
+{{ $v.repository }}:{{ $v.tag | default .Chart.AppVersion }}
+{{- end -}}
 {{- end -}}
 
 {{/* Whether a Prometheus Operator object renders: ARGS (list $ "Kind" .enabled). auto: only where the
 API server serves the kind (helm template: only with --api-versions monitoring.coreos.com/v1/KIND). */}}
 {{- define "ghe.monitoring" -}}
 {{- $ctx := index . 0 -}}{{- $kind := index . 1 -}}{{- $on := index . 2 | toString -}}
-{{- if or (eq $on "true") (and (eq $on "auto") ($ctx.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" $kind))) -}}
+{{- $served := $ctx.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" $kind) -}}
+{{- if or (eq $on "true") (and (eq $on "auto") $served) -}}
 true
 {{- end -}}
 {{- end -}}
