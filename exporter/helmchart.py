@@ -601,7 +601,7 @@ def chart_yaml() -> str:
         "type": "application",
         "version": __version__,
         "appVersion": __version__,
-        "kubeVersion": ">= 1.25.0-0",
+        "kubeVersion": ">= 1.20.0-0",  # the oldest API server it is installed on here (tests/test_helm_install.py)
         "keywords": ["gpu", "nvidia", "xid", "prometheus", "hyperpod", "eks"],
         "annotations": {"licenses": "Apache-2.0"},
     }, 0) + "\n"
