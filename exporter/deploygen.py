@@ -8,8 +8,11 @@ render a deployable copy of every shipped file for a runbook base.
   (the code dashboards/*.json is generated from), labelled for Grafana's dashboard sidecar, and
   the component's kustomization.yaml listing them;
 - deploy/kubernetes/components/runbooks/: the runbooks rendered as HTML in a ConfigMap, for a web
-  server (or Grafana) in the cluster to serve.
-tests/test_deploy.py fails when the files drift from their sources and names this command.
+  server (or Grafana) in the cluster to serve;
+- deploy/helm/gpu-health-exporter/: the Helm chart, from the same model as the kustomize overlays
+  (exporter.helmchart; exporter.deploymodel reads the base and the components).
+tests/test_deploy.py fails when the files drift from their sources and names this command;
+tests/test_helm.py also renders the chart against each overlay.
 
 `python -m exporter.deploygen --runbook-base URL --out DIR` (from a checkout or an installed wheel;
 installed, DIR defaults to ./gpu-health-exporter-deploy) writes DIR/rules, DIR/dashboards,

@@ -55,42 +55,31 @@ _META = {"type": "object", "required": ["name"],
          "properties": {"name": {"type": "string"}, "namespace": {"type": "string"},
                         "labels": {"type": "object", "additionalProperties": {"type": "string"}},
                         "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}}
+# An endpoint of a PodMonitor (podMetricsEndpoints) or ServiceMonitor (endpoints): the same type.
+_ENDPOINTS = {"type": "array", "items": {"type": "object", "properties": {
+    "port": {"type": "string"},
+    "interval": {"type": "string", "pattern": _DURATION},
+    "scrapeTimeout": {"type": "string", "pattern": _DURATION},
+    "relabelings": {"type": "array", "items": {
+        "type": "object", "additionalProperties": False, "properties": {
+            "action": {"enum": _RELABEL_ACTIONS}, "modulus": {"type": "integer"},
+            "regex": {"type": "string"}, "replacement": {"type": "string"},
+            "separator": {"type": "string"},
+            "sourceLabels": {"type": "array", "items": {
+                "type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+            "targetLabel": {"type": "string"}}}}}}}
+
+
+def _monitor(endpoints: str) -> dict:
+    return {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+            "properties": {"apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": _META,
+                           "spec": {"type": "object", "required": ["selector"], "properties": {
+                               "selector": {"type": "object"}, endpoints: _ENDPOINTS}}}}
+
+
 CRD_SCHEMAS = {
-    "PodMonitor": {
-        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": _META,
-            "spec": {"type": "object", "required": ["selector"], "properties": {
-                "selector": {"type": "object"},
-                "podMetricsEndpoints": {"type": "array", "items": {"type": "object", "properties": {
-                    "port": {"type": "string"},
-                    "interval": {"type": "string", "pattern": _DURATION},
-                    "scrapeTimeout": {"type": "string", "pattern": _DURATION},
-                    "relabelings": {"type": "array", "items": {
-                        "type": "object", "additionalProperties": False, "properties": {
-                            "action": {"enum": _RELABEL_ACTIONS}, "modulus": {"type": "integer"},
-                            "regex": {"type": "string"}, "replacement": {"type": "string"},
-                            "separator": {"type": "string"},
-                            "sourceLabels": {"type": "array", "items": {
-                                "type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
-                            "targetLabel": {"type": "string"}}}}}}}}}}},
-    # monitoring.coreos.com_servicemonitors.yaml: spec.selector required; endpoints as podMetricsEndpoints
-    "ServiceMonitor": {
-        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": _META,
-            "spec": {"type": "object", "required": ["selector"], "properties": {
-                "selector": {"type": "object"},
-                "endpoints": {"type": "array", "items": {"type": "object", "properties": {
-                    "port": {"type": "string"},
-                    "interval": {"type": "string", "pattern": _DURATION},
-                    "scrapeTimeout": {"type": "string", "pattern": _DURATION},
-                    "relabelings": {"type": "array", "items": {
-                        "type": "object", "additionalProperties": False, "properties": {
-                            "action": {"enum": _RELABEL_ACTIONS}, "regex": {"type": "string"},
-                            "replacement": {"type": "string"}, "targetLabel": {"type": "string"},
-                            "sourceLabels": {"type": "array", "items": {
-                                "type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}}}}}}}}}}}},
+    "PodMonitor": _monitor("podMetricsEndpoints"),
+    "ServiceMonitor": _monitor("endpoints"),  # monitoring.coreos.com_servicemonitors.yaml
     "PrometheusRule": {
         "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
         "properties": {
