@@ -141,7 +141,7 @@ class Daemon:
     by waiting on /healthz, which collects nothing, so nothing scrapes it."""
 
     def __init__(self, d: Path, api: ApiServer, proxy: FaultProxy, node: str,
-                 flags: tuple[str, ...] = ()) -> None:
+                 flags: tuple[str, ...] = (), scenario: str = "xid-94") -> None:
         self.d, self.node = d, node
         self.token = d / "token"
         self.token.write_text(api.sa_tokens[0] + "\n")
@@ -149,7 +149,7 @@ class Daemon:
         cfg = {"kubernetes": {"enabled": True, "node_name": node, "heartbeat_seconds": 3600,
                               "retry_min_seconds": 0.2, "retry_max_seconds": 1.0, **self.kube}}
         (d / "config.yaml").write_text(yaml.safe_dump(cfg))
-        self.sim = ["--simulate", "p5.48xlarge", "--scenario", "xid-94", "--path.state-dir", str(d / "state")]
+        self.sim = ["--simulate", "p5.48xlarge", "--scenario", scenario, "--path.state-dir", str(d / "state")]
         args = (*self.sim, "--config", str(d / "config.yaml"), *flags)
         self.proc, healthz, self.log = start_exporter(d, *args, path="/healthz")
         self.started = time.monotonic()
@@ -234,5 +234,21 @@ def test_the_condition_rbac_alone_sets_the_condition_and_is_refused_the_node(api
         until(lambda: value(requests.get(ex.metrics, timeout=30).text, errors, kind="forbidden") >= 1, 30,
               "the taint refused by RBAC")
         assert TAINT_KEY not in {t["key"] for t in api.node(node)["spec"].get("taints") or []}
+    finally:
+        ex.stop()
+
+
+def test_with_nothing_scraping_a_lost_gpu_reaches_the_node_within_seconds(api, proxy, helm_, tmp_path):
+    """GPU 1 falls off the bus (NVML's XID 79 event, then GPU_IS_LOST on every call; the driver's
+    kernel line): the condition leaves True within 10 s of it, nothing scraping."""
+    helm_.install()
+    until(lambda: api.can_i("patch", "nodes/status"), 20, "the chart's RBAC")
+    node = "gpu-node-helm-lost-gpu"
+    api.create_node(node)
+    ex = Daemon(tmp_path, api, proxy, node, scenario="gpu-lost")
+    try:
+        until(lambda: condition(api, node) == ("False", "RebootRequired"), ONSET_S + VERDICT_BOUND_S,
+              "GpuHealthy False within 10 s of the lost GPU, nothing scraping", ex.log)
+        assert value(requests.get(ex.metrics, timeout=30).text, "gpu_health_exporter_scrapes_total") == 1
     finally:
         ex.stop()
