@@ -334,3 +334,24 @@ def test_on_change_tells_of_an_xid_an_ack_and_a_lost_gpu_as_they_happen(tmp_path
         assert told.acquire(timeout=10), "no notification for the lost GPU"
     finally:
         c.close()
+
+
+def test_an_ack_is_told_while_the_kernel_log_cannot_be_read(tmp_path):
+    """An unprivileged pod cannot open /dev/kmsg (the follower retries it every KMSG_RETRY_S): an
+    ack is still taken, and told, at the follower's cadence."""
+    import threading
+
+    from exporter.xid.service import KMSG_RETRY_S
+
+    ctx = make_ctx(tmp_path, None, follow_poll_seconds=0.05)  # no kernel log file at all
+    c = XidCollector(ctx)
+    told = threading.Semaphore(0)
+    c.service.on_change(told.release)
+    c.start()
+    try:
+        wait_for(lambda: c.service.follower.status.error, 10, "the kernel log failing")
+        ack = one_shot(make_ctx(tmp_path, None))
+        assert ack.write_ack(Ack("00000000:53:00", 0, "", None, time.time(), {})) == ""
+        assert told.acquire(timeout=KMSG_RETRY_S / 2), "the ack waited for the kernel log's retry"
+    finally:
+        c.close()

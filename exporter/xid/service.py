@@ -321,20 +321,25 @@ class XidService:
     def _follow(self) -> None:
         poll = self.cfg.follow_poll_seconds
         status = self.follower.status
+        retry_at = 0.0  # monotonic: the next try of a kernel log that could not be read
         while not self._stop.is_set():
             try:
                 before = self._versions()
-                self.follower.read(live=status.backlog_done)
-                if status.ok:
-                    status.backlog_done = True
+                if time.monotonic() >= retry_at:
+                    self.follower.read(live=status.backlog_done)
+                    if status.ok:
+                        status.backlog_done = True
+                    elif status.enabled:
+                        retry_at = time.monotonic() + KMSG_RETRY_S
                 if self.counter is not None:
                     self.counter.tick()
+                # acks at this cadence even while the kernel log cannot be read (unprivileged pods)
                 acked = bool(self._listeners) and bool(self.refresh_acks())
                 if acked or self._versions() != before:
                     self._changed()
                 self.persistence.flush()
                 if not status.enabled or not status.ok:
-                    self._stop.wait(KMSG_RETRY_S if status.enabled else poll)
+                    self._stop.wait(poll)
                     continue
                 self.follower.reader.wait(poll)
             except Exception:  # noqa: BLE001 - keep following whatever one record did
