@@ -348,3 +348,21 @@ def test_chart_files_path_is_in_the_release():
     files = {str(p) for p in share.files()}
     assert "deploy/helm/gpu-health-exporter/Chart.yaml" in files
     assert Path("deploy/helm/gpu-health-exporter/templates/NOTES.txt").as_posix() in files
+
+
+def test_the_documented_helm_installs_render():
+    """docs/deploy.md's `helm install` for each platform, as written (the packaged chart's name
+    standing for the chart directory), renders with `helm template`."""
+    import shlex
+
+    text = (ROOT / "docs" / "deploy.md").read_text().replace("\\\n", " ")
+    rendered = {}
+    for line in text.splitlines():
+        if line.strip().startswith("helm install "):
+            argv = shlex.split(line.strip())
+            assert argv[2:4] == ["gpu-health-exporter", f"gpu-health-exporter-{__version__}.tgz"], argv
+            sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+            (platform,) = [v.removeprefix("platform=") for v in sets if v.startswith("platform=")]
+            rendered[platform] = helm.template(*(a for v in sets for a in ("--set", v)))
+    assert set(rendered) == set(helmchart.PLATFORMS)
+    assert pod(rendered["eks-gpu-operator"])["runtimeClassName"] == "nvidia"
