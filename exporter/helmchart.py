@@ -332,6 +332,10 @@ def daemonset_template() -> str:
                                                       "{{ include \"ghe.fullname\" . }}")
     return f"""{GENERATED.format(source="deploy/kubernetes/base/daemonset.yaml and its components")}\
 # What each setting is for: the comments of deploy/kubernetes/base/daemonset.yaml and docs/deploy.md.
+{{{{- $acts := or .Values.nodeActions.taint .Values.nodeActions.hyperpodLabel }}}}
+{{{{- if and $acts (not .Values.nodeCondition.enabled) }}}}
+{{{{- fail "nodeActions (taint, HyperPod label) need nodeCondition.enabled: the condition's writer acts" }}}}
+{{{{- end }}}}
 apiVersion: apps/v1
 kind: DaemonSet
 {_meta('{{ include "ghe.fullname" . }}')}

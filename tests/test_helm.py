@@ -103,6 +103,12 @@ def test_the_schema_rejects_a_typo_at_install(args, where):
     assert r.returncode != 0 and where in r.stderr, r.stderr
 
 
+def test_actions_without_the_condition_are_refused():
+    r = helm.run("template", "x", str(helm.CHART), "--set", "nodeCondition.enabled=false",
+                 "--set", "nodeActions.taint=true", check=False)
+    assert r.returncode != 0 and "nodeCondition.enabled" in r.stderr, r.stderr
+
+
 def test_no_node_selection_is_refused():
     r = helm.run("template", "x", str(helm.CHART), "--set", "nodeSelection.instanceTypes=null",
                  "--set", "nodeSelection.labels=null", check=False)
