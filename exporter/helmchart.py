@@ -39,7 +39,6 @@ INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 SIDECAR_LABEL = {"grafana_dashboard": "1"}
 FOLDER_ANNOTATION = {"grafana_folder": "GPU health"}
 FULLNAME = '{{ include "ghe.fullname" . }}'
-TEST_PYTHON = "/opt/gpu-health-exporter/bin/python"  # the image's venv (deploy/Dockerfile)
 
 
 def _yaml(data: Any, indent: int) -> str:
