@@ -8,8 +8,11 @@ render a deployable copy of every shipped file for a runbook base.
   (the code dashboards/*.json is generated from), labelled for Grafana's dashboard sidecar, and
   the component's kustomization.yaml listing them;
 - deploy/kubernetes/components/runbooks/: the runbooks rendered as HTML in a ConfigMap, for a web
-  server (or Grafana) in the cluster to serve.
-tests/test_deploy.py fails when the files drift from their sources and names this command.
+  server (or Grafana) in the cluster to serve;
+- deploy/helm/gpu-health-exporter/: the Helm chart, from the same model as the kustomize overlays
+  (exporter.helmchart; exporter.deploymodel reads the base and the components).
+tests/test_deploy.py fails when the files drift from their sources and names this command;
+tests/test_helm.py also renders the chart against each overlay.
 
 `python -m exporter.deploygen --runbook-base URL --out DIR` (from a checkout or an installed wheel;
 installed, DIR defaults to ./gpu-health-exporter-deploy) writes DIR/rules, DIR/dashboards,
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from exporter import runbooks, share
+from exporter import helmchart, runbooks, share
 from exporter.rules import DEFAULT_RUNBOOK_BASE, check_base, rebase
 
 ROOT = share.CHECKOUT
@@ -141,6 +144,7 @@ def expected() -> dict[Path, str]:
     out = {RULES_OUT: prometheus_rules()}
     out.update({DASHBOARDS_OUT / n: t for n, t in dashboard_configmaps().items()})
     out.update({RUNBOOKS_OUT / n: t for n, t in runbooks_component().items()})
+    out.update(helmchart.expected())
     return out
 
 
@@ -151,7 +155,7 @@ def stale() -> list[Path]:
     for d in (DASHBOARDS_OUT, RUNBOOKS_OUT):
         if d.exists():
             bad += [p for p in sorted(d.glob("*.yaml")) if p not in want]
-    return bad
+    return bad + helmchart.strays(want)
 
 
 def render_copy(out: Path, base: str, src: Path | None = None) -> int:
@@ -188,8 +192,12 @@ def regenerate() -> int:
             if p not in want:
                 p.unlink()
                 print(f"removed {p.relative_to(ROOT)}")
+    for p in helmchart.strays(want):
+        p.unlink()
+        print(f"removed {p.relative_to(ROOT)}")
     for p, text in want.items():
         if not p.exists() or p.read_text() != text:
+            p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text)
             print(f"wrote {p.relative_to(ROOT)}")
     return 0

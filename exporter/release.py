@@ -6,9 +6,12 @@ writes
 - dist/gpu_health_exporter-VERSION-py3-none-any.whl: the package, carrying the rules, runbooks
   (markdown and rendered HTML), dashboards, example configs and deploy/ as package data
   (exporter/share.py; `python -m exporter.deploygen --out DIR` writes them out);
-- dist/gpu-health-exporter-VERSION.tar.gz: gpu-health-exporter-VERSION/ with that wheel and the
-  same files ready to copy (rules/, dashboards/, deploy/, docs/ with runbooks.html, README.md), as
-  `python -m exporter.deploygen --out` renders them with the default runbook base.
+- dist/gpu-health-exporter-VERSION.tgz: the Helm chart (deploy/helm/gpu-health-exporter) packaged as
+  `helm package` does (the chart directory in a gzipped tar), carrying this release's rules,
+  dashboards and runbooks: `helm install gpu-health-exporter gpu-health-exporter-VERSION.tgz`;
+- dist/gpu-health-exporter-VERSION.tar.gz: gpu-health-exporter-VERSION/ with that wheel, that chart
+  and the same files ready to copy (rules/, dashboards/, deploy/, docs/ with runbooks.html,
+  README.md), as `python -m exporter.deploygen --out` renders them with the default runbook base.
 and prints each file's size, and writes those sizes into docs/deploy.md ("The release"), so the
 docs give the sizes of the last build, never a figure typed by hand.
 
@@ -38,6 +41,7 @@ from exporter.deploygen import render_copy
 from exporter.rules import DEFAULT_RUNBOOK_BASE
 
 NAME = "gpu-health-exporter"
+CHART = f"deploy/helm/{NAME}"
 
 
 DOC = "docs/deploy.md"
@@ -88,12 +92,26 @@ def build_wheel(out: Path) -> Path:
         return Path(shutil.copy2(built, out / built.name))
 
 
-def build_tarball(out: Path, wheel: Path) -> Path:
+def package_chart(out: Path) -> Path:
+    """The chart as `helm package` writes it (NAME-VERSION.tgz holding NAME/...), without helm; its
+    version is the exporter's (Chart.yaml is generated from it)."""
+    chart = share.CHECKOUT / CHART
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{NAME}-{__version__}.tgz"
+    with tarfile.open(path, "w:gz") as tar:
+        for f in sorted(p for p in chart.rglob("*") if p.is_file()):
+            tar.add(f, arcname=f"{NAME}/{f.relative_to(chart)}", filter=_reset_owner)
+    return path
+
+
+def build_tarball(out: Path, wheel: Path, chart: Path | None = None) -> Path:
     top = f"{NAME}-{__version__}"
     with tempfile.TemporaryDirectory() as tmp:
         stage = Path(tmp) / top
         render_copy(stage, DEFAULT_RUNBOOK_BASE, share.CHECKOUT)
         shutil.copy2(wheel, stage / wheel.name)
+        chart = chart or package_chart(Path(tmp) / "chart")
+        shutil.copy2(chart, stage / chart.name)
         path = out / f"{top}.tar.gz"
         with tarfile.open(path, "w:gz") as tar:
             tar.add(stage, arcname=top, filter=_reset_owner)
@@ -137,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     wheel = build_wheel(out)
-    tarball = build_tarball(out, wheel)
-    for f in (wheel, tarball):
+    chart = package_chart(out)
+    tarball = build_tarball(out, wheel, chart)
+    for f in (wheel, chart, tarball):
         print(f"{f} {kib(f)} KiB")
     if write_sizes(kib(wheel), kib(tarball)):
         print(f"{DOC}: sizes updated to this build's", file=sys.stderr)

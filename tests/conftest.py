@@ -77,6 +77,8 @@ LONGEST_FIRST = (
     "test_dashboards_live.py",  # 70
     "test_slurm.py",  # 60
     "test_kubernetes.py",  # 45
+    "test_helm.py",  # 60: helm lint and template of every values set, validation for six versions
+    "test_helm_install.py",  # 45: a kube-apiserver, helm install..uninstall, three exporters
     "test_workload_attribution_slurm.py",
     "test_http_heldout.py",
     "test_container.py",  # builds the image first

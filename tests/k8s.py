@@ -55,25 +55,31 @@ _META = {"type": "object", "required": ["name"],
          "properties": {"name": {"type": "string"}, "namespace": {"type": "string"},
                         "labels": {"type": "object", "additionalProperties": {"type": "string"}},
                         "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}}
+# An endpoint of a PodMonitor (podMetricsEndpoints) or ServiceMonitor (endpoints): the same type.
+_ENDPOINTS = {"type": "array", "items": {"type": "object", "properties": {
+    "port": {"type": "string"},
+    "interval": {"type": "string", "pattern": _DURATION},
+    "scrapeTimeout": {"type": "string", "pattern": _DURATION},
+    "relabelings": {"type": "array", "items": {
+        "type": "object", "additionalProperties": False, "properties": {
+            "action": {"enum": _RELABEL_ACTIONS}, "modulus": {"type": "integer"},
+            "regex": {"type": "string"}, "replacement": {"type": "string"},
+            "separator": {"type": "string"},
+            "sourceLabels": {"type": "array", "items": {
+                "type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+            "targetLabel": {"type": "string"}}}}}}}
+
+
+def _monitor(endpoints: str) -> dict:
+    return {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+            "properties": {"apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": _META,
+                           "spec": {"type": "object", "required": ["selector"], "properties": {
+                               "selector": {"type": "object"}, endpoints: _ENDPOINTS}}}}
+
+
 CRD_SCHEMAS = {
-    "PodMonitor": {
-        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": _META,
-            "spec": {"type": "object", "required": ["selector"], "properties": {
-                "selector": {"type": "object"},
-                "podMetricsEndpoints": {"type": "array", "items": {"type": "object", "properties": {
-                    "port": {"type": "string"},
-                    "interval": {"type": "string", "pattern": _DURATION},
-                    "scrapeTimeout": {"type": "string", "pattern": _DURATION},
-                    "relabelings": {"type": "array", "items": {
-                        "type": "object", "additionalProperties": False, "properties": {
-                            "action": {"enum": _RELABEL_ACTIONS}, "modulus": {"type": "integer"},
-                            "regex": {"type": "string"}, "replacement": {"type": "string"},
-                            "separator": {"type": "string"},
-                            "sourceLabels": {"type": "array", "items": {
-                                "type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
-                            "targetLabel": {"type": "string"}}}}}}}}}}},
+    "PodMonitor": _monitor("podMetricsEndpoints"),
+    "ServiceMonitor": _monitor("endpoints"),  # monitoring.coreos.com_servicemonitors.yaml
     "PrometheusRule": {
         "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
         "properties": {
@@ -135,3 +141,45 @@ def schedules_on(pod_spec: dict, labels: dict[str, str]) -> bool:
     return any(all(_expr_matches(e, labels) for e in term.get("matchExpressions", []))
                and not term.get("matchFields")
                for term in required["nodeSelectorTerms"])
+
+
+# --- taints and tolerations, as Kubernetes matches them ------------------------------------------------
+# Toleration.ToleratesTaint, kubernetes/kubernetes staging/src/k8s.io/api/core/v1/toleration.go (and its
+# copy in staging/src/k8s.io/component-helpers/scheduling/corev1/helpers.go, which adds the numeric
+# Lt/Gt operators behind the TaintTolerationComparisonOperators feature gate, off by default: with the
+# gate off they match nothing):
+#   1. a toleration's non-empty effect must equal the taint's (empty matches every effect);
+#   2. a non-empty key must equal the taint's (empty key with Exists matches every key);
+#   3. operator "" or Equal: the values are equal; Exists: any value; anything else: no match.
+def tolerates(toleration: dict, taint: dict) -> bool:
+    effect, key = toleration.get("effect") or "", toleration.get("key") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    if key and key != taint.get("key"):
+        return False
+    op = toleration.get("operator") or ""
+    if op in ("", "Equal"):
+        return (toleration.get("value") or "") == (taint.get("value") or "")
+    return op == "Exists"
+
+
+# What the DaemonSet controller adds to every pod it makes (AddOrUpdateDaemonPodTolerations,
+# pkg/controller/daemon/util/daemonset_util.go), network-unavailable only for host-network pods.
+def daemon_tolerations(pod_spec: dict) -> list[dict]:
+    added = [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+             {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+             *({"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": "NoSchedule"}
+               for k in ("disk-pressure", "memory-pressure", "pid-pressure", "unschedulable"))]
+    if pod_spec.get("hostNetwork"):
+        added.append({"key": "node.kubernetes.io/network-unavailable", "operator": "Exists",
+                      "effect": "NoSchedule"})
+    return [*(pod_spec.get("tolerations") or []), *added]
+
+
+def untolerated(pod_spec: dict, taints: list[dict], daemonset: bool = True) -> list[dict]:
+    """The taints that keep the pod off the node: the scheduler's TaintToleration filter
+    (pkg/scheduler/framework/plugins/tainttoleration, FindMatchingUntoleratedTaint) considers the
+    NoSchedule and NoExecute taints only (PreferNoSchedule is a score, not a filter)."""
+    tolerations = daemon_tolerations(pod_spec) if daemonset else (pod_spec.get("tolerations") or [])
+    return [t for t in taints if t.get("effect") in ("NoSchedule", "NoExecute")
+            and not any(tolerates(x, t) for x in tolerations)]

@@ -94,7 +94,9 @@ class ApiServer:
             f"--service-account-signing-key-file={key}", "--authorization-mode=RBAC",
             f"--token-auth-file={self.d / 'tokens.csv'}", "--anonymous-auth=false",
             "--service-cluster-ip-range=10.96.0.0/16", "--advertise-address=10.0.0.1",
-            f"--cert-dir={self.d / 'certs'}", "--enable-priority-and-fairness=false"])
+            f"--cert-dir={self.d / 'certs'}", "--enable-priority-and-fairness=false",
+            # as on EKS: the kernel-log mode of the overlays and the chart runs the container privileged
+            "--allow-privileged=true"])
         wait_for(lambda: self.kubectl("get", "--raw", "/readyz", check=False).returncode == 0, 180,
                  "kube-apiserver ready", self.procs["apiserver"], self.d / "apiserver.log", interval=0.5)
 

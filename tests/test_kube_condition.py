@@ -195,6 +195,38 @@ def test_heartbeat_rewrites_an_unchanged_condition(writer):
     wait_for(lambda: c.calls.count("patch") >= 3, 10, "heartbeat writes")
 
 
+def test_a_poke_collects_and_writes_at_once_without_a_scrape_or_heartbeat(writer):
+    """What an XID, an ack or a lost GPU does (exporter.xid.service on_change -> Writer.poke): the
+    writer asks for a collection and writes its verdict, with the heartbeat an hour away."""
+    c = FakeClient()
+    w = writer(c, heartbeat_s=3600.0, poke_min_s=3600.0)
+    healthy, fault = want("True", "Healthy", False, False), want()
+    collected: list[Desired] = []
+
+    def collect() -> None:  # the runner's collection: the Kubernetes collector offers its verdict
+        collected.append(fault)  # the XID the poke announced is in it
+        w.offer(fault)
+    w.collect = collect
+    w.offer(healthy)
+    wait_for(lambda: c.conditions and c.conditions[0]["status"] == "True", 10, "the first write")
+    assert collected == []  # offers alone never collect
+    for _ in range(50):  # a flood pokes on every kernel-log read
+        w.poke()
+    wait_for(lambda: c.conditions[0]["status"] == "False", 10, "the poked collection written")
+    # the pokes that came while it ran fold into one more collection, not before poke_min_s
+    w.offer(healthy)
+    wait_for(lambda: c.conditions[0]["status"] == "True", 10, "a later offer written")
+    assert len(collected) == 1
+
+
+def test_pokes_without_a_collect_function_are_harmless(writer):
+    c = FakeClient()
+    w = writer(c)
+    w.poke()
+    w.offer(want())
+    wait_for(lambda: w.state.up, 10, "the write")
+
+
 def test_token_is_read_again_when_the_file_changes(tmp_path):
     f = tmp_path / "token"
     f.write_text("one\n")

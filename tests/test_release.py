@@ -101,6 +101,7 @@ def test_the_release_tarball_holds_the_wheel_and_the_rendered_files(installed, t
         names = set(tar.getnames())
         unit = tar.extractfile(f"{top}/deploy/systemd/gpu-health-exporter.service").read().decode()
     assert f"{top}/{installed.wheel.name}" in names and f"{top}/docs/runbooks.html" in names
+    assert f"{top}/gpu-health-exporter-{__version__}.tgz" in names  # the packaged Helm chart
     assert {f"{top}/{p}" for p in map(str, share.files(share.CHECKOUT))} <= names
     assert f"Documentation={DEFAULT_RUNBOOK_BASE}" in unit
 

@@ -304,3 +304,54 @@ def test_a_snapshot_is_the_state_as_of_one_moment_and_an_ack_shows_in_the_next(t
     assert len(now.acks) == 1 and now.kmsg.last_seq == 1
     assert [(x.count, x.acknowledged) for x in first.xids["00000000:53:00"]] == [(1, False)]  # unchanged
     assert first.kmsg.stats.records == 1 and first.acks == ()
+
+
+def test_on_change_tells_of_an_xid_an_ack_and_a_lost_gpu_as_they_happen(tmp_path):
+    """What the Kubernetes writer listens to (scraped or not): the follower's read that counted an
+    XID, the follower taking an ack another process wrote, the NVML watcher finding a GPU lost. An
+    idle follower tells nothing."""
+    import threading
+
+    fake, session = fake_p5()
+    ctx = make_ctx(tmp_path, "", nvml=session, nvml_events=True, follow_poll_seconds=0.05)
+    c = XidCollector(ctx)
+    told = threading.Semaphore(0)
+    c.service.on_change(told.release)
+    c.start()
+    try:
+        w = c.service.watcher
+        wait_for(lambda: w and w.status.state == "watching", 10, "the NVML watcher")
+        while told.acquire(timeout=0.5):  # the start-up backlog read, if it told: drained
+            pass
+        with open(tmp_path / "kmsg", "a") as f:
+            f.write(_xid_record(0, int(time.monotonic() * 1e6), xid=94))
+        assert told.acquire(timeout=10), "no notification for a counted XID"
+        ack = one_shot(make_ctx(tmp_path, None))  # `ack`, another process, on the same state
+        assert ack.write_ack(Ack("00000000:53:00", 0, "", None, time.time(), {"94": 1})) == ""
+        assert told.acquire(timeout=10), "no notification for the ack"
+        wait_for(lambda: c.service.snapshot().acks, 5, "the ack taken")
+        fake.lose(5)
+        assert told.acquire(timeout=10), "no notification for the lost GPU"
+    finally:
+        c.close()
+
+
+def test_an_ack_is_told_while_the_kernel_log_cannot_be_read(tmp_path):
+    """An unprivileged pod cannot open /dev/kmsg (the follower retries it every KMSG_RETRY_S): an
+    ack is still taken, and told, at the follower's cadence."""
+    import threading
+
+    from exporter.xid.service import KMSG_RETRY_S
+
+    ctx = make_ctx(tmp_path, None, follow_poll_seconds=0.05)  # no kernel log file at all
+    c = XidCollector(ctx)
+    told = threading.Semaphore(0)
+    c.service.on_change(told.release)
+    c.start()
+    try:
+        wait_for(lambda: c.service.follower.status.error, 10, "the kernel log failing")
+        ack = one_shot(make_ctx(tmp_path, None))
+        assert ack.write_ack(Ack("00000000:53:00", 0, "", None, time.time(), {})) == ""
+        assert told.acquire(timeout=KMSG_RETRY_S / 2), "the ack waited for the kernel log's retry"
+    finally:
+        c.close()

@@ -123,6 +123,9 @@ class KubernetesCollector(Derived):
 
     def start(self) -> None:
         self.writer.start()
+        if self.ctx.xid is not None:
+            # An XID, an ack or a lost GPU reaches the Node within seconds, scraped or not.
+            self.ctx.xid.on_change(self.writer.poke)
 
     def bind_collect(self, collect: Any) -> None:
         self.writer.collect = collect

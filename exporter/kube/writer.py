@@ -16,6 +16,14 @@ stores it and wakes the thread. The thread writes:
   the annotation `OWNER_ANNOTATION`; it removes only what that names and what still has the value
   it set, so a taint or label another agent owns is never touched.
 
+The verdict reaches the Node within seconds whether or not anything scrapes: the XID service
+notifies `poke` (exporter.xid.service `on_change`: an XID counted, an ack taken, a GPU lost), and
+the thread asks for a collection (`collect`), whose verdict it writes at once when it changed.
+Pokes that come while one is being served are folded into one more collection at most every
+`poke_min_s` (an XID 13 flood pokes on every kernel-log read). Nothing polls: the thread sleeps on
+its condition variable until a poke, an offer, the heartbeat or a retry is due. When no verdict
+came for a heartbeat (nothing scraped), the heartbeat collects too, so it never repeats a stale one.
+
 A failed call (server away, slow, 401/403/409/5xx) is counted, `up` goes to 0 and the thread
 retries after a backoff (doubling from `retry_min_s` to `retry_max_s`); scrapes never wait for it.
 """
@@ -50,6 +58,7 @@ class Options:
     heartbeat_s: float = 300.0
     retry_min_s: float = 1.0
     retry_max_s: float = 60.0
+    poke_min_s: float = 1.0  # at most one poked collection this often (a flood pokes continuously)
 
 
 @dataclass
@@ -70,7 +79,8 @@ class Writer:
     """`offer` from any thread; `start` and `close` once. `make_client` builds the client (it may
     raise ApiError("config"): retried like any failure, so a fixed file is picked up).
     `collect`, when set, asks for a collection: the thread calls it when no verdict came for a
-    heartbeat (nothing scraped the exporter), so the heartbeat never repeats a stale verdict."""
+    heartbeat (nothing scraped the exporter), so the heartbeat never repeats a stale verdict, and
+    after a `poke` (what the verdict is made of changed)."""
 
     def __init__(self, make_client: Callable[[], Client], opts: Options,
                  wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic) -> None:
@@ -82,6 +92,8 @@ class Writer:
         self._cv = threading.Condition()
         self._want: Desired | None = None
         self._offered_at = mono()
+        self._poked = False
+        self._poke_due = 0.0  # monotonic: the earliest the next poked collection may run
         self._closed = False
         self._thread: threading.Thread | None = None
         self._client: Client | None = None
@@ -97,6 +109,12 @@ class Writer:
         with self._cv:
             self._want = want
             self._offered_at = self.mono()
+            self._cv.notify()
+
+    def poke(self) -> None:
+        """What the verdict is made of changed: collect now (never waits; any thread)."""
+        with self._cv:
+            self._poked = True
             self._cv.notify()
 
     def start(self) -> None:
@@ -126,23 +144,31 @@ class Writer:
                             return want
                     elif want != self._written or now >= self._due:  # a change, or the heartbeat
                         return want
+                if self.collect is not None and self._poked and now >= self._poke_due:
+                    self._poked = False
+                    self._poke_due = now + self.opts.poke_min_s
+                    self._collect_now()
+                    continue
                 if self.collect is not None and now - self._offered_at >= self.opts.heartbeat_s:
-                    self._stale()
+                    self._collect_now()
                     continue
                 waits = [self._offered_at + self.opts.heartbeat_s - now] if self.collect else []
+                if self.collect is not None and self._poked:
+                    waits.append(self._poke_due - now)
                 if want is not None:
                     waits.append(self._due - now)
                 self._cv.wait(max(0.01, min(waits)) if waits else None)
         return None
 
-    def _stale(self) -> None:
-        """No verdict for a heartbeat: ask for a collection (outside the lock: it offers)."""
+    def _collect_now(self) -> None:
+        """A poke, or no verdict for a heartbeat: ask for a collection (outside the lock: it
+        offers; the loop then writes what it offered)."""
         self._offered_at = self.mono()  # one request per heartbeat even if it fails
         self._cv.release()
         try:
             self.collect()  # type: ignore[misc]
         except Exception:  # noqa: BLE001 - a failed collection is the runner's to report
-            log.exception("collection for the Kubernetes heartbeat failed")
+            log.exception("collection for the Kubernetes condition failed")
         finally:
             self._cv.acquire()
 

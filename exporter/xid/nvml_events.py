@@ -43,12 +43,16 @@ class WatcherStatus:
 
 
 class NvmlEventWatcher:
-    """Runs in its own thread; `on_event(event)` is called for every event received."""
+    """Runs in its own thread; `on_event(event)` is called for every event received, `on_lost()`
+    when a GPU is found lost (the event set's wait failed with GPU_IS_LOST, or a GPU-unavailable
+    event)."""
 
     def __init__(self, session_factory: Callable[[], object], on_event: Callable[[Event], None],
-                 wait_ms: int = 1000, retry_s: float = 5.0) -> None:
+                 wait_ms: int = 1000, retry_s: float = 5.0,
+                 on_lost: Callable[[], None] | None = None) -> None:
         self.session_factory = session_factory
         self.on_event = on_event
+        self.on_lost = on_lost
         self.wait_ms = wait_ms
         self.retry_s = retry_s
         self.status = WatcherStatus()
@@ -85,6 +89,13 @@ class NvmlEventWatcher:
                 self._stop.wait(self.retry_s)
         self._free()
         self.status.state = "stopped"
+
+    def _lost(self) -> None:
+        if self.on_lost is not None:
+            try:
+                self.on_lost()
+            except Exception:  # noqa: BLE001 - a listener must not stop the watcher
+                log.exception("on_lost listener")
 
     def _free(self) -> None:
         if self._set is not None and self._backend is not None:
@@ -166,6 +177,7 @@ class NvmlEventWatcher:
                     log.warning("NVML event wait: GPU is lost (%s); rebuilding the event set without it",
                                 ", ".join(map(str, lost)) or "which one unknown")
                     self.status.rebuilds += 1
+                    self._lost()
                     if not lost:  # cannot tell which: pause so we do not spin
                         self._stop.wait(1.0)
                     if not self._build(session):
@@ -177,6 +189,7 @@ class NvmlEventWatcher:
             self.status.events += 1
             if ev.event_type & EVENT_GPU_UNAVAILABLE:
                 session.mark_lost(ev.index)
+                self._lost()
             try:
                 self.on_event(ev)
             except Exception:  # noqa: BLE001 - a bad event must not stop the watcher

@@ -10,7 +10,12 @@ Parts, one job each:
 - XidPersistence (exporter.xid.persistence): the state files, written from snapshots.
 
 Collectors and commands read it through `snapshot()` (an immutable view as of one moment),
-`hits()`, the GPU accessors and `write_ack()`, never through its parts.
+`hits()`, the GPU accessors and `write_ack()`, never through its parts. In the daemon, whoever must
+act on a change without waiting for a scrape subscribes with `on_change(fn)`: `fn()` is called (on
+the thread that saw it; it must not block) when a kernel-log read or an NVML event changed the
+counts, when an acknowledgement `ack` wrote was taken, and when the NVML watcher found a GPU lost.
+The follower takes acks at its own cadence (`xid.follow_poll_seconds`), so an ack counts within
+that, scraped or not.
 
 `xid.enabled: false` builds no XID counter (no XID is counted, no NVML event watcher) and
 `nvswitch.enabled: false` no SXid counter; the state file is still read for the verdict. This
@@ -24,7 +29,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,6 +147,7 @@ class XidService:
         self._start_lock = threading.Lock()
         self._log_acks = False  # the daemon's log is the trail of acks; one-shot commands print
         self._lines_cache: tuple | None = None  # (store versions, what snapshot() builds from them)
+        self._listeners: list[Callable[[], None]] = []
 
     # -- what the collectors and commands read -----------------------------------------------------
     def _lines(self) -> tuple:
@@ -260,6 +266,27 @@ class XidService:
             log.info("acknowledged %s on GPU %s (PCI %s): tier %s, counts at the ack %s", what, gpu or "-",
                      bus_id, tiers, ", ".join(f"{k} x{n}" for k, n in sorted(a.baseline.items())) or "none")
 
+    # -- change notification (the daemon) ----------------------------------------------------------------
+    def on_change(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` whenever what the verdict is made of changes (see the module's docstring)."""
+        self._listeners.append(fn)
+
+    def _changed(self) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a listener must not stop the follower or the watcher
+                log.exception("XID change listener")
+
+    def _versions(self) -> tuple[int, int]:
+        return self.store.version, self.sxids.version
+
+    def _on_nvml_event(self, ev: Any) -> None:
+        before = self._versions()
+        self.counter.on_nvml_event(ev)  # type: ignore[union-attr] - the watcher runs only with a counter
+        if self._versions() != before:
+            self._changed()
+
     # -- background ----------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the kernel-log follower (when something counts) and the NVML event watcher
@@ -281,7 +308,8 @@ class XidService:
             self._thread = threading.Thread(target=self._follow, name="kmsg-follow", daemon=True)
             self._thread.start()
             if self.counter is not None and self.cfg.nvml_events:
-                self.watcher = NvmlEventWatcher(self._session_for_watcher, self.counter.on_nvml_event)
+                self.watcher = NvmlEventWatcher(self._session_for_watcher, self._on_nvml_event,
+                                                on_lost=self._changed)
                 self.watcher.start()
 
     def _session_for_watcher(self) -> Any:
@@ -293,16 +321,25 @@ class XidService:
     def _follow(self) -> None:
         poll = self.cfg.follow_poll_seconds
         status = self.follower.status
+        retry_at = 0.0  # monotonic: the next try of a kernel log that could not be read
         while not self._stop.is_set():
             try:
-                self.follower.read(live=status.backlog_done)
-                if status.ok:
-                    status.backlog_done = True
+                before = self._versions()
+                if time.monotonic() >= retry_at:
+                    self.follower.read(live=status.backlog_done)
+                    if status.ok:
+                        status.backlog_done = True
+                    elif status.enabled:
+                        retry_at = time.monotonic() + KMSG_RETRY_S
                 if self.counter is not None:
                     self.counter.tick()
+                # acks at this cadence even while the kernel log cannot be read (unprivileged pods)
+                acked = bool(self._listeners) and bool(self.refresh_acks())
+                if acked or self._versions() != before:
+                    self._changed()
                 self.persistence.flush()
                 if not status.enabled or not status.ok:
-                    self._stop.wait(KMSG_RETRY_S if status.enabled else poll)
+                    self._stop.wait(poll)
                     continue
                 self.follower.reader.wait(poll)
             except Exception:  # noqa: BLE001 - keep following whatever one record did
