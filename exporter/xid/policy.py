@@ -1,16 +1,27 @@
 """Policy: which tier each XID lands in. Defaults below; the `xid.policy` config overrides them.
 
-Tiers, most to least severe: replace, reboot, reset, application, ignore; `unknown` for an XID
-that is in no tier (not in the catalog and not configured), so it stays visible. XID 154 without
-an explicit policy entry takes the tier of the recovery action it names (0x1 reset, 0x2 reboot).
+Tiers, most to least severe: replace, reboot, reset, nonfatal, application, ignore; `unknown` for
+an XID that is in no tier (not in the catalog and not configured), so it stays visible. XID 154
+without an explicit policy entry takes the tier of the recovery action it names (0x1 reset, 0x2
+reboot). `nonfatal` is counted and ticketed by its rate (rules/xid.yml), never a node action.
+
+The NVLink XIDs (74, 144-150) take the tier of their decode (exporter/xid/nvlink.py): a line that
+says `Nonfatal` is `nonfatal`, whatever else it says; NVIDIA's IGNORE is `ignore`, RESET_GPU
+`reset`, a report-if-repeated class or XID_154_EVAL (the XID 154 logged with it carries the
+action) `nonfatal`; an undecodable line, or NVML's report without a line, keeps the code's own
+(conservative) tier. The config overrides the decode per code (`reset: [149]`: every 149) or per
+code and severity (`reboot: ["149/fatal"]`, `ignore: ["145/nonfatal"]`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-TIERS = ("replace", "reboot", "reset", "application", "ignore")
+from exporter.xid.nvlink import DECODED_XIDS, from_code
+
+TIERS = ("replace", "reboot", "reset", "nonfatal", "application", "ignore")
 
 DEFAULT_POLICY: dict[str, list[int]] = {
     # The set operators page on to replace the node: memory errors (row remap recorded/failed,
@@ -55,26 +66,81 @@ def check_tiers(value: Any, tiers: tuple[str, ...], noun: str) -> str | None:
     return None
 
 
+_SEVERITY_KEY = re.compile(r"(\d{1,3})/(fatal|nonfatal)")
+
+
 def check_policy(value: Any) -> str | None:
-    """Config check for `xid.policy`."""
+    """Config check for `xid.policy`: XID numbers, and "CODE/fatal" or "CODE/nonfatal" for the
+    NVLink XIDs NVIDIA's catalog decodes (74, 144-150)."""
+    if isinstance(value, Mapping):
+        plain: dict[Any, list[Any]] = {}
+        for tier, codes in value.items():
+            plain[tier] = codes
+            if isinstance(codes, list) and any(isinstance(c, str) for c in codes):
+                from exporter.config import show
+
+                for i, c in enumerate(codes):
+                    m = _SEVERITY_KEY.fullmatch(c) if isinstance(c, str) else None
+                    if isinstance(c, str) and (m is None or int(m.group(1)) not in DECODED_XIDS):
+                        return (f"XID numbers or \"XID/fatal\", \"XID/nonfatal\" for XIDs "
+                                f"{', '.join(map(str, sorted(DECODED_XIDS)))} under {tier!r} "
+                                f"(item {i} is {show(c)})")
+                plain[tier] = [c for c in codes if not isinstance(c, str)]
+        value = plain
     return check_tiers(value, TIERS, "XID")
 
 
-class Policy:
-    """Tier lookup. `overrides` moves the XIDs it lists; the others keep their default tier."""
+# A decoded NVLink XID's outcome -> tier, where the line does not say Nonfatal (which is
+# `nonfatal` whatever the outcome). `undecoded` is absent: it keeps the code's own tier.
+OUTCOME_TIERS = {"ignore": "ignore", "ticket": "nonfatal", "xid154": "nonfatal", "reset": "reset",
+                 "reboot": "reboot"}
 
-    def __init__(self, overrides: Mapping[str, list[int]] | None = None) -> None:
+
+class Policy:
+    """Tier lookup. `overrides` moves the XIDs it lists (and, for the NVLink XIDs, "XID/severity"
+    entries move that severity of them); the others keep their default tier."""
+
+    def __init__(self, overrides: Mapping[str, list[int | str]] | None = None) -> None:
         self.tiers: dict[int, str] = {}
         for tier, xids in DEFAULT_POLICY.items():
             for x in xids:
                 self.tiers[x] = tier
         self.explicit: set[int] = set()
+        self.by_severity: dict[tuple[int, str], str] = {}
         for tier, xids in (overrides or {}).items():
             for x in xids:
+                if isinstance(x, str):
+                    code, _, severity = x.partition("/")
+                    self.by_severity[(int(code), severity)] = tier
+                    continue
                 self.tiers[x] = tier
                 self.explicit.add(x)
 
     def tier(self, xid: int, action: int | None = None) -> str:
         if xid == 154 and xid not in self.explicit:
             return ACTION_TIERS.get(action, "unknown") if action is not None else "reset"
+        if xid in DECODED_XIDS and action is not None:
+            return self.decoded_tier(xid, action)
         return self.tiers.get(xid, "unknown")
+
+    def decoded_tier(self, xid: int, code: int) -> str:
+        """The tier of an NVLink XID event by its decode (`code`, exporter.xid.nvlink)."""
+        d = from_code(code)
+        if d is None:
+            return self.tiers.get(xid, "unknown")
+        pinned = self.by_severity.get((xid, d.severity))
+        if pinned is not None:
+            return pinned
+        if xid in self.explicit:
+            return self.tiers[xid]
+        if d.severity == "nonfatal":
+            return "nonfatal"  # never a node action, decoded or not
+        return OUTCOME_TIERS.get(d.outcome) or self.tiers.get(xid, "unknown")
+
+    def undecoded(self, xid: int, action: int | None) -> bool:
+        """An event of a decoded XID (74, 144-150) that NVIDIA's table could not decode: NVML's
+        report without a kernel line, or a line whose fields match no row."""
+        if xid not in DECODED_XIDS:
+            return False
+        d = from_code(action) if action is not None else None
+        return d is None or not d.decoded
