@@ -147,8 +147,9 @@ def decode_nvlink5(xid: int, unit: str, intrinfo: int, status: int) -> str:
     """NVIDIA's resolution for one NVLink5 event: the rows whose error status and interrupt-info
     pattern match (and whose unit does, when the line names one). Rows that disagree: the most
     severe (never a milder answer than the table allows). No row: `undecoded`."""
+    parts = {u for u in unit.upper().split("/") if u}  # the line may name a unit and its sub-unit
     found = [r.outcome for r in _rules(xid)
-             if r.status == status and (not unit or unit.upper() in r.units)
+             if r.status == status and (not parts or parts & r.units)
              and any(intrinfo & mask == value for mask, value in r.patterns)]
     return max(found, key=_RANK.__getitem__) if found else "undecoded"
 

@@ -35,8 +35,10 @@ _NAME_RE = re.compile(r",\s*name=([^,]*)")
 _ACTION_RE = re.compile(r"\bto\s+0x([0-9a-fA-F]+)")
 _ANY_HEX_RE = re.compile(r"0x([0-9a-fA-F]+)")
 _GPU_AT_RE = re.compile(r"NVRM: GPU at (?:PCI:)?(" + _PCI + r"):\s+(GPU-[0-9a-fA-F-]{1,92})(?![0-9a-fA-F-])")
-_BUS_LOSS_ONE_RE = re.compile(r"NVRM: GPU (?:at PCI:)?(" + _PCI + r"):\s+GPU has fallen off the bus")
-_BUS_LOSS_START_RE = re.compile(r"NVRM: The NVIDIA GPU (" + _PCI + r")")
+# The bus-loss notices also come without the PCI domain (`NVRM: GPU 18:00.0: ...`, gpud's tests): domain 0.
+_PCI_ANY = r"(?:[0-9a-fA-F]{1,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+_BUS_LOSS_ONE_RE = re.compile(r"NVRM: GPU (?:at PCI:)?(" + _PCI_ANY + r"):\s+GPU has fallen off the bus")
+_BUS_LOSS_START_RE = re.compile(r"NVRM: The NVIDIA GPU (" + _PCI_ANY + r")(?![0-9a-fA-F:])")
 _FALLEN = "fallen off the bus"
 
 

@@ -107,14 +107,14 @@ class Policy:
                 self.tiers[x] = tier
         self.explicit: set[int] = set()
         self.by_severity: dict[tuple[int, str], str] = {}
-        for tier, xids in (overrides or {}).items():
-            for x in xids:
-                if isinstance(x, str):
-                    code, _, severity = x.partition("/")
+        for tier, entries in (overrides or {}).items():
+            for entry in entries:
+                if isinstance(entry, str):
+                    code, _, severity = entry.partition("/")
                     self.by_severity[(int(code), severity)] = tier
-                    continue
-                self.tiers[x] = tier
-                self.explicit.add(x)
+                else:
+                    self.tiers[entry] = tier
+                    self.explicit.add(entry)
 
     def tier(self, xid: int, action: int | None = None) -> str:
         if xid == 154 and xid not in self.explicit:
