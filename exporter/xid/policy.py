@@ -25,15 +25,24 @@ TIERS = ("replace", "reboot", "reset", "nonfatal", "application", "ignore")
 
 DEFAULT_POLICY: dict[str, list[int]] = {
     # The set operators page on to replace the node: memory errors (row remap recorded/failed,
-    # contained/uncontained uncorrectable). EC2 recommends replacing on repeated remapping.
-    "replace": [63, 64, 94, 95],
-    # The GPU is unreachable (fallen off the bus) or the VM must restart: power cycle.
-    "reboot": [79, 151, 160],
+    # contained/uncontained uncorrectable). EC2 recommends replacing on repeated remapping. 54: the
+    # board's auxiliary power is not connected (NVIDIA: CHECK_MECHANICALS; hands on the node).
+    "replace": [54, 63, 64, 94, 95],
+    # The GPU is unreachable (fallen off the bus) or the VM must restart: power cycle. 168: memory
+    # capacity reduced by errors in the write-protected region (awslabs' health check reboots);
+    # 173: the Grace-GPU C2C link failed (gpud reboots).
+    "reboot": [79, 151, 160, 168, 173],
+    # 74 and 144-150: undecodable events only; decoded ones follow NVIDIA's table (module docstring).
     "reset": [32, 46, 48, 56, 57, 58, 61, 62, 65, 73, 74, 81, 109, 110, 119, 120, 122, 123, 136, 140,
-              143, 144, 145, 146, 147, 148, 149, 150, 155, 156, 158, 171, 172],
-    # The job's fault, not the GPU's.
-    "application": [8, 13, 31, 43, 45, 68, 69, 80, 137],
-    "ignore": [38, 92, 121, 157, 161],
+              142, 143, 144, 145, 146, 147, 148, 149, 150, 155, 156, 158, 167, 169, 171, 172],
+    # Counted, ticketed by its rate (rules/xid.yml GpuXidNonfatalRateHigh), never a node action: the
+    # decoded NVLink events that say Nonfatal or that NVIDIA asks to report when they repeat.
+    "nonfatal": [],
+    # The job's fault, not the GPU's (NVIDIA: RESTART_APP, or sympathetic to another XID).
+    "application": [8, 11, 13, 25, 31, 39, 40, 41, 43, 45, 60, 68, 69, 70, 71, 72, 75, 76, 77, 80, 82, 83,
+                    84, 85, 86, 88, 89, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 126, 127, 128, 129,
+                    130, 131, 132, 133, 134, 135, 137, 139, 159],
+    "ignore": [37, 38, 44, 66, 67, 92, 93, 106, 107, 121, 141, 152, 153, 157, 161, 162, 163, 164, 165],
 }
 
 # XID 154: recovery action code -> tier.
