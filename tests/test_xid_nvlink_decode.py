@@ -234,3 +234,73 @@ def test_policy_overrides_the_decode_per_code_and_severity():
     assert check_policy({"reboot": ["149/fatal", 79], "nonfatal": [13]}) is None
     for bad in ({"reboot": ["149/maybe"]}, {"reboot": ["13/fatal"]}, {"reboot": ["x"]}, {"loud": [149]}):
         assert check_policy(bad) is not None, bad
+
+
+# -- one event per decode; NVML's report (no fields) joins the kernel line's --------------------------------
+def test_a_nonfatal_line_never_swallows_a_fatal_one_and_nvml_joins_the_line():
+    from exporter.xid.store import XidStore, count_key
+
+    nonfatal, fatal = Decoded("ignore", "nonfatal").code, Decoded("reset", "fatal").code
+    st = XidStore(window_s=10.0)
+    assert st.report("kmsg", "00000000:75:00", 149, 100.0, 1e9, nonfatal, listed=True)
+    assert st.report("kmsg", "00000000:75:00", 149, 101.0, 1e9, fatal, listed=True)  # its own event
+    assert not st.report("nvml", "00000000:75:00", 149, 101.5, 1e9, listed=True)  # joins
+    assert not st.report("kmsg", "00000000:75:00", 149, 102.0, 1e9, fatal, listed=True)  # same decode
+    got = {k: c.count for k, c in st.snapshot()["00000000:75:00"].items()}
+    assert got == {count_key(149, nonfatal): 1, count_key(149, fatal): 1}
+    # NVML first (held past its grace): counted undecoded, then moved to the line's decode
+    assert st.report("nvml", "00000000:86:00", 145, 200.0, 1e9, listed=True)
+    assert {k: c.count for k, c in st.snapshot()["00000000:86:00"].items()} == {"145": 1}
+    assert not st.report("kmsg", "00000000:86:00", 145, 200.5, 1e9, nonfatal, listed=True)
+    assert {k: c.count for k, c in st.snapshot()["00000000:86:00"].items()} == {count_key(145, nonfatal): 1}
+    assert Policy().tier(145, nonfatal) == "nonfatal"
+
+
+def test_nvml_nvlink_xid_waits_for_the_kernel_line_that_decodes_it(tmp_path):
+    """NVML's XID 149 event has no fields: the counter holds it (as XID 154's) so the kernel line
+    decodes the event; a Nonfatal line then leaves no reset series and nothing undecoded."""
+    import time
+
+    from exporter.collectors.xid import XidCollector
+    from exporter.runner import Runner
+    from tests.helpers import samples, scrape, test_pool, value, wait_for
+    from tests.test_xid_service import fake_p5, make_ctx
+
+    fake, session = fake_p5()
+    ctx = make_ctx(tmp_path, "", nvml=session, nvml_events=True, follow_poll_seconds=0.05)
+    c = XidCollector(ctx)
+    c.start()
+    try:
+        wait_for(lambda: c.service.watcher and c.service.watcher.status.state == "watching", 10, "the watcher")
+        fake.queue_event(6, 149)  # NVML: the XID alone
+        wait_for(lambda: c.service.watcher.status.events >= 1, 10, "the NVML event taken")  # then the line
+        with open(tmp_path / "kmsg", "a") as f:
+            f.write(f"4,0,{int(time.monotonic() * 1e6)},-;NVRM: Xid (PCI:0000:b9:00): 149, NETIR_BER_EVENT "
+                    "Nonfatal XC0 i0 Link 03 (0x00086226 0x00000001 0x00000000 0x00000000)\n")
+        wait_for(lambda: c.service.store.reports.get("nvml", 0) >= 1, 15, "NVML's report after its grace")
+        text = scrape(Runner([c], deadline_s=5, pool=test_pool()))
+        assert value(text, "gpu_xid_errors_total", gpu="6", xid="149", tier="nonfatal") == 1
+        assert not [1 for n, ls in samples(text) if n == "gpu_xid_errors_total" and ("tier", "reset") in ls]
+        assert not [1 for n, _ in samples(text) if n == "gpu_xid_undecoded_total"]
+    finally:
+        c.close()
+
+
+def test_an_undecodable_event_is_exported_as_undecoded_at_the_conservative_tier(tmp_path):
+    from exporter.collectors.xid import XidCollector
+    from exporter.runner import Runner
+    from exporter.xid.service import one_shot
+    from tests.helpers import promtool_check_metrics, samples, scrape, test_pool, value
+    from tests.test_xid_service import make_ctx
+
+    ctx = make_ctx(tmp_path, "4,1,5000000,-;NVRM: Xid (PCI:0018:01:00): 149, NETIR Fatal XC0 i0 Link -1 "
+                             "(0x000fe406\n4,2,9000000,-;NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 "
+                             "i0 Link 13 (0x0409a0c2 0x00000008 0x00000001)\n")
+    one_shot(ctx)
+    text = scrape(Runner([XidCollector(ctx)], deadline_s=5, pool=test_pool()))
+    assert promtool_check_metrics(text) == ""
+    assert value(text, "gpu_xid_errors_total", xid="149", tier="reset") == 1
+    assert value(text, "gpu_xid_undecoded_total", xid="149") == 1
+    assert value(text, "gpu_xid_errors_total", xid="145", tier="nonfatal") == 1
+    undecoded = {dict(ls)["xid"] for n, ls in samples(text) if n == "gpu_xid_undecoded_total"}
+    assert undecoded == {"149"}  # the decoded 145 has none

@@ -152,7 +152,9 @@ class XidCounter:
                                             (source, pci, xid, action, text, other, hit)))
                     return
         info = lookup(xid)
-        log.warning("XID %d counted on GPU %s (PCI %s): tier %s, from %s%s%s%s", xid, gpu or "-",
+        # an NVLink XID NVIDIA's table could not decode keeps its conservative tier: say so
+        undecoded = " (undecoded: the code's conservative tier)" if self.policy.undecoded(xid, action) else ""
+        log.warning("XID %d counted on GPU %s (PCI %s): tier %s%s, from %s%s%s%s", xid, gpu or "-",
                     f"{pci_label(pci)}, counted under \"{OTHER}\"" if other else bus_id,
-                    self.policy.tier(xid, action), source, f"; {hit}" if hit else "",
+                    self.policy.tier(xid, action), undecoded, source, f"; {hit}" if hit else "",
                     f"; {info.meaning}" if info else "", f"; {text[:160]}" if text else "")
