@@ -271,7 +271,8 @@ def test_nvml_nvlink_xid_waits_for_the_kernel_line_that_decodes_it(tmp_path):
     c = XidCollector(ctx)
     c.start()
     try:
-        wait_for(lambda: c.service.watcher and c.service.watcher.status.state == "watching", 10, "the watcher")
+        watcher = lambda: c.service.watcher  # noqa: E731 - started by c.start()
+        wait_for(lambda: watcher() and watcher().status.state == "watching", 10, "the watcher")
         fake.queue_event(6, 149)  # NVML: the XID alone
         wait_for(lambda: c.service.watcher.status.events >= 1, 10, "the NVML event taken")  # then the line
         with open(tmp_path / "kmsg", "a") as f:
@@ -294,8 +295,9 @@ def test_an_undecodable_event_is_exported_as_undecoded_at_the_conservative_tier(
     from tests.test_xid_service import make_ctx
 
     ctx = make_ctx(tmp_path, "4,1,5000000,-;NVRM: Xid (PCI:0018:01:00): 149, NETIR Fatal XC0 i0 Link -1 "
-                             "(0x000fe406\n4,2,9000000,-;NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 "
-                             "i0 Link 13 (0x0409a0c2 0x00000008 0x00000001)\n")
+                             "(0x000fe406\n"  # cut short: undecodable
+                             "4,2,9000000,-;NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 "
+                             "Link 13 (0x0409a0c2 0x00000008 0x00000001)\n")
     one_shot(ctx)
     text = scrape(Runner([XidCollector(ctx)], deadline_s=5, pool=test_pool()))
     assert promtool_check_metrics(text) == ""
