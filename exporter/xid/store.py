@@ -287,9 +287,9 @@ class XidStore:
         return "/" not in key or "/" not in ev.key
 
     def _rekey(self, pci: str, ev: OpenEvent, key: str) -> None:
-        """Move an event counted without its decode (NVML was first) to the decode its kernel
-        line gives."""
-        if "/" in ev.key or ev.key.partition("/")[0] != key.partition("/")[0]:
+        """Move an event counted without its code (NVML's report was first: no NVLink decode, no
+        XID 154 action) to the code its kernel line gives. An event counted with a code keeps it."""
+        if "/" in ev.key:
             return
         where = pci if ev.key in self.counts.get(pci, {}) else OTHER
         per = self.counts.get(where, {})
