@@ -20,6 +20,8 @@ from exporter.xid.nvlink import DECODED_XIDS, Decoded, decode, from_code
 from exporter.xid.nvlink_table import ROWS
 from exporter.xid.parser import KernelLogParser, XidReport, parse_message, parse_xid, pci_key
 from exporter.xid.policy import Policy, check_policy
+from exporter.xid.store import Count, count_key
+from exporter.xid.verdict import GpuInput, judge, xid_lines
 from tests.helpers import FIXTURES
 
 FIELD = [json.loads(line) for line in (FIXTURES / "xid" / "field_lines.jsonl").read_text().splitlines()]
@@ -178,6 +180,11 @@ def test_no_nonfatal_line_is_ever_a_node_action(xid, word, noise):
                  f"({noise})"):
         r = parse_xid(line)
         assert r is not None and Policy().tier(r.xid, r.action) not in ACTION, line
+        # and so no verdict asks for an action: the node stays schedulable
+        key = count_key(r.xid, r.action)
+        lines = xid_lines({key: Count(1, 1.0, 1e9)}, {key: Count(1, 1.0, 1e9)}, Policy())
+        gpu = GpuInput("0", "GPU-0", "00000000:3b:00.0", None, lines)
+        assert judge([gpu], None, None).verdict == "healthy"
 
 
 @given(st.lists(st.integers(0, 2**32 - 1), min_size=7, max_size=7), _SPACE,
