@@ -59,8 +59,6 @@ def from_code(code: int) -> Decoded | None:
     return Decoded(OUTCOMES[o], SEVERITIES[s])
 
 
-MAX_CODE = (len(OUTCOMES) - 1) * 4 + len(SEVERITIES) - 1
-
 # Any spacing, either order of the fields the driver has written; `Non-fatal`, `Nonfatal` and
 # `NonFatal` alike.
 _SEVERITY_RE = re.compile(r"(?<![A-Za-z])(non[- ]?fatal|fatal)(?![A-Za-z])", re.IGNORECASE)
