@@ -181,8 +181,8 @@ def _gpu_table(verdict: NodeVerdict, s: Summary, runbooks: str) -> list[str]:
         faults = []
         for x in g.xids:
             hit = s.hits.get((g.pci_bus_id, str(x.xid)), [])
-            text = (f"XID {x.xid} &times;{x.count} ({e(x.tier)}{', acknowledged' if x.acknowledged else ''}; "
-                    f"last {e(_when(x.last_seen))})")
+            text = (f"XID {x.xid} &times;{x.count} ({e(x.tier)}{', acknowledged' if x.acknowledged else ''}"
+                    f"{f', {x.undecoded} undecoded' if x.undecoded else ''}; last {e(_when(x.last_seen))})")
             if x.meaning:
                 text += f": {e(x.meaning)}"
             whom = ", ".join(e(h) for h in hit) if hit else "no workload recorded"

@@ -114,7 +114,7 @@ def test_alert_conventions(name):
 MUST_SURVIVE_RESTART = {
     # XIDs and the node verdict: the hold-over arm, ended by an ack
     "GpuXidReplaceNow", "GpuXidRebootRequired", "GpuXidResetRequired", "GpuXidUnknown",
-    "GpuNodeReplaceRequired", "GpuNodeRebootRequired",
+    "GpuNodeReplaceRequired", "GpuNodeRebootRequired", "GpuXidNonfatalRateHigh",
     # GPU
     "GpuEccCorrectedRateAccelerating", "GpuEccCorrectedRateHigh", "GpuEccUncorrectedErrors",
     "GpuRowRemapFailure", "GpuRowRemapPending", "GpuRecoveryActionRebootRequired",

@@ -208,5 +208,7 @@ def test_simulated_p5_sxid_scenarios_end_to_end():
                  tier="reboot") == 1
     assert value(text, "gpu_node_health_verdict", verdict="reboot_required") == 1
     assert value(text, "gpu_node_health_reason", reason="sxid_reboot") == 1
-    assert value(text, "gpu_xid_errors_total", xid="74", tier="reset") == 1  # the propagated NVLink XID
+    # the propagated NVLink XID: register 2 bit 16, which NVIDIA's WORKFLOW_NVLINK_ERR asks to report
+    # if it repeats (issue 45): counted, no action of its own; the SXid carries the node's reboot
+    assert value(text, "gpu_xid_errors_total", xid="74", tier="nonfatal") == 1
     assert value(text, "gpu_fabric_state", gpu="0", state="completed") == 1

@@ -15,6 +15,7 @@ from exporter.nvml.session import NvmlSession
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
 from exporter.simulate.nvml_synth import node_capture
+from exporter.xid.nvlink import Decoded
 from exporter.xid.service import one_shot
 from exporter.xid.store import Ack
 from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, test_pool, value, wait_for
@@ -69,7 +70,8 @@ def test_every_variant_counts_once_with_its_tier(tmp_path):
     assert counts(svc) == {
         ("00000000:53:00", "31"): 1, ("00000000:64:00", "43"): 1, ("00000000:64:00", "999"): 1,
         ("00000000:75:00", "63"): 1, ("00000000:03:00", "14"): 1, ("00000000:97:00", "94"): 1,
-        ("00000018:01:00", "149"): 1, ("00000000:b9:00", "154/2"): 1, ("00000000:ca:00", "154/1"): 1,
+        ("00000018:01:00", f"149/{Decoded('reset', 'fatal').code}"): 1,
+        ("00000000:b9:00", "154/2"): 1, ("00000000:ca:00", "154/1"): 1,
         ("00000000:a8:00", "79"): 1, ("00000000:86:00", "79"): 1, ("00000000:9b:00", "119"): 1,
     }  # the prio-12 "XID 79" written from user space is not counted
     text = scrape(Runner([XidCollector(ctx)], deadline_s=5, pool=test_pool()))
@@ -78,6 +80,7 @@ def test_every_variant_counts_once_with_its_tier(tmp_path):
     assert tiers[("00000000:B9:00.0", "154")] == "reboot" and tiers[("00000000:CA:00.0", "154")] == "reset"
     assert tiers[("00000000:64:00.0", "999")] == "unknown" and tiers[("00000000:03:00.0", "14")] == "unknown"
     assert tiers[("00000000:75:00.0", "63")] == "replace" and tiers[("00000000:86:00.0", "79")] == "reboot"
+    assert tiers[("00000018:01:00.0", "149")] == "reset"  # NETIR_LINK_DOWN, Fatal: NVIDIA's RESET_GPU
 
 
 def test_multiline_xid_13_flood_and_bus_loss_reports_are_one_event_each(tmp_path):

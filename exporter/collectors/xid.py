@@ -42,9 +42,11 @@ class XidSection(Section):
     follow_poll_seconds: float = setting(
         0.2, "How often a regular file given as the kernel log is checked for appended records (the device"
         " itself wakes us at once).", check=positive)
-    policy: dict[str, list[int]] = setting(
-        {}, "Tier overrides: {tier: [xid, ...]} with tiers replace, reboot, reset, application, ignore. "
-        "Listed XIDs move to that tier; the rest keep the defaults in docs/xid.md.",
+    policy: dict[str, list[int | str]] = setting(
+        {}, "Tier overrides: {tier: [xid, ...]} with tiers replace, reboot, reset, nonfatal, application, "
+        "ignore. Listed XIDs move to that tier; the rest keep the defaults in docs/xid.md. For the NVLink "
+        "XIDs NVIDIA's catalog decodes (74, 144-150), \"XID/fatal\" or \"XID/nonfatal\" moves only the "
+        "events whose line says that severity.",
         check=check_policy, expected="a mapping of tier to a list of XIDs")
 
 XID_ERRORS = define(
@@ -52,6 +54,12 @@ XID_ERRORS = define(
     "XID events per GPU and XID since the node booted (kernel log and NVML events, one count per event; "
     "kept across exporter restarts). tier is the policy tier. A GPU NVML does not list has gpu=\"\".",
     G + ("xid", "tier"), collector="xid")
+XID_UNDECODED = define(
+    "gpu_xid_undecoded_total", "counter",
+    "Events of an NVLink XID (74, 144-150) whose fields NVIDIA's decode table could not read (NVML's "
+    "report without a kernel line, a line in a form not known, a row the table lacks): counted in "
+    "gpu_xid_errors_total at the XID's own conservative tier. Present only for such XIDs.",
+    G + ("xid",), collector="xid")
 XID_LAST_SEEN = define(
     "gpu_xid_last_seen_timestamp_seconds", "gauge",
     "Unix time of the last event of this XID on this GPU.", G + ("xid", "tier"), unit="seconds",
@@ -176,6 +184,9 @@ class XidCollector(Collector):
                 labels = dict(gpu=gpu, uuid=uuid, pci_bus_id=bus_id, xid=str(line.xid), tier=line.tier)
                 out.add(XID_ERRORS, line.count, **labels)
                 out.add(XID_LAST_SEEN, line.last_seen, **labels)
+                if line.undecoded:
+                    out.add(XID_UNDECODED, line.undecoded, gpu=gpu, uuid=uuid, pci_bus_id=bus_id,
+                            xid=str(line.xid))
         acks = snap.acks
         out.declare(XID_WORKLOAD)
         out.add_samples(XID_WORKLOAD, self._workload_series.get(snap.hits_version,

@@ -204,8 +204,10 @@ def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Conte
         "gpus": [{
             "gpu": int(g.gpu) if g.gpu.isdigit() else None, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id,
             "verdict": gpu_verdict(g, code, problems), "reasons": g.reasons, "fabric_state": g.fabric_state,
+            # undecoded: events of an NVLink XID NVIDIA's decode table could not read (docs/xid.md)
             "xids": [{"xid": x.xid, "count": x.count, "tier": x.tier, "last_seen": _iso(x.last_seen),
-                      "acknowledged": x.acknowledged, "meaning": x.meaning} for x in g.xids],
+                      "acknowledged": x.acknowledged, "meaning": x.meaning, "undecoded": x.undecoded}
+                     for x in g.xids],
             # the workloads on this GPU when each fault was counted, kept after they ended
             "workloads_hit": [_hit_json(r) for r in hits.get(pci_key(g.pci_bus_id) or "", [])],
         } for g in nv.gpus],
@@ -232,8 +234,8 @@ def table(nv: Any, problems: list[str], code: int, ctx: Context, svc: XidService
     lines.append("")
     rows = [("GPU", "PCI BUS ID", "UUID", "VERDICT", "REASONS", "XIDS SINCE BOOT (xid x count tier)")]
     for g in nv.gpus:
-        xids = ", ".join(f"{x.xid} x{x.count} {x.tier}" + (" (acked)" if x.acknowledged else "")
-                         for x in g.xids) or "-"
+        xids = ", ".join(f"{x.xid} x{x.count} {x.tier}" + (f" ({x.undecoded} undecoded)" * bool(x.undecoded))
+                         + (" (acked)" if x.acknowledged else "") for x in g.xids) or "-"
         rows.append((g.gpu or "-", g.pci_bus_id, g.uuid or "-", gpu_verdict(g, code, problems),
                      ",".join(g.reasons) or "-", xids))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]

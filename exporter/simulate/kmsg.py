@@ -117,6 +117,12 @@ def _scenario_lines(name: str) -> list[str]:
         "sxid-fatal": sxid_fatal(F),
         "xid-154": [xid_line(6, 154, "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot "
                              "Required)")],
+        # NVSentinel issue #1357's line and a BER event (gpud's tests): Nonfatal, never a node action
+        "xid-nvlink-nonfatal": [
+            xid_line(3, 145, "RLW_SRC_TRACK Nonfatal XC1 i0 Link 17 (0x04084507 0x00000004 0x00000000 "
+                             "0x00000000 0x00000000 0x00000000"),
+            xid_line(3, 149, "NETIR_BER_EVENT Nonfatal XC0 i0 Link 03 (0x00086226 0x00000001 0x00000000 "
+                             "0x00000000 0x00000000 0x00000000)")],
         # the kernel lines of the NVML scenarios (exporter/simulate/nvml_scenarios.py) that raise an XID
         "gpu-lost": bus_loss_lines(F),
         "gpu-ecc-dbe": [xid_line(F, 48, "An uncorrectable double bit error (DBE) has been detected on "
@@ -143,6 +149,8 @@ class KmsgSimSource(SimSource):
         "xid-94": f"GPU 1 logs XID 94 (contained uncorrectable ECC) after {ONSET_S:g}s",
         "xid-154": f"GPU 6 logs XID 154, recovery action changed to 0x2 (node reboot), after {ONSET_S:g}s",
         "xid-31-backlog": "GPU 4 logged an XID 31 (application page fault) before the exporter started",
+        "xid-nvlink-nonfatal": f"GPU 3 logs two Nonfatal NVLink5 XIDs (145 RLW_SRC_TRACK, 149 "
+                               f"NETIR_BER_EVENT) after {ONSET_S:g}s: nonfatal tier, the node stays healthy",
         "sxid-nonfatal-burst": f"NVSwitch 2 logs 24 non-fatal SXid 20001 (TX replay) reports on four links, "
                                f"each with its Severity and Data lines, after {ONSET_S:g}s: 24 counts, "
                                "ignore tier",

@@ -19,6 +19,7 @@ from exporter.xid.catalog import lookup
 from exporter.xid.clock import KernelClock
 from exporter.xid.identities import GpuIdentities
 from exporter.xid.kmsg import Record
+from exporter.xid.nvlink import DECODED_XIDS
 from exporter.xid.nvml_events import EVENT_NAMES
 from exporter.xid.parser import GpuAt, KernelLogParser, XidReport, pci_key, pci_label
 from exporter.xid.policy import Policy
@@ -27,7 +28,9 @@ from exporter.xid.store import OTHER, XidStore
 log = logging.getLogger("exporter.xid")
 
 RECOVERY_XID = 154
-NVML_154_GRACE_S = 3.0  # hold NVML's XID 154 (no action code) so the kernel line, which has it, wins
+# Hold NVML's XID 154 (no action code) and NVLink XIDs (no fields to decode) so the kernel line,
+# which has them, counts the event first and NVML's report joins it.
+NVML_154_GRACE_S = 3.0
 # The backlog is read before NVML is initialised (never from the follower thread: it may hang):
 # a line for an address no GPU is known at yet waits this long for NVML to name the GPU.
 LOG_HOLD_S = 10.0
@@ -46,7 +49,7 @@ class XidCounter:
         self.log_events = False  # the daemon logs each counted event; one-shot commands print them
         self.attribution = attribution  # FaultAttribution: records the workloads each event hit
         self.nvml_events: dict[tuple[str, str], int] = {}  # (pci key, event type name) -> count
-        self._pending_154: list[tuple[float, str, float, float]] = []  # (due, pci, kernel_s, wall)
+        self._pending_154: list[tuple[float, str, int, float, float]] = []  # (due, pci, xid, kernel_s, wall)
         self._held_logs: list[tuple[float, tuple]] = []  # (due, _log_event args): GPU not known yet
         self._lock = threading.Lock()
 
@@ -85,20 +88,21 @@ class XidCounter:
                     self.nvml_events[(pci, name)] = self.nvml_events.get((pci, name), 0) + 1
         if ev.event_type & EVENT_XID:
             kernel_s, wall = self.clock.now(), time.time()
-            if ev.data == RECOVERY_XID and self.kmsg_enabled:
+            if (ev.data == RECOVERY_XID or ev.data in DECODED_XIDS) and self.kmsg_enabled:
                 with self._lock:
-                    self._pending_154.append((time.monotonic() + NVML_154_GRACE_S, pci, kernel_s, wall))
+                    self._pending_154.append((time.monotonic() + NVML_154_GRACE_S, pci, int(ev.data),
+                                              kernel_s, wall))
             else:
                 self._count("nvml", pci, int(ev.data), kernel_s, wall)
 
     def tick(self) -> None:
-        """Submit held NVML XID 154 events that are due; prune old open events."""
+        """Submit held NVML XID 154 and NVLink XID events that are due; prune old open events."""
         now = time.monotonic()
         with self._lock:
             due = [p for p in self._pending_154 if p[0] <= now]
             self._pending_154 = [p for p in self._pending_154 if p[0] > now]
-        for _, pci, kernel_s, wall in due:
-            self._count("nvml", pci, RECOVERY_XID, kernel_s, wall)
+        for _, pci, xid, kernel_s, wall in due:
+            self._count("nvml", pci, xid, kernel_s, wall)
         self.store.prune(self.clock.now())
         self.flush_logs(now)
 
@@ -148,7 +152,9 @@ class XidCounter:
                                             (source, pci, xid, action, text, other, hit)))
                     return
         info = lookup(xid)
-        log.warning("XID %d counted on GPU %s (PCI %s): tier %s, from %s%s%s%s", xid, gpu or "-",
+        # an NVLink XID NVIDIA's table could not decode keeps its conservative tier: say so
+        undecoded = " (undecoded: the code's conservative tier)" if self.policy.undecoded(xid, action) else ""
+        log.warning("XID %d counted on GPU %s (PCI %s): tier %s%s, from %s%s%s%s", xid, gpu or "-",
                     f"{pci_label(pci)}, counted under \"{OTHER}\"" if other else bus_id,
-                    self.policy.tier(xid, action), source, f"; {hit}" if hit else "",
+                    self.policy.tier(xid, action), undecoded, source, f"; {hit}" if hit else "",
                     f"; {info.meaning}" if info else "", f"; {text[:160]}" if text else "")

@@ -3,7 +3,9 @@
 Variants handled (see docs/xid.md):
 - `NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=x, text` with or without pid=/name=
   (pid may be `'<unknown>'`), legacy without `PCI:` (`NVRM: Xid (0000:03:00): 14, ...`),
-  MIG `NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, ...`, NVLink5 (`..., 149, NETIR_LINK_EVT Fatal ...`),
+  MIG `NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, ...`, NVLink5 (`..., 149, NETIR_LINK_EVT Fatal ...`)
+  and XID 74 (`..., 74, ..., NVLink: fatal error detected on link 6(0x10000, 0x0, ...)`), both
+  decoded by NVIDIA's tables (exporter/xid/nvlink.py),
 - XID 154 with its hex recovery-action code (`... to 0x2 (Node Reboot Required)`; R610 labels
   such as `0x2 (OS Reboot)`, `0x1 (PF FLR)` differ, so only the hex code is used),
 - bus loss without an XID number, single line (`NVRM: GPU 0000:01:00.0: GPU has fallen off the
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 from exporter.nvml.session import pci_key as session_pci_key
 from exporter.xid.catalog import valid_xid
+from exporter.xid.nvlink import DECODED_XIDS, decode
 
 BUS_LOSS_XID = 79
 RECOVERY_ACTION_XID = 154
@@ -32,8 +35,10 @@ _NAME_RE = re.compile(r",\s*name=([^,]*)")
 _ACTION_RE = re.compile(r"\bto\s+0x([0-9a-fA-F]+)")
 _ANY_HEX_RE = re.compile(r"0x([0-9a-fA-F]+)")
 _GPU_AT_RE = re.compile(r"NVRM: GPU at (?:PCI:)?(" + _PCI + r"):\s+(GPU-[0-9a-fA-F-]{1,92})(?![0-9a-fA-F-])")
-_BUS_LOSS_ONE_RE = re.compile(r"NVRM: GPU (?:at PCI:)?(" + _PCI + r"):\s+GPU has fallen off the bus")
-_BUS_LOSS_START_RE = re.compile(r"NVRM: The NVIDIA GPU (" + _PCI + r")")
+# The bus-loss notices also come without the PCI domain (`NVRM: GPU 18:00.0: ...`, gpud's tests): domain 0.
+_PCI_ANY = r"(?:[0-9a-fA-F]{1,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+_BUS_LOSS_ONE_RE = re.compile(r"NVRM: GPU (?:at PCI:)?(" + _PCI_ANY + r"):\s+GPU has fallen off the bus")
+_BUS_LOSS_START_RE = re.compile(r"NVRM: The NVIDIA GPU (" + _PCI_ANY + r")(?![0-9a-fA-F:])")
 _FALLEN = "fallen off the bus"
 
 
@@ -58,7 +63,9 @@ class XidReport:
     pid: str | None = None
     name: str | None = None
     gpu_instance: int | None = None  # MIG GPU instance (GPU-I:NN)
-    action: int | None = None  # XID 154: the recovery action it changed to
+    # XID 154: the recovery action it changed to; XIDs 74, 144-150: the decode's code
+    # (exporter.xid.nvlink.Decoded.code)
+    action: int | None = None
     text: str = ""
     form: str = "xid"  # xid | bus_loss | bus_loss_multiline
 
@@ -105,6 +112,9 @@ def parse_xid(message: str) -> XidReport | None:
         code = _ACTION_RE.findall(text)[:1] or _ANY_HEX_RE.findall(text)[-1:]
         if code:
             action = int(code[0], 16)
+    elif xid in DECODED_XIDS:  # NVLink: the decode by NVIDIA's table (exporter/xid/nvlink.py)
+        decoded = decode(xid, text)
+        action = decoded.code if decoded is not None else None
     gi = int(m.group(2)) if m.group(2) else None
     return XidReport(key, xid, pid or None, name or None, gi, action, text[:200])
 
@@ -165,7 +175,9 @@ class KernelLogParser:
                 (len(message) == len(h) or not message[len(h)].isdigit()):
             return self._report
         parsed = parse_message(message)
-        if isinstance(parsed, XidReport) and parsed.form == "xid" and parsed.xid != RECOVERY_ACTION_XID:
+        # XID 154 and the NVLink XIDs carry a code of their own in each line: never the fast path
+        if isinstance(parsed, XidReport) and parsed.form == "xid" and parsed.action is None and \
+                parsed.xid != RECOVERY_ACTION_XID and parsed.xid not in DECODED_XIDS:
             m = _XID_RE.search(message)
             if m is not None and m.start() == 0:
                 self._header, self._report = message[:m.end(3)], parsed

@@ -41,6 +41,7 @@ from exporter.state.values import (  # noqa: F401 - StateError: re-exported
 )
 from exporter.xid.catalog import XID_MAX, XID_MIN, lookup, valid_xid
 from exporter.xid.identities import MAX_IDENTITIES, GpuIdentities, Identity  # noqa: F401 - re-exported
+from exporter.xid.nvlink import DECODED_XIDS
 
 STATE_VERSION = versions.XID.version  # what this exporter writes; older ones are migrated
 STATE_NAME = "xid-state.json"
@@ -244,16 +245,18 @@ class XidStore:
             self.reports[source] = self.reports.get(source, 0) + 1
             k = (pci, xid)
             q = self.open.get(k)
+            key = count_key(xid, action)
             if q is not None:
                 for ev in q:
-                    if abs(kernel_s - ev.start_s) <= self.window_s:
+                    if abs(kernel_s - ev.start_s) <= self.window_s and self._joins(ev, xid, key):
                         ev.sources.add(source)
                         self.merged[source] = self.merged.get(source, 0) + 1
+                        if ev.key != key and action is not None:
+                            self._rekey(pci, ev, key)
                         return False
             if not valid_xid(xid) or (action is not None and not 0 <= action <= MAX_ACTION):
                 self.dropped += 1  # not an XID the driver writes: a corrupted line or event
                 return False
-            key = count_key(xid, action)
             pci = self._series_pci(pci, listed)
             per_gpu = self.counts.get(pci)
             if per_gpu is not None and key not in per_gpu and len(per_gpu) >= MAX_KEYS_PER_GPU and \
@@ -272,6 +275,36 @@ class XidStore:
                 c.last_wall = wall if wall is not None else (wall_of(kernel_s) if wall_of else time.time())
             self.version += 1
             return True
+
+    @staticmethod
+    def _joins(ev: OpenEvent, xid: int, key: str) -> bool:
+        """Whether a report within the window is that open event. For the decoded NVLink XIDs
+        (74, 144-150) each line carries its own decode: a line decoded otherwise is an event of its
+        own (a Nonfatal line must not swallow a Fatal one), while a report without a decode (NVML's)
+        joins any, and a decoded line joins the event NVML's report opened."""
+        if xid not in DECODED_XIDS or ev.key == key:
+            return True
+        return "/" not in key or "/" not in ev.key
+
+    def _rekey(self, pci: str, ev: OpenEvent, key: str) -> None:
+        """Move an event counted without its code (NVML's report was first: no NVLink decode, no
+        XID 154 action) to the code its kernel line gives. An event counted with a code keeps it."""
+        if "/" in ev.key:
+            return
+        where = pci if ev.key in self.counts.get(pci, {}) else OTHER
+        per = self.counts.get(where, {})
+        old = per.get(ev.key)
+        if old is None or old.count < 1 or any(a.pci == where and ev.key in a.baseline for a in self.acks):
+            return  # an ack's baseline holds the count: it stays where it is
+        old.count -= 1
+        if old.count == 0:
+            del per[ev.key]
+        c = per.setdefault(key, Count())
+        c.count += 1
+        if old.last_kernel_s >= c.last_kernel_s:
+            c.last_kernel_s, c.last_wall = old.last_kernel_s, old.last_wall
+        ev.key = key
+        self.version += 1
 
     def counted_under(self, pci: str) -> str:
         """The PCI key `pci`'s events are counted under: its own, or OTHER beyond the guards."""

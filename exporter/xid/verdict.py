@@ -123,6 +123,7 @@ class XidLine:
     last_seen: float  # wall time
     acknowledged: bool  # every occurrence so far is covered by an ack
     meaning: str
+    undecoded: int = 0  # events of an NVLink XID (74, 144-150) NVIDIA's decode table could not read
 
 
 @dataclass
@@ -173,6 +174,8 @@ def xid_lines(counts: dict[str, Count], unacked: dict[str, Count], policy: Polic
         if line is None:
             line = grouped[(xid, tier)] = XidLine(xid, tier, 0, 0.0, True, info.meaning if info else "")
         line.count += c.count
+        if policy.undecoded(xid, action):
+            line.undecoded += c.count
         line.last_seen = max(line.last_seen, c.last_wall)
         if key in unacked:
             line.acknowledged = False
