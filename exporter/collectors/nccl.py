@@ -374,7 +374,7 @@ class NcclCollector(Derived):
         mine = {
             key: w
             for key, w in f.ranks.items()
-            if w.pid in good.local and (not good.local_ips or w.host in good.local_ips)
+            if w.pid in good.local and w.host in good.local_ips
         }
         for key, w in sorted(mine.items(), key=lambda kv: kv[1].rank):
             local_gpu = str(good.local[w.pid])
@@ -475,7 +475,10 @@ class NcclCollector(Derived):
         job.queued = False
         if reading.result == client.OK and reading.findings is not None:
             f = reading.findings
-            reading.local_ips |= {w.host for w in f.ranks.values() if w.pid in reading.local and w.host}
+            # This node's IP in the reply: the job's own listeners say it; else only the one host
+            # where all its pids appear (pids repeat across nodes in containers).
+            if not reading.local_ips:
+                reading.local_ips = f.hosts_of(set(reading.local))
             job.good = reading
             job.last_ok_mono = self._mono()
             job.role = election.role(f, reading.local_ips) if self.cfg.elect else election.QUERIER

@@ -47,6 +47,18 @@ class Findings:
     timeouts: int = 0
     collection_s: float = 0.0
 
+    def hosts_of(self, nspids: set[int]) -> set[str]:
+        """The host this node is in the reply, known by its processes' pids (in their namespace):
+        the one host where most of them appear. None when several tie (containers repeat small
+        pids on every node): a pid alone would place other nodes' ranks here."""
+        where: dict[str, int] = {}
+        for w in self.ranks.values():
+            if w.host and w.pid in nspids:
+                where[w.host] = where.get(w.host, 0) + 1
+        best = max(where.values(), default=0)
+        hosts = {h for h, n in where.items() if n == best}
+        return hosts if best and len(hosts) == 1 else set()
+
     def lowest_host(self) -> str:
         """The host of the lowest-numbered rank of the largest communicator ("" if unknown)."""
         known = sorted((w.rank, w.host) for w in self.ranks.values() if w.host)
