@@ -2,8 +2,9 @@
 whose every node asked each interval would run N collectives per interval. The querier is chosen
 from what any reply says, so every node chooses the same one without talking to the others:
 
-- querier: the node hosting the lowest rank of the largest communicator (world rank 0), queries
-  every interval;
+- querier: the node hosting the lowest rank of the largest communicator (world rank 0) that
+  answered, queries every interval (a node whose ranks are missing may be gone: the next one takes
+  over as soon as its own reply says so);
 - backup: the node of the lowest rank on another host, every `backup` intervals: it takes over
   within that when the querier's exporter is gone;
 - standby: every other node, every max(`standby`, nodes) intervals: revalidates the choice (a new
@@ -23,7 +24,9 @@ QUERIER, BACKUP, STANDBY, UNKNOWN = "querier", "backup", "standby", "unknown"
 def role(f: Findings | None, local_hosts: set[str]) -> str:
     if f is None or f.format != "json" or not local_hosts:
         return UNKNOWN
-    order = sorted((w.rank, w.host) for w in f.ranks.values() if w.host)
+    # only ranks that answered: a node whose ranks are missing or dead may be gone with its
+    # exporter, and the job-wide view (which names them) is the querier's alone to export
+    order = sorted((w.rank, w.host) for key, w in f.ranks.items() if w.host and key not in f.missing)
     if not order:
         return UNKNOWN
     first = order[0][1]
