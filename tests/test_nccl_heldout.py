@@ -775,3 +775,21 @@ def test_when_the_queriers_node_is_gone_another_node_names_it(cluster):
         ("nccl_ras_peer_missing", "192.168.7.20", "0", "0"),
         ("nccl_ras_peer_missing", "192.168.7.20", "1", "1"),
     }
+
+
+def test_the_cardinality_budget_of_docs_nccl_md(cluster):
+    """A p5 node of one 4-node job: 71 series; its querier, with more ranks behind and missing
+    than it names, at most 157 (docs/nccl.md, "Series and their budget")."""
+    job = Job(4, 8)
+    job.step(10)
+    job.frozen |= set(range(8, 30))
+    job.step(1)
+    for p in job.procs[24:32]:
+        p.state = "dead"
+    ras, (n0, n1) = cluster(job, nodes=(0, 1))
+    for _ in range(2):
+        s0, s1 = n0.interval(), n1.interval()
+    assert value(s0, "nccl_ras_querier", gpu="0") == 1
+    assert len(s1) == 71
+    assert len(s0) <= 157
+    assert len([k for k in s0 if k[0] == "nccl_ras_rank_behind"]) == 16

@@ -9,8 +9,8 @@ exporter.nccl.election's choice; exporter.nccl.reader finds, trusts and queries 
 
 Cardinality (per node): per job on it, about 12 series and 8 per local process; the job-wide
 series (ranks behind, missing peers, rank errors) only on the job's querier, at most
-`nccl.max_named_ranks` each; `nccl_ras_queries_total` 8. A p5 with one job: about 100 series,
-the querier about 150."""
+`nccl.max_named_ranks` each; `nccl_ras_queries_total` 8. A p5 with one job: 71 series, its
+querier at most 157 (docs/nccl.md, "Series and their budget")."""
 
 from __future__ import annotations
 
