@@ -349,6 +349,7 @@ def write_procfs(
     owned: dict[int, list[int]],
     env: dict[str, str],
     maps: str,
+    wheel: tuple[str, ...] = (),
 ) -> None:
     """procs: host pid -> (nspid, gpu); listeners: (ip, port, inode) of the namespace; owned: host
     pid -> the socket inodes it holds."""
@@ -373,8 +374,13 @@ def write_procfs(
         )
         (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in env.items()) + b"\0")
         (d / "maps").write_text(maps)
+        for entry in wheel:  # the process's own root: a pip wheel's dist-info beside nvidia/
+            (d / "root" / SITE.lstrip("/") / entry).mkdir(parents=True)
         for n, ino in enumerate(owned.get(hp, [])):
             (d / "fd" / str(10 + n)).symlink_to(f"socket:[{ino}]")
+
+
+SITE = "/usr/local/lib/python3.12/dist-packages"
 
 
 def plain_opener(procfs: str, pid: int, family: int) -> socket.socket:
@@ -397,6 +403,7 @@ class Node:
         own: bool = True,
         ring: bool = True,
         maps: str | None = None,
+        wheel: tuple[str, ...] = (),
         **cfg: object,
     ) -> None:
         self.ras, self.job = ras, job
@@ -420,7 +427,7 @@ class Node:
             if maps is None
             else maps
         )
-        write_procfs(self.root, procs, listeners, owned, {"PATH": "/usr/bin", **env}, maps)
+        write_procfs(self.root, procs, listeners, owned, {"PATH": "/usr/bin", **env}, maps, wheel)
         config = load(
             None,
             {
@@ -793,3 +800,29 @@ def test_the_cardinality_budget_of_docs_nccl_md(cluster):
     assert len(s1) == 71
     assert len(s0) <= 157
     assert len([k for k in s0 if k[0] == "nccl_ras_rank_behind"]) == 16
+
+
+WHEEL_MAPS = f"7f0000000000-7f0000100000 r-xp 00000000 08:01 42 {SITE}/nvidia/nccl/lib/libnccl.so.2\n"
+
+
+@pytest.mark.parametrize(
+    "version,wheel,queried",
+    [
+        ("2.27.5", ("torch-2.9.0.dist-info", "nvidia_nccl_cu12-2.27.5.dist-info"), True),
+        ("2.26.2", ("nvidia_nccl_cu12-2.26.2.dist-info",), False),  # a query can crash it
+        ("2.27.5", ("torch-2.9.0.dist-info",), False),  # nothing says which version
+    ],
+)
+def test_a_pip_wheels_version_is_read_beside_its_library(cluster, version, wheel, queried):
+    """PyTorch's pip wheels map a bare libnccl.so.2: the text-only server's version is the
+    wheel's dist-info beside it, in the process's own root."""
+    job = Job(2, 2)
+    job.step(3)
+    job.frozen.add(2)
+    job.step(1)
+    ras, (n0,) = cluster(job, version, maps=WHEEL_MAPS, wheel=wheel)
+    ss = n0.interval()
+    assert ras.statuses == (1 if queried else 0)
+    assert named(ss) == ({("nccl_ras_rank_behind", "192.168.7.21", "2", "0")} if queried else set())
+    if not queried:
+        assert value(ss, "nccl_ras_queries_total", result="unsupported") == 1

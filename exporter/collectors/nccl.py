@@ -84,8 +84,8 @@ class NcclSection(Section):
     )
     query_unknown_text_versions: bool = setting(
         False,
-        "Query a server that speaks only text (NCCL before 2.28.7) whose version the library file "
-        "name does not give (pip wheels ship libnccl.so.2): it may be 2.26, which a query can crash.",
+        "Query a server that speaks only text (NCCL before 2.28.7) whose version neither the library "
+        "file name nor a pip wheel's dist-info gives: it may be 2.26, which a query can crash.",
     )
     max_named_ranks: int = setting(
         16,
