@@ -826,3 +826,24 @@ def test_a_pip_wheels_version_is_read_beside_its_library(cluster, version, wheel
     assert named(ss) == ({("nccl_ras_rank_behind", "192.168.7.21", "2", "0")} if queried else set())
     if not queried:
         assert value(ss, "nccl_ras_queries_total", result="unsupported") == 1
+
+
+@pytest.mark.parametrize("version", ["2.24.3", "2.27.5"])
+def test_text_only_jobs_cost_about_one_status_per_interval(cluster, version):
+    """A text report names no querier: the job's nodes take turns (each every `nodes`
+    intervals), so the job sees about one STATUS per interval, not one per node, and the rank
+    behind is still named."""
+    job = Job(4, 2)
+    job.step(5)
+    job.frozen.add(5)
+    job.step(1)
+    ras, nodes = cluster(job, version, nodes=(0, 1, 2, 3))
+    for n in nodes:
+        n.interval()
+    assert ras.statuses == 4  # each node once: a new job
+    seen: set = set()
+    for _ in range(8):
+        for n in nodes:
+            seen |= named(n.interval())
+    assert ras.statuses - 4 <= 8 + 4  # 8 intervals: ~1 each, whatever the phases
+    assert seen == {("nccl_ras_rank_behind", "192.168.7.22", "5", "1")}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -238,6 +239,7 @@ class _Job:
     due: float = 0.0  # monotonic
     last_ok_mono: float = 0.0
     queued: bool = False
+    phased: bool = False  # SHARED: this node's turn offset applied
 
 
 Processes = Callable[[list[int]], dict[int, int]]
@@ -371,11 +373,7 @@ class NcclCollector(Derived):
         out.add(LAST_REPLY, good.at, gpu=a)
         if self._mono() - job.last_ok_mono >= 3 * self.cfg.interval_seconds:
             return  # a node that queries rarely does not show an old reply as the present
-        mine = {
-            key: w
-            for key, w in f.ranks.items()
-            if w.pid in good.local and w.host in good.local_ips
-        }
+        mine = {key: w for key, w in f.ranks.items() if w.pid in good.local and w.host in good.local_ips}
         for key, w in sorted(mine.items(), key=lambda kv: kv[1].rank):
             local_gpu = str(good.local[w.pid])
             for op, n in zip(OPS, f.counts.get(key, ()), strict=False):
@@ -384,7 +382,7 @@ class NcclCollector(Derived):
                 out.add(BEHIND, f.behind.get(key, 0), gpu=local_gpu, rank=str(w.rank))
             for kind in f.errors.get(key, ()):
                 out.add(ERRORS, 1, gpu=local_gpu, kind=kind)
-        if job.role not in (election.QUERIER, election.UNKNOWN):
+        if job.role not in (election.QUERIER, election.UNKNOWN, election.SHARED):
             return  # the job-wide view is the querier's to export: one copy per job
         self._export_job(out, a, f)
 
@@ -491,6 +489,10 @@ class NcclCollector(Derived):
         job.reading = reading
         last = job.good.findings if job.good else None
         every = election.every(job.role, last, self.cfg.backup_intervals, self.cfg.standby_intervals)
+        if job.role == election.SHARED and last is not None and not job.phased:
+            # nodes that found the job together take turns, not all at once every N intervals
+            job.phased = True
+            every += zlib.crc32(",".join(sorted(reading.local_ips)).encode()) % max(1, last.nodes)
         job.due = self._mono() + every * self.cfg.interval_seconds
 
 

@@ -44,6 +44,7 @@ class Findings:
     ops_min: int | None = None
     reporting: int = 0  # ranks of the largest communicator that reported
     size: int = 0  # the largest communicator's size
+    nodes: int = 0  # the nodes of the job the reply shows
     timeouts: int = 0
     collection_s: float = 0.0
 
@@ -85,6 +86,7 @@ def summarise(report: Report) -> Findings:
                 f.missing[(m.host, m.pid)] = m.state
     for host, pid in report.dead:
         f.missing[(host, pid)] = "dead"
+    f.nodes = report.nodes if report.format == "text" else len({h for h, _pid in f.ranks if h})
     for c in comms:
         counted = [r for r in c.ranks if r.counts is not None]
         if counted:
