@@ -279,6 +279,7 @@ class Ras:
 
     def _serve(self, conn: socket.socket) -> None:
         self._json = False
+        first = self.connections == 1  # SO_REUSEPORT: the first connection hashed to a frozen process
         buf = b""
         with conn:
             while not self._stop:
@@ -293,7 +294,7 @@ class Ras:
                     raw, buf = buf.split(b"\n", 1)
                     line = raw.rstrip(b"\r").decode("ascii", "replace")
                     self.sent.append(line)
-                    if self.fault == "silent":
+                    if self.fault == "silent" or (self.fault == "first-silent" and first):
                         continue  # a frozen listener: the kernel accepted, nobody answers
                     if not self._command(conn, line):
                         return
@@ -847,3 +848,34 @@ def test_text_only_jobs_cost_about_one_status_per_interval(cluster, version):
             seen |= named(n.interval())
     assert ras.statuses - 4 <= 8 + 4  # 8 intervals: ~1 each, whatever the phases
     assert seen == {("nccl_ras_rank_behind", "192.168.7.22", "5", "1")}
+
+
+def test_a_frozen_listener_is_stepped_over_by_a_new_connection(cluster):
+    """SO_REUSEPORT: the first connection lands on a stopped process's socket, which the kernel
+    accepts and nobody answers; as ncclras does, the client reconnects and another answers."""
+    job = Job(2, 2)
+    job.step(2)
+    job.frozen.add(3)
+    job.step(1)
+    ras, (n0,) = cluster(job, fault="first-silent")
+    ss = n0.interval()
+    assert ras.connections == 2 and ras.statuses == 1
+    assert named(ss) == {("nccl_ras_rank_behind", "192.168.7.21", "3", "1")}
+
+
+def test_several_ranks_in_one_process(cluster):
+    """One process managing two GPUs holds two ranks of a communicator: it is named once, on
+    its node, and the scrape stays valid."""
+    job = Job(2, 4)
+    for a, b in ((4, 5), (6, 7)):
+        job.procs[b].pid = job.procs[a].pid
+    job.step(7)
+    job.frozen |= {6, 7}
+    job.step(2)
+    ras, (n0, n1) = cluster(job, nodes=(0, 1), elect=False)
+    s0, s1 = n0.interval(), n1.interval()
+    assert value(s1, "nccl_ras_ops_behind", rank="6") == 2  # on its own node, once
+    assert {(ip, rank) for _n, ip, rank, _g in named(s0)} == {("192.168.7.21", "6")}
+    assert value(s0, "nccl_ras_rank_behind", peer_ip="192.168.7.21", peer_rank="6") == 2
+    promtool_check_metrics(n0.scrape())
+    promtool_check_metrics(n1.scrape())
