@@ -474,7 +474,7 @@ class NcclCollector(Derived):
         if reading.result == client.OK and reading.findings is not None:
             f = reading.findings
             # This node's IP in the reply: the job's own listeners say it; else only the one host
-            # where all its pids appear (pids repeat across nodes in containers).
+            # where most of its pids appear (pids repeat across nodes in containers).
             if not reading.local_ips:
                 reading.local_ips = f.hosts_of(set(reading.local))
             job.good = reading

@@ -50,7 +50,7 @@ class Findings:
 
     def hosts_of(self, nspids: set[int]) -> set[str]:
         """The host this node is in the reply, known by its processes' pids (in their namespace):
-        the one host where most of them appear. None when several tie (containers repeat small
+        the one host where most of them appear; empty when several tie (containers repeat small
         pids on every node): a pid alone would place other nodes' ranks here."""
         where: dict[str, int] = {}
         for w in self.ranks.values():
