@@ -9,13 +9,14 @@ exporter.nccl.election's choice; exporter.nccl.reader finds, trusts and queries 
 
 Cardinality (per node): per job on it, about 12 series and 8 per local process; the job-wide
 series (ranks behind, missing peers, rank errors) only on the job's querier, at most
-`nccl.max_named_ranks` each; `nccl_ras_queries_total` 8. A p5 with one job: about 100 series,
-the querier about 150."""
+`nccl.max_named_ranks` each; `nccl_ras_queries_total` 8. A p5 with one job: 71 series, its
+querier at most 157 (docs/nccl.md, "Series and their budget")."""
 
 from __future__ import annotations
 
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -84,8 +85,8 @@ class NcclSection(Section):
     )
     query_unknown_text_versions: bool = setting(
         False,
-        "Query a server that speaks only text (NCCL before 2.28.7) whose version the library file "
-        "name does not give (pip wheels ship libnccl.so.2): it may be 2.26, which a query can crash.",
+        "Query a server that speaks only text (NCCL before 2.28.7) whose version neither the library "
+        "file name nor a pip wheel's dist-info gives: it may be 2.26, which a query can crash.",
     )
     max_named_ranks: int = setting(
         16,
@@ -238,6 +239,7 @@ class _Job:
     due: float = 0.0  # monotonic
     last_ok_mono: float = 0.0
     queued: bool = False
+    phased: bool = False  # SHARED: this node's turn offset applied
 
 
 Processes = Callable[[list[int]], dict[int, int]]
@@ -371,11 +373,7 @@ class NcclCollector(Derived):
         out.add(LAST_REPLY, good.at, gpu=a)
         if self._mono() - job.last_ok_mono >= 3 * self.cfg.interval_seconds:
             return  # a node that queries rarely does not show an old reply as the present
-        mine = {
-            key: w
-            for key, w in f.ranks.items()
-            if w.pid in good.local and (not good.local_ips or w.host in good.local_ips)
-        }
+        mine = {key: w for key, w in f.ranks.items() if w.pid in good.local and w.host in good.local_ips}
         for key, w in sorted(mine.items(), key=lambda kv: kv[1].rank):
             local_gpu = str(good.local[w.pid])
             for op, n in zip(OPS, f.counts.get(key, ()), strict=False):
@@ -384,7 +382,7 @@ class NcclCollector(Derived):
                 out.add(BEHIND, f.behind.get(key, 0), gpu=local_gpu, rank=str(w.rank))
             for kind in f.errors.get(key, ()):
                 out.add(ERRORS, 1, gpu=local_gpu, kind=kind)
-        if job.role not in (election.QUERIER, election.UNKNOWN):
+        if job.role not in (election.QUERIER, election.UNKNOWN, election.SHARED):
             return  # the job-wide view is the querier's to export: one copy per job
         self._export_job(out, a, f)
 
@@ -475,7 +473,10 @@ class NcclCollector(Derived):
         job.queued = False
         if reading.result == client.OK and reading.findings is not None:
             f = reading.findings
-            reading.local_ips |= {w.host for w in f.ranks.values() if w.pid in reading.local and w.host}
+            # This node's IP in the reply: the job's own listeners say it; else only the one host
+            # where most of its pids appear (pids repeat across nodes in containers).
+            if not reading.local_ips:
+                reading.local_ips = f.hosts_of(set(reading.local))
             job.good = reading
             job.last_ok_mono = self._mono()
             job.role = election.role(f, reading.local_ips) if self.cfg.elect else election.QUERIER
@@ -488,6 +489,10 @@ class NcclCollector(Derived):
         job.reading = reading
         last = job.good.findings if job.good else None
         every = election.every(job.role, last, self.cfg.backup_intervals, self.cfg.standby_intervals)
+        if job.role == election.SHARED and last is not None and not job.phased:
+            # nodes that found the job together take turns, not all at once every N intervals
+            job.phased = True
+            every += zlib.crc32(",".join(sorted(reading.local_ips)).encode()) % max(1, last.nodes)
         job.due = self._mono() + every * self.cfg.interval_seconds
 
 

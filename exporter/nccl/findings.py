@@ -44,8 +44,21 @@ class Findings:
     ops_min: int | None = None
     reporting: int = 0  # ranks of the largest communicator that reported
     size: int = 0  # the largest communicator's size
+    nodes: int = 0  # the nodes of the job the reply shows
     timeouts: int = 0
     collection_s: float = 0.0
+
+    def hosts_of(self, nspids: set[int]) -> set[str]:
+        """The host this node is in the reply, known by its processes' pids (in their namespace):
+        the one host where most of them appear; empty when several tie (containers repeat small
+        pids on every node): a pid alone would place other nodes' ranks here."""
+        where: dict[str, int] = {}
+        for w in self.ranks.values():
+            if w.host and w.pid in nspids:
+                where[w.host] = where.get(w.host, 0) + 1
+        best = max(where.values(), default=0)
+        hosts = {h for h, n in where.items() if n == best}
+        return hosts if best and len(hosts) == 1 else set()
 
     def lowest_host(self) -> str:
         """The host of the lowest-numbered rank of the largest communicator ("" if unknown)."""
@@ -73,6 +86,7 @@ def summarise(report: Report) -> Findings:
                 f.missing[(m.host, m.pid)] = m.state
     for host, pid in report.dead:
         f.missing[(host, pid)] = "dead"
+    f.nodes = report.nodes if report.format == "text" else len({h for h, _pid in f.ranks if h})
     for c in comms:
         counted = [r for r in c.ranks if r.counts is not None]
         if counted:

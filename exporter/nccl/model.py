@@ -106,6 +106,7 @@ class Report:
     dead: frozenset[tuple[str, int]] = frozenset()  # text: (host, pid) of processes considered dead
     # text: the table's largest communicator size and its ranks that reported (JSON: from the lists)
     table: tuple[int, int] = (0, 0)
+    nodes: int = 0  # text: the most nodes a communicator's reporting ranks span (JSON: 0)
 
 
 def version_tuple(v: str) -> tuple[int, int, int]:

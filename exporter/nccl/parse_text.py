@@ -177,6 +177,7 @@ def parse(data: bytes) -> Report:
     collection = float(_COLLECTION.fullmatch(head[at]).group(1))  # type: ignore[union-attr]
     sizes: dict[int, int] = {}
     table = (0, 0)
+    nodes = 0
     for line in head[at:]:
         r = _ROW.fullmatch(line)
         if r is not None:
@@ -186,6 +187,7 @@ def parse(data: bytes) -> Report:
             sizes[int(r.group(1))] = size
             comms_in_group = max(1, int(r.group(2)))
             table = max(table, (size, min(size, int(r.group(6)) // comms_in_group)))
+            nodes = max(nodes, min(int(r.group(3)), MAX_RANKS))
     blocks: dict[tuple[int, int, str], _Block] = {}
     dead: set[tuple[str, int]] = set()
     procs: list[tuple[str, int, int]] = []  # the missing processes the Errors section lists
@@ -232,5 +234,14 @@ def parse(data: bytes) -> Report:
         ]
         errs += b.errors
     return Report(
-        version, "text", tuple(comms), collection, timeouts, tuple(lags), tuple(errs), frozenset(dead), table
+        version,
+        "text",
+        tuple(comms),
+        collection,
+        timeouts,
+        tuple(lags),
+        tuple(errs),
+        frozenset(dead),
+        table,
+        nodes,
     )

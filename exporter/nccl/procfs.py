@@ -18,6 +18,8 @@ MAX_TABLE = 8 << 20  # net/tcp of a busy namespace: ~150 bytes a socket
 MAX_FDS = 65536
 LISTEN = "0A"
 _MAPS_VERSION = re.compile(rb"libnccl\.so\.(\d{1,3}\.\d{1,3}\.\d{1,3})\b")
+_WHEEL_LIB = re.compile(rb" (/[^\s]{1,400})/nvidia/nccl/lib/libnccl\.so\.2$", re.MULTILINE)
+_WHEEL_DIST = re.compile(r"nvidia_nccl_cu\d{1,3}-(\d{1,3}\.\d{1,3}\.\d{1,3})(?:\.post\d+)?\.dist-info")
 
 
 @dataclass(frozen=True)
@@ -166,9 +168,26 @@ def nspid(procfs: str, pid: int) -> int | None:
 
 
 def nccl_version(procfs: str, pid: int) -> str | None:
-    """The NCCL version mapped into the process when its library file carries it
-    (libnccl.so.2.27.3, as the deb and rpm packages install it); None for a bare libnccl.so.2
-    (the pip wheels)."""
-    data = _read(f"{procfs}/{pid}/maps", MAX_TABLE)
-    m = _MAPS_VERSION.search(data or b"")
-    return m.group(1).decode() if m else None
+    """The NCCL version mapped into the process: from its library file's name (libnccl.so.2.27.3,
+    as the deb and rpm packages install it), else, for the pip wheel's bare libnccl.so.2 under
+    `<site-packages>/nvidia/nccl/lib/`, from the wheel's `nvidia_nccl_cu12-2.27.5.dist-info`
+    beside it in the process's own root (PID/root: a container's files). None when neither says."""
+    data = _read(f"{procfs}/{pid}/maps", MAX_TABLE) or b""
+    m = _MAPS_VERSION.search(data)
+    if m:
+        return m.group(1).decode()
+    w = _WHEEL_LIB.search(data)
+    if w is None:
+        return None
+    site = w.group(1).decode("utf-8", "replace")
+    try:
+        with os.scandir(f"{procfs}/{pid}/root{site}") as entries:
+            for n, e in enumerate(entries):
+                if n >= MAX_FDS:  # a site-packages of a few thousand entries; a bound all the same
+                    break
+                d = _WHEEL_DIST.fullmatch(e.name)
+                if d:
+                    return d.group(1)
+    except OSError:
+        return None
+    return None
