@@ -38,10 +38,10 @@ WITHIN_S = 180
 
 
 def _fast(rules: str) -> str:
-    """rules/nccl.yml at a 1 s evaluation: its 2-minute window as 10 s, its 3-minute freshness 30 s."""
+    """rules/nccl.yml at a 1 s evaluation: its 1-minute windows as 10 s, its 3-minute freshness 30 s."""
     for a, b in (
-        ("[2m]", "[10s]"),
-        ("for: 1m", "for: 2s"),
+        ("[1m]", "[10s]"),
+        ("for: 30s", "for: 2s"),
         ("keep_firing_for: 5m", "keep_firing_for: 3s"),
         ("< 180", "< 30"),
     ):
