@@ -99,7 +99,7 @@ def whole_lists(text: str, names: dict[str, list[str]], counts: dict[str, int]) 
     """`text` with every list of three or more collectors (or rule files) made the whole list, in
     its own style ("`a`, `b` and `c`"), and every "<number> collectors" (rule files, dashboards,
     ten or more alerts) the tree's number, in words where it was in words."""
-    def one_list(m: re.Match) -> str:
+    def one_list(m: re.Match[str]) -> str:
         items = re.findall(r"`([\w.-]+)`", m.group(0))
         for whole in names.values():
             if len(items) >= 3 and set(items) <= set(whole) and sorted(set(items)) != whole:
@@ -110,7 +110,7 @@ def whole_lists(text: str, names: dict[str, list[str]], counts: dict[str, int]) 
                 return ", ".join(quoted)
         return m.group(0)
 
-    def one_count(m: re.Match) -> str:
+    def one_count(m: re.Match[str]) -> str:
         word, what = m.group(1), m.group(2)
         low = word.lower()
         digits = word.isdigit() and not word.startswith("0")

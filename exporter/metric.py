@@ -11,8 +11,12 @@ in, which would rename a series; units are documented in docs/metrics.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
-from prometheus_client.utils import floatToGoString as go_float
+from prometheus_client.utils import floatToGoString
+
+go_float: Callable[[float], str] = floatToGoString  # its signature, which prometheus_client leaves untyped
 
 __all__ = ["Metric", "Sample", "go_float"]

@@ -165,11 +165,12 @@ ON_ONCE_CONFIGURED = {"workload": "the workload source (a Slurm mapping director
 
 
 def _enabled_by_default(spec) -> bool:  # noqa: ANN001
-    from exporter.config import load
+    from exporter.config import CollectorSection, load
 
     cfg = load(None)
-    section = getattr(cfg, spec.collector, None)
-    return section is None or getattr(section, "enabled", True) or spec.collector in ON_ONCE_CONFIGURED
+    section = cfg.sections.get(spec.collector)
+    on = not isinstance(section, CollectorSection) or section.enabled
+    return on or spec.collector in ON_ONCE_CONFIGURED
 
 
 def test_default_stays_within_the_series_budget(default_scrape):

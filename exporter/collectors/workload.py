@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context, Failed, ProblemLog
-from exporter.config import Section, non_negative, positive, setting
+from exporter.config import CollectorSection, non_negative, positive, setting
 from exporter.metric import Sample
 from exporter.workload.kubelet import DEFAULT_DRA_DRIVERS, DEFAULT_RESOURCES, DEFAULT_SOCKET
-from exporter.workload.model import MAX_WORKLOADS
+from exporter.workload.model import MAX_WORKLOADS, Workload
 from exporter.workload.source import WorkloadSource, from_config
 
 
@@ -46,7 +46,7 @@ def _names(v: Any) -> str | None:
 
 
 @dataclass
-class WorkloadSection(Section):
+class WorkloadSection(CollectorSection):
     """Which Slurm job or Kubernetes pod holds each GPU (docs/deploy.md, 'Workloads'). Nothing is
     read, and no series exported, until at least one kind is configured."""
 
@@ -94,6 +94,9 @@ class WorkloadSection(Section):
     def __post_init__(self) -> None:
         if not (self.slurm_job_mapping_dir or self.slurm_cgroup or self.kubelet_socket):
             self.enabled = False  # disabled by default: nothing to read
+
+    def deadline_seconds(self) -> float | None:
+        return self.timeout_seconds
 
 
 # The flags, node_exporter style: --workload.<key with dashes>.
@@ -147,7 +150,8 @@ class WorkloadCollector(Collector):
             raise ValueError("the workload collector needs a kind configured")
         self.source: WorkloadSource = source
         self.problems = ProblemLog(self.log)
-        self._samples: dict[tuple, Sample] = {}  # reused: the same workloads scrape after scrape
+        # reused: the same workloads scrape after scrape
+        self._samples: dict[tuple[str, str, Workload], Sample] = {}
 
     def close(self) -> None:
         self.source.close()
@@ -174,7 +178,7 @@ class WorkloadCollector(Collector):
             out.add(OVERFLOW, n, gpu=index[uuid], uuid=uuid)
         return obs.reading
 
-    def _sample(self, gpu: str, uuid: str, w: Any) -> Sample:
+    def _sample(self, gpu: str, uuid: str, w: Workload) -> Sample:
         key = (gpu, uuid, w)
         s = self._samples.get(key)
         if s is None:

@@ -35,13 +35,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter import deadline
 from exporter.nvml.backend import NvmlError
 from exporter.nvml.session import DeviceIdentity, NvmlSession
 from exporter.workload import kubelet, slurm_cgroup, slurm_mapping
 from exporter.workload.model import MAX_LABEL_CHARS, Workload, WorkloadReading, admit
+
+if TYPE_CHECKING:
+    from exporter.config import Config
 
 log = logging.getLogger("exporter.workload")
 
@@ -199,7 +202,7 @@ class WorkloadSource:
         self._inflight_mono = 0.0  # when the reading in flight started
         self._reads = deadline.Deadlines(pool)
         self._lock = threading.Lock()
-        self._inflight: Future | None = None
+        self._inflight: Future[Observation] | None = None
         self.latest: WorkloadReading | None = None
         self.last: Observation | None = None
         # told every reading, the scrape's and a fresh one alike (fault attribution's history)
@@ -217,7 +220,7 @@ class WorkloadSource:
             with self._lock:
                 fut = self._inflight
                 owner = fut is None
-                if owner:
+                if fut is None:
                     fut = self._inflight = Future()
                     started = self._inflight_mono = self._mono()
                 stale = not owner and not_before is not None and self._inflight_mono < not_before
@@ -306,7 +309,7 @@ def _kind_of(results: list[dict[str, tuple[Workload, ...]]], kinds: Sequence[Kin
     return kinds[0].name
 
 
-def _why(o: Any) -> str:
+def _why(o: deadline.Outcome) -> str:
     """The outcome's own reason (exporter.deadline.Outcome.reason), except that an error the
     sources raise with their own words (the socket or file they name) keeps those words."""
     if isinstance(o.value, (OSError, RuntimeError, kubelet.KubeletError)):  # o is not OK: its exception
@@ -314,11 +317,13 @@ def _why(o: Any) -> str:
     return o.reason
 
 
-def from_config(config: Any, nvml: NvmlSession, pool: deadline.Pool,
+def from_config(config: Config, nvml: NvmlSession, pool: deadline.Pool,
                 listeners: Sequence[Callable[[WorkloadReading], Any]] = ()) -> WorkloadSource | None:
     """The source of the config's `workload` section; None when no kind is configured (or the
     collector is disabled)."""
-    sec = getattr(config, "workload", None)
+    from exporter.collectors.workload import WorkloadSection  # which imports this module
+
+    sec = config.find(WorkloadSection)
     if sec is None or not sec.enabled:
         return None
     kinds: list[Kind] = []
