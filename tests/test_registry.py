@@ -13,7 +13,7 @@ from exporter.catalog import Families, define
 from exporter.collector import Collector
 from exporter.compose import compose
 from exporter.config import CollectorSection, ConfigError, load, positive, setting
-from tests.helpers import scrape, test_pool, value
+from tests.helpers import HANG_GUARD_S, scrape, test_pool, value
 
 
 @dataclass
@@ -138,7 +138,8 @@ def test_sections_exist_once_the_composition_root_discovers_the_collectors():
 
     code = ("from exporter import collectors; collectors.discover(); from exporter.config import load; "
             "c = load(None); print(c.sections['gpu'].timeout_seconds, c.sections['efa'].counters)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0 and r.stdout.split() == ["4.0", "default"], r.stderr
 
 

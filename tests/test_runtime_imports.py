@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 
-from tests.helpers import ROOT
+from tests.helpers import HANG_GUARD_S, ROOT
 
 PRESENT = ["prometheus_client", "prometheus_client.metrics_core", "prometheus_client.samples"]
 ABSENT = ["requests", "urllib3", "bcrypt", "pynvml", "asyncio", "multiprocessing",
@@ -32,7 +32,7 @@ print(json.dumps({"collectors": loaded, "present": present, "model": model}))
 
 def test_cli_and_every_collector_load_prometheus_client_and_nothing_a_node_does_not_use():
     r = subprocess.run([sys.executable, "-c", CHILD, *PRESENT, *ABSENT], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60, check=True)
+                       text=True, timeout=HANG_GUARD_S, check=True)
     out = json.loads(r.stdout)
     assert {"gpu", "efa", "xid", "lustre"} <= set(out["collectors"]), out["collectors"]
     assert out["present"] == PRESENT
@@ -49,7 +49,7 @@ import prometheus_client.samples
 assert Metric is exporter.metric.Metric and prometheus_client.samples.Sample is exporter.metric.Sample
 assert b"python_gc_objects_collected_total" in generate_latest(REGISTRY)
 """
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=HANG_GUARD_S)
 
 
 # The served exporter (issue 36 item 3): what the process imports over its life, start-up and
