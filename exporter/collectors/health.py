@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from exporter.catalog import Families, define
-from exporter.collector import Context, Derived
+from exporter.collector import Derived
 from exporter.config import CollectorSection, non_negative, setting
 from exporter.node import expected_gpus
 from exporter.xid.parser import pci_key
@@ -66,10 +66,6 @@ class HealthCollector(Derived):
     # Inputs, by collector name: "gpu" -> NodeGpuHealth (None when the GPU collector did not
     # hand one over in this collection).
     depends_on = ("gpu",)
-
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx)
-
 
     @property
     def service(self) -> XidService:

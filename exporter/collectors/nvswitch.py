@@ -74,7 +74,6 @@ class NvswitchCollector(Collector):
         super().__init__(ctx)
         self._workload_series = PreparedSeries()
 
-
     @property
     def service(self) -> XidService:
         return self.ctx.xid_service()

@@ -154,7 +154,6 @@ class XidCollector(Collector):
         super().__init__(ctx)
         self._workload_series = PreparedSeries()
 
-
     @property
     def service(self) -> XidService:
         return self.ctx.xid_service()
