@@ -19,7 +19,7 @@ from exporter.attribution.fault import FaultAttribution, fresh_reading
 from exporter.attribution.history import WorkloadHistory
 from exporter.collector import Context
 from exporter.collectors.nvswitch import NvswitchSection
-from exporter.collectors.workload import WorkloadSection
+from exporter.collectors.workload import from_config
 from exporter.collectors.xid import XidSection
 from exporter.deadline import Pool
 from exporter.imds import IdentitySource
@@ -59,12 +59,8 @@ def compose(config: Config, *, nvml: NvmlSession | None = None,
                               dmi_instance_type=dmi.instance_type(config.paths.sysfs),
                               on_ec2=dmi.on_ec2(config.paths.sysfs) if imds_url is None else None)
     workloads = WorkloadHistory()
-    workload = None
-    if config.find(WorkloadSection) is not None:
-        from exporter.workload.source import from_config
-
-        # fault attribution hears every reading the source takes
-        workload = from_config(config, nvml, pool, listeners=[workloads.observe])
+    # the workload section's source (None without a kind); fault attribution hears its every reading
+    workload = from_config(config, nvml, pool, listeners=[workloads.observe])
     if fresh is None and workload is not None:  # and asks for one when a fault is counted
         fresh = fresh_reading(workload, nvml)
     xid = None

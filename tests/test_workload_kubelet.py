@@ -19,14 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.collectors.gpu import GpuCollector
-from exporter.collectors.workload import WorkloadCollector
+from exporter.collectors.workload import WorkloadCollector, from_config
 from exporter.config import load
 from exporter.nvml.fake import MIG_DEVICE_UUIDS
 from exporter.runner import Runner
 from exporter.workload import kubelet
 from exporter.workload.model import Workload
 from exporter.workload.podresources import api_pb2
-from exporter.workload.source import KubeletKind, from_config
+from exporter.workload.source import KubeletKind
 from tests.helpers import HANG_GUARD_S, ROOT, samples, scrape, test_pool, value
 from tests.test_workload_sources import fake_p5
 from tests.test_xid_service import make_ctx

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.catalog import Families
-from exporter.collectors.workload import WorkloadCollector, WorkloadSection
+from exporter.collectors.workload import WorkloadCollector, WorkloadSection, from_config
 from exporter.config import load
 from exporter.deadline import Pool
 from exporter.landing import summarise
@@ -23,7 +23,7 @@ from exporter.runner import Runner
 from exporter.simulate.nvml_synth import node_capture
 from exporter.workload import slurm_cgroup, slurm_mapping
 from exporter.workload.model import Workload, WorkloadReading
-from exporter.workload.source import Kind, SlurmCgroupKind, SlurmMappingKind, WorkloadSource, from_config
+from exporter.workload.source import Kind, SlurmCgroupKind, SlurmMappingKind, WorkloadSource
 from tests.helpers import promtool_check_metrics, samples, scrape, test_pool, value
 from tests.test_xid_service import make_ctx
 

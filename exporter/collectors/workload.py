@@ -14,16 +14,29 @@ gpu_health_exporter_workload_source_up to 0, and those GPUs get no series."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context, Failed, ProblemLog
 from exporter.config import CollectorSection, non_negative, positive, setting
 from exporter.metric import Sample
 from exporter.workload.kubelet import DEFAULT_DRA_DRIVERS, DEFAULT_RESOURCES, DEFAULT_SOCKET
-from exporter.workload.model import MAX_WORKLOADS, Workload
-from exporter.workload.source import WorkloadSource, from_config
+from exporter.workload.model import MAX_WORKLOADS, Workload, WorkloadReading
+from exporter.workload.source import (
+    KUBELET_SHARE,
+    Kind,
+    KubeletKind,
+    SlurmCgroupKind,
+    SlurmMappingKind,
+    WorkloadSource,
+)
+
+if TYPE_CHECKING:
+    from exporter.config import Config
+    from exporter.deadline import Pool
+    from exporter.nvml.session import NvmlSession
 
 
 def _per_gpu(v: Any) -> str | None:
@@ -115,6 +128,27 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     out = {f"workload.{k}": getattr(args, f"workload_{k}", None) for k in (*FLAGS, "slurm_cgroup")}
     return {k: v for k, v in out.items() if v is not None}
+
+
+def from_config(config: Config, nvml: NvmlSession, pool: Pool,
+                listeners: Sequence[Callable[[WorkloadReading], Any]] = ()) -> WorkloadSource | None:
+    """The workload source of the config's `workload` section; None when no kind is configured
+    (or the collector is disabled). The composition root builds it (fault attribution reads it
+    too); the collector builds its own only when it was not handed one."""
+    sec = config.find(WorkloadSection)
+    if sec is None or not sec.enabled:
+        return None
+    kinds: list[Kind] = []
+    if sec.slurm_job_mapping_dir:
+        kinds.append(SlurmMappingKind(sec.slurm_job_mapping_dir, nvml, sec.slurm_job_mapping_missing_seconds))
+    if sec.slurm_cgroup:
+        kinds.append(SlurmCgroupKind(nvml, config.paths.procfs, sec.slurm_cgroup_roots))
+    if sec.kubelet_socket:
+        kinds.append(KubeletKind(nvml, sec.kubelet_socket, sec.kubelet_resource_names,
+                                 sec.timeout_seconds * KUBELET_SHARE, sec.kubelet_dra_drivers))
+    if not kinds:
+        return None
+    return WorkloadSource(kinds, sec.timeout_seconds, sec.max_per_gpu, pool, listeners=listeners)
 
 
 WORKLOAD_INFO = define(

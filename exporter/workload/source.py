@@ -35,16 +35,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from exporter import deadline
 from exporter.nvml.backend import NvmlError
 from exporter.nvml.session import DeviceIdentity, NvmlSession
 from exporter.workload import kubelet, slurm_cgroup, slurm_mapping
 from exporter.workload.model import MAX_LABEL_CHARS, Workload, WorkloadReading, admit
-
-if TYPE_CHECKING:
-    from exporter.config import Config
 
 log = logging.getLogger("exporter.workload")
 
@@ -316,24 +313,3 @@ def _why(o: deadline.Outcome) -> str:
         return str(o.value)
     return o.reason
 
-
-def from_config(config: Config, nvml: NvmlSession, pool: deadline.Pool,
-                listeners: Sequence[Callable[[WorkloadReading], Any]] = ()) -> WorkloadSource | None:
-    """The source of the config's `workload` section; None when no kind is configured (or the
-    collector is disabled)."""
-    from exporter.collectors.workload import WorkloadSection  # which imports this module
-
-    sec = config.find(WorkloadSection)
-    if sec is None or not sec.enabled:
-        return None
-    kinds: list[Kind] = []
-    if sec.slurm_job_mapping_dir:
-        kinds.append(SlurmMappingKind(sec.slurm_job_mapping_dir, nvml, sec.slurm_job_mapping_missing_seconds))
-    if sec.slurm_cgroup:
-        kinds.append(SlurmCgroupKind(nvml, config.paths.procfs, sec.slurm_cgroup_roots))
-    if sec.kubelet_socket:
-        kinds.append(KubeletKind(nvml, sec.kubelet_socket, sec.kubelet_resource_names,
-                                 sec.timeout_seconds * KUBELET_SHARE, sec.kubelet_dra_drivers))
-    if not kinds:
-        return None
-    return WorkloadSource(kinds, sec.timeout_seconds, sec.max_per_gpu, pool, listeners=listeners)

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from exporter.attribution.fault import FaultAttribution
 from exporter.attribution.ledger import Attribution, acks_key
@@ -43,9 +43,6 @@ from exporter.xid.sxid_catalog import SxidPolicy
 from exporter.xid.sxid_counter import SxidCounter, sxid_lines
 from exporter.xid.sxid_store import SxidStateFile, SxidStore
 from exporter.xid.verdict import SxidLine, XidLine, xid_lines
-
-if TYPE_CHECKING:
-    from exporter.collector import Context
 
 log = logging.getLogger("exporter.xid")
 
@@ -341,7 +338,11 @@ class XidService:
         return self._thread is not None and self._thread.is_alive()
 
 
-def one_shot(ctx: Context) -> XidService:
+class _WithXid(Protocol):  # exporter.collector.Context, which imports this module
+    def xid_service(self) -> XidService: ...
+
+
+def one_shot(ctx: _WithXid) -> XidService:
     """The service for a one-shot command: state loaded, kernel-log backlog read (`check` builds
     its Context read-only, exporter.compose: a corrupt state file is left for the daemon)."""
     svc = ctx.xid_service()
