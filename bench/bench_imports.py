@@ -5,11 +5,13 @@ the order the daemon makes them, in a fresh interpreter, then the served exporte
     PYTHONPATH=. python3 bench/bench_imports.py --churn 24000
 
 1. Imports: a child interpreter imports each group and reads VmRSS after it (the interpreter,
-   prometheus_client and the standard library it pulls in, PyYAML, psutil, asyncio, ctypes, the
-   exporter's modules, every collector, pynvml, and the kubelet kind's h2).
+   prometheus_client's model modules, PyYAML, psutil, asyncio with ssl, ctypes, the exporter's
+   modules, every collector, pynvml, and the kubelet kind's h2).
 2. Served: `python -m exporter --simulate p5.48xlarge` with every default collector, and with the
    kubelet kind on (`--scenario k8s-pods`), each scraped `--scrapes` times with gzip, then VmRSS and
-   the thread count; `--rounds` runs of each, alternating; median and range.
+   the thread count (the deadline pool's workers are started on demand: the count varies by one
+   or two between runs; tests/test_runtime_imports.py checks that the kind adds no thread of its
+   own); `--rounds` runs of each, alternating; median and range.
 3. --churn N instead: N renders of 1,000 steady series plus 8 series never seen before (a job's
    workload labels), and what that adds to RSS and to the renderer's prefix cache.
 On a real node NVML's own libraries add 16-18.5 MiB to the served figure (docs/performance.md).
@@ -35,9 +37,10 @@ import importlib
 def rss():
     return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 1024
 stages = [("interpreter", None),
-          ("prometheus_client (and the standard library it imports: ssl, http.server, email, urllib)",
-           "prometheus_client"),
-          ("PyYAML", "yaml"), ("psutil", "psutil"), ("asyncio", "asyncio"), ("ctypes", "ctypes"),
+          ("prometheus_client's model (exporter.metric: metrics_core, samples, utils; not its servers)",
+           "exporter.metric"),
+          ("PyYAML", "yaml"), ("psutil", "psutil"), ("asyncio (and ssl, which it imports)", "asyncio"),
+          ("ctypes", "ctypes"),
           ("the exporter's modules (exporter.cli: config, catalog, runner, xid, ...)", "exporter.cli"),
           ("the HTTP server (exporter.server, exporter.httpd)", "exporter.server"),
           ("every collector module (collectors.discover)", "DISCOVER"),

@@ -17,7 +17,7 @@ if [ ! -x .venv/bin/gpu-health-exporter ] || [ pyproject.toml -nt .venv/.quickst
   # The build backend pyproject.toml pins ([build-system]): `python -m exporter.release` builds the
   # wheel with this venv's setuptools (no build isolation), and a venv's own may be older.
   .venv/bin/python -m pip install -q 'setuptools>=77'
-  .venv/bin/python -m pip install -q -e .
+  .venv/bin/python -m pip install -q -e '.[simulate]'  # the simulated node's kubelet (protobuf)
   touch .venv/.quickstart-installed
 fi
 # The exporter's first log line gives the address it actually serves (--web.listen-address moves it).

@@ -16,6 +16,7 @@ them as the GPU's steady activity.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -101,28 +102,32 @@ def record_gpm(backend: NvmlBackend, count: int, reps: int = REPS,
     all the GPUs: every first sample, the wait, every second sample)."""
     out: list[dict[str, Any]] = [{} for _ in range(count)]
     samples: dict[int, list[Any]] = {}
+
+    def support(i: int) -> dict[str, int]:
+        return {"version": 1, "isSupportedDevice": int(backend.gpm_query_device_support(i))}
+
+    def sample(i: int, which: int) -> None:
+        backend.gpm_sample_get(i, samples[i][which])
+
     try:
         for i in range(count):
-            out[i]["nvmlGpmQueryDeviceSupport"] = _timed(
-                lambda i=i: {"version": 1, "isSupportedDevice": int(backend.gpm_query_device_support(i))},
-                reps)
+            out[i]["nvmlGpmQueryDeviceSupport"] = _timed(functools.partial(support, i), reps)
             try:
                 samples[i] = [backend.gpm_sample_alloc(), backend.gpm_sample_alloc()]
             except NvmlError as e:
                 out[i]["nvmlGpmSampleGet"] = {"error": str(e), "code": e.code, "us_median": 0.0}
                 continue
-            out[i]["nvmlGpmSampleGet"] = _timed(lambda i=i: backend.gpm_sample_get(i, samples[i][0]) and None,
-                                                reps)
+            out[i]["nvmlGpmSampleGet"] = _timed(functools.partial(sample, i, 0), reps)
         taken = [i for i in samples if "ok" in out[i]["nvmlGpmSampleGet"]]
         if taken:
             time.sleep(interval_s)
         for i in taken:
-            second = _timed(lambda i=i: backend.gpm_sample_get(i, samples[i][1]) and None, reps)
+            second = _timed(functools.partial(sample, i, 1), reps)
             if "ok" not in second:
                 out[i]["nvmlGpmSampleGet"] = second
                 continue
 
-            def metrics(i: int = i) -> dict[str, dict]:
+            def metrics(i: int = i) -> dict[str, dict[str, float | None]]:
                 values = backend.gpm_metrics_get(samples[i][0], samples[i][1], GPM_METRIC_IDS)
                 return {str(v.metric_id): {"ret": v.ret, **({"value": v.value} if v.ret == 0 else {})}
                         for v in values}
@@ -139,17 +144,17 @@ def record_gpm(backend: NvmlBackend, count: int, reps: int = REPS,
 
 def record_nvml(backend: NvmlBackend, reps: int = REPS) -> dict[str, Any]:
     """Every system call, per-device call and field value of an initialised backend."""
-    system = {fn: _timed(lambda fn=fn: backend.system(fn), reps) for fn in SYSTEM_CALLS}
+    system = {fn: _timed(functools.partial(backend.system, fn), reps) for fn in SYSTEM_CALLS}
     devices = []
-    names = {}
+    names: dict[int, str] = {}
     for name, fid in sorted(field_ids().items()):
         names.setdefault(fid, name)  # some ids have two names: the first, as nvml_capture.py
     ids = sorted(names)
     for i in range(backend.device_count()):
         d: dict[str, Any] = {"index": i}
         for fn, args in device_calls():
-            d[call_key(fn, args)] = _timed(lambda i=i, fn=fn, args=args: backend.call(i, fn, *args), reps)
-        fv: dict[str, dict] = {}
+            d[call_key(fn, args)] = _timed(functools.partial(backend.call, i, fn, *args), reps)
+        fv: dict[str, dict[str, Any]] = {}
         for start in range(0, len(ids), FIELD_BATCH):
             chunk = ids[start:start + FIELD_BATCH]
             try:

@@ -9,7 +9,8 @@ import argparse
 import logging
 import signal
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from exporter import logs, reload_snapshot
 from exporter.arguments import add_source_options, build_parser, command_modules, selected
@@ -17,6 +18,9 @@ from exporter.config import ConfigError
 from exporter.lifecycle import exit_now, hold_sighup, raise_fd_limit
 from exporter.serve import serve
 from exporter.startup import build_context
+
+if TYPE_CHECKING:
+    from exporter.collector import Context
 
 log = logging.getLogger("exporter")
 
@@ -36,7 +40,7 @@ def console_main() -> None:
 def command_failed(mod: Any, args: argparse.Namespace, e: Exception) -> int:
     """An unexpected error of a one-shot command: its `failed(args, error)` answers (check exits
     3 with the reason, never a traceback's 1), else it propagates."""
-    failed = getattr(mod, "failed", None)
+    failed: Callable[[argparse.Namespace, Exception], int] | None = getattr(mod, "failed", None)
     if failed is None:
         raise e
     return failed(args, e)
@@ -72,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             if simulation is not None:  # a one-shot command sees what the daemon sees a minute in:
                 ctx.nvml.ensure()  # NVML found its GPUs at start, as the daemon's did
                 simulation.play(SIM_PLAY_S)
-            return mod.run(args, ctx)
+            run: Callable[[argparse.Namespace, Context], int] = mod.run
+            return run(args, ctx)
         except Exception as e:  # noqa: BLE001 - as above
             return command_failed(mod, args, e)
         finally:

@@ -15,7 +15,7 @@ from exporter.metric import Metric
 RUNNER_PART = "exporter"  # the runner's own series (catalog collector "exporter")
 
 
-class Collection(list):
+class Collection(list[Metric]):
     """One collection's families in exposition order (a list of prometheus_client Metrics), and
     `parts`: each collector's families by collector name."""
 

@@ -13,7 +13,7 @@ from exporter.catalog import Families
 
 if TYPE_CHECKING:
     from exporter.attribution.history import WorkloadHistory
-    from exporter.config import Config, Section
+    from exporter.config import CollectorSection, Config, Paths
     from exporter.deadline import Pool
     from exporter.imds import IdentitySource
     from exporter.nvml.session import NvmlSession
@@ -56,9 +56,16 @@ class Context:
     pool: Pool
 
     @property
-    def paths(self) -> Any:
+    def paths(self) -> Paths:
         """Where the file sources are: config's `paths` (sysfs, procfs, debugfs, kmsg, state_dir)."""
         return self.config.paths
+
+    def xid_service(self) -> XidService:
+        """The XID service the xid, nvswitch and health collectors read: composed whenever the
+        config has the xid section (exporter.compose), which registering the xid collector adds."""
+        if self.xid is None:
+            raise RuntimeError("no XID service: this context was composed without the xid config section")
+        return self.xid
 
 
 class Collector(ABC):
@@ -71,7 +78,7 @@ class Collector(ABC):
     name: str = ""
     # Read by the registry (exporter.collectors): the typed config section (named as the
     # collector, with `enabled`), the domain prefix of its metrics, its docs/metrics.md heading.
-    config_section: ClassVar[type[Section] | None] = None
+    config_section: ClassVar[type[CollectorSection] | None] = None
     prefix: ClassVar[str] = ""
     docs_group: ClassVar[str] = ""
 

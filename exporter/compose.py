@@ -18,6 +18,9 @@ from exporter import dmi
 from exporter.attribution.fault import FaultAttribution, fresh_reading
 from exporter.attribution.history import WorkloadHistory
 from exporter.collector import Context
+from exporter.collectors.nvswitch import NvswitchSection
+from exporter.collectors.workload import from_config
+from exporter.collectors.xid import XidSection
 from exporter.deadline import Pool
 from exporter.imds import IdentitySource
 from exporter.nvml.session import NvmlSession
@@ -25,6 +28,7 @@ from exporter.nvml.session import NvmlSession
 if TYPE_CHECKING:
     from exporter.config import Config
     from exporter.workload.model import WorkloadReading
+    from exporter.xid.kmsg import Record
     from exporter.xid.service import XidService
     from exporter.xid.store import AcksFile
 
@@ -55,16 +59,12 @@ def compose(config: Config, *, nvml: NvmlSession | None = None,
                               dmi_instance_type=dmi.instance_type(config.paths.sysfs),
                               on_ec2=dmi.on_ec2(config.paths.sysfs) if imds_url is None else None)
     workloads = WorkloadHistory()
-    workload = None
-    if getattr(config, "workload", None) is not None:
-        from exporter.workload.source import from_config
-
-        # fault attribution hears every reading the source takes
-        workload = from_config(config, nvml, pool, listeners=[workloads.observe])
+    # the workload section's source (None without a kind); fault attribution hears its every reading
+    workload = from_config(config, nvml, pool, listeners=[workloads.observe])
     if fresh is None and workload is not None:  # and asks for one when a fault is counted
         fresh = fresh_reading(workload, nvml)
     xid = None
-    if getattr(config, "xid", None) is not None:
+    if config.find(XidSection) is not None:
         xid = xid_service(config, nvml, source=xid_source, workloads=workloads, fresh=fresh,
                           acks_file=xid_acks_file, read_only=read_only)
     return Context(config=config, nvml=nvml, statvfs=statvfs, identity=identity, workload=workload,
@@ -98,8 +98,8 @@ def xid_service(config: Config, nvml: NvmlSession, *, source: str | None = None,
     from exporter.xid.sxid_counter import SxidCounter
     from exporter.xid.sxid_store import SxidStateFile, SxidStore
 
-    cfg = config.xid
-    nvswitch = getattr(config, "nvswitch", None)  # the section the nvswitch collector declares
+    cfg = config.section(XidSection)
+    nvswitch = config.find(NvswitchSection)
     sxid_enabled = nvswitch is None or bool(nvswitch.enabled)
     policy = Policy(cfg.policy)
     sxid_policy = SxidPolicy(nvswitch.policy, nvswitch.fatal_tier) if nvswitch else SxidPolicy()
@@ -113,8 +113,8 @@ def xid_service(config: Config, nvml: NvmlSession, *, source: str | None = None,
     counter = XidCounter(store, identities, policy, clock, cfg.kmsg, attribution=attribution) \
         if cfg.enabled else None
     sxid_counter = SxidCounter(sxids, sxid_policy, clock, attribution=attribution) if sxid_enabled else None
-    consumers = {name: c.handle_record for name, c in (("xid", counter), ("sxid", sxid_counter))
-                 if c is not None}
+    consumers: dict[str, Callable[[Record, bool], None]] = {
+        name: c.handle_record for name, c in (("xid", counter), ("sxid", sxid_counter)) if c is not None}
     follower = KmsgFollower(config.paths.kmsg, consumers, clock, enabled=cfg.kmsg)
     source = source or config.paths.kmsg
     state_dir = config.paths.state_dir

@@ -264,9 +264,24 @@ def sections() -> dict[str, type[Section]]:
     return out
 
 
+@dataclass
+class CollectorSection(Section):
+    """A collector's section (`Collector.config_section`): every collector can be turned off, and
+    one may have a deadline of its own. Each subclass re-declares `enabled` with its own default
+    and documentation."""
+
+    enabled: bool = setting(True, "Run the collector.")
+
+    def deadline_seconds(self) -> float | None:
+        """This collector's deadline in a collection; None: the top-level
+        `collector_timeout_seconds` (exporter.runner)."""
+        return None
+
+
 class Config:
     """The validated configuration. Top-level keys and the core sections are typed attributes;
-    a collector's section is `cfg.section(GpuSection)` (typed) or `cfg.gpu`."""
+    a collector's section is read only through its class: `cfg.section(GpuSection)`, or
+    `cfg.find(GpuSection)` where the collector may not be registered."""
 
     listen: str
     log_level: str
@@ -279,15 +294,28 @@ class Config:
     source: str  # the file it came from, or "<defaults>"
 
     def __init__(self, top: TopLevel, parts: dict[str, Section], source: str) -> None:
-        self.__dict__.update(vars(top))
+        self.listen, self.log_level, self.log_format = top.listen, top.log_level, top.log_format
+        self.collector_timeout_seconds = top.collector_timeout_seconds
+        self.shutdown_timeout_seconds = top.shutdown_timeout_seconds
+        self.paths, self.web, self.node = self._of(parts, Paths), self._of(parts, Web), self._of(parts, Node)
         self.sections = parts
-        self.__dict__.update(parts)
         self.source = source
 
-    def section(self, cls: type[S]) -> S:
-        part = self.sections[cls.name]
-        assert isinstance(part, cls), (cls, type(part))
+    @staticmethod
+    def _of(parts: dict[str, Section], cls: type[S]) -> S:
+        part = parts[cls.name]
+        if not isinstance(part, cls):  # two classes declared one name: the registry refuses that
+            raise TypeError(f"config section {cls.name!r} is a {type(part).__name__}, not a {cls.__name__}")
         return part
+
+    def section(self, cls: type[S]) -> S:
+        """The section `cls` declares (KeyError when its collector was not registered)."""
+        return self._of(self.sections, cls)
+
+    def find(self, cls: type[S]) -> S | None:
+        """The section `cls` declares, or None when no registered collector declares it (a config
+        loaded before the collectors were discovered)."""
+        return self._of(self.sections, cls) if cls.name in self.sections else None
 
     def __repr__(self) -> str:
         return f"Config(source={self.source!r})"
@@ -538,7 +566,7 @@ class _Loader(yaml.SafeLoader):
     cannot be a key (a mapping or a list), and a document whose aliases expand it beyond
     MAX_NODES values (before anything is built from it)."""
 
-    def compose_document(self) -> yaml.Node:
+    def compose_document(self) -> yaml.Node | None:
         node = super().compose_document()
         if node is not None:
             try:
@@ -547,7 +575,7 @@ class _Loader(yaml.SafeLoader):
                 raise yaml.composer.ComposerError(None, None, str(e), node.start_mark) from None
         return node
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)

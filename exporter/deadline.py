@@ -220,7 +220,7 @@ class _Run:
             self.cond.notify_all()
 
 
-def _same(item: Any) -> Hashable:
+def _same(item: Hashable) -> Hashable:
     return item
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -60,7 +61,7 @@ def _str(dumper: yaml.SafeDumper, s: str) -> yaml.Node:
 _Dumper.add_representer(str, _str)
 
 
-def _dump(docs: list[dict]) -> str:
+def _dump(docs: list[dict[str, Any]]) -> str:
     return "---\n".join(yaml.dump(d, Dumper=_Dumper, sort_keys=False, width=1000) for d in docs)
 
 

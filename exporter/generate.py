@@ -13,12 +13,13 @@ One command for every file made from another source (CI runs `--check`: .ci/run)
   (exporter.docs);
 - dashboards: dashboards/*.json and the panel reference in docs/dashboards.md, from
   dashboards/*.py (dashboards.build);
+- golden: tests/fixtures/golden/*.prom, a pinned simulated node's /metrics (tests/golden.py);
 - doc-lists: the lists and counts of collectors, rule files, dashboards and alerts in README.md
-  and docs/*.md, from the tree (the claims tests/test_doc_claims.py checks);
+  and docs/*.md, from the tree (the claims tests/test_doc_claims.py checks), and the simulated
+  p5.48xlarge's "N default series" and "N series with every detail level", from the golden files;
 - deploy: the PrometheusRule, dashboard and runbook components under
   deploy/kubernetes/components/, from rules/, dashboards/ and docs/runbooks.md (exporter.deploygen);
-- podresources: exporter/workload/podresources/api_pb2.py, from api.proto (grpc_tools.protoc);
-- golden: tests/fixtures/golden/*.prom, a pinned simulated node's /metrics (tests/golden.py).
+- podresources: exporter/workload/podresources/api_pb2.py, from api.proto (grpc_tools.protoc).
 
 Not here, because they are measurements rather than functions of the tree: docs/performance.md's
 tables (bench/figures.py) and the alert matrix's table in docs/alerts.md (UPDATE_DOCS=1 with
@@ -75,6 +76,11 @@ NUMBER_WORDS = ("zero one two three four five six seven eight nine ten eleven tw
 LIST = re.compile(r"`[\w.-]+`(?:,?\s+(?:and\s+|or\s+)?`[\w.-]+`|,\s*`[\w.-]+`)+")
 COUNT = re.compile(r"(?<![\w/.-])(\w+) (rule files|collectors|dashboards|alerts)\b", re.I)
 GENERATED_DOCS = {"docs/metrics.md", "docs/configuration.md"}
+# "1,021 default series", "2,943 series with every detail level": the simulated p5.48xlarge's, as
+# its golden /metrics has them (tests/fixtures/golden/, written by the golden generator first).
+SERIES = re.compile(r"(?<![\w.,~])\d{1,3}(?:,\d{3})*(?= (default series|series with every detail level)\b)")
+SERIES_FILES = {"default series": "p5.48xlarge.prom",
+                "series with every detail level": "p5.48xlarge-all.prom"}
 
 
 def tree_names() -> dict[str, list[str]]:
@@ -99,7 +105,7 @@ def whole_lists(text: str, names: dict[str, list[str]], counts: dict[str, int]) 
     """`text` with every list of three or more collectors (or rule files) made the whole list, in
     its own style ("`a`, `b` and `c`"), and every "<number> collectors" (rule files, dashboards,
     ten or more alerts) the tree's number, in words where it was in words."""
-    def one_list(m: re.Match) -> str:
+    def one_list(m: re.Match[str]) -> str:
         items = re.findall(r"`([\w.-]+)`", m.group(0))
         for whole in names.values():
             if len(items) >= 3 and set(items) <= set(whole) and sorted(set(items)) != whole:
@@ -110,7 +116,7 @@ def whole_lists(text: str, names: dict[str, list[str]], counts: dict[str, int]) 
                 return ", ".join(quoted)
         return m.group(0)
 
-    def one_count(m: re.Match) -> str:
+    def one_count(m: re.Match[str]) -> str:
         word, what = m.group(1), m.group(2)
         low = word.lower()
         digits = word.isdigit() and not word.startswith("0")
@@ -127,12 +133,26 @@ def whole_lists(text: str, names: dict[str, list[str]], counts: dict[str, int]) 
     return COUNT.sub(one_count, LIST.sub(one_list, text))
 
 
+def golden_series() -> dict[str, int]:
+    """The series each golden file of the simulated p5.48xlarge holds, by the phrase docs use."""
+    from tests.golden import GOLDEN
+
+    return {what: sum(1 for line in (GOLDEN / f).read_text().splitlines() if line and line[0] != "#")
+            for what, f in SERIES_FILES.items()}
+
+
+def series_counts(text: str, series: dict[str, int]) -> str:
+    """`text` with every "<number> default series" (or "series with every detail level") the
+    golden file's number, written with thousands separators."""
+    return SERIES.sub(lambda m: f"{series[m.group(1)]:,}", text)
+
+
 def _doc_lists() -> dict[Path, str | None]:
-    names, counts = tree_names(), tree_counts()
+    names, counts, series = tree_names(), tree_counts(), golden_series()
     out: dict[Path, str | None] = {}
     for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         if str(p.relative_to(ROOT)) not in GENERATED_DOCS:
-            out[p] = whole_lists(p.read_text(), names, counts)
+            out[p] = series_counts(whole_lists(p.read_text(), names, counts), series)
     return out
 
 
@@ -167,10 +187,10 @@ GENERATORS: dict[str, Generator] = {
     "job-rules": _job_rules,  # before deploy and doc-lists, which read rules/
     "docs": _docs,
     "dashboards": _dashboards,
+    "golden": _golden,  # before doc-lists, which counts its series
     "doc-lists": _doc_lists,
     "deploy": _deploy,
     "podresources": _podresources,
-    "golden": _golden,
 }
 
 def stale(want: dict[Path, str | None]) -> list[Path]:

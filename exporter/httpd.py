@@ -54,7 +54,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import ssl  # the caller imports it when TLS is configured (exporter.webconfig)
@@ -114,7 +114,7 @@ class Request:
     peer: str
     version: str = "HTTP/1.1"
     received: float = field(default_factory=time.monotonic)  # when its head was read
-    peer_cert: dict | None = None  # the verified TLS client certificate, when one was given
+    peer_cert: dict[str, Any] | None = None  # the verified TLS client certificate, when one was given
 
 
 @dataclass
@@ -339,8 +339,13 @@ class HttpServer:
         """Peek at the first bytes on a TLS port; a plain HTTP request is answered 400 (True)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.read_header_timeout
-        readable = loop.create_future()
-        loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(sock.fileno(), wake)
         try:
             await asyncio.wait_for(readable, self.limits.read_header_timeout)
         finally:
@@ -430,7 +435,7 @@ class HttpServer:
         self._auth_backoff[ip] = (failures, time.monotonic() + wait, wait)
 
     async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           conn: _Conn, peer: str, cert: dict | None, timeout: float,
+                           conn: _Conn, peer: str, cert: dict[str, Any] | None, timeout: float,
                            stalled: list[int]) -> bool:
         """Read, serve and answer one request; True when the connection may carry another.
         `stalled`: how many answers in a row the client has left waiting."""
@@ -451,11 +456,11 @@ class HttpServer:
                 or "transfer-encoding" in req.headers:
             keep = False  # we read no request bodies: the rest of the stream is not a request
         if req.method not in ALLOWED_METHODS:
-            resp = Response(405, b"method not allowed; use GET or HEAD\n",
-                            [("Allow", ", ".join(ALLOWED_METHODS))])
-            await self._send(writer, req.method, resp, False)
+            refused = Response(405, b"method not allowed; use GET or HEAD\n",
+                               [("Allow", ", ".join(ALLOWED_METHODS))])
+            await self._send(writer, req.method, refused, False)
             return False
-        resp = self.quick(req) if self.quick is not None else None
+        resp: Response | None = self.quick(req) if self.quick is not None else None
         if resp is None and self.auth is not None:
             resp = await self._authorized(req, reader, writer, conn)
             if resp is not None and resp.status == 429:
@@ -562,7 +567,8 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-def _parse_head(head: bytes, peer: str, cert: dict | None) -> tuple[Request | None, tuple[int, str]]:
+def _parse_head(head: bytes, peer: str, cert: dict[str, Any] | None
+                ) -> tuple[Request | None, tuple[int, str]]:
     try:
         text = head.decode("latin-1")
     except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from exporter.config import Section, positive, setting
+from exporter.config import CollectorSection, positive, setting
 
 if TYPE_CHECKING:
     from exporter.config import Config
@@ -48,7 +48,7 @@ EVENTS_PATH = "events/maintenance/scheduled"
 T = TypeVar("T")
 
 @dataclass
-class InstanceSection(Section):
+class InstanceSection(CollectorSection):
     """Instance identity: EC2 instance id and availability zone (the instance type is node.instance_type),
     from config or the instance metadata service (IMDSv2)."""
 
@@ -352,8 +352,8 @@ class IdentityLookup(ImdsPoller[InstanceIdentity]):
 
 def imds_allowed(config: Config) -> bool:
     """IMDS is asked only when config allows it (`instance.imds`)."""
-    sec = getattr(config, SECTION, None)  # None: loaded before this module declared the section
-    return sec is not None and bool(sec.imds)
+    sec = config.find(InstanceSection)  # None: loaded before this module declared the section
+    return sec is not None and sec.imds
 
 
 class IdentitySource:
@@ -365,16 +365,17 @@ class IdentitySource:
 
     def __init__(self, config: Config, imds_url: str | None = None,
                  dmi_instance_type: str | None = None, on_ec2: bool | None = None) -> None:
-        sec = getattr(config, SECTION, None)
+        # the defaults where the config was loaded before this module declared the section
+        # (IMDS is then never asked: imds_allowed)
+        sec = self.section = config.find(InstanceSection) or InstanceSection()
         self.config = config
-        self.endpoint = imds_url or getattr(sec, "imds_endpoint", "")
+        self.endpoint = imds_url or sec.imds_endpoint
         self.on_ec2 = on_ec2  # the DMI identity's answer (exporter.dmi.on_ec2); None: not known
         self.imds_allowed = imds_allowed(config) and on_ec2 is not False
         if imds_allowed(config) and on_ec2 is False:
             log.info("not asking IMDS: the DMI identity says this host is not an EC2 instance (set "
                      "node.instance_type, instance.instance_id and instance.availability_zone to name it)")
-        self.configured = InstanceIdentity(config.node.instance_type, getattr(sec, "instance_id", None),
-                                           getattr(sec, "availability_zone", None))
+        self.configured = InstanceIdentity(config.node.instance_type, sec.instance_id, sec.availability_zone)
         self.dmi_instance_type = dmi_instance_type
         self.found: InstanceIdentity | None = None  # set once by the lookup (thread or lookup_now)
         self.lookup: IdentityLookup | None = None
@@ -409,7 +410,7 @@ class IdentitySource:
             return None
         with self._lock:
             if self.lookup is None:
-                sec = getattr(self.config, SECTION)
+                sec = self.section
                 client = ImdsClient(self.endpoint, sec.imds_timeout_seconds)
                 self.lookup = IdentityLookup(client, self.publish, max_retry_s=sec.imds_retry_max_seconds)
                 self.lookup.start()
@@ -427,7 +428,7 @@ class IdentitySource:
         self._one_shot = True
         if self.current().instance_type or not self.imds_allowed:
             return self.current().instance_type
-        sec = getattr(self.config, SECTION)
+        sec = self.section
         client = ImdsClient(self.endpoint, sec.imds_timeout_seconds)
         try:
             self.publish(client.fetch())
@@ -440,9 +441,9 @@ class IdentitySource:
 
 
 def events_poller(identity: IdentitySource,
-                  publish: Callable[[list[ScheduledEvent]], None]) -> ImdsPoller | None:
+                  publish: Callable[[list[ScheduledEvent]], None]) -> ImdsPoller[list[ScheduledEvent]] | None:
     """A started poller of the scheduled events, or None when IMDS or the events are off."""
-    sec = getattr(identity.config, SECTION)
+    sec = identity.section
     if not identity.imds_allowed or not sec.scheduled_events:
         return None
     client = ImdsClient(identity.endpoint, sec.imds_timeout_seconds)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -476,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in fields(Settings):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "str":
-            conv = str if f.name == "runbook_base" else _duration
+            conv: Callable[[str], str | float] = str if f.name == "runbook_base" else _duration
         else:
             conv = float if f.type == "float" else int
         p.add_argument(flag, type=conv, default=f.default, help=f"(default: {f.default})")

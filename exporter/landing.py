@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from exporter import __version__
 from exporter.catalog import all_specs
@@ -83,7 +83,7 @@ def _workload(labels: dict[str, str]) -> str:
     return ""
 
 
-def _add(d: dict, key: object, item: str) -> None:
+def _add(d: dict[Any, list[str]], key: object, item: str) -> None:
     if item and item not in d.setdefault(key, []):
         d[key].append(item)
 
@@ -194,10 +194,11 @@ def _gpu_table(verdict: NodeVerdict, s: Summary, runbooks: str) -> list[str]:
     out.append("</table>")
     if verdict.sxids:
         out.append("<h3>NVSwitch SXids since boot</h3><ul>")
-        for x in verdict.sxids:
-            hit = s.sxid_hits.get((x.pci_bus_id, str(x.sxid)), [])
-            out.append(f"<li>NVSwitch {e(x.switch or '?')} ({e(x.pci_bus_id)}): SXid {x.sxid} "
-                       f"&times;{x.count} {e(x.severity)}, tier {e(x.tier)}, last {e(_when(x.last_seen))}; "
+        for sx in verdict.sxids:
+            hit = s.sxid_hits.get((sx.pci_bus_id, str(sx.sxid)), [])
+            out.append(f"<li>NVSwitch {e(sx.switch or '?')} ({e(sx.pci_bus_id)}): SXid {sx.sxid} "
+                       f"&times;{sx.count} {e(sx.severity)}, tier {e(sx.tier)}, "
+                       f"last {e(_when(sx.last_seen))}; "
                        "hit: "
                        f"{', '.join(e(h) for h in hit) or 'no workload recorded'}</li>")
         out.append("</ul>")
@@ -223,7 +224,7 @@ def _clear(g: object) -> str:
     return "<br>".join(parts)
 
 
-def render_page(metrics: list[Metric] | None, status: dict, collected_at: float | None,
+def render_page(metrics: list[Metric] | None, status: dict[str, Any], collected_at: float | None,
                 verdict: NodeVerdict | None = None, telemetry_path: str = "/metrics",
                 runbooks: str = "/runbooks.html") -> str:
     """`status`: collector name -> an object with ok (None/True/False), error and duration;

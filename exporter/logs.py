@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 import time
+from typing import TextIO
 
 FORMATS = ("logfmt", "json")
 _HANDLER = "gpu-health-exporter"
@@ -61,11 +62,12 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(fields(record, self), ensure_ascii=False)
 
 
-class _Stderr(logging.StreamHandler):
+# type: ignore: logging.StreamHandler is generic in typeshed but not subscriptable on Python 3.10
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever sys.stderr is when a record comes (a test harness swaps it)."""
 
-    @property  # type: ignore[override]
-    def stream(self):  # noqa: ANN201
+    @property
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter

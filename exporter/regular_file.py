@@ -13,7 +13,7 @@ import stat
 class NotRegularFile(OSError):
     """The path is there but is not a regular file. `kind` says what it is ("a FIFO", ...)."""
 
-    def __init__(self, kind: str, path: str | os.PathLike = "") -> None:
+    def __init__(self, kind: str, path: str | os.PathLike[str] = "") -> None:
         super().__init__(errno.EINVAL, f"{kind}, not a regular file", str(path))
         self.kind = kind
 
@@ -27,7 +27,7 @@ def file_kind(mode: int) -> str:
     return "a special file"
 
 
-def open_regular(path: str | os.PathLike, flags: int = os.O_RDONLY, mode: int = 0o644,
+def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o644,
                  follow: bool = True) -> int:
     """A descriptor of the regular file at `path`, opened non-blocking (and, with `follow`
     False, without following a symbolic link at its last component). Raises NotRegularFile
@@ -52,7 +52,7 @@ def open_regular(path: str | os.PathLike, flags: int = os.O_RDONLY, mode: int = 
     return fd
 
 
-def read_regular(path: str | os.PathLike, limit: int, follow: bool = True) -> bytes:
+def read_regular(path: str | os.PathLike[str], limit: int, follow: bool = True) -> bytes:
     """The bytes of the regular file at `path` (open_regular), at most `limit` + 1 of them: a
     result longer than `limit` tells the caller the file is over it."""
     fd = open_regular(path, follow=follow)

@@ -142,7 +142,9 @@ def write_sizes(wheel_kib: int, tarball_kib: int, root: Path | None = None) -> b
 def sizes_in_doc(root: Path | None = None) -> dict[str, int]:
     """The sizes docs/deploy.md gives, in KiB (what tests compare with a build)."""
     text = ((root or share.CHECKOUT) / DOC).read_text()
-    return {k: int(re.search(r"\d+", m.group(0)).group(0)) for k, r in _SIZE.items() if (m := r.search(text))}
+    # the number between the pattern's two groups
+    return {k: int(m.group(0).removeprefix(m.group(1)).removesuffix(m.group(2)))
+            for k, r in _SIZE.items() if (m := r.search(text))}
 
 
 def main(argv: list[str] | None = None) -> int:

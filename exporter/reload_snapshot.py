@@ -26,7 +26,7 @@ _recording: dict[str, bytes] | None = None
 _replay: dict[str, bytes] = {}
 
 
-def _key(path: str | os.PathLike) -> str:
+def _key(path: str | os.PathLike[str]) -> str:
     return os.path.abspath(os.fspath(path))
 
 

@@ -29,7 +29,7 @@ _URL = re.compile(r"^([ \t]*runbook_url:[ \t]*)(\S+)#([a-z0-9-]+)[ \t]*$", re.M)
 
 def render(text: str, base: str, source: str = "rules") -> str:
     """`text` (one rule file) with every runbook_url moved from the default base to `base`."""
-    def swap(m: re.Match) -> str:
+    def swap(m: re.Match[str]) -> str:
         if m.group(2) != DEFAULT_RUNBOOK_BASE:
             raise ValueError(f"{source}: runbook_url {m.group(2)}#{m.group(3)} does not start with the "
                              f"default base {DEFAULT_RUNBOOK_BASE}")

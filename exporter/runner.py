@@ -16,7 +16,7 @@ import logging
 import platform
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -102,7 +102,7 @@ class Runner:
         # hand-overs.
         self._reads = deadline.Deadlines(pool)
         self._lock = threading.Lock()
-        self._inflight: Future | None = None
+        self._inflight: Future[Collection] | None = None
         self.readings: dict[str, Any] = {}  # the last collection's readings (what dependants got)
         self._last: tuple[float, float, Collection] | None = None  # (started, finished, result)
         self.scrapes = 0
@@ -113,11 +113,14 @@ class Runner:
     @classmethod
     def from_config(cls, collectors: Iterable[Collector], cfg: Config,
                     pool: deadline.Pool) -> Runner:
-        """Each collector's deadline is its section's `timeout_seconds` where it has one, else
-        the top-level `collector_timeout_seconds`."""
+        """Each collector's deadline is its section's own (`deadline_seconds()`: its
+        `timeout_seconds`) where it has one, else the top-level `collector_timeout_seconds`."""
         collectors = list(collectors)
-        deadlines = {c.name: getattr(cfg, c.name).timeout_seconds for c in collectors
-                     if getattr(getattr(cfg, c.name, None), "timeout_seconds", None)}
+        deadlines = {}
+        for c in collectors:
+            sec = cfg.find(c.config_section) if c.config_section else None
+            if sec is not None and (own := sec.deadline_seconds()) is not None:
+                deadlines[c.name] = own
         return cls(collectors, cfg.collector_timeout_seconds, deadlines, pool=pool)
 
     def start(self) -> None:
@@ -145,7 +148,7 @@ class Runner:
                 return last[2]
             fut = self._inflight
             owner = fut is None
-            if owner:
+            if fut is None:
                 fut = self._inflight = Future()
         if not owner:
             return fut.result()
@@ -198,13 +201,14 @@ class Runner:
         self.ready.set()
         return metrics
 
-    def _each(self, items: list[tuple[Collector, Any]]) -> list[deadline.Outcome]:
+    def _each(self, items: Sequence[tuple[Collector, Mapping[str, Any] | None]]) -> list[deadline.Outcome]:
         # No budget for the whole read: one would leave the collectors after a hung one unread.
         return self._reads.each(items, self._run, key=lambda item: item[0].name,
                                 timeout=lambda item: self.deadlines.get(item[0].name, self.deadline_s))
 
     def _outcome(self, c: Collector, o: deadline.Outcome, outs: dict[str, Families]) -> Outcome:
         if o.ok:
+            res: Outcome
             res, outs[c.name] = o.value
             return res
         missed = o.status in (deadline.TIMEOUT, deadline.BLOCKED)  # its duration is then its deadline
@@ -223,7 +227,7 @@ class Runner:
         """Run one collector (a derived one with its `inputs`) and catch what it raises."""
         t = time.monotonic()
         try:
-            reading = c.derive(out, inputs) if isinstance(c, Derived) else c.collect(out)
+            reading = c.derive(out, inputs or {}) if isinstance(c, Derived) else c.collect(out)
             return Outcome(True, "", time.monotonic() - t, reading)
         except Failed as e:
             return Outcome(False, f"{e}", time.monotonic() - t, e.reading)

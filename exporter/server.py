@@ -59,7 +59,7 @@ class App:
         # requests, cost one render and one gzip per collection, not one per request.
         self._body_lock = threading.Lock()
         self._bodies_of: Collection | None = None
-        self._bodies: dict[tuple, tuple[bytes, list[tuple[str, str]]]] = {}
+        self._bodies: dict[tuple[bool, str, frozenset[str] | None], tuple[bytes, list[tuple[str, str]]]] = {}
 
     def collect(self, scrape: bool = True, arrived: float | None = None) -> Collection:
         metrics = self.runner.collect(scrape, arrived)

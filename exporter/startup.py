@@ -59,7 +59,8 @@ def simulated_node(args: argparse.Namespace) -> Simulation | None:
         if given:
             raise ConfigError(f"command line: {given[0]} needs --simulate PROFILE")
         return None
-    from exporter.simulate import Shape, Simulation
+    from exporter.simulate import Simulation
+    from exporter.simulate.source import Shape
 
     return Simulation(args.simulate, args.scenario, shape=Shape(**shape))
 

@@ -107,7 +107,7 @@ def load_web_config(path: str | Path | None) -> WebConfig:
     return out
 
 
-def _mapping(p: Path, key: str, val: Any) -> dict:
+def _mapping(p: Path, key: str, val: Any) -> dict[str, Any]:
     if val is None:
         return {}
     if not isinstance(val, dict):
@@ -121,7 +121,7 @@ def _string(p: Path, key: str, val: Any) -> str:
     return val
 
 
-def _tls(p: Path, c: dict) -> ssl.SSLContext | None:
+def _tls(p: Path, c: dict[str, Any]) -> ssl.SSLContext | None:
     for k in c:
         if k in _TLS_REFUSED:
             raise ConfigError(f"{p}: key 'tls_server_config.{k}' is not supported by gpu-health-exporter "
@@ -191,7 +191,7 @@ def _load_cert_chain(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> No
             os.close(fd)
 
 
-def _users(p: Path, c: dict) -> dict[str, bytes]:
+def _users(p: Path, c: dict[str, Any]) -> dict[str, bytes]:
     out = {}
     for user, h in c.items():
         if not isinstance(user, str) or not user or ":" in user:
@@ -204,7 +204,7 @@ def _users(p: Path, c: dict) -> dict[str, bytes]:
     return out
 
 
-def _http(p: Path, c: dict) -> list[tuple[str, str]]:
+def _http(p: Path, c: dict[str, Any]) -> list[tuple[str, str]]:
     headers = []
     for k, v in c.items():
         if k == "http2":

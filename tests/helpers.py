@@ -31,6 +31,13 @@ FIXTURES = ROOT / "tests" / "fixtures"
 NO_IMDS = FIXTURES / "config" / "no-imds.yaml"  # `instance.imds: false`: this machine is no EC2 instance
 NETGUARD = ROOT / "tests" / "netguard"  # the loopback guard, loaded by every exporter started here
 
+# Hang guards: how long a test waits for what should end or come before it gives up as hung. They
+# are not measures of speed (a timing assertion is never a test here): each is many times what the
+# step takes on a loaded 2-core host, so that only a hang trips one. A promtool suite that takes
+# 26 s on an idle core ran past a 120 s timeout under `stress-ng --cpu 2` beside the suite.
+HANG_GUARD_S = 600.0  # a tool or child interpreter run to completion (promtool, amtool, kubectl, python -c)
+START_HANG_GUARD_S = 120.0  # a program started here until it serves, or a condition polled for
+
 
 _POOLS: list[Pool] = []  # made by test_pool(); see close_test_pools
 
@@ -97,11 +104,11 @@ def promtool() -> str:
 def promtool_check_metrics(text: str) -> str:
     """Run `promtool check metrics` on an exposition; returns its complaints ('' when clean)."""
     r = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True,
-                       timeout=60)
+                       timeout=HANG_GUARD_S)
     return (r.stdout + r.stderr).strip() if r.returncode != 0 or r.stdout.strip() or r.stderr.strip() else ""
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condition",
+def wait_for(cond: Callable[[], Any], timeout: float = START_HANG_GUARD_S, what: str = "condition",
              proc: subprocess.Popen | None = None, log: Path | None = None, interval: float = 0.02) -> Any:
     """Poll `cond()` until it returns something true, and return that. Fails naming `what` after
     `timeout` s, or at once when `proc` has exited; either failure quotes the end of `log`."""
@@ -126,7 +133,7 @@ def _tail(log: Path | None) -> str:
 _SERVING = re.compile(r"serving (https?://(?:\[[^\]]+\]|[^\s:/\"]+):(\d+))")
 
 
-def served_base(log: Path, proc: subprocess.Popen | None = None, timeout: float = 60.0,
+def served_base(log: Path, proc: subprocess.Popen | None = None, timeout: float = START_HANG_GUARD_S,
                 after: int = 0) -> str:
     """The base URL (scheme://host:port) of the last "serving ..." line the exporter logged into
     `log` after byte offset `after` (a reload with port 0 binds a new port: pass the log's size
@@ -146,7 +153,7 @@ def _listening(proc: subprocess.Popen) -> set[int]:
         return set()
 
 
-def port_of(proc: subprocess.Popen, timeout: float = 60.0) -> int:
+def port_of(proc: subprocess.Popen, timeout: float = START_HANG_GUARD_S) -> int:
     """The TCP port `proc` listens on, read from the kernel's socket table (for a server that does not
     log its address); waits until it listens on exactly one."""
     def found() -> int | None:
@@ -165,7 +172,8 @@ def answers_now(log: Path, path: str = "/metrics") -> bool:
         return False
 
 
-def start_listening(cmd: list[str], log: Path, timeout: float = 60.0) -> tuple[subprocess.Popen, int]:
+def start_listening(cmd: list[str], log: Path,
+                    timeout: float = START_HANG_GUARD_S) -> tuple[subprocess.Popen, int]:
     """Start a server whose `cmd` has it listen on 127.0.0.1:0 (Prometheus, Alertmanager,
     node_exporter: --web.listen-address=127.0.0.1:0), its output into `log`; returns the process
     and the port it bound."""
@@ -188,7 +196,7 @@ def refused_address() -> Iterator[str]:
         yield f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def wait_until_serving(url: str, proc: subprocess.Popen | None = None, timeout: float = 30.0,
+def wait_until_serving(url: str, proc: subprocess.Popen | None = None, timeout: float = START_HANG_GUARD_S,
                        what: str = "server", **get_kw) -> None:
     """Poll `url` until it answers 200; fail at once if `proc` exits, or after `timeout` s.
     `get_kw` goes to requests.get (verify= for HTTPS)."""
@@ -207,7 +215,7 @@ def wait_until_serving(url: str, proc: subprocess.Popen | None = None, timeout: 
         time.sleep(0.1)
 
 
-def start_exporter(log_dir: Path, *args: str, timeout: float = 60.0, path: str = "/metrics",
+def start_exporter(log_dir: Path, *args: str, timeout: float = START_HANG_GUARD_S, path: str = "/metrics",
                    listen_flag: str = "--listen", **get_kw) -> tuple[subprocess.Popen, str, Path]:
     """Start `python -m exporter ARGS --listen 127.0.0.1:0` (with IMDS off, `no_imds`, and the
     loopback guard, `guarded_env`), its stdout and stderr appended to a new log in log_dir, and
@@ -288,7 +296,7 @@ def stop_within(proc: subprocess.Popen, bound_s: float = 9.0) -> int:
 
 
 @contextmanager
-def running_exporter(*args: str, timeout: float = 30.0):
+def running_exporter(*args: str, timeout: float = START_HANG_GUARD_S):
     """Start `python -m exporter ARGS --listen 127.0.0.1:0`; yields the base URL once /metrics
     answers. Stops it with SIGTERM and checks it exits cleanly."""
     with tempfile.TemporaryDirectory(prefix="ghe-test-") as tmp:

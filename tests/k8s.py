@@ -11,7 +11,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from tests.helpers import ROOT
+from tests.helpers import HANG_GUARD_S, ROOT
 
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"
 OVERLAYS = sorted(p.parent for p in (KUSTOMIZE / "overlays").glob("*/kustomization.yaml"))
@@ -28,7 +28,8 @@ def kubectl() -> str:
 
 def render(directory: Path) -> list[dict]:
     """`kubectl kustomize DIR`, parsed."""
-    r = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0, f"kubectl kustomize {directory} failed:\n{r.stderr}"
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 

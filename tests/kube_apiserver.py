@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.helpers import ROOT, network_namespace, wait_for
+from tests.helpers import HANG_GUARD_S, ROOT, network_namespace, wait_for
 from tests.k8s import kubectl, render
 
 BUILD = ROOT / "tests" / "apiserver" / "build-kube-apiserver.sh"
@@ -112,7 +112,7 @@ class ApiServer:
     def kubectl(self, *args: str, who: str = "admin", stdin: str | None = None,
                 check: bool = True) -> subprocess.CompletedProcess:
         r = subprocess.run([*self.netns, kubectl(), f"--kubeconfig={self.d / (who + '.kubeconfig')}", *args],
-                           input=stdin, capture_output=True, text=True, timeout=120)
+                           input=stdin, capture_output=True, text=True, timeout=HANG_GUARD_S)
         assert not check or r.returncode == 0, f"kubectl {' '.join(args)}: {r.stderr}"
         return r
 

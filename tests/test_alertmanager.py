@@ -14,7 +14,7 @@ import pytest
 import requests
 import yaml
 
-from tests.helpers import ROOT, refused_address, start_listening, wait_until_serving
+from tests.helpers import HANG_GUARD_S, ROOT, refused_address, start_listening, wait_until_serving
 from tests.rules_lint import alerts
 
 CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
@@ -27,7 +27,7 @@ def _tool(name: str) -> str:
 
 
 def _amtool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([_tool("amtool"), *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([_tool("amtool"), *args], capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 def test_amtool_check_config():

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from exporter.cli import main
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, HANG_GUARD_S
 
 REAL = (FIXTURES / "kmsg" / "kmsg_nvidia.txt").read_text()
 # A saved kernel log of a p5 node (GPU 2 at 0000:75:00, GPU 5 at 0000:a8:00) plus the real H200
@@ -152,7 +152,7 @@ def test_check_gives_the_daemons_reasons_in_simulation(tmp_path):
         for s in scenarios:
             r = subprocess.run([sys.executable, "-m", "exporter", "check", "--simulate", "p5.48xlarge",
                                 "--scenario", s, "--json", "--path.state-dir", str(tmp_path / f"c-{s}")],
-                               env=env, capture_output=True, text=True, timeout=120)
+                               env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
             checked = sorted(json.loads(r.stdout)["node"]["reasons"])
             assert checked  # a hung GPU is gpu_not_answering, never a clean bill of health
             proc, url, log = daemons[s]

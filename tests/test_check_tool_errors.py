@@ -13,6 +13,7 @@ import pytest
 
 from exporter import collectors, imds
 from exporter.cli import main
+from exporter.collectors.lustre import LustreSection
 from exporter.compose import compose
 from exporter.config import load
 from exporter.runner import Runner
@@ -100,7 +101,7 @@ def test_relative_paths_in_the_config_are_relative_to_its_directory(tmp_path, mo
         assert c.paths.state_dir == str(conf / "state")
         assert c.paths.kmsg == str(tmp_path / "logs" / "kmsg.txt")
         assert c.paths.sysfs == "/sys" and c.web.config_file == str(conf / "web.yml")
-        assert c.lustre.rootfs == str(conf / "host")
+        assert c.section(LustreSection).rootfs == str(conf / "host")
     # the command line's paths are the working directory's, as for any command
     c = load(cfg, {"paths.state_dir": "here", "web.config_file": "w.yml"})
     assert (c.paths.state_dir, c.web.config_file) == ("here", "w.yml")

@@ -16,7 +16,7 @@ import requests
 from exporter import buildinfo, logs
 from exporter.arguments import build_parser, cli_overrides
 from exporter.serve import served_url
-from tests.helpers import ROOT, names, start_exporter, value
+from tests.helpers import HANG_GUARD_S, ROOT, names, start_exporter, value
 
 
 def overrides(*argv: str) -> dict:
@@ -189,7 +189,8 @@ def test_start_up_errors_follow_log_format_given_on_the_command_line(tmp_path, f
     bad = tmp_path / "config.yaml"
     bad.write_text("listen: 12\ngpu:\n  timeout_seconds: soon\n")
     cmd = [sys.executable, "-m", "exporter", "--config", str(bad), "--web.listen-address", "127.0.0.1:0"]
-    r = subprocess.run(cmd + ["--log.format", fmt], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(cmd + ["--log.format", fmt], cwd=ROOT, capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 2
     lines = r.stderr.splitlines()
     assert len(lines) == 1, r.stderr
@@ -199,5 +200,5 @@ def test_start_up_errors_follow_log_format_given_on_the_command_line(tmp_path, f
     else:
         assert lines[0].startswith("ts=") and " level=error " in lines[0]
         assert "gpu.timeout_seconds" in lines[0]
-    plain = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    plain = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert plain.returncode == 2 and plain.stderr.startswith("gpu-health-exporter: ")

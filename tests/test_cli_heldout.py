@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.helpers import FIXTURES, answers_now, guarded_env, port_of, wait_for, wait_until_serving
+from tests.helpers import (
+    FIXTURES,
+    HANG_GUARD_S,
+    answers_now,
+    guarded_env,
+    port_of,
+    wait_for,
+    wait_until_serving,
+)
 
 ENV = guarded_env()  # the checkout, with the suite's loopback guard
 CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"  # one real H200
@@ -139,7 +147,8 @@ def test_logfmt_quotes_what_needs_it():
     code = ("import logging, sys; from exporter import logs; logs.setup('info', 'logfmt'); "
             "logging.getLogger('exporter').warning('a b \"c\" d=e\\nf\\\\g'); "
             "logging.getLogger('exporter').error('plain')")
-    r = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=30)
+    r = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     lines = r.stderr.splitlines()
     assert len(lines) == 2, r.stderr
     rec = _logfmt(lines[0])

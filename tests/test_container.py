@@ -18,7 +18,7 @@ import psutil
 import pytest
 import requests
 
-from tests.helpers import ROOT, samples, served_base, wait_until_serving
+from tests.helpers import HANG_GUARD_S, ROOT, samples, served_base, wait_until_serving
 
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 
@@ -66,7 +66,7 @@ def test_build_context_paths_exist():
 
 def test_smoke_script_parses():
     r = subprocess.run(["bash", "-n", str(ROOT / "deploy" / "container-smoke.sh")], capture_output=True,
-                       text=True, timeout=30)
+                       text=True, timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stderr
 
 
@@ -91,7 +91,7 @@ def test_simulated_node_on_a_read_only_root(tmp_path):
         wait_until_serving(url, proc, 60, "exporter under bwrap")
         ss = samples(requests.get(url, timeout=30).text)
         written = subprocess.run([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "touch", "/probe"],
-                                 capture_output=True, text=True, timeout=30)
+                                 capture_output=True, text=True, timeout=HANG_GUARD_S)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -157,7 +157,7 @@ def test_image_serves_the_simulated_node_as_non_root_on_a_read_only_root(image_r
         owners = {p.uids().real for p in psutil.Process(proc.pid).children(recursive=True)
                   if p.name() != "bwrap"}
         written = subprocess.run(_in_image(root, config, ["touch", "/probe"]), capture_output=True,
-                                 text=True, timeout=60)
+                                 text=True, timeout=HANG_GUARD_S)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -191,5 +191,5 @@ def test_image_carries_the_release_files(image_root):
     render = ("cd /tmp && python3 -m exporter.deploygen --out r "
               "&& test -s r/deploy/systemd/gpu-health-exporter.service")
     r = subprocess.run(_in_image(root, config, ["sh", "-c", render]), capture_output=True, text=True,
-                       timeout=120)
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stderr

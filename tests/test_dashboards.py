@@ -16,7 +16,7 @@ import yaml
 
 from dashboards import build
 from dashboards.lib import TAG, UIDS
-from tests.helpers import ROOT, promtool
+from tests.helpers import HANG_GUARD_S, ROOT, promtool
 from tests.rules_lint import PENDING_SERIES, PROMETHEUS_SERIES, metric_names, recorded
 from tests.test_rules import _catalog
 
@@ -188,7 +188,8 @@ def test_every_query_is_valid_promql_on_existing_metrics(tmp_path):
         {"record": f"dashboard:query:{i}", "expr": _concrete(e)} for i, e in enumerate(exprs)]}]}
     path = tmp_path / "dashboard-queries.yml"
     path.write_text(yaml.safe_dump(rules))
-    r = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -213,5 +214,6 @@ def test_workload_panels_join_on_gpu_workload_info(tmp_path):
                              for e in exprs.values()]}]}
     path = tmp_path / "workloads.test.yml"
     path.write_text(yaml.safe_dump(suite))
-    r = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -15,7 +15,7 @@ import yaml
 from exporter import deploygen
 from exporter.arguments import build_parser
 from exporter.startup import build_context
-from tests.helpers import ROOT, promtool
+from tests.helpers import HANG_GUARD_S, ROOT, promtool
 from tests.k8s import K8S_VERSIONS, KUSTOMIZE, OVERLAYS, by_kind, one, render, schedules_on, validate
 
 DEPLOY = ROOT / "deploy"
@@ -255,7 +255,7 @@ def test_prometheus_rules_carry_every_rule_file_unchanged(rendered, tmp_path):
         out = tmp_path / f.name
         out.write_text(yaml.safe_dump(spec))
         r = subprocess.run([promtool(), "check", "rules", str(out)], capture_output=True, text=True,
-                           timeout=60)
+                           timeout=HANG_GUARD_S)
         assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -168,12 +168,12 @@ OFF_BY_DEFAULT = {"nccl": "queries run inside the training processes: docs/nccl.
 
 
 def _enabled_by_default(spec) -> bool:  # noqa: ANN001
-    from exporter.config import load
+    from exporter.config import CollectorSection, load
 
     cfg = load(None)
-    section = getattr(cfg, spec.collector, None)
-    return section is None or getattr(section, "enabled", True) or spec.collector in ON_ONCE_CONFIGURED \
-        or spec.collector in OFF_BY_DEFAULT
+    section = cfg.sections.get(spec.collector)
+    on = not isinstance(section, CollectorSection) or section.enabled
+    return on or spec.collector in ON_ONCE_CONFIGURED or spec.collector in OFF_BY_DEFAULT
 
 
 def test_default_stays_within_the_series_budget(default_scrape):

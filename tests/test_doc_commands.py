@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from tests.doc_blocks import fenced_blocks
-from tests.helpers import guarded_env
+from tests.helpers import HANG_GUARD_S, guarded_env
 from tests.release import installed  # noqa: F401 - the session fixture
 
 RUNNABLE = [b for b in fenced_blocks() if "runnable" in b.tags]
@@ -63,6 +63,6 @@ def test_a_runnable_block_runs(block, tmp_path, request):
         work.mkdir()
         env = checkout_env(tmp_path)
     r = subprocess.run(["sh", "-e", "-c", block.text], cwd=work, env=env, capture_output=True, text=True,
-                       timeout=300)
+                       timeout=HANG_GUARD_S)
     out = f"{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
     assert r.returncode == 0, f"{block_id(block)}: exit {r.returncode}\n{out}"

@@ -51,3 +51,15 @@ def test_the_tree_is_current_for_the_cheap_generators():
 ])
 def test_doc_lists_and_counts_are_written_from_the_tree(text, want):
     assert generate.whole_lists(text, NAMES, COUNTS) == want
+
+
+@pytest.mark.parametrize("text, want", [
+    ("970 default series against 2,690 series with every detail level",
+     "1,021 default series against 2,943 series with every detail level"),
+    ("1,021 default series", "1,021 default series"),
+    ("~900 default series", "~900 default series"),  # an approximation is left as it is: say it exactly
+    ("32 series by default", "32 series by default"),  # one metric's series, not the node's
+])
+def test_the_simulated_nodes_series_counts_are_written_from_the_golden_files(text, want):
+    series = {"default series": 1021, "series with every detail level": 2943}
+    assert generate.series_counts(text, series) == want

@@ -3,8 +3,8 @@ the same collection from the runner, whatever state the GPU collector is in."""
 
 import pytest
 
-from exporter.collectors.gpu import GpuCollector
-from exporter.collectors.health import HealthCollector
+from exporter.collectors.gpu import GpuCollector, GpuSection
+from exporter.collectors.health import HealthCollector, HealthSection
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
@@ -70,8 +70,8 @@ def test_without_a_gpu_collector_the_verdict_lists_nvml_s_gpus(tmp_path):
 
 def _hung(tmp_path, unresponsive_s):
     fake, ctx = p5(tmp_path)
-    ctx.config.health.unresponsive_seconds = unresponsive_s
-    ctx.config.gpu.read_timeout_seconds = 0.3
+    ctx.config.section(HealthSection).unresponsive_seconds = unresponsive_s
+    ctx.config.section(GpuSection).read_timeout_seconds = 0.3
     runner = Runner([HealthCollector(ctx), GpuCollector(ctx)], deadline_s=5, pool=test_pool())
     s = samples(scrape(runner))  # NVML opened and every GPU read once: healthy
     assert _gpu(s, gpu=F) == {"healthy"}

@@ -27,7 +27,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from tests.helpers import served_base
+from tests.helpers import HANG_GUARD_S, served_base
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "correct horse battery staple"
@@ -502,7 +502,7 @@ def test_over_tls_plain_http_gets_a_400_saying_https_and_floods_leave_it_serving
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
                     "-nodes", "-days", "2", "-subj",
                     "/CN=127.0.0.1", "-keyout", str(tmp_path / "k.pem"), "-out", str(tmp_path / "c.pem")],
-                   check=True, capture_output=True, timeout=60)
+                   check=True, capture_output=True, timeout=HANG_GUARD_S)
     h = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(10)).decode()
     ex = Exporter(tmp_path, "tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n"
                   f"basic_auth_users:\n  prometheus: '{h}'\n", tls=True)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import ROOT
+from tests.helpers import HANG_GUARD_S, ROOT
 
 
 def _modules(package: Path) -> dict[str, Path]:
@@ -163,7 +163,8 @@ def test_the_config_loader_does_not_import_the_collectors():
     """The schema is config's registry; the collectors register their sections into it when the
     composition root discovers them, so loading a config imports no collector."""
     code = "import sys, exporter.config; exporter.config.load(None); print(*sorted(sys.modules))"
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stderr
     assert "exporter.config" in r.stdout.split()
     assert not [m for m in r.stdout.split() if m.startswith("exporter.collector")], r.stdout

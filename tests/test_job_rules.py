@@ -13,11 +13,11 @@ import yaml
 
 from exporter import job_rules
 from tests import job_cases
-from tests.helpers import ROOT, promtool
+from tests.helpers import HANG_GUARD_S, ROOT, promtool
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 def test_rules_file_is_the_default_rendering():

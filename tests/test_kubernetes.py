@@ -18,7 +18,7 @@ import requests
 import yaml
 
 from exporter.kube.writer import LABEL_KEY, LABEL_VALUE, OWNER_ANNOTATION, TAINT_KEY
-from tests.helpers import ROOT, guarded_env, start_exporter, stop_within, value
+from tests.helpers import HANG_GUARD_S, ROOT, guarded_env, start_exporter, stop_within, value
 from tests.kube_apiserver import ApiServer, FaultProxy, api_server
 from tests.kube_apiserver import until as _until
 
@@ -102,7 +102,7 @@ class Exporter:
 
     def ack(self, gpu: str) -> None:
         r = subprocess.run([sys.executable, "-m", "exporter", "ack", *self.sim, "--gpu", gpu],
-                           env=guarded_env(), capture_output=True, text=True, timeout=120)
+                           env=guarded_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
         assert r.returncode == 0, r.stdout + r.stderr
 
     def stop(self) -> None:
@@ -312,7 +312,7 @@ def test_check_never_waits_for_the_api_server(api, proxy, tmp_path):
         r = subprocess.run([sys.executable, "-m", "exporter", "check", "--simulate", "p5.48xlarge",
                             "--scenario", "xid-94", "--path.state-dir", str(tmp_path / "state"),
                             "--config", str(cfg)],
-                           env=guarded_env(), capture_output=True, text=True, timeout=120)
+                           env=guarded_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
         took = time.monotonic() - t
     finally:
         proxy.set()

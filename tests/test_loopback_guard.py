@@ -39,7 +39,8 @@ def test_udp_and_name_lookups_are_guarded_too():
 def test_a_swallowed_imds_attempt_is_still_caught():
     """The IMDS client catches connection errors and retries; the guard records the attempt."""
     cfg = load(None, {"instance.imds_timeout_seconds": 0.2})  # the real endpoint, the default
-    client = imds.ImdsClient(cfg.instance.imds_endpoint, cfg.instance.imds_timeout_seconds)
+    sec = cfg.section(imds.InstanceSection)
+    client = imds.ImdsClient(sec.imds_endpoint, sec.imds_timeout_seconds)
     with pytest.raises(imds.ImdsError):  # the client turns the refusal into its own error
         client.get("instance-id")
     assert any("169.254.169.254" in v for v in conftest.VIOLATIONS)
@@ -82,7 +83,7 @@ def test_an_exporter_on_this_machine_gets_imds_off_through_its_config(tmp_path):
     no lookup series, and the guard saw nothing (the autouse fixture fails the test otherwise)."""
     assert no_imds(["--collectors", "gpu"]) == ["--collectors", "gpu", "--config", str(NO_IMDS)]
     assert no_imds(["--simulate", "p5.48xlarge"]) == ["--simulate", "p5.48xlarge"]
-    assert load(NO_IMDS).instance.imds is False
+    assert load(NO_IMDS).section(imds.InstanceSection).imds is False
     on = tmp_path / "on.yaml"
     on.write_text("log_level: info\n")
     with pytest.raises(AssertionError, match="imds: false"):

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from exporter import process
-from tests.helpers import ROOT
+from tests.helpers import HANG_GUARD_S, ROOT
 
 # In a fresh process: no other test's thread holds a descriptor half-opened (a thread blocked
 # opening a FIFO has its descriptor reserved: the directory's size counts it, a listing does not).
@@ -30,7 +30,7 @@ print(process.open_fds(), psutil.Process().num_fds())
 @pytest.mark.parametrize("how", ["size", "fallback"])
 def test_open_fds_is_psutils_count_with_descriptors_opened_and_closed(how):
     out = subprocess.run([sys.executable, "-c", COMPARE, how], cwd=ROOT, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60, check=True).stdout
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=HANG_GUARD_S, check=True).stdout
     (ours_open, psutil_open), (ours_closed, psutil_closed) = (line.split() for line in out.splitlines())
     assert ours_open == psutil_open and ours_closed == psutil_closed
     assert int(ours_open) - int(ours_closed) == 300

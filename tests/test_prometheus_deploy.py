@@ -13,6 +13,7 @@ import requests
 import yaml
 
 from tests.helpers import (
+    HANG_GUARD_S,
     ROOT,
     promtool,
     refused_address,
@@ -30,7 +31,7 @@ RULE_FILES = sorted((ROOT / "rules").glob("*.yml"))
 @pytest.mark.parametrize("name", ["scrape.yml", "remote-write-amp.yml", "sharded-scrape.yml"])
 def test_promtool_check_config(name):
     r = subprocess.run([promtool(), "check", "config", str(PROM / name)], capture_output=True, text=True,
-                       timeout=60)
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
 
 
@@ -139,7 +140,7 @@ def _fake_aws(tmp_path, namespaces_exist: bool):
 def test_amp_upload_one_namespace_per_rule_file(tmp_path, exists, verb):
     aws, log = _fake_aws(tmp_path, exists)
     r = subprocess.run([str(UPLOAD), "ws-1234", "us-west-2"], env={"AWS": str(aws), "PATH": "/usr/bin:/bin"},
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stderr
     calls = [c.split() for c in log.read_text().splitlines() if f" {verb} " in f" {c} "]
     assert sorted(c[c.index("--name") + 1] for c in calls) == sorted(
@@ -153,5 +154,5 @@ def test_amp_upload_one_namespace_per_rule_file(tmp_path, exists, verb):
 def test_amp_accepts_the_rule_files_as_they_are():
     """AMP's rule groups namespace takes a plain Prometheus rule file: what promtool checks."""
     r = subprocess.run([promtool(), "check", "rules", *map(str, RULE_FILES)], capture_output=True, text=True,
-                       timeout=60)
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stdout + r.stderr

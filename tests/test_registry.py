@@ -12,12 +12,12 @@ from exporter import catalog, collectors, docs
 from exporter.catalog import Families, define
 from exporter.collector import Collector
 from exporter.compose import compose
-from exporter.config import ConfigError, Section, load, positive, setting
-from tests.helpers import scrape, test_pool, value
+from exporter.config import CollectorSection, ConfigError, load, positive, setting
+from tests.helpers import HANG_GUARD_S, scrape, test_pool, value
 
 
 @dataclass
-class NvmeSection(Section):
+class NvmeSection(CollectorSection):
     """NVMe SMART health of the node's local disks (a toy collector of the tests)."""
 
     name = "nvme"
@@ -59,7 +59,7 @@ def test_a_registered_collector_gets_its_config_section(toy, tmp_path):
     p = tmp_path / "config.yaml"
     p.write_text("nvme:\n  devices: 3\n  device_prefix: disk\n")
     cfg = load(p)
-    assert cfg.nvme.devices == 3 and cfg.section(NvmeSection).device_prefix == "disk"
+    assert cfg.section(NvmeSection).devices == 3 and cfg.section(NvmeSection).device_prefix == "disk"
     p.write_text("nvme:\n  devices: 0\n  bogus: 1\n")
     with pytest.raises(ConfigError) as e:
         load(p)
@@ -137,8 +137,9 @@ def test_sections_exist_once_the_composition_root_discovers_the_collectors():
     from tests.helpers import ROOT
 
     code = ("from exporter import collectors; collectors.discover(); from exporter.config import load; "
-            "c = load(None); print(c.gpu.timeout_seconds, c.efa.counters)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+            "c = load(None); print(c.sections['gpu'].timeout_seconds, c.sections['efa'].counters)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0 and r.stdout.split() == ["4.0", "default"], r.stderr
 
 

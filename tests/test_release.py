@@ -16,6 +16,7 @@ import yaml
 from exporter import __version__, runbooks, share
 from exporter.release import build_tarball
 from exporter.rules import DEFAULT_RUNBOOK_BASE
+from tests.helpers import HANG_GUARD_S
 from tests.release import installed  # noqa: F401 - the session fixture
 
 BASE = "https://wiki.example.com/gpu/runbooks.html"
@@ -222,7 +223,7 @@ def test_a_fresh_venv_s_own_setuptools_is_not_the_pin(tmp_path):
     code = ("import importlib.metadata as m\n"
             "try:\n print(m.version('setuptools'))\nexcept Exception:\n print('0')")
     r = subprocess.run([str(tmp_path / "v" / "bin" / "python"), "-c", code], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stderr
     have = tuple(int(x) for x in re.findall(r"\d+", r.stdout)[:1])
     _, want = backend_requirement()

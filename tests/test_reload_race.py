@@ -12,7 +12,7 @@ import pytest
 
 from exporter import reload_snapshot
 from exporter.webconfig import load_web_config
-from tests.helpers import answers_now, start_exporter, stop_within, wait_for
+from tests.helpers import HANG_GUARD_S, answers_now, start_exporter, stop_within, wait_for
 from tests.test_reload_signals import RELOADED, settled
 
 pytestmark = pytest.mark.slow
@@ -69,7 +69,7 @@ def test_the_new_process_loads_the_validated_certificate_not_the_file_swapped_si
     exe = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
            "-nodes", "-days", "2"]
     subprocess.run([*exe, "-keyout", "server.key", "-out", "server.crt", "-subj", "/CN=validated"],
-                   cwd=tmp_path, check=True, capture_output=True, timeout=60)
+                   cwd=tmp_path, check=True, capture_output=True, timeout=HANG_GUARD_S)
     web = tmp_path / "web.yml"
     web.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
     with reload_snapshot.recording() as validated:

@@ -12,7 +12,7 @@ import yaml
 from exporter import collectors
 from exporter.catalog import all_specs
 from exporter.rules import DEFAULT_RUNBOOK_BASE
-from tests.helpers import promtool
+from tests.helpers import HANG_GUARD_S, promtool
 from tests.rules_lint import (
     ALERTS_MD,
     KUBE_STATE_METRICS_SERIES,
@@ -36,7 +36,7 @@ SEVERITIES = {"critical", "warning", "info"}
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 def test_there_are_rules_and_suites():

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import ROOT, promtool
+from tests.helpers import HANG_GUARD_S, ROOT, promtool
 from tests.rules_lint import SUITES_DIR, load
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 BEFORE = ROOT / "tests" / "fixtures" / "rules_before_issue9"

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import promtool
+from tests.helpers import HANG_GUARD_S, promtool
 from tests.rules_lint import suites
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 # The suites that take promtool longest (seconds on an idle core), longest first: the two at a time

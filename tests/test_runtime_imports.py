@@ -1,19 +1,22 @@
-"""What the exporter's imports load (issue 14, memory; issue 19 item 5): prometheus_client is the
-metric model, so the CLI and every collector module load it (and with it ssl, http.server,
-wsgiref, urllib.request and email, which its package imports: ~1.6 MiB more RSS in the running
-exporter, where ssl is loaded anyway; docs/performance.md). What a default node does not use stays
-out: requests (the IMDS client, loaded when a lookup runs), bcrypt (basic auth only), the NVML
-bindings until NVML is first used, asyncio and multiprocessing."""
+"""What the exporter's imports load (issue 14, memory; issue 19 item 5; issue 48 item 3):
+prometheus_client is the metric model, so the CLI and every collector module load its model's
+modules, but not its package's `__init__` (exporter/metric.py), which imports its HTTP servers and
+push clients (http.server, wsgiref, urllib.request, email, ssl: 2.6 MiB of the served exporter's
+RSS, docs/performance.md). What a default node does not use stays out: requests (the IMDS client,
+loaded when a lookup runs), bcrypt (basic auth only), the NVML bindings until NVML is first used,
+asyncio and multiprocessing."""
 
 import json
 import subprocess
 import sys
 
-from tests.helpers import ROOT
+from tests.helpers import HANG_GUARD_S, ROOT
 
 PRESENT = ["prometheus_client", "prometheus_client.metrics_core", "prometheus_client.samples"]
 ABSENT = ["requests", "urllib3", "bcrypt", "pynvml", "asyncio", "multiprocessing",
-          "grpc", "google.protobuf", "h2", "hpack", "hyperframe"]  # h2: only with workload.kubelet_socket
+          "grpc", "google.protobuf", "h2", "hpack", "hyperframe",  # h2: only with workload.kubelet_socket
+          *(PROMETHEUS_CLIENT_SERVERS := ["prometheus_client.exposition", "prometheus_client.registry",
+                                          "http.server", "wsgiref", "urllib.request", "email", "ssl"])]
 
 CHILD = """
 import json, sys
@@ -29,19 +32,37 @@ print(json.dumps({"collectors": loaded, "present": present, "model": model}))
 
 def test_cli_and_every_collector_load_prometheus_client_and_nothing_a_node_does_not_use():
     r = subprocess.run([sys.executable, "-c", CHILD, *PRESENT, *ABSENT], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60, check=True)
+                       text=True, timeout=HANG_GUARD_S, check=True)
     out = json.loads(r.stdout)
     assert {"gpu", "efa", "xid", "lustre"} <= set(out["collectors"]), out["collectors"]
     assert out["present"] == PRESENT
     assert out["model"] == ["prometheus_client.metrics_core.Metric", "prometheus_client.samples.Sample"]
 
 
+def test_prometheus_client_is_whole_for_whoever_imports_it_after_the_exporter():
+    """The package's `__init__` runs when a name of it is first asked for (a test's registry, a
+    tool's generate_latest), with the classes the exporter's families already have."""
+    code = """
+import exporter.metric
+from prometheus_client import REGISTRY, Metric, generate_latest
+import prometheus_client.samples
+assert Metric is exporter.metric.Metric and prometheus_client.samples.Sample is exporter.metric.Sample
+assert b"python_gc_objects_collected_total" in generate_latest(REGISTRY)
+"""
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=HANG_GUARD_S)
+
+
 # The served exporter (issue 36 item 3): what the process imports over its life, start-up and
 # scrapes, from Python's own import log (PYTHONPROFILEIMPORTTIME, written to the exporter's log).
 # A subcommand's imports (`capture`'s recorder: statistics, decimal, the fake NVML) were made by
 # every daemon, because the parser lists the subcommands.
-NEVER_SERVED = ["exporter.capture", "statistics", "requests", "urllib3", "bcrypt", "grpc"]
-KUBELET_ONLY = ["h2", "hpack", "hyperframe", "google.protobuf"]
+# The kubelet kind's client decodes the answer itself: protobuf is the simulated kubelet's (a
+# process of its own), never the exporter's. ssl is not listed: asyncio (the HTTP server's event
+# loop) imports it whether or not TLS is on (docs/performance.md, "Memory on a node").
+NEVER_SERVED = ["exporter.capture", "statistics", "requests", "urllib3", "bcrypt", "grpc", "google.protobuf",
+                "prometheus_client.exposition", "prometheus_client.registry", "http.server", "wsgiref",
+                "urllib.request", "email"]
+KUBELET_ONLY = ["h2", "hpack", "hyperframe"]
 
 
 def _served_imports(tmp_path, monkeypatch, *args: str) -> set[str]:
@@ -70,4 +91,38 @@ def test_the_served_exporter_imports_only_what_its_kinds_use(tmp_path, monkeypat
     assert not p5 & {*NEVER_SERVED, *KUBELET_ONLY}
     kubelet = _served_imports(tmp_path, monkeypatch, "--simulate", "p5.48xlarge", "--scenario", "k8s-pods")
     assert not kubelet & set(NEVER_SERVED)
-    assert {"h2", "hpack", "hyperframe"} <= kubelet  # the kind's client, and only with the kind on
+    assert set(KUBELET_ONLY) <= kubelet  # the kind's client, and only with the kind on
+
+
+def _threads(*scenario: str) -> set[str]:
+    """The threads of a simulated node's exporter after three collections, but the pool's workers
+    (started on demand, as many as reads are under way at once: exporter.deadline)."""
+    import threading
+
+    from exporter import collectors
+    from exporter.arguments import build_parser
+    from exporter.runner import Runner
+    from exporter.startup import build_context
+    from tests.helpers import scrape
+
+    ctx, sim = build_context(build_parser().parse_args(["--simulate", "p5.48xlarge", *scenario]))
+    assert sim is not None
+    sim.start()
+    runner = Runner.from_config(collectors.build(ctx), ctx.config, pool=ctx.pool)
+    try:
+        runner.start()
+        for _ in range(3):
+            scrape(runner)
+        if scenario:  # the kind read the simulated kubelet
+            assert runner.readings["workload"].by_uuid, runner.status["workload"].error
+        return {t.name for t in threading.enumerate() if not t.name.startswith(f"{ctx.pool.name}-")}
+    finally:
+        runner.close()
+        sim.close()
+        ctx.pool.close()
+
+
+def test_the_kubelet_kind_adds_no_thread():
+    """Its List call is made in the collection's own thread (exporter/workload/grpc_h2.py), and the
+    simulated kubelet is a process of its own (issue 36 asked for no thread; issue 48 item 3)."""
+    assert _threads("--scenario", "k8s-pods") == _threads()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import HANG_GUARD_S, ROOT
 
 SLURM = ROOT / "deploy" / "slurm"
 # "${a[@]}" / "${a[*]}" not inside the guard ${a[@]+"${a[@]}"}
@@ -59,7 +59,8 @@ def test_every_script_is_shellcheck_clean():
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck is missing: .ci/run installs Debian's shellcheck package"
     paths = [str(p) for p in scripts()]
-    r = subprocess.run([shellcheck, "--shell=bash", *paths], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([shellcheck, "--shell=bash", *paths], capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -72,7 +73,7 @@ def _run(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess
     (bin_ / "logger").chmod(0o755)
     base["PATH"] = f"{bin_}:{base['PATH']}"
     return subprocess.run(["bash", "-u", str(SLURM / script)], env={**base, **env}, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=HANG_GUARD_S)
 
 
 @pytest.mark.parametrize("script", ["prolog.sh", "epilog.sh"])

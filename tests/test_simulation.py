@@ -10,6 +10,7 @@ import pytest
 from exporter import collectors
 from exporter.arguments import build_parser
 from exporter.cli import main
+from exporter.imds import InstanceSection
 from exporter.runner import Runner
 from exporter.startup import build_context
 from tests.helpers import ROOT, guarded_env, samples, scrape, test_pool, value
@@ -90,7 +91,7 @@ def test_the_default_shape_is_the_profile_and_the_node_says_so_in_dmi(shaped):
     assert ctx.identity.instance_type_source() == "dmi" and ctx.config.node.instance_type is None
     assert ctx.nvml.ensure() and len(ctx.nvml.devices) == 8
     assert len(list((sim.root / "proc" / "fs" / "lustre" / "osc").iterdir())) == 8
-    assert ctx.config.instance.imds is False and ctx.config.node.expected_gpus is None
+    assert ctx.config.section(InstanceSection).imds is False and ctx.config.node.expected_gpus is None
 
 
 def test_the_shape_is_the_simulation_s_not_the_config_schema_s(tmp_path, capsys):

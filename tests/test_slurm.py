@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, network_namespace, wait_for
+from tests.helpers import HANG_GUARD_S, ROOT, network_namespace, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -126,7 +126,7 @@ def run_cluster(d: Path, extra_conf: str = "", node_conf: str = "", cpus: int = 
         (d / sub).mkdir()
     logs = d / "logs"
     key, sock = d / "munge.key", d / "munge.sock"
-    subprocess.run([need("mungekey"), "--create", f"--keyfile={key}"], check=True, timeout=30)
+    subprocess.run([need("mungekey"), "--create", f"--keyfile={key}"], check=True, timeout=HANG_GUARD_S)
     key.chmod(0o600)
     host = socket.gethostname().split(".")[0]
     # slurmctld has slurmd run the check every 5 s (HealthCheckProgram), here on the healthy simulated node.
@@ -287,5 +287,5 @@ def test_prometheus_targets_from_sinfo(cluster, tmp_path):
 @pytest.mark.parametrize("script", ["gpu-health-check.sh", "hyperpod-lifecycle.sh"])
 def test_shipped_scripts_parse(script):
     r = subprocess.run(["bash", "-n", str(ROOT / "deploy" / "slurm" / script)], capture_output=True,
-                       text=True, timeout=30)
+                       text=True, timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stderr

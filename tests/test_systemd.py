@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.helpers import ROOT
+from tests.helpers import HANG_GUARD_S, ROOT
 
 UNIT = ROOT / "deploy" / "systemd" / "gpu-health-exporter.service"
 MAX_EXPOSURE = 3.0
@@ -43,14 +43,16 @@ def test_verify_accepts_the_unit_without_warnings(tmp_path):
     assert exe.exists()
     unit = tmp_path / UNIT.name
     unit.write_text(UNIT.read_text().replace("/opt/gpu-health-exporter/bin/gpu-health-exporter", str(exe)))
-    r = subprocess.run([systemd_analyze(), "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([systemd_analyze(), "verify", str(unit)], capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0 and not r.stderr.strip() and not r.stdout.strip(), r.stdout + r.stderr
 
 
 def test_verify_would_flag_a_typo(tmp_path):
     unit = tmp_path / "typo.service"
     unit.write_text(UNIT.read_text().replace("RestartPreventExitStatus=2", "RestartPreventExitStatus=two"))
-    r = subprocess.run([systemd_analyze(), "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([systemd_analyze(), "verify", str(unit)], capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     assert "RestartPreventExitStatus" in r.stderr or "Failed to parse" in r.stderr
 
 
@@ -58,7 +60,7 @@ def test_security_exposure_at_most_3():
     # --threshold is in tenths: exit non-zero when the exposure is above 3.0.
     threshold = f"--threshold={int(MAX_EXPOSURE * 10)}"
     r = subprocess.run([systemd_analyze(), "security", "--offline=true", threshold, str(UNIT)],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=HANG_GUARD_S)
     m = re.search(r"Overall exposure level for \S+: (\d+\.\d)", r.stdout)
     assert m, r.stdout + r.stderr
     print(f"systemd-analyze security --offline: exposure {m.group(1)}")
@@ -69,7 +71,7 @@ def test_security_threshold_fails_a_weaker_unit(tmp_path):
     weak = tmp_path / UNIT.name
     weak.write_text("[Service]\nExecStart=/bin/true\n")
     r = subprocess.run([systemd_analyze(), "security", "--offline=true", "--threshold=30", str(weak)],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert r.returncode != 0
 
 
@@ -97,7 +99,7 @@ def test_restart_policy(tmp_path):
     bad = tmp_path / "config.yaml"
     bad.write_text("listen: [not, an, address]\n")
     exe = Path(sys.executable).parent / "gpu-health-exporter"
-    r = subprocess.run([str(exe), "--config", str(bad)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([str(exe), "--config", str(bad)], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert r.returncode == 2, r.stderr
 
 
@@ -110,7 +112,8 @@ def _as_unit_user(code: str, caps: list[str]) -> subprocess.CompletedProcess:
     cmd = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
     if spec:
         cmd += [f"--inh-caps={spec}", f"--ambient-caps={spec}"]
-    return subprocess.run([*cmd, "/usr/bin/python3", "-c", code], capture_output=True, text=True, timeout=60)
+    return subprocess.run([*cmd, "/usr/bin/python3", "-c", code], capture_output=True, text=True,
+                          timeout=HANG_GUARD_S)
 
 
 KMSG = """

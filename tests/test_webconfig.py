@@ -13,7 +13,7 @@ import requests
 from exporter.runner import Runner
 from exporter.server import Server
 from exporter.webconfig import ConfigError, load_web_config
-from tests.helpers import ROOT, start_exporter, test_pool, value, wait_for
+from tests.helpers import HANG_GUARD_S, ROOT, start_exporter, test_pool, value, wait_for
 from tests.test_runner import Probe
 
 PASSWORD = "s3cret-scrape"
@@ -22,7 +22,7 @@ PASSWORD = "s3cret-scrape"
 def _openssl(*args: str, cwd) -> None:
     exe = shutil.which("openssl")
     assert exe, "openssl is missing: install Debian's 'openssl' package (.ci/run does)"
-    subprocess.run([exe, *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+    subprocess.run([exe, *args], cwd=cwd, check=True, capture_output=True, timeout=HANG_GUARD_S)
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,8 @@ def test_daemon_with_web_config_file(pki, tmp_path):
     bad = tmp_path / "bad.yml"
     bad.write_text("basic_auth_users: [x]\n")
     r = subprocess.run([sys.executable, "-m", "exporter", "--listen", "127.0.0.1:0",
-                        "--web.config.file", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+                        "--web.config.file", str(bad)], cwd=ROOT, capture_output=True, text=True,
+                        timeout=HANG_GUARD_S)
     assert r.returncode == 2 and str(bad) in r.stderr and "basic_auth_users" in r.stderr
 
 

@@ -27,7 +27,7 @@ from exporter.workload import slurm_cgroup, slurm_mapping
 from exporter.workload.model import Workload, WorkloadReading
 from exporter.workload.source import Kind, SlurmMappingKind, WorkloadSource
 from exporter.xid.store import Ack
-from tests.helpers import ROOT, samples, scrape, test_pool, value
+from tests.helpers import HANG_GUARD_S, ROOT, samples, scrape, test_pool, value
 from tests.test_shell_scripts import unguarded_array_expansions
 from tests.test_workload_attribution import drain_reason
 from tests.test_workload_sources import GPUS, U, collector_ctx, job
@@ -167,7 +167,7 @@ def test_a_configured_directory_missing_past_the_grace_is_a_source_problem(tmp_p
 def run_mapping(action, d, **env):
     full = {"PATH": os.environ["PATH"], "GPU_HEALTH_JOB_MAPPING_DIR": str(d), **env}
     return subprocess.run([str(ROOT / "deploy/slurm/job-mapping.sh"), action], env=full, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=HANG_GUARD_S)
 
 
 def test_the_prolog_writes_uuid_named_files_the_exporter_reads(tmp_path):

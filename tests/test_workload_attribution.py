@@ -28,7 +28,7 @@ from exporter.workload.model import Workload, WorkloadReading
 from exporter.xid.attribution_state import STATE_NAME, validate_state
 from exporter.xid.parser import pci_key
 from exporter.xid.service import one_shot
-from tests.helpers import ROOT, promtool_check_metrics, samples, scrape, test_pool
+from tests.helpers import HANG_GUARD_S, ROOT, promtool_check_metrics, samples, scrape, test_pool
 from tests.test_xid_service import fake_p5, make_ctx
 
 JOB42, JOB43 = Workload(hpc_job="42"), Workload(hpc_job="43")
@@ -411,7 +411,8 @@ def drain_reason(tmp_path, report: dict) -> str:
     env = {"PATH": os.environ["PATH"], "GPU_HEALTH_EXPORTER": str(fake / "exporter"),
            "GPU_HEALTH_PYTHON": sys.executable, "SCONTROL": str(fake / "scontrol"),
            "GPU_HEALTH_HYPERPOD": "no", "GPU_HEALTH_CHECK_CONFIG": "/nonexistent", "SLURMD_NODENAME": "n1"}
-    subprocess.run([str(ROOT / "deploy/slurm/gpu-health-check.sh")], env=env, check=True, timeout=60,
+    subprocess.run([str(ROOT / "deploy/slurm/gpu-health-check.sh")], env=env, check=True,
+                   timeout=HANG_GUARD_S,
                    capture_output=True)
     return (tmp_path / "scontrol.log").read_text().splitlines()[-1]
 
@@ -474,5 +475,6 @@ def test_the_fleet_table_lists_the_jobs_hit_within_the_range_after_they_ended(tm
         ]}]}
     path = tmp_path / "fleet.test.yml"
     path.write_text(json.dumps(suite))
-    r = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -18,7 +18,7 @@ import requests
 
 from exporter.simulate.nvml_synth import P5_BUSES
 from tests import test_workload_slurm as slurm_jobs
-from tests.helpers import ROOT, samples, start_exporter, stop_within, wait_for
+from tests.helpers import HANG_GUARD_S, ROOT, samples, start_exporter, stop_within, wait_for
 from tests.test_slurm import NODE, SCRIPT, need
 from tests.test_workload_slurm import job_state, sbatch, workloads
 
@@ -85,7 +85,8 @@ def test_an_xid_names_the_real_job_everywhere_after_it_ended_and_after_a_restart
     exporter = tmp_path / "gpu-health-exporter"
     exporter.write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m exporter \"$@\"\n")
     exporter.chmod(0o755)
-    r = subprocess.run([str(exporter), "check", "--json", *args], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([str(exporter), "check", "--json", *args], capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     gpus = {g["gpu"]: g for g in json.loads(r.stdout)["gpus"]}
     assert [(e["xid"], e["workloads"]) for e in gpus[5]["workloads_hit"]] == [
         (94, [{"kind": "slurm", "hpc_job": job}])]

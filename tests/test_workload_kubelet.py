@@ -19,15 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.collectors.gpu import GpuCollector
-from exporter.collectors.workload import WorkloadCollector
+from exporter.collectors.workload import WorkloadCollector, from_config
 from exporter.config import load
 from exporter.nvml.fake import MIG_DEVICE_UUIDS
 from exporter.runner import Runner
 from exporter.workload import kubelet
 from exporter.workload.model import Workload
 from exporter.workload.podresources import api_pb2
-from exporter.workload.source import KubeletKind, from_config
-from tests.helpers import ROOT, samples, scrape, test_pool, value
+from exporter.workload.source import KubeletKind
+from tests.helpers import HANG_GUARD_S, ROOT, samples, scrape, test_pool, value
 from tests.test_workload_sources import fake_p5
 from tests.test_xid_service import make_ctx
 
@@ -212,7 +212,7 @@ def test_the_committed_protobuf_modules_are_generated_from_the_committed_proto(t
     out = tmp_path / "gen"
     out.mkdir()
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", str(ROOT), f"--python_out={out}",
-                    str(ROOT / rel)], check=True, timeout=120)
+                    str(ROOT / rel)], check=True, timeout=HANG_GUARD_S)
     assert sorted(p.name for p in PROTO_DIR.glob("*_pb2*.py")) == ["api_pb2.py"]
     assert filecmp.cmp(out / "exporter/workload/podresources/api_pb2.py", PROTO_DIR / "api_pb2.py",
                        shallow=False), (

@@ -23,7 +23,7 @@ from exporter.simulate.podresources_server import PodResourcesServer
 from exporter.workload import podresources_wire as wire
 from exporter.workload.kubelet import KubeletClient, KubeletError
 from exporter.workload.podresources import api_pb2
-from tests.helpers import ROOT, running_exporter
+from tests.helpers import HANG_GUARD_S, ROOT, running_exporter
 from tests.test_workload_kubelet import Lister, serve, stopped
 
 # The unit's MemoryMax and the DaemonSet's limit (deploy/systemd/gpu-health-exporter.service,
@@ -73,7 +73,7 @@ print(json.dumps({"before": before, "peak": rss("VmHWM:"),
 
 def read_in_child(sock: Path) -> dict:
     r = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(sock)], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import HANG_GUARD_S, ROOT
 
 LIMIT_MIB = 256  # deploy/systemd/gpu-health-exporter.service MemoryMax, daemonset.yaml's limit
 GROWTH_MIB = 32  # what one reading may add to the interpreter's peak, whatever the directory
@@ -75,7 +75,7 @@ CASES = [mig_files_60k, hundred_mib_of_max_size_files, temporary_files, long_lin
 
 def measure(d: Path) -> dict:
     r = subprocess.run([sys.executable, "-c", PROBE, str(d)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 

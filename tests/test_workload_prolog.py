@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from exporter.workload import slurm_mapping
-from tests.helpers import ROOT
+from tests.helpers import HANG_GUARD_S, ROOT
 
 SLURM = ROOT / "deploy" / "slurm"
 
@@ -18,7 +18,8 @@ SLURM = ROOT / "deploy" / "slurm"
 def run(script, d, job, gpus, **extra):
     env = {**os.environ, "GPU_HEALTH_JOB_MAPPING_DIR": str(d), "SLURM_JOB_ID": str(job),
            "SLURM_JOB_GPUS": gpus, **extra}
-    return subprocess.run([str(SLURM / script)], env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run([str(SLURM / script)], env=env, capture_output=True, text=True,
+                          timeout=HANG_GUARD_S)
 
 
 def jobs(d):
@@ -102,4 +103,4 @@ def test_an_unwritable_directory_never_fails_the_job(tmp_path):
 
 @pytest.mark.parametrize("script", ["job-mapping.sh", "prolog.sh", "epilog.sh"])
 def test_scripts_parse(script):
-    assert subprocess.run(["bash", "-n", str(SLURM / script)], timeout=30).returncode == 0
+    assert subprocess.run(["bash", "-n", str(SLURM / script)], timeout=HANG_GUARD_S).returncode == 0

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.catalog import Families
-from exporter.collectors.workload import WorkloadCollector
+from exporter.collectors.workload import WorkloadCollector, WorkloadSection, from_config
 from exporter.config import load
 from exporter.deadline import Pool
 from exporter.landing import summarise
@@ -23,7 +23,7 @@ from exporter.runner import Runner
 from exporter.simulate.nvml_synth import node_capture
 from exporter.workload import slurm_cgroup, slurm_mapping
 from exporter.workload.model import Workload, WorkloadReading
-from exporter.workload.source import Kind, SlurmCgroupKind, SlurmMappingKind, WorkloadSource, from_config
+from exporter.workload.source import Kind, SlurmCgroupKind, SlurmMappingKind, WorkloadSource
 from tests.helpers import promtool_check_metrics, samples, scrape, test_pool, value
 from tests.test_xid_service import make_ctx
 
@@ -248,11 +248,11 @@ def test_readings_from_another_thread_share_the_one_in_flight_and_set_latest():
 # --- config and the collector -----------------------------------------------------------------
 
 def test_off_unless_a_kind_is_configured():
-    assert load(None).workload.enabled is False
+    assert load(None).section(WorkloadSection).enabled is False
     assert from_config(load(None), NvmlSession(FakeBackend({}), pool=test_pool()), Pool()) is None
     cfg = load(None, {"workload.slurm_job_mapping_dir": "/run/slurm/dcgm_job_mapping"})
     src = from_config(cfg, NvmlSession(FakeBackend({}), pool=test_pool()), Pool())
-    assert cfg.workload.enabled and [type(k) for k in src.kinds] == [SlurmMappingKind]
+    assert cfg.section(WorkloadSection).enabled and [type(k) for k in src.kinds] == [SlurmMappingKind]
 
 
 def test_flags_set_the_kinds():

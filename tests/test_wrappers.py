@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.doc_blocks import ROOT, fenced_blocks
-from tests.helpers import NETGUARD
+from tests.helpers import HANG_GUARD_S, NETGUARD
 
 SCRIPT = ROOT / "deploy" / "slurm" / "gpu-health-check.sh"
 # An XID line cut off inside its report: `check` cannot say what it was (exit 3, never 0)
@@ -79,7 +79,7 @@ def run(argv: list[str], tmp: Path, fault: str) -> tuple[bool, str]:
            "GPU_HEALTH_EXPORTER": str(bin_ / "gpu-health-exporter"), "GPU_HEALTH_PYTHON": sys.executable,
            "SCONTROL": str(bin_ / "scontrol"), "GPU_HEALTH_CHECK_CONFIG": str(tmp / "none"),
            "GPU_HEALTH_HYPERPOD": "no", "SLURMD_NODENAME": "node-1"}
-    r = subprocess.run(argv, env=env, cwd=tmp, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(argv, env=env, cwd=tmp, capture_output=True, text=True, timeout=HANG_GUARD_S)
     log = calls.read_text() if calls.exists() else ""
     drained = r.returncode != 0 or bool(re.search(r"update .*state=(drain|fail|down)", log, re.I))
     return drained, f"exit {r.returncode}; scontrol: {log!r}; stderr: {r.stderr[-600:]}"

@@ -35,7 +35,17 @@ from exporter.simulate.nvml_synth import node_capture
 from exporter.xid import kmsg as kmsg_mod
 from exporter.xid.service import one_shot
 from exporter.xid.sxid import SxidContinuation, SxidReport, parse_sxid
-from tests.helpers import ROOT, samples, scrape, start_exporter, stop_within, test_pool, value, wait_for
+from tests.helpers import (
+    HANG_GUARD_S,
+    ROOT,
+    samples,
+    scrape,
+    start_exporter,
+    stop_within,
+    test_pool,
+    value,
+    wait_for,
+)
 from tests.test_xid_service import make_ctx
 
 GPU2 = "0000:75:00"  # GPU 2 of the simulated/faked p5.48xlarge
@@ -850,7 +860,7 @@ def test_daemon_rotated_log_counts_exactly_and_logs_each_event_once_across_a_res
         t0 = time.time()
         r = subprocess.run([sys.executable, "-m", "exporter", "ack", *args, "--gpu", "2"],
                            capture_output=True,
-                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                           text=True, timeout=HANG_GUARD_S, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert r.returncode == 0, r.stderr
         acked = wait_for(lambda: [v for (n, ls), v in samples(requests.get(url, timeout=30).text).items()
                                   if n == "gpu_xid_acknowledged_timestamp_seconds"], 30, "the ack fact")

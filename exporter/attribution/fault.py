@@ -16,11 +16,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.attribution.history import WorkloadHistory
 from exporter.attribution.ledger import SXID, XID, Attribution, AttributionLedger
 from exporter.workload.model import Workload, WorkloadReading
+
+if TYPE_CHECKING:
+    from exporter.nvml.session import NvmlSession
+    from exporter.workload.source import WorkloadSource
 
 log = logging.getLogger("exporter.workload")
 
@@ -115,12 +119,12 @@ class FaultAttribution:
         return reading
 
 
-def fresh_reading(source: Any, nvml: Any) -> Callable[[float], WorkloadReading | None]:
+def fresh_reading(source: WorkloadSource, nvml: NvmlSession) -> Callable[[float], WorkloadReading | None]:
     """A reading of the workload source `source` that starts at or after a monotonic time, of
     the GPUs the NVML session lists (None while NVML is not initialised: the source needs the
     list, and this never initialises it)."""
     def read(not_before: float) -> WorkloadReading | None:
-        if getattr(nvml, "ok", False):
+        if nvml.ok:
             return source.observe(list(nvml.devices), not_before=not_before).reading
         return None
     return read

@@ -5,10 +5,25 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from exporter.attribution.history import MAX_GPUS
 from exporter.workload.model import Workload
+
+
+class AckLike(Protocol):
+    """What clears a record: an acknowledgement (exporter.xid.store.Ack) of a GPU's XIDs (all
+    of them when `xid` is None), taken at wall time `time` and monotonic time `mono` (None:
+    written before acks had it)."""
+
+    @property
+    def pci(self) -> str: ...
+    @property
+    def xid(self) -> int | None: ...
+    @property
+    def time(self) -> float: ...
+    @property
+    def mono(self) -> float | None: ...
 
 MAX_PER_GPU = 8  # attributed events kept per GPU (distinct event and workload set; oldest go first)
 MERGE_S = 10.0  # an "unknown" within this of a recorded attribution of the same event is that event
@@ -35,17 +50,16 @@ class Attribution:
     def event(self) -> tuple[str, str, int, str]:
         return (self.pci, self.kind, self.code, self.switch)
 
-    def cleared_by(self, acks: Iterable[Any]) -> bool:
+    def cleared_by(self, acks: Iterable[AckLike]) -> bool:
         """An ack of this GPU taken after the event (of every XID, or of this XID) clears it:
         compared on the monotonic clock when both have it, whatever the wall clock did."""
         return any(a.pci == self.pci and _after(a, self)
                    and (a.xid is None or (self.kind == XID and a.xid == self.code)) for a in acks)
 
 
-def _after(ack: Any, rec: Attribution) -> bool:
-    mono = getattr(ack, "mono", None)
-    if mono is not None and rec.mono is not None:
-        return mono >= rec.mono
+def _after(ack: AckLike, rec: Attribution) -> bool:
+    if ack.mono is not None and rec.mono is not None:
+        return ack.mono >= rec.mono
     return ack.time >= rec.time
 
 
@@ -87,14 +101,14 @@ class AttributionLedger:
                 recs.remove(next((r for r in recs if not r.workloads and r is not rec), recs[0]))
             self.version += 1
 
-    def visible(self, acks: Iterable[Any] = ()) -> list[Attribution]:
+    def visible(self, acks: Iterable[AckLike] = ()) -> list[Attribution]:
         """Every record no ack has cleared, oldest first."""
         acks = list(acks)
         with self.lock:
             recs = [r for rs in self._by_gpu.values() for r in rs]
         return sorted((r for r in recs if not r.cleared_by(acks)), key=lambda r: (_order(r), r.pci))
 
-    def prune(self, acks: Iterable[Any]) -> None:
+    def prune(self, acks: Iterable[AckLike]) -> None:
         """Forget the records acks have cleared (before writing them out)."""
         acks = list(acks)
         with self.lock:
@@ -118,8 +132,8 @@ def _order(r: Attribution) -> tuple[float, float]:
     return (0.0, r.time) if r.mono is None else (1.0, r.mono)
 
 
-def acks_key(acks: list[Any]) -> tuple[int, float, float]:
+def acks_key(acks: list[AckLike]) -> tuple[int, float, float]:
     """What of the acks decides which records they clear: acks are only added (the oldest go
     past MAX_ACKS), so their number and newest times change whenever one is."""
     return (len(acks), max((a.time for a in acks), default=0.0),
-            max((getattr(a, "mono", None) or 0.0 for a in acks), default=0.0))
+            max((a.mono or 0.0 for a in acks), default=0.0))

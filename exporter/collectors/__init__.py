@@ -23,7 +23,7 @@ import re
 
 from exporter import catalog, config
 from exporter.collector import Collector, Context
-from exporter.config import Section
+from exporter.config import CollectorSection
 
 OWN_PREFIX = "gpu_health_exporter_"  # any collector may report its sources' health under it
 
@@ -42,10 +42,8 @@ def register(cls: type[Collector]) -> type[Collector]:
     if old is not None and old is not cls:
         raise ValueError(f"collector {name!r} registered twice ({old.__module__}, {cls.__module__})")
     sec = cls.config_section
-    if not (isinstance(sec, type) and issubclass(sec, Section)) or sec.name != name:
-        raise ValueError(f"collector {name!r}: config_section must be a Section named {name!r}")
-    if "enabled" not in sec.keys() or sec.keys()["enabled"].type is not bool:
-        raise ValueError(f"collector {name!r}: its config section needs an `enabled: bool` key")
+    if not (isinstance(sec, type) and issubclass(sec, CollectorSection)) or sec.name != name:
+        raise ValueError(f"collector {name!r}: config_section must be a CollectorSection named {name!r}")
     if not cls.prefix or not cls.prefix.endswith("_") or not cls.docs_group:
         raise ValueError(f"collector {name!r}: declare its metric prefix (ending in _) and its docs group")
     catalog.own_prefixes(name, (cls.prefix, OWN_PREFIX))
@@ -83,7 +81,8 @@ def build(ctx: Context, only: list[str] | None = None) -> list[Collector]:
     """The enabled collectors (or just `only`), built from the context's config."""
     out = []
     for name, cls in collector_classes().items():
-        enabled = ctx.config.sections[name].enabled if name in ctx.config.sections else True
+        sec = ctx.config.find(cls.config_section) if cls.config_section else None
+        enabled = sec.enabled if sec is not None else True
         if (only is None and enabled) or (only is not None and name in only):
             out.append(cls(ctx))
     return out

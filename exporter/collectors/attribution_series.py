@@ -3,7 +3,7 @@ its own): the last time each workload was hit, and samples rebuilt only when the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
 from exporter.attribution.ledger import XID, Attribution
 from exporter.metric import Sample
@@ -37,10 +37,10 @@ class PreparedSeries:
     per sample (up to 8 per GPU, each with its workloads)."""
 
     def __init__(self) -> None:
-        self._key: tuple | None = None
+        self._key: Hashable | None = None
         self._samples: tuple[Sample, ...] = ()
 
-    def get(self, key: tuple, build: Callable[[], Iterable[Sample]]) -> tuple[Sample, ...]:
+    def get(self, key: Hashable, build: Callable[[], Iterable[Sample]]) -> tuple[Sample, ...]:
         if key != self._key:
             self._samples = tuple(build())
             self._key = key

@@ -14,7 +14,7 @@ from typing import ClassVar
 from exporter import deadline, node
 from exporter.catalog import Families, MetricSpec, define
 from exporter.collector import Collector, Context, ProblemLog
-from exporter.config import Section, non_negative, positive, setting
+from exporter.config import CollectorSection, non_negative, positive, setting
 from exporter.efa.discovery import Discovery, EfaDevice
 from exporter.efa.naming import INFO as INFO_ITEM
 from exporter.efa.naming import OPT_IN, C, check_counters, counter_set
@@ -25,7 +25,7 @@ from exporter.metric import Sample
 
 
 @dataclass
-class EfaSection(Section):
+class EfaSection(CollectorSection):
     """EFA devices: counters from <paths.sysfs>/class/infiniband."""
 
     name: ClassVar[str] = C
@@ -54,6 +54,10 @@ class EfaSection(Section):
         "one after another, which costs the least CPU.",
         check=positive)
 
+    def deadline_seconds(self) -> float | None:
+        return self.timeout_seconds
+
+
 DEVICES = define("efa_devices", "gauge",
                  "EFA devices found (RDMA devices with an EFA PCI id or bound to the efa driver).",
                  collector=C)
@@ -81,7 +85,7 @@ class EfaCollector(Collector):
 
     def __init__(self, ctx: Context, reader: SysfsReader | None = None) -> None:
         super().__init__(ctx)
-        cfg = ctx.config.efa
+        cfg = ctx.config.section(EfaSection)
         self.reader = reader or SysfsReader()
         self.sysfs = ctx.config.paths.sysfs
         self.discovery = Discovery(self.sysfs, self.reader)
@@ -104,8 +108,9 @@ class EfaCollector(Collector):
         self.devices.close()
 
     def expected(self) -> int | None:
-        if self.ctx.config.efa.expected_devices is not None:
-            return self.ctx.config.efa.expected_devices
+        configured = self.ctx.config.section(EfaSection).expected_devices
+        if configured is not None:
+            return configured
         p = node.profile(self.ctx)
         return p.efa_devices if p else None
 

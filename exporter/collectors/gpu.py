@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from exporter import deadline
 from exporter.catalog import Families
 from exporter.collector import Collector, Context, Failed, ProblemLog
-from exporter.config import Section, positive, setting
+from exporter.config import CollectorSection, positive, setting
 from exporter.gpu import metrics as m
 from exporter.gpu.gpm import REASONS
 from exporter.gpu.reader import DETAIL, GpuReader, Reading, check_detail
@@ -35,7 +36,7 @@ from exporter.nvml.session import DeviceIdentity, NvmlSession
 GPU_READ_SHARE = 0.8  # of gpu.timeout_seconds: all GPUs' reads, so the collection ends in time
 
 
-def _read_within_budget(v: dict) -> str | None:
+def _read_within_budget(v: dict[str, Any]) -> str | None:
     if v["read_timeout_seconds"] > v["timeout_seconds"] * GPU_READ_SHARE:
         return (f"key 'gpu.read_timeout_seconds' is {v['read_timeout_seconds']!r}; expected at most "
                 f"{GPU_READ_SHARE:g} x gpu.timeout_seconds ({v['timeout_seconds'] * GPU_READ_SHARE:g}), the "
@@ -44,11 +45,11 @@ def _read_within_budget(v: dict) -> str | None:
 
 
 @dataclass
-class GpuSection(Section):
+class GpuSection(CollectorSection):
     """GPU health from NVML (the real library, a capture, or the simulated node)."""
 
     name: ClassVar[str] = "gpu"
-    checks: ClassVar[tuple] = (_read_within_budget,)
+    checks: ClassVar[tuple[Callable[[Any], str | None], ...]] = (_read_within_budget,)
     enabled: bool = setting(True, "Run the GPU collector.")
     timeout_seconds: float = setting(
         4.0,
@@ -78,6 +79,13 @@ class GpuSection(Section):
         "is named in the XID 74 log line either way.",
         check=check_detail, expected="a list of detail names, or all")
 
+    def deadline_seconds(self) -> float | None:
+        return self.timeout_seconds
+
+
+# (labels and static facts it was built for, gpu_info, gpu_lost 0/1, gpu_read_success 0/1)
+FixedSamples = tuple[tuple[Any, ...], Sample, tuple[Sample, ...], tuple[Sample, ...]]
+
 
 class NoAnswer(str):
     """Why a GPU has no reading when its NVML calls did not answer within the read deadline."""
@@ -90,7 +98,7 @@ class _Gpu:
     reader: GpuReader
     lock: threading.Lock = field(default_factory=threading.Lock)
     slow: Reading | None = None
-    fixed: tuple | None = None  # see GpuCollector._fixed
+    fixed: FixedSamples | None = None  # see GpuCollector._fixed
 
 
 class GpuCollector(Collector):
@@ -101,7 +109,7 @@ class GpuCollector(Collector):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        cfg = ctx.config.gpu
+        cfg = ctx.config.section(GpuSection)
         self.budget = cfg.timeout_seconds * GPU_READ_SHARE
         self.read_timeout = cfg.read_timeout_seconds  # at most the budget (the config checks it)
         self.slow_interval = cfg.slow_interval_seconds
@@ -240,7 +248,8 @@ class GpuCollector(Collector):
         out.add_samples(m.READ_SUCCESS, fixed[2])
         return health
 
-    def _fixed(self, g: _Gpu, labels: dict[str, str], d: DeviceIdentity) -> tuple[Sample, tuple, tuple]:
+    def _fixed(self, g: _Gpu, labels: dict[str, str], d: DeviceIdentity
+               ) -> tuple[Sample, tuple[Sample, ...], tuple[Sample, ...]]:
         """gpu_info, gpu_lost 0/1 and gpu_read_success 0/1 of a GPU: the same Samples every
         scrape while its labels and static facts stay the same."""
         st = g.reader.static
@@ -316,10 +325,10 @@ class GpuCollector(Collector):
         if isinstance(r, NoAnswer):
             since = self._unanswered_since.setdefault(i, time.monotonic())
             return time.monotonic() - since
-        since = self._unanswered_since.pop(i, None)
-        if since is not None and isinstance(r, Reading):
+        began = self._unanswered_since.pop(i, None)
+        if began is not None and isinstance(r, Reading):
             self.log.info("GPU %d answers NVML again after %.0fs without an answer", i,
-                          time.monotonic() - since)
+                          time.monotonic() - began)
         return None
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from exporter.catalog import Families, define
-from exporter.collector import Context, Derived
-from exporter.config import Section, non_negative, setting
+from exporter.collector import Derived
+from exporter.config import CollectorSection, non_negative, setting
 from exporter.node import expected_gpus
 from exporter.xid.parser import pci_key
 from exporter.xid.service import XidService
@@ -33,7 +33,7 @@ from exporter.xid.verdict import (
 G = ("gpu", "uuid", "pci_bus_id")
 
 @dataclass
-class HealthSection(Section):
+class HealthSection(CollectorSection):
     """The per-GPU and node health verdict (docs/xid.md)."""
 
     name: ClassVar[str] = "health"
@@ -76,9 +76,9 @@ class HealthCollector(Derived):
     # results (None: the active collector is off or failed, so they add nothing).
     depends_on = ("gpu", "active")
 
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx)
-        self.service = ctx.xid
+    @property
+    def service(self) -> XidService:
+        return self.ctx.xid_service()
 
     def start(self) -> None:
         self.service.ensure_loaded()  # the verdict needs the state file whatever else runs
@@ -87,7 +87,7 @@ class HealthCollector(Derived):
         """Returns the verdict it exported (`check` prints it)."""
         self.service.ensure_loaded()
         self.service.refresh_acks()
-        cfg = self.ctx.config.health
+        cfg = self.ctx.config.section(HealthSection)
         nv = evaluate(self.service, inputs["gpu"], expected_gpus(self.ctx), cfg.fabric_grace_seconds,
                       cfg.unresponsive_seconds, inputs.get("active"))
         for g in nv.gpus:
@@ -127,7 +127,7 @@ def evaluate(service: XidService, health: Any, expected: int | None,
     for k in snap.xids:
         if k not in rows:
             rows[k] = (*service.gpu_labels(k), None)
-    gpus = [GpuInput(gpu, uuid, bus_id, h, snap.xids.get(k, []),
+    gpus = [GpuInput(gpu, uuid, bus_id, h, list(snap.xids.get(k, ())),
                      s is not None and gpu.isdigit() and int(gpu) in s.lost)
             for k, (gpu, uuid, bus_id, h) in rows.items()]
     return judge(gpus, health, expected, list(snap.sxids), service.kernel_now(), fabric_grace_s,

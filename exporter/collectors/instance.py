@@ -44,7 +44,7 @@ class InstanceCollector(Collector):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.poller: imds.ImdsPoller | None = None
+        self.poller: imds.ImdsPoller[list[imds.ScheduledEvent]] | None = None
         self.events: list[imds.ScheduledEvent] = []  # the last good answer
 
     def start(self) -> None:

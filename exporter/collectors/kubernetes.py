@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 
 from exporter.catalog import Families, define
 from exporter.collector import Context, Derived
-from exporter.config import Section, non_negative, positive, setting
+from exporter.collectors.gpu import GpuSection
+from exporter.config import CollectorSection, non_negative, positive, setting
 from exporter.kube import client as kube
 from exporter.kube.condition import Desired, cannot_tell, desired
 from exporter.kube.writer import Options, Writer
@@ -26,7 +27,7 @@ NAME = "kubernetes"
 
 
 @dataclass
-class KubernetesSection(Section):
+class KubernetesSection(CollectorSection):
     """Keep the verdict on this node's Kubernetes Node object: the `GpuHealthy` condition, and
     optionally a NoSchedule taint and HyperPod's replacement label (docs/deploy.md, "The GpuHealthy
     node condition"). Off by default; the Kubernetes overlays turn it on with the RBAC it needs."""
@@ -150,7 +151,7 @@ class KubernetesCollector(Derived):
         if svc is None:
             return cannot_tell("VerdictUnavailable", "the XID service is not configured")
         problems: list[tuple[str, str]] = []
-        if gpu is None and self.ctx.config.sections["gpu"].enabled:
+        if gpu is None and self.ctx.config.section(GpuSection).enabled:
             problems.append(("GpuReadFailed", "the GPU collector gave no reading in this collection"))
         elif gpu.nvml_error:
             problems.append(("NvmlUnavailable", f"NVML: {gpu.nvml_error}"))

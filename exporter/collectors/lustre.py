@@ -8,6 +8,7 @@ down in docs/lustre.md.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import time
@@ -19,7 +20,7 @@ from typing import ClassVar
 from exporter import deadline
 from exporter.catalog import Families, MetricSpec, define
 from exporter.collector import Collector, Context, ProblemLog
-from exporter.config import Section, positive, setting
+from exporter.config import CollectorSection, positive, setting
 from exporter.lustre import discovery, parsers
 from exporter.lustre.discovery import Device, Mount
 from exporter.lustre.evictions import EvictionTracker
@@ -29,7 +30,7 @@ from exporter.metric import Sample
 NAME = "lustre"
 
 @dataclass
-class LustreSection(Section):
+class LustreSection(CollectorSection):
     """FSx for Lustre client statistics (docs/lustre.md)."""
 
     name: ClassVar[str] = NAME
@@ -213,7 +214,7 @@ class LustreCollector(Collector):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        cfg = ctx.config.lustre
+        cfg = ctx.config.section(LustreSection)
         paths = ctx.config.paths
         self.procfs = Path(paths.procfs)
         # the files are read through descriptors kept open between scrapes (see KeptFiles)
@@ -247,7 +248,8 @@ class LustreCollector(Collector):
                                                 list[tuple[str, str, str]], int, int]] = {}
         # per (fsname, llite instance): when its max_rpcs_in_flight files were read, for which
         # request list, and their texts
-        self._tunables: dict[tuple[str, str], tuple[float, list[tuple[str, str, str]], list[str | None]]] = {}
+        self._tunables: dict[tuple[str, str],
+                             tuple[float, list[tuple[str, str, str]], list[int | bool | None]]] = {}
         self._evict_total: dict[tuple[str, ...], int] = {}
         self._last_evict: dict[tuple[str, ...], int] = {}
         self._instances: dict[tuple[str, str], str] = {}  # (mountpoint, source) -> llite instance
@@ -313,8 +315,8 @@ class LustreCollector(Collector):
         self.problems.forget(lambda subject: subject.partition(" ")[0] in ("mount", "map", "statfs")
                              and subject.partition(" ")[2] not in mounted)
         for d in (self._evict_total, self._last_evict):
-            for k in [k for k in d if k not in live]:
-                del d[k]
+            for gone in [k for k in d if k not in live]:
+                del d[gone]
         if self.do_statfs:
             self._statfs_all(mounts, out)
         self._health(out, health_text)
@@ -381,7 +383,7 @@ class LustreCollector(Collector):
             candidates.append(discovery.ioctl_getmdname)
         for fn in candidates:
             # a failure falls through to the next method
-            o = self.probe.call(path, lambda fn=fn: fn(path), self.probe_timeout_s)
+            o = self.probe.call(path, functools.partial(fn, path), self.probe_timeout_s)
             inst = o.value if o.ok else None
             if isinstance(inst, str) and inst in listed:
                 parts = discovery.split_instance(inst)
@@ -420,8 +422,9 @@ class LustreCollector(Collector):
         if kept is None or kept[1] is not tunables or now - kept[0] >= TUNABLE_REFRESH_S:
             got = self.tree.read_many(tunables)
             # parsed once a read: an int, False for a value that does not parse, None for no file
-            tvals = [None if x is None else _tunable(x) for x in got]
-            tvals = [False if v is None and x is not None else v for v, x in zip(tvals, got, strict=True)]
+            parsed = [None if x is None else _tunable(x) for x in got]
+            tvals: list[int | bool | None] = [False if v is None and x is not None else v
+                                              for v, x in zip(parsed, got, strict=True)]
             if None not in got:
                 self._tunables[key] = (now, tunables, tvals)
             else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from exporter.attribution.ledger import SXID
 from exporter.catalog import Families, define
@@ -18,14 +18,18 @@ from exporter.collectors.attribution_series import (
     last_seen,
     series_labels,
 )
-from exporter.config import Section, setting
+from exporter.config import CollectorSection, setting
 from exporter.metric import Sample
 from exporter.xid.parser import pci_label
 from exporter.xid.sxid_catalog import check_fatal_tier, check_policy
 
+if TYPE_CHECKING:
+    from exporter.xid.service import XidService
+    from exporter.xid.store import Ack
+
 
 @dataclass
-class NvswitchSection(Section):
+class NvswitchSection(CollectorSection):
     """NVSwitch SXid errors from the kernel log, counted since boot (docs/fabric.md)."""
 
     name: ClassVar[str] = "nvswitch"
@@ -68,13 +72,16 @@ class NvswitchCollector(Collector):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.service = ctx.xid
         self._workload_series = PreparedSeries()
+
+    @property
+    def service(self) -> XidService:
+        return self.ctx.xid_service()
 
     def start(self) -> None:
         self.service.start()  # idempotent: the xid collector starts the same follower
 
-    def _workload_samples(self, acks: tuple, switches: dict[str, int]) -> Iterator[Sample]:
+    def _workload_samples(self, acks: tuple[Ack, ...], switches: dict[str, int]) -> Iterator[Sample]:
         for (pci, sxid, w), t in sorted(last_seen(self.service.hits(acks), SXID).items()):
             labels = dict(switch=str(switches.get(pci, "")), pci_bus_id=pci_label(pci), sxid=str(sxid),
                           **series_labels(w))

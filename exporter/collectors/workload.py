@@ -14,16 +14,29 @@ gpu_health_exporter_workload_source_up to 0, and those GPUs get no series."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from exporter.catalog import Families, define
 from exporter.collector import Collector, Context, Failed, ProblemLog
-from exporter.config import Section, non_negative, positive, setting
+from exporter.config import CollectorSection, non_negative, positive, setting
 from exporter.metric import Sample
 from exporter.workload.kubelet import DEFAULT_DRA_DRIVERS, DEFAULT_RESOURCES, DEFAULT_SOCKET
-from exporter.workload.model import MAX_WORKLOADS
-from exporter.workload.source import WorkloadSource, from_config
+from exporter.workload.model import MAX_WORKLOADS, Workload, WorkloadReading
+from exporter.workload.source import (
+    KUBELET_SHARE,
+    Kind,
+    KubeletKind,
+    SlurmCgroupKind,
+    SlurmMappingKind,
+    WorkloadSource,
+)
+
+if TYPE_CHECKING:
+    from exporter.config import Config
+    from exporter.deadline import Pool
+    from exporter.nvml.session import NvmlSession
 
 
 def _per_gpu(v: Any) -> str | None:
@@ -46,7 +59,7 @@ def _names(v: Any) -> str | None:
 
 
 @dataclass
-class WorkloadSection(Section):
+class WorkloadSection(CollectorSection):
     """Which Slurm job or Kubernetes pod holds each GPU (docs/deploy.md, 'Workloads'). Nothing is
     read, and no series exported, until at least one kind is configured."""
 
@@ -95,6 +108,9 @@ class WorkloadSection(Section):
         if not (self.slurm_job_mapping_dir or self.slurm_cgroup or self.kubelet_socket):
             self.enabled = False  # disabled by default: nothing to read
 
+    def deadline_seconds(self) -> float | None:
+        return self.timeout_seconds
+
 
 # The flags, node_exporter style: --workload.<key with dashes>.
 FLAGS = {"slurm_job_mapping_dir": "DIR", "kubelet_socket": "PATH"}
@@ -112,6 +128,27 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     out = {f"workload.{k}": getattr(args, f"workload_{k}", None) for k in (*FLAGS, "slurm_cgroup")}
     return {k: v for k, v in out.items() if v is not None}
+
+
+def from_config(config: Config, nvml: NvmlSession, pool: Pool,
+                listeners: Sequence[Callable[[WorkloadReading], Any]] = ()) -> WorkloadSource | None:
+    """The workload source of the config's `workload` section; None when no kind is configured
+    (or the collector is disabled). The composition root builds it (fault attribution reads it
+    too); the collector builds its own only when it was not handed one."""
+    sec = config.find(WorkloadSection)
+    if sec is None or not sec.enabled:
+        return None
+    kinds: list[Kind] = []
+    if sec.slurm_job_mapping_dir:
+        kinds.append(SlurmMappingKind(sec.slurm_job_mapping_dir, nvml, sec.slurm_job_mapping_missing_seconds))
+    if sec.slurm_cgroup:
+        kinds.append(SlurmCgroupKind(nvml, config.paths.procfs, sec.slurm_cgroup_roots))
+    if sec.kubelet_socket:
+        kinds.append(KubeletKind(nvml, sec.kubelet_socket, sec.kubelet_resource_names,
+                                 sec.timeout_seconds * KUBELET_SHARE, sec.kubelet_dra_drivers))
+    if not kinds:
+        return None
+    return WorkloadSource(kinds, sec.timeout_seconds, sec.max_per_gpu, pool, listeners=listeners)
 
 
 WORKLOAD_INFO = define(
@@ -147,7 +184,8 @@ class WorkloadCollector(Collector):
             raise ValueError("the workload collector needs a kind configured")
         self.source: WorkloadSource = source
         self.problems = ProblemLog(self.log)
-        self._samples: dict[tuple, Sample] = {}  # reused: the same workloads scrape after scrape
+        # reused: the same workloads scrape after scrape
+        self._samples: dict[tuple[str, str, Workload], Sample] = {}
 
     def close(self) -> None:
         self.source.close()
@@ -174,7 +212,7 @@ class WorkloadCollector(Collector):
             out.add(OVERFLOW, n, gpu=index[uuid], uuid=uuid)
         return obs.reading
 
-    def _sample(self, gpu: str, uuid: str, w: Any) -> Sample:
+    def _sample(self, gpu: str, uuid: str, w: Workload) -> Sample:
         key = (gpu, uuid, w)
         s = self._samples.get(key)
         if s is None:

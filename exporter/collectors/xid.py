@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from exporter.attribution.ledger import XID
 from exporter.catalog import Families, define
@@ -18,14 +18,18 @@ from exporter.collectors.attribution_series import (
     last_seen,
     series_labels,
 )
-from exporter.config import Section, positive, setting
+from exporter.config import CollectorSection, positive, setting
 from exporter.metric import Sample
 from exporter.xid.policy import check_policy
+
+if TYPE_CHECKING:
+    from exporter.xid.service import XidService
+    from exporter.xid.store import Ack
 
 G = ("gpu", "uuid", "pci_bus_id")
 
 @dataclass
-class XidSection(Section):
+class XidSection(CollectorSection):
     """XIDs from the kernel log and NVML events, counted since boot (docs/xid.md)."""
 
     name: ClassVar[str] = "xid"
@@ -156,13 +160,16 @@ class XidCollector(Collector):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.service = ctx.xid
         self._workload_series = PreparedSeries()
+
+    @property
+    def service(self) -> XidService:
+        return self.ctx.xid_service()
 
     def start(self) -> None:
         self.service.start()
 
-    def _workload_samples(self, acks: tuple) -> Iterator[Sample]:
+    def _workload_samples(self, acks: tuple[Ack, ...]) -> Iterator[Sample]:
         svc = self.service
         gpus: dict[str, tuple[str, str, str]] = {}  # a few GPUs, up to 8 events x workloads each
         for (pci, xid, w), t in sorted(last_seen(svc.hits(acks), XID).items()):

@@ -74,6 +74,6 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print(f"gpu-health-exporter ack: cannot write the state file {path}: {problem}", file=sys.stderr)
         return 2
     what = f"XID {args.xid}" if args.xid is not None else "all XIDs"
-    counted = ", ".join(f"{k} x{n}" for k, n in sorted(baseline.items())) or "none counted yet"
-    print(f"acknowledged {what} on GPU {index if index is not None else '-'} ({pci_label(pci)}): {counted}")
+    listed = ", ".join(f"{k} x{n}" for k, n in sorted(baseline.items())) or "none counted yet"
+    print(f"acknowledged {what} on GPU {index if index is not None else '-'} ({pci_label(pci)}): {listed}")
     return 0

@@ -12,6 +12,7 @@ import os
 import sys
 
 from exporter.collector import Context
+from exporter.collectors.xid import XidSection
 
 HELP = "record this node's NVML answers and NVIDIA kernel-log lines into one file that --nvml-capture " \
        "and --kmsg-file replay"
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:  # a simulated node's on
     if not session.ensure():
         print(f"gpu-health-exporter capture: {session.error}", file=sys.stderr)
         return 2
-    kmsg = ctx.config.paths.kmsg if ctx.config.xid.kmsg else None
+    kmsg = ctx.config.paths.kmsg if ctx.config.section(XidSection).kmsg else None
     cap = record(session.backend, kmsg)
     tmp = f"{args.out}.{os.getpid()}.tmp"
     try:

@@ -29,6 +29,7 @@ from typing import Any
 from exporter.attribution.ledger import XID, Attribution
 from exporter.attribution.text import describe
 from exporter.collector import Context
+from exporter.collectors.gpu import GpuSection
 from exporter.node import instance_type
 from exporter.xid.parser import pci_key, pci_label
 from exporter.xid.service import KmsgView, XidService, XidSnapshot, one_shot
@@ -70,7 +71,7 @@ def verdict(ctx: Context) -> tuple[Any, list[str]]:
     elif health.nvml_error:
         problems.append(f"NVML: {health.nvml_error}")
     else:
-        problems += unread_gpus(health, ctx.config.gpu.read_timeout_seconds)
+        problems += unread_gpus(health, ctx.config.section(GpuSection).read_timeout_seconds)
     nv = runner.readings.get("health")
     if nv is None:
         problems.append(f"the verdict failed: {runner.status['health'].error}")
@@ -179,7 +180,7 @@ def attributions(svc: XidService, snap: XidSnapshot) -> dict[str, list[Attributi
     return out
 
 
-def _hit_json(r: Attribution) -> dict:
+def _hit_json(r: Attribution) -> dict[str, Any]:
     event = {"event": r.kind, r.kind: r.code}
     if r.kind != XID:
         event["switch_pci_bus_id"] = pci_label(r.switch)
@@ -192,7 +193,7 @@ def _hit_text(r: Attribution) -> str:
     return f"{event} at {_iso(r.time)}: {describe(r.workloads)}"
 
 
-def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Context) -> dict:
+def to_json(nv: Any, svc: XidService, problems: list[str], code: int, ctx: Context) -> dict[str, Any]:
     snap = svc.snapshot()
     k, st = snap.kmsg, snap.kmsg.stats
     hits = attributions(svc, snap)

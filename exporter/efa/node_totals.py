@@ -67,6 +67,9 @@ DEVICES_UNREADABLE = define(
     collector=naming.C)
 
 
+Picked = tuple[Sample | list[Sample], ...]  # a summed metric's Sample (one port) or Samples (several)
+
+
 class _Plan:
     """What of one device's reading is summed: per summed metric its Sample (one port) or its
     slice of Samples (several ports), picked from `DeviceReading.samples` in one call."""
@@ -75,14 +78,13 @@ class _Plan:
         self.runs = runs
         summed = [(spec.name, a, b) for spec, a, b in runs if spec.name in NODE_TOTALS]
         self.names = [name for name, _, _ in summed]
-        self.single = {name: b == a + 1 for name, a, b in summed}
         picks = [a if b == a + 1 else slice(a, b) for _, a, b in summed]
         if len(picks) == 1:
             only = picks[0]
-            self.pick: Callable[[list[Sample]], tuple] = lambda samples: (samples[only],)
+            self.pick: Callable[[list[Sample]], Picked] = lambda samples: (samples[only],)
         else:
             self.pick = itemgetter(*picks) if picks else (lambda samples: ())
-        self.seen: tuple | None = None  # what `pick` gave last time
+        self.seen: Picked | None = None  # what `pick` gave last time
 
 
 class NodeTotals:
@@ -115,7 +117,7 @@ class NodeTotals:
             for name, now, before in zip(plan.names, current, plan.seen or (None,) * len(current),
                                          strict=True):
                 if now is not before:
-                    self._add(dev, name, now.value if plan.single[name] else sum(s.value for s in now))
+                    self._add(dev, name, now.value if isinstance(now, Sample) else sum(s.value for s in now))
             plan.seen = current
 
     def _add(self, dev: str, name: str, value: float) -> None:

@@ -83,11 +83,12 @@ RECHECK_S = 5.0  # a device's directories are checked for a changed file list at
 RACY_NS = 2_000_000_000
 
 DirKey = tuple[int, int, int] | None  # (inode, mtime, ctime) of a directory; None when it is absent
+Listings = tuple[list[str], list[list[str]], list[str]]
 
 
 @dataclass
 class _Plan:
-    listings: tuple  # (ports, hw_counters listing per port, device hw_counters listing) it was built from
+    listings: Listings  # (ports, hw_counters listing per port, device hw_counters listing) it was built from
     groups: list[_Group]
     rates: list[tuple[str, str, dict[str, str]]]  # (path relative to the device, full path, labels)
 
@@ -109,7 +110,7 @@ class _Open:
     racy: bool = True  # a directory had changed within RACY_NS of the listing: check again next time
     # each file's last contents and the Sample they made: a counter that did not change (most
     # error counters) costs a bytes comparison, and the renderer sees the same Sample again
-    last: list[tuple[bytes | None, Sample | None]] = field(default_factory=list)
+    last: list[tuple[bytes, Sample] | None] = field(default_factory=list)
 
 
 def _key(st: os.stat_result) -> DirKey:
@@ -170,12 +171,12 @@ device is listed again). On sysfs a device's attributes change
             append = samples.append
             last = o.last
             if len(last) != len(datas):
-                last[:] = [(None, None)] * len(datas)
+                last[:] = [None] * len(datas)
             try:
                 for i, (data, parser, name, labels) in enumerate(
                         zip(datas, o.parsers, o.names, o.labels, strict=True)):
                     prev = last[i]
-                    if prev[0] == data:  # unchanged since the last scrape: the same Sample
+                    if prev is not None and prev[0] == data:  # unchanged since the last scrape: same Sample
                         append(prev[1])
                         continue
                     if parser is None:
@@ -218,7 +219,7 @@ device is listed again). On sysfs a device's attributes change
             fds: dict[str, int | None] = {"ports": ports_fd}
             for rel in rels[1:]:
                 fds[rel] = self._open_optional(dev_fd, rel, dev, dirs)
-            keys = [None if fds[rel] is None else _key(reader.fstat(fds[rel])) for rel in rels]
+            keys = [None if (fd := fds[rel]) is None else _key(reader.fstat(fd)) for rel in rels]
             listings = (ports, [self._list(fds[f"ports/{p}/hw_counters"], dev) for p in ports],
                         self._list(fds["hw_counters"], dev))
             plan = build_plan(dev, listings, self.wanted)
@@ -315,7 +316,7 @@ def _racy(keys: list[DirKey]) -> bool:
     return any(k is not None and (k[1] >= recent or k[2] >= recent) for k in keys)
 
 
-def build_plan(dev: EfaDevice, listings: tuple, wanted: frozenset[str] | None = None) -> _Plan:
+def build_plan(dev: EfaDevice, listings: Listings, wanted: frozenset[str] | None = None) -> _Plan:
     """What to read of a device: every file listed, or (`wanted`) only those; a file not read
     costs nothing."""
     ports, port_lists, device_files = listings

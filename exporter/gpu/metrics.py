@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from exporter.catalog import define
+from exporter.catalog import MetricSpec, define
 
 G = ("gpu", "uuid", "pci_bus_id")
 SLOW = ("Read in the background every gpu.slow_interval_seconds (default 15 s) because NVML takes "
         "{cost} per GPU for it, and served from the last reading.")
 
 
-def _d(name: str, type_: str, help_: str, labels: tuple[str, ...] = G, unit: str = "",  # noqa: ANN202
-       detail: str = "default"):
+def _d(name: str, type_: str, help_: str, labels: tuple[str, ...] = G, unit: str = "",
+       detail: str = "default") -> MetricSpec:
     return define(name, type_, help_, labels, unit=unit, collector="gpu", detail=detail)
 
 

@@ -138,7 +138,7 @@ class Reading:
     activity_error: str = ""  # the NVML error behind it, if any
     # label dicts with extra labels, by (metric, extra values): shared by the GPU's readings while
     # its labels stay the same, so a scrape builds none
-    label_cache: dict[tuple, Labels] = field(default_factory=dict)
+    label_cache: dict[tuple[str, ...], Labels] = field(default_factory=dict)
 
     def add(self, spec: MetricSpec, value: float | None, **extra: str) -> None:
         if value is None:
@@ -149,9 +149,10 @@ class Reading:
         labels = self.labels
         if extra:
             key = (spec.name, *extra.values())
-            labels = self.label_cache.get(key)
-            if labels is None:
-                labels = self.label_cache[key] = {**self.labels, **extra}
+            cached = self.label_cache.get(key)
+            if cached is None:
+                cached = self.label_cache[key] = {**self.labels, **extra}
+            labels = cached
         group[1].append(Sample(spec.name, labels, float(value)))
 
     def all_groups(self) -> list[tuple[MetricSpec, list[Sample]]]:
@@ -200,14 +201,14 @@ class GpuReader:
         self.slow_fields = {f: v for f, v in SLOW_FIELDS.items() if v[0].name not in left_out}
         self.static = Static()
         self.labels: Labels = {}  # the GPU's labels, set by the collector
-        self._label_cache: tuple[Labels, dict[tuple, Labels]] = ({}, {})  # (for labels, cache)
-        self._static_groups: tuple[Static, Labels, list] | None = None
+        self._label_cache: tuple[Labels, dict[tuple[str, ...], Labels]] = ({}, {})  # (for labels, cache)
+        self._static_groups: tuple[Static, Labels, list[tuple[MetricSpec, list[Sample]]]] | None = None
         self.unsupported: set[Any] = set()
         self._probed = time.monotonic()
         self.gpm = GpmReader(backend, index, detail)
 
     # --- plumbing -------------------------------------------------------------------------
-    def _cache(self) -> dict[tuple, Labels]:
+    def _cache(self) -> dict[tuple[str, ...], Labels]:
         if self._label_cache[0] is not self.labels:
             self._label_cache = (self.labels, {})
         return self._label_cache[1]

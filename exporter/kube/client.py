@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -56,13 +57,13 @@ class Endpoint:
     ca_file: str  # "" : the system's CAs
 
 
-def endpoint(api_url: str, token_file: str, ca_file: str, env: dict[str, str] | None = None) -> Endpoint:
+def endpoint(api_url: str, token_file: str, ca_file: str, env: Mapping[str, str] | None = None) -> Endpoint:
     """Where to talk: the configured URL, else the in-cluster service variables. Raises
     ApiError("config") naming what is missing."""
-    env = os.environ if env is None else env
+    environ = os.environ if env is None else env
     url = api_url.rstrip("/")
     if not url:
-        host, port = env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", "")
+        host, port = environ.get("KUBERNETES_SERVICE_HOST", ""), environ.get("KUBERNETES_SERVICE_PORT", "")
         if not host or not port:
             raise ApiError("config", "no API server: kubernetes.api_url is not set and "
                            "KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are not in the environment")
@@ -116,23 +117,23 @@ class Client:
     def close(self) -> None:
         self.session.close()
 
-    def get_node(self) -> dict:
+    def get_node(self) -> dict[str, Any]:
         return self._call("GET", self._path)
 
-    def read_status(self) -> dict:
+    def read_status(self) -> dict[str, Any]:
         """The Node as its status subresource returns it, through the one verb the condition alone
         needs (`patch nodes/status`): an empty merge patch changes nothing and answers the Node."""
         return self._call("PATCH", self._path + "/status", {}, MERGE)
 
-    def patch_status(self, body: dict) -> dict:
+    def patch_status(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("PATCH", self._path + "/status", body, STRATEGIC)
 
-    def patch_node(self, body: dict) -> dict:
+    def patch_node(self, body: dict[str, Any]) -> dict[str, Any]:
         """A merge patch of the Node; with metadata.resourceVersion in `body` the server refuses it
         (409) when the Node changed since it was read."""
         return self._call("PATCH", self._path, body, MERGE)
 
-    def _call(self, method: str, path: str, body: Any = None, ctype: str = "") -> dict:
+    def _call(self, method: str, path: str, body: Any = None, ctype: str = "") -> dict[str, Any]:
         import requests
 
         headers = {"Authorization": f"Bearer {self.token.get()}", "Accept": "application/json"}
@@ -151,9 +152,13 @@ class Client:
             kind = _BY_STATUS.get(r.status_code, "server" if r.status_code >= 500 else "other")
             raise ApiError(kind, f"{method} {path}: HTTP {r.status_code}: {_reason(r)}", r.status_code)
         try:
-            return r.json()
+            answer = r.json()
         except ValueError as e:
             raise ApiError("other", f"{method} {path}: the answer is not JSON") from e
+        if not isinstance(answer, dict):
+            raise ApiError("other", f"{method} {path}: the answer is a JSON {type(answer).__name__}, "
+                           "not an object")
+        return answer
 
 
 def _reason(r: requests.Response) -> str:

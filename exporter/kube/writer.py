@@ -207,10 +207,11 @@ class Writer:
         if self._server is None:
             self._server = _ours(c.read_status())
         now = self.wall()
-        same = self._server is not None and self._server[0] == want.status and self._server[1]
+        server = self._server
+        same = server is not None and server[0] == want.status and server[1]
         cond = {"type": CONDITION_TYPE, "status": want.status, "reason": want.reason,
                 "message": want.message, "lastHeartbeatTime": rfc3339(now),
-                "lastTransitionTime": self._server[1] if same else rfc3339(now)}
+                "lastTransitionTime": server[1] if server is not None and same else rfc3339(now)}
         self._server = _ours(c.patch_status({"status": {"conditions": [cond]}}))
         acts = self.opts.taint or self.opts.hyperpod_label
         if acts and (want.taint is not None or want.replace is not None):
@@ -242,14 +243,14 @@ class Writer:
                     raise
 
 
-def _ours(node: dict) -> tuple[str, str] | None:
+def _ours(node: dict[str, Any]) -> tuple[str, str] | None:
     for cond in (node.get("status") or {}).get("conditions") or []:
         if cond.get("type") == CONDITION_TYPE:
             return str(cond.get("status", "")), str(cond.get("lastTransitionTime", ""))
     return None
 
 
-def plan(node: dict, want: Desired, opts: Options) -> dict | None:
+def plan(node: dict[str, Any], want: Desired, opts: Options) -> dict[str, Any] | None:
     """The merge patch that brings the Node's taint, label and ownership annotation to what `want`
     asks for (None: nothing to change). Never adds, changes or removes a taint or label this
     exporter does not own; `want.taint`/`want.replace` None leaves ours as they are."""

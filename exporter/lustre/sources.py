@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -284,8 +284,8 @@ class Tree:
         self._cands_layout: bool | None = None
         # id -> (a request list read in one batch, its first-tree paths, its kinds), for this
         # scrape and the last (the list is held, so its id is not reused while here)
-        self._batches: dict[int, tuple[list[tuple[str, ...]], list[str], dict[str, int]]] = {}
-        self._batches_old: dict[int, tuple[list[tuple[str, ...]], list[str], dict[str, int]]] = {}
+        self._batches: dict[int, tuple[Sequence[tuple[str, ...]], list[str], dict[str, int]]] = {}
+        self._batches_old: dict[int, tuple[Sequence[tuple[str, ...]], list[str], dict[str, int]]] = {}
 
     def begin(self) -> None:
         self.state = {s: SourceState() for s in SOURCES}
@@ -347,7 +347,7 @@ class Tree:
         this scrape and the next tree is tried."""
         return self.read_many([(kind, *parts)])[0]
 
-    def read_many(self, requests: list[tuple[str, ...]]) -> list[str | None]:
+    def read_many(self, requests: Sequence[tuple[str, ...]]) -> list[str | None]:
         """`read` of each (kind, *parts), the files read in batches (one hand-over to the reader
         each). The first batch reads each file in its trees in order up to the tree the file's
         kind was found in at the last scrape (the first tree at the first); the trees after are
@@ -378,13 +378,12 @@ class Tree:
         upto = [min(len(c), self._reach.get(req[0], 1)) for req, c in zip(requests, cands, strict=True)]
         todo = list(range(len(requests)))
         while todo:
-            batch = [(i, path) for i in todo for _, path in cands[i][len(texts[i]):upto[i]]]
+            wanted = [(i, path) for i in todo for _, path in cands[i][len(texts[i]):upto[i]]]
             if first is not None:  # that first batch, read above
                 got, first = first, None
             else:
-                paths = [p for _, p in batch]
-                got = self.read_files(paths)
-            for (i, _), r in zip(batch, got, strict=True):
+                got = self.read_files([p for _, p in wanted])
+            for (i, _), r in zip(wanted, got, strict=True):
                 texts[i].append(r)
             todo = []
             for i, t in enumerate(texts):

@@ -86,12 +86,12 @@ def field_ids() -> dict[str, int]:
             if k.startswith("NVML_FI_DEV_") and isinstance(getattr(pynvml, k), int)}
 
 
-_call_keys: dict[tuple, str] = {}  # (fn, *args) -> call_key(fn, args); a few hundred at most
+_call_keys: dict[tuple[str | int, ...], str] = {}  # (fn, *args) -> call_key(fn, args); a few hundred at most
 
 
 def call_key(fn: str, args: Sequence[int]) -> str:
     """The capture's key for a call: enum arguments by name where the capture names them."""
-    memo = (fn, *args)
+    memo: tuple[str | int, ...] = (fn, *args)
     key = _call_keys.get(memo)
     if key is None:
         if len(_call_keys) >= 4096:
@@ -111,9 +111,11 @@ def _call_key(fn: str, args: Sequence[int]) -> str:
 
 def load_capture(path: str | Path | None = None) -> dict[str, Any]:
     """A capture file, or (None) the H200 capture shipped with the package."""
-    if path is None:
-        return json.loads((DATA / "nvml_h200.json").read_text())
-    return json.loads(Path(path).read_text())
+    text = (DATA / "nvml_h200.json" if path is None else Path(path)).read_text()
+    capture = json.loads(text)
+    if not isinstance(capture, dict):
+        raise ValueError(f"{path or 'the shipped capture'}: not an NVML capture (a JSON object)")
+    return capture
 
 
 def load_field_cost() -> dict[str, float]:
@@ -144,7 +146,7 @@ class _GpmSample:
 @dataclass
 class _EventSet:
     registered: dict[int, int] = field(default_factory=dict)  # index -> event mask
-    queue: deque = field(default_factory=deque)
+    queue: deque[Event] = field(default_factory=deque)
     freed: bool = False
 
 
@@ -156,13 +158,13 @@ class FakeBackend(NvmlBackend):
         self._ids = field_ids()
         cost = load_field_cost() if latencies else {}
         self._field_cost: dict[int, float] = {self._ids[n]: us for n, us in cost.items() if n in self._ids}
-        self.system_calls: dict[str, dict] = copy.deepcopy(capture.get("system", {}))
-        self.devices: list[dict[str, dict]] = []
-        self.fields: list[dict[int, dict]] = []
+        self.system_calls: dict[str, dict[str, Any]] = copy.deepcopy(capture.get("system", {}))
+        self.devices: list[dict[str, dict[str, Any]]] = []
+        self.fields: list[dict[int, dict[str, Any]]] = []
         for dev in capture.get("devices", []):
             calls = {k: copy.deepcopy(v) for k, v in dev.items()
                      if isinstance(v, dict) and k not in ("field_values",)}
-            fv: dict[int, dict] = {}
+            fv: dict[int, dict[str, Any]] = {}
             for name, item in dev.get("field_values", {}).items():
                 fid = self._ids.get(name)
                 if fid is None and name.isdigit():
@@ -433,7 +435,7 @@ class FakeBackend(NvmlBackend):
                 owed -= time.perf_counter() - t
             tls.owed = owed
 
-    def _device(self, index: int) -> dict[str, dict]:
+    def _device(self, index: int) -> dict[str, dict[str, Any]]:
         self._check_init()
         if not 0 <= index < len(self.devices):
             raise NvmlError(NVML_ERROR_INVALID_ARGUMENT, f"no GPU {index}")
@@ -481,7 +483,7 @@ class FakeBackend(NvmlBackend):
         return out
 
     # --- GPM ------------------------------------------------------------------------------
-    def _gpm_call(self, index: int, fn: str) -> dict | None:
+    def _gpm_call(self, index: int, fn: str) -> dict[str, Any] | None:
         """A GPM call on GPU `index`: its captured entry, after its cost and scripted failures."""
         self.calls_made += 1
         entry = self._device(index).get(fn)
@@ -585,7 +587,7 @@ class FakeBackend(NvmlBackend):
                 self._event_sets.remove(event_set)
 
 
-def _result(entry: dict | None, what: str) -> Any:
+def _result(entry: dict[str, Any] | None, what: str) -> Any:
     """A captured entry as the call's outcome: its value (copied) or its NVML error."""
     if entry is None:
         raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, f"Function Not Found ({what} is not in the capture)")

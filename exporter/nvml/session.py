@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from exporter.deadline import Deadlines, Pool
 from exporter.nvml.backend import (
@@ -223,7 +223,7 @@ class UnavailableBackend(NvmlBackend):
 
     def shutdown(self) -> None: ...
 
-    def _fail(self, *args: Any) -> Any:
+    def _fail(self, *args: object, **kwargs: object) -> NoReturn:
         raise NvmlError(NVML_ERROR_UNINITIALIZED, self.reason)
 
     system = device_count = call = field_values = _fail

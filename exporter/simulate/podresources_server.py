@@ -136,10 +136,13 @@ class PodResourcesServer:
     """The server above in a child process; `stop()` ends it."""
 
     def __init__(self, socket_path: str, pods: Pods) -> None:
+        # It writes to the exporter's stderr, but its import log (PYTHONPROFILEIMPORTTIME) is not
+        # the exporter's: tests/test_runtime_imports.py reads that log as what the exporter imported.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPROFILEIMPORTTIME"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "exporter.simulate.podresources_server", socket_path, json.dumps(pods)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+            env={**env, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if line.strip() != "ready":
             self.stop()

@@ -13,6 +13,7 @@ Each scenario can run with the other; both start holding the GPUs at once."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,9 @@ class WorkloadSimSource(SimSource):
             for i in range(self.profile.gpus):
                 (self.mapping_dir / str(i)).write_text(SLURM_JOB + "\n")
         if "k8s-pods" in self.active:
+            if importlib.util.find_spec("google.protobuf") is None:  # not a node's dependency
+                raise ValueError("--scenario k8s-pods: the simulated kubelet needs protobuf, which the "
+                                 "`simulate` extra installs: pip install 'gpu-health-exporter[simulate]'")
             self.socket.parent.mkdir(parents=True, exist_ok=True)
             self.server = PodResourcesServer(str(self.socket), pod_resources(uuids))
 

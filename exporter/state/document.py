@@ -25,4 +25,4 @@ class Document(Protocol):
     name: str
     schema: Schema
 
-    def validate(self, doc: Any) -> None: ...
+    def validate(self, doc: Any) -> object: ...  # raises StateError; what it returns is not used

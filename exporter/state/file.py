@@ -18,14 +18,14 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from exporter.regular_file import NotRegularFile, open_regular, read_regular
 from exporter.state.document import Document
-from exporter.state.values import show
+from exporter.state.values import mapping, show
 from exporter.state.versions import NewerVersion, StateError
 
 log = logging.getLogger("exporter.state.file")
@@ -84,7 +84,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 MAX_STATE_BYTES = 16 << 20  # far above any state within the limits (a few hundred KiB at most)
 
 
-def read_state_file(path: str | os.PathLike, max_bytes: int = MAX_STATE_BYTES) -> bytes:
+def read_state_file(path: str | os.PathLike[str], max_bytes: int = MAX_STATE_BYTES) -> bytes:
     """A state file's bytes: a regular file, its last component not a symbolic link (the state
     directory may be shared with other tools), at most `max_bytes` (more is an error)."""
     data = read_regular(path, max_bytes, follow=False)
@@ -102,12 +102,15 @@ def read_boot_id(procfs: str) -> str:
         return ""
 
 
-def file_identity(st: os.stat_result) -> tuple:
+FileIdentity = tuple[int, int, int, int]  # (st_dev, st_ino, st_size, st_mtime_ns)
+
+
+def file_identity(st: os.stat_result) -> FileIdentity:
     """What tells one version of a file from another without reading it."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def identity_on_disk(path: Path) -> tuple | None:
+def identity_on_disk(path: Path) -> FileIdentity | None:
     """The file_identity of what is at `path` now (not following a symlink); None when nothing."""
     try:
         return file_identity(os.lstat(path))
@@ -167,10 +170,10 @@ class StateFile:
         # Set by hold(), once the caller holds what the file held and writes it back (the daemon
         # once it runs): a corrupt file set aside from then on loses nothing, so it is no recovery.
         self.holds = False
-        self._ident: tuple | None = None  # the file as we last read or wrote it (file_identity)
-        self._written: tuple | None = None  # the file as we last wrote it
+        self._ident: FileIdentity | None = None  # the file as we last read or wrote it (file_identity)
+        self._written: FileIdentity | None = None  # the file as we last wrote it
         self._behind = False  # what is on disk is not what we hold: the next flush writes
-        self._bad: tuple | None = None  # a file found corrupt that could not be set aside: not re-read
+        self._bad: FileIdentity | None = None  # a file found corrupt that could not be set aside: not re-read
         self._logged: set[str] = set()
         # The path is not a regular file (a FIFO, a link...): nothing is read from or written
         # to it for the rest of the run; counts are kept in memory (logged once, an error).
@@ -212,7 +215,8 @@ class StateFile:
             log.warning("%s %s: %s", self.label, self.path, msg)
 
     @contextlib.contextmanager
-    def locked(self, wait: bool = True):  # noqa: ANN201 - an advisory lock shared by the daemon, check and ack
+    # an advisory lock shared by the daemon, check and ack
+    def locked(self, wait: bool = True) -> Iterator[bool]:
         """Hold the state directory's lock. Yields False, holding nothing, when `wait` is False and
         another holds it (the scrape path never waits for an `ack` in progress)."""
         fd = None
@@ -234,7 +238,7 @@ class StateFile:
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
 
-    def read(self) -> dict | None:
+    def read(self) -> dict[str, Any] | None:
         """The state for this boot, or None (missing, corrupt, another boot)."""
         if self.disabled:
             return None
@@ -257,8 +261,9 @@ class StateFile:
             return None
         self._ident = ident
         try:
-            data = self.doc.schema.upgrade(json.loads(raw.decode("utf-8")))  # an older version migrated
-            self.doc.validate(data)  # every field, before anyone uses it
+            doc = self.doc.schema.upgrade(json.loads(raw.decode("utf-8")))  # an older version migrated
+            self.doc.validate(doc)  # every field, before anyone uses it
+            data = mapping(doc, "the state")  # a JSON object, as validated
         except NewerVersion as e:
             self._newer(e, ident)
             return None
@@ -279,7 +284,7 @@ class StateFile:
             return None
         return data
 
-    def _corrupt(self, e: Exception, ident: tuple) -> None:
+    def _corrupt(self, e: Exception, ident: FileIdentity) -> None:
         why = show(str(e) if isinstance(e, StateError) else f"{type(e).__name__}: {e}", 300)
         if self.read_only:
             self._bad = ident
@@ -305,7 +310,7 @@ class StateFile:
                   "(gpu_health_exporter_state_file_recoveries_total counts the XID file's)",
                   self.label, self.path, why, aside.name, self.loss(), aside)
 
-    def _newer(self, e: NewerVersion, ident: tuple) -> None:
+    def _newer(self, e: NewerVersion, ident: FileIdentity) -> None:
         """A file of a newer version (the exporter was rolled back): not corrupt, and not ours to
         read. Set aside under a name that says so, for the newer exporter (or a human) to take
         back; this one counts from the kernel log from here, and says what that may lose."""
@@ -339,7 +344,7 @@ class StateFile:
         another boot's, written by `ack`): the holder writes what it holds back."""
         return not self.disabled and (self._behind or identity_on_disk(self.path) != self._written)
 
-    def read_news(self) -> dict | None:
+    def read_news(self) -> dict[str, Any] | None:
         """The file's content when it changed since we last read it (see changed_on_disk). Never
         waits: while another holds the lock (`ack` writing) it is None, and the news is taken at
         a later look."""
@@ -350,7 +355,7 @@ class StateFile:
                 return None
             return self.read()
 
-    def write(self, body: dict) -> bool:
+    def write(self, body: dict[str, Any]) -> bool:
         """Write a document's body (its Document's dump; the envelope is added here), atomically,
         whatever is on disk (this process is the file's one writer). False (the problem in
         `status`) when not written."""
@@ -359,7 +364,7 @@ class StateFile:
         with self.locked():
             return self._write(body)
 
-    def update(self, change: Callable[[dict | None], dict]) -> bool:
+    def update(self, change: Callable[[dict[str, Any] | None], dict[str, Any]]) -> bool:
         """Write `change(what is on disk now, or None)` under the lock (the acks file's writer
         adds to what it holds)."""
         if self.disabled:
@@ -368,7 +373,7 @@ class StateFile:
             body = change(self.read())
             return not self.disabled and self._write(body)
 
-    def _write(self, body: dict) -> bool:
+    def _write(self, body: dict[str, Any]) -> bool:
         data = {**body, "version": self.doc.schema.version, "boot_id": self.boot_id, "kmsg": self.kmsg,
                 "recoveries": self.recoveries}
         try:

@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from exporter.state.versions import StateError  # noqa: F401 - re-exported: the validators raise it
+from exporter.state.versions import StateError as StateError  # re-exported: the validators raise it
 
 # A unix time or kernel uptime beyond this (year 2286) is no real time: time.gmtime and the
 # exposition would overflow long before a value like 1e300.
@@ -67,13 +67,13 @@ def storable_uuid(uuid: str) -> str:
         return ""
 
 
-def mapping(v: Any, where: str) -> dict:
+def mapping(v: Any, where: str) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise StateError(f"{where} is {show(v)}; expected a mapping")
     return v
 
 
-def sequence(v: Any, where: str) -> list:
+def sequence(v: Any, where: str) -> list[Any]:
     if not isinstance(v, list):
         raise StateError(f"{where} is {show(v)}; expected a list")
     return v

@@ -231,12 +231,12 @@ class _Call:
             self.ended = True
         elif isinstance(ev, h2.events.StreamReset):
             code = "UNAVAILABLE" if ev.error_code == 7 else "INTERNAL"  # 7: REFUSED_STREAM
-            raise GrpcError(code, f"stream reset by the server (HTTP/2 error {int(ev.error_code)})")
+            raise GrpcError(code, f"stream reset by the server (HTTP/2 error {int(ev.error_code or 0)})")
         elif isinstance(ev, h2.events.ConnectionTerminated):
             if self.reused and not self.headers and (ev.last_stream_id or 0) < sid:
                 raise Retry()  # a GOAWAY for a connection idle since the last call: our stream was not seen
             raise GrpcError("UNAVAILABLE", f"the server ended the connection (GOAWAY, HTTP/2 error "
-                                           f"{int(ev.error_code)})")
+                                           f"{int(ev.error_code or 0)})")
     def _data(self, data: bytes) -> None:
         self.body += data
         if self.length is None and len(self.body) >= 5:

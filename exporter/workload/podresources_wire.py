@@ -19,6 +19,7 @@ The bytes themselves are bounded by the caller (the gRPC length prefix; exporter
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 MAX_PODS = 4096  # kubelet max-pods is 110 by default, 737 on the largest EKS instances
@@ -86,7 +87,7 @@ def _varint(buf: memoryview, i: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf: memoryview, start: int, end: int, budget: _Budget):
+def _fields(buf: memoryview, start: int, end: int, budget: _Budget) -> Iterator[tuple[int, int, int]]:
     """(field number, start, end) of each length-delimited field of the message buf[start:end];
     every other wire type is skipped (counted as visited)."""
     i = start

@@ -113,11 +113,12 @@ def jobs_by_uuid(backend: NvmlBackend, procfs: str, gpus: Sequence[DeviceIdentit
         except NvmlError as e:
             problems.append(f"GPU {g.index}: NVML cannot list its processes: {e}")
             continue
-        jobs = set()
+        jobs: set[str] = set()
         for pid in pids:
             if pid not in cache:
                 cache[pid] = job_of_pid(procfs, pid, roots)
-            if cache[pid]:
-                jobs.add(cache[pid])
+            job = cache[pid]
+            if job:
+                jobs.add(job)
         out[g.uuid] = tuple(Workload(hpc_job=j) for j in sorted(jobs))
     return out, problems

@@ -199,7 +199,7 @@ class WorkloadSource:
         self._inflight_mono = 0.0  # when the reading in flight started
         self._reads = deadline.Deadlines(pool)
         self._lock = threading.Lock()
-        self._inflight: Future | None = None
+        self._inflight: Future[Observation] | None = None
         self.latest: WorkloadReading | None = None
         self.last: Observation | None = None
         # told every reading, the scrape's and a fresh one alike (fault attribution's history)
@@ -217,7 +217,7 @@ class WorkloadSource:
             with self._lock:
                 fut = self._inflight
                 owner = fut is None
-                if owner:
+                if fut is None:
                     fut = self._inflight = Future()
                     started = self._inflight_mono = self._mono()
                 stale = not owner and not_before is not None and self._inflight_mono < not_before
@@ -306,29 +306,10 @@ def _kind_of(results: list[dict[str, tuple[Workload, ...]]], kinds: Sequence[Kin
     return kinds[0].name
 
 
-def _why(o: Any) -> str:
+def _why(o: deadline.Outcome) -> str:
     """The outcome's own reason (exporter.deadline.Outcome.reason), except that an error the
     sources raise with their own words (the socket or file they name) keeps those words."""
     if isinstance(o.value, (OSError, RuntimeError, kubelet.KubeletError)):  # o is not OK: its exception
         return str(o.value)
     return o.reason
 
-
-def from_config(config: Any, nvml: NvmlSession, pool: deadline.Pool,
-                listeners: Sequence[Callable[[WorkloadReading], Any]] = ()) -> WorkloadSource | None:
-    """The source of the config's `workload` section; None when no kind is configured (or the
-    collector is disabled)."""
-    sec = getattr(config, "workload", None)
-    if sec is None or not sec.enabled:
-        return None
-    kinds: list[Kind] = []
-    if sec.slurm_job_mapping_dir:
-        kinds.append(SlurmMappingKind(sec.slurm_job_mapping_dir, nvml, sec.slurm_job_mapping_missing_seconds))
-    if sec.slurm_cgroup:
-        kinds.append(SlurmCgroupKind(nvml, config.paths.procfs, sec.slurm_cgroup_roots))
-    if sec.kubelet_socket:
-        kinds.append(KubeletKind(nvml, sec.kubelet_socket, sec.kubelet_resource_names,
-                                 sec.timeout_seconds * KUBELET_SHARE, sec.kubelet_dra_drivers))
-    if not kinds:
-        return None
-    return WorkloadSource(kinds, sec.timeout_seconds, sec.max_per_gpu, pool, listeners=listeners)

@@ -29,7 +29,7 @@ MAX_RECORDS = MAX_GPUS * MAX_PER_GPU
 _CODES = {XID: (XID_MIN, XID_MAX), SXID: (SXID_MIN, SXID_MAX)}
 
 
-def _dump(ledger: AttributionLedger) -> dict:
+def _dump(ledger: AttributionLedger) -> dict[str, Any]:
     return {"records": [
         [r.pci, r.kind, r.code, r.switch, round(r.time, 3),
          None if r.workloads is None else [[w.hpc_job, w.namespace, w.pod, w.container] for w in r.workloads],
@@ -90,11 +90,11 @@ class WorkloadDocument:
     schema = versions.WORKLOAD
     validate = staticmethod(validate_state)
 
-    def dump(self, ledger: AttributionLedger) -> dict:
+    def dump(self, ledger: AttributionLedger) -> dict[str, Any]:
         """The body as of now (the ledger's records; changes nothing)."""
         return _dump(ledger)
 
-    def load(self, doc: dict, ledger: AttributionLedger) -> None:
+    def load(self, doc: dict[str, Any], ledger: AttributionLedger) -> None:
         """Add a validated document's records to `ledger` (what it holds stays)."""
         for rec in validate_state(doc):
             ledger.add(rec)

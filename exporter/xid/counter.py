@@ -37,6 +37,10 @@ LOG_HOLD_S = 10.0
 MAX_HELD_LOGS = 256
 
 
+# _log_event's arguments before `hold`: (source, pci, xid, action, text, other, hit)
+_LogArgs = tuple[str, str, int, int | None, str, bool, str]
+
+
 class XidCounter:
     def __init__(self, store: XidStore, identities: GpuIdentities, policy: Policy, clock: KernelClock,
                  kmsg_enabled: bool = True, attribution: Any = None) -> None:
@@ -50,7 +54,7 @@ class XidCounter:
         self.attribution = attribution  # FaultAttribution: records the workloads each event hit
         self.nvml_events: dict[tuple[str, str], int] = {}  # (pci key, event type name) -> count
         self._pending_154: list[tuple[float, str, int, float, float]] = []  # (due, pci, xid, kernel_s, wall)
-        self._held_logs: list[tuple[float, tuple]] = []  # (due, _log_event args): GPU not known yet
+        self._held_logs: list[tuple[float, _LogArgs]] = []  # (due, _log_event args): GPU not known yet
         self._lock = threading.Lock()
 
     # -- kernel log --------------------------------------------------------------------------------

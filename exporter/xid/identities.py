@@ -137,11 +137,11 @@ class GpuIdentities:
         return "", "", pci_label(pci)
 
     # -- state file ----------------------------------------------------------------------------------
-    def to_state(self) -> dict:
+    def to_state(self) -> dict[str, Any]:
         with self.lock:
             return {p: {"index": i.index, "uuid": i.uuid} for p, i in self.known.items()}
 
-    def load(self, gpus: dict) -> None:
+    def load(self, gpus: dict[str, Any]) -> None:
         """Take a validated state file's `gpus` (within the limit; what is known stays)."""
         for p, ident in dict(gpus or {}).items():
             with self.lock:

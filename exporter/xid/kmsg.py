@@ -239,9 +239,10 @@ class KmsgReader:
         return True
 
     def _read_device(self) -> Iterator[Record]:
-        while True:
+        fd = self._fd
+        while fd is not None:
             try:
-                data = os.read(self._fd, 16384)
+                data = os.read(fd, 16384)
             except BlockingIOError:
                 return
             except OSError as e:
@@ -309,7 +310,7 @@ class KmsgReader:
             return "replaced"
         if st.st_size < self._offset:
             return "rewritten"
-        if self._mark is not None:
+        if self._mark is not None and self._fd is not None:
             at, head = self._mark
             return "rewritten" if os.pread(self._fd, len(head), at) != head else ""
         return ""
@@ -324,8 +325,9 @@ class KmsgReader:
         yield from self._read_open()
 
     def _read_open(self) -> Iterator[Record]:
-        while True:
-            data = os.pread(self._fd, self.chunk_bytes, self._offset)
+        fd = self._fd
+        while fd is not None:
+            data = os.pread(fd, self.chunk_bytes, self._offset)
             if not data:
                 return
             start = self._offset - len(self._pending)  # where buf begins in the file

@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from exporter.nvml.backend import (
     EVENT_DOUBLE_BIT_ECC,
@@ -23,6 +24,10 @@ from exporter.nvml.backend import (
     Event,
     NvmlError,
 )
+
+if TYPE_CHECKING:
+    from exporter.nvml.backend import NvmlBackend
+    from exporter.nvml.session import NvmlSession
 
 log = logging.getLogger("exporter.xid.nvml")
 
@@ -47,7 +52,7 @@ class NvmlEventWatcher:
     when a GPU is found lost (the event set's wait failed with GPU_IS_LOST, or a GPU-unavailable
     event)."""
 
-    def __init__(self, session_factory: Callable[[], object], on_event: Callable[[Event], None],
+    def __init__(self, session_factory: Callable[[], NvmlSession | None], on_event: Callable[[Event], None],
                  wait_ms: int = 1000, retry_s: float = 5.0,
                  on_lost: Callable[[], None] | None = None) -> None:
         self.session_factory = session_factory
@@ -58,8 +63,8 @@ class NvmlEventWatcher:
         self.status = WatcherStatus()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._set = None
-        self._backend = None
+        self._set: object | None = None  # the backend's event set handle
+        self._backend: NvmlBackend | None = None
         self._registered: set[int] = set()  # GPUs in the current event set
 
     def start(self) -> None:
@@ -105,7 +110,7 @@ class NvmlEventWatcher:
                 pass
         self._set = None
 
-    def _build(self, session) -> bool:  # noqa: ANN001
+    def _build(self, session: NvmlSession) -> bool:
         """Create an event set with every GPU that is not lost; False when none could be added."""
         self._free()
         self._backend = session.backend
@@ -117,7 +122,7 @@ class NvmlEventWatcher:
         self.status.excluded = len(devices) - len(self._registered)
         return bool(self._registered)
 
-    def _register(self, session, i: int) -> bool:  # noqa: ANN001
+    def _register(self, session: NvmlSession, i: int) -> bool:
         """Add GPU i to the set: XIDs plus the optional types it supports, else XIDs alone (a type
         NVML refused). False when it cannot be added; a lost GPU is marked lost."""
         backend = session.backend
@@ -141,7 +146,7 @@ class NvmlEventWatcher:
         log.warning("GPU %d: cannot register NVML XID events: %s", i, err)
         return False
 
-    def _find_lost(self, session) -> list[int]:  # noqa: ANN001
+    def _find_lost(self, session: NvmlSession) -> list[int]:
         lost = [i for i in self._registered if i in session.lost]
         for dev in list(session.devices):
             if dev.index in session.lost:

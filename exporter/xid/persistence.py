@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from exporter.xid.attribution_state import AttributionPersistence
 from exporter.xid.follower import KmsgFollower
@@ -94,13 +95,13 @@ class XidPersistence:
         finally:
             self._lock.release()
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         """The XID state document's body as of now."""
         return XID_DOC.dump(self.store, self.identities, self.follower.counted_through("xid"))
 
     def write_ack(self, ack: Ack) -> bool:
         """Add `ack` to the acks file (`ack`, the file's one writer): what the file holds stays."""
-        def add(on_disk: dict | None) -> dict:
+        def add(on_disk: dict[str, Any] | None) -> dict[str, Any]:
             held = [Ack.from_json(a) for a in (on_disk or {}).get("acks") or []]
             return ACKS_DOC.dump([*held, ack])
         return self.acks.update(add)

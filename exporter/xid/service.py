@@ -29,9 +29,9 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from exporter.attribution.fault import FaultAttribution
 from exporter.attribution.ledger import Attribution, acks_key
@@ -99,6 +99,11 @@ class StateView:
     acks_problem: str = ""
 
 
+# (XID lines per PCI key, counts per PCI key, acks, SXid lines, switches): XidService._lines
+Lines = tuple[dict[str, tuple[XidLine, ...]], dict[str, dict[str, int]], tuple[Ack, ...],
+              tuple[SxidLine, ...], dict[str, int]]
+
+
 @dataclass(frozen=True)
 class XidSnapshot:
     """The XID and SXid state as of one moment, as the collectors and commands read it: copies of
@@ -118,7 +123,7 @@ class XidSnapshot:
     kmsg: KmsgView
     state: StateView
     watcher: tuple[bool, WatcherStatus] | None  # (alive, status) of the NVML event watcher, if one runs
-    hits_version: tuple  # changes whenever hits() may answer differently for these acks
+    hits_version: Hashable  # changes whenever hits() may answer differently for these acks
 
 
 class XidService:
@@ -146,11 +151,12 @@ class XidService:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._log_acks = False  # the daemon's log is the trail of acks; one-shot commands print
-        self._lines_cache: tuple | None = None  # (store versions, what snapshot() builds from them)
+        # (store versions, what snapshot() builds from them)
+        self._lines_cache: tuple[tuple[int, int], Lines] | None = None
         self._listeners: list[Callable[[], None]] = []
 
     # -- what the collectors and commands read -----------------------------------------------------
-    def _lines(self) -> tuple:
+    def _lines(self) -> Lines:
         """(XID lines, counts, acks, SXid lines, switches): rebuilt only when the stores changed
         (three readers a scrape). The key is read first, so what is kept is never older than it."""
         key = (self.store.version, self.sxids.version)
@@ -159,7 +165,7 @@ class XidService:
             return cached[1]
         counts = self.store.snapshot()
         unacked = {p: self.store.unacked(p) for p in counts}
-        lines = ({p: tuple(xid_lines(ks, unacked[p], self.policy)) for p, ks in counts.items()},
+        lines: Lines = ({p: tuple(xid_lines(ks, unacked[p], self.policy)) for p, ks in counts.items()},
                  {p: {k: c.count for k, c in ks.items()} for p, ks in counts.items()},
                  tuple(self.store.acks_snapshot()),
                  tuple(sxid_lines(self.sxids, self.sxid_policy)) if self.sxid_enabled else (),
@@ -369,10 +375,14 @@ class XidService:
         return self._thread is not None and self._thread.is_alive()
 
 
-def one_shot(ctx: Any) -> XidService:
+class _WithXid(Protocol):  # exporter.collector.Context, which imports this module
+    def xid_service(self) -> XidService: ...
+
+
+def one_shot(ctx: _WithXid) -> XidService:
     """The service for a one-shot command: state loaded, kernel-log backlog read (`check` builds
     its Context read-only, exporter.compose: a corrupt state file is left for the daemon)."""
-    svc = ctx.xid
+    svc = ctx.xid_service()
     svc.session()  # the GPUs NVML lists, before counting (the cardinality guard spares them)
     svc.load_state()
     svc.read_kmsg()

@@ -86,7 +86,7 @@ def _key(k: Any, where: str) -> str:
     return k
 
 
-def _optional(d: dict, key: str, check: Callable[[Any, str], Any], where: str) -> None:
+def _optional(d: dict[str, Any], key: str, check: Callable[[Any, str], Any], where: str) -> None:
     if d.get(key) is not None:
         check(d[key], f"{where}{key}")
 
@@ -134,7 +134,7 @@ def validate_state(st: Any) -> None:
         _validate_ack(mapping(a, f"acks[{i}]"), f"acks[{i}]", counts)
 
 
-def _validate_ack(a: dict, where: str, counts: dict | None) -> None:
+def _validate_ack(a: dict[str, Any], where: str, counts: dict[str, Any] | None) -> None:
     """An acknowledgement; its baseline within `counts` (a state document's), or MAX_COUNT in the
     acks file, which holds no counts."""
     pci = pci_key(a.get("pci"), f"{where}.pci", OTHER)
@@ -155,7 +155,7 @@ def _validate_ack(a: dict, where: str, counts: dict | None) -> None:
         integer(v, f"{where}.baseline[{k}]", 0, MAX_COUNT if counts is None else _held(counts, pci, k))
 
 
-def _held(counts: dict, pci: str, key: str) -> int:
+def _held(counts: dict[str, Any], pci: str, key: str) -> int:
     """The count a state document's `counts` hold for `key` at `pci` (or in the shared bucket)."""
     return max((c[0] for c in (counts.get(pci, {}).get(key), counts.get(OTHER, {}).get(key)) if c), default=0)
 
@@ -166,7 +166,7 @@ class Count:
     last_kernel_s: float = 0.0  # kernel clock (seconds since boot) of the last event
     last_wall: float = 0.0  # wall-clock time of the last event
 
-    def to_json(self) -> list:
+    def to_json(self) -> list[float]:
         return [self.count, round(self.last_kernel_s, 6), round(self.last_wall, 3)]
 
     @classmethod
@@ -194,7 +194,7 @@ class Ack:
     # the attributions before it whatever the wall clock did; None in an ack written before
     mono: float | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = {"pci": self.pci, "index": self.index, "uuid": self.uuid, "xid": self.xid,
              "time": self.time, "baseline": self.baseline}
         if self.mono is not None:
@@ -202,12 +202,12 @@ class Ack:
         return {**d, "logged": True} if self.logged else d
 
     @classmethod
-    def from_json(cls, d: dict) -> Ack:
+    def from_json(cls, d: dict[str, Any]) -> Ack:
         return cls(str(d["pci"]), d.get("index"), str(d.get("uuid") or ""), d.get("xid"),
                    float(d["time"]), {str(k): int(v) for k, v in dict(d.get("baseline") or {}).items()},
                    d.get("logged") is True, None if d.get("mono") is None else float(d["mono"]))
 
-    def ident(self) -> tuple:
+    def ident(self) -> tuple[str, int | None, float]:
         return (self.pci, self.xid, round(self.time, 3))
 
 
@@ -400,7 +400,7 @@ class XidStore:
                     out[key] = c
             return out
 
-    def merge(self, counts: dict, opened: list, listed: Callable[[str], bool]) -> None:
+    def merge(self, counts: dict[str, Any], opened: list[list[Any]], listed: Callable[[str], bool]) -> None:
         """Take a validated state document's `counts` and `open` events (same boot): counts by
         fold_counts (what is known stays; merging the same document twice counts nothing twice),
         open events not known yet (so a flood spanning a restart is one event)."""
@@ -415,7 +415,7 @@ class XidStore:
                     q.append(OpenEvent(float(start_s), str(key), set(sources)))
 
 
-def fold_counts(into: dict[str, dict[str, Count]], counts: dict, listed: Callable[[str], bool],
+def fold_counts(into: dict[str, dict[str, Count]], counts: dict[str, Any], listed: Callable[[str], bool],
                 unknown: set[str]) -> bool:
     """Merge a state document's `counts` into `into` by the one limit rule (docs/xid.md, "Limits"),
     never losing a count: an address gets counts of its own when `into` has them already, a GPU
@@ -450,7 +450,7 @@ def fold_counts(into: dict[str, dict[str, Count]], counts: dict, listed: Callabl
     return changed
 
 
-def take_acks(store: XidStore, acks: list) -> list[Ack]:
+def take_acks(store: XidStore, acks: list[dict[str, Any]]) -> list[Ack]:
     """A validated document's acks added to `store` (those its counts do not reach yet wait);
     those that were new."""
     return [ack for ack in map(Ack.from_json, acks) if store.add_ack(ack)]
@@ -464,7 +464,7 @@ class XidDocument:
     schema = versions.XID
     validate = staticmethod(validate_state)
 
-    def dump(self, store: XidStore, identities: GpuIdentities, last_seq: int | None) -> dict:
+    def dump(self, store: XidStore, identities: GpuIdentities, last_seq: int | None) -> dict[str, Any]:
         """The body of the document as of now (a snapshot; changes nothing). The store holds only
         acks its counts reach (XidStore.add_ack), so the file written always validates."""
         with store.lock:
@@ -475,7 +475,7 @@ class XidDocument:
         return {"written": round(time.time(), 3), "counts": counts, "open": opened,
                 "gpus": identities.to_state(), "acks": acks, "last_seq": last_seq}
 
-    def load(self, doc: dict, store: XidStore, identities: GpuIdentities) -> int | None:
+    def load(self, doc: dict[str, Any], store: XidStore, identities: GpuIdentities) -> int | None:
         """Take a validated document into the identities and the store; returns its last_seq."""
         identities.load(doc.get("gpus") or {})
         store.merge(doc.get("counts") or {}, doc.get("open") or [], identities.is_listed)
@@ -506,11 +506,11 @@ class AcksDocument:
     schema = versions.ACKS
     validate = staticmethod(validate_acks)
 
-    def dump(self, acks: list[Ack]) -> dict:
+    def dump(self, acks: list[Ack]) -> dict[str, Any]:
         """The body: the newest MAX_ACKS of `acks`."""
         return {"acks": [a.to_json() for a in sorted(acks, key=lambda a: a.time)[-MAX_ACKS:]]}
 
-    def load(self, doc: dict, store: XidStore) -> list[Ack]:
+    def load(self, doc: dict[str, Any], store: XidStore) -> list[Ack]:
         """Fold a validated document's acks into `store`; returns those that were new."""
         return take_acks(store, doc.get("acks") or [])
 
@@ -539,7 +539,7 @@ class AcksFile(state_file.StateFile):
     def __init__(self, state_dir: str, boot_id: str, kmsg: str = "", read_only: bool = False) -> None:
         super().__init__(state_dir, boot_id, kmsg, read_only, doc=ACKS_DOC)
 
-    def read(self) -> dict | None:
+    def read(self) -> dict[str, Any] | None:
         data = super().read()
         if data is not None:  # a good file again: its earlier trouble is over
             self.status.ok, self.status.problem = True, ""

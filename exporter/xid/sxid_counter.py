@@ -38,8 +38,9 @@ class SxidCounter:
         if rec.kernel and new and "SXid" in rec.message:
             parsed = parse_sxid(rec.message)
             wall = rec.wall if rec.wall is not None else self.clock.wall(rec.usec / 1e6)
-            counted = isinstance(parsed, SxidReport) and \
-                self.store.report(parsed.pci, parsed.switch, parsed.sxid, parsed.severity, wall)
+            if not isinstance(parsed, SxidReport):  # a continuation line, or not an SXid report
+                return
+            counted = self.store.report(parsed.pci, parsed.switch, parsed.sxid, parsed.severity, wall)
             hit = ""
             if counted and self.attribution is not None:
                 hit = describe_sxid(self.attribution.sxid(parsed.pci, parsed.sxid, wall, rec.usec / 1e6))

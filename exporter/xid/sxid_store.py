@@ -17,8 +17,18 @@ from typing import Any
 
 from exporter.state import versions
 from exporter.state.file import StateFile
-from exporter.state.values import StateError, integer, mapping, pci_key, seconds, sequence, show, text
-from exporter.xid.store import MAX_BOOT_ID_CHARS, MAX_COUNT, MAX_SEQ, MAX_SOURCE_CHARS, OTHER
+from exporter.state.values import (
+    MAX_SEQ,
+    StateError,
+    integer,
+    mapping,
+    pci_key,
+    seconds,
+    sequence,
+    show,
+    text,
+)
+from exporter.xid.store import MAX_BOOT_ID_CHARS, MAX_COUNT, MAX_SOURCE_CHARS, OTHER
 from exporter.xid.sxid import SEVERITIES
 
 STATE_NAME = "sxid-state.json"
@@ -73,7 +83,7 @@ class SxidStore:
         with self.lock:
             return {k: SxidCount(c.count, c.last_wall) for k, c in self.counts.items()}
 
-    def merge(self, switches: dict[str, int], counts: list[list]) -> None:
+    def merge(self, switches: dict[str, int], counts: list[list[Any]]) -> None:
         """Take a validated document's switches and counts by the XID counts' rule (fold_counts):
         an address beyond MAX_SWITCHES is folded into OTHER (summed within the document), then
         each count takes the larger value, so what is known stays and nothing counts twice."""
@@ -133,14 +143,14 @@ class SxidDocument:
     schema = versions.SXID
     validate = staticmethod(validate_state)
 
-    def dump(self, store: SxidStore, last_seq: int | None) -> dict:
+    def dump(self, store: SxidStore, last_seq: int | None) -> dict[str, Any]:
         """The body as of now (a snapshot; changes nothing)."""
         with store.lock:
             return {"counts": [[p, x, s, c.count, round(c.last_wall, 3)]
                                for (p, x, s), c in store.counts.items()],
                     "switches": dict(store.switches), "last_seq": last_seq}
 
-    def load(self, doc: dict, store: SxidStore) -> int | None:
+    def load(self, doc: dict[str, Any], store: SxidStore) -> int | None:
         """Take a validated document into `store`; returns its last_seq."""
         store.merge(doc.get("switches") or {}, doc.get("counts") or [])
         return doc.get("last_seq")

@@ -77,7 +77,7 @@ def _tz(s: str | None) -> float:
     return sign * (int(digits[:2]) * 3600 + int(digits[2:4]) * 60)
 
 
-def _iso_wall(m: re.Match, first: int = 1) -> float | None:
+def _iso_wall(m: re.Match[str], first: int = 1) -> float | None:
     y, mo, d, h, mi, sec = (int(m.group(first + i)) for i in range(6))
     frac, tz = m.group(first + 6), m.group(first + 7)
     try:
@@ -96,7 +96,7 @@ def _local_wall(year: int, month: int, day: int, h: int, mi: int, sec: int,
         return None
 
 
-def _bsd_wall(m: re.Match, now: float) -> float | None:
+def _bsd_wall(m: re.Match[str], now: float) -> float | None:
     """`Nov 28 15:05:13` has no year: this year's, unless that is more than a day ahead (last year's)."""
     month = _MONTHS.get(m.group(1))
     if month is None:
@@ -109,7 +109,7 @@ def _bsd_wall(m: re.Match, now: float) -> float | None:
     return wall
 
 
-def _mono(m: re.Match) -> float:
+def _mono(m: re.Match[str]) -> float:
     return int(m.group(1)) + _frac(m.group(2))
 
 
