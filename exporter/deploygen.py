@@ -145,7 +145,7 @@ def expected() -> dict[Path, str]:
     out = {RULES_OUT: prometheus_rules()}
     out.update({DASHBOARDS_OUT / n: t for n, t in dashboard_configmaps().items()})
     out.update({RUNBOOKS_OUT / n: t for n, t in runbooks_component().items()})
-    out.update(helmchart.expected())
+    out.update(helmchart.expected(dashboard_sources()))
     return out
 
 

@@ -599,10 +599,9 @@ def chart_yaml() -> str:
     }, 0) + "\n"
 
 
-def files() -> dict[str, str]:
-    """Chart-relative path -> content, for every generated file of the chart."""
-    from exporter.deploygen import dashboard_sources
-
+def files(dashboards: dict[str, str]) -> dict[str, str]:
+    """Chart-relative path -> content, for every generated file of the chart; `dashboards` is
+    exporter.deploygen's dashboard_sources() (deploygen calls this module, not the other way)."""
     out = {
         "Chart.yaml": chart_yaml(),
         "values.yaml": values_yaml(),
@@ -627,13 +626,13 @@ def files() -> dict[str, str]:
     }
     for f in sorted((share.CHECKOUT / "rules").glob("*.yml")):
         out[f"files/rules/{f.name}"] = f.read_text()
-    for name, text in dashboard_sources().items():
+    for name, text in dashboards.items():
         out[f"files/dashboards/{name}"] = text
     return out
 
 
-def expected() -> dict[Path, str]:
-    return {CHART / rel: text for rel, text in files().items()}
+def expected(dashboards: dict[str, str]) -> dict[Path, str]:
+    return {CHART / rel: text for rel, text in files(dashboards).items()}
 
 
 GENERATED_DIRS = ("files", "files/rules", "files/dashboards", "templates")

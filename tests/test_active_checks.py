@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from exporter.activecheck import result
+from exporter.activecheck.settings import ActiveSection
 from exporter.activecheck.suite import Node, Suite
 from exporter.cli import main
 from exporter.config import load
@@ -60,7 +61,7 @@ def suite(tmp_path, session, budget=60.0, instance_type="p5.48xlarge", efa=32, *
     overrides = {"paths.state_dir": str(tmp_path / "state"), **{f"active.{k}": v for k, v in cfg.items()}}
     config = load(None, overrides)
     n = Node(instance_type, 8, efa, session, test_pool())
-    return Suite(config.active, n, str(tmp_path / "state"), budget)
+    return Suite(config.section(ActiveSection), n, str(tmp_path / "state"), budget)
 
 
 def by_check(results):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from exporter.activecheck.settings import ActiveSection
 from exporter.config import load
 from tests.k8s import K8S_VERSIONS, KUSTOMIZE, OVERLAYS, render, validate
 
@@ -50,7 +51,8 @@ def test_the_job_writes_where_the_daemonset_reads_and_tolerates_its_taints(docs)
     ds = one(render(OVERLAYS[0]), "DaemonSet")["spec"]["template"]["spec"]
     state = {v["name"]: v for v in pod["volumes"]}["state"]["hostPath"]["path"]
     assert state == {v["name"]: v for v in ds["volumes"]}["state"]["hostPath"]["path"]
-    assert {t["key"] for t in ds["tolerations"]} <= {t["key"] for t in pod["tolerations"]}
+    tolerates = {(t.get("key"), t.get("effect")) for t in pod["tolerations"]}
+    assert {(t.get("key"), t.get("effect")) for t in ds["tolerations"]} <= tolerates
     (c,) = pod["containers"]
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts["state"] == load(None).paths.state_dir
@@ -62,4 +64,4 @@ def test_the_job_config_is_valid(docs, tmp_path):
     p = tmp_path / "config.yaml"
     p.write_text(one(docs, "ConfigMap")["data"]["config.yaml"])
     cfg = load(p)
-    assert cfg.active.run == ["nvml", "dcgm", "nccl"]
+    assert cfg.section(ActiveSection).run == ["nvml", "dcgm", "nccl"]

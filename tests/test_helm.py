@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from exporter import __version__, helmchart
+from exporter.deploygen import dashboard_sources
 from exporter.deploymodel import overlay_components
 from exporter.rules import DEFAULT_RUNBOOK_BASE
 from tests import helm
@@ -290,7 +291,7 @@ def test_the_chart_renders_what_the_overlay_renders(overlay):
 
 
 def test_the_generated_chart_is_current():
-    want = helmchart.expected()
+    want = helmchart.expected(dashboard_sources())
     stale = [p for p, t in want.items() if not p.exists() or p.read_text() != t] + helmchart.strays(want)
     assert not stale, (f"stale chart files: {', '.join(str(p.relative_to(ROOT)) for p in stale)}; "
                        "run `python -m exporter.deploygen`")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from exporter.activecheck.result import CHECKS
-from exporter.config import Section, non_negative, positive, setting
+from exporter.config import CollectorSection, non_negative, positive, setting
 
 
 def _checks(v: Any) -> str | None:
@@ -43,7 +43,7 @@ def _argv(v: Any) -> str | None:
 
 
 @dataclass
-class ActiveSection(Section):
+class ActiveSection(CollectorSection):
     """Opt-in active checks (docs/active-checks.md): the `active` command runs them and writes one
     result file per check under <paths.state_dir>/active/; the daemon exports those results and
     the verdict uses the valid ones. Nothing runs a test unless the command is run."""

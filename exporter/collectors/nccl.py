@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from exporter import deadline
 from exporter.catalog import Families, define
 from exporter.collector import Context, Derived, ProblemLog
-from exporter.config import Section, non_negative, positive, setting
+from exporter.config import CollectorSection, non_negative, positive, setting
 from exporter.nccl import client, election, netns
 from exporter.nccl.findings import Findings
 from exporter.nccl.model import OPS
@@ -37,7 +37,7 @@ PEER = ("gpu", "peer_ip", "peer_pid", "peer_rank", "peer_gpu")
 
 
 @dataclass
-class NcclSection(Section):
+class NcclSection(CollectorSection):
     """NCCL's RAS (docs/nccl.md): which rank a stalled job waits for. Read the risks first."""
 
     name: ClassVar[str] = C
@@ -280,7 +280,7 @@ class NcclCollector(Derived):
         mono: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(ctx)
-        cfg = ctx.config.nccl  # type: ignore[attr-defined]  # the section this collector declares
+        cfg = ctx.config.section(NcclSection)
         self.cfg = cfg
         self.procfs = ctx.config.paths.procfs
         self.processes = processes or nvml_processes(ctx)

@@ -288,8 +288,9 @@ class XidService:
         return self.store.version, self.sxids.version
 
     def _on_nvml_event(self, ev: Any) -> None:
+        assert self.counter is not None  # the watcher runs only with a counter
         before = self._versions()
-        self.counter.on_nvml_event(ev)  # type: ignore[union-attr] - the watcher runs only with a counter
+        self.counter.on_nvml_event(ev)
         if self._versions() != before:
             self._changed()
 
