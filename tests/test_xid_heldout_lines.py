@@ -63,3 +63,22 @@ def test_no_default_tier_strays_from_nvidias_immediate_action(xid):
         assert tier == DELIBERATE[xid]
     elif follows is not None:
         assert tier in follows, f"XID {xid}: NVIDIA {info.nvidia_action}, tier {tier}"
+
+
+def test_xid_154_asks_for_what_nvml_s_recovery_action_means():
+    """XID 154 names NVML's recovery action (field 230) in its line; its tier is what that action
+    means, as the verdict reads the same value from NVML: 0x3, drain P2P (drain the peer-to-peer
+    work, then query again), and 0x5, recover the IMEX domain, are no node action there, so not
+    here either."""
+    from exporter.xid.verdict import ALL_REASONS, RECOVERY_REASON
+
+    p = Policy()
+    line = ("NVRM: Xid (PCI:0008:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x3 "
+            "(Drain P2P)")
+    r = parse_xid(line)
+    assert r is not None and r.action == 3 and p.tier(r.xid, r.action) not in ACTION
+    for code in range(1, 8):  # 0: none; a code without a reason of its own is recovery_action_other
+        reason = RECOVERY_REASON.get(code, "recovery_action_other")
+        acts = ALL_REASONS[reason] in ("reset_required", "reboot_required", "replace_required")
+        assert (p.tier(154, code) in ACTION) == acts, (code, reason)
+    assert p.tier(154, 0) == "ignore"
