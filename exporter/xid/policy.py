@@ -48,8 +48,11 @@ DEFAULT_POLICY: dict[str, list[int]] = {
                165],
 }
 
-# XID 154: recovery action code -> tier.
-ACTION_TIERS = {0: "ignore", 1: "reset", 2: "reboot", 3: "reset", 4: "reset", 5: "reset", 6: "reset",
+# XID 154: recovery action code (NVML's field 230) -> tier, as the verdict reads the same value from
+# NVML (exporter.xid.verdict.RECOVERY_REASON). 3 (drain P2P: drain the peer-to-peer work, then query
+# again) and 5 (recover the IMEX domain) ask for no GPU reset: counted, never a node action; NVML's
+# value keeps the GPU degraded while it stands.
+ACTION_TIERS = {0: "ignore", 1: "reset", 2: "reboot", 3: "nonfatal", 4: "reset", 5: "nonfatal", 6: "reset",
                 7: "reboot"}
 
 
