@@ -82,3 +82,31 @@ def test_xid_154_asks_for_what_nvml_s_recovery_action_means():
         acts = ALL_REASONS[reason] in ("reset_required", "reboot_required", "replace_required")
         assert (p.tier(154, code) in ACTION) == acts, (code, reason)
     assert p.tier(154, 0) == "ignore"
+
+
+def test_a_nonfatal_nvlink_storm_and_its_xid_45s_leave_the_node_schedulable(tmp_path, capsys):
+    """The storm of the field (a B300's RLW_SRC_TRACK Nonfatal XC1 storm on several links during
+    the first all-reduce, torn-down channels logged as XID 45 `caused by previous Xid 145`, the
+    driver's XID 154 asking to drain P2P): counted, nothing asks for an action, `check` exits 0 and
+    the node condition stays True without a taint."""
+    from exporter.kube.condition import TAINTED, condition_of
+    from tests.test_xid_storms import PCI, check
+
+    lines: list[tuple[float, str]] = []
+    for k in range(30):
+        for i in range(8):
+            t = 100.0 + 11 * k + i / 100
+            lines.append((t, f"NVRM: Xid (PCI:{PCI[i]}): 145, RLW_SRC_TRACK Nonfatal XC1 i0 "
+                             f"Link {11 + k % 5} (0x04084507 0x00000004 0x00000000 0x00000000 0x00000000 "
+                             "0x00000000)"))
+            lines.append((t + 0.5, f"NVRM: Xid (PCI:{PCI[i]}): 45, pid={900 + i}, name=python3, "
+                                   f"Ch 0000000{k % 8} caused by previous Xid 145"))
+    lines += [(500.0 + i, f"NVRM: Xid (PCI:{PCI[i]}): 154, GPU recovery action changed from 0x0 (None) to "
+                          "0x3 (Drain P2P)") for i in range(8)]
+    code, doc = check(tmp_path, capsys, lines)
+    assert code == 0 and doc["node"]["verdict"] == "healthy", doc["node"]
+    verdict = doc["node"]["verdict"]
+    assert condition_of(verdict) == ("True", "Healthy") and verdict not in TAINTED
+    assert all(g["verdict"] == "healthy" for g in doc["gpus"])
+    tiers = {(x["xid"], x["tier"]) for g in doc["gpus"] for x in g["xids"]}
+    assert tiers == {(145, "nonfatal"), (45, "application"), (154, "nonfatal")}
