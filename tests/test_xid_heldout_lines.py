@@ -110,3 +110,17 @@ def test_a_nonfatal_nvlink_storm_and_its_xid_45s_leave_the_node_schedulable(tmp_
     assert all(g["verdict"] == "healthy" for g in doc["gpus"])
     tiers = {(x["xid"], x["tier"]) for g in doc["gpus"] for x in g["xids"]}
     assert tiers == {(145, "nonfatal"), (45, "application"), (154, "nonfatal")}
+
+
+SXID = [json.loads(line) for line in (FIXTURES / "xid" / "heldout_sxid_lines.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("case", SXID, ids=[f"{i}-{c['sxid']}" for i, c in enumerate(SXID)])
+def test_heldout_sxid_lines_classify_as_the_fabric_manager_guide_says(case):
+    from exporter.xid.sxid import SxidReport, parse_sxid
+    from exporter.xid.sxid_catalog import SxidPolicy
+
+    r = parse_sxid(case["line"])
+    assert isinstance(r, SxidReport), case["source"]
+    assert (r.sxid, r.severity) == (case["sxid"], case["severity"])
+    assert SxidPolicy().tier(r.sxid, r.severity) == case["tier"], (case["line"], case["fabric_manager"])
