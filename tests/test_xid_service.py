@@ -78,7 +78,8 @@ def test_every_variant_counts_once_with_its_tier(tmp_path):
     tiers = {(dict(ls)["pci_bus_id"], dict(ls)["xid"]): dict(ls)["tier"]
              for (n, ls), _ in samples(text).items() if n == "gpu_xid_errors_total"}
     assert tiers[("00000000:B9:00.0", "154")] == "reboot" and tiers[("00000000:CA:00.0", "154")] == "reset"
-    assert tiers[("00000000:64:00.0", "999")] == "unknown" and tiers[("00000000:03:00.0", "14")] == "unknown"
+    # 999 is in no catalog; 14 (a fake error injected from user space) is NVIDIA's IGNORE
+    assert tiers[("00000000:64:00.0", "999")] == "unknown" and tiers[("00000000:03:00.0", "14")] == "ignore"
     assert tiers[("00000000:75:00.0", "63")] == "replace" and tiers[("00000000:86:00.0", "79")] == "reboot"
     assert tiers[("00000018:01:00.0", "149")] == "reset"  # NETIR_LINK_DOWN, Fatal: NVIDIA's RESET_GPU
 

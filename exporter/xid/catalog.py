@@ -96,6 +96,7 @@ _ENTRIES = [
     # Codes of the catalog that NVIDIA's older table did not have (no cause flags), Blackwell's among
     # them (152-170), and 173 from after it.
     XidInfo(11, "Invalid or corrupted push buffer stream (GR missing HW)", "", "RESTART_APP", "CAT"),
+    XidInfo(14, "Fake or injected error from userspace", "", "IGNORE", "CAT"),
     XidInfo(25, "Invalid or illegal push buffer stream", "", "RESTART_APP", "CAT"),
     XidInfo(37, "Driver firmware error (FECS unimplemented firmware method)", "", "IGNORE", "CAT"),
     *(XidInfo(x, f"Copy engine {i} exception", "", "RESTART_APP", "CAT")
@@ -116,6 +117,7 @@ _ENTRIES = [
     XidInfo(93, "Non-fatal violation of the provisioned InfoROM wear limit", "", "IGNORE", "CAT"),
     XidInfo(106, "SMBPBI test message", "", "IGNORE", "CAT"),
     XidInfo(107, "SMBPBI test message (silent)", "", "IGNORE", "CAT"),
+    XidInfo(108, "NVLink remote translation error (sympathetic; see XID 137)", "", "IGNORE", "CAT"),
     XidInfo(139, "OFA1 error", "", "RESTART_APP", "CAT"),
     XidInfo(141, "CUDA fast path error", "", "IGNORE", "CAT"),
     XidInfo(142, "NVENC3 error", "", "CONTACT_SUPPORT", "CAT"),

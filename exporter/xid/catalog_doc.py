@@ -36,7 +36,7 @@ def _ranges(xids: list[int]) -> str:
             out[-1] = f"{out[-1].split('-')[0]}-{x}"
         else:
             out.append(str(x))
-    return ", ".join(out) or "(decoded NVLink events only)"
+    return ", ".join(out) or "(decoded NVLink events; XID 154 asking to drain P2P or recover IMEX)"
 
 
 def block() -> str:

@@ -5,7 +5,8 @@ exporter/xid/nvlink.py.
 Source: NVIDIA's XID catalog, https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html,
 sheet "XID 144-150 Decode", as mirrored machine-readably in leptonai/gpud
 components/accelerator/nvidia/xid/catalog_generated.go (generated 2025-10-29; read at gpud commit
-4a8de33a3f02e207f39e9023d67125592d599731), all 94 rows. Patterns are 32 characters, bit 31 first:
+4a8de33a3f02e207f39e9023d67125592d599731), all 94 rows, and the 3 rows of the sheet's "Action 2"
+columns that mirror lacks (RLW_RXPIPE; read on NVIDIA's page). Patterns are 32 characters, bit 31 first:
 `1`/`0` must match, `-` is any; V1 and V2 are the two interrupt-info layouts drivers have used
 (a line matches a row with either). Columns: xid, unit (aliases separated by `/`), pattern V1,
 pattern V2, error status, resolution, severity, investigatory action.
@@ -38,6 +39,10 @@ ROWS: tuple[tuple[int, str, str, str, int, str, str, str], ...] = (
     (145, "RLW_RXPIPE", "------000000---------00011000010", "------000000------------00000110", 0x00000001, "IGNORE", "Non-fatal*", "CONTACT_SUPPORT"),
     (145, "RLW_RXPIPE", "------000000---------00011000010", "------000000------------00000110", 0x00000002, "IGNORE", "Non-fatal*", "CONTACT_SUPPORT"),
     (145, "RLW_RXPIPE", "------000000---------00011000010", "------000000------------00000110", 0x00000004, "IGNORE", "Non-fatal*", "CONTACT_SUPPORT"),
+    # The sheet's "Action 2" for these three statuses: with IntrInfo bit 10 (V1) / bit 7 (V2) set,
+    # RESET_GPU instead of IGNORE (gpud's generated copy leaves the Action 2 columns out).
+    *((145, "RLW_RXPIPE", "------000000---------10011000010", "------000000------------10000110", status,
+       "RESET_GPU", "Non-fatal*", "CONTACT_SUPPORT") for status in (0x00000001, 0x00000002, 0x00000004)),
     (145, "RLW_RXPIPE", "------000000----------0011000010", "------000000-------------0000110", 0x00000008, "IGNORE", "Non-fatal", "CONTACT_SUPPORT"),
     (145, "RLW_RXPIPE", "------000000----------0011000010", "------000000-------------0000110", 0x80000000, "IGNORE", "Non-fatal", "CONTACT_SUPPORT"),
     (145, "RLW_SRC_TRACK", "------000000----------0011100010", "------000000-------------0000111", 0x00000001, "RESET_GPU", "Fatal", "CONTACT_SUPPORT"),

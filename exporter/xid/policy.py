@@ -33,20 +33,26 @@ DEFAULT_POLICY: dict[str, list[int]] = {
     # 173: the Grace-GPU C2C link failed (gpud reboots).
     "reboot": [79, 151, 160, 168, 173],
     # 74 and 144-150: undecodable events only; decoded ones follow NVIDIA's table (module docstring).
-    "reset": [32, 46, 48, 56, 57, 58, 61, 62, 65, 73, 74, 81, 109, 110, 119, 120, 122, 123, 136, 140,
+    "reset": [46, 48, 56, 57, 58, 61, 62, 65, 73, 74, 81, 109, 110, 119, 120, 122, 123, 136, 140,
               142, 143, 144, 145, 146, 147, 148, 149, 150, 155, 156, 158, 167, 169, 171, 172],
     # Counted, ticketed by its rate (rules/xid.yml GpuXidNonfatalRateHigh), never a node action: the
     # decoded NVLink events that say Nonfatal or that NVIDIA asks to report when they repeat.
     "nonfatal": [],
-    # The job's fault, not the GPU's (NVIDIA: RESTART_APP, or sympathetic to another XID).
-    "application": [8, 11, 13, 25, 31, 39, 40, 41, 43, 45, 60, 68, 69, 70, 71, 72, 75, 76, 77, 80, 82, 83,
+    # The job's fault, not the GPU's (NVIDIA: RESTART_APP, or sympathetic to another XID). 32 and 80
+    # (push-buffer corruption / CRC mismatch) may come from the PCIe link, but NVIDIA's immediate
+    # action is RESTART_APP: restart the job, no node action (a reset would be a false fatal).
+    "application": [8, 11, 13, 25, 31, 32, 39, 40, 41, 43, 45, 60, 68, 69, 70, 71, 72, 75, 76, 77, 80, 82, 83,
                     84, 85, 86, 88, 89, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 126, 127, 128, 129,
                     130, 131, 132, 133, 134, 135, 137, 139, 159],
-    "ignore": [37, 38, 44, 66, 67, 92, 93, 106, 107, 121, 141, 152, 153, 157, 161, 162, 163, 164, 165],
+    "ignore": [14, 37, 38, 44, 66, 67, 92, 93, 106, 107, 108, 121, 141, 152, 153, 157, 161, 162, 163, 164,
+               165],
 }
 
-# XID 154: recovery action code -> tier.
-ACTION_TIERS = {0: "ignore", 1: "reset", 2: "reboot", 3: "reset", 4: "reset", 5: "reset", 6: "reset",
+# XID 154: recovery action code (NVML's field 230) -> tier, as the verdict reads the same value from
+# NVML (exporter.xid.verdict.RECOVERY_REASON). 3 (drain P2P: drain the peer-to-peer work, then query
+# again) and 5 (recover the IMEX domain) ask for no GPU reset: counted, never a node action; NVML's
+# value keeps the GPU degraded while it stands.
+ACTION_TIERS = {0: "ignore", 1: "reset", 2: "reboot", 3: "nonfatal", 4: "reset", 5: "nonfatal", 6: "reset",
                 7: "reboot"}
 
 
