@@ -62,3 +62,19 @@ nodeAffinity:
               {{- toYaml .values | nindent 14 }}
       {{- end }}
 {{- end -}}
+
+{{- define "ghe.activeImage" -}}
+{{- $v := .Values.activeChecks.image -}}
+{{- if not $v.repository -}}
+{{ include "ghe.image" . }}
+{{- else if $v.digest -}}
+{{ $v.repository }}@{{ $v.digest }}
+{{- else -}}
+{{ $v.repository }}:{{ $v.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{- define "ghe.activeSelectorLabels" -}}
+app.kubernetes.io/name: gpu-health-active-check
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
