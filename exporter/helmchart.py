@@ -27,8 +27,8 @@ from typing import Any
 import yaml
 
 from exporter import __version__, runbooks, share
-from exporter.activecheck.result import CHECKS
 from exporter import deploymodel as m
+from exporter.activecheck.result import CHECKS
 from exporter.rules import DEFAULT_RUNBOOK_BASE
 
 CHART = share.CHECKOUT / "deploy" / "helm" / m.NAME
@@ -614,7 +614,8 @@ def _active_model() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dic
     job = m.active_job()
     pod = job["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    pin = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    pin = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
     if pin != [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE_PLACEHOLDER]}]}]:
         raise ValueError("deploy/kubernetes/active-check/job.yaml: the pod is not pinned by "
                          f"metadata.name In [{NODE_PLACEHOLDER}], as exporter.helmchart expects")
@@ -695,10 +696,12 @@ def active_check_template() -> str:
     job, pod, c, active = _active_model()
     margin = job["spec"]["activeDeadlineSeconds"] - active["budget_seconds"]
     if margin <= 0:
-        raise ValueError("deploy/kubernetes/active-check: activeDeadlineSeconds is not above active.budget_seconds")
+        raise ValueError("deploy/kubernetes/active-check: activeDeadlineSeconds is not above "
+                         "active.budget_seconds")
     cm = '{{ include "ghe.fullname" $ }}-active-check'
     volumes = [{**v, "configMap": {"name": "@CM@"}} if "configMap" in v else v for v in pod["volumes"]]
-    static_pod = {k: pod[k] for k in ("automountServiceAccountToken", "enableServiceLinks", "securityContext")}
+    static_pod = {k: pod[k] for k in ("automountServiceAccountToken", "enableServiceLinks",
+                                      "securityContext")}
     resources = "\n".join(f"""            {kind}:
               {GPU}: {{{{ $a.gpusPerNode }}}}
               {{{{- if $a.efa.devices }}}}
@@ -715,10 +718,12 @@ def active_check_template() -> str:
 {{{{- $a := .Values.activeChecks }}}}
 {{{{- if $a.enabled }}}}
 {{{{- if and (has "efa" $a.checks) (not $a.efa.devices) }}}}
-{{{{- fail "activeChecks.checks has efa but activeChecks.efa.devices is 0: the pod sees no EFA device it did not request" }}}}
+{{{{- fail (print "activeChecks.checks has efa but activeChecks.efa.devices is 0: the pod sees no "
+  "EFA device it did not request") }}}}
 {{{{- end }}}}
 {{{{- if ne (toString (dig "active" "budget_seconds" "" $a.config)) "" }}}}
-{{{{- fail "activeChecks.config.active.budget_seconds: set activeChecks.budgetSeconds (the Job's deadline follows it)" }}}}
+{{{{- fail (print "activeChecks.config.active.budget_seconds: set activeChecks.budgetSeconds (the "
+  "Job's deadline follows it)") }}}}
 {{{{- end }}}}
 {{{{- $image := include "ghe.activeImage" . }}}}
 {{{{- $run := toJson (list (omit $a "nodes") $image .Values.imagePullSecrets .Chart.Version) }}}}
@@ -729,14 +734,16 @@ kind: ConfigMap
 data:
   config.yaml: |
     {{{{- $cfg := .Files.Get "files/active-check.yaml" | fromYaml }}}}
-    {{{{- $_ := mergeOverwrite $cfg.active (dict "run" $a.checks "budget_seconds" $a.budgetSeconds "dcgm_level" $a.dcgmLevel) }}}}
+    {{{{- $set := dict "run" $a.checks "budget_seconds" $a.budgetSeconds "dcgm_level" $a.dcgmLevel }}}}
+    {{{{- $_ := mergeOverwrite $cfg.active $set }}}}
     {{{{- mergeOverwrite $cfg $a.config | toYaml | nindent 4 }}}}
 {{{{- range $node := $a.nodes }}}}
+{{{{- $hash := printf "%s %s" $node $run | sha256sum | trunc 10 }}}}
 ---
 apiVersion: batch/v1
 kind: Job
 metadata:
-  name: {{{{ include "ghe.fullname" $ | trunc 40 | trimSuffix "-" }}}}-active-{{{{ printf "%s %s" $node $run | sha256sum | trunc 10 }}}}
+  name: {{{{ include "ghe.fullname" $ | trunc 40 | trimSuffix "-" }}}}-active-{{{{ $hash }}}}
   labels:
     {{{{- include "ghe.activeSelectorLabels" $ | nindent 4 }}}}
     app.kubernetes.io/part-of: {{{{ $.Chart.Name }}}}

@@ -42,7 +42,8 @@ def test_the_job_requests_every_gpu_and_never_retries(docs):
     cfg = yaml.safe_load(one(docs, "ConfigMap")["data"]["config.yaml"])
     assert cfg["active"]["budget_seconds"] < spec["activeDeadlineSeconds"]  # it ends on its own first
     # pinned by node name, as the DaemonSet controller pins (a hostname label may differ from it)
-    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
     assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["NODE_NAME"]}]}]
     assert "nodeName" not in pod  # the scheduler places it: it waits until every GPU is free
     assert job["metadata"]["name"].endswith("NODE_NAME")

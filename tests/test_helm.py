@@ -49,7 +49,8 @@ VALUE_SETS: dict[str, tuple[str, ...]] = {
     "active-checks": ("--set", "activeChecks.enabled=true", "--set",
                       "activeChecks.nodes={ip-10-1-2-3.us-west-2.compute.internal,hyperpod-i-0123456789abcdef0}"),
     "active-checks-tuned": ("--set", "activeChecks.enabled=true", "--set", "activeChecks.nodes={gpu-1,gpu-2}",
-                            "--set", "activeChecks.checks={nvml,efa,dcgm,nccl}", "--set", "activeChecks.efa.devices=32",
+                            "--set", "activeChecks.checks={nvml,efa,dcgm,nccl}",
+                            "--set", "activeChecks.efa.devices=32",
                             "--set", "activeChecks.gpusPerNode=4", "--set", "activeChecks.budgetSeconds=5400",
                             "--set", "activeChecks.dcgmLevel=3", "--set", "activeChecks.runId=2026-12-07",
                             "--set", "activeChecks.image.repository=registry.example/ghe-active",
@@ -425,13 +426,15 @@ def test_active_checks_are_off_by_default(rendered):
 
 
 def test_the_charts_active_check_is_the_kustomize_job():
-    """One model: with the kustomize Job's TTL and its node, the chart renders deploy/kubernetes/active-check's
-    Job and config, field for field but the names and the labels each tool adds."""
+    """One model: with the kustomize Job's TTL and its node, the chart renders
+    deploy/kubernetes/active-check's Job and config, field for field but the names and the labels each
+    tool adds."""
     kust = render(ROOT / "deploy" / "kubernetes" / "active-check")
     (kjob,) = jobs(json.loads(json.dumps(kust).replace("NODE_NAME", "node-1")))  # the sed docs say
     (kcm,) = by_kind(kust, "ConfigMap")
-    docs = helm.template("--set", "activeChecks.enabled=true", "--set", "activeChecks.nodes={node-1}", "--set",
-                         f"activeChecks.ttlSecondsAfterFinished={kjob['spec']['ttlSecondsAfterFinished']}")
+    ttl = kjob["spec"]["ttlSecondsAfterFinished"]
+    docs = helm.template("--set", "activeChecks.enabled=true", "--set", "activeChecks.nodes={node-1}",
+                         "--set", f"activeChecks.ttlSecondsAfterFinished={ttl}")
     (job,) = jobs(docs)
     assert active_config(docs) == yaml.safe_load(kcm["data"]["config.yaml"])
 
@@ -445,7 +448,8 @@ def test_the_charts_active_check_is_the_kustomize_job():
         return spec
 
     assert normal(job) == normal(kjob)
-    assert job["metadata"]["labels"]["app.kubernetes.io/name"] == kjob["metadata"]["labels"]["app.kubernetes.io/name"]
+    assert job["metadata"]["labels"]["app.kubernetes.io/name"] == ACTIVE_APP
+    assert kjob["metadata"]["labels"]["app.kubernetes.io/name"] == ACTIVE_APP
 
 
 def test_one_job_per_named_node_pinned_by_name(rendered):
