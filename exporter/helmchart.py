@@ -627,7 +627,7 @@ def _active_model() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dic
 
 
 def active_values() -> dict[str, Any]:
-    job, _, c, active = _active_model()
+    _, _, c, active = _active_model()
     res = {k: {r: q for r, q in v.items() if r != GPU} for k, v in c["resources"].items()}
     return {
         "enabled": False,

@@ -54,7 +54,8 @@ def test_the_job_writes_where_the_daemonset_reads_and_tolerates_its_taints(docs)
     ds = one(render(OVERLAYS[0]), "DaemonSet")["spec"]["template"]["spec"]
     state = {v["name"]: v for v in pod["volumes"]}["state"]["hostPath"]["path"]
     assert state == {v["name"]: v for v in ds["volumes"]}["state"]["hostPath"]["path"]
-    assert {t["key"] for t in ds["tolerations"]} <= {t["key"] for t in pod["tolerations"]}
+    assert all(t in pod["tolerations"] for t in ds["tolerations"])  # pinned: any NoSchedule taint too
+    assert {"key": "gpu-health-exporter/action-required", "operator": "Exists"} in pod["tolerations"]
     (c,) = pod["containers"]
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts["state"] == load(None).paths.state_dir

@@ -56,8 +56,8 @@ VALUE_SETS: dict[str, tuple[str, ...]] = {
                             "--set", "activeChecks.image.repository=registry.example/ghe-active",
                             "--set", "activeChecks.image.tag=dcgm4", "--set",
                             "activeChecks.ttlSecondsAfterFinished=3600", "--set",
-                            "activeChecks.extraTolerations[0].operator=Exists", "--set",
-                            "activeChecks.extraTolerations[0].effect=NoSchedule", "--set",
+                            "activeChecks.extraTolerations[0].key=dedicated", "--set",
+                            "activeChecks.extraTolerations[0].effect=NoExecute", "--set",
                             "activeChecks.config.active.dcgm_host=nvidia-dcgm.gpu-operator.svc:5555"),
 }
 
@@ -490,7 +490,7 @@ def test_active_check_values(rendered, tmp_path):
         assert c["image"] == "registry.example/ghe-active:dcgm4"
         assert j["spec"]["ttlSecondsAfterFinished"] == 3600
         assert j["spec"]["activeDeadlineSeconds"] == 5400 + 60
-        assert {"operator": "Exists", "effect": "NoSchedule"} in p["tolerations"]
+        assert {"key": "dedicated", "effect": "NoExecute"} in p["tolerations"]
         assert j["metadata"]["labels"]["gpu-health-exporter/active-run"] == "2026-12-07"
     f = tmp_path / "config.yaml"
     f.write_text(yaml.safe_dump(active_config(docs)))
@@ -521,3 +521,13 @@ def test_active_check_settings_that_cannot_work_are_refused(sets, why):
     args = ("--set", "activeChecks.enabled=true", *(a for s in sets for a in ("--set", s)))
     r = helm.run("template", "x", str(helm.CHART), *args, check=False)
     assert r.returncode != 0 and why in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("case", [c for c in NODES if c["expect"]],
+                         ids=lambda c: c["node"]["metadata"]["name"])
+def test_an_active_check_job_lands_on_every_gpu_node_the_daemonset_does(rendered, case):
+    """Named, a GPU node gets its Job whatever its NoSchedule taints, fenced by HyperPod or by our taint
+    (a Job is no DaemonSet pod: none of the DaemonSet controller's own tolerations)."""
+    taints = (case["node"].get("spec") or {}).get("taints") or []
+    for j in jobs(rendered["active-checks"]):
+        assert not untolerated(j["spec"]["template"]["spec"], taints, daemonset=False)
