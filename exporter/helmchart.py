@@ -637,7 +637,7 @@ def active_values() -> dict[str, Any]:
         "checks": active["run"],
         "budgetSeconds": active["budget_seconds"],
         "dcgmLevel": active["dcgm_level"],
-        "gpusPerNode": c["resources"]["limits"][GPU],
+        "gpusPerNode": int(c["resources"]["limits"][GPU]),
         "efa": {"devices": 0, "resource": EFA},
         "resources": res,
         "extraTolerations": [],
@@ -702,13 +702,14 @@ def active_check_template() -> str:
     volumes = [{**v, "configMap": {"name": "@CM@"}} if "configMap" in v else v for v in pod["volumes"]]
     static_pod = {k: pod[k] for k in ("automountServiceAccountToken", "enableServiceLinks",
                                       "securityContext")}
+    # quantities quoted: server-side apply (helm 4) refuses a number where a quantity goes
     resources = "\n".join(f"""            {kind}:
-              {GPU}: {{{{ $a.gpusPerNode }}}}
+              {GPU}: {{{{ $a.gpusPerNode | quote }}}}
               {{{{- if $a.efa.devices }}}}
-              {{{{ $a.efa.resource | quote }}}}: {{{{ $a.efa.devices }}}}
+              {{{{ $a.efa.resource | quote }}}}: {{{{ $a.efa.devices | quote }}}}
               {{{{- end }}}}
-              {{{{- with $a.resources.{kind} }}}}
-              {{{{- toYaml . | nindent 14 }}}}
+              {{{{- range $k, $v := $a.resources.{kind} }}}}
+              {{{{ $k }}}}: {{{{ $v | quote }}}}
               {{{{- end }}}}""" for kind in ("limits", "requests"))
     return f"""{GENERATED.format(source="deploy/kubernetes/active-check")}\
 # The opt-in active checks (docs/active-checks.md; values: activeChecks): the Job's config, and one Job

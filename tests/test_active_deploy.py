@@ -36,7 +36,8 @@ def test_the_job_requests_every_gpu_and_never_retries(docs):
     spec = job["spec"]
     pod = spec["template"]["spec"]
     (c,) = pod["containers"]
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == c["resources"]["requests"]["nvidia.com/gpu"] == 8
+    # a string: server-side apply refuses a bare number for a quantity
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == c["resources"]["requests"]["nvidia.com/gpu"] == "8"
     assert spec["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
     assert c["args"][0] == "active"
     cfg = yaml.safe_load(one(docs, "ConfigMap")["data"]["config.yaml"])

@@ -467,7 +467,8 @@ def test_one_job_per_named_node_pinned_by_name(rendered):
         assert {v["name"]: v for v in p["volumes"]}["state"] == ds_state
         (c,) = p["containers"]
         assert c["image"] == container(rendered["default"])["image"]  # the exporter's: nvml only
-        assert c["resources"]["limits"]["nvidia.com/gpu"] == c["resources"]["requests"]["nvidia.com/gpu"] == 8
+        res = c["resources"]
+        assert res["limits"]["nvidia.com/gpu"] == res["requests"]["nvidia.com/gpu"] == "8"  # quoted: SSA
         assert "vpc.amazonaws.com/efa" not in c["resources"]["limits"]
         # its pods are not the DaemonSet's (its PodMonitor and selector never take them)
         assert j["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == ACTIVE_APP
@@ -485,8 +486,8 @@ def test_active_check_values(rendered, tmp_path):
         p = j["spec"]["template"]["spec"]
         (c,) = p["containers"]
         for kind in ("limits", "requests"):
-            assert c["resources"][kind]["nvidia.com/gpu"] == 4
-            assert c["resources"][kind]["vpc.amazonaws.com/efa"] == 32
+            assert c["resources"][kind]["nvidia.com/gpu"] == "4"
+            assert c["resources"][kind]["vpc.amazonaws.com/efa"] == "32"
         assert c["image"] == "registry.example/ghe-active:dcgm4"
         assert j["spec"]["ttlSecondsAfterFinished"] == 3600
         assert j["spec"]["activeDeadlineSeconds"] == 5400 + 60
