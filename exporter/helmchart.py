@@ -291,6 +291,16 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* A map of resource quantities, each quoted: Helm 4's server-side apply refuses a number (a
+`--set resources.requests.cpu=1`) where a quantity goes. */}}
+{{- define "ghe.quantities" -}}
+{{- $lines := list -}}
+{{- range $k, $v := . -}}
+{{- $lines = append $lines (printf "%s: %s" $k ($v | quote)) -}}
+{{- end -}}
+{{ join "\\n" $lines }}
+{{- end -}}
+
 {{- define "ghe.nodeAffinity" -}}
 {{- $s := .Values.nodeSelection -}}
 {{- if not (or $s.instanceTypes $s.labels) -}}
@@ -437,7 +447,10 @@ spec:
 {_yaml(c["securityContext"], 12)}
             {{{{- end }}}}
           resources:
-            {{{{- toYaml .Values.resources | nindent 12 }}}}
+            {{{{- range $kind, $q := .Values.resources }}}}
+            {{{{ $kind }}}}:
+              {{{{- include "ghe.quantities" $q | nindent 14 }}}}
+            {{{{- end }}}}
 {_yaml(probes, 10)}
 {vol_text}
 """
@@ -702,15 +715,16 @@ def active_check_template() -> str:
     volumes = [{**v, "configMap": {"name": "@CM@"}} if "configMap" in v else v for v in pod["volumes"]]
     static_pod = {k: pod[k] for k in ("automountServiceAccountToken", "enableServiceLinks",
                                       "securityContext")}
-    # quantities quoted: server-side apply (helm 4) refuses a number where a quantity goes
+    # quantities quoted (ghe.quantities): server-side apply (helm 4) refuses a number for a quantity
     resources = "\n".join(f"""            {kind}:
               {GPU}: {{{{ $a.gpusPerNode | quote }}}}
               {{{{- if $a.efa.devices }}}}
               {{{{ $a.efa.resource | quote }}}}: {{{{ $a.efa.devices | quote }}}}
               {{{{- end }}}}
-              {{{{- range $k, $v := $a.resources.{kind} }}}}
-              {{{{ $k }}}}: {{{{ $v | quote }}}}
-              {{{{- end }}}}""" for kind in ("limits", "requests"))
+              {{{{- with $a.resources.{kind} }}}}
+              {{{{- include "ghe.quantities" . | nindent 14 }}}}
+              {{{{- end }}}}"""
+                          for kind in ("limits", "requests"))
     return f"""{GENERATED.format(source="deploy/kubernetes/active-check")}\
 # The opt-in active checks (docs/active-checks.md; values: activeChecks): the Job's config, and one Job
 # per node in activeChecks.nodes, pinned to it by name. A Job's name hashes its node with everything it

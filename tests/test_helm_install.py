@@ -281,3 +281,15 @@ def test_active_check_jobs_come_go_and_change_without_an_immutable_field_error(a
         added = now
     h.install("activeChecks.enabled=false")
     assert not active_jobs(api) and not exists(api, "configmap", f"{helm.RELEASE}-active-check")
+
+
+def test_a_number_given_for_a_quantity_installs(api, helm_):
+    """`--set resources.requests.cpu=1` is a number to helm; Helm 4's server-side apply refuses a number
+    where a quantity goes, so the chart quotes every quantity it renders."""
+    helm_.install("resources.requests.cpu=1", "resources.limits.cpu=2", "activeChecks.enabled=true",
+                  "activeChecks.nodes={gpu-a}", "activeChecks.resources.requests.cpu=2")
+    ds = json.loads(api.kubectl("get", "daemonset", helm.RELEASE, "-n", helm.NAMESPACE, "-o", "json").stdout)
+    assert ds["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "1"
+    (job,) = active_jobs(api).values()
+    out = json.loads(api.kubectl("get", "job", job, "-n", helm.NAMESPACE, "-o", "json").stdout)
+    assert out["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "2"

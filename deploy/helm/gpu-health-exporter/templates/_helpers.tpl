@@ -39,6 +39,16 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* A map of resource quantities, each quoted: Helm 4's server-side apply refuses a number (a
+`--set resources.requests.cpu=1`) where a quantity goes. */}}
+{{- define "ghe.quantities" -}}
+{{- $lines := list -}}
+{{- range $k, $v := . -}}
+{{- $lines = append $lines (printf "%s: %s" $k ($v | quote)) -}}
+{{- end -}}
+{{ join "\n" $lines }}
+{{- end -}}
+
 {{- define "ghe.nodeAffinity" -}}
 {{- $s := .Values.nodeSelection -}}
 {{- if not (or $s.instanceTypes $s.labels) -}}
