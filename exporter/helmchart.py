@@ -12,9 +12,11 @@ own prose and test):
 - templates/: the DaemonSet (the base's pod spec; the kernel-log modes, the GpuHealthy condition
   and the node actions from their components' patches), its ConfigMap, the RBAC of node-condition
   and node-actions, the PodMonitor, an optional ServiceMonitor with its Service, the
-  PrometheusRules, the dashboards' and runbooks' ConfigMaps;
+  PrometheusRules, the dashboards' and runbooks' ConfigMaps, and the opt-in active checks' config and
+  Jobs, one per node in activeChecks.nodes (deploy/kubernetes/active-check's Job);
 - files/: the release's rules/*.yml, dashboards/*.json and runbooks page, which those templates
-  read (so a chart always carries the rules of its own release) and the base config.yaml.
+  read (so a chart always carries the rules of its own release), the base config.yaml and the
+  active-check Job's config (active-check.yaml).
 """
 
 from __future__ import annotations
