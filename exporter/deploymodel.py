@@ -1,4 +1,4 @@
-"""The Kubernetes deployment as one model: the kustomize base and components under
+"""The Kubernetes deployment as one model: the kustomize base, components and active-check Job under
 deploy/kubernetes, read and patched the way kustomize does, for the generator of the Helm chart
 (exporter.helmchart) to take every object, field and value from.
 
@@ -22,6 +22,7 @@ KUSTOMIZE = share.CHECKOUT / "deploy" / "kubernetes"
 BASE = KUSTOMIZE / "base"
 COMPONENTS = KUSTOMIZE / "components"
 OVERLAYS = KUSTOMIZE / "overlays"
+ACTIVE_CHECK = KUSTOMIZE / "active-check"  # the opt-in active checks' one-node Job and its config
 NAME = "gpu-health-exporter"
 
 
@@ -41,6 +42,15 @@ def namespace() -> dict[str, Any]:
 
 def config_text() -> str:
     return (BASE / "config.yaml").read_text()
+
+
+def active_job() -> dict[str, Any]:
+    (job,) = load_all(ACTIVE_CHECK / "job.yaml")
+    return job
+
+
+def active_config_text() -> str:
+    return (ACTIVE_CHECK / "config.yaml").read_text()
 
 
 def component(name: str) -> dict[str, Any]:

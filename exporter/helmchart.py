@@ -12,9 +12,11 @@ own prose and test):
 - templates/: the DaemonSet (the base's pod spec; the kernel-log modes, the GpuHealthy condition
   and the node actions from their components' patches), its ConfigMap, the RBAC of node-condition
   and node-actions, the PodMonitor, an optional ServiceMonitor with its Service, the
-  PrometheusRules, the dashboards' and runbooks' ConfigMaps;
+  PrometheusRules, the dashboards' and runbooks' ConfigMaps, and the opt-in active checks' config and
+  Jobs, one per node in activeChecks.nodes (deploy/kubernetes/active-check's Job);
 - files/: the release's rules/*.yml, dashboards/*.json and runbooks page, which those templates
-  read (so a chart always carries the rules of its own release) and the base config.yaml.
+  read (so a chart always carries the rules of its own release), the base config.yaml and the
+  active-check Job's config (active-check.yaml).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import yaml
 
 from exporter import __version__, runbooks, share
 from exporter import deploymodel as m
+from exporter.activecheck.result import CHECKS
 from exporter.rules import DEFAULT_RUNBOOK_BASE
 
 CHART = share.CHECKOUT / "deploy" / "helm" / m.NAME
@@ -105,6 +108,7 @@ def values() -> dict[str, Any]:
         "dashboards": {"enabled": True},
         "runbooks": {"enabled": True},
         "tests": {"timeoutSeconds": 60},
+        "activeChecks": active_values(),
     }
 
 
@@ -152,6 +156,20 @@ VALUES_COMMENTS = {  # wrapped into values.yaml's comments
     "tests": (
         "`helm test`: a pod on one GPU node checks its exporter's /metrics and the node's "
         "GpuHealthy."),
+    "activeChecks": (
+        "Opt-in active checks (docs/active-checks.md): with enabled, one Job per node named in "
+        "`nodes` (node names, as `kubectl get nodes` prints them), pinned to it by name, requesting "
+        "gpusPerNode GPUs (every GPU: it waits until the node is idle) and, with efa.devices, that "
+        "many EFA devices (needed for the efa check); it writes its results where the DaemonSet exports "
+        "them. A Job is named by node and by everything it runs: change runId to run the same nodes "
+        "again; drop a node from `nodes` and its Job goes. The exporter image (image.repository "
+        "empty) has only the nvml check's needs: dcgm, nccl and efa are skipped unless `image` has "
+        "dcgmi, all_reduce_perf and fi_info. budgetSeconds is the `active` command's budget; the Job's "
+        "activeDeadlineSeconds is a minute more, counted from the Job's creation (a node still busy "
+        "then fails the Job unrun). config merges over the Job's config file "
+        "(deploy/kubernetes/active-check/config.yaml). ttlSecondsAfterFinished: null keeps finished "
+        "Jobs (helm owns them: a TTL-deleted Job listed in `nodes` is created again by the next "
+        "upgrade)."),
 }
 
 
@@ -181,6 +199,8 @@ _AUTO = {"enum": ["auto", True, False]}
 _DURATION = {"type": "string", "pattern": r"^([0-9]+(ms|s|m|h))+$"}
 _QUANTITY = {"anyOf": [{"type": "string", "pattern": r"^[0-9.]+(m|[KMGTPE]i?|[eE][0-9]+)?$"},
                        {"type": "number"}]}
+_DIGEST = {"type": "string", "pattern": r"^(sha256:[0-9a-f]{64})?$"}
+_PULL = {"enum": ["Always", "IfNotPresent", "Never"]}
 _TOLERATION = _obj({"key": _STR, "operator": {"enum": ["Exists", "Equal"]}, "value": _STR,
                     "effect": {"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute", ""]},
                     "tolerationSeconds": {"type": "integer"}})
@@ -195,8 +215,7 @@ def schema() -> dict[str, Any]:
         **_obj({
             "platform": {"enum": list(PLATFORMS)},
             "image": _obj({"repository": {"type": "string", "minLength": 1}, "tag": _STR,
-                           "digest": {"type": "string", "pattern": r"^(sha256:[0-9a-f]{64})?$"},
-                           "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}}, ("repository",)),
+                           "digest": _DIGEST, "pullPolicy": _PULL}, ("repository",)),
             "imagePullSecrets": {"type": "array", "items": _obj({"name": _STR}, ("name",))},
             "kernelLog": {"enum": list(KERNEL_LOG_MODES)},
             "nodeCondition": _obj({"enabled": _BOOL}),
@@ -224,6 +243,7 @@ def schema() -> dict[str, Any]:
             "dashboards": _obj({"enabled": _BOOL}),
             "runbooks": _obj({"enabled": _BOOL}),
             "tests": _obj({"timeoutSeconds": {"type": "integer", "minimum": 10, "maximum": 600}}),
+            "activeChecks": active_schema(res),
             # helm sets `global` for subcharts' sake: allowed, unused
             "global": _MAP,
         }),
@@ -271,6 +291,16 @@ API server serves the kind (helm template: only with --api-versions monitoring.c
 {{- if or (eq $on "true") (and (eq $on "auto") $served) -}}
 true
 {{- end -}}
+{{- end -}}
+
+{{/* A map of resource quantities, each quoted: Helm 4's server-side apply refuses a number (a
+`--set resources.requests.cpu=1`) where a quantity goes. */}}
+{{- define "ghe.quantities" -}}
+{{- $lines := list -}}
+{{- range $k, $v := . -}}
+{{- $lines = append $lines (printf "%s: %s" $k ($v | quote)) -}}
+{{- end -}}
+{{ join "\\n" $lines }}
 {{- end -}}
 
 {{- define "ghe.nodeAffinity" -}}
@@ -419,7 +449,10 @@ spec:
 {_yaml(c["securityContext"], 12)}
             {{{{- end }}}}
           resources:
-            {{{{- toYaml .Values.resources | nindent 12 }}}}
+            {{{{- range $kind, $q := .Values.resources }}}}
+            {{{{ $kind }}}}:
+              {{{{- include "ghe.quantities" $q | nindent 14 }}}}
+            {{{{- end }}}}
 {_yaml(probes, 10)}
 {vol_text}
 """
@@ -583,6 +616,204 @@ data:
 """
 
 
+# --- the opt-in active checks (deploy/kubernetes/active-check) ---------------------------------------
+GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"
+NODE_PLACEHOLDER = "NODE_NAME"  # what the kustomize Job's name and node pin carry for a node's name
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+_LABEL_VALUE = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+
+
+def _active_model() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The kustomize Job, its pod spec, its container and its config's `active` section, checked
+    for what the chart's template relies on."""
+    job = m.active_job()
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    pin = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    if pin != [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE_PLACEHOLDER]}]}]:
+        raise ValueError("deploy/kubernetes/active-check/job.yaml: the pod is not pinned by "
+                         f"metadata.name In [{NODE_PLACEHOLDER}], as exporter.helmchart expects")
+    res = c["resources"]
+    if not res["limits"].get(GPU) or res["limits"][GPU] != res["requests"].get(GPU):
+        raise ValueError(f"deploy/kubernetes/active-check/job.yaml: limits and requests of {GPU} differ")
+    active = yaml.safe_load(m.active_config_text())["active"]
+    return job, pod, c, active
+
+
+def active_values() -> dict[str, Any]:
+    _, _, c, active = _active_model()
+    res = {k: {r: q for r, q in v.items() if r != GPU} for k, v in c["resources"].items()}
+    return {
+        "enabled": False,
+        "nodes": [],
+        "runId": "1",
+        "image": {"repository": "", "tag": "", "digest": "", "pullPolicy": c["imagePullPolicy"]},
+        "checks": active["run"],
+        "budgetSeconds": active["budget_seconds"],
+        "dcgmLevel": active["dcgm_level"],
+        "gpusPerNode": int(c["resources"]["limits"][GPU]),
+        "efa": {"devices": 0, "resource": EFA},
+        "resources": res,
+        "extraTolerations": [],
+        "ttlSecondsAfterFinished": None,
+        "config": {},
+    }
+
+
+def active_schema(res: dict[str, Any]) -> dict[str, Any]:
+    return _obj({
+        "enabled": _BOOL,
+        "nodes": {"type": "array", "uniqueItems": True,
+                  "items": {"type": "string", "maxLength": 253, "pattern": _DNS_SUBDOMAIN}},
+        # --set makes `runId=2` a number: both are accepted, and quoted where rendered
+        "runId": {"anyOf": [{"type": "string", "maxLength": 63, "pattern": _LABEL_VALUE},
+                            {"type": "integer", "minimum": 0}]},
+        "image": _obj({"repository": _STR, "tag": _STR, "digest": _DIGEST, "pullPolicy": _PULL}),
+        "checks": {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"enum": list(CHECKS)}},
+        "budgetSeconds": {"type": "integer", "minimum": 1},
+        "dcgmLevel": {"enum": [1, 2, 3, 4]},
+        "gpusPerNode": {"type": "integer", "minimum": 1},
+        "efa": _obj({"devices": {"type": "integer", "minimum": 0},
+                     "resource": {"type": "string", "minLength": 1}}),
+        "resources": _obj({"requests": res, "limits": res}),
+        "extraTolerations": {"type": "array", "items": _TOLERATION},
+        "ttlSecondsAfterFinished": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]},
+        "config": _MAP,
+    })
+
+
+def active_helpers() -> str:
+    app = m.active_job()["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+    return ACTIVE_HELPERS.replace("@APP@", app)
+
+
+ACTIVE_HELPERS = """
+{{- define "ghe.activeImage" -}}
+{{- $v := .Values.activeChecks.image -}}
+{{- if not $v.repository -}}
+{{ include "ghe.image" . }}
+{{- else if $v.digest -}}
+{{ $v.repository }}@{{ $v.digest }}
+{{- else -}}
+{{ $v.repository }}:{{ $v.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{- define "ghe.activeSelectorLabels" -}}
+app.kubernetes.io/name: @APP@
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+"""
+
+
+def active_check_template() -> str:
+    job, pod, c, active = _active_model()
+    margin = job["spec"]["activeDeadlineSeconds"] - active["budget_seconds"]
+    if margin <= 0:
+        raise ValueError("deploy/kubernetes/active-check: activeDeadlineSeconds is not above "
+                         "active.budget_seconds")
+    cm = '{{ include "ghe.fullname" $ }}-active-check'
+    volumes = [{**v, "configMap": {"name": "@CM@"}} if "configMap" in v else v for v in pod["volumes"]]
+    static_pod = {k: pod[k] for k in ("automountServiceAccountToken", "enableServiceLinks",
+                                      "securityContext")}
+    # quantities quoted (ghe.quantities): server-side apply (helm 4) refuses a number for a quantity
+    resources = "\n".join(f"""            {kind}:
+              {GPU}: {{{{ $a.gpusPerNode | quote }}}}
+              {{{{- if $a.efa.devices }}}}
+              {{{{ $a.efa.resource | quote }}}}: {{{{ $a.efa.devices | quote }}}}
+              {{{{- end }}}}
+              {{{{- with $a.resources.{kind} }}}}
+              {{{{- include "ghe.quantities" . | nindent 14 }}}}
+              {{{{- end }}}}"""
+                          for kind in ("limits", "requests"))
+    return f"""{GENERATED.format(source="deploy/kubernetes/active-check")}\
+# The opt-in active checks (docs/active-checks.md; values: activeChecks): the Job's config, and one Job
+# per node in activeChecks.nodes, pinned to it by name. A Job's name hashes its node with everything it
+# runs (activeChecks, the image, the chart's version), so a changed setting or a new runId makes new Jobs
+# instead of failing the upgrade on a Job's immutable pod template.
+{{{{- $a := .Values.activeChecks }}}}
+{{{{- if $a.enabled }}}}
+{{{{- if and (has "efa" $a.checks) (not $a.efa.devices) }}}}
+{{{{- fail (print "activeChecks.checks has efa but activeChecks.efa.devices is 0: the pod sees no "
+  "EFA device it did not request") }}}}
+{{{{- end }}}}
+{{{{- if ne (toString (dig "active" "budget_seconds" "" $a.config)) "" }}}}
+{{{{- fail (print "activeChecks.config.active.budget_seconds: set activeChecks.budgetSeconds (the "
+  "Job's deadline follows it)") }}}}
+{{{{- end }}}}
+{{{{- $image := include "ghe.activeImage" . }}}}
+{{{{- $run := toJson (list (omit $a "nodes") $image .Values.imagePullSecrets .Chart.Version) }}}}
+---
+apiVersion: v1
+kind: ConfigMap
+{_meta(cm.replace("$", "."))}
+data:
+  config.yaml: |
+    {{{{- $cfg := .Files.Get "files/active-check.yaml" | fromYaml }}}}
+    {{{{- $set := dict "run" $a.checks "budget_seconds" $a.budgetSeconds "dcgm_level" $a.dcgmLevel }}}}
+    {{{{- $_ := mergeOverwrite $cfg.active $set }}}}
+    {{{{- mergeOverwrite $cfg $a.config | toYaml | nindent 4 }}}}
+{{{{- range $node := $a.nodes }}}}
+{{{{- $hash := printf "%s %s" $node $run | sha256sum | trunc 10 }}}}
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {{{{ include "ghe.fullname" $ | trunc 40 | trimSuffix "-" }}}}-active-{{{{ $hash }}}}
+  labels:
+    {{{{- include "ghe.activeSelectorLabels" $ | nindent 4 }}}}
+    app.kubernetes.io/part-of: {{{{ $.Chart.Name }}}}
+    app.kubernetes.io/managed-by: {{{{ $.Release.Service }}}}
+    helm.sh/chart: {{{{ printf "%s-%s" $.Chart.Name $.Chart.Version }}}}
+    gpu-health-exporter/active-run: {{{{ $a.runId | quote }}}}
+  annotations:
+    gpu-health-exporter/node: {{{{ $node | quote }}}}
+spec:
+{_yaml({"backoffLimit": job["spec"]["backoffLimit"]}, 2)}
+  activeDeadlineSeconds: {{{{ add $a.budgetSeconds {margin} }}}}
+  {{{{- if not (kindIs "invalid" $a.ttlSecondsAfterFinished) }}}}
+  ttlSecondsAfterFinished: {{{{ $a.ttlSecondsAfterFinished }}}}
+  {{{{- end }}}}
+  template:
+    metadata:
+      labels:
+        {{{{- include "ghe.activeSelectorLabels" $ | nindent 8 }}}}
+    spec:
+{_yaml({"restartPolicy": pod["restartPolicy"]}, 6)}
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+              - matchFields:
+                  - key: metadata.name
+                    operator: In
+                    values:
+                      - {{{{ $node | quote }}}}
+      tolerations:
+{_yaml(pod["tolerations"], 8)}
+        {{{{- with $a.extraTolerations }}}}
+        {{{{- toYaml . | nindent 8 }}}}
+        {{{{- end }}}}
+{_yaml(static_pod, 6)}
+      {{{{- with $.Values.imagePullSecrets }}}}
+      imagePullSecrets:
+        {{{{- toYaml . | nindent 8 }}}}
+      {{{{- end }}}}
+      containers:
+        - name: {c["name"]}
+          image: {{{{ $image | quote }}}}
+          imagePullPolicy: {{{{ $a.image.pullPolicy }}}}
+{_yaml({k: c[k] for k in ("args", "env", "securityContext")}, 10)}
+          resources:
+{resources}
+{_yaml({"volumeMounts": c["volumeMounts"]}, 10)}
+{_yaml({"volumes": volumes}, 6).replace("'@CM@'", cm).replace("@CM@", cm)}
+{{{{- end }}}}
+{{{{- end }}}}
+"""
+
+
 def chart_yaml() -> str:
     return GENERATED.format(source="exporter/__init__.py's version") + _yaml({
         "apiVersion": "v2",
@@ -606,7 +837,7 @@ def files(dashboards: dict[str, str]) -> dict[str, str]:
         "Chart.yaml": chart_yaml(),
         "values.yaml": values_yaml(),
         "values.schema.json": json.dumps(schema(), indent=2) + "\n",
-        "templates/_helpers.tpl": HELPERS,
+        "templates/_helpers.tpl": HELPERS + active_helpers(),
         "templates/daemonset.yaml": daemonset_template(),
         "templates/configmap.yaml": configmap_template(),
         "templates/rbac-node-condition.yaml": _rbac(
@@ -621,6 +852,8 @@ def files(dashboards: dict[str, str]) -> dict[str, str]:
         "templates/prometheusrules.yaml": PROMETHEUS_RULES,
         "templates/dashboards.yaml": DASHBOARDS,
         "templates/runbooks.yaml": RUNBOOKS,
+        "templates/active-check.yaml": active_check_template(),
+        "files/active-check.yaml": m.active_config_text(),
         "files/config.yaml": m.config_text(),
         "files/runbooks.html": runbooks.render((share.CHECKOUT / "docs" / "runbooks.md").read_text()),
     }

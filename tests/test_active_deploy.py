@@ -37,12 +37,17 @@ def test_the_job_requests_every_gpu_and_never_retries(docs):
     spec = job["spec"]
     pod = spec["template"]["spec"]
     (c,) = pod["containers"]
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == c["resources"]["requests"]["nvidia.com/gpu"] == 8
+    # a string: server-side apply refuses a bare number for a quantity
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == c["resources"]["requests"]["nvidia.com/gpu"] == "8"
     assert spec["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
     assert c["args"][0] == "active"
     cfg = yaml.safe_load(one(docs, "ConfigMap")["data"]["config.yaml"])
     assert cfg["active"]["budget_seconds"] < spec["activeDeadlineSeconds"]  # it ends on its own first
-    assert pod["nodeSelector"] == {"kubernetes.io/hostname": "NODE_NAME"}
+    # pinned by node name, as the DaemonSet controller pins (a hostname label may differ from it)
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["NODE_NAME"]}]}]
+    assert "nodeName" not in pod  # the scheduler places it: it waits until every GPU is free
     assert job["metadata"]["name"].endswith("NODE_NAME")
 
 
@@ -51,8 +56,8 @@ def test_the_job_writes_where_the_daemonset_reads_and_tolerates_its_taints(docs)
     ds = one(render(OVERLAYS[0]), "DaemonSet")["spec"]["template"]["spec"]
     state = {v["name"]: v for v in pod["volumes"]}["state"]["hostPath"]["path"]
     assert state == {v["name"]: v for v in ds["volumes"]}["state"]["hostPath"]["path"]
-    tolerates = {(t.get("key"), t.get("effect")) for t in pod["tolerations"]}
-    assert {(t.get("key"), t.get("effect")) for t in ds["tolerations"]} <= tolerates
+    assert all(t in pod["tolerations"] for t in ds["tolerations"])  # pinned: any NoSchedule taint too
+    assert {"key": "gpu-health-exporter/action-required", "operator": "Exists"} in pod["tolerations"]
     (c,) = pod["containers"]
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts["state"] == load(None).paths.state_dir

@@ -47,6 +47,19 @@ VALUE_SETS: dict[str, tuple[str, ...]] = {
                          "--set", "extraArgs[0]=--log.format=json", "--set",
                          "nodeSelection.instanceTypes={ml.p5.48xlarge}", "--set",
                          "runbooks.enabled=false", "--set", "monitoring.runbookBase=https://wiki.example/rb.html"),
+    "active-checks": ("--set", "activeChecks.enabled=true", "--set",
+                      "activeChecks.nodes={ip-10-1-2-3.us-west-2.compute.internal,hyperpod-i-0123456789abcdef0}"),
+    "active-checks-tuned": ("--set", "activeChecks.enabled=true", "--set", "activeChecks.nodes={gpu-1,gpu-2}",
+                            "--set", "activeChecks.checks={nvml,efa,dcgm,nccl}",
+                            "--set", "activeChecks.efa.devices=32",
+                            "--set", "activeChecks.gpusPerNode=4", "--set", "activeChecks.budgetSeconds=5400",
+                            "--set", "activeChecks.dcgmLevel=3", "--set", "activeChecks.runId=2026-12-07",
+                            "--set", "activeChecks.image.repository=registry.example/ghe-active",
+                            "--set", "activeChecks.image.tag=dcgm4", "--set",
+                            "activeChecks.ttlSecondsAfterFinished=3600", "--set",
+                            "activeChecks.extraTolerations[0].key=dedicated", "--set",
+                            "activeChecks.extraTolerations[0].effect=NoExecute", "--set",
+                            "activeChecks.config.active.dcgm_host=nvidia-dcgm.gpu-operator.svc:5555"),
 }
 
 
@@ -98,6 +111,11 @@ def test_validation_rejects_a_broken_render(rendered):
     (("--set", "image.digest=latest"), "digest"),
     (("--set", "resources.limits.memry=1Gi"), "memry"),
     (("--set", "tolerations[0].opertor=Exists"), "opertor"),
+    (("--set", "activeChecks.gpus=8"), "gpus"),
+    (("--set", "activeChecks.checks={nvml,dgcm}"), "checks"),
+    (("--set", "activeChecks.dcgmLevel=5"), "dcgmLevel"),
+    (("--set", "activeChecks.nodes={Node_1}"), "nodes"),
+    (("--set", "activeChecks.efa.device=32"), "device"),
 ])
 def test_the_schema_rejects_a_typo_at_install(args, where):
     r = helm.run("template", "x", str(helm.CHART), *args, check=False)
@@ -373,3 +391,145 @@ def test_the_documented_helm_installs_render():
             rendered[platform] = helm.template(*(a for v in sets for a in ("--set", v)))
     assert set(rendered) == set(helmchart.PLATFORMS)
     assert pod(rendered["eks-gpu-operator"])["runtimeClassName"] == "nvidia"
+
+
+# --- the opt-in active checks: the kustomize Job, one per node --------------------------------------------
+ACTIVE_APP = "gpu-health-active-check"
+
+
+def jobs(docs: list[dict]) -> list[dict]:
+    return by_kind(docs, "Job")
+
+
+def active_config(docs: list[dict]) -> dict:
+    (cm,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-active-check")]
+    return yaml.safe_load(cm["data"]["config.yaml"])
+
+
+def pinned_to(job: dict) -> str:
+    terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    ((expr,),) = [t["matchFields"] for t in terms]
+    assert expr["key"] == "metadata.name" and expr["operator"] == "In"
+    (node,) = expr["values"]
+    return node
+
+
+def test_active_checks_are_off_by_default(rendered):
+    for name in VALUE_SETS:
+        if not name.startswith("active-checks"):
+            assert not jobs(rendered[name])
+            assert not [d for d in by_kind(rendered[name], "ConfigMap")
+                        if d["metadata"]["name"].endswith("-active-check")]
+    # on with no node: the config, no Job (nothing runs until a node is named)
+    docs = helm.template("--set", "activeChecks.enabled=true")
+    assert not jobs(docs) and active_config(docs)["active"]["run"]
+
+
+def test_the_charts_active_check_is_the_kustomize_job():
+    """One model: with the kustomize Job's TTL and its node, the chart renders
+    deploy/kubernetes/active-check's Job and config, field for field but the names and the labels each
+    tool adds."""
+    kust = render(ROOT / "deploy" / "kubernetes" / "active-check")
+    (kjob,) = jobs(json.loads(json.dumps(kust).replace("NODE_NAME", "node-1")))  # the sed docs say
+    (kcm,) = by_kind(kust, "ConfigMap")
+    ttl = kjob["spec"]["ttlSecondsAfterFinished"]
+    docs = helm.template("--set", "activeChecks.enabled=true", "--set", "activeChecks.nodes={node-1}",
+                         "--set", f"activeChecks.ttlSecondsAfterFinished={ttl}")
+    (job,) = jobs(docs)
+    assert active_config(docs) == yaml.safe_load(kcm["data"]["config.yaml"])
+
+    def normal(j: dict) -> dict:
+        spec = json.loads(json.dumps(j["spec"]))
+        labels = spec["template"].pop("metadata")["labels"]
+        assert labels["app.kubernetes.io/name"] == ACTIVE_APP
+        for v in spec["template"]["spec"]["volumes"]:
+            if "configMap" in v:
+                v["configMap"]["name"] = "config"
+        return spec
+
+    assert normal(job) == normal(kjob)
+    assert job["metadata"]["labels"]["app.kubernetes.io/name"] == ACTIVE_APP
+    assert kjob["metadata"]["labels"]["app.kubernetes.io/name"] == ACTIVE_APP
+
+
+def test_one_job_per_named_node_pinned_by_name(rendered):
+    nodes = ["ip-10-1-2-3.us-west-2.compute.internal", "hyperpod-i-0123456789abcdef0"]
+    js = jobs(rendered["active-checks"])
+    assert [pinned_to(j) for j in js] == nodes
+    assert [j["metadata"]["annotations"]["gpu-health-exporter/node"] for j in js] == nodes
+    assert len({j["metadata"]["name"] for j in js}) == 2 and all(len(j["metadata"]["name"]) <= 63 for j in js)
+    ds_state = {v["name"]: v for v in pod(rendered["active-checks"])["volumes"]}["state"]
+    for j in js:
+        spec, p = j["spec"], j["spec"]["template"]["spec"]
+        assert "nodeName" not in p and "nodeSelector" not in p  # the scheduler waits for free GPUs
+        assert spec["backoffLimit"] == 0 and p["restartPolicy"] == "Never"
+        assert "ttlSecondsAfterFinished" not in spec  # helm owns them: no TTL to re-create them on upgrade
+        assert {v["name"]: v for v in p["volumes"]}["state"] == ds_state
+        (c,) = p["containers"]
+        assert c["image"] == container(rendered["default"])["image"]  # the exporter's: nvml only
+        res = c["resources"]
+        assert res["limits"]["nvidia.com/gpu"] == res["requests"]["nvidia.com/gpu"] == "8"  # quoted: SSA
+        assert "vpc.amazonaws.com/efa" not in c["resources"]["limits"]
+        # its pods are not the DaemonSet's (its PodMonitor and selector never take them)
+        assert j["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == ACTIVE_APP
+    cfg = active_config(rendered["active-checks"])["active"]
+    assert cfg["budget_seconds"] < js[0]["spec"]["activeDeadlineSeconds"]
+
+
+def test_active_check_values(rendered, tmp_path):
+    from exporter.config import load
+
+    docs = rendered["active-checks-tuned"]
+    js = jobs(docs)
+    assert [pinned_to(j) for j in js] == ["gpu-1", "gpu-2"]
+    for j in js:
+        p = j["spec"]["template"]["spec"]
+        (c,) = p["containers"]
+        for kind in ("limits", "requests"):
+            assert c["resources"][kind]["nvidia.com/gpu"] == "4"
+            assert c["resources"][kind]["vpc.amazonaws.com/efa"] == "32"
+        assert c["image"] == "registry.example/ghe-active:dcgm4"
+        assert j["spec"]["ttlSecondsAfterFinished"] == 3600
+        assert j["spec"]["activeDeadlineSeconds"] == 5400 + 60
+        assert {"key": "dedicated", "effect": "NoExecute"} in p["tolerations"]
+        assert j["metadata"]["labels"]["gpu-health-exporter/active-run"] == "2026-12-07"
+    f = tmp_path / "config.yaml"
+    f.write_text(yaml.safe_dump(active_config(docs)))
+    cfg = load(f).active
+    assert (cfg.run, cfg.budget_seconds, cfg.dcgm_level) == (["nvml", "efa", "dcgm", "nccl"], 5400, 3)
+    assert cfg.dcgm_host == "nvidia-dcgm.gpu-operator.svc:5555"
+
+
+def test_a_jobs_name_follows_its_node_and_what_it_runs():
+    """A Job's pod template is immutable: a changed setting or run must make a new Job, not fail the
+    upgrade; a node added to the list leaves the others' Jobs as they are."""
+    def names(*sets: str) -> dict[str, str]:
+        docs = helm.template("--set", "activeChecks.enabled=true", *(a for s in sets for a in ("--set", s)))
+        return {pinned_to(j): j["metadata"]["name"] for j in jobs(docs)}
+
+    base = names("activeChecks.nodes={a,b}")
+    assert names("activeChecks.nodes={a,b,c}").items() >= base.items()
+    for change in ("activeChecks.runId=2", "activeChecks.dcgmLevel=4", "image.tag=0.2.0",
+                   "activeChecks.gpusPerNode=4"):
+        assert not set(names("activeChecks.nodes={a,b}", change).values()) & set(base.values()), change
+
+
+@pytest.mark.parametrize("sets, why", [
+    (("activeChecks.checks={nvml,efa}",), "efa.devices"),
+    (("activeChecks.config.active.budget_seconds=60",), "budgetSeconds"),
+])
+def test_active_check_settings_that_cannot_work_are_refused(sets, why):
+    args = ("--set", "activeChecks.enabled=true", *(a for s in sets for a in ("--set", s)))
+    r = helm.run("template", "x", str(helm.CHART), *args, check=False)
+    assert r.returncode != 0 and why in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("case", [c for c in NODES if c["expect"]],
+                         ids=lambda c: c["node"]["metadata"]["name"])
+def test_an_active_check_job_lands_on_every_gpu_node_the_daemonset_does(rendered, case):
+    """Named, a GPU node gets its Job whatever its NoSchedule taints, fenced by HyperPod or by our taint
+    (a Job is no DaemonSet pod: none of the DaemonSet controller's own tolerations)."""
+    taints = (case["node"].get("spec") or {}).get("taints") or []
+    for j in jobs(rendered["active-checks"]):
+        assert not untolerated(j["spec"]["template"]["spec"], taints, daemonset=False)

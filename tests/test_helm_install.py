@@ -252,3 +252,44 @@ def test_with_nothing_scraping_a_lost_gpu_reaches_the_node_within_seconds(api, p
         assert value(requests.get(ex.metrics, timeout=30).text, "gpu_health_exporter_scrapes_total") == 1
     finally:
         ex.stop()
+
+
+def active_jobs(api: ApiServer) -> dict[str, str]:
+    """The release's active-check Jobs: node -> Job name."""
+    out = api.kubectl("get", "jobs", "-n", helm.NAMESPACE, "-o", "json",
+                      "-l", "app.kubernetes.io/name=gpu-health-active-check").stdout
+    return {j["metadata"]["annotations"]["gpu-health-exporter/node"]: j["metadata"]["name"]
+            for j in json.loads(out)["items"]}
+
+
+def test_active_check_jobs_come_go_and_change_without_an_immutable_field_error(api, helm_):
+    """A Job's pod template is immutable: the chart names each Job by its node and what it runs, so an
+    upgrade that changes a setting or the run id replaces the Jobs instead of failing, a node added
+    leaves the others' Jobs, and turning the checks off removes them (no controller runs here: the
+    Jobs are objects only)."""
+    h = helm_
+    h.install("activeChecks.enabled=true", "activeChecks.nodes={gpu-a,gpu-b}")
+    first = active_jobs(api)
+    assert set(first) == {"gpu-a", "gpu-b"} and exists(api, "configmap", f"{helm.RELEASE}-active-check")
+    h.install("activeChecks.enabled=true", "activeChecks.nodes={gpu-a,gpu-b,gpu-c}")
+    added = active_jobs(api)
+    assert set(added) == {"gpu-a", "gpu-b", "gpu-c"} and added.items() >= first.items()
+    for change in ("activeChecks.runId=2", "activeChecks.dcgmLevel=3"):
+        h.install("activeChecks.enabled=true", "activeChecks.nodes={gpu-a,gpu-c}", change)
+        now = active_jobs(api)
+        assert set(now) == {"gpu-a", "gpu-c"} and not set(now.values()) & set(added.values()), change
+        added = now
+    h.install("activeChecks.enabled=false")
+    assert not active_jobs(api) and not exists(api, "configmap", f"{helm.RELEASE}-active-check")
+
+
+def test_a_number_given_for_a_quantity_installs(api, helm_):
+    """`--set resources.requests.cpu=1` is a number to helm; Helm 4's server-side apply refuses a number
+    where a quantity goes, so the chart quotes every quantity it renders."""
+    helm_.install("resources.requests.cpu=1", "resources.limits.cpu=2", "activeChecks.enabled=true",
+                  "activeChecks.nodes={gpu-a}", "activeChecks.resources.requests.cpu=2")
+    ds = json.loads(api.kubectl("get", "daemonset", helm.RELEASE, "-n", helm.NAMESPACE, "-o", "json").stdout)
+    assert ds["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "1"
+    (job,) = active_jobs(api).values()
+    out = json.loads(api.kubectl("get", "job", job, "-n", helm.NAMESPACE, "-o", "json").stdout)
+    assert out["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "2"

@@ -39,6 +39,16 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* A map of resource quantities, each quoted: Helm 4's server-side apply refuses a number (a
+`--set resources.requests.cpu=1`) where a quantity goes. */}}
+{{- define "ghe.quantities" -}}
+{{- $lines := list -}}
+{{- range $k, $v := . -}}
+{{- $lines = append $lines (printf "%s: %s" $k ($v | quote)) -}}
+{{- end -}}
+{{ join "\n" $lines }}
+{{- end -}}
+
 {{- define "ghe.nodeAffinity" -}}
 {{- $s := .Values.nodeSelection -}}
 {{- if not (or $s.instanceTypes $s.labels) -}}
@@ -61,4 +71,20 @@ nodeAffinity:
             values:
               {{- toYaml .values | nindent 14 }}
       {{- end }}
+{{- end -}}
+
+{{- define "ghe.activeImage" -}}
+{{- $v := .Values.activeChecks.image -}}
+{{- if not $v.repository -}}
+{{ include "ghe.image" . }}
+{{- else if $v.digest -}}
+{{ $v.repository }}@{{ $v.digest }}
+{{- else -}}
+{{ $v.repository }}:{{ $v.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{- define "ghe.activeSelectorLabels" -}}
+app.kubernetes.io/name: gpu-health-active-check
+app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
