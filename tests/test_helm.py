@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from exporter import __version__, helmchart
+from exporter.activecheck.settings import ActiveSection
 from exporter.deploygen import dashboard_sources
 from exporter.deploymodel import overlay_components
 from exporter.rules import DEFAULT_RUNBOOK_BASE
@@ -496,7 +497,7 @@ def test_active_check_values(rendered, tmp_path):
         assert j["metadata"]["labels"]["gpu-health-exporter/active-run"] == "2026-12-07"
     f = tmp_path / "config.yaml"
     f.write_text(yaml.safe_dump(active_config(docs)))
-    cfg = load(f).active
+    cfg = load(f).section(ActiveSection)
     assert (cfg.run, cfg.budget_seconds, cfg.dcgm_level) == (["nvml", "efa", "dcgm", "nccl"], 5400, 3)
     assert cfg.dcgm_host == "nvidia-dcgm.gpu-operator.svc:5555"
 
