@@ -45,6 +45,7 @@ class Suite:
         self.budget_s = cfg.budget_seconds if budget_s is None else budget_s
         self.clock = clock
         self.start = clock()
+        self.spent = False  # a check was cut at the end of the budget (what is left is its kill's grace)
 
     def left(self) -> float:
         return self.budget_s - (self.clock() - self.start)
@@ -53,7 +54,7 @@ class Suite:
         out = []
         for check in checks:
             started = time.time()
-            if self.left() < max(self.cfg.min_start_seconds, 1e-3):
+            if self.spent or self.left() < max(self.cfg.min_start_seconds, 1e-3):
                 out.append(CheckResult(check, "skip", f"not started: the budget of {self.budget_s:g}s was "
                                        "spent", started_at=started, finished_at=started))
                 continue
@@ -69,18 +70,30 @@ class Suite:
             out.append(r)
         return out
 
+    def limits(self, deadline_s: float) -> tuple[float, float]:
+        """(how long a tool may run, the grace between its SIGTERM and SIGKILL): the deadline,
+        unless the budget ends first; then the kill and its grace come out of what is left, so
+        a tool ignoring SIGTERM cannot take the suite past its budget."""
+        left = self.left()
+        grace = min(tool.KILL_GRACE_S, left / 10)
+        reserve = grace + tool.REAP_WAIT_S + tool.EXIT_EOF_WAIT_S
+        if deadline_s + reserve <= left:
+            return deadline_s, grace
+        return max(0.0, left - reserve), grace
+
     def _tool(self, check: str, argv: list[str], deadline_s: float) -> tool.ToolRun | CheckResult:
         """Run a tool for at most min(its deadline, the budget left); the CheckResult to record
         instead when it is missing, could not start, or timed out."""
         path = tool.find(argv[0])
         if path is None:
             return CheckResult(check, "skip", f"{argv[0]} not found: check not run")
-        limit = min(deadline_s, self.left())
-        run = tool.run([path, *argv[1:]], limit)
+        limit, grace = self.limits(deadline_s)
+        run = tool.run([path, *argv[1:]], limit, grace_s=grace)
         if run.error:
             return CheckResult(check, "error", run.error, tool=argv[0])
         if run.timed_out:
-            why = "its deadline" if limit >= deadline_s else "the rest of the budget"
+            self.spent = limit < deadline_s
+            why = "the rest of the budget" if self.spent else "its deadline"
             return CheckResult(check, "timeout", f"{argv[0]} killed after {limit:.0f}s ({why}): it hung or "
                                "ran too long", tool=argv[0], output_tail=run.tail())
         return run
@@ -162,13 +175,22 @@ class Suite:
         base = [path, "-p", "efa", "-e", "rdm"]
         server = subprocess.Popen(base, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = self.cfg.efa_deadline_seconds
+        limit, grace = self.limits(deadline + tool.REAP_WAIT_S)  # and the server's reaping
+        limit = min(limit, deadline)
         try:
-            run = tool.run([*base, "localhost"], min(self.cfg.efa_deadline_seconds, self.left()))
+            run = tool.run([*base, "localhost"], limit, grace_s=grace)
         finally:
-            tool.kill_group(server)
+            tool.kill_group(server, grace_s=0.0)  # a server has nothing to finish
         if run.exit_code == 0:
             return None
-        why = "timed out" if run.timed_out else run.error or f"exited {run.exit_code}"
+        self.spent = run.timed_out and limit < deadline
+        if run.error or self.spent:  # the tool's fault or the budget's, not EFA's
+            why = run.error or f"cut after {limit:.0f}s: the rest of the budget"
+            return CheckResult("efa", "error" if run.error else "timeout",
+                               f"EFA loopback (fi_pingpong): {why}", tool="fi_pingpong",
+                               output_tail=run.tail())
+        why = "timed out" if run.timed_out else f"exited {run.exit_code}"
         return CheckResult("efa", "fail", f"EFA loopback (fi_pingpong) {why}", exit_code=run.exit_code,
                            tool="fi_pingpong", findings=[Finding("", "loopback", "fail")],
                            output_tail=run.tail())

@@ -1,0 +1,175 @@
+"""Fake tools that misbehave as real ones do, against the runner (exporter.activecheck.tool) and
+the suite: a tool that ignores SIGTERM, one whose child leaves its process group and keeps the
+output pipe open (after the tool exited, or while it hangs), one that floods its output, one that
+writes only to stderr. The budget holds, the memory stays bounded, nothing is left waiting on a
+pipe, and a tool that exited is judged by its exit status and output even when a child of it
+still holds the pipe. (Written by the issue-47 verifier, independently of test_active_checks.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter.activecheck import result, tool
+from exporter.activecheck.suite import Node, Suite
+from exporter.config import load
+from exporter.nvml.fake import FakeBackend, load_capture
+from exporter.nvml.session import NvmlSession
+from exporter.profiles import PROFILES
+from exporter.simulate.nvml_synth import node_capture
+from tests.helpers import FIXTURES, test_pool, wait_for
+
+DIAG = FIXTURES / "diag"
+PASS_JSON = DIAG / "dcgm4-diag-r3-pass-h100x8-assembled.json"
+# Slack over a bound for a busy machine: the bounds tested are seconds, the defects tens of seconds.
+SLACK_S = 4.0
+
+
+def script(bin_dir: Path, name: str, body: str) -> Path:
+    bin_dir.mkdir(exist_ok=True)
+    p = bin_dir / name
+    p.write_text("#!/bin/sh\n" + body + "\n")
+    p.chmod(0o755)
+    return p
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def escapees():
+    """Pids of children that left the tool's process group (setsid): the runner cannot kill them,
+    the test does."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def setsid_child(pid_file: Path) -> str:
+    """A grandchild in its own session holding the inherited stdout for 300 s."""
+    return f'setsid sh -c \'echo $$ > "{pid_file}"; exec sleep 300\' &\n' \
+           f'while [ ! -s "{pid_file}" ]; do sleep 0.05; done\n'
+
+
+def test_a_tool_ignoring_sigterm_is_killed_within_its_limit_and_grace(tmp_path):
+    t = script(tmp_path, "t", "trap '' TERM\necho started\nwhile :; do sleep 1; done")
+    start = time.monotonic()
+    r = tool.run([str(t)], 1.0, grace_s=1.0)
+    assert r.timed_out and r.exit_code is None
+    assert "started" in r.output
+    assert time.monotonic() - start < 2.0 + SLACK_S
+
+
+def test_a_child_holding_the_pipe_after_the_tool_exited_keeps_its_exit_status(tmp_path, escapees):
+    pid_file = tmp_path / "child.pid"
+    t = script(tmp_path, "dcgmi", setsid_child(pid_file) + f'cat "{PASS_JSON}"\nexit 226')
+    start = time.monotonic()
+    r = tool.run([str(t)], 30.0, grace_s=1.0)
+    escapees.append(int(pid_file.read_text()))
+    assert (r.timed_out, r.exit_code) == (False, 226)
+    assert '"DCGM Diagnostic"' in r.output
+    assert time.monotonic() - start < 30.0  # not held to the deadline by the child's open pipe
+
+
+def test_a_hung_tool_whose_child_left_its_group_returns_at_its_limit(tmp_path, escapees):
+    pid_file = tmp_path / "child.pid"
+    t = script(tmp_path, "t", setsid_child(pid_file) + "echo partial\nexec sleep 300")
+    start = time.monotonic()
+    r = tool.run([str(t)], 1.0, grace_s=1.0)
+    escapees.append(int(pid_file.read_text()))
+    assert r.timed_out and "partial" in r.output  # what it printed before it hung is kept
+    assert time.monotonic() - start < 2.0 + SLACK_S
+
+
+def test_children_left_in_the_group_after_the_tool_exited_are_ended(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    t = script(tmp_path, "t", f'sleep 300 &\necho $! > "{pid_file}"\necho done\nexit 0')
+    r = tool.run([str(t)], 30.0, grace_s=1.0)
+    assert (r.timed_out, r.exit_code) == (False, 0) and "done" in r.output
+    child = int(pid_file.read_text())
+    wait_for(lambda: not alive(child), what=f"the tool's leftover child {child} to be ended")
+
+
+def test_a_flood_of_output_is_kept_bounded(tmp_path):
+    """`yes` writes gigabytes a minute: only the start and the end are kept, and the runner's
+    memory does not grow with it (checked in a child process, by its peak RSS)."""
+    import subprocess
+    import sys
+
+    code = ("import resource, sys; from exporter.activecheck import tool\n"
+            "r = tool.run(['yes', 'x' * 200], 3.0, grace_s=0.5)\n"
+            "assert r.timed_out, r\n"
+            "print(len(r.output), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr
+    kept, rss_kib = map(int, out.stdout.split())
+    assert kept <= tool.MAX_OUTPUT_BYTES + 100
+    assert rss_kib < 200 * 1024, f"peak RSS {rss_kib} KiB"
+
+
+def test_stderr_is_read_with_stdout(tmp_path):
+    t = script(tmp_path, "dcgmi", "echo 'Error: unable to establish a connection to the specified host: "
+               "localhost' >&2\nexit 235")
+    r = tool.run([str(t)], 10.0)
+    assert r.exit_code == 235 and "unable to establish" in r.output
+
+
+@pytest.fixture
+def session():
+    return NvmlSession(FakeBackend(node_capture(PROFILES["p5.48xlarge"], load_capture())), pool=test_pool())
+
+
+def suite(tmp_path, session, budget, efa=32, **cfg):
+    overrides = {"paths.state_dir": str(tmp_path / "state"), **{f"active.{k}": v for k, v in cfg.items()}}
+    return Suite(load(None, overrides).active, Node("p5.48xlarge", 8, efa, session, test_pool()),
+                 str(tmp_path / "state"), budget)
+
+
+@pytest.mark.parametrize("check", ["dcgm", "nccl", "efa"])
+def test_the_budget_holds_against_a_tool_that_ignores_sigterm(tmp_path, session, monkeypatch, check,
+                                                               escapees):
+    """Budget 3 s, the tools' deadlines far past it, each tool ignoring SIGTERM and leaving a
+    grandchild outside its group holding the pipe: the suite ends within the budget (the kill's
+    grace is taken from it), reports `timeout`, and starts nothing after."""
+    bin_dir = tmp_path / "bin"
+    pid_file = tmp_path / "child.pid"
+    body = "trap '' TERM\n" + setsid_child(pid_file) + "while :; do sleep 1; done"
+    for name in ("dcgmi", "all_reduce_perf", "fi_info"):
+        script(bin_dir, name, body)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    start = time.monotonic()
+    rs = suite(tmp_path, session, 3.0).run([check, "nvml"])
+    took = time.monotonic() - start
+    if pid_file.exists():
+        escapees.append(int(pid_file.read_text()))
+    assert [r.result for r in rs] == ["timeout", "skip"], [r.reason for r in rs]
+    assert took < 3.0 + SLACK_S
+    assert result.read(tmp_path / "state", check).result == "timeout"
+
+
+def test_a_loopback_cut_by_the_budget_is_a_timeout_never_an_efa_failure(tmp_path, session, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    script(bin_dir, "fi_info", f'cat "{DIAG / "fi_info-efa-p4d-4dev.txt"}"')
+    script(bin_dir, "fi_pingpong", "exec sleep 300")  # server and client both wait forever
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    start = time.monotonic()
+    [r] = suite(tmp_path, session, 3.0, efa=4).run(["efa"])
+    assert r.result == "timeout" and "budget" in r.reason, r.reason
+    assert time.monotonic() - start < 3.0 + SLACK_S
