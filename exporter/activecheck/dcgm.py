@@ -8,7 +8,7 @@ DCGM 3.x: top key "DCGM GPU Diagnostic", display names ("Persistence Mode"), res
 {"iterations": [...]}. Text may precede the JSON, so the first `{` starts it. (Sources:
 NVIDIA/DCGM dcgmi/Diag.cpp at 72fa3fe; facebookresearch/gcm#38; tests/fixtures/diag/SOURCES.md.)
 
-Status strings are Pass, Fail, Warn, Skip, Not Run (any case). Exit codes: 0 OK, 226 a test
+Status strings are Pass, Fail, Warn, Skip, Not Run (any case; 3.x also SKIPPED). Exit codes: 0 OK, 226 a test
 failed, 205 an error of ISOLATE priority, 203 NVVS killed, 235 no host engine. The JSON is
 trusted over the exit code (205 comes with all-Pass JSON in gcm's fixtures): 235 is `skip` (no
 host engine: never a failure), output that is not a diagnostic is `error` (a tool problem,
@@ -27,7 +27,9 @@ EXIT_OK, EXIT_ISOLATE, EXIT_NVVS_KILLED, EXIT_TEST_FAILED, EXIT_NO_HOST_ENGINE =
 # 5 CONFIG, 6 RESET. (awsome's parse-dcgm-results.py reads 3 as ISOLATE: that is its own scale.)
 SEVERITY_ISOLATE = 2
 TOP_KEYS = ("DCGM Diagnostic", "DCGM GPU Diagnostic")
-STATUS = {"pass": "pass", "fail": "fail", "warn": "warn", "skip": "skip", "not run": "skip"}
+# NVVS 3.x's JSON comment (nvvs/include/NvvsCommon.h) lists PASS|FAIL|WARN|SKIPPED
+STATUS = {"pass": "pass", "fail": "fail", "warn": "warn", "skip": "skip", "skipped": "skip",
+          "not run": "skip"}
 LEVELS = {"quick": 1, "short": 1, "medium": 2, "long": 3, "xlong": 4}
 
 

@@ -1,0 +1,80 @@
+"""Real tool outputs the first fixtures did not have (tests/fixtures/diag/SOURCES.md, "verifier"
+rows), each parsed and judged as the `active` command would, plus the constructed variants that
+exercise one documented format detail each. (Issue 47, independent verification.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.activecheck import dcgm, nccl
+from tests.helpers import FIXTURES
+
+DIAG = FIXTURES / "diag"
+GiB = 1 << 30
+
+
+def text(name: str) -> str:
+    return (DIAG / name).read_text()
+
+
+def expect(value: float | None):
+    return lambda nodes: value
+
+
+def test_dcgm31_real_output_with_leading_text_null_tests_and_gpu_ids_of_both_kinds():
+    """NVIDIA/DCGM's own "Deserialize real output" case: a warning line before the JSON, `null`
+    entries between tests, PASS in capitals, gpu_ids as "0,...,7" and as integers."""
+    findings, version, runtime_error = dcgm.parse(text("dcgm3.1-diag-pass-8gpu-leading-warning-nulls.json"))
+    assert (version, runtime_error) == ("3.1.0", "")
+    assert {f.gpu for f in findings} == {str(i) for i in range(8)}
+    assert len(findings) == 9 * 8 + 8  # nine Deployment tests on every GPU, and software per GPU
+    res, _, _, _ = dcgm.judge(text("dcgm3.1-diag-pass-8gpu-leading-warning-nulls.json"), 0)
+    assert res == "pass"
+
+
+def test_dcgm3_skipped_status_is_a_skip_not_dropped():
+    """NVVS 3.x writes PASS|FAIL|WARN|SKIPPED (nvvs/include/NvvsCommon.h): a test every GPU
+    skipped is a skip, not a document with no result."""
+    doc = text("dcgm3.1-diag-pass-8gpu-leading-warning-nulls.json").replace('"PASS"', '"SKIPPED"')
+    findings, _, _ = dcgm.parse(doc)
+    assert findings and {f.status for f in findings} == {"skip"}
+
+
+@pytest.mark.parametrize(("name", "size", "busbw", "hosts"), [
+    ("nccl-tests-allreduce-a100x8-single-node-10g-mpirun-oci.txt", 10 * GiB, 232.20, 1),
+    ("nccl-tests-allreduce-a100x8-2node-10g-mpirun-oci.txt", 10 * GiB, 191.76, 2),  # an mpirun line first
+    ("nccl-tests-2.17.6-allreduce-b200-2node-mpirun-dstack.txt", 2 * GiB, 702.91, None),  # no rank lines
+    ("nccl-tests-2.18.3-allreduce-gh200x4-2node-srun-nris.txt", 128 << 20, 107.63, 2),  # int8
+    ("nccl-tests-allreduce-rtx5090-1gpu-issue287.txt", 128 << 20, 0.0, 1),  # one GPU: busbw 0, %.2f wide
+    ("nccl-tests-allreduce-a100x8-no-check-c0-constructed.txt", 10 * GiB, 232.20, 1),  # #wrong N/A
+    ("nccl-tests-allreduce-a100x8-benign-warn-constructed.txt", 10 * GiB, 232.20, 1),
+])
+def test_nccl_real_runs_pass_at_their_largest_size(name, size, busbw, hosts):
+    seen: list[int | None] = []
+    r = nccl.judge(text(name), 0, size, lambda n: seen.append(n) or None, 0.9)
+    assert r.result == "pass", r.reason
+    assert r.measurements["bus_bandwidth_bytes_per_second"] == pytest.approx(busbw * 1e9)
+    assert seen == [hosts]
+
+
+def test_nccl_real_runs_under_the_expected_value_are_a_bandwidth_failure():
+    """191.8 GB/s on 2 x A100 against 400 expected: bandwidth, degraded (never a wrong-value
+    failure)."""
+    out = text("nccl-tests-allreduce-a100x8-2node-10g-mpirun-oci.txt")
+    r = nccl.judge(out, 0, 10 * GiB, expect(400.0), 0.9)
+    assert r.result == "fail" and [f.test for f in r.findings] == [nccl.BANDWIDTH]
+
+
+@pytest.mark.parametrize("name", ["nccl-tests-allreduce-rtx5090x2-nccl-failure-issue287.txt",
+                                  "nccl-tests-allreduce-rtx5090x2-debug-info-warn-issue287.txt"])
+def test_nccl_real_failed_collective_is_a_collective_failure(name):
+    """NVIDIA/nccl-tests#287: the table header, then `Test NCCL failure ... 'unhandled cuda
+    error'` (with NCCL_DEBUG=INFO, NCCL WARN lines, some benign, interleaved)."""
+    r = nccl.judge(text(name), 3, 128 << 20, expect(10.0), 0.9)
+    assert r.result == "fail" and [f.test for f in r.findings] == [nccl.COLLECTIVE]
+    assert "unhandled cuda error" in r.reason
+
+
+def test_nccl_no_check_run_is_not_judged_for_wrong_values():
+    rep = nccl.parse(text("nccl-tests-allreduce-a100x8-no-check-c0-constructed.txt"))
+    assert [r.wrong for r in rep.rows] == [None] and rep.out_of_bounds is None
