@@ -173,3 +173,36 @@ def test_a_loopback_cut_by_the_budget_is_a_timeout_never_an_efa_failure(tmp_path
     [r] = suite(tmp_path, session, 3.0, efa=4).run(["efa"])
     assert r.result == "timeout" and "budget" in r.reason, r.reason
     assert time.monotonic() - start < 3.0 + SLACK_S
+
+
+@pytest.mark.parametrize(("code", "output"), [
+    (226, "Error: the diagnostic failed; see the log\n"),  # a failed test, the JSON lost (no -j output)
+    (205, ""),  # an error of ISOLATE priority, nothing printed
+])
+def test_dcgmi_failure_exit_without_json_is_a_failure_that_names_no_gpu(tmp_path, session, monkeypatch,
+                                                                        code, output):
+    """dcgmi's own exit status says a test failed (226) or a GPU is to be isolated (205): a
+    failure, kept at `degraded` (no category, no GPU to replace), never `error` nor `pass`."""
+    from exporter.activecheck import findings
+
+    bin_dir = tmp_path / "bin"
+    script(bin_dir, "dcgmi", f"printf '{output}'\nexit {code}")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    [r] = suite(tmp_path, session, 60.0).run(["dcgm"])
+    assert (r.result, r.exit_code) == ("fail", code), r.reason
+    assert str(code) in r.reason
+    assert findings.level(findings.reasons([r], time.time())) == "degraded"
+
+
+def test_nccl_exit_7_under_nccl_tests_min_bw_is_a_bandwidth_failure(tmp_path, session, monkeypatch):
+    """nccl-tests exits 7 and prints FAILED on the average line when NCCL_TESTS_MIN_BW is set and
+    not reached (src/common.cu): bandwidth, degraded, never `error`."""
+    src = (DIAG / "nccl-tests-allreduce-p5-awsbatch-aws.txt").read_text()
+    failed = tmp_path / "failed.txt"
+    failed.write_text(src.replace("Avg bus bandwidth    : 156.742", "Avg bus bandwidth    : 156.742 FAILED"))
+    assert "FAILED" in failed.read_text()
+    bin_dir = tmp_path / "bin"
+    script(bin_dir, "all_reduce_perf", f'cat "{failed}"\nexit 7')
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    [r] = suite(tmp_path, session, 60.0).run(["nccl"])
+    assert r.result == "fail" and [f.test for f in r.findings] == ["bus_bandwidth"], r.reason

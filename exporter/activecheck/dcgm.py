@@ -12,7 +12,8 @@ Status strings are Pass, Fail, Warn, Skip, Not Run (any case; 3.x also SKIPPED).
 failed, 205 an error of ISOLATE priority, 203 NVVS killed, 235 no host engine. The JSON is
 trusted over the exit code (205 comes with all-Pass JSON in gcm's fixtures): 235 is `skip` (no
 host engine: never a failure), output that is not a diagnostic is `error` (a tool problem,
-never a node fault).
+never a node fault) unless dcgmi exited 226 or 205: then it is a failure naming no GPU
+(degraded: no category says more).
 """
 
 from __future__ import annotations
@@ -149,6 +150,12 @@ def judge(output: str, exit_code: int | None) -> tuple[str, str, list[Finding], 
     try:
         findings, version, runtime_error = parse(output)
     except NotDiagnostic as e:
+        if exit_code in (EXIT_TEST_FAILED, EXIT_ISOLATE):
+            # dcgmi's status says a test failed, and no JSON says which: a node failure with no
+            # category and no GPU, so degraded (never replace on an exit status alone)
+            what = "a GPU is to be isolated" if exit_code == EXIT_ISOLATE else "a test failed"
+            return ("fail", f"dcgmi exited {exit_code} ({what}) and its output holds no diagnostic to say "
+                    "which", [Finding("", "diag", "fail")], "")
         if exit_code == EXIT_NVVS_KILLED:
             return "error", "the diagnostic (NVVS) was killed (dcgmi exit 203)", [], ""
         return "error", f"{e} (exit {exit_code})", [], ""

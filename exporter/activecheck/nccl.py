@@ -141,6 +141,10 @@ def judge(text: str, exit_code: int | None, size: int, expected: Callable[[int |
     if nodes:
         meas["nodes"] = float(nodes)
     on = f"on {nodes} node(s)" if nodes else "on the nodes it ran on"
+    if rep.avg_failed:  # exit 7: the average under 0.9 x NCCL_TESTS_MIN_BW, the run's own threshold
+        return _result("fail", f"nccl-tests' average bus bandwidth is under NCCL_TESTS_MIN_BW (FAILED, "
+                       f"exit {exit_code}); busbw {r.busbw:.1f} GB/s at {size} bytes {on}", BANDWIDTH, meas,
+                       exit_code)
     if exit_code not in (0, None):
         return _result("error", f"all_reduce_perf exited {exit_code}", meas=meas, exit_code=exit_code)
     exp = expected(nodes)
