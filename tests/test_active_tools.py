@@ -206,3 +206,34 @@ def test_nccl_exit_7_under_nccl_tests_min_bw_is_a_bandwidth_failure(tmp_path, se
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     [r] = suite(tmp_path, session, 60.0).run(["nccl"])
     assert r.result == "fail" and [f.test for f in r.findings] == ["bus_bandwidth"], r.reason
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_active_ends_the_running_tool_with_it(tmp_path, sig):
+    """The prolog's `timeout`, Slurm's PrologTimeout or a Job's activeDeadlineSeconds SIGTERM the
+    command: the diagnostic it started (its own session) must not go on running on the GPUs."""
+    import subprocess
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    pid_file = tmp_path / "dcgmi.pid"
+    script(bin_dir, "dcgmi", f'echo $$ > "{pid_file}"\nexec sleep 300')
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    argv = [sys.executable, "-m", "exporter", "active", "--simulate", "p5.48xlarge",
+            "--path.state-dir", str(tmp_path / "state"), "--checks", "dcgm", "--budget", "600"]
+    proc = subprocess.Popen(argv, env=env, cwd=Path(__file__).parent.parent, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=120,
+                 what="dcgmi to start", proc=proc)
+        tool_pid = int(pid_file.read_text())
+        proc.send_signal(sig)
+        proc.wait(60)
+        assert proc.returncode != 0
+        wait_for(lambda: not alive(tool_pid), what=f"dcgmi {tool_pid} to end with the command")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if pid_file.exists() and alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)

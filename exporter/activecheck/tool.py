@@ -129,6 +129,16 @@ def run(argv: Sequence[str], timeout_s: float, env: dict[str, str] | None = None
                                 stderr=subprocess.STDOUT, start_new_session=True, env=env)
     except OSError as e:
         return ToolRun(list(argv), None, "", 0.0, error=f"cannot start {argv[0]}: {e.strerror or e}")
+    try:
+        return _supervise(proc, list(argv), start, timeout_s, grace_s)
+    except BaseException:  # interrupted (SIGTERM, SIGINT): the tool must not outlive the command
+        _kill_group(proc, signal.SIGKILL)
+        _reap(proc, REAP_WAIT_S)
+        raise
+
+
+def _supervise(proc: subprocess.Popen[bytes], argv: list[str], start: float, timeout_s: float,
+               grace_s: float) -> ToolRun:
     assert proc.stdout is not None
     cap = _Capture()
     deadline = start + max(0.0, timeout_s)
@@ -152,4 +162,4 @@ def run(argv: Sequence[str], timeout_s: float, env: dict[str, str] | None = None
         if not eof:  # its last words, unless a child that left its group holds the pipe
             _read_until(sel, cap, time.monotonic() + EXIT_EOF_WAIT_S, None)
     code = None if timed_out else proc.returncode
-    return ToolRun(list(argv), code, cap.text(), time.monotonic() - start, timed_out=timed_out)
+    return ToolRun(argv, code, cap.text(), time.monotonic() - start, timed_out=timed_out)
