@@ -237,3 +237,22 @@ def test_a_signal_to_active_ends_the_running_tool_with_it(tmp_path, sig):
             proc.wait()
         if pid_file.exists() and alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_the_nvml_check_holds_the_budget_when_every_gpu_hangs(tmp_path):
+    """A wedged driver: every NVML call on all 8 GPUs blocks. The check ends with the budget, as
+    `timeout` (a GPU cut short by the budget is not a GPU that does not answer), not after 8 x the
+    per-call deadline."""
+    fake = FakeBackend(node_capture(PROFILES["p5.48xlarge"], load_capture()))
+    sess = NvmlSession(fake, pool=test_pool())
+    assert sess.ensure()
+    for i in range(8):
+        fake.hang(i)
+    try:
+        start = time.monotonic()
+        [r] = suite(tmp_path, sess, 3.0, nvml_call_timeout_seconds=5.0).run(["nvml"])
+        took = time.monotonic() - start
+    finally:
+        fake.release()
+    assert r.result == "timeout", r.reason
+    assert took < 3.0 + SLACK_S

@@ -101,9 +101,10 @@ class Suite:
     def run_nvml(self) -> CheckResult:
         c = self.cfg
         exp = nvmlcheck.Expect(self.node.expected_gpus, c.nvml_ecc, c.nvml_persistence,
-                               c.nvml_power_limit_watts, c.nvml_max_sm_clock_mhz,
-                               min(c.nvml_call_timeout_seconds, max(self.left(), 0.1)))
-        return nvmlcheck.run(self.node.nvml, self.node.pool, exp)
+                               c.nvml_power_limit_watts, c.nvml_max_sm_clock_mhz, c.nvml_call_timeout_seconds)
+        r = nvmlcheck.run(self.node.nvml, self.node.pool, exp, time.monotonic() + max(self.left(), 0.1))
+        self.spent = r.result == "timeout"
+        return r
 
     def run_dcgm(self) -> CheckResult:
         host = ["--host", self.cfg.dcgm_host] if self.cfg.dcgm_host else []
