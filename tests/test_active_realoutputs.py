@@ -78,3 +78,19 @@ def test_nccl_real_failed_collective_is_a_collective_failure(name):
 def test_nccl_no_check_run_is_not_judged_for_wrong_values():
     rep = nccl.parse(text("nccl-tests-allreduce-a100x8-no-check-c0-constructed.txt"))
     assert [r.wrong for r in rep.rows] == [None] and rep.out_of_bounds is None
+
+
+def test_dcgm4_failure_on_a_cpu_entity_is_the_nodes_not_dropped():
+    """DCGM 4.x results carry entity_group (GPU, CPU...): level 3 runs cpu_eud on Grace nodes. A
+    CPU entity's failure names no GPU; it is the node's, never lost (lost, the run reads pass)."""
+    import json
+
+    doc = json.loads(text("dcgm4-diag-r3-pass-h100x8-assembled.json"))
+    cat = doc["DCGM Diagnostic"]["test_categories"][0]
+    cat["tests"].append({"name": "cpu_eud", "results": [
+        {"entity_group": "CPU", "entity_group_id": 7, "entity_id": 0, "status": "Fail",
+         "warnings": [{"warning": "example CPU EUD failure", "error_id": 100, "error_category": 1,
+                       "error_severity": 4}]}]})  # no test_summary: the result alone says it
+    res, reason, findings, _ = dcgm.judge(json.dumps(doc), 226)
+    assert res == "fail", reason
+    assert [(f.gpu, f.test) for f in findings if f.status == "fail"] == [("", "cpu_eud")]

@@ -56,10 +56,11 @@ def _status(v: Any) -> str:
 
 
 def _gpus(r: dict[str, Any]) -> list[str]:
-    """The GPU(s) a result is about: entity_id of a GPU entity (4.x), gpu_id or gpu_ids (3.x)."""
+    """The GPU(s) a result is about: entity_id of a GPU entity (4.x), gpu_id or gpu_ids (3.x);
+    "" (the node) for another entity or none."""
     if "entity_id" in r:
         if str(r.get("entity_group", "GPU")).upper() != "GPU":
-            return []
+            return [""]  # a CPU (cpu_eud), a switch...: the node's
         return [str(r["entity_id"])]
     if "gpu_id" in r:
         return [str(r["gpu_id"])]
