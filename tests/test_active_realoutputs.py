@@ -94,3 +94,13 @@ def test_dcgm4_failure_on_a_cpu_entity_is_the_nodes_not_dropped():
     res, reason, findings, _ = dcgm.judge(json.dumps(doc), 226)
     assert res == "fail", reason
     assert [(f.gpu, f.test) for f in findings if f.status == "fail"] == [("", "cpu_eud")]
+
+
+@pytest.mark.parametrize("prefix", ["[1,0]<stdout>:", "0: ", "[default0]:", "[rank0]:", "gpu-1-1: "])
+def test_nccl_a_size_that_fills_its_column_is_read_after_any_launcher_prefix(prefix):
+    """nccl-tests prints size as %12li: 128 GiB has 12 digits and no leading space, so OpenMPI's
+    and torchrun's prefixes end right against it."""
+    row = ("137438953472   34359738368     float     sum      -1   560000  245.43  429.50      0"
+           "   560000  245.43  429.50      0")
+    rep = nccl.parse(prefix + row + "\n")
+    assert [(r.size, r.busbw) for r in rep.rows] == [(128 * GiB, 429.50)]

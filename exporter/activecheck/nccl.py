@@ -98,7 +98,7 @@ def parse(text: str) -> Report:
         if ERRORS.search(line):
             rep.errors.append(line.strip()[:300])
             continue
-        r = row(line.split())
+        r = row(line.replace(":", ": ").split())  # a 12-digit size fills its column: "<stdout>:137438953472"
         if r is not None:
             rep.rows.append(r)
     return rep
