@@ -256,3 +256,24 @@ def test_the_nvml_check_holds_the_budget_when_every_gpu_hangs(tmp_path):
         fake.release()
     assert r.result == "timeout", r.reason
     assert took < 3.0 + SLACK_S
+
+
+@pytest.mark.parametrize("later", ["timeout", "error", "skip"])
+def test_a_run_that_could_not_check_never_hides_a_valid_failure(tmp_path, later):
+    """A GPU failed DCGM; the next run's dcgmi hangs (perhaps because of that GPU) or prints
+    garbage: the failure stays on record, and with it the verdict, until a run that checks."""
+    from exporter.activecheck import findings
+
+    state = tmp_path / "state"
+    now = time.time()
+    failed = result.CheckResult("dcgm", "fail", "failed", started_at=now - 60, finished_at=now - 50,
+                                findings=[result.Finding("3", "memory", "fail", "Hardware", [11])])
+    assert result.write(state, failed)
+    result.write(state, result.CheckResult("dcgm", later, "could not check", started_at=now - 5,
+                                           finished_at=now))
+    on_record = result.read(state, "dcgm")
+    assert on_record is not None and on_record.result == "fail"
+    assert findings.level(findings.reasons([on_record], now)) == "replace_required"
+    # a run that checked replaces it
+    result.write(state, result.CheckResult("dcgm", "pass", "ok", started_at=now, finished_at=now + 1))
+    assert result.read(state, "dcgm").result == "pass"

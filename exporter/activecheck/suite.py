@@ -63,7 +63,7 @@ class Suite:
             r.valid_for_s = self.cfg.valid_for_seconds
             try:
                 if not result.write(self.state_dir, r):
-                    log.info("%s: skipped (%s); its last result, still valid, is kept", check, r.reason)
+                    log.info("%s: %s (%s); its last result, still valid, is kept", check, r.result, r.reason)
             except OSError as e:
                 r.reason += f" (its result could not be written: {e})"
                 log.error("cannot write the %s result to %s: %s", check, self.state_dir, e)
