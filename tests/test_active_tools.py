@@ -277,3 +277,17 @@ def test_a_run_that_could_not_check_never_hides_a_valid_failure(tmp_path, later)
     # a run that checked replaces it
     result.write(state, result.CheckResult("dcgm", "pass", "ok", started_at=now, finished_at=now + 1))
     assert result.read(state, "dcgm").result == "pass"
+
+
+def test_an_expired_pass_is_no_cached_pass(tmp_path):
+    """--reuse-pass longer than the result's validity: the expired pass counts as absent."""
+    from exporter.commands.active import recent_pass
+
+    state = tmp_path / "state"
+    now = time.time()
+    result.write(state, result.CheckResult("dcgm", "pass", "ok", started_at=now - 130, finished_at=now - 120,
+                                           valid_for_s=60.0))
+    assert not recent_pass(str(state), ["dcgm"], 3600.0, now)
+    result.write(state, result.CheckResult("dcgm", "pass", "ok", started_at=now - 30, finished_at=now - 20,
+                                           valid_for_s=60.0))
+    assert recent_pass(str(state), ["dcgm"], 3600.0, now)

@@ -60,13 +60,15 @@ def selected(args: argparse.Namespace, ctx: Context) -> list[str]:
 
 
 def recent_pass(state_dir: str, checks: list[str], max_age_s: float, now: float) -> bool:
-    """Whether every check's last result is a pass or skip that finished within max_age_s."""
+    """Whether every check's last result is a pass or skip that finished within max_age_s and
+    is still valid."""
     for c in checks:
         try:
             r = result.read(state_dir, c)
         except (OSError, ValueError):
             return False
-        if r is None or r.result not in ("pass", "skip") or not 0 <= now - r.finished_at < max_age_s:
+        if (r is None or r.result not in ("pass", "skip") or not 0 <= now - r.finished_at < max_age_s
+                or not r.valid(now)):  # an expired pass is absent, whatever --reuse-pass allows
             return False
     return True
 
