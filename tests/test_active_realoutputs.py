@@ -104,3 +104,13 @@ def test_nccl_a_size_that_fills_its_column_is_read_after_any_launcher_prefix(pre
            "   560000  245.43  429.50      0")
     rep = nccl.parse(prefix + row + "\n")
     assert [(r.size, r.busbw) for r in rep.rows] == [(128 * GiB, 429.50)]
+
+
+@pytest.mark.parametrize(("name", "devices"), [
+    ("fi_info-efa-hpc6a-1dev-rdm-dgrm.txt", {"rdmap0s31"}),
+    ("fi_info-efa-rdm-1dev-aws-guide.txt", {"rdmap0s6"}),
+])
+def test_fi_info_real_listings_count_devices_once(name, devices):
+    from exporter.activecheck import efa
+
+    assert efa.devices(text(name)) == devices
