@@ -114,3 +114,12 @@ def test_fi_info_real_listings_count_devices_once(name, devices):
     from exporter.activecheck import efa
 
     assert efa.devices(text(name)) == devices
+
+
+def test_dcgm_a_json_fragment_on_stderr_before_the_document_is_skipped():
+    """stdout and stderr are read together: a structured log line with its own braces ahead of
+    the document must not be taken for it."""
+    out = 'warning: {"module": "nvvs", "msg": "retrying"}\n' + text("dcgm4-diag-r1-fail-config-gb10.json")
+    res, reason, found, version = dcgm.judge(out, 226)
+    assert res == "fail", reason
+    assert version == "4.2.3" and ("0", "software") in {(f.gpu, f.test) for f in found if f.status == "fail"}

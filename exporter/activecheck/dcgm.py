@@ -39,15 +39,20 @@ class NotDiagnostic(ValueError):
 
 
 def first_json(text: str) -> Any:
-    """The first JSON object in `text` (leading text such as "Successfully ran diagnostic for
-    group." is skipped; what follows the object is ignored)."""
+    """The first diagnostic JSON object in `text` (leading text such as "Successfully ran
+    diagnostic for group.", or a log line on stderr with braces of its own, is skipped; what
+    follows the object is ignored)."""
     dec = json.JSONDecoder()
     i = text.find("{")
     while i != -1:
         try:
-            return dec.raw_decode(text, i)[0]
+            doc, end = dec.raw_decode(text, i)
         except json.JSONDecodeError:
             i = text.find("{", i + 1)
+            continue
+        if isinstance(doc, dict) and (any(k in doc for k in TOP_KEYS) or "iterations" in doc):
+            return doc
+        i = text.find("{", end)
     raise NotDiagnostic("no JSON object in dcgmi's output")
 
 
