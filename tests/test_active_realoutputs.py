@@ -123,3 +123,11 @@ def test_dcgm_a_json_fragment_on_stderr_before_the_document_is_skipped():
     res, reason, found, version = dcgm.judge(out, 226)
     assert res == "fail", reason
     assert version == "4.2.3" and ("0", "software") in {(f.gpu, f.test) for f in found if f.status == "fail"}
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-nan"])
+def test_nccl_a_non_finite_busbw_is_never_a_pass(bad):
+    row = (f" 17179869184    4294967296     float     sum      -1    70654  243.16  {bad}      0"
+           f"    70609  243.31  {bad}      0")
+    r = nccl.judge(row + "\n", 0, 16 * GiB, expect(400.0), 0.9)
+    assert r.result != "pass", r.reason

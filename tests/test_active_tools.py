@@ -291,3 +291,33 @@ def test_an_expired_pass_is_no_cached_pass(tmp_path):
     result.write(state, result.CheckResult("dcgm", "pass", "ok", started_at=now - 30, finished_at=now - 20,
                                            valid_for_s=60.0))
     assert recent_pass(str(state), ["dcgm"], 3600.0, now)
+
+
+@pytest.mark.parametrize("doc", [
+    '{"DCGM Diagnostic": {"test_categories": true}}',
+    '{"DCGM Diagnostic": {"test_categories": [{"category": "Hardware", "tests": 1}]}}',
+    '{"DCGM GPU Diagnostic": {"test_categories": [{"tests": [{"name": "memory", "results": 1.5}]}]}}',
+])
+def test_garbage_with_the_right_top_key_is_an_error_and_the_next_check_runs(tmp_path, session, monkeypatch,
+                                                                           doc):
+    bin_dir = tmp_path / "bin"
+    script(bin_dir, "dcgmi", f"echo '{doc}'\nexit 0")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    rs = suite(tmp_path, session, 60.0).run(["dcgm", "nvml"])
+    assert [r.result for r in rs] == ["error", "pass"], [r.reason for r in rs]
+
+
+def test_a_check_that_raises_is_an_error_and_the_next_check_runs(tmp_path, session, monkeypatch):
+    """Whatever a parser meets, one check never takes the others down."""
+    from exporter.activecheck import dcgm
+
+    def broken(output, exit_code):
+        raise RuntimeError("a parser bug")
+
+    bin_dir = tmp_path / "bin"
+    script(bin_dir, "dcgmi", f'cat "{PASS_JSON}"')
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setattr(dcgm, "result", broken)
+    rs = suite(tmp_path, session, 60.0).run(["dcgm", "nvml"])
+    assert [r.result for r in rs] == ["error", "pass"]
+    assert "a parser bug" in rs[0].reason

@@ -56,6 +56,11 @@ def first_json(text: str) -> Any:
     raise NotDiagnostic("no JSON object in dcgmi's output")
 
 
+def _list(v: Any) -> list[Any]:
+    """v when it is a list, else none (garbage of the right shape above it)."""
+    return v if isinstance(v, list) else []
+
+
 def _status(v: Any) -> str:
     return STATUS.get(str(v or "").strip().lower(), "")
 
@@ -79,7 +84,7 @@ def _gpus(r: dict[str, Any]) -> list[str]:
 
 def _warnings(r: dict[str, Any]) -> tuple[list[int], bool, str]:
     ids, isolate, msgs = [], False, []
-    warnings = r.get("warnings") or []
+    warnings = r.get("warnings")
     if isinstance(warnings, dict):
         warnings = [warnings]
     for w in warnings if isinstance(warnings, list) else []:
@@ -117,11 +122,11 @@ def parse(text: str) -> tuple[list[Finding], str, str]:
             str(body.get("version", "")) or version
         if body.get("runtime_error"):
             runtime_error = str(body["runtime_error"])
-        for cat in body.get("test_categories") or []:
+        for cat in _list(body.get("test_categories")):
             if not isinstance(cat, dict):
                 continue
             category = str(cat.get("category", ""))
-            for test in cat.get("tests") or []:
+            for test in _list(cat.get("tests")):
                 if isinstance(test, dict):
                     findings += _test_findings(test, category)
     if not seen:
@@ -132,7 +137,7 @@ def parse(text: str) -> tuple[list[Finding], str, str]:
 def _test_findings(test: dict[str, Any], category: str) -> list[Finding]:
     name = str(test.get("name", ""))
     out = []
-    for r in test.get("results") or []:
+    for r in _list(test.get("results")):
         if not isinstance(r, dict):
             continue
         status = _status(r.get("status"))

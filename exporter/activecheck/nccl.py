@@ -11,6 +11,7 @@ average on a healthy node: the check is judged by busbw at one fixed large size 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,10 +53,12 @@ class Report:
 
 
 def _float(s: str) -> float | None:
+    """A finite number (a nan or inf busbw would compare as no shortfall), else None."""
     try:
-        return float(s)
+        v = float(s)
     except ValueError:
         return None
+    return v if math.isfinite(v) else None
 
 
 def _wrong(s: str) -> int | None:

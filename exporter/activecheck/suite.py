@@ -58,7 +58,11 @@ class Suite:
                 out.append(CheckResult(check, "skip", f"not started: the budget of {self.budget_s:g}s was "
                                        "spent", started_at=started, finished_at=started))
                 continue
-            r = getattr(self, f"run_{check}")()
+            try:
+                r = getattr(self, f"run_{check}")()
+            except Exception as e:  # a parser's bug: this check's error, never the others' end
+                log.exception("the %s check failed", check)
+                r = CheckResult(check, "error", f"the check failed: {type(e).__name__}: {e}")
             r.started_at, r.finished_at = started, time.time()
             r.valid_for_s = self.cfg.valid_for_seconds
             try:
