@@ -131,3 +131,9 @@ def test_nccl_a_non_finite_busbw_is_never_a_pass(bad):
            f"    70609  243.31  {bad}      0")
     r = nccl.judge(row + "\n", 0, 16 * GiB, expect(400.0), 0.9)
     assert r.result != "pass", r.reason
+
+
+def test_nccl_rank_lines_without_group_of_older_builds_count_nodes():
+    out = ("#   Rank  0 Pid  41003 on    node-a device  0 [0x1a] Tesla V100-SXM2-32GB\n"
+           "#   Rank  1 Pid  52011 on    node-b device  0 [0x1a] Tesla V100-SXM2-32GB\n")
+    assert nccl.parse(out).hosts == {"node-a", "node-b"}

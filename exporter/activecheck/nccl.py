@@ -22,7 +22,8 @@ TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float",
          "f8e4m3", "f8e5m2", "fp8_e4m3", "fp8_e5m2", "int", "char"}
 REDOPS = {"sum", "prod", "max", "min", "avg", "none", "mulsum"}
 ERRORS = re.compile(r"Test (?:NCCL |CUDA )?failure|Test timeout|NCCL WARN .*(?:error|failed)", re.I)
-RANK = re.compile(r"#\s*Rank\s+\d+\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device")
+# "Group N" since nccl-tests 2.10 or so; older builds print "#   Rank  0 Pid 1234 on host device ..."
+RANK = re.compile(r"#\s*Rank\s+\d+\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
 OOB = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s*(\w+)")
 AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*(\S+)(?:\s+(FAILED))?")
 
