@@ -321,3 +321,22 @@ def test_a_check_that_raises_is_an_error_and_the_next_check_runs(tmp_path, sessi
     rs = suite(tmp_path, session, 60.0).run(["dcgm", "nvml"])
     assert [r.result for r in rs] == ["error", "pass"]
     assert "a parser bug" in rs[0].reason
+
+
+def test_the_budget_bounds_the_whole_command_from_its_start(tmp_path):
+    """`active --budget N` is what a prolog or a Job sizes its own timeout by: the command's
+    start-up (imports, NVML, the instance type) is part of it."""
+    import subprocess
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    script(bin_dir, "dcgmi", "trap '' TERM\nwhile :; do sleep 1; done")
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    argv = [sys.executable, "-m", "exporter", "active", "--simulate", "p5.48xlarge",
+            "--path.state-dir", str(tmp_path / "state"), "--checks", "dcgm", "--budget", "10"]
+    start = time.monotonic()
+    out = subprocess.run(argv, env=env, cwd=Path(__file__).parent.parent, capture_output=True, text=True,
+                         timeout=120)
+    took = time.monotonic() - start
+    assert out.returncode == 3, out.stdout + out.stderr  # could not check: timed out
+    assert took < 10 + SLACK_S, f"{took:.1f}s\n{out.stdout}"

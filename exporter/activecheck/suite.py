@@ -38,13 +38,14 @@ class Node:
 
 class Suite:
     def __init__(self, cfg: ActiveSection, node: Node, state_dir: str, budget_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, spent_s: float = 0.0) -> None:
+        """spent_s: of the budget, what was spent before (the command's start-up)."""
         self.cfg = cfg
         self.node = node
         self.state_dir = state_dir
         self.budget_s = cfg.budget_seconds if budget_s is None else budget_s
         self.clock = clock
-        self.start = clock()
+        self.start = clock() - max(0.0, spent_s)
         self.spent = False  # a check was cut at the end of the budget (what is left is its kill's grace)
 
     def left(self) -> float:

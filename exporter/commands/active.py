@@ -47,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Run nothing and exit 0 when every selected check passed (or was skipped) within "
                         "this many seconds.")
     p.add_argument("--json", action="store_true", help="Print the results as JSON.")
+    p.set_defaults(invoked_at=time.monotonic())  # the command's parser is built as it starts
 
 
 def selected(args: argparse.Namespace, ctx: Context) -> list[str]:
@@ -103,7 +104,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     target = Node(node.instance_type(ctx), node.expected_gpus(ctx), efa_expected, ctx.nvml, ctx.pool)
     try:
         with interruptible():
-            results = Suite(cfg, target, state_dir, args.budget).run(checks)
+            # the budget bounds the command from its invocation (a prolog or a Job sizes its own
+            # timeout by it): loading the config, NVML and the instance type are part of it
+            spent = time.monotonic() - args.invoked_at
+            results = Suite(cfg, target, state_dir, args.budget, spent_s=spent).run(checks)
     except Interrupted as e:
         # the running tool's process group was killed on the way out (exporter.activecheck.tool)
         print(f"gpu-health-exporter active: interrupted by {e.signame}; the running check was stopped and "
