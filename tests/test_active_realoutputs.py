@@ -137,3 +137,14 @@ def test_nccl_rank_lines_without_group_of_older_builds_count_nodes():
     out = ("#   Rank  0 Pid  41003 on    node-a device  0 [0x1a] Tesla V100-SXM2-32GB\n"
            "#   Rank  1 Pid  52011 on    node-b device  0 [0x1a] Tesla V100-SXM2-32GB\n")
     assert nccl.parse(out).hosts == {"node-a", "node-b"}
+
+
+def test_nccl_invalid_usage_is_a_configuration_error_not_a_node_fault():
+    """ncclInvalidUsage: the caller's setup (CSCS's docs: NCCL_NET names a plugin that is not
+    found). Every node would fail alike: `error`, never a degraded verdict fleet-wide."""
+    out = ("nid006352:34157:34217 [1] net.cc:626 NCCL WARN Error: network AWS Libfabric not found.\n"
+           "nid006352: Test NCCL failure common.cu:958 "
+           "'invalid usage (run with NCCL_DEBUG=WARN for details)\n")
+    r = nccl.judge(out, 3, 16 * GiB, expect(400.0), 0.9)
+    assert r.result == "error" and not r.findings, r.reason
+    assert "invalid usage" in r.reason

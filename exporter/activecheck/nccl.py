@@ -25,6 +25,7 @@ ERRORS = re.compile(r"Test (?:NCCL |CUDA )?failure|Test timeout|NCCL WARN .*(?:e
 # "Group N" since nccl-tests 2.10 or so; older builds print "#   Rank  0 Pid 1234 on host device ..."
 RANK = re.compile(r"#\s*Rank\s+\d+\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
 OOB = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s*(\w+)")
+INVALID_USAGE = "'invalid usage"  # ncclInvalidUsage's message, as `Test NCCL failure` quotes it
 AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*(\S+)(?:\s+(FAILED))?")
 
 
@@ -129,6 +130,12 @@ def judge(text: str, exit_code: int | None, size: int, expected: Callable[[int |
     rep = parse(text)
     nodes = len(rep.hosts) or None
     if rep.errors:
+        nccl_failures = [e for e in rep.errors if "Test NCCL failure" in e]
+        if nccl_failures and all(INVALID_USAGE in e for e in nccl_failures) and \
+                not any("CUDA failure" in e for e in rep.errors):
+            # ncclInvalidUsage: the setup (NCCL_NET naming a missing plugin...), alike on every node
+            return _result("error", f"nccl-tests could not run as configured: {nccl_failures[0]}",
+                           exit_code=exit_code)
         return _result("fail", f"nccl-tests reported: {rep.errors[0]}", COLLECTIVE, exit_code=exit_code)
     if any(r.wrong for r in rep.rows) or (rep.out_of_bounds or 0) > 0:
         return _result("fail", "nccl-tests found wrong values in the reduction (#wrong or out of bounds "
