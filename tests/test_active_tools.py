@@ -339,4 +339,5 @@ def test_the_budget_bounds_the_whole_command_from_its_start(tmp_path):
                          timeout=120)
     took = time.monotonic() - start
     assert out.returncode == 3, out.stdout + out.stderr  # could not check: timed out
-    assert took < 10 + SLACK_S, f"{took:.1f}s\n{out.stdout}"
+    # the interpreter's own start (before the command is invoked) is outside the budget: twice the slack
+    assert took < 10 + 2 * SLACK_S, f"{took:.1f}s\n{out.stdout}"
