@@ -341,3 +341,15 @@ def test_the_budget_bounds_the_whole_command_from_its_start(tmp_path):
     assert out.returncode == 3, out.stdout + out.stderr  # could not check: timed out
     # the interpreter's own start (before the command is invoked) is outside the budget: twice the slack
     assert took < 10 + 2 * SLACK_S, f"{took:.1f}s\n{out.stdout}"
+
+
+def test_a_check_with_no_time_left_past_the_kills_reserve_is_not_started(tmp_path, session, monkeypatch):
+    """Just over min_start_seconds left, but less than the reserve a kill needs: starting the tool
+    would only record a `timeout` (replacing a valid pass) for a run that never had time."""
+    bin_dir = tmp_path / "bin"
+    marker = tmp_path / "ran"
+    script(bin_dir, "dcgmi", f'touch "{marker}"\nexec sleep 300')
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    [r] = suite(tmp_path, session, 1.02, min_start_seconds=0.0).run(["dcgm"])
+    assert r.result == "skip" and "budget" in r.reason
+    assert not marker.exists() and result.read(tmp_path / "state", "dcgm") is None

@@ -11,6 +11,7 @@ and reported `timeout`.
 from __future__ import annotations
 
 import logging
+import math
 import subprocess
 import time
 from collections.abc import Callable
@@ -55,7 +56,9 @@ class Suite:
         out = []
         for check in checks:
             started = time.time()
-            if self.spent or self.left() < max(self.cfg.min_start_seconds, 1e-3):
+            # not started, nor recorded, when nothing would be left for it past a kill's reserve
+            if self.spent or self.left() < max(self.cfg.min_start_seconds, 1e-3) \
+                    or self.limits(math.inf)[0] <= 0:
                 out.append(CheckResult(check, "skip", f"not started: the budget of {self.budget_s:g}s was "
                                        "spent", started_at=started, finished_at=started))
                 continue
