@@ -2,10 +2,11 @@
 result as soon as it is known (a suite cut short leaves the results it has).
 
 A check whose tool is missing is `skip`, never `fail`. A check is not started once less than
-`min_start_seconds` of the budget is left (`skip`, saying so, and not recorded: it says nothing
-of the node, and a cached pass must not count it); one running is given
-min(its deadline, what is left of the budget) and, past that, killed with its process group
-and reported `timeout`.
+`min_start_seconds` of the budget is left, or once a check was cut by the budget (`skip`,
+saying so, and not recorded: it says nothing of the node, and a cached pass must not count it);
+one running is given min(its deadline, what is left of the budget less the kill's reserve: its
+SIGTERM grace and reaping) and, past that, killed with its process group and reported
+`timeout`. A check that raises is that check's `error`, never the others' end.
 """
 
 from __future__ import annotations
