@@ -8,11 +8,12 @@ DCGM 3.x: top key "DCGM GPU Diagnostic", display names ("Persistence Mode"), res
 {"iterations": [...]}. Text may precede the JSON, so the first `{` starts it. (Sources:
 NVIDIA/DCGM dcgmi/Diag.cpp at 72fa3fe; facebookresearch/gcm#38; tests/fixtures/diag/SOURCES.md.)
 
-Status strings are Pass, Fail, Warn, Skip, Not Run (any case). Exit codes: 0 OK, 226 a test
+Status strings are Pass, Fail, Warn, Skip, Not Run (any case; 3.x also SKIPPED). Exit codes: 0 OK, 226 a test
 failed, 205 an error of ISOLATE priority, 203 NVVS killed, 235 no host engine. The JSON is
 trusted over the exit code (205 comes with all-Pass JSON in gcm's fixtures): 235 is `skip` (no
 host engine: never a failure), output that is not a diagnostic is `error` (a tool problem,
-never a node fault).
+never a node fault) unless dcgmi exited 226 or 205: then it is a failure naming no GPU
+(degraded: no category says more).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ EXIT_OK, EXIT_ISOLATE, EXIT_NVVS_KILLED, EXIT_TEST_FAILED, EXIT_NO_HOST_ENGINE =
 # 5 CONFIG, 6 RESET. (awsome's parse-dcgm-results.py reads 3 as ISOLATE: that is its own scale.)
 SEVERITY_ISOLATE = 2
 TOP_KEYS = ("DCGM Diagnostic", "DCGM GPU Diagnostic")
-STATUS = {"pass": "pass", "fail": "fail", "warn": "warn", "skip": "skip", "not run": "skip"}
+# NVVS 3.x's JSON comment (nvvs/include/NvvsCommon.h) lists PASS|FAIL|WARN|SKIPPED
+STATUS = {"pass": "pass", "fail": "fail", "warn": "warn", "skip": "skip", "skipped": "skip",
+          "not run": "skip"}
 LEVELS = {"quick": 1, "short": 1, "medium": 2, "long": 3, "xlong": 4}
 
 
@@ -36,16 +39,26 @@ class NotDiagnostic(ValueError):
 
 
 def first_json(text: str) -> Any:
-    """The first JSON object in `text` (leading text such as "Successfully ran diagnostic for
-    group." is skipped; what follows the object is ignored)."""
+    """The first diagnostic JSON object in `text` (leading text such as "Successfully ran
+    diagnostic for group.", or a log line on stderr with braces of its own, is skipped; what
+    follows the object is ignored)."""
     dec = json.JSONDecoder()
     i = text.find("{")
     while i != -1:
         try:
-            return dec.raw_decode(text, i)[0]
+            doc, end = dec.raw_decode(text, i)
         except json.JSONDecodeError:
             i = text.find("{", i + 1)
+            continue
+        if isinstance(doc, dict) and (any(k in doc for k in TOP_KEYS) or "iterations" in doc):
+            return doc
+        i = text.find("{", end)
     raise NotDiagnostic("no JSON object in dcgmi's output")
+
+
+def _list(v: Any) -> list[Any]:
+    """v when it is a list, else none (garbage of the right shape above it)."""
+    return v if isinstance(v, list) else []
 
 
 def _status(v: Any) -> str:
@@ -53,10 +66,11 @@ def _status(v: Any) -> str:
 
 
 def _gpus(r: dict[str, Any]) -> list[str]:
-    """The GPU(s) a result is about: entity_id of a GPU entity (4.x), gpu_id or gpu_ids (3.x)."""
+    """The GPU(s) a result is about: entity_id of a GPU entity (4.x), gpu_id or gpu_ids (3.x);
+    "" (the node) for another entity or none."""
     if "entity_id" in r:
         if str(r.get("entity_group", "GPU")).upper() != "GPU":
-            return []
+            return [""]  # a CPU (cpu_eud), a switch...: the node's
         return [str(r["entity_id"])]
     if "gpu_id" in r:
         return [str(r["gpu_id"])]
@@ -70,7 +84,7 @@ def _gpus(r: dict[str, Any]) -> list[str]:
 
 def _warnings(r: dict[str, Any]) -> tuple[list[int], bool, str]:
     ids, isolate, msgs = [], False, []
-    warnings = r.get("warnings") or []
+    warnings = r.get("warnings")
     if isinstance(warnings, dict):
         warnings = [warnings]
     for w in warnings if isinstance(warnings, list) else []:
@@ -108,11 +122,11 @@ def parse(text: str) -> tuple[list[Finding], str, str]:
             str(body.get("version", "")) or version
         if body.get("runtime_error"):
             runtime_error = str(body["runtime_error"])
-        for cat in body.get("test_categories") or []:
+        for cat in _list(body.get("test_categories")):
             if not isinstance(cat, dict):
                 continue
             category = str(cat.get("category", ""))
-            for test in cat.get("tests") or []:
+            for test in _list(cat.get("tests")):
                 if isinstance(test, dict):
                     findings += _test_findings(test, category)
     if not seen:
@@ -123,7 +137,7 @@ def parse(text: str) -> tuple[list[Finding], str, str]:
 def _test_findings(test: dict[str, Any], category: str) -> list[Finding]:
     name = str(test.get("name", ""))
     out = []
-    for r in test.get("results") or []:
+    for r in _list(test.get("results")):
         if not isinstance(r, dict):
             continue
         status = _status(r.get("status"))
@@ -147,6 +161,12 @@ def judge(output: str, exit_code: int | None) -> tuple[str, str, list[Finding], 
     try:
         findings, version, runtime_error = parse(output)
     except NotDiagnostic as e:
+        if exit_code in (EXIT_TEST_FAILED, EXIT_ISOLATE):
+            # dcgmi's status says a test failed, and no JSON says which: a node failure with no
+            # category and no GPU, so degraded (never replace on an exit status alone)
+            what = "a GPU is to be isolated" if exit_code == EXIT_ISOLATE else "a test failed"
+            return ("fail", f"dcgmi exited {exit_code} ({what}) and its output holds no diagnostic to say "
+                    "which", [Finding("", "diag", "fail")], "")
         if exit_code == EXIT_NVVS_KILLED:
             return "error", "the diagnostic (NVVS) was killed (dcgmi exit 203)", [], ""
         return "error", f"{e} (exit {exit_code})", [], ""

@@ -11,6 +11,7 @@ average on a healthy node: the check is judged by busbw at one fixed large size 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,8 +22,10 @@ TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float",
          "f8e4m3", "f8e5m2", "fp8_e4m3", "fp8_e5m2", "int", "char"}
 REDOPS = {"sum", "prod", "max", "min", "avg", "none", "mulsum"}
 ERRORS = re.compile(r"Test (?:NCCL |CUDA )?failure|Test timeout|NCCL WARN .*(?:error|failed)", re.I)
-RANK = re.compile(r"#\s*Rank\s+\d+\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device")
+# "Group N" since nccl-tests 2.10 or so; older builds print "#   Rank  0 Pid 1234 on host device ..."
+RANK = re.compile(r"#\s*Rank\s+\d+\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
 OOB = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s*(\w+)")
+INVALID_USAGE = "'invalid usage"  # ncclInvalidUsage's message, as `Test NCCL failure` quotes it
 AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*(\S+)(?:\s+(FAILED))?")
 
 
@@ -52,10 +55,12 @@ class Report:
 
 
 def _float(s: str) -> float | None:
+    """A finite number (a nan or inf busbw would compare as no shortfall), else None."""
     try:
-        return float(s)
+        v = float(s)
     except ValueError:
         return None
+    return v if math.isfinite(v) else None
 
 
 def _wrong(s: str) -> int | None:
@@ -98,7 +103,7 @@ def parse(text: str) -> Report:
         if ERRORS.search(line):
             rep.errors.append(line.strip()[:300])
             continue
-        r = row(line.split())
+        r = row(line.replace(":", ": ").split())  # a 12-digit size fills its column: "<stdout>:137438953472"
         if r is not None:
             rep.rows.append(r)
     return rep
@@ -125,6 +130,12 @@ def judge(text: str, exit_code: int | None, size: int, expected: Callable[[int |
     rep = parse(text)
     nodes = len(rep.hosts) or None
     if rep.errors:
+        nccl_failures = [e for e in rep.errors if "Test NCCL failure" in e]
+        if nccl_failures and all(INVALID_USAGE in e for e in nccl_failures) and \
+                not any("CUDA failure" in e for e in rep.errors):
+            # ncclInvalidUsage: the setup (NCCL_NET naming a missing plugin...), alike on every node
+            return _result("error", f"nccl-tests could not run as configured: {nccl_failures[0]}",
+                           exit_code=exit_code)
         return _result("fail", f"nccl-tests reported: {rep.errors[0]}", COLLECTIVE, exit_code=exit_code)
     if any(r.wrong for r in rep.rows) or (rep.out_of_bounds or 0) > 0:
         return _result("fail", "nccl-tests found wrong values in the reduction (#wrong or out of bounds "
@@ -141,6 +152,10 @@ def judge(text: str, exit_code: int | None, size: int, expected: Callable[[int |
     if nodes:
         meas["nodes"] = float(nodes)
     on = f"on {nodes} node(s)" if nodes else "on the nodes it ran on"
+    if rep.avg_failed:  # exit 7: the average under 0.9 x NCCL_TESTS_MIN_BW, the run's own threshold
+        return _result("fail", f"nccl-tests' average bus bandwidth is under NCCL_TESTS_MIN_BW (FAILED, "
+                       f"exit {exit_code}); busbw {r.busbw:.1f} GB/s at {size} bytes {on}", BANDWIDTH, meas,
+                       exit_code)
     if exit_code not in (0, None):
         return _result("error", f"all_reduce_perf exited {exit_code}", meas=meas, exit_code=exit_code)
     exp = expected(nodes)

@@ -16,6 +16,7 @@ time did not answer.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,10 @@ class Expect:
     power_limit_watts: float | None = None  # the enforced limit must be at least this
     max_sm_clock_mhz: int | None = None  # the GPU's max SM clock must be at least this
     call_timeout_s: float = 5.0
+
+
+class BudgetEnded(Exception):  # noqa: N818 - "raise BudgetEnded"
+    """The check's deadline came before the call's own: no evidence against the GPU."""
 
 
 class NoAnswer(Exception):  # noqa: N818 - "raise NoAnswer"
@@ -127,34 +132,54 @@ def _nvlink(get: Callable[..., Any], gpu: str) -> list[Finding]:
     return [Finding(gpu, "nvlink", "pass")]
 
 
-def run(session: NvmlSession, pool: Pool, expect: Expect) -> CheckResult:
-    """Every GPU's findings, and the node's (GPUs missing against the expected count)."""
+def run(session: NvmlSession, pool: Pool, expect: Expect, deadline: float | None = None) -> CheckResult:
+    """Every GPU's findings, and the node's (GPUs missing against the expected count). With a
+    `deadline` (time.monotonic()), the check ends by it: a call it cuts short is no evidence
+    against the GPU, so the GPUs not judged by then leave the check `timeout` (or `fail`, when a
+    GPU judged before failed)."""
     if not session.ensure():
         return CheckResult("nvml", "error", f"NVML cannot be used: {session.error}")
     backend = session.backend
     reads = Deadlines(pool)
     findings: list[Finding] = []
+    cut_at = ""  # the GPU the deadline cut short
     for dev in session.devices:
         gpu = str(dev.index)
 
         def call(fn: str, args: tuple[int, ...], index: int = dev.index) -> Any:
-            o = reads.call(("active", index, fn, args), lambda: backend.call(index, fn, *args),
-                           expect.call_timeout_s)
+            limit, cut = expect.call_timeout_s, False
+            if deadline is not None and deadline - time.monotonic() < limit:
+                limit, cut = deadline - time.monotonic(), True
+                if limit <= 0:
+                    raise BudgetEnded
+            o = reads.call(("active", index, fn, args), lambda: backend.call(index, fn, *args), limit)
             if o.ok:
                 return o.value
             if isinstance(o.value, NvmlError):
                 raise o.value
             if o.value is not None:
                 raise NoAnswer(f"{fn}: {o.value}")
+            if cut:
+                raise BudgetEnded
             raise NoAnswer(f"{fn} did not answer within {expect.call_timeout_s:g}s ({o.reason or o.status})")
 
-        findings += _gpu_findings(call, gpu, expect)
+        try:
+            findings += _gpu_findings(call, gpu, expect)
+        except BudgetEnded:
+            cut_at = gpu
+            break
     count = len(session.devices)
     if expect.gpus is not None and count < expect.gpus:
         findings.append(Finding("", "gpu_count", "fail",
                                 message=f"NVML lists {count} GPUs, expected {expect.gpus}"))
     failed = [f for f in findings if f.status == "fail"]
     warned = [f for f in findings if f.status == "warn"]
+    if cut_at:
+        ended = f"the budget ended while checking GPU {cut_at}"
+        if not failed:
+            return CheckResult("nvml", "timeout", f"{ended}: not every GPU was checked", findings=findings,
+                               tool=f"NVML {session.nvml_version}".strip())
+        findings.append(Finding(cut_at, "answers", "skip", message=ended))
     res = "fail" if failed else "warn" if warned else "pass"
     worst = failed or warned
     reason = "; ".join(f"GPU {f.gpu}: {f.message}" if f.gpu else f.message for f in worst[:8]) or \

@@ -141,17 +141,23 @@ def read(state_dir: str | os.PathLike[str], check: str) -> CheckResult | None:
     return r
 
 
+NO_VERDICT = ("skip", "timeout", "error")  # a run that could not make the check: nothing about the node
+
+
 def write(state_dir: str | os.PathLike[str], r: CheckResult) -> bool:
     """Write `r` as the check's result, carrying over when it last passed. A `skip` says nothing
-    about the node, so it never replaces a result that is still valid (a failure is not hidden by
-    a later run that could not make the check). Returns whether it was written; raises OSError."""
+    about the node, so it never replaces a result that is still valid; nor does a `timeout` or an
+    `error` replace a valid `fail` (a failure is not hidden by a later run that could not make the
+    check: a dcgmi that hangs on the GPU that failed). Returns whether it was written; raises
+    OSError."""
     try:
         old = read(state_dir, r.check)
     except (OSError, ValueError) as e:
         log.warning("replacing an unreadable result: %s", e)
         old = None
     if old is not None:
-        if r.result == "skip" and old.valid(r.finished_at) and old.result != "skip":
+        if old.valid(r.finished_at) and (r.result == "skip" and old.result != "skip"
+                                         or r.result in NO_VERDICT and old.result == "fail"):
             return False
         if r.last_pass_at is None:
             r.last_pass_at = old.last_pass_at

@@ -16,9 +16,12 @@ Slurm prolog's cached pass.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from exporter import node
@@ -44,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Run nothing and exit 0 when every selected check passed (or was skipped) within "
                         "this many seconds.")
     p.add_argument("--json", action="store_true", help="Print the results as JSON.")
+    p.set_defaults(invoked_at=time.monotonic())  # the command's parser is built as it starts
 
 
 def selected(args: argparse.Namespace, ctx: Context) -> list[str]:
@@ -57,13 +61,15 @@ def selected(args: argparse.Namespace, ctx: Context) -> list[str]:
 
 
 def recent_pass(state_dir: str, checks: list[str], max_age_s: float, now: float) -> bool:
-    """Whether every check's last result is a pass or skip that finished within max_age_s."""
+    """Whether every check's last result is a pass or skip that finished within max_age_s and
+    is still valid."""
     for c in checks:
         try:
             r = result.read(state_dir, c)
         except (OSError, ValueError):
             return False
-        if r is None or r.result not in ("pass", "skip") or not 0 <= now - r.finished_at < max_age_s:
+        if (r is None or r.result not in ("pass", "skip") or not 0 <= now - r.finished_at < max_age_s
+                or not r.valid(now)):  # an expired pass is absent, whatever --reuse-pass allows
             return False
     return True
 
@@ -96,9 +102,45 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if efa_expected is None and prof is not None:
         efa_expected = prof.efa_devices
     target = Node(node.instance_type(ctx), node.expected_gpus(ctx), efa_expected, ctx.nvml, ctx.pool)
-    results = Suite(cfg, target, state_dir, args.budget).run(checks)
+    try:
+        with interruptible():
+            # the budget bounds the command from its invocation (a prolog or a Job sizes its own
+            # timeout by it): loading the config, NVML and the instance type are part of it
+            spent = time.monotonic() - args.invoked_at
+            results = Suite(cfg, target, state_dir, args.budget, spent_s=spent).run(checks)
+    except Interrupted as e:
+        # the running tool's process group was killed on the way out (exporter.activecheck.tool)
+        print(f"gpu-health-exporter active: interrupted by {e.signame}; the running check was stopped and "
+              "not recorded", file=sys.stderr)
+        return 128 + e.signum
     report(results, args.json)
     return exit_status(results)
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT while the checks ran (a BaseException, as KeyboardInterrupt, so that no
+    `except Exception` on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.signame = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM and SIGINT raise Interrupted while the suite runs: the prolog's `timeout`,
+    Slurm's PrologTimeout or a Job's deadline then end the diagnostic the command started in its
+    own session instead of leaving it on the GPUs."""
+    def handler(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def report(results: list[result.CheckResult], as_json: bool) -> None:
