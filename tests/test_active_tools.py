@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from exporter.activecheck import result, tool
+from exporter.activecheck.settings import ActiveSection
 from exporter.activecheck.suite import Node, Suite
 from exporter.config import load
 from exporter.nvml.fake import FakeBackend, load_capture
@@ -138,8 +139,8 @@ def session():
 
 def suite(tmp_path, session, budget, efa=32, **cfg):
     overrides = {"paths.state_dir": str(tmp_path / "state"), **{f"active.{k}": v for k, v in cfg.items()}}
-    return Suite(load(None, overrides).active, Node("p5.48xlarge", 8, efa, session, test_pool()),
-                 str(tmp_path / "state"), budget)
+    node = Node("p5.48xlarge", 8, efa, session, test_pool())
+    return Suite(load(None, overrides).section(ActiveSection), node, str(tmp_path / "state"), budget)
 
 
 @pytest.mark.parametrize("check", ["dcgm", "nccl", "efa"])
