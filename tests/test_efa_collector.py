@@ -594,7 +594,7 @@ def test_an_unchanged_counter_is_the_same_sample_and_a_changed_one_shows_its_new
     assert value(ss, "efa_rx_bytes_total", device="rdmap79s0", port="1") == vals["rx_bytes"]
 
 
-# --- the node's totals (issue 36) -------------------------------------------------------------------
+# --- the node's totals ------------------------------------------------------------------------------
 
 def _set(dev, file: str, v: int) -> None:
     (dev / "ports" / "1" / "hw_counters" / file).write_text(f"{v}\n")

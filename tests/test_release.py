@@ -138,7 +138,7 @@ def yaml_alerts() -> list[dict]:
             for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if "alert" in r]
 
 
-# --- a release a user can build and take (issue 37) ---------------------------------------------
+# --- a release a user can build and take --------------------------------------------------------
 
 def test_the_wheel_carries_its_revision(installed):  # noqa: F811
     from exporter.buildinfo import from_git
