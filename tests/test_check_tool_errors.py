@@ -1,4 +1,4 @@
-"""A tool error never looks like a node fault (issue 29): `check` answers 3 (could not check) for
+"""A tool error never looks like a node fault: `check` answers 3 (could not check) for
 a configuration error, an input it cannot parse or an error of its own; `ack` refuses a GPU the
 node does not have; relative paths in the config file mean the same from any working directory;
 a fully configured identity asks instance metadata nothing."""

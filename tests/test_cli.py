@@ -1,4 +1,4 @@
-"""node_exporter's command-line conventions (issue 21 #1): --web.listen-address, --web.telemetry-path,
+"""node_exporter's command-line conventions: --web.listen-address, --web.telemetry-path,
 --collector.NAME / --no-collector.NAME, --collector.disable-defaults, --log.level, --log.format
 (logfmt correctly quoted, json), today's flags kept as aliases; build_info's revision and branch;
 the served address in the start-up line."""

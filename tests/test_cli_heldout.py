@@ -1,4 +1,4 @@
-"""Held-out checks of the command line (issues 18 #4/#6/#7, 20 #2, 21 #1/#2), as an outsider runs it:
+"""Held-out checks of the command line, as an outsider runs it:
 `python -m exporter ...` in a subprocess, on 127.0.0.1 only, IMDS off."""
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ def test_image_carries_the_release_files(image_root):
     venv_lib = root / "opt" / "gpu-health-exporter" / "lib"
     shipped = next(venv_lib.glob("python3*/site-packages/exporter/shipped"))
     site = shipped.parent.parent
-    # issue 36: the kubelet kind's client is h2; grpcio (a test dependency) is not in the image
+    # the kubelet kind's client is h2; grpcio (a test dependency) is not in the image
     assert (site / "h2").is_dir() and not list(site.glob("grpc*")), sorted(p.name for p in site.iterdir())
     for rel in share.files(share.CHECKOUT):
         assert (shipped / rel).read_bytes() == (share.CHECKOUT / rel).read_bytes(), rel

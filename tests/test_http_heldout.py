@@ -1,4 +1,4 @@
-"""Issue 18 (items 2, 3, 10, minor) and issue 21 (collect[]), tried from outside: the exporter is
+"""The HTTP endpoint (auth, TLS, slow and abusive clients, collect[]) tried from outside: the exporter is
 started from its command line (`python -m exporter --simulate p5.48xlarge --web.config.file F`)
 and attacked with raw sockets on 127.0.0.1, as the held-out fault cases will. Nothing here
 imports the server; every wait has a deadline; each flood is bounded in count and time.

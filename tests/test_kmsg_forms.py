@@ -1,4 +1,4 @@
-"""A kernel log is read whole or not trusted (issue 37): `check --kmsg-file` takes /dev/kmsg records,
+"""A kernel log is read whole or not trusted: `check --kmsg-file` takes /dev/kmsg records,
 `dmesg`, `dmesg -T`, `journalctl -k` (short, short-iso, short-precise, short-monotonic) and syslog
 lines, or a mix, and counts their XIDs and SXids as the daemon would; a line that names an XID or
 SXid it cannot read makes the answer 3, never 0."""

@@ -1,4 +1,4 @@
-"""Fault attribution (issue 26 item 3): which workloads an XID or SXid hit, after the workload
+"""Fault attribution: which workloads an XID or SXid hit, after the workload
 ended, never invented for an idle GPU or an event from before the GPU was observed, cleared by an
 ack, kept across a restart. The history is fed WorkloadReadings built here (the contract of
 exporter.workload.model); events come from kernel-log files as the daemon reads them."""
@@ -98,8 +98,8 @@ def test_a_late_reading_is_refused_but_a_wall_clock_step_drops_nothing():
     h = history((T0, {"GPU-a": (JOB42,)}))
     h.observe(WorkloadReading(T0 - 100, {"GPU-a": (JOB43,)}))  # older than what is known
     assert h.at("GPU-a", T0) == (JOB42,)
-    # issue 35: after a backward step of the wall clock, readings were dropped as late for as long
-    # as the step; ordered by the monotonic clock they are kept
+    # after a backward step of the wall clock, readings ordered by the wall clock would be dropped
+    # as late for as long as the step; ordered by the monotonic clock they are kept
     h = WorkloadHistory()
     h.observe(WorkloadReading(T0, {"GPU-a": (JOB42,)}, mono=100.0))
     h.observe(WorkloadReading(T0 - 3600, {"GPU-a": (JOB43,)}, mono=115.0))  # the wall clock stepped back
