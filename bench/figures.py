@@ -226,7 +226,7 @@ ROWS = [
         [PY, "bench/bench_gpu.py", "--only-whole", "--whole-scrapes", "100"], parse_whole_vs_single,
         lambda f: f"whole {f('whole')} ms vs slowest single {f('slowest')} ms: {f('ratio')}×", long=True),
     Row("rules", "Rule evaluation at 2,000 nodes × 8 GPUs, each group alone, and the cores it costs at "
-        "the groups' own intervals (goal ≤ 0.25 cores, issue 36)",
+        "the groups' own intervals (goal ≤ 0.25 cores)",
         [PY, "bench/bench_rules.py", "--nodes", "2000"], parse_rules,
         lambda f: (f"{f('cores')} cores at the groups' own intervals ({f('cpu_cores')} from Prometheus' "
                    f"CPU); slowest group {f('slowest')} ms; {f('under_1s')} of {f('groups')} under 1 s"),

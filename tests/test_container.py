@@ -173,7 +173,7 @@ def test_image_serves_the_simulated_node_as_non_root_on_a_read_only_root(image_r
 
 @pytest.mark.slow
 def test_image_carries_the_release_files(image_root):
-    """Issue 29: the runbooks page every alert links to by default, and the wheel's package data,
+    """The runbooks page every alert links to by default, and the wheel's package data,
     from which `python -m exporter.deploygen --out DIR` renders the manifests inside the image."""
     from exporter import share
     from exporter.rules import DEFAULT_RUNBOOK_BASE

@@ -156,7 +156,7 @@ def test_check_on_a_log_with_an_unreadable_xid_line_answers_3_never_0(tmp_path, 
 
 
 def test_a_regular_file_it_may_not_read_gets_a_file_hint_not_the_cap_syslog_one(tmp_path):
-    """Issue 37: a mode-000 log file was told about /dev/kmsg and CAP_SYSLOG."""
+    """A mode-000 log file was told about /dev/kmsg and CAP_SYSLOG."""
     import errno
 
     from exporter.xid.follower import read_error_hint

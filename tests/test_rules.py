@@ -186,7 +186,7 @@ def test_group_limits_and_unique_names():
     assert len(names) == len(set(names))
 
 
-# Issue 36: what a group costs is its cost per evaluation over its interval (bench/bench_rules.py),
+# What a group costs is its cost per evaluation over its interval (bench/bench_rules.py),
 # so every group says its interval, and a group with a critical alert (a page) is evaluated every
 # 30 s or faster, so every page comes within a minute of its condition (docs/alerts.md,
 # "Evaluation intervals"). promtool ignores `interval:`; tests/test_alert_matrix.py runs the groups

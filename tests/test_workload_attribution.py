@@ -82,7 +82,7 @@ def test_two_jobs_sharing_a_gpu_are_both_named():
 
 
 def test_a_workload_that_cannot_be_kept_makes_the_gpu_unknown_never_idle():
-    """Issue 35: a 300-digit job id or a pod name with a newline made the GPU "idle" in
+    """A 300-digit job id or a pod name with a newline made the GPU "idle" in
     attribution while gpu_workload_info showed the workload."""
     for bad in (Workload(hpc_job="9" * 300), Workload(namespace="ns", pod="p\nq", container="c"),
                 Workload(hpc_job="4\u20282"), Workload(hpc_job="7", pod="p")):

@@ -134,7 +134,7 @@ def test_malformed_answers_are_a_clear_error(server):
 
 
 def test_the_kind_starts_no_thread(tmp_path):
-    """Issue 36: no thread count rises when the kind is on. The simulated kubelet runs in its own
+    """No thread count rises when the kind is on. The simulated kubelet runs in its own
     process, as a kubelet does; this process's tasks (every thread, C ones included) are counted
     before and after List calls, and no Python thread is started."""
     sock = tmp_path / "kubelet.sock"

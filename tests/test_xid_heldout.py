@@ -431,7 +431,7 @@ def test_parts_written_with_delays_to_the_running_follower(tmp_path):
 
 
 def test_a_saved_log_without_a_final_newline_keeps_its_last_line_waiting(tmp_path):
-    """Issue 30 changed this: a record counts only when whole, for `check` and `ack` as for the
+    """A record counts only when whole, for `check` and `ack` as for the
     daemon. A line without its newline may be a record still being written (`...: 6` of an
     `...: 63` line), and counting it, as `check` did, counted a phantom XID and stored a sequence
     number that made the daemon skip the whole record."""
