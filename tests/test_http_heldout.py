@@ -282,7 +282,7 @@ def test_a_wrong_password_takes_as_long_for_an_unknown_user(exporter):
 
 
 def test_every_malformed_or_over_long_credential_is_a_401_not_a_reset(exporter):
-    """Neighbours of item 2, one at a time from an address of their own: each gets 401 (with
+    """Neighbours of the wrong-password flood, one at a time from an address of their own: each gets 401 (with
     WWW-Authenticate), never a dropped connection; a password over bcrypt's 72 bytes included
     (the bcrypt library raises on it), also one that starts with the right password."""
     b64 = base64.b64encode
@@ -318,7 +318,7 @@ def test_wrong_password_flood_then_everything_answers_within_5s(exporter, n, sec
 
 @pytest.mark.slow
 def test_unknown_users_garbage_headers_and_leavers_then_everything_answers(exporter):
-    """Neighbours of item 2: unknown users, Authorization headers that are not credentials
+    """Neighbours of the wrong-password flood: unknown users, Authorization headers that are not credentials
     (not base64, no colon, other schemes, huge, over-long passwords), clients that send and
     leave at once; from many source addresses. Then all answers within 5 s."""
     assert exporter.get("/metrics", GOOD)[0] == 200

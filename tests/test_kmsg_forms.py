@@ -116,7 +116,7 @@ def test_another_program_s_line_is_read_never_counted(tmp_path):
 
 
 def test_a_mix_of_records_and_text_lines_counts_every_xid(tmp_path):
-    """The defect: records with a `dmesg -T` XID 94 line among them were HEALTHY (the line dropped)."""
+    """Records with a `dmesg -T` XID 94 line among them are not healthy: the line is read, not dropped."""
     text = "".join([
         "6,1,0,-;Linux version 6.1.0\n",
         f"4,400,40000000,-;{XID63}\n",
