@@ -1,4 +1,4 @@
-"""What GPU activity (NVML GPM, issue 27) adds to a scrape: CPU and wall time per GPU collection and
+"""What GPU activity (NVML GPM) adds to a scrape: CPU and wall time per GPU collection and
 series, on a simulated p5.48xlarge (8 H100s) with the fake NVML's latencies on.
 
     PYTHONPATH=. python3 bench/bench_activity.py [--scrapes 300] [--rounds 3] [--json OUT.json]
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: (statistics.median(c for c, _ in v), statistics.median(w for _, w in v))
            for k, v in rounds.items()}
     with_series = series(runners["with"])
-    added = {n: with_series.get(n, 0) for n in ACTIVITY}  # none of them existed before issue 27
+    added = {n: with_series.get(n, 0) for n in ACTIVITY}
     out = {
         "gpus": 8, "latencies": latencies, "scrapes_per_round": args.scrapes, "rounds": args.rounds,
         "cpu_ms_per_collection": {k: round(c * 1e3, 3) for k, (c, _) in med.items()},

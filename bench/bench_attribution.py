@@ -1,4 +1,4 @@
-"""Fault attribution's cost (issue 26 item 3), in-process on a simulated p5 (fake NVML, 8 GPUs):
+"""Fault attribution's cost, in-process on a simulated p5 (fake NVML, 8 GPUs):
 
 1. per counted event: FaultAttribution.xid() (history lookup + ledger) with 8 GPUs each holding
    a full history (256 workload changes), and FaultAttribution.sxid() (all 8 GPUs);

@@ -1,4 +1,4 @@
-"""Benchmark of the GPU collector (issue 2): scrape time, CPU time, naive vs batched, whole
+"""Benchmark of the GPU collector: scrape time, CPU time, naive vs batched, whole
 scrape and memory.
 
 Simulated (default): a p5.48xlarge of 8 GPUs on the fake NVML backend with the captured
@@ -262,8 +262,8 @@ def bench_whole_vs_single(real: bool, profile: str, n: int, block: int = 10, set
     blocks of `block` scrapes (so slow drifts of the host's load hit all alike), each block after
     `settle_s` for the resumed process's catch-up work (timers that fired while it was stopped).
     Scrapes reuse one keep-alive connection per exporter, with gzip, as Prometheus does. Figures:
-    the median HTTP scrape of each, and the whole scrape over the slowest single collector's. Goal
-    (issue 14): at most 1.2, i.e. the collectors overlap and the verdict waits for nothing but
+    the median HTTP scrape of each, and the whole scrape over the slowest single collector's. Goal:
+    at most 1.2, i.e. the collectors overlap and the verdict waits for nothing but
     the GPU reading it uses.
 
     Before 2026-11-26 (09:00 UTC) the exporters ran side by side, scraped round-robin: the 'all'

@@ -1,4 +1,4 @@
-"""Where the served exporter's memory goes (issue 36 item 3): RSS after each group of imports in
+"""Where the served exporter's memory goes: RSS after each group of imports in
 the order the daemon makes them, in a fresh interpreter, then the served exporter itself.
 
     PYTHONPATH=. python3 bench/bench_imports.py [--scrapes 200] [--rounds 3] [--served-only]

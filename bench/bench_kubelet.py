@@ -1,4 +1,4 @@
-"""Benchmark: what the kubelet kind costs the exporter (issue 36 item 2), in this tree and, with
+"""Benchmark: what the kubelet kind costs the exporter, in this tree and, with
 --baseline-checkout DIR, in another checkout (its own exporter and simulated kubelet), alternating.
 
 - served: `python -m exporter --simulate p5.48xlarge` with and without `--scenario k8s-pods`

@@ -1,5 +1,5 @@
 """Benchmark: peak RSS (VmHWM) and CPU of one kubelet reading (List, then matching to 8 GPUs) for
-answers the exporter must not believe (issue 35), in a fresh interpreter per answer and checkout:
+answers the exporter must not believe, in a fresh interpreter per answer and checkout:
 each CHECKOUT's own exporter.workload.kubelet (the grpcio client before issue 36, the h2 one since)
 against the same grpcio server (a test dependency) serving the same bytes.
 

@@ -1,4 +1,4 @@
-"""RSS of the exporter by stage, with and without NVML, and over many scrapes (issue 14).
+"""RSS of the exporter by stage, with and without NVML, and over many scrapes.
 
 Each variant runs in a fresh interpreter (so nothing one loaded counts for the other) that
 prints its RSS (VmRSS, MiB) after each stage:

@@ -1,4 +1,4 @@
-"""SIGTERM-to-exit of the exporter process while sources are stuck (issue 12: goal 5 s).
+"""SIGTERM-to-exit of the exporter process while sources are stuck (goal: 5 s).
 
 Two cases, each run --runs times: a simulated p5 whose GPU 3 NVML calls hang for 600 s
 (scenario gpu-nvml-hang, a scrape made after the onset so a read is stuck in NVML), and a

@@ -1,4 +1,4 @@
-"""The XID collector's scrape with a state file over the 16 MiB limit in place (issue 30 #7): such
+"""The XID collector's scrape with a state file over the 16 MiB limit in place: such
 a file used to be read on every scrape (twice with the health collector) until the daemon next
 wrote; it is now set aside at the first read (or, when it cannot be, not read again until it
 changes). Prints the median and max of 20 scrapes after the file appeared.

@@ -1,5 +1,5 @@
 """Benchmark: what the workload source costs on a simulated p5.48xlarge (8 GPUs) with 8 Slurm jobs
-or 8 pods, one per GPU (issue 26 item 6).
+or 8 pods, one per GPU.
 
 - CPU per scrape of each kind: a collection of a Runner holding only the workload collector,
   minus one holding only a collector that does nothing (the runner's own cost), in this process,

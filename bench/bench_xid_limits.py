@@ -1,4 +1,4 @@
-"""The bounded maps of the XID path under a hostile kernel log (issue 18 item 9): 10,000 PCI
+"""The bounded maps of the XID path under a hostile kernel log: 10,000 PCI
 addresses, each with an `NVRM: GPU at PCI` line and 8 XIDs (90,000 records), read once by the
 one-shot path, the state file written, one scrape of the xid and health collectors. Prints the
 XID and health series, the scrape and state file sizes, peak RSS and the CPU time of it all.

@@ -23,13 +23,15 @@ Rows (NAME: command):
   (bench/bench_rules.py --nodes 2000).
 The default set takes about 10 minutes on the 2-core development host.
 
---write replaces the table between the figures markers at the top of docs/performance.md.
+--write replaces the table between the figures markers at the top of docs/performance.md. The
+table states the figures now; earlier tables are in git.
 
-Each figure is printed beside the one it replaces, read from the table now between the markers (no
-second run): "3.94 (3.80–4.10) [was 2.35]". The previous value of a cell is found by matching the
-old cell against the row's own template (`previous_figures`), so a row whose wording changed, or
-that failed last time, simply has no "was". --baseline-checkout DIR still measures another checkout
-in the same run, for a ratio measured side by side.
+To see what moved, each new figure is printed (to stderr, never into the doc) beside the one it
+replaces, read from the table now between the markers (no second run): "3.94 (3.80–4.10) [was
+2.35]". The previous value of a cell is found by matching the old cell against the row's own
+template (`previous_figures`), so a row whose wording changed, or that failed last time, simply has
+no "was". --baseline-checkout DIR measures another checkout in the same run, for a ratio measured
+side by side.
 """
 
 from __future__ import annotations
@@ -224,7 +226,7 @@ ROWS = [
         [PY, "bench/bench_gpu.py", "--only-whole", "--whole-scrapes", "100"], parse_whole_vs_single,
         lambda f: f"whole {f('whole')} ms vs slowest single {f('slowest')} ms: {f('ratio')}×", long=True),
     Row("rules", "Rule evaluation at 2,000 nodes × 8 GPUs, each group alone, and the cores it costs at "
-        "the groups' own intervals (goal ≤ 0.25 cores, issue 36)",
+        "the groups' own intervals (goal ≤ 0.25 cores)",
         [PY, "bench/bench_rules.py", "--nodes", "2000"], parse_rules,
         lambda f: (f"{f('cores')} cores at the groups' own intervals ({f('cpu_cores')} from Prometheus' "
                    f"CPU); slowest group {f('slowest')} ms; {f('under_1s')} of {f('groups')} under 1 s"),
@@ -396,8 +398,6 @@ def main() -> int:
     doc = ROOT / "docs" / "performance.md"
     before = doc.read_text() if doc.exists() else ""
     previous, previous_when = previous_figures(before, rows), previous_note(before)
-    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True, check=False).stdout.strip()
     t0 = time.monotonic()
     trees = {"this": ROOT}
     if args.baseline_checkout:
@@ -419,20 +419,24 @@ def main() -> int:
     took = time.monotonic() - t0
     lines = [BEGIN, "", f"Each figure is the median of {args.runs} runs with their range in brackets, the "
              "runs interleaved row by row (`python bench/figures.py --write`, "
-             f"{took / 60:.0f} min, at {rev or 'an unknown commit'}, a 2-core host shared with other work, "
+             f"{took / 60:.0f} min, a 2-core host shared with other work, "
              f"{time.strftime('%Y-%m-%d')}). Commands run from the repository root with `PYTHONPATH=.`."
-             + (f" [was X]: the median the table this one replaced gave ({previous_when or 'its run'}), "
-                "on that day's host, so a ratio to it is only as good as the two hosts' likeness."
-                if previous else "") + baseline_note(args), "",
+             + baseline_note(args), "",
              "| what | figure | " + ("baseline | this ÷ baseline | " if args.baseline_checkout else "")
              + "command |", "|---|---|---|" + ("---|---|" if args.baseline_checkout else "")]
 
-    def cell(tree: str, row: Row) -> str:
+    def cell(tree: str, row: Row, was: dict[str, str] | None = None) -> str:
         if (tree, row.name) in errors:
             return f"failed: {errors[tree, row.name]}"
         figs = runs[tree, row.name]
-        was = previous.get(row.name, {}) if tree == "this" else {}
-        return row.cell(lambda k: with_previous(spread([f[k] for f in figs]), was.get(k)))
+        return row.cell(lambda k: with_previous(spread([f[k] for f in figs]), (was or {}).get(k)))
+
+    if previous:  # what moved, for whoever ran it; the doc keeps only the figures of now
+        print(f"beside the previous table ({previous_when or 'its run'}; on that day's host, so a ratio "
+              "to it is only as good as the two hosts' likeness):", file=sys.stderr)
+        for row in rows:
+            if row.name in previous:
+                print(f"  {row.name}: {cell('this', row, previous[row.name])}", file=sys.stderr)
 
     for row in rows:
         cells = [cell("this", row)]

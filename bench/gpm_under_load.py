@@ -1,4 +1,4 @@
-"""GPM under a known load, on a lent GPU (issue 27): the exporter's activity counters against what
+"""GPM under a known load, on a lent GPU: the exporter's activity counters against what
 the GPU was made to do. Phases of a few seconds each on GPU 0: idle, a bf16 matrix-product loop
 (tensor cores busy), a device-to-device copy loop (DRAM busy, no tensor work). The exporter (GPU
 collector only, port 0) is scraped at each phase's edges; the rate of each counter over the phase

@@ -1,4 +1,4 @@
-"""Time to page at the rule groups' real intervals (issue 36): the replace-now, reboot, lost-GPU
+"""Time to page at the rule groups' real intervals: the replace-now, reboot, lost-GPU
 and DBE rows of the alert matrix, run without time compression.
 
     PYTHONPATH=. python3 bench/time_to_page.py [--scrape 15] [--runs 1]

@@ -15,7 +15,7 @@ from tests.helpers import HANG_GUARD_S, ROOT
 
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"
 OVERLAYS = sorted(p.parent for p in (KUSTOMIZE / "overlays").glob("*/kustomization.yaml"))
-# The Kubernetes minor versions the manifests must validate against (issue 11).
+# The Kubernetes minor versions the manifests must validate against.
 K8S_VERSIONS = ["1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0"]
 
 

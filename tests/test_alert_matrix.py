@@ -68,7 +68,7 @@ def test_doc_table_lists_the_matrix():
 def test_compressed_rules_run_each_group_at_its_own_interval(tmp_path):
     """The matrix's Prometheus evaluates every group at its own interval / SPEEDUP (the ECC groups
     as strongly compressed as their windows), never at the global 2 s: time-to-page is measured at
-    the groups' real intervals, which promtool cannot show (issue 36)."""
+    the groups' real intervals, which promtool cannot show."""
     compressed_rules(tmp_path)
     for src in sorted((ROOT / "rules").glob("*.yml")):
         copy = yaml.safe_load((tmp_path / src.name).read_text())

@@ -1,4 +1,4 @@
-"""A model of a node over time (issue 35): workloads take and leave GPUs, the workload source
+"""A model of a node over time: workloads take and leave GPUs, the workload source
 takes readings (some GPUs unobserved now and then), the wall clock steps back and forth, XIDs
 happen (counted live, or late as the backlog; the source's fresh reading failing or not) and
 operators ack GPUs, in any order Hypothesis draws. After every event the attribution names

@@ -1,4 +1,4 @@
-"""A tool error never looks like a node fault (issue 29): `check` answers 3 (could not check) for
+"""A tool error never looks like a node fault: `check` answers 3 (could not check) for
 a configuration error, an input it cannot parse or an error of its own; `ack` refuses a GPU the
 node does not have; relative paths in the config file mean the same from any working directory;
 a fully configured identity asks instance metadata nothing."""
@@ -42,7 +42,7 @@ UNREADABLE_XID = "[Fri Nov 27 10:14:09 2026] NVRM: Xid (PCI:0000:53:0\n"
 
 
 def test_dmesg_output_as_the_kernel_log_is_read_and_its_xids_counted(tmp_path, capsys):
-    """Issue 37: `dmesg -T` output is a kernel log like any other (it answered 3 before)."""
+    """`dmesg -T` output is a kernel log like any other (it answered 3 before)."""
     log = tmp_path / "dmesg.txt"
     log.write_text(DMESG_T)
     code, doc = check(capsys, tmp_path, "--kmsg-file", str(log))

@@ -1,4 +1,4 @@
-"""CI is deterministic (issue 18 item 12): Hypothesis draws the same examples on every run unless
+"""CI is deterministic: Hypothesis draws the same examples on every run unless
 the random search is asked for (HYPOTHESIS_PROFILE=search; tests/conftest.py), and .ci/run runs
 the derandomized profile."""
 

@@ -1,4 +1,4 @@
-"""node_exporter's command-line conventions (issue 21 #1): --web.listen-address, --web.telemetry-path,
+"""node_exporter's command-line conventions: --web.listen-address, --web.telemetry-path,
 --collector.NAME / --no-collector.NAME, --collector.disable-defaults, --log.level, --log.format
 (logfmt correctly quoted, json), today's flags kept as aliases; build_info's revision and branch;
 the served address in the start-up line."""
@@ -128,7 +128,7 @@ def test_build_info_reads_packed_refs_detached_heads_and_no_checkout(tmp_path):
 
 @pytest.mark.slow
 def test_node_exporter_style_invocation_serves_json_logs_without_lustre(tmp_path):
-    """Issue 21: `--web.listen-address 127.0.0.1:PORT --simulate p5.48xlarge --no-collector.lustre
+    """`--web.listen-address 127.0.0.1:PORT --simulate p5.48xlarge --no-collector.lustre
     --log.format json` serves with no Lustre series and logs JSON lines; build_info has revision."""
     proc, url, log = start_exporter(tmp_path, "--simulate", "p5.48xlarge", "--no-collector.lustre",
                                     "--log.format", "json", "--path.state-dir", str(tmp_path / "state"),

@@ -1,4 +1,4 @@
-"""Held-out checks of the command line (issues 18 #4/#6/#7, 20 #2, 21 #1/#2), as an outsider runs it:
+"""Held-out checks of the command line, as an outsider runs it:
 `python -m exporter ...` in a subprocess, on 127.0.0.1 only, IMDS off."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def series(text: str) -> set[str]:
     return {ln.split("{")[0].split(" ")[0] for ln in text.splitlines() if ln and not ln.startswith("#")}
 
 
-# --- issue 21 #1: node_exporter's flags -------------------------------------------------------------
+# --- node_exporter's flags --------------------------------------------------------------------------
 
 @pytest.mark.slow
 def test_must_show_json_logs_no_lustre_collect_filter_and_build_info():
@@ -185,7 +185,7 @@ def test_unknown_collector_exits_2_naming_it():
     assert r.returncode == 2 and "foo" in r.stderr
 
 
-# --- issue 21 #2, 18 #6/#7: config files -----------------------------------------------------------
+# --- config files ----------------------------------------------------------------------------------
 
 THREE = "log_level: loud\nnode:\n  expected_gpus: many\nxid:\n  policy:\n    replace: [999999]\n"
 SUBCOMMANDS = [[], ["check"], ["ack", "--gpu", "0"], ["capture", "--out", "OUT"]]
@@ -305,7 +305,7 @@ def test_sighup_storms_and_a_bomb_on_reload(tmp_path):
     assert rc == 0, tail[-3000:]
 
 
-# --- issue 20 #2: check's expected GPU count -------------------------------------------------------
+# --- check's expected GPU count --------------------------------------------------------------------
 
 def _sysfs(tmp_path, product: str | None):
     d = tmp_path / "sys" / "devices" / "virtual" / "dmi" / "id"

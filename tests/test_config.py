@@ -96,7 +96,7 @@ def test_gpu_read_timeout_above_its_share_of_the_timeout_is_an_error(tmp_path):
     assert load(write(tmp_path, "gpu:\n  timeout_seconds: 2\n  read_timeout_seconds: 1.6\n")) is not None
 
 
-# --- hostile files (issue 18 #6, #7, the config path's kind) ---
+# --- hostile files, the config path's kind ---
 
 def bomb(levels: int = 9) -> str:
     """About 1 KB of YAML that expands to 9**levels strings, used as a known key's (wrong) value."""
@@ -194,7 +194,7 @@ def test_yaml_syntax_errors_name_the_file_line_and_column(tmp_path):
     assert "<unicode string>" not in str(e.value)
 
 
-# --- every error at once, typed sections (issue 21 #2, issue 19 #3) ---
+# --- every error at once, typed sections ------------------------------
 
 def test_every_error_is_reported_at_once_with_its_key_expectation_and_value(tmp_path):
     p = write(tmp_path, "listen: nowhere\nbogus: 1\ngpu:\n  timeout_seconds: -1\n  parallel: maybe\n"

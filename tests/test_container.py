@@ -173,7 +173,7 @@ def test_image_serves_the_simulated_node_as_non_root_on_a_read_only_root(image_r
 
 @pytest.mark.slow
 def test_image_carries_the_release_files(image_root):
-    """Issue 29: the runbooks page every alert links to by default, and the wheel's package data,
+    """The runbooks page every alert links to by default, and the wheel's package data,
     from which `python -m exporter.deploygen --out DIR` renders the manifests inside the image."""
     from exporter import share
     from exporter.rules import DEFAULT_RUNBOOK_BASE
@@ -184,7 +184,7 @@ def test_image_carries_the_release_files(image_root):
     venv_lib = root / "opt" / "gpu-health-exporter" / "lib"
     shipped = next(venv_lib.glob("python3*/site-packages/exporter/shipped"))
     site = shipped.parent.parent
-    # issue 36: the kubelet kind's client is h2; grpcio (a test dependency) is not in the image
+    # the kubelet kind's client is h2; grpcio (a test dependency) is not in the image
     assert (site / "h2").is_dir() and not list(site.glob("grpc*")), sorted(p.name for p in site.iterdir())
     for rel in share.files(share.CHECKOUT):
         assert (shipped / rel).read_bytes() == (share.CHECKOUT / rel).read_bytes(), rel

@@ -26,7 +26,7 @@ from tests.helpers import test_pool
 from tests.rules_lint import PENDING_SERIES
 
 ROOT = Path(__file__).resolve().parent.parent
-# issue 14: default series on a simulated p5.48xlarge (1000), plus issue 27's GPU activity: 4 GPM
+# default series on a simulated p5.48xlarge (1000), plus the GPU activity: 4 GPM
 # counters and gpu_activity_measured per GPU, 40 on a p5, what replaces a dcgm-exporter beside us
 SERIES_BUDGET = 1000 + 40
 # Scenarios that make event-driven series exist (XID counts, an eviction) without which a default

@@ -1,4 +1,4 @@
-"""What the docs count or list about rules, collectors and shipped files matches the tree (issue 29).
+"""What the docs count or list about rules, collectors and shipped files matches the tree.
 
 Checked in README.md and docs/*.md (docs/metrics.md and docs/configuration.md are generated):
 - a number of rule files, collectors, dashboards or alerts ("seven rule files", "56 alerts");

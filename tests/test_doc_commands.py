@@ -1,4 +1,4 @@
-"""Every shell command the docs mark runnable runs, against the simulated node (issue 29).
+"""Every shell command the docs mark runnable runs, against the simulated node.
 
 The convention (tests/doc_blocks.py, docs/design.md): a fenced block whose info string is
 `sh runnable` runs from the checkout's package; `sh runnable installed` runs from the wheel

@@ -26,7 +26,7 @@ def test_every_metric_documented_once():
 def test_dcgm_migration_table_names_only_metrics_that_exist():
     """Every series the dcgm-exporter table points to is in the catalog (a rename fails here), every
     row says what to use or that it is not exported; the profiling fields NVML's GPM gives are mapped
-    to the activity counters (issue 27), the rest still needs DCGM."""
+    to the activity counters, the rest still needs DCGM."""
     import re
 
     from exporter import migration

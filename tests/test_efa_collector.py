@@ -124,7 +124,7 @@ def test_a_counter_set_reads_and_exports_only_its_files(tmp_path, setting, want)
     assert read == set(want)
     exported = {n for n in names(text) if n.startswith("efa_") and n.endswith("_total")}
     per_device = {lookup(f, "port").spec.name for f in want}
-    # the node's totals (issue 36) of the summed families it read, and only those
+    # the node's totals of the summed families it read, and only those
     assert exported == per_device | {NODE_TOTALS[n].name for n in per_device if n in NODE_TOTALS}
     assert ("efa_port_rate_bytes_per_second" in names(text)) == (setting != "default")
     assert "efa_info" not in names(text) and value(text, "efa_device_up", device="rdmap16s0") == 1
@@ -594,7 +594,7 @@ def test_an_unchanged_counter_is_the_same_sample_and_a_changed_one_shows_its_new
     assert value(ss, "efa_rx_bytes_total", device="rdmap79s0", port="1") == vals["rx_bytes"]
 
 
-# --- the node's totals (issue 36) -------------------------------------------------------------------
+# --- the node's totals ------------------------------------------------------------------------------
 
 def _set(dev, file: str, v: int) -> None:
     (dev / "ports" / "1" / "hw_counters" / file).write_text(f"{v}\n")

@@ -1,4 +1,4 @@
-"""The renderer's series-prefix cache is sized to the node (issue 36 item 3): series that come and
+"""The renderer's series-prefix cache is sized to the node: series that come and
 go with workloads (gpu_workload_info's job labels, attribution series) must not grow it past a
 few times the series the node serves. A fixed bound of 200,000 held about 100 MiB at its cap."""
 

@@ -1,6 +1,7 @@
-"""bench/figures.py puts each figure beside the one the table it replaces gave (issue 36 item 4):
-the previous values are read back from the table between the figures markers by matching each
-old cell against its row's template. Only the parsing and formatting run here, no bench."""
+"""bench/figures.py prints each new figure beside the one the table it replaces gave, and writes
+only the new figures into docs/performance.md: the previous values are read back from the table
+between the figures markers by matching each old cell against its row's template. Only the parsing
+and formatting run here, no bench."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def test_a_cell_whose_wording_changed_gives_no_previous_figures(figures):
 
 
 def test_a_new_cell_shows_the_previous_figure_and_can_be_read_back(figures):
-    """The cell written with "[was X]" is itself read back next time (its median, not the old one)."""
+    """The printed cell with "[was X]" still matches its template (its median, not the old one)."""
     row = _row(figures, "gpu")
     was = {"ours": "4.99", "cpu": "2.35", "naive": "77.1"}
     new = {"ours": [3.1, 3.0, 3.4], "cpu": [3.9, 3.8, 4.1], "naive": [77.0, 77.2, 76.9]}
@@ -85,3 +86,12 @@ def test_every_default_row_of_the_shipped_table_is_read(figures):
     that row's previous figures)."""
     prev = figures.previous_figures((ROOT / "docs" / "performance.md").read_text())
     assert {r.name for r in figures.ROWS if not r.long} <= set(prev)
+
+
+def test_the_shipped_table_states_the_figures_of_now(figures):
+    """History is in git: the table carries no previous figures and no commit it was measured at."""
+    import re
+    doc = (ROOT / "docs" / "performance.md").read_text()
+    table = doc[doc.index(figures.BEGIN):doc.index(figures.END)]
+    assert "[was " not in table
+    assert not re.search(r"\bat [0-9a-f]{7,40}\b", table)

@@ -1,4 +1,4 @@
-"""The golden /metrics (issue 19 item 7), as node_exporter keeps one: the whole exposition of a
+"""The golden /metrics, as node_exporter keeps one: the whole exposition of a
 simulated p5.48xlarge, compared byte for byte with tests/fixtures/golden/, so every rename, label
 change, new or stray series shows up as one diff in review.
 

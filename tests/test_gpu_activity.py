@@ -1,4 +1,4 @@
-"""GPU activity from NVML GPM (issue 27): the interval arithmetic, the per-GPU reader against the fake
+"""GPU activity from NVML GPM: the interval arithmetic, the per-GPU reader against the fake
 NVML (support, MIG, a profiler holding the counters, failures, a GPU lost and back), and the
 simulated nodes end to end (a p5 measured and busy, a p4d not measured and saying why)."""
 

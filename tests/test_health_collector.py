@@ -66,7 +66,7 @@ def test_without_a_gpu_collector_the_verdict_lists_nvml_s_gpus(tmp_path):
     runner.close()
 
 
-# --- a GPU that does not answer (issue 37): never healthy --------------------------------------
+# --- a GPU that does not answer: never healthy -------------------------------------------------
 
 def _hung(tmp_path, unresponsive_s):
     fake, ctx = p5(tmp_path)

@@ -1,4 +1,4 @@
-"""Issue 18, items 2, 3, 10 and the HTTP minor items: what a client without credentials, or one
+"""What a client without credentials, or one
 that never reads its answers, can cost the endpoint. Loopback only; every wait has a deadline."""
 
 import base64
@@ -58,7 +58,7 @@ def _serve(users, **limits):
 
 @pytest.mark.slow
 def test_a_wrong_password_flood_leaves_scrapes_and_probes_answering(cost12_users):
-    """Issue 18 item 2 (must show): after 300 wrong-password requests, /metrics with credentials
+    """After 300 wrong-password requests, /metrics with credentials
     and /healthz answer within 5 s of the flood's end (they answered 73 s later before)."""
     srv, runner = _serve(cost12_users)
     base = f"http://127.0.0.1:{srv.port}"
@@ -139,7 +139,7 @@ def test_scrapers_sharing_uncached_credentials_share_one_check(cost12_users):
 
 
 def test_a_wrong_password_takes_as_long_for_an_unknown_user():
-    """Issue 18 item 3: the dummy hash has the configured hashes' cost, so an unknown user is
+    """The dummy hash has the configured hashes' cost, so an unknown user is
     not answered 150 times faster than a known one (CPU time of the checking thread)."""
     auth = BasicAuth({"prometheus": bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(10))})
 
@@ -156,7 +156,7 @@ def test_a_wrong_password_takes_as_long_for_an_unknown_user():
 
 
 def test_password_checks_queued_for_clients_that_left_are_dropped(cost12_users):
-    """Issue 18 item 2: checks still queued when their client disconnects never run bcrypt."""
+    """Checks still queued when their client disconnects never run bcrypt."""
     srv, runner = _serve(cost12_users, auth_queue=4)
 
     def wrong(guess: str) -> bytes:  # a new guess each: a check of its own, not a shared one
@@ -211,7 +211,7 @@ def test_an_address_flooding_wrong_passwords_is_made_to_wait():
 
 
 def test_probes_do_not_wait_behind_busy_workers():
-    """Issue 18 item 2: /healthz and /readyz are answered while every worker is taken."""
+    """/healthz and /readyz are answered while every worker is taken."""
     hung = Probe("hung", "hang")
     runner = Runner([hung], deadline_s=30, pool=test_pool())
     srv = Server(runner, "127.0.0.1", 0, limits=Limits(workers=1))
@@ -234,7 +234,7 @@ def test_probes_do_not_wait_behind_busy_workers():
 
 
 def test_clients_that_pipeline_and_never_read_cannot_lock_out_scrapes():
-    """Issue 18 item 10: connections waiting for a client to read its answers are evictable, so
+    """Connections waiting for a client to read its answers are evictable, so
     20 pipelining non-readers at the connection limit cannot make scrapes fail."""
     body = os.urandom(256 * 1024)
     calls = [0]

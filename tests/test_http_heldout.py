@@ -1,4 +1,4 @@
-"""Issue 18 (items 2, 3, 10, minor) and issue 21 (collect[]), tried from outside: the exporter is
+"""The HTTP endpoint (auth, TLS, slow and abusive clients, collect[]) tried from outside: the exporter is
 started from its command line (`python -m exporter --simulate p5.48xlarge --web.config.file F`)
 and attacked with raw sockets on 127.0.0.1, as the held-out fault cases will. Nothing here
 imports the server; every wait has a deadline; each flood is bounded in count and time.
@@ -264,7 +264,7 @@ def _after_flood_all_answer(ex: Exporter, flood: Flood, fresh_user: str | None =
 
 
 def test_a_wrong_password_takes_as_long_for_an_unknown_user(exporter):
-    """Issue 18 item 3: median answer time of a wrong password for an unknown user and for a
+    """Median answer time of a wrong password for an unknown user and for a
     known one are the same order of magnitude (each try from its own address and after the
     previous answered, so nothing queues)."""
     assert exporter.get("/healthz")[0] == 200
@@ -282,7 +282,7 @@ def test_a_wrong_password_takes_as_long_for_an_unknown_user(exporter):
 
 
 def test_every_malformed_or_over_long_credential_is_a_401_not_a_reset(exporter):
-    """Neighbours of item 2, one at a time from an address of their own: each gets 401 (with
+    """Neighbours of the wrong-password flood, one at a time from an address of their own: each gets 401 (with
     WWW-Authenticate), never a dropped connection; a password over bcrypt's 72 bytes included
     (the bcrypt library raises on it), also one that starts with the right password."""
     b64 = base64.b64encode
@@ -304,7 +304,7 @@ def test_every_malformed_or_over_long_credential_is_a_401_not_a_reset(exporter):
                          [(300, 0.0, False, 0), (512, 3.0, False, 1), (300, 0.0, True, 2)],
                          ids=["300-at-once", "512-in-3s", "300-same-password"])
 def test_wrong_password_flood_then_everything_answers_within_5s(exporter, n, seconds, same, user):
-    """Issue 18 item 2: 300 concurrent / 512 in 3 s wrong passwords (each different), then
+    """300 concurrent / 512 in 3 s wrong passwords (each different), then
     /healthz, /readyz, /metrics with credentials (cached before, and a user never seen) answer
     within 5 s of the flood's end."""
     assert exporter.get("/metrics", GOOD)[0] == 200
@@ -318,7 +318,7 @@ def test_wrong_password_flood_then_everything_answers_within_5s(exporter, n, sec
 
 @pytest.mark.slow
 def test_unknown_users_garbage_headers_and_leavers_then_everything_answers(exporter):
-    """Neighbours of item 2: unknown users, Authorization headers that are not credentials
+    """Neighbours of the wrong-password flood: unknown users, Authorization headers that are not credentials
     (not base64, no colon, other schemes, huge, over-long passwords), clients that send and
     leave at once; from many source addresses. Then all answers within 5 s."""
     assert exporter.get("/metrics", GOOD)[0] == 200
@@ -350,7 +350,7 @@ def test_unknown_users_garbage_headers_and_leavers_then_everything_answers(expor
 @pytest.mark.slow
 @pytest.mark.parametrize("same", [False, True], ids=["distinct-passwords", "one-wrong-password"])
 def test_scrapes_succeed_during_a_100_per_second_wrong_password_stream(exporter, same):
-    """Issue 18 item 2: at 100 wrong passwords a second (once 1 scrape in 21 succeeded),
+    """At 100 wrong passwords a second (once 1 scrape in 21 succeeded),
     scrapes with credentials and probes keep succeeding. With one wrong password repeated, the
     scraper logs in for the first time during the stream (its check must get a turn); with
     distinct ones (a brute force from the scraper's own address) it logged in before."""
@@ -389,7 +389,7 @@ def test_scrapes_succeed_during_a_100_per_second_wrong_password_stream(exporter,
 
 @pytest.mark.slow
 def test_pipelining_non_readers_slowloris_and_idle_clients_do_not_lock_out_scrapes(exporter):
-    """Issue 18 item 10 and neighbours: 600 connections pipelining 20 GETs each with a 4 KiB
+    """600 connections pipelining 20 GETs each with a 4 KiB
     receive buffer and never reading, 200 slowloris clients, 600 idle connections: scrapes with
     credentials keep succeeding (goal 0 failures; the bound allows a loaded 2-core machine)."""
     assert exporter.get("/metrics", GOOD)[0] == 200
@@ -468,7 +468,7 @@ def test_bad_header_lines_are_400(exporter):
 
 
 def test_collect_filter_on_the_metrics_path(exporter):
-    """Issue 21 item 1: ?collect[]=gpu returns GPU series and no EFA (nor Lustre) series, with
+    """?collect[]=gpu returns GPU series and no EFA (nor Lustre) series, with
     the exporter's own; exclude[] the opposite; an unknown name is a 400 naming it."""
     status, _, body = exporter.get("/metrics", GOOD)
     assert status == 200

@@ -320,7 +320,7 @@ def test_a_read_timeout_is_retried_once_then_reported(fake):
     assert time.monotonic() - t < 1.0
 
 
-# --- IMDS only where it can answer (issue 37) ----------------------------------------------------
+# --- IMDS only where it can answer ---------------------------------------------------------------
 
 @pytest.mark.parametrize(("files", "want"), [
     ({"sys_vendor": "Amazon EC2", "product_name": "p5.48xlarge"}, True),

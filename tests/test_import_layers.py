@@ -1,4 +1,4 @@
-"""The NVML seam is a leaf (issue 38): exporter/nvml/ imports no other package of the exporter but
+"""The NVML seam is a leaf: exporter/nvml/ imports no other package of the exporter but
 the deadline primitive, so nothing that reads NVML can close a package cycle through it. Recording
 a capture, which reads NVML, GPM and the kernel log, is exporter/capture.py, above all three."""
 

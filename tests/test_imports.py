@@ -1,4 +1,4 @@
-"""No import cycles in exporter/ (issue 28 item 6, issue 38 item 2): the module import graph, read
+"""No import cycles in exporter/: the module import graph, read
 from the source (every import statement: at module level, inside a function, under TYPE_CHECKING),
 has no cycle, and neither has the graph of its packages (exporter.xid, exporter.workload, ...; a
 module directly under exporter/ is a node of its own): two packages that import each other have

@@ -1,4 +1,4 @@
-"""A kernel log is read whole or not trusted (issue 37): `check --kmsg-file` takes /dev/kmsg records,
+"""A kernel log is read whole or not trusted: `check --kmsg-file` takes /dev/kmsg records,
 `dmesg`, `dmesg -T`, `journalctl -k` (short, short-iso, short-precise, short-monotonic) and syslog
 lines, or a mix, and counts their XIDs and SXids as the daemon would; a line that names an XID or
 SXid it cannot read makes the answer 3, never 0."""
@@ -116,7 +116,7 @@ def test_another_program_s_line_is_read_never_counted(tmp_path):
 
 
 def test_a_mix_of_records_and_text_lines_counts_every_xid(tmp_path):
-    """The defect: records with a `dmesg -T` XID 94 line among them were HEALTHY (the line dropped)."""
+    """Records with a `dmesg -T` XID 94 line among them are not healthy: the line is read, not dropped."""
     text = "".join([
         "6,1,0,-;Linux version 6.1.0\n",
         f"4,400,40000000,-;{XID63}\n",
@@ -156,7 +156,7 @@ def test_check_on_a_log_with_an_unreadable_xid_line_answers_3_never_0(tmp_path, 
 
 
 def test_a_regular_file_it_may_not_read_gets_a_file_hint_not_the_cap_syslog_one(tmp_path):
-    """Issue 37: a mode-000 log file was told about /dev/kmsg and CAP_SYSLOG."""
+    """A mode-000 log file was told about /dev/kmsg and CAP_SYSLOG."""
     import errno
 
     from exporter.xid.follower import read_error_hint

@@ -276,7 +276,7 @@ def test_the_collector_gets_this_collections_verdict_and_nvml_trouble_is_unknown
     assert (d.status, d.reason, d.taint, d.replace) == ("True", "Healthy", False, False), d
     assert value(text, "gpu_health_exporter_kubernetes_up") == 0  # never started: nothing written
     runner.close()
-    ctx = make_ctx(tmp_path / "no-nvml", "")  # NVML init fails: the verdict says unknown (issue 37)
+    ctx = make_ctx(tmp_path / "no-nvml", "")  # NVML init fails: the verdict says unknown
     runner = Runner([KubernetesCollector(ctx), GpuCollector(ctx), HealthCollector(ctx)], deadline_s=5,
             pool=test_pool())
     scrape(runner)

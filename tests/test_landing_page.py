@@ -1,4 +1,4 @@
-"""The landing page an on-call engineer needs (issue 37): for every GPU, healthy ones too, its
+"""The landing page an on-call engineer needs: for every GPU, healthy ones too, its
 verdict, the workload on it now, the faults it logged with the workloads they hit, each reason's
 runbook link and the `ack` command that clears it; checked as served by a simulated node, and in a
 real browser (Debian's headless Chromium) with JavaScript off: the page has no script to need."""

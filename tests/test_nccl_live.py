@@ -1,4 +1,4 @@
-"""NCCL RAS end to end (issue 44): two simulated nodes of one Slurm job share one fake RAS server
+"""NCCL RAS end to end: two simulated nodes of one Slurm job share one fake RAS server
 (`python -m exporter.simulate.nccl_ras`) whose rank on node 1's GPU 3 stops launching; a real
 Prometheus scrapes both exporters every second with rules/nccl.yml at that pace (its 2-minute
 window as 10 seconds) beside the other rule files, and the real Alertmanager routes the alert with

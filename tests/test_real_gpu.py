@@ -207,7 +207,7 @@ def test_collector_serves_the_real_gpus(real):
 
 
 def test_gpm_activity_on_the_real_gpus(real):
-    """GPM (issue 27): a Hopper or newer GPU (compute capability 9+) is measured, two samples a
+    """GPM: a Hopper or newer GPU (compute capability 9+) is measured, two samples a
     second apart give ratios in [0, 1]; an older GPU says gpu_not_supported; the capture records GPM
     with its cost per call (written to $OUT/gpm_capture.json for docs/real-gpu.md)."""
     import time

@@ -1,4 +1,4 @@
-"""The explicit registry (issue 19 #3): a collector class declares its typed config section, its
+"""The explicit registry: a collector class declares its typed config section, its
 metric prefix and its docs group, and nothing else needs editing. A toy collector registered here
 gets its config section, its docs (docs/configuration.md and docs/metrics.md) and its metrics."""
 

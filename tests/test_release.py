@@ -1,4 +1,4 @@
-"""The release a user takes whole (issue 29): the wheel, installed in a fresh virtual environment
+"""The release a user takes whole: the wheel, installed in a fresh virtual environment
 and used from a directory outside the checkout, renders the rules, the Kubernetes manifests and
 the dashboards; carries exactly the checkout's shipped files (the one source: no drift); and its
 checkout-only generators refuse to write into site-packages. The release tarball holds the same.
@@ -138,7 +138,7 @@ def yaml_alerts() -> list[dict]:
             for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if "alert" in r]
 
 
-# --- a release a user can build and take (issue 37) ---------------------------------------------
+# --- a release a user can build and take --------------------------------------------------------
 
 def test_the_wheel_carries_its_revision(installed):  # noqa: F811
     from exporter.buildinfo import from_git

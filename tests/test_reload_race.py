@@ -1,4 +1,4 @@
-"""Issue 30 #1: a reload runs with exactly what it validated, whatever its size, the web config
+"""A reload runs with exactly what it validated, whatever its size, the web config
 (and the TLS files it names) included. An edit that lands between the SIGHUP's validation and
 the re-exec'd process's start must neither stop the exporter (exit 2, which systemd does not
 restart) nor run unvalidated. Real processes for the races; the hand-over in-process for TLS."""

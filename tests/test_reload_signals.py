@@ -1,4 +1,4 @@
-"""SIGHUP is safe at any moment (issue 18 #4): a reload restarts the process in place with execve,
+"""SIGHUP is safe at any moment: a reload restarts the process in place with execve,
 and a SIGHUP that arrives while it does (two `systemctl reload`s in a row) must never kill the
 exporter. Real processes; every wait is for a condition, with a deadline."""
 

@@ -186,7 +186,7 @@ def test_group_limits_and_unique_names():
     assert len(names) == len(set(names))
 
 
-# Issue 36: what a group costs is its cost per evaluation over its interval (bench/bench_rules.py),
+# What a group costs is its cost per evaluation over its interval (bench/bench_rules.py),
 # so every group says its interval, and a group with a critical alert (a page) is evaluated every
 # 30 s or faster, so every page comes within a minute of its condition (docs/alerts.md,
 # "Evaluation intervals"). promtool ignores `interval:`; tests/test_alert_matrix.py runs the groups
@@ -317,11 +317,23 @@ def test_every_or_with_an_alerts_arm_is_disjoint():
             assert "unless on (" in r["expr"], r["record"]
 
 
-def test_every_defect_has_a_case():
-    names = " ".join(g["name"] for s in ("fleet.test.yml", "gpu_ecc_fleet.test.yml")
-                     for g in load(SUITES_DIR / s)["tests"])
-    for n in range(1, 7):
-        assert f"(defect {n})" in names, f"no promtool case for issue 9's defect {n}"
+# The properties of "Holding through real operations" (docs/alerts.md), each held by a promtool case
+# that fails on the rules before its fix (tests/test_rules_before_fix.py runs them there).
+HOLDING_CASES = (
+    ("fleet.test.yml", "an acknowledged GPU stays silent through a missed health collection"),
+    ("fleet.test.yml", "a replace page holds while the exporter is unreachable or its target gone"),
+    ("fleet.test.yml", "a 2-minute exporter restart neither resolves nor re-pages"),
+    ("fleet.test.yml", "GPUs count as missing when NVML is unusable"),
+    ("gpu_ecc_fleet.test.yml", "rate doubling every 2 hours fires"),
+    ("gpu_ecc_fleet.test.yml", "step that persists keeps firing, a linear drift never fires"),
+    ("gpu_ecc_fleet.test.yml", "young series judged on the young threshold only"),
+)
+
+
+def test_every_holding_property_has_a_regression_case():
+    for suite, case in HOLDING_CASES:
+        names = [g["name"] for g in load(SUITES_DIR / suite)["tests"]]
+        assert f"{case} (regression)" in names, f"{suite}: no regression case {case!r}"
 
 
 def test_rendered_rules_carry_the_runbook_base_and_pass_promtool(tmp_path):

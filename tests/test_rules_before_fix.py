@@ -38,19 +38,19 @@ def _failing_groups(suite: Path, rules_dir: Path, tmp_path: Path, only: list[str
 
 
 @pytest.mark.parametrize("suite", ["fleet.test.yml", "gpu_ecc_fleet.test.yml"])
-def test_defect_cases_fail_on_the_rules_before_the_fix(suite, tmp_path):
-    """Each promtool case for an issue-9 defect ("(defect N)" in its name) fails on the rules as they
-    were before the fix (tests/fixtures/rules_before_issue9, runbook base moved to today's so only
-    behaviour differs); test_promtool_unit_suite runs them on rules/."""
+def test_regression_cases_of_the_fleet_suites_fail_on_the_rules_before_their_fix(suite, tmp_path):
+    """Each promtool case marked "(regression)" fails on the rules as they were before its fix
+    (tests/fixtures/rules_before_issue9, runbook base moved to today's so only behaviour differs);
+    test_promtool_unit_suite runs them on rules/."""
     path = SUITES_DIR / suite
-    defects = [g["name"] for g in load(path)["tests"] if "(defect " in g["name"]]
-    assert defects
-    failing = _failing_groups(path, BEFORE, tmp_path, defects)
-    assert set(defects) <= failing, f"pass on the old rules: {set(defects) - failing}"
+    regressions = [g["name"] for g in load(path)["tests"] if "(regression)" in g["name"]]
+    assert regressions
+    failing = _failing_groups(path, BEFORE, tmp_path, regressions)
+    assert set(regressions) <= failing, f"pass on the old rules: {set(regressions) - failing}"
 
 
-BEFORE_20 = ROOT / "tests" / "fixtures" / "rules_before_issue20"
-ISSUE20 = SUITES_DIR / "issue20.test.yml"
+BEFORE_RESTARTS = ROOT / "tests" / "fixtures" / "rules_before_issue20"
+RESTARTS = SUITES_DIR / "restarts_and_acks.test.yml"
 
 
 def _run_one_group(suite: dict, group: dict, rules_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -64,16 +64,19 @@ def _run_one_group(suite: dict, group: dict, rules_dir: Path, tmp_path: Path) ->
     return _run("test", "rules", str(path))
 
 
-def test_issue20_cases_fail_on_the_rules_before_the_fix(tmp_path):
-    """Each promtool case for an issue-20 item ("(issue 20 item N)") fails on the rules as they were
-    (tests/fixtures/rules_before_issue20, main at baf0381) and passes on rules/, as do the guards
-    ("(issue 20 guard)": what the fixes must keep; test_promtool_unit_suite runs the whole suite on
-    rules/). The exporter-restart case fails there by an evaluation error."""
-    suite = load(ISSUE20)
-    items = {int(m) for g in suite["tests"] for m in re.findall(r"\(issue 20 item (\d)\)", g["name"])}
-    assert items == {1, 2, 3, 4, 5}
-    for k, group in enumerate(g for g in suite["tests"] if "(issue 20 item" in g["name"]):
-        old = _run_one_group(suite, group, BEFORE_20, tmp_path / f"old{k}")
+def test_restart_and_ack_regressions_fail_on_the_rules_before_their_fix(tmp_path):
+    """Each promtool case of restarts_and_acks.test.yml marked "(regression)" fails on the rules as
+    they were (tests/fixtures/rules_before_issue20) and passes on rules/, as do the "(guard)" cases
+    (what the fixes must keep; test_promtool_unit_suite runs the whole suite on rules/). The case of
+    an exporter answering again fails there by an evaluation error: one label set from both arms of
+    an `or`."""
+    suite = load(RESTARTS)
+    regressions = [g for g in suite["tests"] if "(regression)" in g["name"]]
+    assert len(regressions) == 7, [g["name"] for g in regressions]
+    answering = [g for g in regressions if g["name"].startswith("an exporter answering again")]
+    assert len(answering) == 1
+    for k, group in enumerate(regressions):
+        old = _run_one_group(suite, group, BEFORE_RESTARTS, tmp_path / f"old{k}")
         assert old.returncode != 0, f"passes on the old rules: {group['name']}"
-        if "(issue 20 item 1)" in group["name"]:
+        if group is answering[0]:
             assert "same labelset after applying alert labels" in old.stdout + old.stderr

@@ -26,7 +26,7 @@ LONGEST_SUITES = ("gpu_ecc.test.yml",  # 31
                   "job_day.test.yml",  # 26
                   "gpu_ecc_fleet.test.yml",  # 14
                   "job.test.yml",  # 12
-                  "issue20.test.yml",  # 11
+                  "restarts_and_acks.test.yml",  # 11
                   "ec2.test.yml")  # 9; the others about 1 s each
 
 

@@ -1,4 +1,4 @@
-"""What the exporter's imports load (issue 14, memory; issue 19 item 5; issue 48 item 3):
+"""What the exporter's imports load (each costs memory on every node):
 prometheus_client is the metric model, so the CLI and every collector module load its model's
 modules, but not its package's `__init__` (exporter/metric.py), which imports its HTTP servers and
 push clients (http.server, wsgiref, urllib.request, email, ssl: 2.6 MiB of the served exporter's
@@ -52,7 +52,7 @@ assert b"python_gc_objects_collected_total" in generate_latest(REGISTRY)
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=HANG_GUARD_S)
 
 
-# The served exporter (issue 36 item 3): what the process imports over its life, start-up and
+# The served exporter: what the process imports over its life, start-up and
 # scrapes, from Python's own import log (PYTHONPROFILEIMPORTTIME, written to the exporter's log).
 # A subcommand's imports (`capture`'s recorder: statistics, decimal, the fake NVML) were made by
 # every daemon, because the parser lists the subcommands.
@@ -124,5 +124,5 @@ def _threads(*scenario: str) -> set[str]:
 
 def test_the_kubelet_kind_adds_no_thread():
     """Its List call is made in the collection's own thread (exporter/workload/grpc_h2.py), and the
-    simulated kubelet is a process of its own (issue 36 asked for no thread; issue 48 item 3)."""
+    simulated kubelet is a process of its own: the kind adds no thread."""
     assert _threads("--scenario", "k8s-pods") == _threads()

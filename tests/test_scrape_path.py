@@ -1,6 +1,6 @@
-"""The scrape path (issue 19 item 6) and the telemetry path and `collect[]` filter (issue 21
-item 1): the content coding negotiated once, the landing page from the health collector's
-reading, refreshed when old; node_exporter's per-request collector filter."""
+"""The scrape path, the telemetry path and the `collect[]` filter: the content coding negotiated
+once, the landing page from the health collector's reading, refreshed when old; node_exporter's
+per-request collector filter."""
 
 import gzip
 import threading
@@ -108,7 +108,7 @@ def test_the_landing_page_shows_the_health_collectors_reading():
     row3 = next(r for r in page.split("<tr>") if r.startswith("<td>3</td>"))
     assert '<td class="bad">reboot_required</td>' in row3 and "<code>gpu_lost</code>" in row3
     row0 = next(r for r in page.split("<tr>") if r.startswith("<td>0</td>"))
-    assert '<td class="good">healthy</td>' in row0  # every GPU is listed, healthy ones too (issue 37)
+    assert '<td class="good">healthy</td>' in row0  # every GPU is listed, healthy ones too
 
 
 def test_the_landing_page_collects_when_its_reading_is_old():

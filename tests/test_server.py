@@ -262,7 +262,7 @@ def test_process_metrics_have_the_standard_names_and_sane_values():
 
 @pytest.mark.slow
 def test_landing_page_shows_the_verdict_and_each_sources_problems():
-    """Issue 10 item 5 / issue 12's new-user point: a lost GPU, a down EFA device and a failed
+    """What a new user sees first: a lost GPU, a down EFA device and a failed
     Lustre source show on `/` with the node verdict and its reasons, not 'ok' per collector."""
     from exporter import collectors
     from exporter.arguments import build_parser

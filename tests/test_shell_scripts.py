@@ -1,4 +1,4 @@
-"""Scripts that run on every shell Slurm nodes have (issue 37): every script in deploy/ (and .ci/run)
+"""Scripts that run on every shell Slurm nodes have: every script in deploy/ (and .ci/run)
 is shellcheck clean and never expands an array as "${a[@]}" (bash before 4.4, Amazon Linux 2's 4.2,
 calls an empty one unbound under set -u; Debian has no such bash, so the construct is linted); the
 prolog and epilog exit 0 with set -u and empty inputs."""

@@ -114,9 +114,8 @@ def test_a_shape_the_layout_cannot_have_is_a_config_error(capsys):
 
 
 def test_a_killed_simulation_root_is_removed_by_the_next_one(tmp_path, monkeypatch):
-    """Every SIGKILLed simulated exporter used to leave its tree under the temporary directory
-    (issue 18, minor). The next simulation removes roots whose owner process is gone, and leaves a
-    live one's alone."""
+    """A SIGKILLed simulated exporter cannot remove its tree under the temporary directory: the next
+    simulation removes roots whose owner process is gone, and leaves a live one's alone."""
     import signal
     import subprocess
     import sys

@@ -1,4 +1,4 @@
-"""Issue 30: state that never lies. Every value read from a state file is validated as strictly
+"""State that never lies. Every value read from a state file is validated as strictly
 as config or the file is set aside; what the daemon holds goes back to disk whenever the file is
 not what it holds (set aside, shutdown, reload); `check` answers 3 for an error of its own; a
 kernel-log record counts only when whole, by every reader; the 64 KiB record limit is one rule;

@@ -1,4 +1,4 @@
-"""Issue 30 with the real daemon: what it holds is written back when the state file on disk is
+"""With the real daemon: what it holds is written back when the state file on disk is
 not what it holds, on shutdown and on reload (the issue's reproduction: count an XID 94, break the
 state file, stop, let the ring wrap, restart); a hostile state file never makes a scrape fail;
 the simulated node's tree is removed on SIGTERM, without a raw thread traceback."""

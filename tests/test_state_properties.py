@@ -1,4 +1,4 @@
-"""Property tests (issue 30): generated state files, valid ones and ones with a hostile value put
+"""Property tests: generated state files, valid ones and ones with a hostile value put
 anywhere in them (non-finite and huge numbers, wrong types, lone surrogates, long strings). The
 exporter either loads a file exactly, or sets it aside (or, for another boot or kernel log,
 leaves it), and the scrape never fails (a render error is a 500) nor serves a non-finite value.

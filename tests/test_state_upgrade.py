@@ -1,4 +1,4 @@
-"""State written by earlier versions of this project loads with every count (issue 38).
+"""State written by earlier versions of this project loads with every count.
 
 tests/fixtures/state/<commit>/ holds the state files a simulated p5.48xlarge wrote at that commit
 (its XID, SXid and, from c88ad74, workload-attribution files), after two `ack`s folded in by the

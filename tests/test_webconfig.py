@@ -83,7 +83,7 @@ def test_tls_and_basic_auth(pki):
         assert requests.get(url + "/", verify=ca, timeout=10).status_code == 401
         # Probes need no secret; they carry no data.
         assert requests.get(url + "/healthz", verify=ca, timeout=10).status_code == 200
-        # Plain HTTP on the TLS port gets 400 and a hint, as from Go's net/http (issue 18, minor).
+        # Plain HTTP on the TLS port gets 400 and a hint, as from Go's net/http.
         r = requests.get(f"http://127.0.0.1:{srv.port}/metrics", auth=("prometheus", PASSWORD), timeout=10)
         assert r.status_code == 400 and "HTTPS server" in r.text and "gpu_health" not in r.text
         # An untrusted certificate is refused by the client: the server really serves ours.

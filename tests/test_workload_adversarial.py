@@ -1,4 +1,4 @@
-"""Issue 35, the workload sources and attribution tried as an adversary would (every test here
+"""The workload sources and attribution tried as an adversary would (every test here
 failed on the code before it): the mapping directory's temporary files, other producers' ids,
 UUID-named files, non-regular files, a directory that never appears, forged cgroup paths, ids
 that cannot be labels, clock steps, acks, the fresh reading of a live fault, and the drain

@@ -1,4 +1,4 @@
-"""Fault attribution (issue 26 item 3): which workloads an XID or SXid hit, after the workload
+"""Fault attribution: which workloads an XID or SXid hit, after the workload
 ended, never invented for an idle GPU or an event from before the GPU was observed, cleared by an
 ack, kept across a restart. The history is fed WorkloadReadings built here (the contract of
 exporter.workload.model); events come from kernel-log files as the daemon reads them."""
@@ -82,7 +82,7 @@ def test_two_jobs_sharing_a_gpu_are_both_named():
 
 
 def test_a_workload_that_cannot_be_kept_makes_the_gpu_unknown_never_idle():
-    """Issue 35: a 300-digit job id or a pod name with a newline made the GPU "idle" in
+    """A 300-digit job id or a pod name with a newline made the GPU "idle" in
     attribution while gpu_workload_info showed the workload."""
     for bad in (Workload(hpc_job="9" * 300), Workload(namespace="ns", pod="p\nq", container="c"),
                 Workload(hpc_job="4\u20282"), Workload(hpc_job="7", pod="p")):
@@ -98,8 +98,8 @@ def test_a_late_reading_is_refused_but_a_wall_clock_step_drops_nothing():
     h = history((T0, {"GPU-a": (JOB42,)}))
     h.observe(WorkloadReading(T0 - 100, {"GPU-a": (JOB43,)}))  # older than what is known
     assert h.at("GPU-a", T0) == (JOB42,)
-    # issue 35: after a backward step of the wall clock, readings were dropped as late for as long
-    # as the step; ordered by the monotonic clock they are kept
+    # after a backward step of the wall clock, readings ordered by the wall clock would be dropped
+    # as late for as long as the step; ordered by the monotonic clock they are kept
     h = WorkloadHistory()
     h.observe(WorkloadReading(T0, {"GPU-a": (JOB42,)}, mono=100.0))
     h.observe(WorkloadReading(T0 - 3600, {"GPU-a": (JOB43,)}, mono=115.0))  # the wall clock stepped back

@@ -1,4 +1,4 @@
-"""Fault attribution with a real Slurm job (issue 26, "Tests"): the single-node Slurm of
+"""Fault attribution with a real Slurm job: the single-node Slurm of
 tests/test_workload_slurm.py (8 GPUs in gres, the shipped prolog and epilog writing the mapping
 directory), the exporter (simulated p5.48xlarge, following a kernel-log file) reading it. An XID
 on GPU 5 while a real job holds GPUs 0-5 names the job in the log line, the exported series, the

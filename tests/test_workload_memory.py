@@ -1,4 +1,4 @@
-"""The mapping directory's memory is bounded whatever it holds (issue 35): each hostile directory
+"""The mapping directory's memory is bounded whatever it holds: each hostile directory
 is read by the slurm_mapping kind in a fresh interpreter, whose peak RSS (ru_maxrss) must stay
 well within the systemd unit's MemoryMax and the DaemonSet's limit (256 MiB). The figures are in
 docs/performance.md ("Hostile workload inputs"); `python -m tests.test_workload_memory DIR...`

@@ -97,7 +97,7 @@ def test_a_wrapper_drains_on_action_required_and_never_on_a_tool_error(tmp_path,
 
 @pytest.mark.parametrize(("argv", "drains"), [([str(SCRIPT)], False), ([str(SCRIPT), "--prolog"], True)])
 def test_a_gpu_that_does_not_answer_fails_the_prolog_and_is_logged_with_its_problem(tmp_path, argv, drains):
-    """Issue 37: check answers 3 (unknown) for a GPU whose NVML calls hang. The prolog fails (Slurm
+    """Check answers 3 (unknown) for a GPU whose NVML calls hang. The prolog fails (Slurm
     drains and requeues: no job starts on it); the health check logs check's problem, not the
     first 300 characters of the JSON (the node header)."""
     drained, what = run(argv, tmp_path, f"--simulate p5.48xlarge --scenario gpu-nvml-hang "

@@ -1,4 +1,4 @@
-"""Issue 18's faults in the kernel-log / XID / SXid path: a record is never counted twice across
+"""Faults in the kernel-log / XID / SXid path: a record is never counted twice across
 a reopen (device or file, rewritten or rotated), a record written in two parts is read whole,
 input cannot grow a map without bound (memory, series, state file), an SXid continuation with
 trailing junk is never a report, and a FIFO at the state file's path never hangs anything."""
@@ -45,7 +45,7 @@ def within(fn, timeout_s: float = 10.0):
     return out.get("v")
 
 
-# -- item 1: never counted twice across a reopen -------------------------------------------------
+# -- never counted twice across a reopen ---------------------------------------------------------
 def test_file_rewritten_copy_append_rename_counts_each_record_once_also_after_a_restart(tmp_path):
     log = "".join(xid_record(i) for i in range(40))  # 40 events a minute apart
     ctx = make_ctx(tmp_path, log)
@@ -132,7 +132,7 @@ def test_reader_skips_what_it_read_before_on_every_reopen(tmp_path):
     assert r.high_seq == 3 and r.stats.records == 4
 
 
-# -- item 8: a record written in two parts -------------------------------------------------------
+# -- a record written in two parts ---------------------------------------------------------------
 def test_a_record_written_in_two_parts_is_read_whole(tmp_path):
     ctx = make_ctx(tmp_path, "")
     svc = one_shot(ctx)
@@ -148,7 +148,7 @@ def test_a_record_written_in_two_parts_is_read_whole(tmp_path):
 
 
 def test_an_unfinished_last_line_is_never_taken_as_it_is(tmp_path):
-    """A record is counted only when whole (issue 30): a saved log that ends without a newline
+    """A record is counted only when whole: a saved log that ends without a newline
     keeps its last line waiting, for the daemon and the one-shot commands alike."""
     path = tmp_path / "kmsg"
     path.write_text("6,0,10,-;a\n6,1,11,-;b")
@@ -158,7 +158,7 @@ def test_an_unfinished_last_line_is_never_taken_as_it_is(tmp_path):
     assert [x.message for x in KmsgReader(str(path)).read_available()] == ["a"]
 
 
-# -- item 9: bounded maps --------------------------------------------------------------------------
+# -- bounded maps ----------------------------------------------------------------------------------
 def gpu_at_flood(n: int) -> str:
     out, seq = [], 0
     for i in range(n):
@@ -218,7 +218,7 @@ def test_many_nvswitch_addresses_share_an_overflow_bucket(tmp_path):
     assert len(pcis) == MAX_SWITCHES + 1 and "other" in pcis
 
 
-# -- item 11: SXid continuation with trailing junk -----------------------------------------------
+# -- SXid continuation with trailing junk --------------------------------------------------------
 def test_an_sxid_continuation_with_trailing_junk_is_not_a_report(tmp_path):
     head = "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, "
     for body in ("Data {0x10000000, 0x10000000, 0x00000000}p", "Data {0x1, 0x2",
@@ -229,7 +229,7 @@ def test_an_sxid_continuation_with_trailing_junk_is_not_a_report(tmp_path):
     assert {k: c.count for k, c in svc.sxids.snapshot().items()} == {("00000000:06:00", 20034, "fatal"): 1}
 
 
-# -- item 5: a FIFO at the state file's path -----------------------------------------------------
+# -- a FIFO at the state file's path -------------------------------------------------------------
 def test_a_fifo_as_the_state_file_never_blocks_and_is_a_clear_error(tmp_path, caplog):
     state = tmp_path / "state"
     state.mkdir()

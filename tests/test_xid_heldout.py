@@ -1,9 +1,10 @@
 """Fault cases for the kernel-log / XID / SXid / state-file path written from the outside, as a
-reviewer of issues 18 and 20 would: the reproductions of issue 18 items 1, 5, 8, 9 and 11 and of
-issue 20 item 5, and their neighbours (in-place rewrites, copytruncate NULs, duplicate and
-backward sequence numbers, CRLF, continuation lines, very long lines, sockets and directories
-where the state belongs, the log trail across a restart). Only the public surface is used: the
-CLI, /metrics, the service and collectors the composition root builds."""
+reviewer would: a record never counted twice, a record written in parts, bounded maps, SXid
+continuations, what is at the state path, acks and the log trail, and their neighbours (in-place
+rewrites, copytruncate NULs, duplicate and backward sequence numbers, CRLF, continuation lines, very
+long lines, sockets and directories where the state belongs, the log trail across a restart). Only
+the public surface is used: the CLI, /metrics, the service and collectors the composition root
+builds."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def p5_session():
     return fake, s
 
 
-# ================================ item 1: never a record twice ======================================
+# ================================ never a record twice ==============================================
 class TestFileReopen:
     def test_copy_append_rename_then_restart(self, tmp_path):
         path = tmp_path / "kmsg"
@@ -370,7 +371,7 @@ class TestDeviceReopen:
         assert total(again) == 11 and again.snapshot().kmsg.stats.missed == 0
 
 
-# ============================ item 8: a record written in parts =====================================
+# ============================ a record written in parts =============================================
 LINE63 = (f"4,7,5000000,-;NVRM: Xid (PCI:{GPU2}): 63, pid=1, name=p, Row Remapper: New row "
           "marked for remapping, reset gpu to activate.\n")
 
@@ -430,7 +431,7 @@ def test_parts_written_with_delays_to_the_running_follower(tmp_path):
 
 
 def test_a_saved_log_without_a_final_newline_keeps_its_last_line_waiting(tmp_path):
-    """Issue 30 changed this: a record counts only when whole, for `check` and `ack` as for the
+    """A record counts only when whole, for `check` and `ack` as for the
     daemon. A line without its newline may be a record still being written (`...: 6` of an
     `...: 63` line), and counting it, as `check` did, counted a phantom XID and stored a sequence
     number that made the daemon skip the whole record."""
@@ -441,7 +442,7 @@ def test_a_saved_log_without_a_final_newline_keeps_its_last_line_waiting(tmp_pat
     assert by_key(one_shot(make_ctx(tmp_path, None)))[("00000000:75:00", "63")] == 1
 
 
-# ================================ item 9: bounded maps ===============================================
+# ================================ bounded maps =======================================================
 def flood(n: int, xids=(31, 63), gpu_at: bool = True, start: int = 0) -> str:
     out, seq = [], start
     for i in range(n):
@@ -521,7 +522,7 @@ def test_many_nvswitch_addresses_switches_and_codes_stay_bounded_after_restart(t
     assert len(svc2.sxids.switches) <= 16
 
 
-# ================================ item 11: SXid continuations =======================================
+# ================================ SXid continuations ================================================
 HEAD = "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, "
 
 
@@ -589,7 +590,7 @@ def test_a_dump_after_its_report_counts_once_and_adds_no_unknown_reason(tmp_path
     assert "sxid_unknown" not in reasons and "sxid_reboot" in reasons
 
 
-# ============================= item 5: what is at the state path ===================================
+# ============================= what is at the state path ===========================================
 def make_socket(path: Path) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     cwd = os.getcwd()
@@ -711,7 +712,7 @@ def test_check_with_a_fifo_as_its_kernel_log_answers(tmp_path, capsys):
     assert code == 3 and "FIFO" in json.dumps(doc["sources"])
 
 
-# ============================ issue 20 item 5: acks and the log trail ===============================
+# ============================ acks and the log trail ================================================
 def xid_logs(caplog, what: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name in ("exporter.xid", "exporter.sxid")
             and what in r.getMessage()]

@@ -1,8 +1,7 @@
-"""Who owns the XID state (issue 19 item 1) and the trail an ack and a counted event leave
-(issue 20 item 5): one kernel-log reader feeds the XID and SXid counters, `xid.enabled` and
-`nvswitch.enabled` mean what they say, the verdict gets the state file whatever else runs, the
-state file is written from a snapshot, and every counted event and ack is logged once and the
-ack exported as `gpu_xid_acknowledged_timestamp_seconds`."""
+"""Who owns the XID state and the trail an ack and a counted event leave: one kernel-log reader feeds
+the XID and SXid counters, `xid.enabled` and `nvswitch.enabled` mean what they say, the verdict gets
+the state file whatever else runs, the state file is written from a snapshot, and every counted
+event and ack is logged once and the ack exported as `gpu_xid_acknowledged_timestamp_seconds`."""
 
 from __future__ import annotations
 

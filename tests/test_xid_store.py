@@ -146,7 +146,7 @@ def test_cardinality_guard_refuses_new_series_beyond_the_caps():
 def test_unknown_addresses_share_a_bucket_and_never_crowd_out_a_listed_gpu():
     listed = {PCI}
     s = XidStore()
-    for i in range(70):  # garbage addresses first (defect: the 64-GPU cap was then full)
+    for i in range(70):  # garbage addresses first: the 64-GPU cap must not be full of them
         s.report("kmsg", f"0000{i:04x}:ee:00", 31, float(i), 0.0)
     unknown = [p for p in s.counts if p not in (PCI, OTHER)]
     assert len(unknown) == MAX_UNKNOWN_GPUS and s.counts[OTHER]["31"].count == 70 - MAX_UNKNOWN_GPUS

@@ -69,7 +69,7 @@ def test_node_verdict_takes_the_worst_and_adds_node_reasons():
 
 
 def test_a_gpu_that_does_not_answer_is_unknown_then_reboot_required():
-    """Issue 37: the GPU's reads overran the deadline (unanswered_s set) or failed (read_ok off)."""
+    """The GPU's reads overran the deadline (unanswered_s set) or failed (read_ok off)."""
     from exporter.xid.verdict import UNRESPONSIVE_S, GpuInput, judge
 
     hung = GpuHealth(3, "u", "p", unanswered_s=0.0)
