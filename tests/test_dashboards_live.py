@@ -51,10 +51,9 @@ EMPTY_ON_PURPOSE = {
         "the FSx eviction's import recovers to FULL, and no listed fault keeps one disconnected",
     # The NCCL RAS row reads the nccl collector, off by default and fed by a job's RAS server:
     # tests/test_nccl_live.py serves it to a real Prometheus and names the culprit from it.
-    ("gpu-health-job", "NCCL collective progress"): "the nccl collector is off (opt-in): test_nccl_live.py",
-    ("gpu-health-job", "Collectives launched per GPU"): "the nccl collector is off (opt-in): test_nccl_live.py",
-    ("gpu-health-job", "Ranks behind (NCCL RAS)"): "the nccl collector is off (opt-in): test_nccl_live.py",
-    ("gpu-health-job", "The rank the job waits for"): "the nccl collector is off (opt-in): test_nccl_live.py",
+    **{("gpu-health-job", panel): "the nccl collector is off (opt-in): test_nccl_live.py"
+       for panel in ("NCCL collective progress", "Collectives launched per GPU", "Ranks behind (NCCL RAS)",
+                     "The rank the job waits for")},
     ("gpu-health-node", "Active checks"):
         "no `active` run wrote results on these nodes (opt-in): tests/test_active_collector.py",
 }
