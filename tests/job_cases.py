@@ -35,6 +35,7 @@ class Gpu:
 
     tensor: float | None = 0.85
     sm: float | None = 0.95
+    dram: float | None = None  # DRAM bandwidth activity; None: 0.4 x tensor (training's matmuls)
     mem: float = 0.8  # share of its memory in use
     clock: float = CLOCK
     lost: bool = False
@@ -52,11 +53,15 @@ class Node:
     efa_tx: float = 2e9
     efa_retrans_ratio: float = 0.0
     efa_timeouts: int = 0  # retransmit timeout events this minute
+    down: bool = False  # the node's exporter does not answer this minute (a restart): its series go stale
 
 
 HEALTHY = Gpu()
 IDLE = Gpu(tensor=0.0, sm=0.0)
-NCCL_SPIN = Gpu(tensor=0.0, sm=0.2)  # a few SMs spin in an NCCL wait; NVML utilisation would read ~100%
+NCCL_SPIN = Gpu(tensor=0.0, sm=0.2, dram=0.01)  # a few SMs spin in an NCCL wait; NVML utilisation would read ~100%
+# Autoregressive generation (RLHF rollouts, generative evaluation): memory-bound, the job is working.
+MEMORY_BOUND = Gpu(tensor=0.03, sm=0.4, dram=0.75)
+STUCK = Gpu(tensor=0.0, sm=1.0, dram=0.0)  # a rank stuck in a compute kernel that never ends
 
 
 @dataclass
@@ -120,7 +125,7 @@ def series(case: Case) -> list[dict]:
     T = case.minutes + 1
     out: list[dict] = []
 
-    def add(name: str, labels: dict[str, str], values: list[float | None]) -> None:
+    def keep(name: str, labels: dict[str, str], values: list[float | None]) -> None:
         if all(v is None for v in values):
             return
         out.append({"series": name + _labels(**labels), "values": compress(values)})
@@ -128,6 +133,14 @@ def series(case: Case) -> list[dict]:
     for n in range(case.nodes):
         inst = f"node-{n + 1}"
         base = {"cluster": "c1", "instance": inst, "job": "gpu-health-exporter"}
+        nodes = [case.node_state(t, n) for t in range(T)]
+        down = [s.down for s in nodes]
+
+        def add(name: str, labels: dict[str, str], values: list[float | None], down: list[bool] = down) -> None:
+            """A series of this node: no sample while its exporter is down."""
+            keep(name, labels, [None if d else v for v, d in zip(values, down, strict=True)])
+
+        add("gpu_health_exporter_build_info", {**base, "version": "0.1.0"}, [1.0] * T)
         for g in range(case.gpus):
             states = [case.state(t, n, g) for t in range(T)]
             gl = {**base, "gpu": str(g), "uuid": f"GPU-{n + 1}-{g}", "pci_bus_id": f"00000000:{0x53 + g:02X}:00.0"}
@@ -142,6 +155,8 @@ def series(case: Case) -> list[dict]:
                 add("gpu_workload_info", wl, vals)
             add("gpu_tensor_active_seconds_total", gl, _cumulative([s.tensor for s in states]))
             add("gpu_sm_active_seconds_total", gl, _cumulative([s.sm for s in states]))
+            add("gpu_dram_active_seconds_total", gl, _cumulative([
+                s.dram if s.dram is not None else None if s.tensor is None else 0.4 * s.tensor for s in states]))
             add("gpu_memory_used_bytes", gl, [None if s.lost else s.mem * MEM_TOTAL for s in states])
             add("gpu_memory_total_bytes", gl, [None if s.lost else MEM_TOTAL for s in states])
             add("gpu_clock_hertz", {**gl, "clock": "sm"}, [None if s.lost else s.clock for s in states])
@@ -157,7 +172,6 @@ def series(case: Case) -> list[dict]:
             if seen is not None:
                 xid = next(s.xid for s in states if s.xid)
                 add("gpu_xid_last_seen_timestamp_seconds", {**gl, "xid": str(xid), "tier": "reboot"}, xids)
-        nodes = [case.node_state(t, n) for t in range(T)]
         mount = {**base, "fsname": "fsx", "mount": "/fsx"}
         add("lustre_client_write_bytes_total", mount, _cumulative([s.lustre_write for s in nodes]))
         add("lustre_client_read_bytes_total", mount, _cumulative([s.lustre_read for s in nodes]))
@@ -189,10 +203,10 @@ def series(case: Case) -> list[dict]:
     ksm = {"cluster": "c1", "job": "kube-state-metrics", "instance": "ksm:8080"}
     for key, labels in case.ksm.items():
         ns, pod = key.split("/")
-        add("kube_pod_labels", {**ksm, "namespace": ns, "pod": pod, "uid": f"uid-{pod}", **labels}, [1.0] * T)
+        keep("kube_pod_labels", {**ksm, "namespace": ns, "pod": pod, "uid": f"uid-{pod}", **labels}, [1.0] * T)
     for key, (kind, name) in case.owners.items():
         ns, pod = key.split("/")
-        add("kube_pod_owner", {**ksm, "namespace": ns, "pod": pod, "uid": f"uid-{pod}", "owner_kind": kind,
+        keep("kube_pod_owner", {**ksm, "namespace": ns, "pod": pod, "uid": f"uid-{pod}", "owner_kind": kind,
                                "owner_name": name, "owner_is_controller": "true"}, [1.0] * T)
     return out
 
@@ -210,43 +224,78 @@ def _dash(job: str) -> str:
     return f"/d/gpu-health-job/?var-cluster=c1&var-job={_job_labels(job)['training_job']}&var-instance=All"
 
 
-def stalled(job: str, inst: str, cause: str, gpus: int, evidence: str = "") -> dict:
+def _alert(job: str, inst: str, cause: str, gpu: str | None = None) -> tuple[dict, dict[str, str], str]:
     j = _job_labels(job)
-    where = f" (namespace {j['namespace']})" if "namespace" in j else ""
-    if cause == "application":
+    labels = {"severity": "warning", "notify": "job_owner", "cluster": "c1", "instance": inst, "cause": cause, **j}
+    if gpu is not None:
+        labels["gpu"] = gpu
+    return labels, j, f" (namespace {j['namespace']})" if "namespace" in j else ""
+
+
+def stalled(job: str, inst: str, cause: str, gpus: int, evidence: str = "", gpu: str | None = None) -> dict:
+    labels, j, where = _alert(job, inst, cause, gpu)
+    if cause == "application" and gpu is not None:
+        tail = (f" on {inst} GPU {gpu}: its SMs stay busy (SM activity 0.5 or more) with no tensor or memory work "
+                "while the job's other GPUs wait (a kernel that never ends: the rank the job waits for)")
+    elif cause == "application":
         tail = (f" (no hardware, network or storage signal on any of its nodes; {inst} is one of them: a deadlock, "
                 "a data-loader bug or an NCCL hang with healthy links, for the job's owner)")
     else:
         tail = f", on {inst}: {evidence}"
     return {
-        "exp_labels": {"severity": "warning", "notify": "job_owner", "cluster": "c1", "instance": inst,
-                       "cause": cause, **j},
+        "exp_labels": labels,
         "exp_annotations": {
             "summary": "A training job has stopped making progress on all its GPUs.",
-            "description": (f"Job {j['training_job']}{where} holds {gpus} GPU(s) and none has made progress (tensor "
-                            "activity under 0.05, SM activity under 0.5) for 4m, while it is not writing a checkpoint. "
-                            f"Cause: {cause}{tail} Job dashboard: {_dash(job)}"),
+            "description": (f"Job {j['training_job']}{where} holds {gpus} GPU(s) and none has done tensor or memory "
+                            "work (tensor activity under 0.05, DRAM activity under 0.2) for 4m, while it is not "
+                            f"writing a checkpoint. Cause: {cause}{tail} Job dashboard: {_dash(job)}"),
             "runbook_url": f"{RUNBOOK}#trainingjobstalled",
         },
     }
 
 
 def straggler(job: str, inst: str, cause: str, evidence: str, gpu: str | None = None) -> dict:
-    j = _job_labels(job)
-    where = f" (namespace {j['namespace']})" if "namespace" in j else ""
+    labels, j, where = _alert(job, inst, cause, gpu)
     on = f"{inst} GPU {gpu}" if gpu is not None else inst
-    labels = {"severity": "warning", "notify": "job_owner", "cluster": "c1", "instance": inst, "cause": cause, **j}
-    if gpu is not None:
-        labels["gpu"] = gpu
-    app = "none from the hardware, EFA or Lustre (uneven work, a data skew: the job's owner's)" \
+    app = "none from the hardware, EFA or Lustre (a change in the work it gets, a data skew: the job's owner's)" \
         if cause == "application" else ""
     return {
         "exp_labels": labels,
         "exp_annotations": {
-            "summary": "One GPU or node of a training job is persistently slower than the rest.",
-            "description": (f"Job {j['training_job']}{where} has a straggler on {on} for 5m: it diverges from the job's "
-                            f"median GPU or node. Likely cause: {cause}. Evidence: {evidence}{app} Job dashboard: {_dash(job)}"),
+            "summary": "One GPU or node of a training job became slower than the rest.",
+            "description": (f"Job {j['training_job']}{where} has a straggler on {on} for 5m: it departs from its own "
+                            f"history in this job or carries hardware evidence. Likely cause: {cause}. Evidence: "
+                            f"{evidence}{app} Job dashboard: {_dash(job)}"),
             "runbook_url": f"{RUNBOOK}#trainingjobstraggler",
+        },
+    }
+
+
+def moved(v: float) -> str:
+    """A GPU straggler's evidence of change (its share of the job's median tensor activity moved)."""
+    return f"its tensor activity over the job's median moved {v:.2f} from its own baseline; "
+
+
+def slow(job: str, inst: str, cause: str, share: str, evidence: str = "") -> dict:
+    """TrainingJobSlow on `inst`; `share`: the best node's share of its baseline, as humanizePercentage
+    writes it."""
+    labels, j, where = _alert(job, inst, cause)
+    if cause == "application":
+        tail = (f" (no thermal, power, network or storage signal on any of its nodes; {inst} is one of them: the "
+                "input pipeline, a change of code or data, for the job's owner)")
+    elif cause == "hardware":
+        tail = (f" on {inst}: its GPUs' clocks fell under 0.9 of their baseline or a slowdown alert holds, on every "
+                "node of the job (a facility power cap, cooling)")
+    else:
+        tail = f", on {inst}: {evidence}"
+    return {
+        "exp_labels": labels,
+        "exp_annotations": {
+            "summary": "A training job runs well below its own throughput on every node.",
+            "description": (f"Job {j['training_job']}{where} runs at {share} or less of its own baseline throughput "
+                            "(tensor activity times SM clock, the median of its last 1h in the same phase) on every "
+                            f"node, for 5m. Cause: {cause}{tail} Job dashboard: {_dash(job)}"),
+            "runbook_url": f"{RUNBOOK}#trainingjobslow",
         },
     }
 
@@ -308,7 +357,7 @@ def cases() -> list[Case]:
     out.append(Case(
         "data-loader stall on storage: storage on the evicted node, resolved when the job recovers", 50, 4, 2,
         storage_gpu, storage_node,
-        stalled=[(FIRE_BY, [stalled("1001", "node-2", "storage", 8, "LustreClientEvicted; lustre_latency; ")]),
+        stalled=[(FIRE_BY, [stalled("1001", "node-2", "storage", 8, "LustreClientEvicted; lustre_latency_peers; lustre_latency_up; ")]),
                  (47, [])]))
 
     # A data-loader deadlock: the GPUs idle, nothing else moves: application.
@@ -322,7 +371,7 @@ def cases() -> list[Case]:
         "EFA retransmit timeouts as the job hangs: network on that node", 32, 4, 2,
         lambda t, n, g: _after(t, HEALTHY, NCCL_SPIN),
         lambda t, n: Node(efa_tx=0.0 if t >= STALL_AT else 2e9, efa_timeouts=50 if n == 3 and STALL_AT <= t < 23 else 0),
-        stalled=[(FIRE_BY, [stalled("1001", "node-4", "network", 8, "EfaRetransmitTimeouts; ")])]))
+        stalled=[(FIRE_BY, [stalled("1001", "node-4", "network", 8, "EfaRetransmitTimeouts; efa_errors_up; ")])]))
 
     # A checkpoint: 8 minutes with the GPUs idle while node-1 writes to Lustre: never a stall.
     out.append(Case(
@@ -423,7 +472,7 @@ def cases() -> list[Case]:
     out.append(Case(
         "thermal straggler: the throttled GPU, hardware", 25, 4, 2, thermal,
         straggler=[(9, []), (22, [straggler("1001", "node-2", "hardware",
-                                            "GpuHwSlowdownActive; SM clock 1.4GHz, under the job's median; ", gpu="0")])],
+                                            "GpuHwSlowdownActive; SM clock 1.4GHz, under the job's median; " + moved(0.55), gpu="0")])],
         stalled=[(22, [])]))
 
     out.append(Case(
@@ -442,7 +491,7 @@ def cases() -> list[Case]:
     out.append(Case(
         "uneven activity with no infrastructure signal: application", 25, 1, 4,
         lambda t, n, g: Gpu(tensor=0.4, sm=0.9) if g == 3 and t >= 10 else HEALTHY,
-        straggler=[(22, [straggler("1001", "node-1", "application", "", gpu="3")])]))
+        straggler=[(22, [straggler("1001", "node-1", "application", moved(0.53), gpu="3")])]))
 
     out.append(Case(
         "healthy jitter and a two-GPU job: no straggler", 40, 2, 1,
