@@ -171,11 +171,13 @@ def _group(name: str, s: Settings, comment: str) -> str:
     return f"\n{lines}  - name: {name}\n    interval: {s.interval}\n    rules:\n"
 
 
-def _baseline(name: str, value: str, by: str, frozen_while: str, s: Settings, comment: str = "") -> str:
+def _baseline(name: str, value: str, by: str, frozen_while: str, s: Settings, comment: str = "",
+              frozen_on: str = "") -> str:
     """Record `name`: the median of `value` over the baseline window once it has enough samples,
-    held at its last value while `frozen_while` (a recorded series, the previous evaluation's) lasts."""
+    held at its last value while `frozen_while` (a recorded series, the previous evaluation's; matched
+    on `frozen_on`, default `by`) lasts."""
     return _rule("record", name, f"""
-(last_over_time({name}[{s.carry}]) and on ({by}) {frozen_while})
+(last_over_time({name}[{s.carry}]) and on ({frozen_on or by}) {frozen_while})
 or on ({by})
 (
   quantile_over_time(0.5, {value}[{s.baseline_window}])
@@ -674,7 +676,7 @@ avg by ({NODE_JOB}) (job_gpu:gpu_tensor_active:ratio * job_gpu:gpu_clock_sm:hert
                    "(the share of time the tensor pipes work, times the rate they work at: a wait lowers the first,\n"
                    "a thermal or power slowdown the second), while the job is in its usual phase."))
     r.append(_baseline("instance_training_job:throughput:baseline", "instance_training_job:throughput:rate",
-                       NODE_JOB, "training_job:slowing", s))
+                       NODE_JOB, "training_job:slowing", s, frozen_on=JOB))
     r.append(_rule("record", "instance_training_job:throughput:ratio",
                    f"instance_training_job:throughput:rate / on ({NODE_JOB}) instance_training_job:throughput:baseline"))
     r.append(_rule("record", "training_job:slowing", f"""
@@ -688,7 +690,7 @@ unless on ({JOB}) (
     r.append(_rule("record", "instance_training_job:gpu_clock_sm:avg",
                    f"avg by ({NODE_JOB}) (job_gpu:gpu_clock_sm:hertz) and on ({JOB}) training_job:in_phase"))
     r.append(_baseline("instance_training_job:gpu_clock_sm:baseline", "instance_training_job:gpu_clock_sm:avg",
-                       NODE_JOB, "training_job:slowing", s))
+                       NODE_JOB, "training_job:slowing", s, frozen_on=JOB))
     r.append(_rule("record", "instance_training_job:slowdown:evidence", f"""
 instance_training_job:gpu_clock_sm:avg < on ({NODE_JOB}) ({K} * instance_training_job:gpu_clock_sm:baseline)
 or on ({NODE_JOB})
