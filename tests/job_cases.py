@@ -78,6 +78,7 @@ class Case:
     slowed: list[tuple[int, list[dict]]] = field(default_factory=list)
     ksm: dict[str, dict[str, str]] = field(default_factory=dict)  # "ns/pod" -> kube_pod_labels labels
     owners: dict[str, tuple[str, str]] = field(default_factory=dict)  # "ns/pod" -> (owner_kind, owner_name)
+    extra: list[dict] = field(default_factory=list)  # more input series, as promtool reads them
 
 
 def _num(v: float) -> str:
@@ -210,7 +211,7 @@ def series(case: Case) -> list[dict]:
         ns, pod = key.split("/")
         keep("kube_pod_owner", {**ksm, "namespace": ns, "pod": pod, "uid": f"uid-{pod}", "owner_kind": kind,
                                "owner_name": name, "owner_is_controller": "true"}, [1.0] * T)
-    return out
+    return out + case.extra
 
 
 # --- expected alerts -------------------------------------------------------------------------------
@@ -515,6 +516,14 @@ def cases() -> list[Case]:
         "healthy jitter and a two-GPU job: no straggler", 40, 2, 1,
         lambda t, n, g: Gpu(tensor=0.5 if n == 0 else 0.9),
         straggler=[(t, []) for t in (20, 30, 39)]))
+    # The NCCL-RAS rules (rules/nccl.yml, issue 44) reach this job's ranks: they name the rank the
+    # others wait for, and TrainingJobStalled stays quiet for it.
+    out.append(Case(
+        "an NCCL hang where NCCL RAS answers: its own alert names the rank, TrainingJobStalled is quiet", 32, 2, 2,
+        lambda t, n, g: _after(t, HEALTHY, NCCL_SPIN),
+        stalled=[(FIRE_BY, [])],
+        extra=[{"series": 'training_job:nccl_ras_answering{cluster="c1", training_job="1001", hpc_job="1001"}',
+                "values": "1x32"}]))
     out += issue43_cases()
     return out
 
