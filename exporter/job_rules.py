@@ -246,8 +246,10 @@ label_replace(max by (cluster, instance, gpu, namespace, pod) (gpu_workload_info
     r.append(_rule("record", "job_gpu:gpu_clock_sm:hertz",
                    'gpu:training_job:info * on (cluster, instance, gpu) group_left ()\n'
                    '  max by (cluster, instance, gpu) (gpu_clock_hertz{clock="sm"})'))
-    r.append(_rule("record", "training_job:gpus:count", f"count by ({JOB}) (gpu:training_job:info)",
-                   "Per job: GPUs and nodes held, activity over its GPUs, memory, power."))
+    r.append(_group("job-health-jobs", s,
+                    "Per job: GPUs and nodes held, activity over its GPUs, memory, power (the map group's per-GPU\n"
+                    "series, one evaluation behind at most)."))
+    r.append(_rule("record", "training_job:gpus:count", f"count by ({JOB}) (gpu:training_job:info)"))
     r.append(_rule("record", "training_job:nodes:count", f"count by ({JOB}) (instance_training_job:info)"))
     for what, stats in (("tensor", ("avg", "min", "max")), ("sm", ("avg", "max")), ("dram", ("avg", "max"))):
         for stat in stats:
@@ -323,6 +325,9 @@ sum by (cluster, instance) (rate(efa_node_retrans_packets_total[{ew}]))
 sum by (cluster, instance) (
   increase({{__name__=~"efa_node_retrans_timeout_events_total|efa_node_rdma_read_errors_total|efa_node_rdma_write_errors_total"}}[{ew}])
 )"""))
+    r.append(_group("job-health-baselines", s,
+                    "Each node of each job against its own baseline in this job and against the job's median node:\n"
+                    "the storage and network evidence of change."))
     per_node = (("lustre_client_rpc_wait_seconds:mean", "instance:lustre_client_rpc_wait_seconds:mean"),
                 ("efa_retrans_packets:ratio", "instance:efa_retrans_packets:ratio"),
                 ("efa_errors:increase", "instance:efa_errors:increase"),
@@ -552,11 +557,9 @@ training_job:running
 def _straggler_group(s: Settings) -> str:
     A, C, SH, CH = (_num(s.straggler_activity), _num(s.straggler_clock), _num(s.straggler_share),
                     _num(s.straggler_change))
-    out = [_group("job-health-straggler", s,
-                  "TrainingJobStraggler (docs/alerts.md, \"Job health\"): a GPU or node of a running job that\n"
-                  "became slower than its own history in this job, or that carries hardware evidence. A shape\n"
-                  "the job has had since it became productive (pipeline stages, the last stage's loss, uneven\n"
-                  "experts) is its history, not a straggler.")]
+    out = [_group("job-health-phase", s,
+                  "Whether a job runs, in which phase, and its median GPU: what the straggler and the slow job\n"
+                  "compare with.")]
     r = out
     r += _phase_rules(s)
     r.append(_rule("record", "training_job:gpu_tensor_active:median",
@@ -564,6 +567,11 @@ def _straggler_group(s: Settings) -> str:
     r.append(_rule("record", "training_job:gpu_clock_sm:median", f"quantile by ({JOB}) (0.5, job_gpu:gpu_clock_sm:hertz)"))
     r.append(_rule("record", "job_gpu:gpu_clock_sm:below_median",
                    f"job_gpu:gpu_clock_sm:hertz < on ({JOB}) group_left () ({C} * training_job:gpu_clock_sm:median)"))
+    r.append(_group("job-health-straggler", s,
+                    "TrainingJobStraggler (docs/alerts.md, \"Job health\"): a GPU or node of a running job that\n"
+                    "became slower than its own history in this job, or that carries hardware evidence. A shape\n"
+                    "the job has had since it became productive (pipeline stages, the last stage's loss, uneven\n"
+                    "experts) is its history, not a straggler."))
     r.append(_rule("record", "job_gpu:straggler:diverged", f"""
 max by ({GPU_JOB}) (
     abs(job_gpu:gpu_tensor_active:ratio - on ({JOB}) group_left () training_job:gpu_tensor_active:median) > {A}

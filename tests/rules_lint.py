@@ -34,7 +34,10 @@ PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "ALERTS"}
 KUBE_STATE_METRICS_SERIES = {"kube_pod_labels", "kube_pod_owner"}
 # Series another issue's branch adds to the catalog, which rules and dashboards may already read
 # (they work once it exists, and read nothing until then). Drop an entry once its branch is merged.
-PENDING_SERIES: dict[str, str] = {}
+PENDING_SERIES: dict[str, str] = {
+    # recorded by rules/nccl.yml (issue 44); TrainingJobStalled is quiet for a job that has it
+    "training_job:nccl_ras_answering": "issue 44",
+}
 
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
              "offset", "bool", "inf", "nan"}

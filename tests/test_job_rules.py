@@ -33,7 +33,8 @@ def test_suite_is_generated_from_the_cases():
 
 def test_every_group_has_its_own_interval():
     groups = yaml.safe_load(job_rules.render())["groups"]
-    assert {g["name"] for g in groups} == {"job-health-map", "job-health-evidence", "job-health-stall",
+    assert {g["name"] for g in groups} == {"job-health-map", "job-health-jobs", "job-health-evidence",
+                                           "job-health-baselines", "job-health-stall", "job-health-phase",
                                            "job-health-straggler", "job-health-slow"}
     assert all(g["interval"] == "1m" for g in groups)
 
