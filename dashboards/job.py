@@ -58,7 +58,8 @@ def overview() -> list:
         thresholds=NEUTRAL, width=6)
     goodput = stat_panel(
         "Goodput now and over the range",
-        "The share of the job's GPUs making progress now (tensor activity >= 0.05 or SM activity >= 0.5), "
+        "The share of the job's GPUs making progress now (tensor activity >= 0.05, DRAM activity >= 0.2 or "
+        "SM activity >= 0.5), "
         "and the share of its allocated GPU time in the range that was (checkpoints and evaluation with "
         "idle tensor pipes count as not).",
         "percentunit", "2 values",
@@ -77,8 +78,8 @@ def overview() -> list:
         thresholds=steps((None, "green"), (1, "orange")), width=6)
     alerts = table_panel(
         "Job alerts firing",
-        "TrainingJobStalled and TrainingJobStraggler for this job: the node, the GPU (a straggler), the "
-        "cause.",
+        "TrainingJobStalled, TrainingJobStraggler and TrainingJobSlow for this job: the node, the GPU (a "
+        "straggler, a stuck rank), the cause.",
         "none", "one row per firing job alert",
         instant("ALERTS" + js('alertstate="firing"', 'alertname=~"TrainingJob.*"'), "firing"),
         width=6, height=4, hide=("alertstate", "severity", "notify", "hpc_job"), thresholds=OK_RED)
@@ -171,6 +172,41 @@ def io() -> list:
     return [efa, read, write]
 
 
+def baselines() -> list:
+    """Each node's current value beside its own baseline in this job (docs/alerts.md, "Each rule's
+    window and basis"): what the straggler, the slow job and the causes compare."""
+    throughput = timeseries_panel(
+        "Throughput per node against its baseline",
+        "Tensor activity times SM clock over the node's GPUs (tensor-active cycles a second), and its own "
+        "baseline: the median of the last hour in the job's usual phase, frozen while the job slows. "
+        "TrainingJobSlow: every node under 0.8 of its baseline for 5 minutes.",
+        "hertz", "two series per node of the job",
+        query(f"instance_training_job:throughput:rate{js()}", NODE + " now"),
+        query(f"instance_training_job:throughput:baseline{js()}", NODE + " baseline"))
+    latency = timeseries_panel(
+        "Lustre RPC round trip per node against its baseline",
+        "Mean OST RPC round trip of each node (5 minutes) and its own baseline in this job: 5 times the "
+        "baseline, or 5 times the job's median node, is storage evidence.",
+        "s", "two series per node of the job",
+        query(f"instance_training_job:lustre_client_rpc_wait_seconds:mean{js()}", NODE + " now"),
+        query(f"instance_training_job:lustre_client_rpc_wait_seconds:baseline{js()}", NODE + " baseline"))
+    retrans = timeseries_panel(
+        "EFA retransmitted share per node against its baseline",
+        "The share of each node's EFA packets sent again (5 minutes) and its own baseline: above 0.1% and "
+        "5 times the baseline or the job's median node is network evidence.",
+        "percentunit", "two series per node of the job",
+        query(f"instance_training_job:efa_retrans_packets:ratio{js()}", NODE + " now"),
+        query(f"instance_training_job:efa_retrans_packets:baseline{js()}", NODE + " baseline"))
+    share = timeseries_panel(
+        "GPUs whose share of the work moved most from their baseline",
+        "Each GPU's tensor activity over the job's median GPU, against its own baseline in this job: a "
+        "pipeline stage's or an expert's shape stays level; a straggler moves away (more than 0.25).",
+        "none", f"top {K} GPUs per point",
+        query(f"topk({K}, abs(job_gpu:gpu_tensor_active:share{js()} - on (cluster, instance, gpu, training_job) "
+              f"job_gpu:gpu_tensor_active:share_baseline{js()}))", GPU + " moved"))
+    return [throughput, latency, retrans, share]
+
+
 def _variables() -> list:
     cluster = (db.QueryVariable("cluster").label("Cluster").datasource(DS)
                .query("label_values(gpu_health_exporter_build_info, cluster)")
@@ -203,7 +239,7 @@ def build() -> db.Dashboard:
     for v in _variables():
         d = d.with_variable(v)
     rows = (("Job", overview()), ("Activity", activity()), ("Stragglers and faults", faults()),
-            ("EFA and Lustre", io()))
+            ("EFA and Lustre", io()), ("Against the job's own baseline", baselines()))
     for title, panels in rows:
         d = d.with_row(db.Row(title))
         for p in panels:
