@@ -4,6 +4,8 @@ Kubernetes training job's name, as `training_job`); `instance` narrows it to som
 
 from __future__ import annotations
 
+from typing import Any
+
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import dashboard as dm
 
@@ -47,7 +49,7 @@ def _job_gpus(expr: str) -> str:
     return f"({expr}) and on (cluster, instance, gpu) gpu:training_job:info{js()}"
 
 
-def overview() -> list:
+def overview() -> list[Any]:
     gpus = stat_panel(
         "GPUs and nodes",
         "GPUs the job holds now and the nodes they are on (gpu_workload_info, through kube-state-metrics "
@@ -86,7 +88,7 @@ def overview() -> list:
     return [gpus, goodput, lost, alerts]
 
 
-def activity() -> list:
+def activity() -> list[Any]:
     tensor = timeseries_panel(
         "Tensor activity per node",
         "Mean tensor pipe activity over the job's GPUs on each node (GPM, 2-minute rate). A stall is every "
@@ -123,7 +125,7 @@ def activity() -> list:
     return [tensor, sm, spread, clock, power]
 
 
-def faults() -> list:
+def faults() -> list[Any]:
     stragglers = table_panel(
         "Stragglers now",
         "GPUs and nodes of the job diverging from its median now (before TrainingJobStraggler's `for:`), "
@@ -151,7 +153,7 @@ def faults() -> list:
     return [stragglers, evidence, throttle]
 
 
-def io() -> list:
+def io() -> list[Any]:
     efa = timeseries_panel(
         "EFA transmit per node",
         "Bytes per second sent over EFA by each node of the job. A node far below the others is a network "
@@ -172,7 +174,7 @@ def io() -> list:
     return [efa, read, write]
 
 
-def baselines() -> list:
+def baselines() -> list[Any]:
     """Each node's current value beside its own baseline in this job (docs/alerts.md, "Each rule's
     window and basis"): what the straggler, the slow job and the causes compare."""
     throughput = timeseries_panel(
@@ -202,12 +204,12 @@ def baselines() -> list:
         "Each GPU's tensor activity over the job's median GPU, against its own baseline in this job: a "
         "pipeline stage's or an expert's shape stays level; a straggler moves away (more than 0.25).",
         "none", f"top {K} GPUs per point",
-        query(f"topk({K}, abs(job_gpu:gpu_tensor_active:share{js()} - on (cluster, instance, gpu, training_job) "
-              f"job_gpu:gpu_tensor_active:share_baseline{js()}))", GPU + " moved"))
+        query(f"topk({K}, abs(job_gpu:gpu_tensor_active:share{js()} - on (cluster, instance, gpu, "
+              f"training_job) job_gpu:gpu_tensor_active:share_baseline{js()}))", GPU + " moved"))
     return [throughput, latency, retrans, share]
 
 
-def _variables() -> list:
+def _variables() -> list[Any]:
     cluster = (db.QueryVariable("cluster").label("Cluster").datasource(DS)
                .query("label_values(gpu_health_exporter_build_info, cluster)")
                .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -408,12 +409,15 @@ def _stall_group(s: Settings) -> str:
 )
 and on ({JOB})
 count by ({JOB}) (
-  instance_training_job:info and on (cluster, instance) (gpu_health_exporter_build_info offset {s.interval})
+  instance_training_job:info
+    and on (cluster, instance) (gpu_health_exporter_build_info offset {s.interval})
+    and on (cluster, instance) (gpu_health_exporter_build_info offset {_double(s.interval)})
 )
 or on ({JOB})
 (training_job:gpus:count and on ({JOB}) (training_job:gpu_memory_used:ratio_max_of_min <= {_num(s.memory_held)}))""",
                    "The job (re)starts now: it holds GPUs and held none at the last evaluation, while an exporter\n"
-                   "of its nodes answered then (a requeue under the same id: not an exporter's restart), or every\n"
+                   "of its nodes answered then and the evaluation before (the job's series reach this group an\n"
+                   "evaluation late at most): a requeue under the same id, not an exporter's restart; or every\n"
                    "process of it let go of its GPU memory since the last evaluation (a restart in its allocation;\n"
                    "an elastic restart onto fewer nodes, where TorchElastic restarts every worker)."))
     r.append(_rule("record", "training_job:start_timestamp_seconds", f"""
@@ -433,12 +437,15 @@ or on ({JOB})
 (last_over_time(training_job:last_progress_timestamp_seconds[{s.carry}]) and on ({JOB}) training_job:gpus:count)""",
                    "When the job was last productive (its GPUs' mean tensor, SM or DRAM activity at a training or\n"
                    "generation level), carried while it holds GPUs."))
+    settle = _seconds(s.window) + 2 * _seconds(s.interval)
     r.append(_rule("record", "training_job:productive", f"""
-training_job:last_progress_timestamp_seconds > on ({JOB}) training_job:start_timestamp_seconds
+training_job:last_progress_timestamp_seconds > on ({JOB}) (training_job:start_timestamp_seconds + {settle:g})
 or on ({JOB})
 (training_job:last_progress_timestamp_seconds unless on ({JOB}) training_job:start_timestamp_seconds)""",
                    "The job was productive since it last (re)started: only such a job can stall (start-up,\n"
-                   "loading weights, compiling, NCCL initialisation, after a requeue too, is never a stall)."))
+                   "loading weights, compiling, NCCL initialisation, after a requeue too, is never a stall).\n"
+                   f"Productive {settle:g} s after the start at least: the rate window and the groups between the\n"
+                   "counters and this rule (an evaluation each) still show the activity from before the restart."))
     r.append(_rule("record", "job_gpu:gpu_busy_without_work:ratio", f"""
 job_gpu:gpu_sm_active:ratio >= {S}
 unless on (cluster, instance, gpu) (job_gpu:gpu_tensor_active:ratio >= {T} or job_gpu:gpu_dram_active:ratio >= {D})""",
@@ -548,15 +555,18 @@ training_job:gpus:count >= 3
     r.append(_baseline("training_job:phase:baseline", "training_job:phase:ratio", JOB, "training_job:slowing", s))
     r.append(_rule("record", "training_job:in_phase", f"""
 training_job:running
-  and on ({JOB}) (abs(training_job:phase:ratio / on ({JOB}) training_job:phase:baseline - 1) <= {_num(s.phase_tolerance)})""",
-                   f"The job runs in its usual phase (the ratio within {_num(s.phase_tolerance)} of its baseline): only then are its\n"
-                   "GPUs and nodes compared with their own history."))
+  and on ({JOB}) (abs(training_job:phase:ratio / on ({JOB}) training_job:phase:baseline - 1) <= {_num(s.phase_tolerance)})
+  unless on ({JOB}) (
+    instance_training_job:info
+      and on (cluster, instance) (instance:lustre_client_write_bytes:rate > {_num(s.checkpoint_write_bytes)})
+  )""", f"The job runs in its usual phase (the ratio within {_num(s.phase_tolerance)} of its baseline) and writes no checkpoint\n"
+                   "(its ranks enter and leave one a little apart): only then are its GPUs and nodes compared with\n"
+                   "their own history."))
     return r
 
 
 def _straggler_group(s: Settings) -> str:
-    A, C, SH, CH = (_num(s.straggler_activity), _num(s.straggler_clock), _num(s.straggler_share),
-                    _num(s.straggler_change))
+    A, C, CH = _num(s.straggler_activity), _num(s.straggler_clock), _num(s.straggler_change)
     out = [_group("job-health-phase", s,
                   "Whether a job runs, in which phase, and its median GPU: what the straggler and the slow job\n"
                   "compare with.")]
@@ -679,24 +689,23 @@ def _slow_group(s: Settings) -> str:
     r = out
     r.append(_rule("record", "instance_training_job:throughput:rate", f"""
 avg by ({NODE_JOB}) (job_gpu:gpu_tensor_active:ratio * job_gpu:gpu_clock_sm:hertz)
-  and on ({JOB}) training_job:in_phase""",
+  and on ({JOB}) training_job:running""",
                    "Throughput per node of the job: tensor-active SM clock cycles a second, averaged over its GPUs\n"
                    "(the share of time the tensor pipes work, times the rate they work at: a wait lowers the first,\n"
-                   "a thermal or power slowdown the second), while the job is in its usual phase."))
+                   "a thermal or power slowdown the second), while it runs; its baseline (the median ignores a\n"
+                   "phase shorter than half the window); the ratio."))
     r.append(_baseline("instance_training_job:throughput:baseline", "instance_training_job:throughput:rate",
                        NODE_JOB, "training_job:slowing", s, frozen_on=JOB))
     r.append(_rule("record", "instance_training_job:throughput:ratio",
                    f"instance_training_job:throughput:rate / on ({NODE_JOB}) instance_training_job:throughput:baseline"))
     r.append(_rule("record", "training_job:slowing", f"""
 max by ({JOB}) (instance_training_job:throughput:ratio) < {R}
-unless on ({JOB}) training_job:gpus_stalled:count
-unless on ({JOB}) (
-  instance_training_job:info
-    and on (cluster, instance) (instance:lustre_client_write_bytes:rate > {_num(s.checkpoint_write_bytes)})
-)""", f"Every node of the job runs under {R} of its own baseline throughput (value: the best node's share),\n"
-                   "the job is not stalled (its own alert) nor writing a checkpoint."))
+and on ({JOB}) training_job:in_phase
+unless on ({JOB}) training_job:gpus_stalled:count""",
+                   f"Every node of the job runs under {R} of its own baseline throughput (value: the best node's share),\n"
+                   "in its usual phase (no checkpoint), not stalled (its own alert)."))
     r.append(_rule("record", "instance_training_job:gpu_clock_sm:avg",
-                   f"avg by ({NODE_JOB}) (job_gpu:gpu_clock_sm:hertz) and on ({JOB}) training_job:in_phase"))
+                   f"avg by ({NODE_JOB}) (job_gpu:gpu_clock_sm:hertz) and on ({JOB}) training_job:running"))
     r.append(_baseline("instance_training_job:gpu_clock_sm:baseline", "instance_training_job:gpu_clock_sm:avg",
                        NODE_JOB, "training_job:slowing", s, frozen_on=JOB))
     r.append(_rule("record", "instance_training_job:slowdown:evidence", f"""
@@ -755,6 +764,17 @@ HEADER = """\
 RULES_FILE = share.root() / "rules" / "job.yml"
 
 
+def _seconds(d: str) -> float:
+    """A Prometheus duration (as _duration accepts) in seconds."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d)", d))
+
+
+def _double(d: str) -> str:
+    """Twice a Prometheus duration, in seconds (an offset)."""
+    return f"{2 * _seconds(d):g}s"
+
+
 def _duration(v: str) -> str:
     if not re.fullmatch(r"(\d+[smh])+", v):
         raise argparse.ArgumentTypeError(f"{v!r} is not a Prometheus duration such as 30s, 2m or 1h")
@@ -766,6 +786,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(RULES_FILE), metavar="FILE", help="where to write (default: %(default)s)")
     for f in fields(Settings):
         flag = "--" + f.name.replace("_", "-")
+        conv: Callable[[str], object]
         if f.type == "str":
             conv = str if f.name == "runbook_base" else _duration
         else:
