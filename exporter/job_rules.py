@@ -130,6 +130,12 @@ def _alerts(by: str, names: tuple[str, ...]) -> str:
             '  "reason", "$1", "alertname", "(.+)"\n)')
 
 
+def _checkpointing(s: Settings) -> str:
+    """The nodes of each job writing a checkpoint to Lustre now."""
+    return ("(\n    instance_training_job:info\n      and on (cluster, instance) "
+            f"(instance:lustre_client_write_bytes:rate > {_num(s.checkpoint_write_bytes)})\n  )")
+
+
 def _num(x: float) -> str:
     return f"{x:g}"
 
@@ -461,10 +467,7 @@ training_job:gpus:count
   and on ({JOB}) (training_job:gpus_busy:count <= on ({JOB}) ({_num(s.busy_share)} * training_job:gpus:count))
   and on ({JOB}) (training_job:gpu_memory_used:ratio_max > {_num(s.memory_held)})
   and on ({JOB}) training_job:productive
-  unless on ({JOB}) (
-    instance_training_job:info
-      and on (cluster, instance) (instance:lustre_client_write_bytes:rate > {_num(s.checkpoint_write_bytes)})
-  )""", "A stall now (before `for`; value: the GPUs it holds): no GPU of the job does tensor or DRAM work,\n"
+  unless on ({JOB}) {_checkpointing(s)}""", "A stall now (before `for`; value: the GPUs it holds): no GPU of the job does tensor or DRAM work,\n"
                    f"at most {_num(s.busy_share)} of them keep their SMs busy (a rank stuck in a kernel while the others spin in\n"
                    "NCCL), its processes still hold GPU memory (they exited at the job's end), it was productive\n"
                    "since it (re)started, and none of its nodes is writing a checkpoint to Lustre. GPU-hours lost\n"
@@ -556,10 +559,7 @@ training_job:gpus:count >= 3
     r.append(_rule("record", "training_job:in_phase", f"""
 training_job:running
   and on ({JOB}) (abs(training_job:phase:ratio / on ({JOB}) training_job:phase:baseline - 1) <= {_num(s.phase_tolerance)})
-  unless on ({JOB}) (
-    instance_training_job:info
-      and on (cluster, instance) (instance:lustre_client_write_bytes:rate > {_num(s.checkpoint_write_bytes)})
-  )""", f"The job runs in its usual phase (the ratio within {_num(s.phase_tolerance)} of its baseline) and writes no checkpoint\n"
+  unless on ({JOB}) {_checkpointing(s)}""", f"The job runs in its usual phase (the ratio within {_num(s.phase_tolerance)} of its baseline) and writes no checkpoint\n"
                    "(its ranks enter and leave one a little apart): only then are its GPUs and nodes compared with\n"
                    "their own history."))
     return r
