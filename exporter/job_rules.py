@@ -270,10 +270,10 @@ max by ({JOB}) (
     r.append(_rule("record", "training_job:gpu_memory_used:ratio_max_of_min", f"""
 max by ({JOB}) (
   gpu:training_job:info * on (cluster, instance, gpu) group_left ()
-    max by (cluster, instance, gpu) (min_over_time(gpu_memory_used_bytes[{s.interval}]) / (gpu_memory_total_bytes > 0))
-)""", "The least memory each GPU of the job held in the last interval, its largest over the job's GPUs:\n"
-                   "low when every process of the job let go of its GPU since the last evaluation (the job ended,\n"
-                   "or restarted: a requeue, TorchElastic restarting its workers), however briefly."))
+    max by (cluster, instance, gpu) (min_over_time(gpu_memory_used_bytes[{w}]) / (gpu_memory_total_bytes > 0))
+)""", "The least memory each GPU of the job held in the rate window, its largest over the job's GPUs:\n"
+                   "low when every process of the job let go of its GPU within the window, however briefly and\n"
+                   "not all at once (the job ended, or restarted: a requeue, TorchElastic restarting its workers)."))
     r.append(_rule("record", "training_job:gpu_power_watts:sum", f"""
 sum by ({JOB}) (
   gpu:training_job:info * on (cluster, instance, gpu) group_left () max by (cluster, instance, gpu) (gpu_power_watts)
@@ -424,7 +424,7 @@ or on ({JOB})
                    "The job (re)starts now: it holds GPUs and held none at the last evaluation, while an exporter\n"
                    "of its nodes answered then and the evaluation before (the job's series reach this group an\n"
                    "evaluation late at most): a requeue under the same id, not an exporter's restart; or every\n"
-                   "process of it let go of its GPU memory since the last evaluation (a restart in its allocation;\n"
+                   "process of it let go of its GPU memory within the rate window (a restart in its allocation;\n"
                    "an elastic restart onto fewer nodes, where TorchElastic restarts every worker)."))
     r.append(_rule("record", "training_job:start_timestamp_seconds", f"""
 time() + 0 * training_job:started

@@ -561,17 +561,18 @@ def issue43_cases() -> list[Case]:
         + [(60, [stalled("1001", i, "application", 8) for i in nodes_of(2)])],
         straggler=[(30, [])], slowed=[(30, []), (45, [])]))
 
-    # An elastic restart onto fewer nodes: every worker exits at 20 (memory freed), the job goes on
-    # on three of its four nodes after 14 minutes of start-up: a new start.
+    # An elastic restart onto fewer nodes: the workers exit at 20 and 21 (memory freed, a minute
+    # apart), the job goes on on three of its four nodes after 14 minutes of start-up: a new start.
     def elastic(t, n, g):
         if t >= 20 and n == 3:
             return Gpu(tensor=0.0, sm=0.0, mem=0.0, job=None)
-        if t == 20:
+        if t == 20 + n % 2:
             return Gpu(tensor=0.0, sm=0.0, mem=0.0)
-        return Gpu(tensor=0.0, sm=0.01) if 20 < t < 35 else HEALTHY
+        return Gpu(tensor=0.0, sm=0.01) if 20 <= t < 35 else HEALTHY
 
     out.append(Case(
-        "an elastic restart onto fewer nodes: a new start, its start-up is no stall", 45, 4, 2, elastic,
+        "an elastic restart onto fewer nodes, its workers exiting a minute apart: a new start, its start-up "
+        "is no stall", 45, 4, 2, elastic,
         stalled=[(t, []) for t in (22, 25, 28, 31, 34, 40)], slowed=[(t, []) for t in (25, 34, 40)]))
 
     # The exporter of a one-node job restarts during its stall (its series gone a minute): the alert
