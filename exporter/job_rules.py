@@ -328,10 +328,11 @@ sum by (cluster, instance) (rate(efa_node_retrans_packets_total[{ew}]))
   / (sum by (cluster, instance) (rate(efa_node_tx_packets_total[{ew}])) > 0)""",
                    "The share of the node's EFA packets sent again, and its EFA errors (retransmit timeouts,\n"
                    "failed RDMA work requests), over the evidence window."))
-    r.append(_rule("record", "instance:efa_errors:increase", f"""
-sum by (cluster, instance) (
-  increase({{__name__=~"efa_node_retrans_timeout_events_total|efa_node_rdma_read_errors_total|efa_node_rdma_write_errors_total"}}[{ew}])
-)"""))
+    # One arm per counter, told apart by a label: increase() drops the name, and counters of one node
+    # would collide (a node without RDMA counters, an older kernel, has the arms it has).
+    arms = "\nor\n".join(f'label_replace(increase(efa_node_{c}_total[{ew}]), "counter", "{c}", "", "")'
+                          for c in ("retrans_timeout_events", "rdma_read_errors", "rdma_write_errors"))
+    r.append(_rule("record", "instance:efa_errors:increase", f"sum by (cluster, instance) (\n{_indent(arms, 2)}\n)"))
     r.append(_group("job-health-baselines", s,
                     "Each node of each job against its own baseline in this job and against the job's median node:\n"
                     "the storage and network evidence of change."))

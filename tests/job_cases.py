@@ -203,6 +203,7 @@ def series(case: Case) -> list[dict]:
             total += s.efa_timeouts
             to.append(total)
         efa("retrans_timeout_events", to)
+        efa("rdma_read_errors", [0.0] * T)  # counters of the same labels: the rules must keep them apart
     ksm = {"cluster": "c1", "job": "kube-state-metrics", "instance": "ksm:8080"}
     for key, labels in case.ksm.items():
         ns, pod = key.split("/")
