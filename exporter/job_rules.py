@@ -660,10 +660,14 @@ max by ({GPU_JOB}) (job_gpu:gpu_tensor_active:share_changed)""",
                  '{{ .Labels.reason }}; {{ end }}'
                  '{{ range printf "instance_training_job:straggler:diverged{cluster=\'%s\',instance=\'%s\',training_job=\'%s\'}" '
                  '$labels.cluster $labels.instance $labels.training_job | query | sortByLabel \"reason\" }}{{ .Labels.reason }}; {{ end }}')
+    # Not while a stall's evidence is still in its window (the job resumes, its latency or errors
+    # of the stall linger a few minutes): a stall names its own cause.
+    recovering = f"unless on ({JOB}) max_over_time(training_job:gpus_stalled:count[{s.evidence_window}])"
+    straggler_expr = (f"(\n  (\n{_indent(gpu_expr, 4)}\n  )\n  or on ({NODE_JOB})\n  (\n{_indent(node_expr, 4)}\n"
+                      f"  )\n)\n{recovering}")
     r.append(f"""      - alert: TrainingJobStraggler
         expr: |
-{_indent("(" + chr(10) + _indent(gpu_expr, 2) + chr(10) + ")" + chr(10) + f"or on ({NODE_JOB})" + chr(10)
-         + "(" + chr(10) + _indent(node_expr, 2) + chr(10) + ")", 10)}
+{_indent(straggler_expr, 10)}
         for: {s.straggler_for}
         keep_firing_for: {s.keep_firing_for}  # an exporter restart must not resolve and reopen it
         labels:
