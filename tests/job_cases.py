@@ -370,7 +370,8 @@ def cases() -> list[Case]:
         "data-loader stall on storage: storage on the evicted node, resolved when the job recovers", 50, 4, 2,
         storage_gpu, storage_node,
         stalled=[(FIRE_BY, [stalled("1001", "node-2", "storage", 8, "LustreClientEvicted; lustre_latency_peers; lustre_latency_up; ")]),
-                 (47, [])]))
+                 (47, [])],
+        straggler=[(t, []) for t in (38, 41, 44)]))  # the stall's latency lingers: no straggler
 
     # A data-loader deadlock: the GPUs idle, nothing else moves: application.
     out.append(Case(
