@@ -96,6 +96,17 @@ RECORDED = {
     "mount:lustre_client_mdc_rpcs:rate5m": ("mount", SHORT_S, None, False),
     **{f"gpu_health_threshold:ecc_corrected_rate_{t}": ("const", SHORT_S, None, False)
        for t in ("factor", "floor_per_second", "young_per_second", "keep_ratio", "high_per_second")},
+    # rules/job.yml's baselines (issue 43): the median of an hour of a series recorded every minute,
+    # per GPU or node of a job, and the baselines themselves, read back over 5 minutes while frozen
+    # (the per-job ones, training_job:phase:*, are 125 series: left out, as per-job series would
+    # collide here without their job labels).
+    **{f"job_gpu:gpu_tensor_active:{k}": ("gpu", LONG_S, 60, False) for k in ("share", "share_baseline")},
+    **{f"instance_training_job:{n}": ("node", LONG_S, 60, False)
+       for n in ("efa_tx_bytes:share", "efa_tx_bytes:share_baseline", "lustre_client_read_bytes:share",
+                 "lustre_client_read_bytes:share_baseline", "throughput:rate", "throughput:baseline",
+                 "gpu_clock_sm:avg", "gpu_clock_sm:baseline", "lustre_client_rpc_wait_seconds:mean",
+                 "lustre_client_rpc_wait_seconds:baseline", "efa_retrans_packets:ratio",
+                 "efa_retrans_packets:baseline")},
 }
 JOB_NODES = 16  # nodes per Slurm job in the synthetic fleet (rules/job.yml groups per job)
 ECC_ERRING_EVERY = 50  # 2% of GPUs with corrected ECC errors in the last hours

@@ -4,6 +4,8 @@ Kubernetes training job's name, as `training_job`); `instance` narrows it to som
 
 from __future__ import annotations
 
+from typing import Any
+
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import dashboard as dm
 
@@ -47,7 +49,7 @@ def _job_gpus(expr: str) -> str:
     return f"({expr}) and on (cluster, instance, gpu) gpu:training_job:info{js()}"
 
 
-def overview() -> list:
+def overview() -> list[Any]:
     gpus = stat_panel(
         "GPUs and nodes",
         "GPUs the job holds now and the nodes they are on (gpu_workload_info, through kube-state-metrics "
@@ -58,7 +60,8 @@ def overview() -> list:
         thresholds=NEUTRAL, width=6)
     goodput = stat_panel(
         "Goodput now and over the range",
-        "The share of the job's GPUs making progress now (tensor activity >= 0.05 or SM activity >= 0.5), "
+        "The share of the job's GPUs making progress now (tensor activity >= 0.05, DRAM activity >= 0.2 or "
+        "SM activity >= 0.5), "
         "and the share of its allocated GPU time in the range that was (checkpoints and evaluation with "
         "idle tensor pipes count as not).",
         "percentunit", "2 values",
@@ -77,15 +80,15 @@ def overview() -> list:
         thresholds=steps((None, "green"), (1, "orange")), width=6)
     alerts = table_panel(
         "Job alerts firing",
-        "TrainingJobStalled and TrainingJobStraggler for this job: the node, the GPU (a straggler), the "
-        "cause.",
+        "TrainingJobStalled, TrainingJobStraggler and TrainingJobSlow for this job: the node, the GPU (a "
+        "straggler, a stuck rank), the cause.",
         "none", "one row per firing job alert",
         instant("ALERTS" + js('alertstate="firing"', 'alertname=~"TrainingJob.*"'), "firing"),
         width=6, height=4, hide=("alertstate", "severity", "notify", "hpc_job"), thresholds=OK_RED)
     return [gpus, goodput, lost, alerts]
 
 
-def activity() -> list:
+def activity() -> list[Any]:
     tensor = timeseries_panel(
         "Tensor activity per node",
         "Mean tensor pipe activity over the job's GPUs on each node (GPM, 2-minute rate). A stall is every "
@@ -122,7 +125,7 @@ def activity() -> list:
     return [tensor, sm, spread, clock, power]
 
 
-def faults() -> list:
+def faults() -> list[Any]:
     stragglers = table_panel(
         "Stragglers now",
         "GPUs and nodes of the job diverging from its median now (before TrainingJobStraggler's `for:`), "
@@ -150,7 +153,7 @@ def faults() -> list:
     return [stragglers, evidence, throttle]
 
 
-def io() -> list:
+def io() -> list[Any]:
     efa = timeseries_panel(
         "EFA transmit per node",
         "Bytes per second sent over EFA by each node of the job. A node far below the others is a network "
@@ -171,7 +174,42 @@ def io() -> list:
     return [efa, read, write]
 
 
-def nccl() -> list:
+def baselines() -> list[Any]:
+    """Each node's current value beside its own baseline in this job (docs/alerts.md, "Each rule's
+    window and basis"): what the straggler, the slow job and the causes compare."""
+    throughput = timeseries_panel(
+        "Throughput per node against its baseline",
+        "Tensor activity times SM clock over the node's GPUs (tensor-active cycles a second), and its own "
+        "baseline: the median of the last hour in the job's usual phase, frozen while the job slows. "
+        "TrainingJobSlow: every node under 0.8 of its baseline for 5 minutes.",
+        "hertz", "two series per node of the job",
+        query(f"instance_training_job:throughput:rate{js()}", NODE + " now"),
+        query(f"instance_training_job:throughput:baseline{js()}", NODE + " baseline"))
+    latency = timeseries_panel(
+        "Lustre RPC round trip per node against its baseline",
+        "Mean OST RPC round trip of each node (5 minutes) and its own baseline in this job: 5 times the "
+        "baseline, or 5 times the job's median node, is storage evidence.",
+        "s", "two series per node of the job",
+        query(f"instance_training_job:lustre_client_rpc_wait_seconds:mean{js()}", NODE + " now"),
+        query(f"instance_training_job:lustre_client_rpc_wait_seconds:baseline{js()}", NODE + " baseline"))
+    retrans = timeseries_panel(
+        "EFA retransmitted share per node against its baseline",
+        "The share of each node's EFA packets sent again (5 minutes) and its own baseline: above 0.1% and "
+        "5 times the baseline or the job's median node is network evidence.",
+        "percentunit", "two series per node of the job",
+        query(f"instance_training_job:efa_retrans_packets:ratio{js()}", NODE + " now"),
+        query(f"instance_training_job:efa_retrans_packets:baseline{js()}", NODE + " baseline"))
+    share = timeseries_panel(
+        "GPUs whose share of the work moved most from their baseline",
+        "Each GPU's tensor activity over the job's median GPU, against its own baseline in this job: a "
+        "pipeline stage's or an expert's shape stays level; a straggler moves away (more than 0.25).",
+        "none", f"top {K} GPUs per point",
+        query(f"topk({K}, abs(job_gpu:gpu_tensor_active:share{js()} - on (cluster, instance, gpu, "
+              f"training_job) job_gpu:gpu_tensor_active:share_baseline{js()}))", GPU + " moved"))
+    return [throughput, latency, retrans, share]
+
+
+def nccl() -> list[Any]:
     """NCCL's own view (rules/nccl.yml; the nccl collector, off by default): a separate row."""
     progress = timeseries_panel(
         "NCCL collective progress",
@@ -212,7 +250,7 @@ def nccl() -> list:
     return [culprit, progress, behind, rate]
 
 
-def _variables() -> list:
+def _variables() -> list[Any]:
     cluster = (db.QueryVariable("cluster").label("Cluster").datasource(DS)
                .query("label_values(gpu_health_exporter_build_info, cluster)")
                .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
@@ -244,7 +282,8 @@ def build() -> db.Dashboard:
     for v in _variables():
         d = d.with_variable(v)
     rows = (("Job", overview()), ("Activity", activity()), ("Stragglers and faults", faults()),
-            ("EFA and Lustre", io()), ("NCCL collective progress", nccl()))
+            ("EFA and Lustre", io()), ("Against the job's own baseline", baselines()),
+            ("NCCL collective progress", nccl()))
     for title, panels in rows:
         d = d.with_row(db.Row(title))
         for p in panels:

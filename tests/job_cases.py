@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "tests" / "rules" / "job.test.yml"
 # The day-long case in a suite of its own: tests/test_rules_suites.py runs the suites two at a time.
 DAY_SUITE = ROOT / "tests" / "rules" / "job_day.test.yml"
-DAY = "a simulated day of a healthy job with hourly checkpoints: no alert"
+DAY = ("a simulated day of a healthy job with hourly checkpoints, evaluations, generative evaluations and a "
+       "restart: no alert")
 RUNBOOK = "file:///usr/share/doc/gpu-health-exporter/runbooks.html"
 MEM_TOTAL = 80e9
 CLOCK = 1.98e9
@@ -35,6 +36,7 @@ class Gpu:
 
     tensor: float | None = 0.85
     sm: float | None = 0.95
+    dram: float | None = None  # DRAM bandwidth activity; None: 0.4 x tensor (training's matmuls)
     mem: float = 0.8  # share of its memory in use
     clock: float = CLOCK
     lost: bool = False
@@ -52,11 +54,15 @@ class Node:
     efa_tx: float = 2e9
     efa_retrans_ratio: float = 0.0
     efa_timeouts: int = 0  # retransmit timeout events this minute
+    down: bool = False  # the node's exporter does not answer this minute (a restart): its series go stale
 
 
 HEALTHY = Gpu()
 IDLE = Gpu(tensor=0.0, sm=0.0)
-NCCL_SPIN = Gpu(tensor=0.0, sm=0.2)  # a few SMs spin in an NCCL wait; NVML utilisation would read ~100%
+NCCL_SPIN = Gpu(tensor=0.0, sm=0.2, dram=0.01)  # a few SMs spin in an NCCL wait; NVML utilisation would read ~100%
+# Autoregressive generation (RLHF rollouts, generative evaluation): memory-bound, the job is working.
+MEMORY_BOUND = Gpu(tensor=0.03, sm=0.4, dram=0.75)
+STUCK = Gpu(tensor=0.0, sm=1.0, dram=0.0)  # a rank stuck in a compute kernel that never ends
 
 
 @dataclass
@@ -69,8 +75,10 @@ class Case:
     node_state: Callable[[int, int], Node] = lambda t, n: Node()
     stalled: list[tuple[int, list[dict]]] = field(default_factory=list)  # (eval minute, expected alerts)
     straggler: list[tuple[int, list[dict]]] = field(default_factory=list)
+    slowed: list[tuple[int, list[dict]]] = field(default_factory=list)
     ksm: dict[str, dict[str, str]] = field(default_factory=dict)  # "ns/pod" -> kube_pod_labels labels
     owners: dict[str, tuple[str, str]] = field(default_factory=dict)  # "ns/pod" -> (owner_kind, owner_name)
+    extra: list[dict] = field(default_factory=list)  # more input series, as promtool reads them
 
 
 def _num(v: float) -> str:
@@ -120,7 +128,7 @@ def series(case: Case) -> list[dict]:
     T = case.minutes + 1
     out: list[dict] = []
 
-    def add(name: str, labels: dict[str, str], values: list[float | None]) -> None:
+    def keep(name: str, labels: dict[str, str], values: list[float | None]) -> None:
         if all(v is None for v in values):
             return
         out.append({"series": name + _labels(**labels), "values": compress(values)})
@@ -128,6 +136,14 @@ def series(case: Case) -> list[dict]:
     for n in range(case.nodes):
         inst = f"node-{n + 1}"
         base = {"cluster": "c1", "instance": inst, "job": "gpu-health-exporter"}
+        nodes = [case.node_state(t, n) for t in range(T)]
+        down = [s.down for s in nodes]
+
+        def add(name: str, labels: dict[str, str], values: list[float | None], down: list[bool] = down) -> None:
+            """A series of this node: no sample while its exporter is down."""
+            keep(name, labels, [None if d else v for v, d in zip(values, down, strict=True)])
+
+        add("gpu_health_exporter_build_info", {**base, "version": "0.1.0"}, [1.0] * T)
         for g in range(case.gpus):
             states = [case.state(t, n, g) for t in range(T)]
             gl = {**base, "gpu": str(g), "uuid": f"GPU-{n + 1}-{g}", "pci_bus_id": f"00000000:{0x53 + g:02X}:00.0"}
@@ -142,6 +158,8 @@ def series(case: Case) -> list[dict]:
                 add("gpu_workload_info", wl, vals)
             add("gpu_tensor_active_seconds_total", gl, _cumulative([s.tensor for s in states]))
             add("gpu_sm_active_seconds_total", gl, _cumulative([s.sm for s in states]))
+            add("gpu_dram_active_seconds_total", gl, _cumulative([
+                s.dram if s.dram is not None else None if s.tensor is None else 0.4 * s.tensor for s in states]))
             add("gpu_memory_used_bytes", gl, [None if s.lost else s.mem * MEM_TOTAL for s in states])
             add("gpu_memory_total_bytes", gl, [None if s.lost else MEM_TOTAL for s in states])
             add("gpu_clock_hertz", {**gl, "clock": "sm"}, [None if s.lost else s.clock for s in states])
@@ -157,7 +175,6 @@ def series(case: Case) -> list[dict]:
             if seen is not None:
                 xid = next(s.xid for s in states if s.xid)
                 add("gpu_xid_last_seen_timestamp_seconds", {**gl, "xid": str(xid), "tier": "reboot"}, xids)
-        nodes = [case.node_state(t, n) for t in range(T)]
         mount = {**base, "fsname": "fsx", "mount": "/fsx"}
         add("lustre_client_write_bytes_total", mount, _cumulative([s.lustre_write for s in nodes]))
         add("lustre_client_read_bytes_total", mount, _cumulative([s.lustre_read for s in nodes]))
@@ -186,15 +203,16 @@ def series(case: Case) -> list[dict]:
             total += s.efa_timeouts
             to.append(total)
         efa("retrans_timeout_events", to)
+        efa("rdma_read_errors", [0.0] * T)  # counters of the same labels: the rules must keep them apart
     ksm = {"cluster": "c1", "job": "kube-state-metrics", "instance": "ksm:8080"}
     for key, labels in case.ksm.items():
         ns, pod = key.split("/")
-        add("kube_pod_labels", {**ksm, "namespace": ns, "pod": pod, "uid": f"uid-{pod}", **labels}, [1.0] * T)
+        keep("kube_pod_labels", {**ksm, "namespace": ns, "pod": pod, "uid": f"uid-{pod}", **labels}, [1.0] * T)
     for key, (kind, name) in case.owners.items():
         ns, pod = key.split("/")
-        add("kube_pod_owner", {**ksm, "namespace": ns, "pod": pod, "uid": f"uid-{pod}", "owner_kind": kind,
+        keep("kube_pod_owner", {**ksm, "namespace": ns, "pod": pod, "uid": f"uid-{pod}", "owner_kind": kind,
                                "owner_name": name, "owner_is_controller": "true"}, [1.0] * T)
-    return out
+    return out + case.extra
 
 
 # --- expected alerts -------------------------------------------------------------------------------
@@ -210,43 +228,78 @@ def _dash(job: str) -> str:
     return f"/d/gpu-health-job/?var-cluster=c1&var-job={_job_labels(job)['training_job']}&var-instance=All"
 
 
-def stalled(job: str, inst: str, cause: str, gpus: int, evidence: str = "") -> dict:
+def _alert(job: str, inst: str, cause: str, gpu: str | None = None) -> tuple[dict, dict[str, str], str]:
     j = _job_labels(job)
-    where = f" (namespace {j['namespace']})" if "namespace" in j else ""
-    if cause == "application":
+    labels = {"severity": "warning", "notify": "job_owner", "cluster": "c1", "instance": inst, "cause": cause, **j}
+    if gpu is not None:
+        labels["gpu"] = gpu
+    return labels, j, f" (namespace {j['namespace']})" if "namespace" in j else ""
+
+
+def stalled(job: str, inst: str, cause: str, gpus: int, evidence: str = "", gpu: str | None = None) -> dict:
+    labels, j, where = _alert(job, inst, cause, gpu)
+    if cause == "application" and gpu is not None:
+        tail = (f" on {inst} GPU {gpu}: its SMs stay busy (SM activity 0.5 or more) with no tensor or memory work "
+                "while the job's other GPUs wait (a kernel that never ends: the rank the job waits for)")
+    elif cause == "application":
         tail = (f" (no hardware, network or storage signal on any of its nodes; {inst} is one of them: a deadlock, "
                 "a data-loader bug or an NCCL hang with healthy links, for the job's owner)")
     else:
         tail = f", on {inst}: {evidence}"
     return {
-        "exp_labels": {"severity": "warning", "notify": "job_owner", "cluster": "c1", "instance": inst,
-                       "cause": cause, **j},
+        "exp_labels": labels,
         "exp_annotations": {
             "summary": "A training job has stopped making progress on all its GPUs.",
-            "description": (f"Job {j['training_job']}{where} holds {gpus} GPU(s) and none has made progress (tensor "
-                            "activity under 0.05, SM activity under 0.5) for 4m, while it is not writing a checkpoint. "
-                            f"Cause: {cause}{tail} Job dashboard: {_dash(job)}"),
+            "description": (f"Job {j['training_job']}{where} holds {gpus} GPU(s) and none has done tensor or memory "
+                            "work (tensor activity under 0.05, DRAM activity under 0.2) for 4m, while it is not "
+                            f"writing a checkpoint. Cause: {cause}{tail} Job dashboard: {_dash(job)}"),
             "runbook_url": f"{RUNBOOK}#trainingjobstalled",
         },
     }
 
 
 def straggler(job: str, inst: str, cause: str, evidence: str, gpu: str | None = None) -> dict:
-    j = _job_labels(job)
-    where = f" (namespace {j['namespace']})" if "namespace" in j else ""
+    labels, j, where = _alert(job, inst, cause, gpu)
     on = f"{inst} GPU {gpu}" if gpu is not None else inst
-    labels = {"severity": "warning", "notify": "job_owner", "cluster": "c1", "instance": inst, "cause": cause, **j}
-    if gpu is not None:
-        labels["gpu"] = gpu
-    app = "none from the hardware, EFA or Lustre (uneven work, a data skew: the job's owner's)" \
+    app = "none from the hardware, EFA or Lustre (a change in the work it gets, a data skew: the job's owner's)" \
         if cause == "application" else ""
     return {
         "exp_labels": labels,
         "exp_annotations": {
-            "summary": "One GPU or node of a training job is persistently slower than the rest.",
-            "description": (f"Job {j['training_job']}{where} has a straggler on {on} for 5m: it diverges from the job's "
-                            f"median GPU or node. Likely cause: {cause}. Evidence: {evidence}{app} Job dashboard: {_dash(job)}"),
+            "summary": "One GPU or node of a training job became slower than the rest.",
+            "description": (f"Job {j['training_job']}{where} has a straggler on {on} for 5m: it departs from its own "
+                            f"history in this job or carries hardware evidence. Likely cause: {cause}. Evidence: "
+                            f"{evidence}{app} Job dashboard: {_dash(job)}"),
             "runbook_url": f"{RUNBOOK}#trainingjobstraggler",
+        },
+    }
+
+
+def moved(v: float) -> str:
+    """A GPU straggler's evidence of change (its share of the job's median tensor activity moved)."""
+    return f"its tensor activity over the job's median moved {v:.2f} from its own baseline; "
+
+
+def slow(job: str, inst: str, cause: str, share: str, evidence: str = "") -> dict:
+    """TrainingJobSlow on `inst`; `share`: the best node's share of its baseline, as humanizePercentage
+    writes it."""
+    labels, j, where = _alert(job, inst, cause)
+    if cause == "application":
+        tail = (f" (no thermal, power, network or storage signal on any of its nodes; {inst} is one of them: the "
+                "input pipeline, a change of code or data, for the job's owner)")
+    elif cause == "hardware":
+        tail = (f" on {inst}: its GPUs' clocks fell under 0.9 of their baseline or a slowdown alert holds, on every "
+                "node of the job (a facility power cap, cooling)")
+    else:
+        tail = f", on {inst}: {evidence}"
+    return {
+        "exp_labels": labels,
+        "exp_annotations": {
+            "summary": "A training job runs well below its own throughput on every node.",
+            "description": (f"Job {j['training_job']}{where} runs at {share} or less of its own baseline throughput "
+                            "(tensor activity times SM clock, the median of its last 1h in the same phase) on every "
+                            f"node, for 5m. Cause: {cause}{tail} Job dashboard: {_dash(job)}"),
+            "runbook_url": f"{RUNBOOK}#trainingjobslow",
         },
     }
 
@@ -254,6 +307,14 @@ def straggler(job: str, inst: str, cause: str, evidence: str, gpu: str | None = 
 # --- the cases -------------------------------------------------------------------------------------
 
 STALL_AT = 20  # the minute a stall starts in the cases below
+# issue 43's cases that tests/test_job_rules.py runs without their guard
+MEMORY = "a memory-bound phase (DRAM busy, tensor low) for 20 minutes: progress, no alert"
+STUCK_RANK = "a rank stuck in a compute kernel while 31 GPUs spin in NCCL: a stall naming that GPU"
+REQUEUE = "a requeue under the same id: its start-up is no stall, a hang once productive again is"
+PIPELINE = "pipeline stages unbalanced by design through a checkpoint and an evaluation: no straggler"
+SLOW_STORAGE = "a job that slows on every node as one node's Lustre RPCs take 50x longer: storage on that node"
+FAILING_NODE = "a failing node: EFA throughput down, retransmits and timeouts under the alerts' thresholds: network"
+STORAGE_LATENCY = "a data-loader stall with Lustre RPCs at 50x their usual 1 ms: storage on that node"
 FIRE_BY = 30  # within 10 minutes
 
 
@@ -308,8 +369,9 @@ def cases() -> list[Case]:
     out.append(Case(
         "data-loader stall on storage: storage on the evicted node, resolved when the job recovers", 50, 4, 2,
         storage_gpu, storage_node,
-        stalled=[(FIRE_BY, [stalled("1001", "node-2", "storage", 8, "LustreClientEvicted; lustre_latency; ")]),
-                 (47, [])]))
+        stalled=[(FIRE_BY, [stalled("1001", "node-2", "storage", 8, "LustreClientEvicted; lustre_latency_peers; lustre_latency_up; ")]),
+                 (47, [])],
+        straggler=[(t, []) for t in (38, 41, 44)]))  # the stall's latency lingers: no straggler
 
     # A data-loader deadlock: the GPUs idle, nothing else moves: application.
     out.append(Case(
@@ -322,7 +384,7 @@ def cases() -> list[Case]:
         "EFA retransmit timeouts as the job hangs: network on that node", 32, 4, 2,
         lambda t, n, g: _after(t, HEALTHY, NCCL_SPIN),
         lambda t, n: Node(efa_tx=0.0 if t >= STALL_AT else 2e9, efa_timeouts=50 if n == 3 and STALL_AT <= t < 23 else 0),
-        stalled=[(FIRE_BY, [stalled("1001", "node-4", "network", 8, "EfaRetransmitTimeouts; ")])]))
+        stalled=[(FIRE_BY, [stalled("1001", "node-4", "network", 8, "EfaRetransmitTimeouts; efa_errors_up; ")])]))
 
     # A checkpoint: 8 minutes with the GPUs idle while node-1 writes to Lustre: never a stall.
     out.append(Case(
@@ -397,20 +459,28 @@ def cases() -> list[Case]:
         stalled=[(FIRE_BY, [stalled(f"team-a/llama-worker-{n}", f"node-{n + 1}", "application", 2)
                             for n in range(2)])]))
 
-    # A day of a healthy job: hourly 6-minute checkpoints on node-1, an evaluation every 4 hours.
+    # A day of a healthy job: hourly 6-minute checkpoints on node-1, an evaluation every 4 hours, a
+    # generative (memory-bound) evaluation every 6 hours, and a restart in its allocation at 12:20 (the
+    # processes exit, then 11 minutes of start-up).
     def day(t, n, g):
-        m = t % 60
+        h, m = divmod(t, 60)
+        if h == 12 and 20 <= m < 32:
+            return Gpu(tensor=0.0, sm=0.0, mem=0.0) if m == 20 else Gpu(tensor=0.0, sm=0.01)
         if m < 6:
             return IDLE
-        if (t // 60) % 4 == 3 and m < 20:
+        if h % 4 == 3 and m < 20:
             return Gpu(tensor=0.25, sm=0.55)
+        if h % 6 == 5 and 30 <= m < 45:
+            return MEMORY_BOUND
         return Gpu(tensor=0.8 + 0.02 * ((t + g + n) % 5), sm=0.93)
 
     out.append(Case(
-        "a simulated day of a healthy job with hourly checkpoints: no alert", 1440, 2, 2, day,
+        DAY, 1440, 2, 2, day,
         lambda t, n: Node(lustre_write=1.5e9 if n == 0 and 1 <= t % 60 < 6 else 0.0),
-        stalled=[(t, []) for h in range(1, 24) for t in (60 * h + 4, 60 * h + 6, 60 * h + 9)],
-        straggler=[(t, []) for h in range(1, 24) for t in (60 * h + 9, 60 * h + 30)]))
+        stalled=[(t, []) for h in range(1, 24) for t in (60 * h + 4, 60 * h + 6, 60 * h + 9, 60 * h + 40)]
+        + [(12 * 60 + m, []) for m in (22, 25, 28, 31, 34)],
+        straggler=[(t, []) for h in range(1, 24) for t in (60 * h + 9, 60 * h + 30, 60 * h + 40)],
+        slowed=[(t, []) for h in range(1, 24) for t in (60 * h + 9, 60 * h + 15, 60 * h + 30, 60 * h + 40)]))
 
     # --- stragglers ---
     def thermal(t, n, g):
@@ -423,7 +493,7 @@ def cases() -> list[Case]:
     out.append(Case(
         "thermal straggler: the throttled GPU, hardware", 25, 4, 2, thermal,
         straggler=[(9, []), (22, [straggler("1001", "node-2", "hardware",
-                                            "GpuHwSlowdownActive; SM clock 1.4GHz, under the job's median; ", gpu="0")])],
+                                            "GpuHwSlowdownActive; SM clock 1.4GHz, under the job's median; " + moved(0.55), gpu="0")])],
         stalled=[(22, [])]))
 
     out.append(Case(
@@ -442,12 +512,143 @@ def cases() -> list[Case]:
     out.append(Case(
         "uneven activity with no infrastructure signal: application", 25, 1, 4,
         lambda t, n, g: Gpu(tensor=0.4, sm=0.9) if g == 3 and t >= 10 else HEALTHY,
-        straggler=[(22, [straggler("1001", "node-1", "application", "", gpu="3")])]))
+        straggler=[(22, [straggler("1001", "node-1", "application", moved(0.53), gpu="3")])]))
 
     out.append(Case(
         "healthy jitter and a two-GPU job: no straggler", 40, 2, 1,
         lambda t, n, g: Gpu(tensor=0.5 if n == 0 else 0.9),
         straggler=[(t, []) for t in (20, 30, 39)]))
+    # The NCCL-RAS rules (rules/nccl.yml, issue 44) reach this job's ranks: they name the rank the
+    # others wait for, and TrainingJobStalled stays quiet for it.
+    out.append(Case(
+        "an NCCL hang where NCCL RAS answers: its own alert names the rank, TrainingJobStalled is quiet", 32, 2, 2,
+        lambda t, n, g: _after(t, HEALTHY, NCCL_SPIN),
+        stalled=[(FIRE_BY, [])],
+        extra=[{"series": 'training_job:nccl_ras_answering{cluster="c1", training_job="1001", hpc_job="1001"}',
+                "values": "1x32"}]))
+    out += issue43_cases()
+    return out
+
+
+def issue43_cases() -> list[Case]:
+    """The phases of issue 43's Why: each is judged right."""
+    out: list[Case] = []
+    quiet = (25, 30, 35, 40)
+
+    # A memory-bound phase (autoregressive generation): SM 0.4, tensor 0.03, DRAM 0.75 is working.
+    out.append(Case(
+        MEMORY, 50, 4, 2, lambda t, n, g: MEMORY_BOUND if STALL_AT <= t < 40 else HEALTHY,
+        stalled=[(t, []) for t in quiet], straggler=[(t, []) for t in quiet], slowed=[(t, []) for t in quiet]))
+
+    # One rank stuck in a compute kernel (SM 1.0, tensor 0) while the other 31 GPUs spin in NCCL.
+    out.append(Case(
+        STUCK_RANK, 32, 4, 8,
+        lambda t, n, g: HEALTHY if t < STALL_AT else STUCK if (n, g) == (2, 5) else NCCL_SPIN,
+        lambda t, n: Node(efa_tx=0.0 if t >= STALL_AT else 2e9),
+        stalled=[(STALL_AT + 3, []), (FIRE_BY, [stalled("1001", "node-3", "application", 32, gpu="5")])],
+        straggler=[(FIRE_BY, [])], slowed=[(FIRE_BY, [])]))
+
+    # A requeue: the job releases its GPUs at 20 and comes back under the same id at 23; its start-up
+    # (15 minutes) is no stall; once productive again, a hang at 50 is.
+    def requeue(t, n, g):
+        if 20 <= t < 23:
+            return Gpu(tensor=0.0, sm=0.0, mem=0.0, job=None)
+        if 23 <= t < 38:
+            return Gpu(tensor=0.0, sm=0.01)
+        return NCCL_SPIN if t >= 50 else HEALTHY
+
+    out.append(Case(
+        REQUEUE, 62, 2, 4, requeue,
+        stalled=[(t, []) for t in (24, 27, 30, 34, 38, 45)]
+        + [(60, [stalled("1001", i, "application", 8) for i in nodes_of(2)])],
+        straggler=[(30, [])], slowed=[(30, []), (45, [])]))
+
+    # An elastic restart onto fewer nodes: the workers exit at 20 and 21 (memory freed, a minute
+    # apart), the job goes on on three of its four nodes after 14 minutes of start-up: a new start.
+    def elastic(t, n, g):
+        if t >= 20 and n == 3:
+            return Gpu(tensor=0.0, sm=0.0, mem=0.0, job=None)
+        if t == 20 + n % 2:
+            return Gpu(tensor=0.0, sm=0.0, mem=0.0)
+        return Gpu(tensor=0.0, sm=0.01) if 20 <= t < 35 else HEALTHY
+
+    out.append(Case(
+        "an elastic restart onto fewer nodes, its workers exiting a minute apart: a new start, its start-up "
+        "is no stall", 45, 4, 2, elastic,
+        stalled=[(t, []) for t in (22, 25, 28, 31, 34, 40)], slowed=[(t, []) for t in (25, 34, 40)]))
+
+    # The exporter of a one-node job restarts during its stall (its series gone a minute): the alert
+    # holds, and the job is not taken for a new start.
+    out.append(Case(
+        "an exporter restart during a stall: the alert holds", 40, 1, 4,
+        lambda t, n, g: _after(t, HEALTHY, IDLE), lambda t, n: Node(down=t == 31),
+        stalled=[(t, [stalled("1001", "node-1", "application", 4)]) for t in (30, 32, 35, 38)]))
+
+    # Pipeline stages unbalanced by design (the last stage computes the loss), its node sending less
+    # over EFA, through a checkpoint and an evaluation: the shape is the job's own, no straggler.
+    stages = (0.85, 0.7, 0.6, 0.95)
+
+    def pipeline(t, n, g):
+        if 40 <= t < 46:
+            return IDLE
+        if 60 <= t < 75:
+            return Gpu(tensor=0.35 * stages[n], sm=0.6)
+        return Gpu(tensor=stages[n] + 0.02 * ((t + g) % 3), sm=0.95)
+
+    checks = (15, 25, 35, 50, 65, 80, 95)
+    out.append(Case(
+        PIPELINE, 100, 4, 2, pipeline,
+        lambda t, n: Node(efa_tx=0.9e9 if n == 3 else 2e9, lustre_write=2e9 if n == 0 and 40 <= t < 46 else 0.0),
+        stalled=[(t, []) for t in checks], straggler=[(t, []) for t in checks], slowed=[(t, []) for t in checks]))
+
+    # Uneven experts: each GPU's share of the work differs and jitters from minute to minute.
+    out.append(Case(
+        "uneven experts (mixture of experts): no straggler", 60, 1, 8,
+        lambda t, n, g: Gpu(tensor=0.45 + 0.06 * g + 0.02 * ((7 * t + 3 * g) % 5 - 2), sm=0.9),
+        straggler=[(t, []) for t in (20, 30, 40, 55)], slowed=[(t, []) for t in (30, 55)]))
+
+    # A job that slows on every node (GPUs busy half as much, the same phase) because node-2's Lustre
+    # RPCs take 50 times their usual 5 ms: storage, on node-2.
+    slow_gpu = Gpu(tensor=0.45, sm=0.5)
+    out.append(Case(
+        SLOW_STORAGE, 32, 4, 2, lambda t, n, g: _after(t, HEALTHY, slow_gpu),
+        lambda t, n: Node(rpc_wait=0.25 if n == 1 and t >= STALL_AT else 0.005),
+        slowed=[(STALL_AT + 3, []),
+                (FIRE_BY, [slow("1001", "node-2", "storage", "52.94%", "lustre_latency_peers; lustre_latency_up; ")])],
+        straggler=[(FIRE_BY, [straggler("1001", "node-2", "storage", "lustre_errors; ")])], stalled=[(FIRE_BY, [])]))
+
+    # The same slowdown with no signal anywhere: application, on every node.
+    out.append(Case(
+        "a job that slows on every node with no infrastructure signal: application", 32, 4, 2,
+        lambda t, n, g: _after(t, HEALTHY, Gpu(tensor=0.5, sm=0.56)),
+        slowed=[(FIRE_BY, [slow("1001", i, "application", "58.82%") for i in nodes_of(4)])],
+        straggler=[(FIRE_BY, [])], stalled=[(FIRE_BY, [])]))
+
+    # Every GPU throttles (a facility power cap or cooling): clocks at 1.2 GHz, thermal slowdown.
+    out.append(Case(
+        "a job that slows on every node as every GPU throttles: hardware on every node", 32, 4, 2,
+        lambda t, n, g: _after(t, HEALTHY, Gpu(tensor=0.9, sm=0.97, clock=1.2e9, thermal=True)),
+        slowed=[(FIRE_BY, [slow("1001", i, "hardware", "64.17%") for i in nodes_of(4)])],
+        straggler=[(FIRE_BY, [])], stalled=[(FIRE_BY, [])]))
+
+    # A failing node: its EFA throughput falls to 60% of its peers', it retransmits 0.5% of its packets
+    # (under EfaRetransmitRatioHigh's 1%) and times out a few: the job slows, network on that node.
+    out.append(Case(
+        FAILING_NODE, 32, 4, 2, lambda t, n, g: _after(t, HEALTHY, Gpu(tensor=0.5, sm=0.56)),
+        lambda t, n: Node(efa_tx=(1e9 if n == 2 else 1.6e9) if t >= STALL_AT else 2e9,
+                          efa_retrans_ratio=0.005 if n == 2 and t >= STALL_AT else 0.0,
+                          efa_timeouts=2 if n == 2 and t >= STALL_AT else 0),
+        slowed=[(FIRE_BY, [slow("1001", "node-3", "network", "58.82%", "efa_errors_up; efa_retransmits_up; ")])],
+        straggler=[(FIRE_BY, [straggler("1001", "node-3", "network", "efa_errors; efa_traffic_low; ")])],
+        stalled=[(FIRE_BY, [])]))
+
+    # A data-loader stall at a realistic latency: node-2's Lustre RPCs take 50 ms, 50 times their
+    # usual 1 ms (under any absolute 100 ms rule): storage on node-2.
+    out.append(Case(
+        STORAGE_LATENCY, 40, 4, 2, lambda t, n, g: IDLE if STALL_AT <= t < 35 else HEALTHY,
+        lambda t, n: Node(rpc_wait=0.05 if n == 1 and STALL_AT <= t < 35 else 0.001,
+                          lustre_read=1e5 if STALL_AT <= t < 35 else 50e6),
+        stalled=[(FIRE_BY, [stalled("1001", "node-2", "storage", 8, "lustre_latency_peers; lustre_latency_up; ")])]))
     return out
 
 
@@ -467,6 +668,8 @@ def suite(day: bool = False) -> dict:
         for t, exp in c.straggler:
             group["alert_rule_test"].append({"eval_time": f"{t}m", "alertname": "TrainingJobStraggler",
                                              "exp_alerts": exp})
+        for t, exp in c.slowed:
+            group["alert_rule_test"].append({"eval_time": f"{t}m", "alertname": "TrainingJobSlow", "exp_alerts": exp})
         tests.append(group)
     # Every rule file: the job rules read the others' alerts as evidence.
     files = ["efa.yml", "fsx.yml", "gpu.yml", "job.yml", "xid.yml"]

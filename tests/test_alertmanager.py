@@ -56,6 +56,8 @@ FS = ["scope=filesystem", "fsname=fsx1"]
       "training_job=1001", "hpc_job=1001", *NODE], "job-owner"),
     (["alertname=TrainingJobStraggler", "severity=warning", "notify=job_owner", "cause=network",
       "training_job=llama", "namespace=team-a", *NODE], "job-owner"),
+    (["alertname=TrainingJobSlow", "severity=warning", "notify=job_owner", "cause=storage",
+      "training_job=1001", "hpc_job=1001", *NODE], "job-owner"),
 ])
 def test_amtool_routes(labels, receiver):
     r = _amtool("config", "routes", "test", f"--config.file={CONFIG}", f"--verify.receivers={receiver}",

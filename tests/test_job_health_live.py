@@ -1,15 +1,16 @@
-"""Job health end to end (issue 34): a simulated cluster of 14 nodes running 7 two-node Slurm jobs,
-one per scenario of exporter/simulate/job.py, scraped by one real Prometheus every second with
-rules/job.yml rendered at that pace (`python -m exporter.job_rules`, windows of seconds instead of
-minutes), beside the other rule files as shipped (their alerts, pending or firing, are the job rules'
-evidence), and routed by the real Alertmanager with the shipped config.
+"""Job health end to end (issues 34, 43): a simulated cluster of 20 nodes running 7 two-node and 6
+one-node Slurm jobs, one per scenario of exporter/simulate/job.py, scraped by one real Prometheus
+every second with rules/job.yml rendered at that pace (`python -m exporter.job_rules`, windows of
+seconds instead of minutes), beside the other rule files as shipped (their alerts, pending or firing,
+are the job rules' evidence), and routed by the real Alertmanager with the shipped config.
 
-Each stall or straggler fires with the right `cause` on the right node, reaches Alertmanager's
-job-owner receiver, and resolves when its job recovers (the NCCL hang and the storage stall recover
-at job.RECOVER_AT_S) or ends (the exporters of the lost-GPU and straggler jobs stop: the job's
-series go). The checkpoint and the healthy job never alert, nor does any job with another cause
-or on another node. The scenarios' times are seconds after each node's start; at the shipped
-windows the same detection takes minutes (docs/alerts.md, "Job health")."""
+Each stall, straggler or slow job fires with the right `cause` on the right node (and GPU: a stuck
+rank), reaches Alertmanager's job-owner receiver, and resolves when its job recovers (the NCCL hang,
+the storage stalls and the slow job recover at job.RECOVER_AT_S) or ends (the exporters of the
+lost-GPU, stuck-rank and straggler jobs stop: the job's series go). The checkpoint, the healthy job,
+the memory-bound phase, the requeue and the pipeline stages never alert, nor does any job with
+another cause or on another node. The scenarios' times are seconds after each node's start; at the
+shipped windows the same detection takes minutes (docs/alerts.md, "Job health")."""
 
 from __future__ import annotations
 
@@ -30,9 +31,11 @@ from tests.rules_lint import copy_rules_at_global_interval
 pytestmark = pytest.mark.slow
 
 SCRAPE_S = 1
-# The job-health rules at a 1 s scrape: the shipped 2-minute windows and 4-minute `for:` as seconds.
+# The job-health rules at a 1 s scrape: the shipped 2-minute windows and 4-minute `for:` as seconds;
+# states carried 8 s (8 evaluations: a loaded host delays the groups' evaluations by seconds).
 SETTINGS = job_rules.Settings(interval="1s", window="5s", evidence_window="10s", stall_for="5s",
-                              straggler_for="8s", keep_firing_for="3s", carry="3s")
+                              straggler_for="8s", slow_for="8s", keep_firing_for="3s", carry="8s",
+                              baseline_window="60s", baseline_samples=5)
 # job -> its two nodes' scenarios (the first node is the culprit where there is one)
 JOBS = {
     "hang": ("job-nccl-hang", "job-nccl-hang"),
@@ -42,6 +45,13 @@ JOBS = {
     "thermal": ("job-thermal-straggler", "job-healthy"),
     "efa": ("job-efa-degraded", "job-healthy"),
     "healthy": ("job-healthy", "job-healthy"),
+    # issue 43's phases, one node each (a node of 4 GPUs is a job the straggler and slow rules judge)
+    "memory": ("job-memory-bound",),
+    "stuck": ("job-stuck-rank",),
+    "requeue": ("job-requeue",),
+    "pipeline": ("job-pipeline-stage",),
+    "slow": ("job-slow",),
+    "latency": ("job-storage-latency",),
 }
 # (alertname, job, instance, cause, gpu) each must fire, and nothing else
 EXPECTED = {
@@ -51,8 +61,11 @@ EXPECTED = {
     ("TrainingJobStalled", "storage", "storage-1", "storage", ""),
     ("TrainingJobStraggler", "thermal", "thermal-1", "hardware", str(job.CULPRIT_GPU)),
     ("TrainingJobStraggler", "efa", "efa-1", "network", ""),
+    ("TrainingJobStalled", "stuck", "stuck-1", "application", str(job.CULPRIT_GPU)),
+    ("TrainingJobSlow", "slow", "slow-1", "application", ""),
+    ("TrainingJobStalled", "latency", "latency-1", "storage", ""),
 }
-ENDS = ("xid", "thermal", "efa")  # jobs that end (their exporters stop) instead of recovering
+ENDS = ("xid", "thermal", "efa", "stuck")  # jobs that end (their exporters stop) instead of recovering
 # Within this many seconds of the stall's onset (the shipped rules: 10 minutes).
 FIRE_WITHIN_S = 60
 

@@ -19,6 +19,23 @@ moving, little written), then from STALL_AT_S to RECOVER_AT_S seconds after the 
   out): a network straggler.
 - `job-healthy`: trains all along (the healthy long run; checkpoints are `job-checkpoint`'s).
 
+Issue 43's phases (run them on every node of their job, one node is enough):
+
+- `job-memory-bound`: autoregressive generation (an RLHF rollout, a generative evaluation) in the
+  window: SM 0.4, tensor 0.03, DRAM 0.75. Working: no alert.
+- `job-stuck-rank`: GPU 3 stays in a kernel that never ends (SM 1.0, tensor 0, DRAM 0) from the
+  onset while the other GPUs spin in NCCL: a stall naming that GPU.
+- `job-requeue`: the job releases its GPUs at the onset (mapping removed, memory freed, EFA flat),
+  comes back under the same id REQUEUE_GAP_S later and starts up (GPUs idle, memory held) until
+  RECOVER_AT_S, then trains: no alert.
+- `job-pipeline-stage`: the node's GPUs are pipeline stages unbalanced by design from the start
+  (tensor activity 0.33 to 0.58 by GPU): no straggler.
+- `job-slow`: every GPU busy half as much in the window, same phase (SM and tensor halved): a job
+  that slows, application.
+- `job-storage-latency`: the data loader waits on FSx for Lustre in the window: GPUs idle, reads
+  stalled, every OST RPC taking 50 times its usual 0.8 ms (40 ms: under any absolute 100 ms rule);
+  no eviction.
+
 The NVML side is in nvml_scenarios (GPM levels, clocks, a lost GPU), the EFA side in efa.py, the
 Lustre side in lustre.py; each reads the timeline from here.
 """
@@ -34,6 +51,8 @@ from exporter.simulate.source import SimSource
 STALL_AT_S = 20.0
 RECOVER_AT_S = 60.0
 CULPRIT_GPU = 3
+REQUEUE_GAP_S = 6.0  # job-requeue: how long the job holds no GPU
+LATENCY_FACTOR = 50  # job-storage-latency: OST RPCs this many times their usual round trip
 
 WINDOW = f"from {STALL_AT_S:g}s to {RECOVER_AT_S:g}s"
 SCENARIOS = {
@@ -49,14 +68,31 @@ SCENARIOS = {
                              "1.2 GHz) and stays busier than the job's other GPUs",
     "job-efa-degraded": f"the first EFA device retransmits 5% of its packets from {STALL_AT_S:g}s",
     "job-healthy": "a training job all along: steady GPM activity, EFA traffic, Lustre reads",
+    "job-memory-bound": f"a memory-bound generation phase {WINDOW}: SM 0.4, tensor 0.03, DRAM 0.75 "
+                        "(no alert)",
+    "job-stuck-rank": f"GPU {CULPRIT_GPU} stuck in a never-ending kernel from {STALL_AT_S:g}s (SM 1.0, "
+                      "tensor 0) while the other GPUs spin in NCCL",
+    "job-requeue": f"the job releases its GPUs at {STALL_AT_S:g}s, comes back under the same id "
+                   f"{REQUEUE_GAP_S:g}s later and starts up until {RECOVER_AT_S:g}s (no alert)",
+    "job-pipeline-stage": "pipeline stages unbalanced by design: tensor activity 0.33 to 0.58 by GPU, "
+                          "from the start (no straggler)",
+    "job-slow": f"every GPU busy half as much {WINDOW}, in the same phase: a job that slows",
+    "job-storage-latency": f"the data loader waits on FSx for Lustre {WINDOW}: GPUs idle, reads stalled, OST "
+                           "RPCs 50x their usual 0.8 ms, no eviction",
 }
 # Scenarios under which the node trains (reads, a little writing) rather than the simulation's
 # default I/O pattern.
 ALL = frozenset(SCENARIOS)
 # The GPUs of these stop computing during the window.
-IDLE = frozenset({"job-storage-stall", "job-checkpoint"})
-SPIN = frozenset({"job-wait", "job-nccl-hang", "job-xid79"})
-EFA_FLAT = SPIN | IDLE
+IDLE = frozenset({"job-storage-stall", "job-checkpoint", "job-storage-latency"})
+SPIN = frozenset({"job-wait", "job-nccl-hang", "job-xid79", "job-stuck-rank"})
+EFA_FLAT = SPIN | IDLE | {"job-requeue"}
+LUSTRE_WAIT = frozenset({"job-storage-stall", "job-storage-latency"})  # the data loader's reads stop
+
+
+def released(elapsed_s: float) -> bool:
+    """job-requeue: the job holds no GPU now."""
+    return STALL_AT_S <= elapsed_s < STALL_AT_S + REQUEUE_GAP_S
 
 
 def stalled(elapsed_s: float) -> bool:

@@ -166,7 +166,7 @@ class LustreSim(SimSource):
         reads, writes = int(50_000 + 200 * t), int(12_000 + 50 * t)
         if self.job:  # training: reads for the data loader, a log line now and then
             writes = int(12_000 + 0.2 * t)
-            if "job-storage-stall" in self.job:
+            if self.job & job.LUSTRE_WAIT:
                 reads = int(job.frozen(50_000, 200, t))
             if "job-checkpoint" in self.job and t > job.STALL_AT_S:
                 writes += int(CHECKPOINT_WRITES * (min(t, job.RECOVER_AT_S) - job.STALL_AT_S))
@@ -217,6 +217,8 @@ class LustreSim(SimSource):
         wait = n * 800
         if "job-storage-stall" in self.job and t > job.STALL_AT_S:  # every RPC of the window takes 2 s
             wait += int(rate * (min(t, job.RECOVER_AT_S) - job.STALL_AT_S) * STALL_RPC_WAIT_US)
+        if "job-storage-latency" in self.job and t > job.STALL_AT_S:  # every RPC of the window 50x slower
+            wait += int(rate * (min(t, job.RECOVER_AT_S) - job.STALL_AT_S) * 800 * (job.LATENCY_FACTOR - 1))
         s += _stat("req_waittime", n, "usec", 120, 90_000, wait, wait * 1200)
         s += _stat("req_active", n, "reqs", 1, 32, n * 6, n * 60)
         reads, writes = int(3_000 + rate * 0.6 * t), int(1_000 + rate * 0.3 * t)

@@ -15,7 +15,7 @@ from exporter.nvml import backend as nv
 from exporter.nvml.backend import FABRIC_INFO, NVML_ERROR_IN_USE, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN
 from exporter.nvml.fake import FakeBackend
 from exporter.simulate import job
-from exporter.simulate.nvml_synth import TRAINING_UTIL, activity_levels, fabric_entry
+from exporter.simulate.nvml_synth import TRAINING_LEVELS, TRAINING_UTIL, activity_levels, fabric_entry
 
 ONSET_S = 3.0
 FAULTY_GPU = 3
@@ -189,7 +189,12 @@ NCCL_SPIN_LEVELS = {**activity_levels(0.0), nv.GPM_SM_UTIL: 20.0, nv.GPM_SM_OCCU
 STRAGGLER_LEVELS = {**activity_levels(TRAINING_UTIL), nv.GPM_SM_UTIL: 97.0, nv.GPM_ANY_TENSOR_UTIL: 90.0}
 
 
-def _job_window(f: FakeBackend, gpus: range, levels: dict[int, float], util: int,
+MEMORY_BOUND_LEVELS = {**activity_levels(TRAINING_UTIL), nv.GPM_SM_UTIL: 40.0, nv.GPM_ANY_TENSOR_UTIL: 3.0,
+                       nv.GPM_DRAM_BW_UTIL: 75.0}
+STUCK_LEVELS = {**activity_levels(0.0), nv.GPM_SM_UTIL: 100.0, nv.GPM_SM_OCCUPANCY: 50.0}
+
+
+def _job_window(f: FakeBackend, gpus: Sequence[int], levels: dict[int, float], util: int,
                 recover: bool = True) -> None:
     """From job.STALL_AT_S (until job.RECOVER_AT_S when `recover`), GPUs `gpus` read `levels` and
     utilisation `util` %; then they train again."""
@@ -231,6 +236,48 @@ def _job_thermal(f: FakeBackend, p: Any) -> None:
         f.set_value(gpu, "nvmlDeviceGetClockInfo/1", 1200)
         f.set_gpm_levels(gpu, STRAGGLER_LEVELS)
     f.at(job.STALL_AT_S, throttle)
+
+
+def _job_memory_bound(f: FakeBackend, p: Any) -> None:
+    _job_window(f, range(len(f.devices)), MEMORY_BOUND_LEVELS, 100)
+
+
+def _job_stuck_rank(f: FakeBackend, p: Any) -> None:
+    gpu = min(job.CULPRIT_GPU, len(f.devices) - 1)
+    _job_window(f, [i for i in range(len(f.devices)) if i != gpu], NCCL_SPIN_LEVELS, 100, recover=False)
+    _job_window(f, [gpu], STUCK_LEVELS, 100, recover=False)
+
+
+def _memory_used(f: FakeBackend, index: int, share: float) -> None:
+    mem = dict(f.devices[index]["nvmlDeviceGetMemoryInfo"]["ok"])
+    mem["used"] = int(mem["total"] * share)
+    mem["free"] = mem["total"] - mem["used"]
+    f.set_value(index, "nvmlDeviceGetMemoryInfo", mem)
+
+
+def _job_requeue(f: FakeBackend, p: Any) -> None:
+    # Released: the processes are gone (memory freed, no kernel); back: start-up holds the memory
+    # with the GPUs idle; then training again.
+    def release() -> None:
+        for i in range(len(f.devices)):
+            _memory_used(f, i, 0.0)
+
+    def back() -> None:
+        for i in range(len(f.devices)):
+            _memory_used(f, i, 0.75)
+    _job_window(f, range(len(f.devices)), activity_levels(0.0), 0)
+    f.at(job.STALL_AT_S, release)
+    f.at(job.STALL_AT_S + job.REQUEUE_GAP_S, back)
+
+
+def _job_pipeline_stage(f: FakeBackend, p: Any) -> None:
+    for i in range(len(f.devices)):
+        tensor = TRAINING_LEVELS[nv.GPM_ANY_TENSOR_UTIL] * (0.6 + 0.15 * (i % 4))
+        f.set_gpm_levels(i, {**activity_levels(TRAINING_UTIL), nv.GPM_ANY_TENSOR_UTIL: tensor})
+
+
+def _job_slow(f: FakeBackend, p: Any) -> None:
+    _job_window(f, range(len(f.devices)), activity_levels(TRAINING_UTIL / 2), round(TRAINING_UTIL * 50))
 
 
 def _hang(f: FakeBackend, p: Any) -> None:
@@ -312,6 +359,8 @@ SCENARIOS: dict[str, tuple[str, Callable[[FakeBackend, Any], None]]] = {
 JOB_SCENARIOS: dict[str, Callable[[FakeBackend, Any], None]] = {
     "job-wait": _job_spin, "job-nccl-hang": _job_spin, "job-storage-stall": _job_idle,
     "job-checkpoint": _job_idle, "job-xid79": _job_xid79, "job-thermal-straggler": _job_thermal,
+    "job-memory-bound": _job_memory_bound, "job-stuck-rank": _job_stuck_rank, "job-requeue": _job_requeue,
+    "job-pipeline-stage": _job_pipeline_stage, "job-slow": _job_slow, "job-storage-latency": _job_idle,
 }
 
 

@@ -17,6 +17,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from exporter.simulate import job
 from exporter.simulate.kmsg import gpu_uuid
 from exporter.simulate.podresources_server import PodResourcesServer
 from exporter.simulate.source import SimSource
@@ -40,9 +41,11 @@ class WorkloadSimSource(SimSource):
         "k8s-pods": "two pods hold half the GPUs each (a kubelet pod-resources server on a unix socket)",
     }
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, root: Path, profile: Any, scenarios: set[str]) -> None:
+        super().__init__(root, profile, scenarios)
         self.server: PodResourcesServer | None = None
+        self.requeue = "job-requeue" in scenarios  # exporter/simulate/job.py: the mapping goes and comes back
+        self._mapped = False
 
     @property
     def mapping_dir(self) -> Path:
@@ -56,14 +59,27 @@ class WorkloadSimSource(SimSource):
         uuids = [gpu_uuid(self.profile, i) for i in range(self.profile.gpus)]
         if "slurm-job" in self.active:
             self.mapping_dir.mkdir(parents=True, exist_ok=True)
-            for i in range(self.profile.gpus):
-                (self.mapping_dir / str(i)).write_text(SLURM_JOB + "\n")
+            self._map(True)
         if "k8s-pods" in self.active:
             if importlib.util.find_spec("google.protobuf") is None:  # not a node's dependency
                 raise ValueError("--scenario k8s-pods: the simulated kubelet needs protobuf, which the "
                                  "`simulate` extra installs: pip install 'gpu-health-exporter[simulate]'")
             self.socket.parent.mkdir(parents=True, exist_ok=True)
             self.server = PodResourcesServer(str(self.socket), pod_resources(uuids))
+
+    def _map(self, held: bool) -> None:
+        """Write the mapping as the prolog does (held), or remove it as the epilog does."""
+        for i in range(self.profile.gpus):
+            path = self.mapping_dir / str(i)
+            if held:
+                path.write_text(SLURM_JOB + "\n")
+            else:
+                path.unlink(missing_ok=True)
+        self._mapped = held
+
+    def advance(self, elapsed_s: float) -> None:
+        if self.requeue and "slurm-job" in self.active and job.released(elapsed_s) == self._mapped:
+            self._map(not self._mapped)
 
     def settings(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
