@@ -54,6 +54,11 @@ EMPTY_ON_PURPOSE = {
     **{("gpu-health-job", panel): "the nccl collector is off (opt-in): test_nccl_live.py"
        for panel in ("NCCL collective progress", "Collectives launched per GPU", "Ranks behind (NCCL RAS)",
                      "The rank the job waits for")},
+    # A baseline is the median of the job's last hour, counted after 10 minutes of the job; this
+    # test runs a minute. tests/test_job_health_live.py renders the rules with short windows.
+    **{("gpu-health-job", panel): "a job's baseline needs 10 minutes of it: test_job_health_live.py"
+       for panel in ("Throughput per node against its baseline",
+                     "GPUs whose share of the work moved most from their baseline")},
     ("gpu-health-node", "Active checks"):
         "no `active` run wrote results on these nodes (opt-in): tests/test_active_collector.py",
 }
