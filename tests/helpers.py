@@ -280,6 +280,19 @@ def guarded_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{NETGUARD}{os.pathsep}{ROOT}", **extra}
 
 
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Clean-up of a test's helper processes (Prometheus, Alertmanager, exporters), any of which may
+    be dead already: SIGTERM all, then kill whichever is still there after 10 s. No assertion: a
+    test that checks how a process stops uses stop_within."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def stop_within(proc: subprocess.Popen, bound_s: float = 9.0) -> int:
     """SIGTERM `proc`; fails the test unless it exits within `bound_s`. Returns its exit status."""
     t = time.monotonic()

@@ -25,7 +25,7 @@ import yaml
 
 from dashboards.build import dashboards
 from exporter import job_rules
-from tests.helpers import ROOT, served_base, start_listening, wait_until_serving
+from tests.helpers import ROOT, served_base, start_listening, stop_all, wait_until_serving
 from tests.rules_lint import copy_rules_at_global_interval
 
 pytestmark = pytest.mark.slow
@@ -255,10 +255,4 @@ def test_every_panel_on_two_clusters(tmp_path, capsys):
         _lost_gpu_within_one_scrape(api, fleet)
     finally:
         procs = [p for p, _ in exporters.values()] + ([prom] if prom else [])
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)

@@ -25,7 +25,15 @@ import yaml
 
 from exporter import job_rules
 from exporter.simulate import job
-from tests.helpers import ROOT, guarded_env, refused_address, served_base, start_listening, wait_until_serving
+from tests.helpers import (
+    ROOT,
+    guarded_env,
+    refused_address,
+    served_base,
+    start_listening,
+    stop_all,
+    wait_until_serving,
+)
 from tests.rules_lint import copy_rules_at_global_interval
 
 pytestmark = pytest.mark.slow
@@ -192,13 +200,7 @@ def test_each_cause_fires_on_its_node_and_resolves(tmp_path):
                 assert time.monotonic() < deadline, f"not resolved: {sorted(_firing_in_prometheus(api))}"
                 time.sleep(0.5)
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_all(procs)
     assert set(seen) == EXPECTED, f"unexpected job alerts: {set(seen) - EXPECTED}"
     for k, names in receivers.items():
         assert names == ["job-owner"], (k, names)

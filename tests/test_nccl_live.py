@@ -24,6 +24,7 @@ from tests.helpers import (
     refused_address,
     served_base,
     start_listening,
+    stop_all,
     wait_for,
     wait_until_serving,
 )
@@ -174,13 +175,7 @@ def test_the_rank_the_job_waits_for_is_named_within_3_minutes(tmp_path):
                 interval=0.5,
             )
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_all(procs)
     assert len(alerts) == 1, alerts
     labels = alerts[0]["labels"]
     assert (labels["instance"], labels["gpu"], labels["rank"]) == CULPRIT, labels
