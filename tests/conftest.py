@@ -80,7 +80,7 @@ LONGEST_FIRST = (
     "test_helm.py",  # 60: helm lint and template of every values set, validation for six versions
     "test_helm_install.py",  # 45: a kube-apiserver, helm install..uninstall, three exporters
     "test_workload_attribution_slurm.py",
-    "test_http_heldout.py",
+    "test_http_raw_clients.py",
     "test_container.py",  # builds the image first
     "test_rules_before_fix.py",
     "test_rules_live.py",

@@ -1,4 +1,4 @@
-"""Held-out style checks of the nccl collector against a fake RAS server written here from the
+"""The nccl collector against a fake RAS server written here from the
 protocol reference alone (NVIDIA/nccl `src/ras/client_support.cc` as summarised in the project's
 reference notes, sections 1-2), independently of exporter/simulate/nccl_ras.py:
 

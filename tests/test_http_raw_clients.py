@@ -1,6 +1,6 @@
 """The HTTP endpoint (auth, TLS, slow and abusive clients, collect[]) tried from outside: the exporter is
 started from its command line (`python -m exporter --simulate p5.48xlarge --web.config.file F`)
-and attacked with raw sockets on 127.0.0.1, as the held-out fault cases will. Nothing here
+and attacked with raw sockets on 127.0.0.1. Nothing here
 imports the server; every wait has a deadline; each flood is bounded in count and time.
 
 Scrapes with credentials open a new connection each time (as Prometheus does after its idle

@@ -1,4 +1,4 @@
-"""Held-out checks of the command line, as an outsider runs it:
+"""The command line as an operator runs it:
 `python -m exporter ...` in a subprocess, on 127.0.0.1 only, IMDS off."""
 
 from __future__ import annotations
