@@ -53,7 +53,7 @@ from exporter.efa import reader as efa_reader  # noqa: E402
 from exporter.lifecycle import raise_fd_limit  # noqa: E402
 from exporter.profiles import PROFILES  # noqa: E402
 from exporter.simulate.efa import EfaSim, kernel_files  # noqa: E402
-from tests.helpers import port_of, wait_until_serving  # noqa: E402
+from tests.helpers import port_of, stop_all, wait_until_serving  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -257,13 +257,7 @@ def main() -> int:
         print("node_exporter on the faithful EFA tree (no board_id/hca_type/counters): collector success "
               f"{fs:g}, {sum(series(faithful_text, 'node_infiniband_').values())} node_infiniband_* series")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
