@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("exporter")
 
 
-class Closeable(Protocol):  # the simulated node (exporter.simulate.Simulation), closed last
+class Closeable(Protocol):  # the simulated node (exporter.tools.simulate.Simulation), closed last
     def close(self) -> None: ...
 
 

@@ -1,6 +1,6 @@
 """The golden /metrics: how each golden file in tests/fixtures/golden/ is made (a pinned
 simulated p5.48xlarge scraped once, volatile series masked). tests/test_golden.py compares a
-scrape with each file; `python -m exporter.generate` (re)writes them. See tests/test_golden.py for
+scrape with each file; `python -m exporter.tools.generate` (re)writes them. See tests/test_golden.py for
 what is pinned and why.
 """
 

@@ -17,7 +17,7 @@ from exporter.collectors.lustre import LustreSection
 from exporter.compose import compose
 from exporter.config import load
 from exporter.runner import Runner
-from exporter.simulate.imds import FakeImdsServer
+from exporter.tools.simulate.imds import FakeImdsServer
 from tests.helpers import FIXTURES, scrape, test_pool
 
 REAL = (FIXTURES / "kmsg" / "kmsg_nvidia.txt").read_text()

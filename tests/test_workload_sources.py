@@ -20,7 +20,7 @@ from exporter.nvml.fake import FakeBackend, load_capture
 from exporter.nvml.session import DeviceIdentity, NvmlSession
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
-from exporter.simulate.nvml_synth import node_capture
+from exporter.tools.simulate.nvml_synth import node_capture
 from exporter.workload import slurm_cgroup, slurm_mapping
 from exporter.workload.model import Workload, WorkloadReading
 from exporter.workload.source import Kind, SlurmCgroupKind, SlurmMappingKind, WorkloadSource
