@@ -40,7 +40,6 @@ request bodies; pipelined requests are served one after another.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import logging
@@ -55,6 +54,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
+
+from exporter import aio
+from exporter.aio import asyncio  # without ssl unless TLS is on (exporter/aio.py)
 
 if TYPE_CHECKING:
     import ssl  # the caller imports it when TLS is configured (exporter.webconfig)
@@ -176,6 +178,8 @@ class HttpServer:
             log.warning("max_connections lowered from %d to %d to fit the open-file limit",
                         limits.max_connections, self.max_connections)
         self.ssl_context = ssl_context
+        if ssl_context is not None:
+            aio.with_ssl()
         self.extra_headers = list(extra_headers or [])
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.create_server((host, port), family=family, backlog=BACKLOG, reuse_port=False)
