@@ -103,7 +103,7 @@ def checkout_version(path: Path) -> str:
                            capture_output=True, text=True).stdout.strip()
     return (f"{log()}{' (exporter/ modified)' if dirty else ''}"
             f"; EFA: {log('exporter/efa', 'exporter/collectors/efa.py')}"
-            f"; server: {log('exporter/server.py', 'exporter/exposition.py')}")
+            f"; server: {log('exporter/web/server.py', 'exporter/exposition.py')}")
 
 
 def stats_ms(xs: list[float]) -> str:

@@ -5,7 +5,7 @@ the order the daemon makes them, in a fresh interpreter, then the served exporte
     PYTHONPATH=. python3 bench/bench_imports.py --churn 24000
 
 1. Imports: a child interpreter imports each group and reads VmRSS after it (the interpreter,
-   prometheus_client's model modules, PyYAML, psutil, asyncio (without ssl: exporter/aio.py),
+   prometheus_client's model modules, PyYAML, psutil, asyncio (without ssl: exporter/web/aio.py),
    ctypes, the exporter's modules, every collector, pynvml, and the kubelet kind's h2).
 2. Served: `python -m exporter --simulate p5.48xlarge` with every default collector, with the
    kubelet kind on (`--scenario k8s-pods`), and a node's defaults on this host (no GPU: NVML fails
@@ -40,10 +40,11 @@ def rss():
 stages = [("interpreter", None),
           ("prometheus_client's model (exporter.metric: metrics_core, samples, utils; not its servers)",
            "exporter.metric"),
-          ("PyYAML", "yaml"), ("psutil", "psutil"), ("asyncio, without ssl (exporter.aio)", "exporter.aio"),
+          ("PyYAML", "yaml"), ("psutil", "psutil"),
+          ("asyncio, without ssl (exporter.web.aio)", "exporter.web.aio"),
           ("ctypes", "ctypes"),
           ("the exporter's modules (exporter.cli: config, catalog, runner, xid, ...)", "exporter.cli"),
-          ("the HTTP server (exporter.server, exporter.httpd)", "exporter.server"),
+          ("the HTTP server (exporter.web.server, exporter.web.httpd)", "exporter.web.server"),
           ("every collector module (collectors.discover)", "DISCOVER"),
           ("pynvml (imported when NVML is first used)", "pynvml"),
           ("h2, hpack, hyperframe and the pod-resources client (the kubelet kind only)",

@@ -154,7 +154,7 @@ from exporter import collectors
 from exporter.arguments import build_parser
 from exporter.lifecycle import limit_malloc_arenas
 from exporter.startup import build_context
-from exporter.server import Server, limits_from_config
+from exporter.web.server import Server, limits_from_config
 import logging
 collectors.collector_classes()
 limit_malloc_arenas()

@@ -211,7 +211,7 @@ def reload_is_valid(args: argparse.Namespace) -> bool:
     """SIGHUP: validate the configuration before giving anything up (a bad edit must not take the
     exporter down) and hand the validated bytes to the exec'd process. False (logged): keep
     serving the running configuration."""
-    from exporter.webconfig import load_web_config
+    from exporter.web.webconfig import load_web_config
 
     try:
         with reload_snapshot.recording() as validated:

@@ -16,8 +16,8 @@ from exporter import collectors
 from exporter.arguments import build_parser
 from exporter.exposition import render
 from exporter.runner import Runner
-from exporter.server import families
 from exporter.startup import build_context
+from exporter.web.server import families
 from tests.helpers import FIXTURES, test_pool
 
 GOLDEN = FIXTURES / "golden"

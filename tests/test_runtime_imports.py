@@ -61,12 +61,12 @@ assert b"python_gc_objects_collected_total" in generate_latest(REGISTRY)
 # checked for the rest, and a node's defaults for exporter.tools too.
 # The kubelet kind's client decodes the answer itself: protobuf is the simulated kubelet's (a
 # process of its own), never the exporter's. asyncio (the HTTP server's event loop) is imported
-# without ssl unless TLS is on (exporter/aio.py).
+# without ssl unless TLS is on (exporter/web/aio.py).
 NEVER_SERVED = ["exporter.capture", "statistics", "requests", "urllib3", "bcrypt", "grpc", "google.protobuf",
                 "prometheus_client.exposition", "prometheus_client.registry", "http.server", "wsgiref",
                 "urllib.request", "email"]
 KUBELET_ONLY = ["h2", "hpack", "hyperframe"]
-# ssl's C module: the import log also lists asyncio's `import ssl` that exporter/aio.py refuses (a
+# ssl's C module: the import log also lists asyncio's `import ssl` that exporter/web/aio.py refuses (a
 # failed import, a few microseconds), while ssl cannot load without _ssl.
 TLS_ONLY = ["_ssl"]
 TOOLS = "exporter.tools"
@@ -87,7 +87,7 @@ def _served_imports(tmp_path, monkeypatch, *args: str, **get_kw) -> set[str]:
     finally:
         stop_within(proc)
     found = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+([\w.]+)$", log.read_text(), re.M))
-    assert {"exporter.httpd", "asyncio", "psutil"} <= found, log.read_text()[-2000:]  # the import log
+    assert {"exporter.web.httpd", "asyncio", "psutil"} <= found, log.read_text()[-2000:]  # the import log
     return found
 
 
@@ -134,7 +134,7 @@ def test_the_served_exporter_imports_ssl_with_tls_on(tmp_path, monkeypatch):
 
 HANDED_OVER = """
 import socket, sys
-import exporter.httpd as h
+import exporter.web.httpd as h
 assert "_ssl" not in sys.modules and "asyncio" in sys.modules, "asyncio was imported with ssl"
 import ssl
 crt, key = sys.argv[1:]
@@ -156,7 +156,7 @@ print(data.decode())
 
 
 def test_a_tls_listener_made_after_asyncio_loaded_without_ssl_serves(tmp_path):
-    """exporter/aio.py's hand-over: the HTTP server module imported first (asyncio without ssl),
+    """exporter/web/aio.py's hand-over: the HTTP server module imported first (asyncio without ssl),
     then a TLS listener; a client completes the handshake and gets its answer."""
     crt, key = _self_signed(tmp_path)
     r = subprocess.run([sys.executable, "-c", HANDED_OVER, crt, key], cwd=ROOT, capture_output=True,

@@ -12,8 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-from exporter import collectors, config, migration, webconfig
+from exporter import collectors, config, migration
 from exporter.catalog import MetricSpec, all_specs
+from exporter.web import webconfig
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -55,13 +55,13 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
 
-from exporter import aio
-from exporter.aio import asyncio  # without ssl unless TLS is on (exporter/aio.py)
+from exporter.web import aio
+from exporter.web.aio import asyncio  # without ssl unless TLS is on (exporter/web/aio.py)
 
 if TYPE_CHECKING:
-    import ssl  # the caller imports it when TLS is configured (exporter.webconfig)
+    import ssl  # the caller imports it when TLS is configured (exporter.web.webconfig)
 
-log = logging.getLogger("exporter.httpd")
+log = logging.getLogger("exporter.web.httpd")
 
 MAX_HEAD_BYTES = 16 * 1024  # request line and headers; larger heads get 431
 ALLOWED_METHODS = ("GET", "HEAD")
@@ -131,7 +131,7 @@ Quick = Callable[[Request], "Response | None"]
 
 
 class Authenticator(Protocol):
-    """Checks an Authorization header (exporter.webconfig.BasicAuth)."""
+    """Checks an Authorization header (exporter.web.webconfig.BasicAuth)."""
 
     realm: str
 

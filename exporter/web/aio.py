@@ -1,4 +1,4 @@
-"""asyncio for the HTTP server's event loop (exporter/httpd.py), without ssl unless TLS is on.
+"""asyncio for the HTTP server's event loop (exporter/web/httpd.py), without ssl unless TLS is on.
 
 asyncio imports ssl when it loads (base_events, selector_events, sslproto: `try: import ssl`),
 about 4 MiB of RSS on every node, though only a TLS listener uses it. So when ssl is not loaded
