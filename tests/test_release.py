@@ -121,7 +121,7 @@ def test_no_shipped_file_links_to_a_placeholder():
 
 def test_ci_builds_the_release():
     ci = (share.CHECKOUT / ".ci" / "run").read_text()
-    assert re.search(r"^\.venv/bin/python -m exporter\.release$", ci, re.M)
+    assert re.search(r"^\.venv/bin/python -m exporter\.tools\.release$", ci, re.M)
 
 
 def test_the_runbooks_page_has_every_section_and_code_block():
