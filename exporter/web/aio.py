@@ -1,13 +1,14 @@
 """asyncio for the HTTP server's event loop (exporter/web/httpd.py), without ssl unless TLS is on.
 
 asyncio imports ssl when it loads (base_events, selector_events, sslproto: `try: import ssl`),
-about 4 MiB of RSS on every node, though only a TLS listener uses it. So when ssl is not loaded
-yet, asyncio is imported with `ssl` marked missing in sys.modules (its modules then hold
-`ssl = None`, as on a Python built without it), and the mark is removed at once: any later
-`import ssl` (the Kubernetes client, requests) loads it as usual. A TLS listener hands asyncio the
-real module first (`with_ssl`, called by HttpServer with an SSLContext; the daemon configures TLS
-before it imports the server, exporter/serve.py). tests/test_runtime_imports.py checks that the
-served exporter loads ssl with TLS on and not with it off; the TLS tests serve through this.
+about 4.6 MiB of RSS on every node (docs/performance.md), though only a TLS listener uses it.
+When ssl is not loaded yet, asyncio is imported with `ssl` marked missing in sys.modules (its
+modules then hold `ssl = None`, as on a Python built without it), and the mark is removed at
+once: any later `import ssl` (the Kubernetes client, requests) loads it as usual. A TLS listener
+hands asyncio the real module first (`with_ssl`, called by HttpServer with an SSLContext; the
+daemon loads its web config, and ssl with it, before it imports the server: exporter/serve.py).
+tests/test_runtime_imports.py checks that the served exporter loads ssl with TLS on and not with
+it off, and that a TLS listener made after asyncio loaded without ssl serves.
 
 The mark is process-wide for the few milliseconds of the import: the daemon imports this module
 from its main thread at start-up, before its other threads exist.
