@@ -7,7 +7,7 @@ Two nodes, identical but for GPM: "with" answers GPM as a Hopper does (a sample 
 computation per GPU per collection); "without" has no GPM functions (driver_too_old: one probe,
 then no GPM call). Their collections alternate in rounds, so a busy shared host slows both alike;
 the figures are the medians of the rounds. The GPM latencies are a real H200's
-(exporter/simulate/nvml_synth.gpm_us(), from exporter/data/nvml_h200_gpm.json): the fake
+(exporter/tools/simulate/nvml_synth.gpm_us(), from exporter/data/nvml_h200_gpm.json): the fake
 sleeps them (as a real call waits inside NVML), so the wall time carries them and the CPU time
 is the exporter's own Python work. Run with --no-latencies for the CPU alone without sleeps.
 """
@@ -31,7 +31,7 @@ from exporter.exposition import render  # noqa: E402
 from exporter.nvml.session import NvmlSession  # noqa: E402
 from exporter.profiles import PROFILES  # noqa: E402
 from exporter.runner import Runner  # noqa: E402
-from exporter.simulate.nvml import fake_backend  # noqa: E402
+from exporter.tools.simulate.nvml import fake_backend  # noqa: E402
 
 collector_classes()
 from exporter.collectors.gpu import GpuCollector  # noqa: E402

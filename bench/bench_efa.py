@@ -52,7 +52,7 @@ from exporter.config import load  # noqa: E402
 from exporter.efa import reader as efa_reader  # noqa: E402
 from exporter.lifecycle import raise_fd_limit  # noqa: E402
 from exporter.profiles import PROFILES  # noqa: E402
-from exporter.simulate.efa import EfaSim, kernel_files  # noqa: E402
+from exporter.tools.simulate.efa import EfaSim, kernel_files  # noqa: E402
 from tests.helpers import port_of, stop_all, wait_until_serving  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -103,7 +103,7 @@ def checkout_version(path: Path) -> str:
                            capture_output=True, text=True).stdout.strip()
     return (f"{log()}{' (exporter/ modified)' if dirty else ''}"
             f"; EFA: {log('exporter/efa', 'exporter/collectors/efa.py')}"
-            f"; server: {log('exporter/server.py', 'exporter/exposition.py')}")
+            f"; server: {log('exporter/web/server.py', 'exporter/exposition.py')}")
 
 
 def stats_ms(xs: list[float]) -> str:

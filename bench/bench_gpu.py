@@ -338,7 +338,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     sim = None
     if not args.real:
-        from exporter.simulate import Simulation
+        from exporter.tools.simulate import Simulation
 
         sim = Simulation(args.profile, []).build()
     res: dict = {"mode": "real" if args.real else f"simulated {args.profile}, captured latencies",

@@ -61,7 +61,7 @@ print(json.dumps(out))
 KUBELET = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-from exporter.simulate.podresources_server import serve
+from exporter.tools.simulate.podresources_server import serve
 uuids = [f"GPU-{i:08x}-1111-2222-3333-444455556666" for i in range(8)]
 serve(sys.argv[2], [("training", f"pod-{i}", "trainer", "nvidia.com/gpu", [u]) for i, u in enumerate(uuids)])
 """

@@ -1,6 +1,6 @@
 """Lustre collector CPU per OST: one simulated FSx mount with 8 to 256 OSTs.
 
-Builds the simulated 2.15 tree (exporter/simulate/lustre.py, `LustreSim(osts=N)`, full-size
+Builds the simulated 2.15 tree (exporter/tools/simulate/lustre.py, `LustreSim(osts=N)`, full-size
 import/state/stats files) and runs LustreCollector.collect() in-process: file reads (through the
 collector's reader thread), parsing, aggregation and statvfs (the simulated node's answer; no
 HTTP). CPU is time.process_time(), so the reader thread's CPU counts and the other load on the
@@ -34,7 +34,7 @@ from exporter.collectors.lustre import LustreCollector  # noqa: E402
 from exporter.compose import compose  # noqa: E402
 from exporter.config import load  # noqa: E402
 from exporter.profiles import PROFILES  # noqa: E402
-from exporter.simulate import lustre as sim_lustre  # noqa: E402
+from exporter.tools.simulate import lustre as sim_lustre  # noqa: E402
 
 
 def collector(root: Path, osts: int, per_target: bool, kernel_files: bool = False) -> LustreCollector:

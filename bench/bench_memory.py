@@ -154,7 +154,7 @@ from exporter import collectors
 from exporter.arguments import build_parser
 from exporter.lifecycle import limit_malloc_arenas
 from exporter.startup import build_context
-from exporter.server import Server, limits_from_config
+from exporter.web.server import Server, limits_from_config
 import logging
 collectors.collector_classes()
 limit_malloc_arenas()
@@ -188,7 +188,7 @@ sim.close()
 def imds_cost(scrapes: int, root: Path = ROOT) -> dict:
     """VmRSS of a serving exporter before and after its first IMDS lookup, and of a control that
     makes no lookup (see the docstring)."""
-    from exporter.simulate.imds import FakeImdsServer
+    from exporter.tools.simulate.imds import FakeImdsServer
 
     fake = FakeImdsServer({"instance-type": "p5.48xlarge", "instance-id": "i-0123456789abcdef0",
                            "placement/availability-zone": "us-east-2b"})

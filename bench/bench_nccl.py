@@ -1,5 +1,5 @@
 """Benchmark: what the NCCL RAS collector costs against job size, against the fake RAS server
-(exporter/simulate/nccl_ras.py, JSON as NCCL 2.29 writes it, one world communicator).
+(exporter/tools/simulate/nccl_ras.py, JSON as NCCL 2.29 writes it, one world communicator).
 
   - per query on this node: reply bytes, and this process's CPU to connect, read, parse and
     summarise a reply (exporter.nccl.reader.read_job, thread CPU), median of --queries;
@@ -32,8 +32,8 @@ from exporter.nccl import netns  # noqa: E402
 from exporter.nccl.reader import Settings, read_job  # noqa: E402
 from exporter.nvml.session import NvmlSession  # noqa: E402
 from exporter.profiles import PROFILES  # noqa: E402
-from exporter.simulate.nccl_ras import FakeJob, Proc, RasServer, write_procfs  # noqa: E402
-from exporter.simulate.nvml import fake_backend  # noqa: E402
+from exporter.tools.simulate.nccl_ras import FakeJob, Proc, RasServer, write_procfs  # noqa: E402
+from exporter.tools.simulate.nvml import fake_backend  # noqa: E402
 from exporter.workload.model import Workload, WorkloadReading  # noqa: E402
 
 GPUS = 8

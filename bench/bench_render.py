@@ -22,8 +22,8 @@ from exporter import collectors  # noqa: E402
 from exporter.arguments import build_parser  # noqa: E402
 from exporter.exposition import render  # noqa: E402
 from exporter.runner import Runner  # noqa: E402
-from exporter.server import families  # noqa: E402
 from exporter.startup import build_context
+from exporter.web.server import families  # noqa: E402
 
 
 class Fixed:

@@ -43,14 +43,14 @@ from exporter.nvml.fake import FakeBackend, load_capture  # noqa: E402
 from exporter.nvml.session import NvmlSession  # noqa: E402
 from exporter.profiles import PROFILES  # noqa: E402
 from exporter.runner import Runner  # noqa: E402
-from exporter.simulate.nvml_synth import node_capture  # noqa: E402
+from exporter.tools.simulate.nvml_synth import node_capture  # noqa: E402
 
 P5 = PROFILES["p5.48xlarge"]
 
 SERVER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
-    from exporter.simulate.podresources_server import serve
+    from exporter.tools.simulate.podresources_server import serve
     uuids = {uuids!r}
     pods = [("training", f"pod-{{i}}", "trainer", "nvidia.com/gpu", [u]) for i, u in enumerate(uuids)]
     serve({sock!r}, pods)

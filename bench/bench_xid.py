@@ -30,7 +30,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from exporter.simulate.nvml_synth import P5_BUSES as BUSES  # noqa: E402 - the simulated p5's GPU buses
+from exporter.tools.simulate.nvml_synth import P5_BUSES as BUSES  # noqa: E402 - the simulated p5's GPU buses
 from tests.helpers import port_of, samples, wait_until_serving  # noqa: E402
 
 

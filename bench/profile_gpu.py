@@ -29,7 +29,7 @@ def main() -> int:
     args = p.parse_args()
     sim = None
     if not args.real:
-        from exporter.simulate import Simulation
+        from exporter.tools.simulate import Simulation
 
         sim = Simulation("p5.48xlarge", []).build()
     from exporter.collectors.gpu import GpuCollector

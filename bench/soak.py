@@ -363,7 +363,7 @@ class KmsgRewriter(threading.Thread):
         return rec
 
     def run(self) -> None:
-        from exporter.simulate.kmsg import xid_line
+        from exporter.tools.simulate.kmsg import xid_line
 
         while not self.stop.wait(self.every):
             xid = XIDS[self.rewrites % len(XIDS)]

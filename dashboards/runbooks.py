@@ -31,7 +31,7 @@ def alert_regex() -> str:
 def runbook_properties() -> list[dm.DynamicConfigValue]:
     """Field properties for a `runbook` column holding the alert name: a value mapping from each
     name to its runbook URL (shown as text) and a link opening it (${__value.text} is the mapped
-    text). The URLs carry the default runbook base; `python -m exporter.deploygen --runbook-base`
+    text). The URLs carry the default runbook base; `python -m exporter.tools.deploygen --runbook-base`
     moves them with every other shipped link."""
     mapping = dm.ValueMap(options={name: dm.ValueMappingResult(text=url, index=i)
                                    for i, (name, url) in enumerate(sorted(runbooks().items()))})

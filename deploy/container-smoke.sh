@@ -19,6 +19,6 @@ failed=$(printf '%s\n' "$metrics" | grep '^gpu_health_exporter_collector_success
 [ "$("$docker" inspect -f '{{.Config.User}}' "$image")" != "" ] || { echo "image runs as root"; exit 1; }
 # The files a release carries: the runbooks every alert links to, and the rest rendered from the wheel.
 "$docker" run --rm --read-only --tmpfs /tmp:rw,size=16m --entrypoint sh "$image" -c \
-  'test -s /usr/share/doc/gpu-health-exporter/runbooks.html && cd /tmp && python3 -m exporter.deploygen --out r >/dev/null && test -s r/deploy/kubernetes/components/prometheus-operator/prometheusrules.yaml' \
+  'test -s /usr/share/doc/gpu-health-exporter/runbooks.html && cd /tmp && python3 -m exporter.tools.deploygen --out r >/dev/null && test -s r/deploy/kubernetes/components/prometheus-operator/prometheusrules.yaml' \
   || { echo "the image lacks the release's files"; exit 1; }
 echo "ok: $(printf '%s\n' "$metrics" | grep -c '^[a-z]') samples, every collector succeeded"

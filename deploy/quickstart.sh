@@ -14,7 +14,7 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # Install once (editable: later code changes need no reinstall); again only when pyproject.toml changes.
 if [ ! -x .venv/bin/gpu-health-exporter ] || [ pyproject.toml -nt .venv/.quickstart-installed ]; then
-  # The build backend pyproject.toml pins ([build-system]): `python -m exporter.release` builds the
+  # The build backend pyproject.toml pins ([build-system]): `python -m exporter.tools.release` builds the
   # wheel with this venv's setuptools (no build isolation), and a venv's own may be older.
   .venv/bin/python -m pip install -q 'setuptools>=77'
   .venv/bin/python -m pip install -q -e '.[simulate]'  # the simulated node's kubelet (protobuf)

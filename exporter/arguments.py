@@ -17,14 +17,14 @@ from exporter.collectors import workload as workload_flags
 from exporter.config import DEFAULT_PORT, ConfigError
 from exporter.profiles import SIMULATED
 
-# --simulate.NAME: the simulated node's shape (exporter.simulate.Shape)
+# --simulate.NAME: the simulated node's shape (exporter.tools.simulate.Shape)
 SHAPE_FLAGS = {
     "gpus": "GPUs (0 to 16; default: the profile's)",
     "efa_devices": "EFA devices (0 to 64, at most the instance family's PCI layout: 32 on p5; "
                    "default: the profile's)",
     "lustre_osts": "OSTs of its FSx for Lustre mount (1 to 4096; default: 8)",
     "nccl_ras_port": "NCCL job's shared fake RAS server, its port on 127.0.0.1 (`python -m "
-                     "exporter.simulate.nccl_ras`; with --scenario nccl-job)",
+                     "exporter.tools.simulate.nccl_ras`; with --scenario nccl-job)",
     "nccl_node": "place in that NCCL job (0: the first node)",
 }
 

@@ -2,7 +2,7 @@
 
 Collectors declare their metrics at import time with `define()`, and fill them per scrape
 through `Families`, whose families are prometheus_client's (exporter.metric). docs/metrics.md
-is generated from `all_specs()` (see exporter.docs).
+is generated from `all_specs()` (see exporter.tools.docs).
 """
 
 from __future__ import annotations

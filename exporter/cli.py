@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 simulation.close()
     args = build_parser().parse_args(argv)
     if args.list_scenarios:
-        from exporter.simulate import all_scenarios
+        from exporter.tools.simulate import all_scenarios
 
         for name, doc in sorted(all_scenarios().items()):
             print(f"{name:32} {doc}")

@@ -1,6 +1,6 @@
 """One collection: the families each collector produced, in the runner's order, under the name of
 the collector that produced them, the runner's own series (collector_success, build_info, ...)
-last. The runner builds it (exporter.runner), /metrics renders it (exporter.server) and the
+last. The runner builds it (exporter.runner), /metrics renders it (exporter.web.server) and the
 landing page reads it. A collector that failed or missed its deadline has no part: its series
 are absent for that collection and its collector_success is 0.
 """

@@ -79,7 +79,7 @@ def xid_service(config: Config, nvml: NvmlSession, *, source: str | None = None,
     workload source observed (None: an empty history, so every event is attributed as unknown);
     `fresh`: a workload reading taken after a fault (None: none); `acks_file`: the acks file's
     kind (None: the product's; the simulated node shares acks across its kernel logs,
-    exporter.simulate.acks); `read_only` (`check`): corrupt state files are reported and left in
+    exporter.tools.simulate.acks); `read_only` (`check`): corrupt state files are reported and left in
     place for the daemon, which sets them aside and records the recovery.
 
     `xid.enabled: false` builds no XID counter (no XID is counted, no NVML event watcher) and

@@ -5,13 +5,13 @@ and documentation (`setting`) and whose annotations give their types: the top-le
 (`TopLevel`), the core sections below (paths, web, node) and one section per collector, which the
 collector class declares (`Collector.config_section`). This module owns the schema's registry
 and imports no collector: exporter.collectors adds each collector's section (`add_section`) when
-the composition root discovers the collectors (exporter.cli; exporter.docs; the test suite's
+the composition root discovers the collectors (exporter.cli; exporter.tools.docs; the test suite's
 conftest), before any config is loaded.
 
 Every error in a file is reported at once, in one ConfigError that names the file and, for each
 error, the key path, what was expected and the value (cut to about 60 characters; values are
 type-checked before anything formats them). docs/configuration.md is generated from the schema
-(exporter.docs).
+(exporter.tools.docs).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ one per process) holds all three; exporter.node reads the instance type.
 IMDS is not asked when `instance.imds` is false (a simulated node and a replayed capture set it
 so: not a real node; tests on this machine give it in their config); a simulated node with
 scenario ec2-scheduled-reboot asks only its own fake IMDS on 127.0.0.1
-(exporter/simulate/imds.py), whose URL the composition root hands over (compose's `imds_url`).
+(exporter/tools/simulate/imds.py), whose URL the composition root hands over (compose's `imds_url`).
 In a container, IMDSv2 needs the instance's metadata hop limit at 2 or more: with 1 the token's
 answer is dropped, each request times out (after its retries) and the lookup keeps backing off.
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("exporter")
 
 
-class Closeable(Protocol):  # the simulated node (exporter.simulate.Simulation), closed last
+class Closeable(Protocol):  # the simulated node (exporter.tools.simulate.Simulation), closed last
     def close(self) -> None: ...
 
 
@@ -211,7 +211,7 @@ def reload_is_valid(args: argparse.Namespace) -> bool:
     """SIGHUP: validate the configuration before giving anything up (a bad edit must not take the
     exporter down) and hand the validated bytes to the exec'd process. False (logged): keep
     serving the running configuration."""
-    from exporter.webconfig import load_web_config
+    from exporter.web.webconfig import load_web_config
 
     try:
         with reload_snapshot.recording() as validated:

@@ -1,6 +1,6 @@
 """What a user coming from dcgm-exporter looks for: each DCGM field an SRE alerts or graphs on,
 and this exporter's series for it (or that it is not exported), and the label sets that overlap so a
-plain sum() counts twice. docs/metrics.md renders both (exporter.docs); tests/test_docs.py checks that
+plain sum() counts twice. docs/metrics.md renders both (exporter.tools.docs); tests/test_docs.py checks that
 every metric named here is in the catalog, so a rename cannot leave the table behind."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `oneshot` per scrape (~0.1 ms; open descriptors counted without listing them, see open_fds).
 process_threads counts OS threads (the Rust and Java clients' name).
 psutil rather than prometheus_client's ProcessCollector: it reads /proc/self once per scrape and
-names the same series. /metrics renders them after the collection (exporter.server.families)."""
+names the same series. /metrics renders them after the collection (exporter.web.server.families)."""
 
 from __future__ import annotations
 

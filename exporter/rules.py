@@ -6,7 +6,7 @@
 Every alert's `runbook_url` in rules/ is DEFAULT_RUNBOOK_BASE + "#<alert name in lower case>": the
 rendered runbooks every release installs there (docs/deploy.md, "Runbook links"). The rendered
 copy has the same anchors on the given base. Nothing else changes, so the copy is what `promtool
-check rules` and the promtool suites check. `python -m exporter.deploygen --runbook-base URL --out
+check rules` and the promtool suites check. `python -m exporter.tools.deploygen --runbook-base URL --out
 DIR` moves the same base in every other shipped file too (dashboards, PrometheusRule, systemd unit).
 Works from a checkout and from an installed wheel alike (exporter.share).
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from exporter import share
 
 # Where every release puts the rendered runbooks (the manual install, the container image and
-# `python -m exporter.deploygen --out DIR` as DIR/docs/runbooks.html): a page a user really has.
+# `python -m exporter.tools.deploygen --out DIR` as DIR/docs/runbooks.html): a page a user really has.
 DEFAULT_RUNBOOK_BASE = "file:///usr/share/doc/gpu-health-exporter/runbooks.html"
 RULES_DIR = share.root() / "rules"
 _URL = re.compile(r"^([ \t]*runbook_url:[ \t]*)(\S+)#([a-z0-9-]+)[ \t]*$", re.M)

@@ -30,7 +30,7 @@ log = logging.getLogger("exporter")
 
 def serve(args: argparse.Namespace) -> int:
     hold_sighup()  # before anything else (no thread exists yet): see there
-    from exporter.webconfig import load_web_config
+    from exporter.web.webconfig import load_web_config
 
     try:
         ctx, simulation = build_context(args)
@@ -39,7 +39,7 @@ def serve(args: argparse.Namespace) -> int:
         return cannot_start(args, str(e))
     reload_snapshot.release()  # loaded: the next reload reads the files again
     from exporter.runner import Runner
-    from exporter.server import Server, limits_from_config
+    from exporter.web.server import Server, limits_from_config
 
     cfg = ctx.config
     logs.setup(cfg.log_level, cfg.log_format)

@@ -5,7 +5,7 @@ One source of truth: the checkout's rules/, dashboards/*.json, deploy/ and docs/
 a copy of them, made when the wheel is built (setup.py, from FILES below), at exporter/shipped/ with
 the same layout plus docs/runbooks.html (the runbooks rendered, exporter.runbooks). `root()` is
 the checkout when the package runs from one, else that copy, so `python -m exporter.rules` and
-`python -m exporter.deploygen` work the same from a clone and from an installed wheel.
+`python -m exporter.tools.deploygen` work the same from a clone and from an installed wheel.
 tests/test_release.py installs the built wheel and compares its copy with the tree.
 """
 
@@ -50,4 +50,4 @@ def not_in_checkout(command: str) -> str:
     """The refusal of a command that rewrites a checkout, run from an installed package."""
     return (f"{command}: this rewrites the files of a source checkout, and this package is installed "
             f"({CHECKOUT}), not a checkout; nothing written. The shipped files are under {INSTALLED}; "
-            "`python -m exporter.deploygen --out DIR` renders a copy to deploy from.")
+            "`python -m exporter.tools.deploygen --out DIR` renders a copy to deploy from.")

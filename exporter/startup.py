@@ -18,13 +18,13 @@ from exporter.deadline import Pool
 from exporter.nvml.session import NvmlSession
 
 if TYPE_CHECKING:
-    from exporter.simulate import SimulatedSources, Simulation
+    from exporter.tools.simulate import SimulatedSources, Simulation
 
 
 def build_context(args: argparse.Namespace, read_only: bool = False) -> tuple[Context, Simulation | None]:
     """Load the config (file, then the simulated node's roots, then CLI flags) and build the
     sources' backends. `--simulate` prepares the simulated node, which hands its sources in here
-    once (exporter.simulate.SimulatedSources). `read_only` (`check`): a corrupt state file is
+    once (exporter.tools.simulate.SimulatedSources). `read_only` (`check`): a corrupt state file is
     reported, left in place for the daemon. Returns the Context and the simulated node (None on
     a real node), which the caller starts, plays and closes."""
     collectors.discover()  # the collectors add their config sections to the schema
@@ -59,8 +59,8 @@ def simulated_node(args: argparse.Namespace) -> Simulation | None:
         if given:
             raise ConfigError(f"command line: {given[0]} needs --simulate PROFILE")
         return None
-    from exporter.simulate import Simulation
-    from exporter.simulate.source import Shape
+    from exporter.tools.simulate import Simulation
+    from exporter.tools.simulate.source import Shape
 
     return Simulation(args.simulate, args.scenario, shape=Shape(**shape))
 

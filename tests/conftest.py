@@ -48,8 +48,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # Words in a test module's source that mean it starts a real program, a whole (simulated) node or
 # a command (`main(...)`), or runs a property search: its tests are not in the unit tier.
 STARTS_PROGRAMS = ("subprocess", "Popen", "start_exporter", "start_listening", "served_base", "promtool",
-                   "sys.executable", "hypothesis", "exporter.release", "wait_until_serving", "--simulate",
-                   "main(")
+                   "sys.executable", "hypothesis", "exporter.tools.release", "wait_until_serving",
+                   "--simulate", "main(")
 _module_tier: dict[str, bool] = {}
 
 

@@ -12,7 +12,7 @@ from exporter.compose import compose
 from exporter.config import load
 from exporter.efa.sysfs import SysfsReader
 from exporter.runner import Runner
-from exporter.simulate.efa import write_device
+from exporter.tools.simulate.efa import write_device
 from tests.helpers import scrape, test_pool
 
 

@@ -1,6 +1,6 @@
 """The golden /metrics: how each golden file in tests/fixtures/golden/ is made (a pinned
 simulated p5.48xlarge scraped once, volatile series masked). tests/test_golden.py compares a
-scrape with each file; `python -m exporter.generate` (re)writes them. See tests/test_golden.py for
+scrape with each file; `python -m exporter.tools.generate` (re)writes them. See tests/test_golden.py for
 what is pinned and why.
 """
 
@@ -16,8 +16,8 @@ from exporter import collectors
 from exporter.arguments import build_parser
 from exporter.exposition import render
 from exporter.runner import Runner
-from exporter.server import families
 from exporter.startup import build_context
+from exporter.web.server import families
 from tests.helpers import FIXTURES, test_pool
 
 GOLDEN = FIXTURES / "golden"

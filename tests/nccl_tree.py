@@ -1,7 +1,7 @@
-"""The procfs tree of a job's processes (exporter.simulate.nccl_ras.write_procfs), as the NCCL
+"""The procfs tree of a job's processes (exporter.tools.simulate.nccl_ras.write_procfs), as the NCCL
 collector's tests use it."""
 
-from exporter.simulate.nccl_ras import Proc, write_procfs
+from exporter.tools.simulate.nccl_ras import Proc, write_procfs
 
 write = write_procfs
 __all__ = ["Proc", "write"]

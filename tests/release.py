@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.release import build_wheel
+from exporter.tools.release import build_wheel
 from tests.helpers import NETGUARD
 
 

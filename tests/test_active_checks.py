@@ -20,7 +20,7 @@ from exporter.nvml.backend import NVML_ERROR_NOT_SUPPORTED
 from exporter.nvml.fake import FakeBackend, load_capture
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import PROFILES
-from exporter.simulate.nvml_synth import node_capture
+from exporter.tools.simulate.nvml_synth import node_capture
 from tests.helpers import FIXTURES, samples, start_exporter, stop_within, test_pool, value, wait_for
 
 DIAG = FIXTURES / "diag"

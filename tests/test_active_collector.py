@@ -14,7 +14,7 @@ from exporter.collectors.health import HealthCollector
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
-from exporter.simulate.nvml import fake_backend
+from exporter.tools.simulate.nvml import fake_backend
 from exporter.xid.verdict import ALL_REASONS, RUNBOOK, ActiveReasons, GpuInput, judge
 from tests.helpers import samples, scrape, test_pool, value
 from tests.test_xid_service import make_ctx

@@ -21,7 +21,7 @@ from exporter.config import load
 from exporter.nvml.fake import FakeBackend, load_capture
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import PROFILES
-from exporter.simulate.nvml_synth import node_capture
+from exporter.tools.simulate.nvml_synth import node_capture
 from tests.helpers import FIXTURES, test_pool, wait_for
 
 DIAG = FIXTURES / "diag"

@@ -75,7 +75,7 @@ def test_capture_records_gpm_and_the_replay_measures_it(tmp_path, capsys):
     levels as the GPU's activity."""
     from exporter.nvml import backend as nv
     from exporter.nvml.fake import FakeBackend
-    from exporter.simulate.nvml_synth import TRAINING_LEVELS
+    from exporter.tools.simulate.nvml_synth import TRAINING_LEVELS
 
     out = tmp_path / "p5.json"
     assert main(["capture", "--simulate", "p5.48xlarge", "--out", str(out)]) == 0

@@ -17,7 +17,7 @@ from exporter.collectors.lustre import LustreSection
 from exporter.compose import compose
 from exporter.config import load
 from exporter.runner import Runner
-from exporter.simulate.imds import FakeImdsServer
+from exporter.tools.simulate.imds import FakeImdsServer
 from tests.helpers import FIXTURES, scrape, test_pool
 
 REAL = (FIXTURES / "kmsg" / "kmsg_nvidia.txt").read_text()
@@ -108,7 +108,7 @@ def test_relative_paths_in_the_config_are_relative_to_its_directory(tmp_path, mo
 
 
 def test_a_relative_web_config_file_is_found_from_any_working_directory(tmp_path, monkeypatch):
-    from exporter.webconfig import load_web_config
+    from exporter.web.webconfig import load_web_config
 
     conf = tmp_path / "etc"
     conf.mkdir()

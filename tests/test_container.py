@@ -174,7 +174,7 @@ def test_image_serves_the_simulated_node_as_non_root_on_a_read_only_root(image_r
 @pytest.mark.slow
 def test_image_carries_the_release_files(image_root):
     """The runbooks page every alert links to by default, and the wheel's package data,
-    from which `python -m exporter.deploygen --out DIR` renders the manifests inside the image."""
+    from which `python -m exporter.tools.deploygen --out DIR` renders the manifests inside the image."""
     from exporter import share
     from exporter.rules import DEFAULT_RUNBOOK_BASE
 
@@ -188,7 +188,7 @@ def test_image_carries_the_release_files(image_root):
     assert (site / "h2").is_dir() and not list(site.glob("grpc*")), sorted(p.name for p in site.iterdir())
     for rel in share.files(share.CHECKOUT):
         assert (shipped / rel).read_bytes() == (share.CHECKOUT / rel).read_bytes(), rel
-    render = ("cd /tmp && python3 -m exporter.deploygen --out r "
+    render = ("cd /tmp && python3 -m exporter.tools.deploygen --out r "
               "&& test -s r/deploy/systemd/gpu-health-exporter.service")
     r = subprocess.run(_in_image(root, config, ["sh", "-c", render]), capture_output=True, text=True,
                        timeout=HANG_GUARD_S)

@@ -66,7 +66,7 @@ def test_json_matches_code():
     assert on_disk == set(MODELS), "dashboards/*.json and dashboards.build.BUILDERS list different files"
     for name, model in MODELS.items():
         text = (ROOT / "dashboards" / f"{name}.json").read_text()
-        assert text == build.render(model), f"{name}.json is stale: run python -m exporter.generate"
+        assert text == build.render(model), f"{name}.json is stale: run python -m exporter.tools.generate"
     assert build.main(["--check"]) == 0
 
 

@@ -24,7 +24,7 @@ import requests
 import yaml
 
 from dashboards.build import dashboards
-from exporter import job_rules
+from exporter.tools import job_rules
 from tests.helpers import ROOT, served_base, start_listening, stop_all, wait_until_serving
 from tests.rules_lint import copy_rules_at_global_interval
 

@@ -12,9 +12,9 @@ import subprocess
 import pytest
 import yaml
 
-from exporter import deploygen
 from exporter.arguments import build_parser
 from exporter.startup import build_context
+from exporter.tools import deploygen
 from tests.helpers import HANG_GUARD_S, ROOT, promtool
 from tests.k8s import K8S_VERSIONS, KUSTOMIZE, OVERLAYS, by_kind, one, render, schedules_on, validate
 

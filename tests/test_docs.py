@@ -1,18 +1,18 @@
 """Generated docs must match the code: a metric or config key added without regenerating fails."""
 
-from exporter import docs
+from exporter.tools import docs
 from tests.helpers import ROOT
 
 
 def test_metrics_md_matches_catalog():
     current = (ROOT / "docs" / "metrics.md").read_text()
-    assert current == docs.metrics_md(), "docs/metrics.md is stale: run `python -m exporter.generate`"
+    assert current == docs.metrics_md(), "docs/metrics.md is stale: run `python -m exporter.tools.generate`"
 
 
 def test_configuration_md_matches_schema():
     current = (ROOT / "docs" / "configuration.md").read_text()
     assert current == docs.configuration_md(), \
-        "docs/configuration.md is stale: run `python -m exporter.generate`"
+        "docs/configuration.md is stale: run `python -m exporter.tools.generate`"
 
 
 def test_every_metric_documented_once():

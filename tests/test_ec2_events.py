@@ -137,7 +137,7 @@ def test_simulated_node_scheduled_reboot_end_to_end():
     both active events and not the completed one."""
     import requests
 
-    from exporter.simulate.imds import MAINTENANCE_IN_S, REBOOT_IN_S
+    from exporter.tools.simulate.imds import MAINTENANCE_IN_S, REBOOT_IN_S
     from tests.helpers import running_exporter
 
     t0 = time.time()

@@ -10,7 +10,7 @@ import pytest
 from exporter.efa import reader as efa_reader
 from exporter.efa.node_totals import NODE_TOTALS
 from exporter.runner import Runner
-from exporter.simulate.efa import NETWORK, RDMA_WRITE, kernel_files
+from exporter.tools.simulate.efa import NETWORK, RDMA_WRITE, kernel_files
 from tests.efa_trees import FaultyReader, collect, collector, efa, mellanox, run
 from tests.helpers import names, promtool_check_metrics, samples, value
 

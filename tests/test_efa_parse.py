@@ -14,7 +14,7 @@ from exporter.efa.parse import (
     parse_rate_bytes_per_second,
     plan_reads,
 )
-from exporter.simulate.efa import kernel_files
+from exporter.tools.simulate.efa import kernel_files
 
 
 def test_parse_counter():

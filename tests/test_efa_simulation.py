@@ -12,7 +12,7 @@ import requests
 from exporter.collectors.efa import EfaCollector
 from exporter.config import load
 from exporter.runner import Runner
-from exporter.simulate import Simulation
+from exporter.tools.simulate import Simulation
 from tests.helpers import names, promtool_check_metrics, running_exporter, samples, scrape, test_pool, value
 
 

@@ -23,9 +23,9 @@ from exporter.collection import Collection
 from exporter.exposition import encode, negotiate, render
 from exporter.metric import Sample
 from exporter.runner import Runner
-from exporter.server import families
-from exporter.simulate import all_scenarios
 from exporter.startup import build_context
+from exporter.tools.simulate import all_scenarios
+from exporter.web.server import families
 from tests.helpers import promtool_check_metrics, test_pool
 
 GAUGE = MetricSpec("gpu_test_tricky", "gauge", 'help with \\ backslash, "quotes"\nand a newline',

@@ -11,9 +11,9 @@ from exporter.nvml.backend import FABRIC_INFO, NvmlError
 from exporter.nvml.fake import FakeBackend, load_capture
 from exporter.nvml.pynvml_backend import PynvmlBackend
 from exporter.profiles import PROFILES
-from exporter.simulate.nvml import fake_backend
-from exporter.simulate.nvml_scenarios import FAULTY_GPU
-from exporter.simulate.nvml_synth import fabric_entry
+from exporter.tools.simulate.nvml import fake_backend
+from exporter.tools.simulate.nvml_scenarios import FAULTY_GPU
+from exporter.tools.simulate.nvml_synth import fabric_entry
 
 # What a single passthrough H200 (no NVSwitch, driver 580.159.04) answered to the v3 call: success
 # with state 0 (project reference notes, "Measured on a real host").

@@ -1,4 +1,4 @@
-"""The one regeneration command (exporter/generate.py): every generator parses its arguments (`--help`
+"""The one regeneration command (exporter/tools/generate.py): every generator parses its arguments (`--help`
 writes nothing), `--check` names what is stale and writes nothing, and the doc lists and counts
 tests/test_doc_claims.py checks are written from the tree."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter import deploygen, docs, generate
+from exporter.tools import deploygen, docs, generate
 
 NAMES = {"collectors": ["efa", "gpu", "xid"], "rule files": ["a.yml", "b.yml", "c.yml", "d.yml"]}
 COUNTS = {"collectors": 3, "rule files": 4, "dashboards": 2, "alerts": 12}

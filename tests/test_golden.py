@@ -22,7 +22,7 @@ Volatile series, deliberately:
 How a golden file is made is tests/golden.py. Regenerate after an intended change (then review
 the diff like code), with every other generated file:
 
-    .venv/bin/python -m exporter.generate
+    .venv/bin/python -m exporter.tools.generate
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import pytest
 
 from tests.golden import CONFIGS, GOLDEN, golden_scrape, mask
 
-COMMAND = ".venv/bin/python -m exporter.generate"
+COMMAND = ".venv/bin/python -m exporter.tools.generate"
 
 
 @pytest.mark.slow

@@ -16,13 +16,13 @@ from exporter.config import load
 from exporter.gpu.activity import MIB, ActivityCounters
 from exporter.gpu.gpm import GpmReader
 from exporter.gpu.reader import GpuReader, Reading
-from exporter.landing import summarise
 from exporter.nvml import backend as nv
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
-from exporter.simulate.nvml import fake_backend
-from exporter.simulate.nvml_scenarios import FAULTY_GPU, IDLE_UTIL
-from exporter.simulate.nvml_synth import TRAINING_LEVELS, activity_levels
+from exporter.tools.simulate.nvml import fake_backend
+from exporter.tools.simulate.nvml_scenarios import FAULTY_GPU, IDLE_UTIL
+from exporter.tools.simulate.nvml_synth import TRAINING_LEVELS, activity_levels
+from exporter.web.landing import summarise
 from tests.helpers import promtool_check_metrics, samples, scrape, test_pool, value
 
 collector_classes()  # declares the config sections

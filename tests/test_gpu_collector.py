@@ -20,8 +20,8 @@ from exporter.nvml.fake import FakeBackend, field_ids
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
-from exporter.simulate.nvml import fake_backend
-from exporter.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S
+from exporter.tools.simulate.nvml import fake_backend
+from exporter.tools.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S
 from tests.helpers import (
     FIXTURES,
     promtool_check_metrics,

@@ -8,8 +8,8 @@ from exporter.collectors.health import HealthCollector, HealthSection
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
-from exporter.simulate.nvml import fake_backend
-from exporter.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S
+from exporter.tools.simulate.nvml import fake_backend
+from exporter.tools.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S
 from tests.helpers import samples, scrape, test_pool, value
 from tests.test_xid_service import make_ctx
 

@@ -1,7 +1,7 @@
 """The Helm chart (deploy/helm/gpu-health-exporter) with the real helm (tests/helm.py): every values set
 lints strictly, renders and validates for Kubernetes 1.29 to 1.34; the schema rejects typos; the
 monitoring objects follow the API server's CRDs; what it renders is what the kustomize overlays render
-(one model: exporter/deploymodel.py); its DaemonSet lands on the platforms' GPU nodes whatever their
+(one model: exporter/tools/deploymodel.py); its DaemonSet lands on the platforms' GPU nodes whatever their
 NoSchedule taints and on no CPU node (Kubernetes' matching rules, tests/k8s.py). Against a real API
 server: tests/test_helm_install.py."""
 
@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter import __version__, helmchart
+from exporter import __version__
 from exporter.activecheck.settings import ActiveSection
-from exporter.deploygen import dashboard_sources
-from exporter.deploymodel import overlay_components
 from exporter.rules import DEFAULT_RUNBOOK_BASE
+from exporter.tools import helmchart
+from exporter.tools.deploygen import dashboard_sources
+from exporter.tools.deploymodel import overlay_components
 from tests import helm
 from tests.helpers import ROOT
 from tests.k8s import OVERLAYS, by_kind, one, render, schedules_on, untolerated, validate
@@ -313,12 +314,12 @@ def test_the_generated_chart_is_current():
     want = helmchart.expected(dashboard_sources())
     stale = [p for p, t in want.items() if not p.exists() or p.read_text() != t] + helmchart.strays(want)
     assert not stale, (f"stale chart files: {', '.join(str(p.relative_to(ROOT)) for p in stale)}; "
-                       "run `python -m exporter.deploygen`")
+                       "run `python -m exporter.tools.deploygen`")
 
 
 def test_the_packaged_chart_installs_the_same(tmp_path):
-    """What the release carries (exporter.release.package_chart): helm reads it like the directory."""
-    from exporter.release import package_chart
+    """What the release carries (exporter.tools.release.package_chart): helm reads it like the directory."""
+    from exporter.tools.release import package_chart
 
     tgz = package_chart(tmp_path)
     assert tgz.name == f"gpu-health-exporter-{__version__}.tgz"

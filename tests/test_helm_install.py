@@ -22,7 +22,7 @@ import requests
 import yaml
 
 from exporter.kube.writer import LABEL_KEY, LABEL_VALUE, TAINT_KEY
-from exporter.simulate.kmsg import ONSET_S
+from exporter.tools.simulate.kmsg import ONSET_S
 from tests import helm
 from tests.helpers import guarded_env, start_exporter, stop_within, value
 from tests.kube_apiserver import ApiServer, FaultProxy, api_server, until

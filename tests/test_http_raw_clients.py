@@ -229,7 +229,7 @@ def _wrong(i: int) -> bytes:
     return _request("/metrics", _basic("prometheus", f"guess-{i}"))
 
 
-BCRYPT_12_S = 0.25  # one bcrypt check at cost 12 on an idle core (exporter.webconfig)
+BCRYPT_12_S = 0.25  # one bcrypt check at cost 12 on an idle core (exporter.web.webconfig)
 _COST_12 = bcrypt.hashpw(b"probe", bcrypt.gensalt(12))
 
 

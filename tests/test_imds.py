@@ -15,7 +15,7 @@ from exporter.config import load
 from exporter.nvml.fake import FakeBackend
 from exporter.nvml.session import NvmlSession
 from exporter.runner import Runner
-from exporter.simulate.imds import FakeImdsServer
+from exporter.tools.simulate.imds import FakeImdsServer
 from tests.helpers import (
     FIXTURES,
     names,

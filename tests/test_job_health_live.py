@@ -1,6 +1,6 @@
 """Job health end to end (issues 34, 43): a simulated cluster of 20 nodes running 7 two-node and 6
-one-node Slurm jobs, one per scenario of exporter/simulate/job.py, scraped by one real Prometheus
-every second with rules/job.yml rendered at that pace (`python -m exporter.job_rules`, windows of
+one-node Slurm jobs, one per scenario of exporter/tools/simulate/job.py, scraped by one real Prometheus
+every second with rules/job.yml rendered at that pace (`python -m exporter.tools.job_rules`, windows of
 seconds instead of minutes), beside the other rule files as shipped (their alerts, pending or firing,
 are the job rules' evidence), and routed by the real Alertmanager with the shipped config.
 
@@ -23,8 +23,8 @@ import pytest
 import requests
 import yaml
 
-from exporter import job_rules
-from exporter.simulate import job
+from exporter.tools import job_rules
+from exporter.tools.simulate import job
 from tests.helpers import (
     ROOT,
     guarded_env,

@@ -1,4 +1,4 @@
-"""rules/job.yml (issue 34): the shipped file is exporter.job_rules' default rendering, its promtool
+"""rules/job.yml (issue 34): the shipped file is exporter.tools.job_rules' default rendering, its promtool
 suite is tests/job_cases.py's output, a rendering with other settings is valid, and the negative
 cases depend on what they claim (the checkpoint case fires once the checkpoint guard is gone)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter import job_rules
+from exporter.tools import job_rules
 from tests import job_cases
 from tests.helpers import HANG_GUARD_S, ROOT, promtool
 
@@ -22,13 +22,13 @@ def _promtool(*args: str) -> subprocess.CompletedProcess:
 
 def test_rules_file_is_the_default_rendering():
     assert (ROOT / "rules" / "job.yml").read_text() == job_rules.render(), \
-        "rules/job.yml is stale: run .venv/bin/python -m exporter.generate"
+        "rules/job.yml is stale: run .venv/bin/python -m exporter.tools.generate"
 
 
 def test_suite_is_generated_from_the_cases():
     for path, day in ((job_cases.SUITE, False), (job_cases.DAY_SUITE, True)):
         assert path.read_text() == job_cases.text(day), \
-            f"{path.name} is stale: run .venv/bin/python -m exporter.generate"
+            f"{path.name} is stale: run .venv/bin/python -m exporter.tools.generate"
 
 
 def test_every_group_has_its_own_interval():

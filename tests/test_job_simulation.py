@@ -1,4 +1,4 @@
-"""Issue 43's training-job scenarios of the simulated node (exporter/simulate/job.py), source by
+"""Issue 43's training-job scenarios of the simulated node (exporter/tools/simulate/job.py), source by
 source: the requeue's Slurm mapping goes and comes back as the epilog and prolog write it, and the
 storage-latency stall's OST RPCs take LATENCY_FACTOR times their usual round trip with no eviction.
 The end-to-end judgement of every scenario is tests/test_job_health_live.py's."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from exporter.collectors.lustre import LustreCollector
 from exporter.config import load
 from exporter.runner import Runner
-from exporter.simulate import Simulation, job
+from exporter.tools.simulate import Simulation, job
 from tests.helpers import samples, scrape, test_pool
 
 

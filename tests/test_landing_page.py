@@ -15,11 +15,11 @@ import requests
 
 from exporter import collectors
 from exporter.arguments import build_parser
-from exporter.landing import render_page
 from exporter.runbooks import anchor
 from exporter.runner import Runner
 from exporter.share import CHECKOUT
 from exporter.startup import build_context
+from exporter.web.landing import render_page
 from exporter.xid.verdict import ALL_REASONS, RUNBOOK, GpuVerdict, NodeVerdict, XidLine
 from tests.browser import render
 from tests.helpers import test_pool

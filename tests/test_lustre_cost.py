@@ -18,7 +18,7 @@ from exporter.config import load
 from exporter.lustre import parsers, sources
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
-from exporter.simulate import lustre as sim_lustre
+from exporter.tools.simulate import lustre as sim_lustre
 from tests.helpers import FIXTURES, samples, scrape, test_pool, value, wait_for
 from tests.lustre_tree import FakeStatvfs, FsSpec, LustreTree, import_file
 

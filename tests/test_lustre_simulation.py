@@ -9,8 +9,8 @@ import requests
 from exporter.collectors.lustre import LustreCollector
 from exporter.config import load
 from exporter.runner import Runner
-from exporter.simulate import Simulation, all_scenarios
-from exporter.simulate.lustre import CAPACITY_BYTES, EVICT_AT_S, SCENARIOS
+from exporter.tools.simulate import Simulation, all_scenarios
+from exporter.tools.simulate.lustre import CAPACITY_BYTES, EVICT_AT_S, SCENARIOS
 from tests.helpers import promtool_check_metrics, running_exporter, samples, scrape, test_pool, value
 
 FSX = {"fsname": "abcdefgh", "mount": "/fsx"}

@@ -1,4 +1,4 @@
-"""The NCCL RAS collector against the fake RAS server (exporter.simulate.nccl_ras) and a procfs
+"""The NCCL RAS collector against the fake RAS server (exporter.tools.simulate.nccl_ras) and a procfs
 tree of the job's processes (tests/nccl_tree.py): which rank it names, and that hostile or
 squatting servers never name a wrong node, hang a scrape or hold unbounded memory."""
 
@@ -17,8 +17,8 @@ from exporter.exposition import render
 from exporter.nccl import netns
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import PROFILES
-from exporter.simulate.nccl_ras import FakeJob, RasServer
-from exporter.simulate.nvml import fake_backend
+from exporter.tools.simulate.nccl_ras import FakeJob, RasServer
+from exporter.tools.simulate.nvml import fake_backend
 from exporter.workload.model import Workload, WorkloadReading
 from tests import nccl_tree
 from tests.helpers import promtool_check_metrics, samples, test_pool, value, wait_for

@@ -1,5 +1,5 @@
 """NCCL RAS end to end: two simulated nodes of one Slurm job share one fake RAS server
-(`python -m exporter.simulate.nccl_ras`) whose rank on node 1's GPU 3 stops launching; a real
+(`python -m exporter.tools.simulate.nccl_ras`) whose rank on node 1's GPU 3 stops launching; a real
 Prometheus scrapes both exporters every second with rules/nccl.yml at that pace (its 2-minute
 window as 10 seconds) beside the other rule files, and the real Alertmanager routes the alert with
 the shipped config. TrainingJobNcclStalled names the culprit's node (instance), GPU and rank,
@@ -18,7 +18,7 @@ import pytest
 import requests
 import yaml
 
-from exporter.simulate.nccl_ras import ONSET_S
+from exporter.tools.simulate.nccl_ras import ONSET_S
 from tests.helpers import (
     guarded_env,
     refused_address,
@@ -58,7 +58,7 @@ def _start_server(tmp_path) -> tuple[subprocess.Popen, int]:
         [
             sys.executable,
             "-m",
-            "exporter.simulate.nccl_ras",
+            "exporter.tools.simulate.nccl_ras",
             "--nodes",
             "2",
             "--gpus",

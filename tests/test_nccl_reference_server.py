@@ -1,6 +1,6 @@
 """The nccl collector against a fake RAS server written here from the
 protocol reference alone (NVIDIA/nccl `src/ras/client_support.cc` as summarised in the project's
-reference notes, sections 1-2), independently of exporter/simulate/nccl_ras.py:
+reference notes, sections 1-2), independently of exporter/tools/simulate/nccl_ras.py:
 
 - the session: `CLIENT PROTOCOL n` -> `SERVER PROTOCOL 2`; `TIMEOUT n` -> `OK`; `SET FORMAT json`
   -> `OK` from 2.28.7, else `ERROR: Unknown command SET FORMAT json`; `MONITOR` from 2.29; any
@@ -34,7 +34,7 @@ from exporter.nccl import parse_json, parse_text
 from exporter.nccl.findings import summarise
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import PROFILES
-from exporter.simulate.nvml import fake_backend
+from exporter.tools.simulate.nvml import fake_backend
 from exporter.workload.model import Workload, WorkloadReading
 from tests.helpers import promtool_check_metrics, samples, test_pool, value, wait_for
 

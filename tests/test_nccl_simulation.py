@@ -1,4 +1,4 @@
-"""The simulated NCCL job (exporter.simulate.nccl_ras): its timeline plays each scenario, and a
+"""The simulated NCCL job (exporter.tools.simulate.nccl_ras): its timeline plays each scenario, and a
 simulated node's nccl collector trusts and reads the job's fake RAS (the procfs tree, NVML's
 processes and the server the node's source wrote and started)."""
 
@@ -8,8 +8,8 @@ from exporter import collectors
 from exporter.config import load
 from exporter.nccl import findings, parse_json
 from exporter.runner import Runner
-from exporter.simulate import Shape, Simulation
-from exporter.simulate.nccl_ras import DEAD_AFTER_S, ONSET_S, FakeJob, Timeline, render_json
+from exporter.tools.simulate import Shape, Simulation
+from exporter.tools.simulate.nccl_ras import DEAD_AFTER_S, ONSET_S, FakeJob, Timeline, render_json
 from tests.helpers import samples, scrape, value, wait_for
 
 

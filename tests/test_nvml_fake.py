@@ -17,8 +17,8 @@ from exporter.nvml.fake import SPEND_WHOLE_S, FakeBackend, call_key, field_ids, 
 from exporter.nvml.pynvml_backend import PynvmlBackend, plain
 from exporter.nvml.session import NvmlSession, pci_key
 from exporter.profiles import PROFILES
-from exporter.simulate.nvml import fake_backend
-from exporter.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S, SCENARIOS
+from exporter.tools.simulate.nvml import fake_backend
+from exporter.tools.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S, SCENARIOS
 from tests.helpers import FIXTURES, test_pool
 
 CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"
@@ -257,7 +257,7 @@ def test_scenarios_are_prefixed_and_apply():
 
 
 def test_scenarios_declared_to_the_simulation():
-    from exporter.simulate import all_scenarios
+    from exporter.tools.simulate import all_scenarios
 
     assert set(SCENARIOS) <= set(all_scenarios())
 

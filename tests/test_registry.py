@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from exporter import catalog, collectors, docs
+from exporter import catalog, collectors
 from exporter.catalog import Families, define
 from exporter.collector import Collector
 from exporter.compose import compose
 from exporter.config import CollectorSection, ConfigError, load, positive, setting
+from exporter.tools import docs
 from tests.helpers import HANG_GUARD_S, scrape, test_pool, value
 
 

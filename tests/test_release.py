@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from exporter import __version__, runbooks, share
-from exporter.release import build_tarball
 from exporter.rules import DEFAULT_RUNBOOK_BASE
+from exporter.tools.release import build_tarball
 from tests.helpers import HANG_GUARD_S
 from tests.release import installed  # noqa: F401 - the session fixture
 
@@ -51,7 +51,8 @@ def test_installed_commands_render_rules_manifests_and_dashboards(installed):  #
     r = installed.run(installed.python, "-m", "exporter.rules", "--runbook-base", BASE, "--out", "rules2")
     assert r.returncode == 0 and all(u.startswith(BASE + "#") for u in alert_links(installed.work / "rules2"))
 
-    r = installed.run(installed.python, "-m", "exporter.deploygen", "--runbook-base", BASE, "--out", "site")
+    r = installed.run(installed.python, "-m", "exporter.tools.deploygen", "--runbook-base", BASE,
+                      "--out", "site")
     assert r.returncode == 0, r.stderr
     site = installed.work / "site"
     for rel in ("deploy/kubernetes/components/prometheus-operator/prometheusrules.yaml",
@@ -77,12 +78,13 @@ def test_installed_commands_render_rules_manifests_and_dashboards(installed):  #
 
 def test_checkout_generators_refuse_to_write_into_site_packages(installed):  # noqa: F811
     site_packages = installed.site_packages()
-    for module in ("exporter.docs", "exporter.release"):
+    for module in ("exporter.tools.docs", "exporter.tools.release"):
         r = installed.run(installed.python, "-m", module)
         assert r.returncode == 2 and "not a checkout" in r.stderr, (module, r)
         assert "nothing written" in r.stderr
     assert not (site_packages / "docs").exists() and not (site_packages / "deploy").exists()
-    r = installed.run(installed.python, "-m", "exporter.deploygen")  # no tree to regenerate: a copy here
+    # no tree to regenerate: a copy here
+    r = installed.run(installed.python, "-m", "exporter.tools.deploygen")
     assert r.returncode == 0 and "gpu-health-exporter-deploy" in r.stdout, r
     copy = installed.work / "gpu-health-exporter-deploy"
     assert (copy / "deploy/kubernetes/overlays/eks/kustomization.yaml").is_file()
@@ -119,7 +121,7 @@ def test_no_shipped_file_links_to_a_placeholder():
 
 def test_ci_builds_the_release():
     ci = (share.CHECKOUT / ".ci" / "run").read_text()
-    assert re.search(r"^\.venv/bin/python -m exporter\.release$", ci, re.M)
+    assert re.search(r"^\.venv/bin/python -m exporter\.tools\.release$", ci, re.M)
 
 
 def test_the_runbooks_page_has_every_section_and_code_block():
@@ -167,9 +169,9 @@ def test_the_release_leaves_out_what_works_only_in_a_checkout(installed, tmp_pat
 
 
 def test_the_sizes_in_the_docs_are_the_builds(installed, tmp_path):  # noqa: F811
-    """docs/deploy.md's sizes are written by `python -m exporter.release` (within 3%: the tree moved
+    """docs/deploy.md's sizes are written by `python -m exporter.tools.release` (within 3%: the tree moved
     on a little since the last release run, as every generated file's source does)."""
-    from exporter.release import kib, sizes_in_doc
+    from exporter.tools.release import kib, sizes_in_doc
 
     doc = sizes_in_doc()
     built = {"wheel": kib(installed.wheel), "tarball": kib(build_tarball(tmp_path, installed.wheel))}
@@ -179,7 +181,7 @@ def test_the_sizes_in_the_docs_are_the_builds(installed, tmp_path):  # noqa: F81
 
 
 def test_write_sizes_rewrites_the_docs_numbers(tmp_path):
-    from exporter.release import sizes_in_doc, write_sizes
+    from exporter.tools.release import sizes_in_doc, write_sizes
 
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "deploy.md").write_text((share.CHECKOUT / "docs" / "deploy.md").read_text())
@@ -191,7 +193,7 @@ def test_write_sizes_rewrites_the_docs_numbers(tmp_path):
 def test_the_build_backend_is_pinned_where_the_release_builds(monkeypatch, tmp_path):
     """The quick start's venv gets pyproject's pin; a venv without it builds in isolation (never
     setuptools 65 on the SPDX license string, which failed)."""
-    from exporter import release
+    from exporter.tools import release
 
     name, want = release.backend_requirement()
     assert (name, want) == ("setuptools", (77,))
@@ -217,7 +219,7 @@ def test_a_fresh_venv_s_own_setuptools_is_not_the_pin(tmp_path):
     import subprocess
     import venv
 
-    from exporter.release import backend_requirement
+    from exporter.tools.release import backend_requirement
 
     venv.EnvBuilder(with_pip=True).create(tmp_path / "v")
     code = ("import importlib.metadata as m\n"

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from exporter import reload_snapshot
-from exporter.webconfig import load_web_config
+from exporter.web.webconfig import load_web_config
 from tests.helpers import HANG_GUARD_S, answers_now, start_exporter, stop_within, wait_for
 from tests.test_reload_signals import RELOADED, settled
 

@@ -55,17 +55,24 @@ assert b"python_gc_objects_collected_total" in generate_latest(REGISTRY)
 # The served exporter: what the process imports over its life, start-up and
 # scrapes, from Python's own import log (PYTHONPROFILEIMPORTTIME, written to the exporter's log).
 # A subcommand's imports (`capture`'s recorder: statistics, decimal, the fake NVML) were made by
-# every daemon, because the parser lists the subcommands.
+# every daemon, because the parser lists the subcommands. The tools (the simulation, the
+# generators, the release builder) are exporter.tools: a node never imports them; `--simulate`
+# does, the simulated node being that tool (its own sources), so the served runs below are
+# checked for the rest, and a node's defaults for exporter.tools too.
 # The kubelet kind's client decodes the answer itself: protobuf is the simulated kubelet's (a
-# process of its own), never the exporter's. ssl is not listed: asyncio (the HTTP server's event
-# loop) imports it whether or not TLS is on (docs/performance.md, "Memory on a node").
+# process of its own), never the exporter's. asyncio (the HTTP server's event loop) is imported
+# without ssl unless TLS is on (exporter/web/aio.py).
 NEVER_SERVED = ["exporter.capture", "statistics", "requests", "urllib3", "bcrypt", "grpc", "google.protobuf",
                 "prometheus_client.exposition", "prometheus_client.registry", "http.server", "wsgiref",
                 "urllib.request", "email"]
 KUBELET_ONLY = ["h2", "hpack", "hyperframe"]
+# ssl's C module: the import log also lists asyncio's `import ssl` that exporter/web/aio.py refuses (a
+# failed import, a few microseconds), while ssl cannot load without _ssl.
+TLS_ONLY = ["_ssl"]
+TOOLS = "exporter.tools"
 
 
-def _served_imports(tmp_path, monkeypatch, *args: str) -> set[str]:
+def _served_imports(tmp_path, monkeypatch, *args: str, **get_kw) -> set[str]:
     import re
 
     import requests
@@ -73,25 +80,89 @@ def _served_imports(tmp_path, monkeypatch, *args: str) -> set[str]:
     from tests.helpers import start_exporter, stop_within
 
     monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")
-    proc, url, log = start_exporter(tmp_path, *args)
+    proc, url, log = start_exporter(tmp_path, *args, **get_kw)
     try:
         for _ in range(3):
-            assert requests.get(url, timeout=30).ok
+            assert requests.get(url, timeout=30, **get_kw).ok
     finally:
         stop_within(proc)
     found = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+([\w.]+)$", log.read_text(), re.M))
-    assert {"exporter.httpd", "psutil"} <= found, log.read_text()[-2000:]  # the log is the import log
+    assert {"exporter.web.httpd", "asyncio", "psutil"} <= found, log.read_text()[-2000:]  # the import log
     return found
+
+
+def _tools(found: set[str]) -> set[str]:
+    return {m for m in found if m == TOOLS or m.startswith(f"{TOOLS}.")}
 
 
 def test_the_served_exporter_imports_only_what_its_kinds_use(tmp_path, monkeypatch):
     node = _served_imports(tmp_path, monkeypatch)  # a node's defaults, no GPU here
-    assert not node & {*NEVER_SERVED, *KUBELET_ONLY}
+    assert sorted(node & {*NEVER_SERVED, *KUBELET_ONLY, *TLS_ONLY}) == []
+    assert sorted(_tools(node)) == []
     p5 = _served_imports(tmp_path, monkeypatch, "--simulate", "p5.48xlarge")
-    assert not p5 & {*NEVER_SERVED, *KUBELET_ONLY}
+    assert sorted(p5 & {*NEVER_SERVED, *KUBELET_ONLY, *TLS_ONLY}) == []
+    assert _tools(p5) and "google.protobuf" not in p5  # the simulation, lazily, and no kubelet
     kubelet = _served_imports(tmp_path, monkeypatch, "--simulate", "p5.48xlarge", "--scenario", "k8s-pods")
-    assert not kubelet & set(NEVER_SERVED)
+    assert sorted(kubelet & {*NEVER_SERVED, *TLS_ONLY}) == []
     assert set(KUBELET_ONLY) <= kubelet  # the kind's client, and only with the kind on
+
+
+def _self_signed(d) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 (its own CA) and its key, in d."""
+    import shutil
+
+    exe = shutil.which("openssl")
+    assert exe, "openssl is missing: install Debian's 'openssl' package (.ci/run does)"
+    subprocess.run([exe, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", "server.key", "-out", "server.crt", "-days", "2",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   cwd=d, check=True, capture_output=True, timeout=HANG_GUARD_S)
+    return str(d / "server.crt"), str(d / "server.key")
+
+
+def test_the_served_exporter_imports_ssl_with_tls_on(tmp_path, monkeypatch):
+    """The same node serving HTTPS (the scrapes are over it): ssl is loaded, bcrypt is not (no
+    basic auth)."""
+    crt, key = _self_signed(tmp_path)
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {crt}\n  key_file: {key}\n")
+    tls = _served_imports(tmp_path, monkeypatch, "--simulate", "p5.48xlarge", "--web.config.file", str(web),
+                          verify=crt)
+    assert {"ssl", *TLS_ONLY} <= tls
+    assert sorted(tls & {*NEVER_SERVED, *KUBELET_ONLY}) == []
+
+
+HANDED_OVER = """
+import socket, sys
+import exporter.web.httpd as h
+assert "_ssl" not in sys.modules and "asyncio" in sys.modules, "asyncio was imported with ssl"
+import ssl
+crt, key = sys.argv[1:]
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(crt, key)
+srv = h.HttpServer(lambda req: h.Response(200, b"over tls"), "127.0.0.1", 0, ssl_context=ctx)
+srv.start()
+try:
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as raw, \
+            ssl.create_default_context(cafile=crt).wrap_socket(raw, server_hostname="127.0.0.1") as c:
+        c.sendall(b"GET / HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+        data = b""
+        while chunk := c.recv(65536):
+            data += chunk
+finally:
+    srv.shutdown()
+print(data.decode())
+"""
+
+
+def test_a_tls_listener_made_after_asyncio_loaded_without_ssl_serves(tmp_path):
+    """exporter/web/aio.py's hand-over: the HTTP server module imported first (asyncio without ssl),
+    then a TLS listener; a client completes the handshake and gets its answer."""
+    crt, key = _self_signed(tmp_path)
+    r = subprocess.run([sys.executable, "-c", HANDED_OVER, crt, key], cwd=ROOT, capture_output=True,
+                       text=True, timeout=HANG_GUARD_S)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("HTTP/1.1 200 ") and r.stdout.rstrip().endswith("over tls"), r.stdout
 
 
 def _threads(*scenario: str) -> set[str]:

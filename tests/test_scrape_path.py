@@ -9,13 +9,14 @@ import time
 import pytest
 import requests
 
-from exporter import collectors, exposition, server
+from exporter import collectors, exposition
 from exporter.arguments import build_parser
 from exporter.collection import Collection
-from exporter.httpd import Request
 from exporter.runner import Runner
-from exporter.server import App, Server
 from exporter.startup import build_context
+from exporter.web import server
+from exporter.web.httpd import Request
+from exporter.web.server import App, Server
 from exporter.xid.verdict import GpuVerdict, NodeVerdict
 from tests.helpers import samples, test_pool, value
 from tests.test_runner import Probe

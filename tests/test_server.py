@@ -14,9 +14,9 @@ import pytest
 import requests
 
 from exporter.exposition import choose_encoding
-from exporter.httpd import Limits
 from exporter.runner import Runner
-from exporter.server import Server
+from exporter.web.httpd import Limits
+from exporter.web.server import Server
 from tests.helpers import ROOT, port_of, promtool_check_metrics, samples, test_pool, value, wait_until_serving
 from tests.test_runner import Probe
 

@@ -15,13 +15,14 @@ from exporter.runner import Runner
 from exporter.startup import build_context
 from tests.helpers import ROOT, guarded_env, samples, scrape, test_pool, value
 
-EDGE = {"exporter/cli.py", "exporter/startup.py"}  # the command line; exporter/simulate/ is the simulation
+# the command line; exporter/tools/simulate/ is the simulation
+EDGE = {"exporter/cli.py", "exporter/startup.py"}
 
 
 def _modules():
     for path in sorted((ROOT / "exporter").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("exporter/simulate/") or rel in EDGE:
+        if rel.startswith("exporter/tools/simulate/") or rel in EDGE:
             continue
         yield rel, ast.parse(path.read_text(), rel)
 
@@ -30,11 +31,11 @@ def test_no_product_module_reads_the_simulation():
     found = []
     for rel, tree in _modules():
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("exporter.simulate"):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("exporter.tools.simulate"):
                 found.append(f"{rel}:{node.lineno} imports {node.module}")
             elif isinstance(node, ast.Import):
                 found += [f"{rel}:{node.lineno} imports {a.name}" for a in node.names
-                          if a.name.startswith("exporter.simulate")]
+                          if a.name.startswith("exporter.tools.simulate")]
             elif isinstance(node, ast.Attribute) and node.attr == "simulation":
                 found.append(f"{rel}:{node.lineno} reads .simulation")
             elif isinstance(node, ast.Constant) and node.value == "simulation":
@@ -49,7 +50,7 @@ def test_nvml_package_does_not_import_the_simulation():
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
                      else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-            assert not any(n.startswith("exporter.simulate") for n in names), (path.name, node.lineno)
+            assert not any(n.startswith("exporter.tools.simulate") for n in names), (path.name, node.lineno)
     assert not (ROOT / "exporter" / "nvml" / "scenarios.py").exists()
     assert not (ROOT / "exporter" / "nvml" / "synth.py").exists()
 
@@ -122,7 +123,7 @@ def test_a_killed_simulation_root_is_removed_by_the_next_one(tmp_path, monkeypat
     import tempfile
     import time
 
-    from exporter.simulate import Simulation
+    from exporter.tools.simulate import Simulation
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)  # the module caches gettempdir()
@@ -151,7 +152,7 @@ def test_a_killed_simulation_root_is_removed_by_the_next_one(tmp_path, monkeypat
 def test_the_simulated_node_s_acks_hold_across_its_scenario_sets(tmp_path):
     """Each set of scenario flags is a kernel log of its own (counts apart), on one node: its acks
     file is the node's, read by every set (the product's is keyed by the kernel log too)."""
-    from exporter.simulate.acks import SharedAcksFile
+    from exporter.tools.simulate.acks import SharedAcksFile
     from exporter.xid.store import ACKS_DOC, Ack, AcksFile, StateFile, XidStore
 
     pci, state = "00000000:53:00", str(tmp_path / "state")

@@ -18,12 +18,12 @@ import time
 
 import pytest
 
-from exporter import simulate
 from exporter.cli import main
 from exporter.collectors.xid import XidCollector
 from exporter.runner import Runner
 from exporter.state import file as state_file
 from exporter.state.file import MAX_STATE_BYTES
+from exporter.tools import simulate
 from exporter.xid import kmsg as kmsg_mod
 from exporter.xid.kmsg import KmsgReader
 from exporter.xid.service import one_shot

@@ -14,8 +14,8 @@ import requests
 from exporter import collectors
 from exporter.arguments import build_parser
 from exporter.runner import Runner
-from exporter.server import Server
 from exporter.startup import build_context
+from exporter.web.server import Server
 from tests.helpers import running_exporter
 
 

@@ -11,8 +11,8 @@ import pytest
 import requests
 
 from exporter.runner import Runner
-from exporter.server import Server
-from exporter.webconfig import ConfigError, load_web_config
+from exporter.web.server import Server
+from exporter.web.webconfig import ConfigError, load_web_config
 from tests.helpers import HANG_GUARD_S, ROOT, start_exporter, test_pool, value, wait_for
 from tests.test_runner import Probe
 

@@ -21,8 +21,8 @@ from exporter.attribution.ledger import Attribution
 from exporter.catalog import Families
 from exporter.collectors.workload import WorkloadCollector
 from exporter.deadline import Pool
-from exporter.landing import summarise
 from exporter.runner import Runner
+from exporter.web.landing import summarise
 from exporter.workload import slurm_cgroup, slurm_mapping
 from exporter.workload.model import Workload, WorkloadReading
 from exporter.workload.source import Kind, SlurmMappingKind, WorkloadSource

@@ -21,8 +21,8 @@ from exporter.arguments import build_parser
 from exporter.cli import main
 from exporter.lifecycle import shutdown
 from exporter.runner import Runner
-from exporter.server import Server
 from exporter.startup import build_context
+from exporter.web.server import Server
 from tests.helpers import promtool_check_metrics, samples, test_pool, wait_for
 
 METRIC = "gpu_xid_workload_last_seen_timestamp_seconds"

@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from exporter.simulate.nvml_synth import P5_BUSES
+from exporter.tools.simulate.nvml_synth import P5_BUSES
 from tests import test_workload_slurm as slurm_jobs
 from tests.helpers import HANG_GUARD_S, ROOT, samples, start_exporter, stop_within, wait_for
 from tests.test_slurm import NODE, SCRIPT, need

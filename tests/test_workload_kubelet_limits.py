@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.simulate.podresources_server import PodResourcesServer
+from exporter.tools.simulate.podresources_server import PodResourcesServer
 from exporter.workload import podresources_wire as wire
 from exporter.workload.kubelet import KubeletClient, KubeletError
 from exporter.workload.podresources import api_pb2

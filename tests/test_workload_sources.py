@@ -15,12 +15,12 @@ from exporter.catalog import Families
 from exporter.collectors.workload import WorkloadCollector, WorkloadSection, from_config
 from exporter.config import load
 from exporter.deadline import Pool
-from exporter.landing import summarise
 from exporter.nvml.fake import FakeBackend, load_capture
 from exporter.nvml.session import DeviceIdentity, NvmlSession
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
-from exporter.simulate.nvml_synth import node_capture
+from exporter.tools.simulate.nvml_synth import node_capture
+from exporter.web.landing import summarise
 from exporter.workload import slurm_cgroup, slurm_mapping
 from exporter.workload.model import Workload, WorkloadReading
 from exporter.workload.source import Kind, SlurmCgroupKind, SlurmMappingKind, WorkloadSource

@@ -32,7 +32,7 @@ from exporter.nvml.fake import FakeBackend, load_capture
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
-from exporter.simulate.nvml_synth import node_capture
+from exporter.tools.simulate.nvml_synth import node_capture
 from exporter.xid import kmsg as kmsg_mod
 from exporter.xid.service import one_shot
 from exporter.xid.sxid import SxidContinuation, SxidReport, parse_sxid

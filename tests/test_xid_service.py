@@ -14,7 +14,7 @@ from exporter.nvml.fake import FakeBackend, load_capture
 from exporter.nvml.session import NvmlSession
 from exporter.profiles import PROFILES
 from exporter.runner import Runner
-from exporter.simulate.nvml_synth import node_capture
+from exporter.tools.simulate.nvml_synth import node_capture
 from exporter.xid.nvlink import Decoded
 from exporter.xid.service import one_shot
 from exporter.xid.store import Ack
@@ -85,7 +85,7 @@ def test_every_variant_counts_once_with_its_tier(tmp_path):
 
 
 def test_multiline_xid_13_flood_and_bus_loss_reports_are_one_event_each(tmp_path):
-    from exporter.simulate.kmsg import bus_loss_lines, xid13_flood
+    from exporter.tools.simulate.kmsg import bus_loss_lines, xid13_flood
 
     msgs = xid13_flood(0) + bus_loss_lines(3)
     text = "".join(f"4,{i},{5_000_000 + i},-;{m}\n" for i, m in enumerate(msgs))

@@ -9,7 +9,7 @@ a Collector subclass declaring, besides its `name`:
 
 Registering a collector adds its section to the config schema (exporter.config owns that
 registry, so the config imports no collector). The composition root discovers the collectors
-(`discover`, or `collector_classes`) before it loads a config: exporter.cli, exporter.docs, the
+(`discover`, or `collector_classes`) before it loads a config: exporter.cli, exporter.tools.docs, the
 test suite's conftest, the benchmarks. The docs and the command line (--collector.<name>) read
 this registry too, so adding a collector is its module and its tests; tests/test_registry.py
 registers a toy one.

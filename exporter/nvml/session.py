@@ -2,7 +2,7 @@
 
 The composition root creates it once (Context.nvml) from the backend the process asks for: the
 real library (`NvmlSession.real()`), a capture to replay (`for_capture`), or any backend or
-backend factory (a simulated node's fake, exporter.simulate); the backend is only loaded (pynvml
+backend factory (a simulated node's fake, exporter.tools.simulate); the backend is only loaded (pynvml
 imported, a capture read) on the first `ensure()`, so a process that never uses NVML never pays
 for it. `ensure()` initialises NVML and reads each GPU's identity once.
 When NVML cannot be initialised (no driver, no library) the session still exists with `.error`

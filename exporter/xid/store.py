@@ -528,7 +528,7 @@ class StateFile(state_file.StateFile):
 
 class AcksFile(state_file.StateFile):
     """The acks file (`xid-acks.json`). Keyed by the boot and the kernel log as the XID state file
-    is (the simulated node's is shared by its kernel logs: exporter.simulate.acks).
+    is (the simulated node's is shared by its kernel logs: exporter.tools.simulate.acks).
 
     Its problems (unreadable, corrupt, a newer version's) are the XID state's: the daemon reports
     them with the XID state file's in gpu_health_exporter_state_file_ok and _errors_total, and

@@ -24,7 +24,7 @@ the start with exit status 2 and a message naming the file and the key.
 
 Basic auth guards every path but /healthz and /readyz, which carry no data, so liveness and
 readiness probes need no secret. A verified user and password is cached in memory (as an HMAC),
-so a scrape pays bcrypt's cost once, not every 15 s; the server (exporter.httpd) runs uncached
+so a scrape pays bcrypt's cost once, not every 15 s; the server (exporter.web.httpd) runs uncached
 checks on their own bounded threads and queue, so wrong passwords cannot take its workers. With
 client certificates required, probes need one too (use an exec or TCP probe, or
 VerifyClientCertIfGiven).

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from exporter.nvml.fake import FakeBackend, load_capture
-from exporter.simulate.nvml_scenarios import SCENARIOS, apply_scenarios
-from exporter.simulate.nvml_synth import node_capture
-from exporter.simulate.source import SimSource
+from exporter.tools.simulate.nvml_scenarios import SCENARIOS, apply_scenarios
+from exporter.tools.simulate.nvml_synth import node_capture
+from exporter.tools.simulate.source import SimSource
 
 
 def fake_backend(profile: Any, scenarios: Sequence[str] = (), latencies: bool = False,
@@ -20,7 +20,7 @@ def fake_backend(profile: Any, scenarios: Sequence[str] = (), latencies: bool = 
     fake = FakeBackend(node_capture(profile, capture or load_capture()), latencies=latencies)
     apply_scenarios(fake, scenarios, profile)
     if any(s.startswith("nccl-") for s in scenarios):  # the NCCL job's processes on its GPUs
-        from exporter.simulate.nccl_ras import nvml_processes
+        from exporter.tools.simulate.nccl_ras import nvml_processes
 
         nvml_processes(fake, profile.gpus)
     return fake

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from exporter.nvml.fake import new_uuid
 from exporter.profiles import Profile
-from exporter.simulate.nvml_synth import P5_BUSES
-from exporter.simulate.source import SimSource
+from exporter.tools.simulate.nvml_synth import P5_BUSES
+from exporter.tools.simulate.source import SimSource
 
 ONSET_S = 3.0
 SMS = 132  # H100 SXM streaming multiprocessors: an XID 13 flood logs ~3 lines per SM
@@ -105,7 +105,7 @@ def sxid_fatal(gpu: int) -> list[str]:
 
 def _scenario_lines(name: str) -> list[str]:
     """The driver's messages a scenario appends at its onset (none for scenarios of other sources)."""
-    from exporter.simulate.nvml_scenarios import FAULTY_GPU as F
+    from exporter.tools.simulate.nvml_scenarios import FAULTY_GPU as F
 
     return {
         "xid-63": [xid_line(2, 63, "Row Remapper: New row (0x0000000000ab12c0) marked for remapping, reset "
@@ -123,7 +123,7 @@ def _scenario_lines(name: str) -> list[str]:
                              "0x00000000 0x00000000 0x00000000"),
             xid_line(3, 149, "NETIR_BER_EVENT Nonfatal XC0 i0 Link 03 (0x00086226 0x00000001 0x00000000 "
                              "0x00000000 0x00000000 0x00000000)")],
-        # the kernel lines of the NVML scenarios (exporter/simulate/nvml_scenarios.py) that raise an XID
+        # the kernel lines of the NVML scenarios (exporter/tools/simulate/nvml_scenarios.py) that raise an XID
         "gpu-lost": bus_loss_lines(F),
         "gpu-ecc-dbe": [xid_line(F, 48, "An uncorrectable double bit error (DBE) has been detected on "
                                  "GPU in the framebuffer at partition 6, subpartition 0.")],

@@ -10,7 +10,7 @@ NodeVerdict, what the runner handed over); workloads, faults' workloads and prob
 the last collection's metric families (no coupling to the collectors beyond the metric names in
 the catalog). Plain HTML, no script: it renders the same with JavaScript off (a text browser, a
 locked-down jump host), which tests/test_landing_page.py checks in headless Chromium. Runbook links
-go to the exporter's own /runbooks.html (exporter.server), which the node always has."""
+go to the exporter's own /runbooks.html (exporter.web.server), which the node always has."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@
 - `k8s-pods`: two training pods hold half of the GPUs each (by UUID, as the NVIDIA device plugin
   names them), served by a tiny kubelet pod-resources v1 server on a unix socket under the root
   (workload.kubelet_socket), in a process of its own as a kubelet is
-  (exporter.simulate.podresources_server); it also lists a non-GPU device, which is not a GPU's
+  (exporter.tools.simulate.podresources_server); it also lists a non-GPU device, which is not a GPU's
   workload.
 
 Each scenario can run with the other; both start holding the GPUs at once."""
@@ -17,10 +17,10 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from exporter.simulate import job
-from exporter.simulate.kmsg import gpu_uuid
-from exporter.simulate.podresources_server import PodResourcesServer
-from exporter.simulate.source import SimSource
+from exporter.tools.simulate import job
+from exporter.tools.simulate.kmsg import gpu_uuid
+from exporter.tools.simulate.podresources_server import PodResourcesServer
+from exporter.tools.simulate.source import SimSource
 
 SLURM_JOB = "4242"
 PODS = (("training", "llama-pretrain-0", "trainer"), ("training", "llama-pretrain-1", "trainer"))
@@ -44,7 +44,8 @@ class WorkloadSimSource(SimSource):
     def __init__(self, root: Path, profile: Any, scenarios: set[str]) -> None:
         super().__init__(root, profile, scenarios)
         self.server: PodResourcesServer | None = None
-        self.requeue = "job-requeue" in scenarios  # exporter/simulate/job.py: the mapping goes and comes back
+        # exporter/tools/simulate/job.py: the mapping goes and comes back
+        self.requeue = "job-requeue" in scenarios
         self._mapped = False
 
     @property

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.profiles import Profile
-from exporter.simulate.source import SimSource
+from exporter.tools.simulate.source import SimSource
 
 STALL_AT_S = 20.0
 RECOVER_AT_S = 60.0

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from exporter.profiles import Profile
-from exporter.simulate import job
-from exporter.simulate.source import SimSource
+from exporter.tools.simulate import job
+from exporter.tools.simulate.source import SimSource
 
 BASIC = ["tx_bytes", "tx_pkts", "rx_bytes", "rx_pkts", "rx_drops"]
 MESSAGES = ["send_bytes", "send_wrs", "recv_bytes", "recv_wrs",
@@ -168,7 +168,7 @@ class EfaSim(SimSource):
 
     def __init__(self, root: Path, profile: Profile, scenarios: set[str]) -> None:
         super().__init__(root, profile, scenarios)
-        # training-job scenarios (exporter/simulate/job.py): traffic flat while the job waits,
+        # training-job scenarios (exporter/tools/simulate/job.py): traffic flat while the job waits,
         # retransmits on a degraded node
         self.job = job.job_scenarios(scenarios)
         self.hang_path: Path | None = None

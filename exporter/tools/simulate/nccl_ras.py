@@ -36,7 +36,7 @@ from typing import Any
 
 from exporter.nccl.model import OPS
 from exporter.profiles import Profile
-from exporter.simulate.source import Shape, SimSource
+from exporter.tools.simulate.source import Shape, SimSource
 
 HUGE_BYTES = 50 * 1000 * 1000
 WORLD_HASH = "b10db1a1153c041c"
@@ -633,7 +633,7 @@ SOURCE = NcclSimSource
 
 def main(argv: list[str] | None = None) -> None:
     """A shared fake RAS server for the simulated nodes of one job:
-    `python -m exporter.simulate.nccl_ras --nodes 2 --scenario nccl-lagging-rank --culprit-node 1`
+    `python -m exporter.tools.simulate.nccl_ras --nodes 2 --scenario nccl-lagging-rank --culprit-node 1`
     prints `listening on 127.0.0.1:PORT` and plays the scenario until killed; each node runs with
     `--scenario slurm-job --scenario nccl-job --simulate.nccl-ras-port PORT --simulate.nccl-node K`."""
     import argparse

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exporter.profiles import Profile
-from exporter.simulate.source import SimSource
+from exporter.tools.simulate.source import SimSource
 
 if TYPE_CHECKING:
     # Imported when the scenario runs: http.server loads http.client, ssl and email (~5 MiB RSS,

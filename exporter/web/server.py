@@ -1,5 +1,5 @@
 """The HTTP endpoint: the telemetry path (/metrics), the landing page, /healthz and /readyz, on
-exporter.httpd.
+exporter.web.httpd.
 
 - /metrics: the runner's collection (shared with concurrent scrapes) plus the process_* metrics,
   rendered directly (exporter.exposition) in the format and encoding the client asks for (406
@@ -15,7 +15,7 @@ exporter.httpd.
   server runs one in the background at start, so a pod becomes Ready without waiting for
   Prometheus. Both are answered on the server's event loop (never behind its workers or a
   password check) and without credentials (they carry no data), so probes need no secret.
-- Basic auth (when the web config has users) guards everything else; exporter.httpd runs it.
+- Basic auth (when the web config has users) guards everything else; exporter.web.httpd runs it.
   TLS is the transport's.
 """
 
@@ -29,14 +29,14 @@ from urllib.parse import parse_qs
 from exporter.collection import Collection
 from exporter.config import Config
 from exporter.exposition import choose_encoding, encode, negotiate
-from exporter.httpd import HttpServer, Limits, Request, Response
-from exporter.landing import render_page
 from exporter.metric import Metric
 from exporter.process import process_metrics
 from exporter.runner import Runner
-from exporter.webconfig import BasicAuth, WebConfig
+from exporter.web.httpd import HttpServer, Limits, Request, Response
+from exporter.web.landing import render_page
+from exporter.web.webconfig import BasicAuth, WebConfig
 
-log = logging.getLogger("exporter.server")
+log = logging.getLogger("exporter.web.server")
 
 LANDING_MAX_AGE_S = 5.0  # `/` collects again when its reading is older than this
 RUNBOOKS_PATH = "/runbooks.html"  # the runbooks, which the landing page links to

@@ -1,6 +1,6 @@
 """The simulated node's acknowledgements hold whatever its scenario flags.
 
-Each set of `--scenario` flags is a kernel log of its own (exporter.simulate.kmsg), so its XID
+Each set of `--scenario` flags is a kernel log of its own (exporter.tools.simulate.kmsg), so its XID
 counts are kept apart from another set's (the state file records the log its counts came from).
 It is still one node, with one boot id: an `ack` made with some flags must hold in a run with
 others. So the simulated node's acks file (handed to the XidService by the composition root) is

@@ -1,17 +1,17 @@
 """Build the release a user takes whole, from a checkout: one command, also run by .ci/run.
 
-    python -m exporter.release [--out dist]
+    python -m exporter.tools.release [--out dist]
 
 writes
 - dist/gpu_health_exporter-VERSION-py3-none-any.whl: the package, carrying the rules, runbooks
   (markdown and rendered HTML), dashboards, example configs and deploy/ as package data
-  (exporter/share.py; `python -m exporter.deploygen --out DIR` writes them out);
+  (exporter/share.py; `python -m exporter.tools.deploygen --out DIR` writes them out);
 - dist/gpu-health-exporter-VERSION.tgz: the Helm chart (deploy/helm/gpu-health-exporter) packaged as
   `helm package` does (the chart directory in a gzipped tar), carrying this release's rules,
   dashboards and runbooks: `helm install gpu-health-exporter gpu-health-exporter-VERSION.tgz`;
 - dist/gpu-health-exporter-VERSION.tar.gz: gpu-health-exporter-VERSION/ with that wheel, that chart
   and the same files ready to copy (rules/, dashboards/, deploy/, docs/ with runbooks.html,
-  README.md), as `python -m exporter.deploygen --out` renders them with the default runbook base.
+  README.md), as `python -m exporter.tools.deploygen --out` renders them with the default runbook base.
 and prints each file's size, and writes those sizes into docs/deploy.md ("The release"), so the
 docs give the sizes of the last build, never a figure typed by hand.
 
@@ -37,8 +37,8 @@ import tempfile
 from pathlib import Path
 
 from exporter import __version__, share
-from exporter.deploygen import render_copy
 from exporter.rules import DEFAULT_RUNBOOK_BASE
+from exporter.tools.deploygen import render_copy
 
 NAME = "gpu-health-exporter"
 CHART = f"deploy/helm/{NAME}"
@@ -148,12 +148,12 @@ def sizes_in_doc(root: Path | None = None) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m exporter.release", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m exporter.tools.release", description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(share.CHECKOUT / "dist"), metavar="DIR",
                    help="Directory for the wheel and the tarball (default: %(default)s).")
     args = p.parse_args(argv)
     if not share.in_checkout():
-        print(share.not_in_checkout("python -m exporter.release"), file=sys.stderr)
+        print(share.not_in_checkout("python -m exporter.tools.release"), file=sys.stderr)
         return 2
     out = Path(args.out)
     wheel = build_wheel(out)

@@ -40,7 +40,6 @@ request bodies; pipelined requests are served one after another.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import logging
@@ -56,10 +55,13 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
 
-if TYPE_CHECKING:
-    import ssl  # the caller imports it when TLS is configured (exporter.webconfig)
+from exporter.web import aio
+from exporter.web.aio import asyncio  # without ssl unless TLS is on (exporter/web/aio.py)
 
-log = logging.getLogger("exporter.httpd")
+if TYPE_CHECKING:
+    import ssl  # the caller imports it when TLS is configured (exporter.web.webconfig)
+
+log = logging.getLogger("exporter.web.httpd")
 
 MAX_HEAD_BYTES = 16 * 1024  # request line and headers; larger heads get 431
 ALLOWED_METHODS = ("GET", "HEAD")
@@ -129,7 +131,7 @@ Quick = Callable[[Request], "Response | None"]
 
 
 class Authenticator(Protocol):
-    """Checks an Authorization header (exporter.webconfig.BasicAuth)."""
+    """Checks an Authorization header (exporter.web.webconfig.BasicAuth)."""
 
     realm: str
 
@@ -176,6 +178,8 @@ class HttpServer:
             log.warning("max_connections lowered from %d to %d to fit the open-file limit",
                         limits.max_connections, self.max_connections)
         self.ssl_context = ssl_context
+        if ssl_context is not None:
+            aio.with_ssl()
         self.extra_headers = list(extra_headers or [])
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.create_server((host, port), family=family, backlog=BACKLOG, reuse_port=False)

@@ -5,7 +5,7 @@ module (exporter/workload/podresources/api_pb2).
 It runs in a process of its own, as a real kubelet does, so the exporter's threads and memory are
 its own (docs/performance.md): `PodResourcesServer` starts
 
-    python -m exporter.simulate.podresources_server SOCKET PODS_JSON
+    python -m exporter.tools.simulate.podresources_server SOCKET PODS_JSON
 
 which binds SOCKET, prints `ready`, serves until its stdin closes (its parent exited, however it
 exited) and removes SOCKET. PODS_JSON: [[namespace, pod, container, resource, [device ids]], ...].
@@ -140,7 +140,8 @@ class PodResourcesServer:
         # the exporter's: tests/test_runtime_imports.py reads that log as what the exporter imported.
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPROFILEIMPORTTIME"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter.simulate.podresources_server", socket_path, json.dumps(pods)],
+            [sys.executable, "-m", "exporter.tools.simulate.podresources_server", socket_path,
+             json.dumps(pods)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env={**env, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
         line = self.proc.stdout.readline() if self.proc.stdout else ""

@@ -1,16 +1,16 @@
 """Regenerate every generated file of the checkout, or say which are stale (a checkout tool: it
-refuses to run from an installed package, like exporter.docs).
+refuses to run from an installed package, like exporter.tools.docs).
 
-    .venv/bin/python -m exporter.generate            # rewrite what is stale, name each file written
-    .venv/bin/python -m exporter.generate --check    # write nothing; name each stale file, exit 1 if any
-    .venv/bin/python -m exporter.generate --only docs --only golden   # some generators only
+    .venv/bin/python -m exporter.tools.generate            # rewrite what is stale, name each file written
+    .venv/bin/python -m exporter.tools.generate --check    # write nothing; name each stale file, exit 1 if so
+    .venv/bin/python -m exporter.tools.generate --only docs --only golden   # some generators only
 
 One command for every file made from another source (CI runs `--check`: .ci/run):
 
-- job-rules: rules/job.yml (exporter.job_rules' default settings) and its promtool suites
+- job-rules: rules/job.yml (exporter.tools.job_rules' default settings) and its promtool suites
   tests/rules/job.test.yml and job_day.test.yml (tests/job_cases.py);
 - docs: docs/metrics.md, docs/configuration.md, from the metric catalog and the config schema
-  (exporter.docs);
+  (exporter.tools.docs);
 - dashboards: dashboards/*.json and the panel reference in docs/dashboards.md, from
   dashboards/*.py (dashboards.build);
 - golden: tests/fixtures/golden/*.prom, a pinned simulated node's /metrics (tests/golden.py);
@@ -18,7 +18,7 @@ One command for every file made from another source (CI runs `--check`: .ci/run)
   and docs/*.md, from the tree (the claims tests/test_doc_claims.py checks), and the simulated
   p5.48xlarge's "N default series" and "N series with every detail level", from the golden files;
 - deploy: the PrometheusRule, dashboard and runbook components under
-  deploy/kubernetes/components/, from rules/, dashboards/ and docs/runbooks.md (exporter.deploygen);
+  deploy/kubernetes/components/, from rules/, dashboards/ and docs/runbooks.md (exporter.tools.deploygen);
 - podresources: exporter/workload/podresources/api_pb2.py, from api.proto (grpc_tools.protoc).
 
 Not here, because they are measurements rather than functions of the tree: docs/performance.md's
@@ -38,14 +38,15 @@ from pathlib import Path
 
 from exporter import share
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # A generator: every path it owns -> the text it must hold (None: the path must not exist).
 Generator = Callable[[], "dict[Path, str | None]"]
 
 
 def _docs() -> dict[Path, str | None]:
-    from exporter import collectors, docs
+    from exporter import collectors
+    from exporter.tools import docs
 
     collectors.discover()
     return dict(docs.expected())
@@ -62,7 +63,7 @@ def _dashboards() -> dict[Path, str | None]:
 
 
 def _deploy() -> dict[Path, str | None]:
-    from exporter import deploygen
+    from exporter.tools import deploygen
 
     want: dict[Path, str | None] = dict(deploygen.expected())
     for d in (deploygen.DASHBOARDS_OUT, deploygen.RUNBOOKS_OUT):
@@ -176,7 +177,7 @@ def _golden() -> dict[Path, str | None]:
 # In order, each before what reads its output: the dashboards' JSON files before the counts of
 # dashboards (doc-lists), docs/runbooks.md's lists before the runbooks' ConfigMap (deploy).
 def _job_rules() -> dict[Path, str | None]:
-    from exporter import job_rules
+    from exporter.tools import job_rules
     from tests import job_cases
 
     return {ROOT / "rules" / "job.yml": job_rules.render(),
@@ -205,14 +206,14 @@ def stale(want: dict[Path, str | None]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m exporter.generate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m exporter.tools.generate", description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true",
                    help="write nothing; name each stale file and exit 1 if any")
     p.add_argument("--only", action="append", choices=sorted(GENERATORS), metavar="NAME",
                    help=f"run this generator only (repeatable): {', '.join(GENERATORS)}")
     args = p.parse_args(argv)
     if not share.in_checkout():  # installed: there is no checkout to regenerate
-        print(share.not_in_checkout("python -m exporter.generate"), file=sys.stderr)
+        print(share.not_in_checkout("python -m exporter.tools.generate"), file=sys.stderr)
         return 2
     found = 0
     for name, gen in GENERATORS.items():
@@ -234,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_text(text)
                 print(f"wrote ({name}): {rel}")
     if args.check and found:
-        print(f"{found} generated file(s) stale: run .venv/bin/python -m exporter.generate, review the diff",
-              file=sys.stderr)
+        print(f"{found} generated file(s) stale: run .venv/bin/python -m exporter.tools.generate, "
+              "review the diff", file=sys.stderr)
         return 1
     return 0
 

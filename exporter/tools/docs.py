@@ -1,8 +1,8 @@
 """Generate docs/metrics.md and docs/configuration.md from the catalog and the config schema.
 
-`python -m exporter.docs` rewrites both in a checkout (and refuses to run from an installed
+`python -m exporter.tools.docs` rewrites both in a checkout (and refuses to run from an installed
 package), `--check` names the stale ones; tests/test_docs.py fails when they drift from the code.
-`python -m exporter.generate` regenerates these with every other generated file.
+`python -m exporter.tools.generate` regenerates these with every other generated file.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import json
 import sys
 from pathlib import Path
 
-from exporter import collectors, config, migration, webconfig
+from exporter import collectors, config, migration
 from exporter.catalog import MetricSpec, all_specs
+from exporter.web import webconfig
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 OWN_PREFIX = "gpu_health_exporter_"
 
@@ -48,8 +49,8 @@ def metrics_md() -> str:
     lines = [
         "# Metrics",
         "",
-        "Generated from the metric catalog by `python -m exporter.docs` (in a checkout); do not edit by "
-        "hand.",
+        "Generated from the metric catalog by `python -m exporter.tools.docs` (in a checkout); do not edit "
+        "by hand.",
         "Every series of a GPU metric carries `gpu` (index), `uuid` and `pci_bus_id` unless said otherwise.",
         "\"exported by\" says which detail level exports the metric: `default` (the default config), or "
         "the setting that adds it (docs/configuration.md: `efa.counters`, `gpu.detail`).",
@@ -81,7 +82,8 @@ def configuration_md() -> str:
     lines = [
         "# Configuration",
         "",
-        "Generated from the config schema by `python -m exporter.docs` (in a checkout); do not edit by hand.",
+        "Generated from the config schema by `python -m exporter.tools.docs` (in a checkout); do not edit "
+        "by hand.",
         "",
         "The exporter reads one YAML file (`--config FILE`). Every key is optional; the defaults below "
         "apply. Every key is validated at start-up: an unknown key, a wrong type or an impossible value "
@@ -139,12 +141,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from exporter import share
 
-    p = argparse.ArgumentParser(prog="python -m exporter.docs", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m exporter.tools.docs", description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true",
                    help="write nothing; name each stale file and exit 1 (tests/test_docs.py checks the same)")
     args = p.parse_args(argv)
     if not share.in_checkout():  # installed: DOCS would be site-packages/docs
-        print(share.not_in_checkout("python -m exporter.docs"), file=sys.stderr)
+        print(share.not_in_checkout("python -m exporter.tools.docs"), file=sys.stderr)
         return 2
     want = expected()
     stale = [path for path, text in want.items() if not path.exists() or path.read_text() != text]

@@ -1,6 +1,6 @@
 """The Kubernetes deployment as one model: the kustomize base, components and active-check Job under
 deploy/kubernetes, read and patched the way kustomize does, for the generator of the Helm chart
-(exporter.helmchart) to take every object, field and value from.
+(exporter.tools.helmchart) to take every object, field and value from.
 
 The kustomize files are the source (hand-written, commented): the base DaemonSet, its config, and
 each component's JSON patch and RBAC. `daemonset(components)` is the base with the named components'
@@ -98,7 +98,7 @@ def apply_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any
             if parent[key] != op["value"]:
                 raise ValueError(f"patch test failed at {op['path']}: {parent[key]!r} != {op['value']!r}")
         else:
-            raise ValueError(f"JSON patch op {kind!r} is not supported by exporter.deploymodel")
+            raise ValueError(f"JSON patch op {kind!r} is not supported by exporter.tools.deploymodel")
     return doc
 
 

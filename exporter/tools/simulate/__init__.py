@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.dmi import PRODUCT_NAME
 from exporter.profiles import PROFILES, SIMULATED
-from exporter.simulate.source import Shape, SimSource
+from exporter.tools.simulate.source import Shape, SimSource
 
 if TYPE_CHECKING:
     from exporter.collector import Context
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from exporter.nvml.fake import FakeBackend
     from exporter.xid.store import AcksFile
 
-log = logging.getLogger("exporter.simulate")
+log = logging.getLogger("exporter.tools.simulate")
 
 
 def source_classes() -> list[type[SimSource]]:
@@ -104,7 +104,7 @@ class SimulatedSources:
     statvfs: Callable[[str], os.statvfs_result]  # answers for its mounts
     imds_url: str | None  # its fake IMDS on 127.0.0.1; None: IMDS off
     kmsg_source: str  # what names its kernel log in the state files
-    xid_acks_file: type[AcksFile]  # keeps its acks across scenario flags (exporter.simulate.acks)
+    xid_acks_file: type[AcksFile]  # keeps its acks across scenario flags (exporter.tools.simulate.acks)
 
     def config(self) -> dict[str, Any]:
         """The config layer it makes, between the file and the flags: its roots and settings."""
@@ -165,7 +165,7 @@ class Simulation:
     def prepare(self, nvml_latencies: bool = False) -> SimulatedSources:
         """Build the node (unless built) and return what it hands the composition root."""
         from exporter import collectors
-        from exporter.simulate.acks import SharedAcksFile
+        from exporter.tools.simulate.acks import SharedAcksFile
 
         collectors.collector_classes()  # every section its settings are in is declared
         self.build()
@@ -196,7 +196,7 @@ class Simulation:
     # -- the backends the composition root hands to the Context ------------------------------
     def nvml_backend(self, latencies: bool = False) -> FakeBackend:
         """A fake NVML of this node's GPUs with its `gpu-*` scenarios (one per NVML session)."""
-        from exporter.simulate.nvml import fake_backend
+        from exporter.tools.simulate.nvml import fake_backend
 
         fake = fake_backend(self.profile, sorted(self.scenarios), latencies=latencies)
         if self._played is not None:
@@ -206,7 +206,7 @@ class Simulation:
 
     def statvfs(self, path: str) -> os.statvfs_result:
         """What statvfs answers for the simulated node's mounts (written by its Lustre source)."""
-        from exporter.simulate.lustre import fake_statvfs
+        from exporter.tools.simulate.lustre import fake_statvfs
 
         return fake_statvfs(self.root)(path)
 

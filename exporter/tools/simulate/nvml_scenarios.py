@@ -14,8 +14,8 @@ from typing import Any
 from exporter.nvml import backend as nv
 from exporter.nvml.backend import FABRIC_INFO, NVML_ERROR_IN_USE, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN
 from exporter.nvml.fake import FakeBackend
-from exporter.simulate import job
-from exporter.simulate.nvml_synth import TRAINING_LEVELS, TRAINING_UTIL, activity_levels, fabric_entry
+from exporter.tools.simulate import job
+from exporter.tools.simulate.nvml_synth import TRAINING_LEVELS, TRAINING_UTIL, activity_levels, fabric_entry
 
 ONSET_S = 3.0
 FAULTY_GPU = 3
@@ -184,7 +184,7 @@ def _mig_mode(f: FakeBackend, p: Any) -> None:
     f.fail(FAULTY_GPU, "nvmlGpmSampleGet", NVML_ERROR_NOT_SUPPORTED)
 
 
-# Training-job scenarios (exporter/simulate/job.py): GPM levels during the stall window.
+# Training-job scenarios (exporter/tools/simulate/job.py): GPM levels during the stall window.
 NCCL_SPIN_LEVELS = {**activity_levels(0.0), nv.GPM_SM_UTIL: 20.0, nv.GPM_SM_OCCUPANCY: 3.0}
 STRAGGLER_LEVELS = {**activity_levels(TRAINING_UTIL), nv.GPM_SM_UTIL: 97.0, nv.GPM_ANY_TENSOR_UTIL: 90.0}
 
@@ -355,7 +355,7 @@ SCENARIOS: dict[str, tuple[str, Callable[[FakeBackend, Any], None]]] = {
 }
 
 
-# The GPU side of the training-job scenarios (registered by exporter/simulate/job.py).
+# The GPU side of the training-job scenarios (registered by exporter/tools/simulate/job.py).
 JOB_SCENARIOS: dict[str, Callable[[FakeBackend, Any], None]] = {
     "job-wait": _job_spin, "job-nccl-hang": _job_spin, "job-storage-stall": _job_idle,
     "job-checkpoint": _job_idle, "job-xid79": _job_xid79, "job-thermal-straggler": _job_thermal,

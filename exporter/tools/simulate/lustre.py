@@ -24,8 +24,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from exporter.profiles import Profile
-from exporter.simulate import job
-from exporter.simulate.source import SimSource
+from exporter.tools.simulate import job
+from exporter.tools.simulate.source import SimSource
 
 FSNAME = "abcdefgh"
 MOUNTPOINT = "/fsx"
@@ -91,7 +91,7 @@ class LustreSim(SimSource):
 
     def __init__(self, root: Path, profile: Profile, scenarios: set[str], osts: int | None = None) -> None:
         super().__init__(root, profile, scenarios)
-        # training-job scenarios (exporter/simulate/job.py): a training node reads and writes little;
+        # training-job scenarios (exporter/tools/simulate/job.py): a training node reads and writes little;
         # a checkpoint writes; a storage stall is evicted, slow and reads nothing
         self.job = job.job_scenarios(scenarios)
         self.osts = osts if osts is not None else getattr(profile, "lustre_osts", None) or OSTS
@@ -99,7 +99,7 @@ class LustreSim(SimSource):
             raise ValueError(f"simulated Lustre OST count {self.osts} is not between 1 and 65536")
 
     def configure(self, shape: Any) -> None:
-        """`--simulate.lustre-osts` (exporter.simulate.Shape)."""
+        """`--simulate.lustre-osts` (exporter.tools.simulate.Shape)."""
         if shape.lustre_osts is not None:
             self.osts = shape.lustre_osts
 

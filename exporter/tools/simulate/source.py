@@ -1,6 +1,6 @@
 """What a simulated source is (`SimSource`) and the node's shape it is given (`Shape`): the base
 the source modules of this package build on, apart from the Simulation that discovers them
-(exporter.simulate), so they import nothing that imports them."""
+(exporter.tools.simulate), so they import nothing that imports them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from exporter.profiles import Profile
 
-MAX_GPUS = 16  # distinct PCI buses the synthesised node has (exporter/simulate/nvml_synth.py)
+MAX_GPUS = 16  # distinct PCI buses the synthesised node has (exporter/tools/simulate/nvml_synth.py)
 
 
 @dataclass(frozen=True)
