@@ -352,6 +352,20 @@ def test_a_live_fault_without_a_reading_after_it_is_unknown_never_the_last_scrap
     assert fa.xid("00000000:53:00", 95, c.wall, kernel_s=c.mono).workloads is None
 
 
+
+def test_an_xid_logged_just_before_the_daemon_started_is_backlog_not_the_next_jobs():
+    """A record logged a second before start-up was read as live (under LIVE_S old): the first
+    reading, taken after a new job took the GPU, named that job (a loaded host's start-up order)."""
+    c = Clock()
+    h = WorkloadHistory()
+    fa = FaultAttribution(h, Ids(), mono=lambda: c.mono, wall=lambda: c.wall)  # the daemon starts
+    c.advance(0.5)
+    h.observe(WorkloadReading(c.wall, {U[0]: (job("5555"),)}, c.mono))  # its first reading
+    fa.fresh = lambda nb: WorkloadReading(c.wall, {U[0]: (job("5555"),)}, c.mono)
+    assert fa.xid("00000000:53:00", 31, c.wall - 1.5, kernel_s=c.mono - 1.5).workloads is None
+    c.advance(0.5)
+    assert fa.xid("00000000:53:00", 79, c.wall, kernel_s=c.mono).workloads == (job("5555"),)  # live
+
 # -- text ------------------------------------------------------------------------------------------
 def report(reasons, xids, hits, node_reasons=None):
     return {"node": {"verdict": "replace_required", "reasons": node_reasons or [], "gpu_count": 8,
