@@ -1,6 +1,6 @@
 """The promtool cases written for a defect fail on the rules as they were before its fix (the
-fixtures under tests/fixtures/rules_before_issue*), with the real promtool: a file of its own, so
-its promtool runs go to another xdist worker than the suites' (tests/test_rules_suites.py)."""
+fixtures under tests/fixtures/rules_before_issue*), with the real promtool. Its tests are
+independent (`spread`: under xdist each goes to whichever worker is free, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import yaml
 
 from tests.helpers import HANG_GUARD_S, ROOT, promtool
 from tests.rules_lint import SUITES_DIR, load
+
+pytestmark = pytest.mark.spread
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
