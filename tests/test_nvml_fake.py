@@ -19,7 +19,7 @@ from exporter.nvml.session import NvmlSession, pci_key
 from exporter.profiles import PROFILES
 from exporter.simulate.nvml import fake_backend
 from exporter.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S, SCENARIOS
-from tests.helpers import FIXTURES, test_pool
+from tests.helpers import FIXTURES, START_HANG_GUARD_S, test_pool
 
 CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"
 
@@ -168,7 +168,7 @@ def test_hang_blocks_until_released(fake):
                      daemon=True).start()
     assert not done.wait(0.2)
     fake.release()
-    assert done.wait(2)
+    assert done.wait(START_HANG_GUARD_S)
 
 
 def test_fail_and_set_error(fake):

@@ -27,7 +27,7 @@ from exporter.workload import slurm_cgroup, slurm_mapping
 from exporter.workload.model import Workload, WorkloadReading
 from exporter.workload.source import Kind, SlurmMappingKind, WorkloadSource
 from exporter.xid.store import Ack
-from tests.helpers import HANG_GUARD_S, ROOT, samples, scrape, test_pool, value
+from tests.helpers import HANG_GUARD_S, ROOT, START_HANG_GUARD_S, samples, scrape, test_pool, value
 from tests.test_shell_scripts import unguarded_array_expansions
 from tests.test_workload_attribution import drain_reason
 from tests.test_workload_sources import GPUS, U, collector_ctx, job
@@ -324,15 +324,15 @@ def test_the_fresh_reading_of_a_live_fault_starts_after_it_never_joins_one_in_fl
         src = WorkloadSource([kind], 5.0, 8, pool)
         scrape_ = threading.Thread(target=src.observe, args=(GPUS[:1],))
         scrape_.start()
-        assert kind.started.wait(10)
+        assert kind.started.wait(START_HANG_GUARD_S)
         kind.world = {U[0]: (POD,)}  # the pod takes the GPU; the fault follows
         fault = time.monotonic()
         got = []
         t = threading.Thread(target=lambda: got.append(src.observe(GPUS[:1], not_before=fault)))
         t.start()
         kind.gate.set()
-        t.join(10)
-        scrape_.join(10)
+        t.join(START_HANG_GUARD_S)
+        scrape_.join(START_HANG_GUARD_S)
         assert got[0].reading.by_uuid == {U[0]: (POD,)} and got[0].reading.mono >= fault
         assert kind.calls == 2
     finally:
