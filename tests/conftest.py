@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
     raise_fd_limit()  # process start-up, as the exporter's (EFA keeps its counter files open)
     config.addinivalue_line("markers", "unit: the fast in-process tier (set by tests/conftest.py)")
     config.addinivalue_line("markers", "spread: the module's tests are independent: xdist may run each "
-                                       "on any worker (tests/conftest.py, _group)")
+                                       "on any worker (tests/conftest.py, pytest_xdist_make_scheduler)")
 
 
 # Words in a test module's source that mean it starts a real program, a whole (simulated) node or
@@ -52,18 +53,22 @@ def pytest_configure(config: pytest.Config) -> None:
 STARTS_PROGRAMS = ("subprocess", "Popen", "start_exporter", "start_listening", "served_base", "promtool",
                    "sys.executable", "hypothesis", "exporter.release", "wait_until_serving", "--simulate",
                    "main(")
-_module_tier: dict[str, bool] = {}
+_module_text: dict[str, str] = {}
+
+
+def _source(path: Path) -> str:
+    """A test module's source, read once (the tier and the scheduler judge a module by it)."""
+    key = str(path)
+    if key not in _module_text:
+        try:
+            _module_text[key] = path.read_text()
+        except OSError:
+            _module_text[key] = "subprocess"  # unreadable: not unit, not spread
+    return _module_text[key]
 
 
 def _unit_module(path: Path) -> bool:
-    key = str(path)
-    if key not in _module_tier:
-        try:
-            text = path.read_text()
-        except OSError:
-            text = "subprocess"
-        _module_tier[key] = not any(w in text for w in STARTS_PROGRAMS)
-    return _module_tier[key]
+    return not any(w in _source(path) for w in STARTS_PROGRAMS)
 
 
 # The modules that take longest on the 2-core CI (seconds from `pytest --durations`, idle host),
@@ -104,17 +109,6 @@ def _rank(item: pytest.Item) -> int:
 # others idle (tests/test_rules_suites.py: a promtool suite a test). The scheduler runs in xdist's
 # controller, which sees test ids only: it reads the module's source, as the unit tier does.
 SPREAD = "pytestmark = pytest.mark.spread"
-_module_spread: dict[str, bool] = {}
-
-
-def _spread_module(path: Path) -> bool:
-    key = str(path)
-    if key not in _module_spread:
-        try:
-            _module_spread[key] = SPREAD in path.read_text()
-        except OSError:
-            _module_spread[key] = False
-    return _module_spread[key]
 
 
 def _check_spread(item: pytest.Item) -> None:
@@ -126,7 +120,7 @@ def _check_spread(item: pytest.Item) -> None:
                                 "every worker that runs one of its tests would build them")
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - xdist's types
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:  # xdist's Scheduling
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -136,7 +130,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - x
     class SpreadOrFile(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return nodeid if _spread_module(root / module) else module
+            return nodeid if SPREAD in _source(root / module) else module
 
     return SpreadOrFile(config, log)
 

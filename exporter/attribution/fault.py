@@ -1,12 +1,12 @@
 """FaultAttribution: the workloads a counted event hit, into the ledger.
 
 - A live event (it happened while this daemon ran, and was counted at most LIVE_S after it, on
-  the monotonic clock) is attributed
-  from a reading of the workload source that started at or after the event: the last reading
-  heard when it did and observed the GPU(s), else a fresh one it asks for (never one that was in
-  flight when the event happened). That reading sees the GPU as the event left it: a job started
-  since the last scrape is on it, one that died of the event is not gone yet (its epilog runs
-  seconds later). Without such a reading the answer is unknown: it could not tell.
+  the monotonic clock) is attributed from a reading of the workload source that started at or
+  after the event: the last reading heard when it did and observed the GPU(s), else a fresh one
+  it asks for (never one that was in flight when the event happened). That reading sees the GPU
+  as the event left it: a job started since the last scrape is on it, one that died of the event
+  is not gone yet (its epilog runs seconds later). Without such a reading the answer is unknown:
+  it could not tell.
 - Any other event (the kernel-log backlog, however recent; an event counted late) is attributed
   from the history (exporter.attribution.history: a set seen on both sides of it, else unknown).
   A record logged a second before the daemon started is backlog too: the daemon was not there to
