@@ -200,8 +200,9 @@ def test_events_deliver_time_out_and_report_lost_gpu(fake):
     fake.lose(0)
     t = time.perf_counter()
     with pytest.raises(NvmlError) as e:
-        fake.event_wait(es, 5000)
-    assert e.value.gpu_lost and time.perf_counter() - t < 1
+        fake.event_wait(es, 120_000)
+    # at once, not after the two minutes asked for (half of them is a margin no loaded host uses up)
+    assert e.value.gpu_lost and time.perf_counter() - t < 60
     fake.event_set_free(es)
 
 
