@@ -112,6 +112,9 @@ SPREAD = "pytestmark = pytest.mark.spread"
 
 
 def _check_spread(item: pytest.Item) -> None:
+    if SPREAD not in _source(Path(str(item.fspath))):  # what the scheduler reads
+        raise pytest.UsageError(f"{item.nodeid} is marked spread otherwise than by `{SPREAD}`: "
+                                "xdist would keep its tests on one worker")
     info = getattr(item, "_fixtureinfo", None)
     wide = sorted({d.argname for defs in (info.name2fixturedefs.values() if info else ())
                    for d in defs if d.scope not in ("function", "session")})
