@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +44,8 @@ def pytest_configure(config: pytest.Config) -> None:
     collectors.discover()
     raise_fd_limit()  # process start-up, as the exporter's (EFA keeps its counter files open)
     config.addinivalue_line("markers", "unit: the fast in-process tier (set by tests/conftest.py)")
+    config.addinivalue_line("markers", "spread: the module's tests are independent: xdist may run each "
+                                       "on any worker (tests/conftest.py, pytest_xdist_make_scheduler)")
 
 
 # Words in a test module's source that mean it starts a real program, a whole (simulated) node or
@@ -50,39 +53,45 @@ def pytest_configure(config: pytest.Config) -> None:
 STARTS_PROGRAMS = ("subprocess", "Popen", "start_exporter", "start_listening", "served_base", "promtool",
                    "sys.executable", "hypothesis", "exporter.tools.release", "wait_until_serving",
                    "--simulate", "main(")
-_module_tier: dict[str, bool] = {}
+_module_text: dict[str, str] = {}
+
+
+def _source(path: Path) -> str:
+    """A test module's source, read once (the tier and the scheduler judge a module by it)."""
+    key = str(path)
+    if key not in _module_text:
+        try:
+            _module_text[key] = path.read_text()
+        except OSError:
+            _module_text[key] = "subprocess"  # unreadable: not unit, not spread
+    return _module_text[key]
 
 
 def _unit_module(path: Path) -> bool:
-    key = str(path)
-    if key not in _module_tier:
-        try:
-            text = path.read_text()
-        except OSError:
-            text = "subprocess"
-        _module_tier[key] = not any(w in text for w in STARTS_PROGRAMS)
-    return _module_tier[key]
+    return not any(w in _source(path) for w in STARTS_PROGRAMS)
 
 
 # The modules that take longest on the 2-core CI (seconds from `pytest --durations`, idle host),
 # longest first: run first, so that under pytest-xdist (.ci/run: --dist loadfile
-# --no-loadscope-reorder) the two workers end together instead of one finishing a two-minute module
-# alone while the other idles. xdist's own order (most tests first) put exactly these one-to-three
+# --no-loadscope-reorder) the workers end together instead of one finishing a two-minute module
+# alone while the others idle. xdist's own order (most tests first) put exactly these one-to-three
 # test modules last, all at once. A stale list costs only balance, never a test: refresh it from a
 # whole run's --durations when a module's figure moves by half a minute or more.
 LONGEST_FIRST = (
-    "test_alert_matrix.py",  # 130
-    "test_rules_suites.py",  # 110: the promtool suites, two at a time
-    "test_job_health_live.py",  # 90
-    "test_dashboards_live.py",  # 70
-    "test_slurm.py",  # 60
+    "test_alert_matrix.py",  # 140: one test, waiting on Prometheus and Alertmanager
+    "test_rules_suites.py",  # 200 of promtool in all, spread: one suite a test, on any worker
+    "test_job_health_live.py",  # 80
+    "test_nccl_live.py",  # 40
     "test_kubernetes.py",  # 45
+    "test_dashboards_live.py",  # 30
+    "test_helm_install.py",  # 80: a kube-apiserver, helm install..uninstall, three exporters
     "test_helm.py",  # 60: helm lint and template of every values set, validation for six versions
-    "test_helm_install.py",  # 45: a kube-apiserver, helm install..uninstall, three exporters
+    "test_slurm.py",  # 60
+    "test_container.py",  # builds the image first
+    "test_rules_before_fix.py",  # 30
     "test_workload_attribution_slurm.py",
     "test_http_raw_clients.py",
-    "test_container.py",  # builds the image first
-    "test_rules_before_fix.py",
+    "test_check.py",
     "test_rules_live.py",
     "test_workload_slurm.py",
 )
@@ -93,10 +102,48 @@ def _rank(item: pytest.Item) -> int:
     return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
+# Scheduling under xdist (.ci/run: --dist loadfile): a module's tests run on one worker, in order,
+# so its module fixtures (a Slurm cluster, a Prometheus) are built once; a module marked `spread`
+# (`pytestmark = pytest.mark.spread`: its tests independent, no fixture wider than a test's) gives
+# each test to whichever worker is free, so one long module does not hold one worker while the
+# others idle (tests/test_rules_suites.py: a promtool suite a test). The scheduler runs in xdist's
+# controller, which sees test ids only: it reads the module's source, as the unit tier does.
+SPREAD = "pytestmark = pytest.mark.spread"
+
+
+def _check_spread(item: pytest.Item) -> None:
+    if SPREAD not in _source(Path(str(item.fspath))):  # what the scheduler reads
+        raise pytest.UsageError(f"{item.nodeid} is marked spread otherwise than by `{SPREAD}`: "
+                                "xdist would keep its tests on one worker")
+    info = getattr(item, "_fixtureinfo", None)
+    wide = sorted({d.argname for defs in (info.name2fixturedefs.values() if info else ())
+                   for d in defs if d.scope not in ("function", "session")})
+    if wide:
+        raise pytest.UsageError(f"{item.nodeid} is marked spread but uses the shared fixtures {wide}: "
+                                "every worker that runs one of its tests would build them")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:  # xdist's Scheduling
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    root = Path(str(config.rootpath))
+
+    class SpreadOrFile(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return nodeid if SPREAD in _source(root / module) else module
+
+    return SpreadOrFile(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slow") is None and _unit_module(Path(str(item.fspath))):
             item.add_marker(pytest.mark.unit)
+        if item.get_closest_marker("spread") is not None:
+            _check_spread(item)
     items.sort(key=_rank)  # stable: a module's tests, and the other modules, keep their order
 
 

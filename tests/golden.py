@@ -18,7 +18,7 @@ from exporter.exposition import render
 from exporter.runner import Runner
 from exporter.startup import build_context
 from exporter.web.server import families
-from tests.helpers import FIXTURES, test_pool
+from tests.helpers import FIXTURES, START_HANG_GUARD_S, test_pool
 
 GOLDEN = FIXTURES / "golden"
 FROZEN = 1767225600.0  # 2026-01-01T00:00:00Z
@@ -74,7 +74,7 @@ def golden_scrape(work: Path, extra_config: str) -> str:
                 if hasattr(c, "refresh_slow"):
                     c.refresh_slow(timeout=30)
             # The follower reads the simulated kernel log in the background: wait for all of it.
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + START_HANG_GUARD_S
             while True:
                 text = render(families(runner.collect())).decode()
                 if _value(text, "gpu_health_exporter_kmsg_up") == "1.0" and \

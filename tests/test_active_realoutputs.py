@@ -1,6 +1,6 @@
 """Real tool outputs the first fixtures did not have (tests/fixtures/diag/SOURCES.md, "verifier"
 rows), each parsed and judged as the `active` command would, plus the constructed variants that
-exercise one documented format detail each. (Issue 47, independent verification.)"""
+exercise one documented format detail each."""
 
 from __future__ import annotations
 

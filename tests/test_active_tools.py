@@ -3,7 +3,7 @@ the suite: a tool that ignores SIGTERM, one whose child leaves its process group
 output pipe open (after the tool exited, or while it hangs), one that floods its output, one that
 writes only to stderr. The budget holds, the memory stays bounded, nothing is left waiting on a
 pipe, and a tool that exited is judged by its exit status and output even when a child of it
-still holds the pipe. (Written by the issue-47 verifier, independently of test_active_checks.)"""
+still holds the pipe (written independently of test_active_checks)."""
 
 from __future__ import annotations
 

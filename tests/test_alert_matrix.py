@@ -54,7 +54,7 @@ from tests.alert_matrix import (
     seconds,
     write_doc,
 )
-from tests.helpers import ROOT, served_base, start_listening, wait_for, wait_until_serving
+from tests.helpers import ROOT, START_HANG_GUARD_S, served_base, start_listening, wait_for, wait_until_serving
 
 DEADLINE_S = 180  # bounds a failing run; a passing one waits only for what it checks
 SEVERITY = {"pager": "critical", "ticket": "warning"}
@@ -293,8 +293,8 @@ def test_alert_matrix(tmp_path):
         # The rollout: every exporter restarted while the pages are active.
         rollout_at = _rollout(nodes)
         settled_from = time.time()
-        wait_for(lambda: _evaluated_twice_since(api, settled_from), 60, "two evaluations after the rollout",
-                 interval=0.5)
+        wait_for(lambda: _evaluated_twice_since(api, settled_from), START_HANG_GUARD_S,
+                 "two evaluations after the rollout", interval=0.5)
         run_s = time.time() - t0
         active = _active(api)
         results, problems = {}, []

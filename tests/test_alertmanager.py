@@ -14,7 +14,14 @@ import pytest
 import requests
 import yaml
 
-from tests.helpers import HANG_GUARD_S, ROOT, refused_address, start_listening, wait_until_serving
+from tests.helpers import (
+    HANG_GUARD_S,
+    ROOT,
+    START_HANG_GUARD_S,
+    refused_address,
+    start_listening,
+    wait_until_serving,
+)
 from tests.rules_lint import alerts
 
 CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
@@ -186,7 +193,7 @@ def _inhibition(tmp_path: Path, refused: str) -> None:
         muted = [("GpuRowRemapPending", "gpu-node-1"), ("EfaReceiveDrops", "gpu-node-1"),
                  ("GpuHealthExporterDown", "gpu-node-1"),
                  ("GpuHealthExporterDown", "gpu-node-3"), ("LustreClientEvicted", "gpu-node-4")]
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + START_HANG_GUARD_S
         while True:
             got = requests.get(f"{url}/alerts", timeout=5).json()
             state = {(a["labels"]["alertname"], a["labels"]["instance"]): a for a in got}

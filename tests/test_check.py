@@ -6,7 +6,7 @@ import os
 import pytest
 
 from exporter.cli import main
-from tests.helpers import FIXTURES, HANG_GUARD_S
+from tests.helpers import FIXTURES, HANG_GUARD_S, START_HANG_GUARD_S
 
 REAL = (FIXTURES / "kmsg" / "kmsg_nvidia.txt").read_text()
 # A saved kernel log of a p5 node (GPU 2 at 0000:75:00, GPU 5 at 0000:a8:00) plus the real H200
@@ -162,8 +162,8 @@ def test_check_gives_the_daemons_reasons_in_simulation(tmp_path):
                 return sorted(dict(ls)["reason"] for (n, ls), v in got.items()
                               if n == "gpu_node_health_reason" and v)
             # the daemon gets there once its scenario's onset (3 s) has passed
-            wait_for(lambda d=daemon_reasons, c=checked: d() == c, 60, f"{s}: the daemon's reasons {checked}",
-                     proc, log)
+            wait_for(lambda d=daemon_reasons, c=checked: d() == c, START_HANG_GUARD_S,
+                     f"{s}: the daemon's reasons {checked}", proc, log)
     finally:
         for proc, _, _ in daemons.values():
             proc.terminate()

@@ -21,6 +21,7 @@ import requests
 from tests.helpers import (
     FIXTURES,
     HANG_GUARD_S,
+    START_HANG_GUARD_S,
     answers_now,
     guarded_env,
     port_of,
@@ -284,21 +285,25 @@ def test_sighup_storms_and_a_bomb_on_reload(tmp_path):
                                  "127.0.0.1:0"], env=ENV, stdout=subprocess.DEVNULL, stderr=err, text=True)
     try:
         # (a SIGHUP before the interpreter runs kills any program: its default action; not tested)
-        wait_for(lambda: answers_now(log), 60, "the exporter serving", proc, log)
+        wait_for(lambda: answers_now(log), START_HANG_GUARD_S, "the exporter serving", proc, log)
         for gap in (0.0, 0.3, 1.5):
             proc.send_signal(signal.SIGHUP)
             time.sleep(gap)  # the gap between signals is the subject here, not a wait for a condition
             proc.send_signal(signal.SIGHUP)
             assert proc.poll() is None
-        wait_for(lambda: answers_now(log), 60, "the exporter serving after SIGHUPs", proc, log)
+        wait_for(lambda: answers_now(log), START_HANG_GUARD_S,
+                 "the exporter serving after SIGHUPs", proc, log)
         for _ in range(3):
             proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: answers_now(log), 60, "the exporter serving after a burst", proc, log)
+        wait_for(lambda: answers_now(log), START_HANG_GUARD_S,
+                 "the exporter serving after a burst", proc, log)
         cfg.write_text(BOMB)
         proc.send_signal(signal.SIGHUP)
         proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "alias" in log.read_text(), 30, "the bomb refused", proc, log)
-        wait_for(lambda: answers_now(log), 30, "the exporter serving after a bad reload", proc, log)
+        wait_for(lambda: "alias" in log.read_text(), START_HANG_GUARD_S,
+                 "the bomb refused", proc, log)
+        wait_for(lambda: answers_now(log), START_HANG_GUARD_S,
+                 "the exporter serving after a bad reload", proc, log)
         assert _rss_kib(proc.pid) < 400 * 1024
     finally:
         rc, tail = stop(proc, log) if proc.poll() is None else (proc.returncode, log.read_text())

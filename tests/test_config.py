@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from exporter.config import ConfigError, load, validate
-from tests.helpers import HANG_GUARD_S, ROOT
+from tests.helpers import HANG_GUARD_S, ROOT, START_HANG_GUARD_S
 
 
 def write(tmp_path, text):
@@ -171,7 +171,7 @@ def test_a_fifo_or_a_directory_as_the_config_file_is_refused_without_blocking(tm
 
     t = threading.Thread(target=try_load, daemon=True)  # a regression blocks in open(): fail, not hang
     t.start()
-    t.join(30)
+    t.join(START_HANG_GUARD_S)
     assert not t.is_alive(), "load() blocked on a FIFO"
     assert errors and "config.yaml: the config file: not a regular file (a FIFO)" in errors[0]
     r = subprocess.run([sys.executable, "-m", "exporter", "check", "--config", str(fifo)], cwd=ROOT,

@@ -25,7 +25,7 @@ import yaml
 
 from dashboards.build import dashboards
 from exporter.tools import job_rules
-from tests.helpers import ROOT, served_base, start_listening, stop_all, wait_until_serving
+from tests.helpers import ROOT, START_HANG_GUARD_S, served_base, start_listening, stop_all, wait_until_serving
 from tests.rules_lint import copy_rules_at_global_interval
 
 pytestmark = pytest.mark.slow
@@ -187,7 +187,7 @@ def _wait_for_faults(api: str) -> None:
         f"{RATE_INTERVAL} of samples":
             f'count_over_time(up{{instance="faulty-node-2"}}[{RATE_INTERVAL}]) >= 8',
     }
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + START_HANG_GUARD_S
     while True:
         missing = [k for k, e in wanted.items() if not _instant(api, e)]
         if not missing:

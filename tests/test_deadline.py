@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from exporter.deadline import BLOCKED, ERROR, OK, SKIPPED, TIMEOUT, Deadlines, Pool
-from tests.helpers import wait_for
+from tests.helpers import START_HANG_GUARD_S, wait_for
 
 LONG = 30.0  # the deadline of an item that must finish, however loaded the host
 SHORT = 0.05  # the deadline of an item that hangs
@@ -202,7 +202,7 @@ def test_a_pool_closed_while_a_read_waits_in_its_queue_ends_the_read(items):
     try:
         wait_for(lambda: len(pool._jobs) == 1, what="the read queued")
         pool.close()
-        t.join(30)
+        t.join(START_HANG_GUARD_S)
         assert not t.is_alive(), "the read waited for a job the closed pool will never run"
         assert statuses(box["out"]) == [SKIPPED]
     finally:

@@ -22,7 +22,7 @@ from exporter.exposition import render
 from exporter.process import process_metrics
 from exporter.runner import Runner
 from exporter.startup import build_context
-from tests.helpers import test_pool
+from tests.helpers import START_HANG_GUARD_S, test_pool
 from tests.rules_lint import PENDING_SERIES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,7 +112,7 @@ def scrape_simulated(config: Path | None = None) -> str:
         for c in built:
             if hasattr(c, "refresh_slow"):
                 c.refresh_slow(timeout=10)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + START_HANG_GUARD_S
         text = ""
         while "gpu_xid_errors_total{" not in text and time.monotonic() < deadline:
             time.sleep(0.1)  # the kernel-log follower reads the backlog in the background

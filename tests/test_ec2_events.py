@@ -12,7 +12,16 @@ import pytest
 from exporter import imds
 from exporter.collectors.instance import InstanceCollector
 from exporter.runner import Runner
-from tests.helpers import names, promtool_check_metrics, samples, scrape, test_pool, value, wait_for
+from tests.helpers import (
+    START_HANG_GUARD_S,
+    names,
+    promtool_check_metrics,
+    samples,
+    scrape,
+    test_pool,
+    value,
+    wait_for,
+)
 from tests.test_imds import ctx_for, fake  # noqa: F401 - fixtures
 
 # The EC2 user guide's example (instance metadata, scheduled events), as IMDS serves it.
@@ -143,7 +152,7 @@ def test_simulated_node_scheduled_reboot_end_to_end():
     t0 = time.time()
     with running_exporter("--simulate", "p5.48xlarge", "--scenario", "ec2-scheduled-reboot",
                           "--collectors", "instance") as url:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + START_HANG_GUARD_S
         text = requests.get(url + "/metrics", timeout=10).text
         # Both lookups run in the background: the events' and the identity's (retried after a
         # timeout on a loaded machine), so wait for the series of each.

@@ -12,7 +12,7 @@ from exporter.efa.node_totals import NODE_TOTALS
 from exporter.runner import Runner
 from exporter.tools.simulate.efa import NETWORK, RDMA_WRITE, kernel_files
 from tests.efa_trees import FaultyReader, collect, collector, efa, mellanox, run
-from tests.helpers import names, promtool_check_metrics, samples, value
+from tests.helpers import START_HANG_GUARD_S, names, promtool_check_metrics, samples, value
 
 PORT_METRICS = {
     "tx_bytes": "efa_tx_bytes_total", "tx_pkts": "efa_tx_packets_total", "rx_bytes": "efa_rx_bytes_total",
@@ -391,7 +391,7 @@ def test_a_read_blocked_in_the_kernel_fails_only_that_device(tmp_path, workers):
         assert c.reads.stuck() == [c.discovery.discover()[2].path] and c.reads.abandoned == 1
     finally:
         release.set()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + START_HANG_GUARD_S
     while c.reads.stuck() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert value(run(c), "efa_device_up", device="rdmap2s0") == 1
@@ -568,7 +568,7 @@ def test_a_scrape_after_the_pool_closed_ends_within_its_budget(tmp_path):
 
     t = threading.Thread(target=both, daemon=True)
     t.start()
-    t.join(5)
+    t.join(START_HANG_GUARD_S)
     assert not t.is_alive(), "a read waited on a batch no thread will run"
     ups = [s.value for fam in box["collected"] for s in fam.samples if s.name == "efa_device_up"]
     assert ups == [0.0]

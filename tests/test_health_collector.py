@@ -10,7 +10,7 @@ from exporter.profiles import PROFILES
 from exporter.runner import Runner
 from exporter.tools.simulate.nvml import fake_backend
 from exporter.tools.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S
-from tests.helpers import samples, scrape, test_pool, value
+from tests.helpers import START_HANG_GUARD_S, samples, scrape, test_pool, value
 from tests.test_xid_service import make_ctx
 
 F = str(FAULTY_GPU)
@@ -111,7 +111,7 @@ def test_a_gpu_that_hangs_for_good_escalates_to_reboot_required(tmp_path):
     try:
         s = samples(scrape(runner))
         assert _gpu(s, gpu=F) == {"unknown"}
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + START_HANG_GUARD_S
         while _gpu(s, gpu=F) != {"reboot_required"} and time.monotonic() < deadline:
             s = samples(scrape(runner))
         assert _gpu(s, gpu=F) == {"reboot_required"}
@@ -129,12 +129,12 @@ def test_a_gpu_that_hangs_then_answers_again_is_healthy_again(tmp_path):
     fake, ctx, runner = _hung(tmp_path, 0.5)
     fake.hang(FAULTY_GPU, seconds=600)
     s = samples(scrape(runner))
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + START_HANG_GUARD_S
     while _gpu(s, gpu=F) != {"reboot_required"} and time.monotonic() < deadline:
         s = samples(scrape(runner))
     assert _gpu(s, gpu=F) == {"reboot_required"}
     fake.release()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + START_HANG_GUARD_S
     while _gpu(s, gpu=F) != {"healthy"} and time.monotonic() < deadline:
         s = samples(scrape(runner))
     assert _gpu(s, gpu=F) == {"healthy"} and value(s, "gpu_read_success", gpu=F) == 1

@@ -16,7 +16,7 @@ from exporter.runner import Runner
 from exporter.web.httpd import HttpServer, Limits, Response
 from exporter.web.server import Server
 from exporter.web.webconfig import BasicAuth, ConfigError, WebConfig, load_web_config
-from tests.helpers import test_pool
+from tests.helpers import START_HANG_GUARD_S, test_pool
 from tests.test_runner import Probe
 
 PASSWORD = "s3cret-scrape"
@@ -26,7 +26,7 @@ def _basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
-def _wait(cond, what: str, timeout: float = 20.0) -> None:
+def _wait(cond, what: str, timeout: float = START_HANG_GUARD_S) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
@@ -182,7 +182,7 @@ def test_password_checks_queued_for_clients_that_left_are_dropped(cost12_users):
 def test_an_address_flooding_wrong_passwords_is_made_to_wait():
     """After 32 wrong passwords in a row from one address, its uncached checks get 429 without
     a password check (backing off up to 2 s), so one flooding address costs almost nothing."""
-    from exporter.web import httpd
+    from exporter import httpd
 
     class Counting:
         realm = "test"
@@ -228,7 +228,7 @@ def test_probes_do_not_wait_behind_busy_workers():
         assert scrape.is_alive()  # the one worker is still busy
     finally:
         hung.release.set()
-        scrape.join(40)
+        scrape.join(START_HANG_GUARD_S)
         srv.shutdown()
         runner.close()
 
@@ -377,7 +377,7 @@ def test_responses_held_for_stalled_clients_are_capped_overall(monkeypatch):
     """Each stalled connection holds at most one response, but a few hundred of them with large
     responses added up without bound: past MAX_BUFFERED_BYTES the longest-stalled are reset,
     and a client that reads still gets its whole answer."""
-    from exporter.web import httpd
+    from exporter import httpd
 
     monkeypatch.setattr(httpd, "MAX_BUFFERED_BYTES", 8 << 20)
     body = os.urandom(2 << 20)
@@ -462,7 +462,7 @@ def test_a_connection_whose_request_waits_for_a_worker_makes_room_for_a_new_one(
         t.start()
         _wait(lambda: srv.evicted >= 1 or srv.refused >= 1, "the new connection admitted or refused")
         release.set()
-        t.join(20)
+        t.join(START_HANG_GUARD_S)
         assert srv.refused == 0 and srv.evicted == 1
         assert got and got[0].startswith(b"HTTP/1.1 200 "), got
     finally:

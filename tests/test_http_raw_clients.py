@@ -27,7 +27,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from tests.helpers import HANG_GUARD_S, served_base
+from tests.helpers import HANG_GUARD_S, START_HANG_GUARD_S, served_base
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "correct horse battery staple"
@@ -147,7 +147,7 @@ def exporter(tmp_path_factory):
     second = bcrypt.hashpw(SECOND_PASSWORD.encode(), bcrypt.gensalt(10)).decode()
     users.update({u: second for u in FRESH_USERS})
     web = "basic_auth_users:\n" + "".join(f"  {u}: '{h}'\n" for u, h in users.items())
-    ex = Exporter(tmp_path_factory.mktemp("heldout"), web)
+    ex = Exporter(tmp_path_factory.mktemp("raw-clients"), web)
     try:
         yield ex
     finally:
@@ -311,7 +311,7 @@ def test_wrong_password_flood_then_everything_answers_within_5s(exporter, n, sec
     flood = Flood(exporter.port, (lambda i: _wrong(0)) if same else _wrong, n, seconds, read_s=15)
     flood.start()
     took = _after_flood_all_answer(exporter, flood, FRESH_USERS[user])
-    flood.join(30)
+    flood.join(START_HANG_GUARD_S)
     assert set(flood.statuses) <= {"401", "429", "reset", "none"}, flood.statuses
     print(f"flood {n} in {seconds}s: {dict(flood.statuses)}; answered after {took}")
 
@@ -340,9 +340,9 @@ def test_unknown_users_garbage_headers_and_leavers_then_everything_answers(expor
     flood = Flood(exporter.port, make, 300, 2.0, read_s=15, sources=300)
     leavers.start()
     flood.start()
-    leavers.join(30)
+    leavers.join(START_HANG_GUARD_S)
     took = _after_flood_all_answer(exporter, flood, FRESH_USERS[3])
-    flood.join(30)
+    flood.join(START_HANG_GUARD_S)
     assert set(flood.statuses) <= {"401", "429"}, flood.statuses  # never a reset or silence
     print(f"garbage/unknown flood: {dict(flood.statuses)}; answered after {took}")
 
@@ -380,7 +380,7 @@ def test_scrapes_succeed_during_a_100_per_second_wrong_password_stream(exporter,
         except OSError:
             pass
         time.sleep(0.2)
-    flood.join(30)
+    flood.join(START_HANG_GUARD_S)
     print(f"during the stream: {ok} scrapes ok, {failed} failed {errors[:5]}, {probes_ok} probes ok; "
           f"flood {dict(flood.statuses)}")
     assert failed <= max(1, (ok + failed) // 10), errors
@@ -538,7 +538,7 @@ def test_over_tls_plain_http_gets_a_400_saying_https_and_floods_leave_it_serving
         for t in threads:
             t.join(60)
         end = time.monotonic()
-        _wait_for(lambda: ex.get("/healthz")[0] == 200, "healthz after the TLS flood", 5)
+        _wait_for(lambda: ex.get("/healthz")[0] == 200, "healthz after the TLS flood", START_HANG_GUARD_S)
         _wait_for(lambda: ex.get("/metrics", GOOD)[0] == 200, "a first login after the TLS flood",
                   max(0.01, 5 - (time.monotonic() - end)))
         print(f"TLS flood {dict(statuses)}; first login {time.monotonic() - end:.2f} s after")

@@ -18,6 +18,7 @@ from exporter.runner import Runner
 from exporter.tools.simulate.imds import FakeImdsServer
 from tests.helpers import (
     FIXTURES,
+    START_HANG_GUARD_S,
     names,
     promtool_check_metrics,
     refused_address,
@@ -76,7 +77,7 @@ def test_lookup_publishes_identity_and_metrics(fake):
     runner.start()
     try:
         assert lookup is not None and ctx.identity.start() is lookup
-        assert lookup.succeeded.wait(5)
+        assert lookup.succeeded.wait(START_HANG_GUARD_S)
         assert node.instance_type(ctx) == "p5.48xlarge"
         text = scrape(runner)
     finally:
@@ -99,7 +100,7 @@ def test_config_wins_over_imds(fake):
     lookup = ctx.identity.start()
     inst.start()
     try:
-        assert lookup.succeeded.wait(5)
+        assert lookup.succeeded.wait(START_HANG_GUARD_S)
         ss = samples(scrape(Runner([inst], deadline_s=5, pool=test_pool())))
     finally:
         inst.close()
@@ -150,12 +151,12 @@ def test_lookup_retries_with_backoff_until_imds_answers(fake):
     lookup = imds.IdentityLookup(imds.ImdsClient(fake.url, timeout_s=0.2), found.append, first_retry_s=0.05)
     lookup.start()
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + START_HANG_GUARD_S
         while not lookup.last_error and time.monotonic() < deadline:
             time.sleep(0.02)
         assert "Timeout" in lookup.last_error and not found
         fake.delay_s = 0.0
-        assert lookup.succeeded.wait(10)
+        assert lookup.succeeded.wait(START_HANG_GUARD_S)
     finally:
         lookup.close()
     assert lookup.attempts >= 2
@@ -394,7 +395,7 @@ def test_a_failing_lookup_backs_off_exponentially_and_logs_once_per_state_change
         lookup = imds.IdentityLookup(imds.ImdsClient(f"http://{addr}", timeout_s=0.2), found.append,
                                      first_retry_s=0.02, max_retry_s=0.16)
         lookup.start()
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + START_HANG_GUARD_S
         while lookup.attempts < 6 and time.monotonic() < deadline:
             time.sleep(0.01)
         lookup.close()
@@ -411,7 +412,7 @@ def test_a_failing_lookup_backs_off_exponentially_and_logs_once_per_state_change
     fake.fail_next = [403] * 3
     poller.start()
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + START_HANG_GUARD_S
         while not poller.succeeded.is_set() and time.monotonic() < deadline:
             time.sleep(0.01)
         while poller.attempts < 6 and time.monotonic() < deadline:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -19,7 +18,7 @@ from exporter.kube.condition import (
 )
 from exporter.kube.writer import LABEL_KEY, LABEL_VALUE, OWNER_ANNOTATION, TAINT_KEY, Options, Writer, plan
 from exporter.xid.verdict import VERDICTS, GpuVerdict, NodeVerdict, XidLine
-from tests.helpers import test_pool, wait_for
+from tests.helpers import START_HANG_GUARD_S, test_pool, wait_for
 
 
 def test_every_verdict_state_has_a_condition_and_anything_else_is_unknown():
@@ -165,12 +164,13 @@ def test_offer_never_waits_for_the_server_and_the_write_follows(writer):
     c = FakeClient()
     c.gate = threading.Event()
     w = writer(c)
-    t = time.monotonic()
-    for _ in range(100):
-        w.offer(want("True", "Healthy", False, False))
-    assert time.monotonic() - t < 0.5  # the server holds every call; offers go on
+    offers = threading.Thread(target=lambda: [w.offer(want("True", "Healthy", False, False))
+                                              for _ in range(100)], daemon=True)
+    offers.start()
+    # the server holds every call until the gate opens; the offers end all the same
+    wait_for(lambda: not offers.is_alive(), START_HANG_GUARD_S, "100 offers while the server holds its calls")
     c.gate.set()
-    wait_for(lambda: c.conditions and c.conditions[0]["status"] == "True", 10, "the write")
+    wait_for(lambda: c.conditions and c.conditions[0]["status"] == "True", START_HANG_GUARD_S, "the write")
     assert w.state.up and c.calls == ["read", "patch"]
 
 
@@ -180,11 +180,11 @@ def test_transition_time_kept_from_the_server_and_failures_retried(writer):
     c = FakeClient([old], fail=["server", "conflict"])
     w = writer(c)
     w.offer(want())
-    wait_for(lambda: w.state.up, 10, "the write after two failures")
+    wait_for(lambda: w.state.up, START_HANG_GUARD_S, "the write after two failures")
     assert c.conditions[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert w.state.errors["server"] == 1 and w.state.errors["conflict"] == 1
     w.offer(want("True", "Healthy", False, False))
-    wait_for(lambda: c.conditions[0]["status"] == "True", 10, "the change")
+    wait_for(lambda: c.conditions[0]["status"] == "True", START_HANG_GUARD_S, "the change")
     assert c.conditions[0]["lastTransitionTime"] != "2026-01-01T00:00:00Z"
 
 
@@ -192,7 +192,7 @@ def test_heartbeat_rewrites_an_unchanged_condition(writer):
     c = FakeClient()
     w = writer(c, heartbeat_s=0.2)
     w.offer(want())
-    wait_for(lambda: c.calls.count("patch") >= 3, 10, "heartbeat writes")
+    wait_for(lambda: c.calls.count("patch") >= 3, START_HANG_GUARD_S, "heartbeat writes")
 
 
 def test_a_poke_collects_and_writes_at_once_without_a_scrape_or_heartbeat(writer):
@@ -208,14 +208,15 @@ def test_a_poke_collects_and_writes_at_once_without_a_scrape_or_heartbeat(writer
         w.offer(fault)
     w.collect = collect
     w.offer(healthy)
-    wait_for(lambda: c.conditions and c.conditions[0]["status"] == "True", 10, "the first write")
+    wait_for(lambda: c.conditions and c.conditions[0]["status"] == "True", START_HANG_GUARD_S,
+             "the first write")
     assert collected == []  # offers alone never collect
     for _ in range(50):  # a flood pokes on every kernel-log read
         w.poke()
-    wait_for(lambda: c.conditions[0]["status"] == "False", 10, "the poked collection written")
+    wait_for(lambda: c.conditions[0]["status"] == "False", START_HANG_GUARD_S, "the poked collection written")
     # the pokes that came while it ran fold into one more collection, not before poke_min_s
     w.offer(healthy)
-    wait_for(lambda: c.conditions[0]["status"] == "True", 10, "a later offer written")
+    wait_for(lambda: c.conditions[0]["status"] == "True", START_HANG_GUARD_S, "a later offer written")
     assert len(collected) == 1
 
 
@@ -224,7 +225,7 @@ def test_pokes_without_a_collect_function_are_harmless(writer):
     w = writer(c)
     w.poke()
     w.offer(want())
-    wait_for(lambda: w.state.up, 10, "the write")
+    wait_for(lambda: w.state.up, START_HANG_GUARD_S, "the write")
 
 
 def test_token_is_read_again_when_the_file_changes(tmp_path):

@@ -22,7 +22,7 @@ from exporter.startup import build_context
 from exporter.web.landing import render_page
 from exporter.xid.verdict import ALL_REASONS, RUNBOOK, GpuVerdict, NodeVerdict, XidLine
 from tests.browser import render
-from tests.helpers import test_pool
+from tests.helpers import START_HANG_GUARD_S, test_pool
 from tests.test_server import serving, wait_ready
 
 
@@ -85,7 +85,7 @@ def node():
             base = f"http://{addr}"
             wait_ready(base)
             healthy = requests.get(base + "/", timeout=30).text  # before the XID (at 3 s)
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + START_HANG_GUARD_S
             while 'xid="94"' not in requests.get(base + "/metrics", timeout=30).text:
                 assert time.monotonic() < deadline, "XID 94 was not counted within 60 s"
                 time.sleep(0.5)

@@ -14,7 +14,7 @@ from exporter.config import load
 from exporter.deadline import Pool
 from exporter.lustre.evictions import EvictionTracker, appended
 from exporter.runner import Runner
-from tests.helpers import promtool_check_metrics, samples, scrape, test_pool, value
+from tests.helpers import START_HANG_GUARD_S, promtool_check_metrics, samples, scrape, test_pool, value
 from tests.lustre_tree import (
     STATS_START_TIME,
     FakeStatvfs,
@@ -297,7 +297,7 @@ def test_a_blocking_stats_file_costs_only_its_own_series(tmp_path):
     fixed.write_text(llite_stats((2, 12)))
     os.replace(fixed, stats)  # ... and the client answers again: the file is read on a later scrape
     os.close(w)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + START_HANG_GUARD_S
     while True:
         x = samples(scrape(r))
         if value(x, "lustre_client_source_up", source="debugfs") == 1 or time.monotonic() > deadline:

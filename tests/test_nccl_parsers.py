@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from exporter.nccl import findings, parse_json, parse_text
 from exporter.nccl.model import ReplyError
+from tests.helpers import START_HANG_GUARD_S
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
 CASES = (
@@ -286,7 +287,7 @@ def test_the_client_never_reads_past_its_byte_cap(size: int, cap: int) -> None:
         assert size <= cap and len(reply.data) == size and reply.format == "json"
     except client.QueryFailed as e:
         assert e.result == client.TOO_LARGE and size > cap
-    t.join(30)
+    t.join(START_HANG_GUARD_S)
 
 
 @pytest.mark.parametrize(

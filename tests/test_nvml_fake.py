@@ -19,7 +19,7 @@ from exporter.nvml.session import NvmlSession, pci_key
 from exporter.profiles import PROFILES
 from exporter.tools.simulate.nvml import fake_backend
 from exporter.tools.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S, SCENARIOS
-from tests.helpers import FIXTURES, test_pool
+from tests.helpers import FIXTURES, START_HANG_GUARD_S, test_pool
 
 CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_capture.json"
 
@@ -168,7 +168,7 @@ def test_hang_blocks_until_released(fake):
                      daemon=True).start()
     assert not done.wait(0.2)
     fake.release()
-    assert done.wait(2)
+    assert done.wait(START_HANG_GUARD_S)
 
 
 def test_fail_and_set_error(fake):
@@ -200,8 +200,9 @@ def test_events_deliver_time_out_and_report_lost_gpu(fake):
     fake.lose(0)
     t = time.perf_counter()
     with pytest.raises(NvmlError) as e:
-        fake.event_wait(es, 5000)
-    assert e.value.gpu_lost and time.perf_counter() - t < 1
+        fake.event_wait(es, 120_000)
+    # at once, not after the two minutes asked for (half of them is a margin no loaded host uses up)
+    assert e.value.gpu_lost and time.perf_counter() - t < 60
     fake.event_set_free(es)
 
 

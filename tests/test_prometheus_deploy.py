@@ -15,6 +15,7 @@ import yaml
 from tests.helpers import (
     HANG_GUARD_S,
     ROOT,
+    START_HANG_GUARD_S,
     promtool,
     refused_address,
     running_exporter,
@@ -116,7 +117,7 @@ def _scrape_stored(tmp_path, alertmanager: str) -> tuple[list, list, list]:
                 return None
             return (up, gpus) if up and gpus else None
         try:
-            up, gpus = wait_for(stored, 60, "a stored scrape of the exporter", proc,
+            up, gpus = wait_for(stored, START_HANG_GUARD_S, "a stored scrape of the exporter", proc,
                                 tmp_path / "prometheus.log")
             return up, gpus, _query(api, '{job="gpu-health-exporter", cluster=""}')
         finally:

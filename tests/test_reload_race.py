@@ -12,7 +12,7 @@ import pytest
 
 from exporter import reload_snapshot
 from exporter.web.webconfig import load_web_config
-from tests.helpers import HANG_GUARD_S, answers_now, start_exporter, stop_within, wait_for
+from tests.helpers import HANG_GUARD_S, START_HANG_GUARD_S, answers_now, start_exporter, stop_within, wait_for
 from tests.test_reload_signals import RELOADED, settled
 
 pytestmark = pytest.mark.slow
@@ -29,13 +29,13 @@ def reload_racing_an_edit(tmp_path, edited, edit: str, *args: str) -> None:
                                     str(tmp_path / "state"), *args)
     try:
         proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: RELOADED in log.read_text(), 60, "the reload validated", proc, log)
+        wait_for(lambda: RELOADED in log.read_text(), START_HANG_GUARD_S, "the reload validated", proc, log)
         with open(edited, "a") as f:  # lands before the exec'd process starts reading
             f.write(edit)
-        wait_for(lambda: settled(log, 1), 60, "the restarted process serving", proc, log)
+        wait_for(lambda: settled(log, 1), START_HANG_GUARD_S, "the restarted process serving", proc, log)
         assert answers_now(log) and proc.poll() is None
         proc.send_signal(signal.SIGHUP)  # the files now on disk are invalid: refused, still serving
-        wait_for(lambda: REFUSED in log.read_text(), 60, "the refused reload", proc, log)
+        wait_for(lambda: REFUSED in log.read_text(), START_HANG_GUARD_S, "the refused reload", proc, log)
         assert answers_now(log) and log.read_text().count(RELOADED) == 1
         assert stop_within(proc, 30) == 0
     finally:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.helpers import answers_now, start_exporter, stop_within, wait_for
+from tests.helpers import START_HANG_GUARD_S, answers_now, start_exporter, stop_within, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -37,13 +37,13 @@ def test_a_sighup_during_the_reload_exec_is_a_second_reload_not_a_kill(tmp_path)
             before = log.read_text().count("shut down cleanly")
             proc.send_signal(signal.SIGHUP)
             # The old process has flushed and is about to exec: the new one has no handler yet.
-            wait_for(lambda b=before: log.read_text().count("shut down cleanly") > b, 60, f"reload {n}",
-                     proc, log)
+            wait_for(lambda b=before: log.read_text().count("shut down cleanly") > b, START_HANG_GUARD_S,
+                     f"reload {n}", proc, log)
             proc.send_signal(signal.SIGHUP)
             # The SIGHUP held across the exec is taken by the restarted process: one more reload.
-            wait_for(lambda b=before: settled(log, b + 2), 60, f"the reload asked during reload {n}",
-                     proc, log)
-        wait_for(lambda: answers_now(log), 60, "serving", proc, log)
+            wait_for(lambda b=before: settled(log, b + 2), START_HANG_GUARD_S,
+                     f"the reload asked during reload {n}", proc, log)
+        wait_for(lambda: answers_now(log), START_HANG_GUARD_S, "serving", proc, log)
         assert log.read_text().count(RELOADED) == 4
         assert stop_within(proc, 30) == 0
     finally:
@@ -58,9 +58,9 @@ def test_back_to_back_sighups_never_kill_the_exporter(tmp_path):
             before = log.read_text().count(RELOADED)
             os.kill(proc.pid, signal.SIGHUP)
             os.kill(proc.pid, signal.SIGHUP)
-            wait_for(lambda before=before: log.read_text().count(RELOADED) > before, 60, "a reload",
-                     proc, log)
-            wait_for(lambda: answers_now(log), 60, "serving after the reloads", proc, log)
+            wait_for(lambda before=before: log.read_text().count(RELOADED) > before, START_HANG_GUARD_S,
+                     "a reload", proc, log)
+            wait_for(lambda: answers_now(log), START_HANG_GUARD_S, "serving after the reloads", proc, log)
         assert answers_now(log) and proc.poll() is None
         assert stop_within(proc, 30) == 0
     finally:
@@ -75,7 +75,8 @@ def test_a_sighup_with_an_alias_bomb_in_the_config_keeps_serving(tmp_path):
     try:
         (tmp_path / "config.yaml").write_text(bomb())
         proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "SIGHUP: not reloading" in log.read_text(), 30, "the refused reload", proc, log)
+        wait_for(lambda: "SIGHUP: not reloading" in log.read_text(), START_HANG_GUARD_S,
+                 "the refused reload", proc, log)
         assert "aliases are expanded" in log.read_text() and answers_now(log)
         assert stop_within(proc, 30) == 0
     finally:
@@ -94,7 +95,7 @@ def test_stop_and_continue_is_not_a_reload(tmp_path):
             proc.send_signal(signal.SIGSTOP)
             time.sleep(0.6)  # longer than the SIGHUP wait's poll: the interrupted wait times out
             proc.send_signal(signal.SIGCONT)
-            wait_for(lambda: answers_now(log), 60, "serving after SIGCONT", proc, log)
+            wait_for(lambda: answers_now(log), START_HANG_GUARD_S, "serving after SIGCONT", proc, log)
         assert RELOADED not in log.read_text()
         assert proc.poll() is None
     finally:

@@ -1,6 +1,6 @@
 """The promtool cases written for a defect fail on the rules as they were before its fix (the
-fixtures under tests/fixtures/rules_before_issue*), with the real promtool: a file of its own, so
-its promtool runs go to another xdist worker than the suites' (tests/test_rules_suites.py)."""
+fixtures under tests/fixtures/rules_before_*_fixes), with the real promtool. Its tests are
+independent (`spread`: under xdist each goes to whichever worker is free, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ import yaml
 from tests.helpers import HANG_GUARD_S, ROOT, promtool
 from tests.rules_lint import SUITES_DIR, load
 
+pytestmark = pytest.mark.spread
+
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
-BEFORE = ROOT / "tests" / "fixtures" / "rules_before_issue9"
+BEFORE = ROOT / "tests" / "fixtures" / "rules_before_fleet_fixes"
 
 
 def _failing_groups(suite: Path, rules_dir: Path, tmp_path: Path, only: list[str]) -> set[str]:
@@ -40,7 +42,7 @@ def _failing_groups(suite: Path, rules_dir: Path, tmp_path: Path, only: list[str
 @pytest.mark.parametrize("suite", ["fleet.test.yml", "gpu_ecc_fleet.test.yml"])
 def test_regression_cases_of_the_fleet_suites_fail_on_the_rules_before_their_fix(suite, tmp_path):
     """Each promtool case marked "(regression)" fails on the rules as they were before its fix
-    (tests/fixtures/rules_before_issue9, runbook base moved to today's so only behaviour differs);
+    (tests/fixtures/rules_before_fleet_fixes, runbook base moved to today's so only behaviour differs);
     test_promtool_unit_suite runs them on rules/."""
     path = SUITES_DIR / suite
     regressions = [g["name"] for g in load(path)["tests"] if "(regression)" in g["name"]]
@@ -49,7 +51,7 @@ def test_regression_cases_of_the_fleet_suites_fail_on_the_rules_before_their_fix
     assert set(regressions) <= failing, f"pass on the old rules: {set(regressions) - failing}"
 
 
-BEFORE_RESTARTS = ROOT / "tests" / "fixtures" / "rules_before_issue20"
+BEFORE_RESTARTS = ROOT / "tests" / "fixtures" / "rules_before_restart_fixes"
 RESTARTS = SUITES_DIR / "restarts_and_acks.test.yml"
 
 
@@ -66,7 +68,7 @@ def _run_one_group(suite: dict, group: dict, rules_dir: Path, tmp_path: Path) ->
 
 def test_restart_and_ack_regressions_fail_on_the_rules_before_their_fix(tmp_path):
     """Each promtool case of restarts_and_acks.test.yml marked "(regression)" fails on the rules as
-    they were (tests/fixtures/rules_before_issue20) and passes on rules/, as do the "(guard)" cases
+    they were (tests/fixtures/rules_before_restart_fixes) and passes on rules/, as do the "(guard)" cases
     (what the fixes must keep; test_promtool_unit_suite runs the whole suite on rules/). The case of
     an exporter answering again fails there by an evaluation error: one label set from both arms of
     an `or`."""

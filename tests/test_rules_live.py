@@ -22,7 +22,7 @@ import yaml
 
 from dashboards.build import dashboards
 from exporter.rules import DEFAULT_RUNBOOK_BASE
-from tests.helpers import ROOT, running_exporter, start_listening, wait_until_serving
+from tests.helpers import ROOT, START_HANG_GUARD_S, running_exporter, start_listening, wait_until_serving
 from tests.rules_lint import RULES_DIR, rule_files
 
 SCENARIOS = ["xid-63", "xid-13-flood", "gpu-row-remap-pending", "gpu-thermal-slowdown", "efa-device-missing",
@@ -181,7 +181,7 @@ def test_rules_on_a_simulated_node(tmp_path):
                 r = requests.get(f"{api}/query", params={"query": expr}, timeout=5)
                 assert r.ok and r.json()["status"] == "success", (expr, r.text)
             # Alertmanager routes the critical alerts to the pager, through the shipped config.
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + START_HANG_GUARD_S
             while not PAGED <= _paged():
                 assert time.monotonic() < deadline, f"pager got {_paged()}, wanted {PAGED}"
                 time.sleep(0.5)

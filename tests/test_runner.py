@@ -9,7 +9,7 @@ from exporter.collector import Collector, Derived, Failed
 from exporter.compose import compose
 from exporter.config import load
 from exporter.runner import Runner
-from tests.helpers import samples, scrape, test_pool, value
+from tests.helpers import START_HANG_GUARD_S, samples, scrape, test_pool, value
 
 # The tests' own metric: a spec of their own, never declared in the product's catalog.
 PROBE = MetricSpec("gpu_health_exporter_test_probe", "gauge", "Test-only metric.", ("source",), "", "test")
@@ -51,7 +51,7 @@ def test_failing_and_hanging_collectors_do_not_take_others_down(caplog):
     assert value(s2, "gpu_health_exporter_collector_duration_seconds", collector="hung") == 0.3
     hung.release.set()
     # Once its stuck read returns, the collector runs again (wait for that, however loaded the host).
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + START_HANG_GUARD_S
     while True:
         s3 = samples(scrape(r))
         ok = value(s3, "gpu_health_exporter_collector_success", collector="hung") == 1

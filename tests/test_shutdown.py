@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from tests.efa_trees import efa
-from tests.helpers import served_base, start_exporter, stop_within, wait_for
+from tests.helpers import START_HANG_GUARD_S, served_base, start_exporter, stop_within, wait_for
 from tests.lustre_tree import FsSpec, LustreTree
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def test_sigterm_with_a_hung_nvml_call_exits_in_time_and_flushes_the_state_file(
     state = tmp_path / "state"
     proc, url, log = start_exporter(tmp_path, "--simulate", "p5.48xlarge", "--scenario", "gpu-nvml-hang",
                                     "--scenario", "xid-63", "--path.state-dir", str(state))
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + START_HANG_GUARD_S
     while True:  # past the onset (3 s): GPU 3's NVML calls block for 600 s, and XID 63 is counted
         text = requests.get(url, timeout=30).text
         if re.search(r'gpu_read_success\{gpu="3"[^}]*\} 0', text) and 'xid="63"' in text:
@@ -73,7 +73,8 @@ def test_sighup_reloads_a_valid_config_in_place_and_keeps_serving_on_an_invalid_
         assert 'collector="lustre"' in requests.get(url, timeout=30).text
         cfg.write_text("lustre:\n  enabled: true\n  no_such_key: 1\n")
         proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "SIGHUP: not reloading" in log.read_text(), 20, "the refused reload", proc, log)
+        wait_for(lambda: "SIGHUP: not reloading" in log.read_text(), START_HANG_GUARD_S,
+                 "the refused reload", proc, log)
         assert "no_such_key" in log.read_text() and proc.poll() is None
         assert 'collector="lustre"' in requests.get(url, timeout=30).text  # still the running config
         cfg.write_text("lustre:\n  enabled: false\n")
@@ -86,7 +87,7 @@ def test_sighup_reloads_a_valid_config_in_place_and_keeps_serving_on_an_invalid_
             except requests.ConnectionError:
                 return False
             return 'collector="lustre"' not in text and 'collector="gpu"' in text
-        wait_for(reloaded, 60, "the reloaded configuration served", proc, log)
+        wait_for(reloaded, START_HANG_GUARD_S, "the reloaded configuration served", proc, log)
         assert "SIGHUP: the configuration is valid; restarting in place" in log.read_text()
         assert stop_within(proc, EXIT_BOUND_S) == 0
     finally:

@@ -13,7 +13,7 @@ from exporter.cli import main
 from exporter.imds import InstanceSection
 from exporter.runner import Runner
 from exporter.startup import build_context
-from tests.helpers import ROOT, guarded_env, samples, scrape, test_pool, value
+from tests.helpers import ROOT, START_HANG_GUARD_S, guarded_env, samples, scrape, test_pool, value
 
 # the command line; exporter/tools/simulate/ is the simulation
 EDGE = {"exporter/cli.py", "exporter/startup.py"}
@@ -131,7 +131,7 @@ def test_a_killed_simulation_root_is_removed_by_the_next_one(tmp_path, monkeypat
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", "p5.48xlarge",
                              "--web.listen-address", "127.0.0.1:0"], env=env, cwd=str(ROOT),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + START_HANG_GUARD_S
     while not list(tmp_path.glob("ghe-sim-*/owner")):
         assert proc.poll() is None and time.monotonic() < deadline, "no simulated root appeared"
         time.sleep(0.05)

@@ -29,7 +29,7 @@ from exporter.xid.kmsg import KmsgReader
 from exporter.xid.service import one_shot
 from exporter.xid.store import Ack, StateFile
 from exporter.xid.sxid_store import SxidStateFile
-from tests.helpers import samples, scrape, test_pool
+from tests.helpers import START_HANG_GUARD_S, samples, scrape, test_pool
 from tests.test_check import REAL
 from tests.test_xid_service import counts, make_ctx
 
@@ -59,7 +59,7 @@ def set_aside(tmp_path) -> list:
     return sorted(p.name for p in state_path(tmp_path).parent.glob("xid-state.json.corrupt-*"))
 
 
-def wait_for(cond, what: str, timeout_s: float = 30.0):
+def wait_for(cond, what: str, timeout_s: float = START_HANG_GUARD_S):
     deadline = time.monotonic() + timeout_s
     while not cond():
         assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
@@ -274,7 +274,7 @@ def test_the_scrape_never_waits_for_the_state_lock_and_keeps_the_acks_it_holds(t
         got: list = []
         scrape_look = threading.Thread(target=lambda: got.append(svc.refresh_acks()), daemon=True)
         scrape_look.start()
-        scrape_look.join(10)
+        scrape_look.join(START_HANG_GUARD_S)
         assert not scrape_look.is_alive() and got == [[]]
         assert [a.time for a in svc.store.acks] == [1.0]  # the acks held stay
     finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.helpers import samples, start_exporter, stop_within, wait_for
+from tests.helpers import START_HANG_GUARD_S, samples, start_exporter, stop_within, wait_for
 from tests.test_reload_signals import settled
 
 pytestmark = pytest.mark.slow
@@ -56,11 +56,11 @@ def test_a_broken_state_file_is_written_back_on_shutdown_and_reload(tmp_path, th
     (tmp_path / "kmsg").write_text(XID94)
     proc, url, log = xid_daemon(tmp_path)
     try:
-        wait_for(lambda: xid94_on_disk(tmp_path), 60, "XID 94 in the state file", proc, log)
+        wait_for(lambda: xid94_on_disk(tmp_path), START_HANG_GUARD_S, "XID 94 in the state file", proc, log)
         (tmp_path / "state" / "xid-state.json").write_text('{"version":1,')
         if then == "SIGHUP":
             proc.send_signal(signal.SIGHUP)
-            wait_for(lambda: settled(log, 1), 60, "the reloaded process serving", proc, log)
+            wait_for(lambda: settled(log, 1), START_HANG_GUARD_S, "the reloaded process serving", proc, log)
             assert xid94_on_disk(tmp_path)  # written before the exec
         assert stop_within(proc, 30) == 0
     finally:
@@ -84,7 +84,7 @@ def test_a_hostile_state_file_never_fails_a_scrape(tmp_path):
     (tmp_path / "kmsg").write_text(XID94)
     proc, url, log = xid_daemon(tmp_path)
     try:
-        wait_for(lambda: xid94_on_disk(tmp_path), 60, "XID 94 in the state file", proc, log)
+        wait_for(lambda: xid94_on_disk(tmp_path), START_HANG_GUARD_S, "XID 94 in the state file", proc, log)
     finally:
         assert stop_within(proc, 30) == 0
     path = tmp_path / "state" / "xid-state.json"
@@ -97,7 +97,8 @@ def test_a_hostile_state_file_never_fails_a_scrape(tmp_path):
         assert value(got, "gpu_xid_errors_total", xid="94") == 1  # counted again from the kernel log
         assert value(got, RECOVERIES) == 1
         assert "gpus[00000000:53:00].uuid" in log.read_text()
-        wait_for(lambda: xid94_on_disk(tmp_path), 60, "the state file written back", proc, log)
+        wait_for(lambda: xid94_on_disk(tmp_path), START_HANG_GUARD_S,
+                 "the state file written back", proc, log)
         assert "\\udcff" not in path.read_text()
         assert stop_within(proc, 30) == 0
     finally:

@@ -14,7 +14,15 @@ from exporter.xid.service import one_shot
 from exporter.xid.sxid import SxidContinuation, SxidReport, parse_sxid
 from exporter.xid.sxid_catalog import SxidPolicy, describe
 from exporter.xid.sxid_store import STATE_NAME, SXID_DOC
-from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, test_pool, value
+from tests.helpers import (
+    FIXTURES,
+    START_HANG_GUARD_S,
+    promtool_check_metrics,
+    samples,
+    scrape,
+    test_pool,
+    value,
+)
 from tests.test_xid_service import make_ctx
 
 RECORDS = (FIXTURES / "sxid" / "records.txt").read_text().splitlines()
@@ -194,7 +202,7 @@ def test_simulated_p5_sxid_scenarios_end_to_end():
 
     args = ("--simulate", "p5.48xlarge", "--scenario", "sxid-nonfatal-burst", "--scenario", "sxid-fatal")
     with running_exporter(*args) as url:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + START_HANG_GUARD_S
         text = requests.get(url + "/metrics", timeout=10).text
         while 'sxid="20034"' not in text and time.monotonic() < deadline:
             time.sleep(0.3)
@@ -209,6 +217,6 @@ def test_simulated_p5_sxid_scenarios_end_to_end():
     assert value(text, "gpu_node_health_verdict", verdict="reboot_required") == 1
     assert value(text, "gpu_node_health_reason", reason="sxid_reboot") == 1
     # the propagated NVLink XID: register 2 bit 16, which NVIDIA's WORKFLOW_NVLINK_ERR asks to report
-    # if it repeats (issue 45): counted, no action of its own; the SXid carries the node's reboot
+    # if it repeats: counted, no action of its own; the SXid carries the node's reboot
     assert value(text, "gpu_xid_errors_total", xid="74", tier="nonfatal") == 1
     assert value(text, "gpu_fabric_state", gpu="0", state="completed") == 1

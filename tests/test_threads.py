@@ -16,7 +16,7 @@ from exporter.arguments import build_parser
 from exporter.runner import Runner
 from exporter.startup import build_context
 from exporter.web.server import Server
-from tests.helpers import running_exporter
+from tests.helpers import START_HANG_GUARD_S, running_exporter
 
 
 def test_no_thread_is_created_per_scrape(monkeypatch):
@@ -72,7 +72,7 @@ def test_the_simulated_p5_runs_at_most_12_threads():
             for _ in range(40):
                 assert s.get(url + "/metrics", timeout=30).status_code == 200
         # a transient start-up thread (the identity lookup) may still be ending
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + START_HANG_GUARD_S
         task_dir = Path(f"/proc/{proc.pid}/task")
         while len(tasks := list(task_dir.iterdir())) > 12 and time.monotonic() < deadline:
             time.sleep(0.05)

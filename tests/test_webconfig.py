@@ -13,7 +13,7 @@ import requests
 from exporter.runner import Runner
 from exporter.web.server import Server
 from exporter.web.webconfig import ConfigError, load_web_config
-from tests.helpers import HANG_GUARD_S, ROOT, start_exporter, test_pool, value, wait_for
+from tests.helpers import HANG_GUARD_S, ROOT, START_HANG_GUARD_S, start_exporter, test_pool, value, wait_for
 from tests.test_runner import Probe
 
 PASSWORD = "s3cret-scrape"
@@ -181,7 +181,8 @@ def test_sighup_with_a_broken_web_config_keeps_serving(tmp_path):
     try:
         web.write_text("basic_auth_users:\n  prometheus: not-a-hash\n")
         proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "SIGHUP: not reloading" in log.read_text(), 20, "the reload refusal", proc, log)
+        wait_for(lambda: "SIGHUP: not reloading" in log.read_text(), START_HANG_GUARD_S,
+                 "the reload refusal", proc, log)
         assert "basic_auth_users.prometheus" in log.read_text() and proc.poll() is None
         r = requests.get(url + "/metrics", auth=("prometheus", PASSWORD), timeout=10)
         assert r.status_code == 200  # still the running configuration

@@ -27,7 +27,7 @@ from exporter.workload import slurm_cgroup, slurm_mapping
 from exporter.workload.model import Workload, WorkloadReading
 from exporter.workload.source import Kind, SlurmMappingKind, WorkloadSource
 from exporter.xid.store import Ack
-from tests.helpers import HANG_GUARD_S, ROOT, samples, scrape, test_pool, value
+from tests.helpers import HANG_GUARD_S, ROOT, START_HANG_GUARD_S, samples, scrape, test_pool, value
 from tests.test_shell_scripts import unguarded_array_expansions
 from tests.test_workload_attribution import drain_reason
 from tests.test_workload_sources import GPUS, U, collector_ctx, job
@@ -324,15 +324,15 @@ def test_the_fresh_reading_of_a_live_fault_starts_after_it_never_joins_one_in_fl
         src = WorkloadSource([kind], 5.0, 8, pool)
         scrape_ = threading.Thread(target=src.observe, args=(GPUS[:1],))
         scrape_.start()
-        assert kind.started.wait(10)
+        assert kind.started.wait(START_HANG_GUARD_S)
         kind.world = {U[0]: (POD,)}  # the pod takes the GPU; the fault follows
         fault = time.monotonic()
         got = []
         t = threading.Thread(target=lambda: got.append(src.observe(GPUS[:1], not_before=fault)))
         t.start()
         kind.gate.set()
-        t.join(10)
-        scrape_.join(10)
+        t.join(START_HANG_GUARD_S)
+        scrape_.join(START_HANG_GUARD_S)
         assert got[0].reading.by_uuid == {U[0]: (POD,)} and got[0].reading.mono >= fault
         assert kind.calls == 2
     finally:
@@ -351,6 +351,20 @@ def test_a_live_fault_without_a_reading_after_it_is_unknown_never_the_last_scrap
     fa.fresh = None
     assert fa.xid("00000000:53:00", 95, c.wall, kernel_s=c.mono).workloads is None
 
+
+
+def test_an_xid_logged_just_before_the_daemon_started_is_backlog_not_the_next_jobs():
+    """A record logged a second before start-up was read as live (under LIVE_S old): the first
+    reading, taken after a new job took the GPU, named that job (a loaded host's start-up order)."""
+    c = Clock()
+    h = WorkloadHistory()
+    fa = FaultAttribution(h, Ids(), mono=lambda: c.mono, wall=lambda: c.wall)  # the daemon starts
+    c.advance(0.5)
+    h.observe(WorkloadReading(c.wall, {U[0]: (job("5555"),)}, c.mono))  # its first reading
+    fa.fresh = lambda nb: WorkloadReading(c.wall, {U[0]: (job("5555"),)}, c.mono)
+    assert fa.xid("00000000:53:00", 31, c.wall - 1.5, kernel_s=c.mono - 1.5).workloads is None
+    c.advance(0.5)
+    assert fa.xid("00000000:53:00", 79, c.wall, kernel_s=c.mono).workloads == (job("5555"),)  # live
 
 # -- text ------------------------------------------------------------------------------------------
 def report(reasons, xids, hits, node_reasons=None):

@@ -199,6 +199,9 @@ class Node:
         self.world: dict[int, tuple[Workload, ...]] | None = None  # what the GPUs hold now (hold())
         self.ctx = make_ctx(tmp_path, text, nvml=session, fresh=self._fresh)
         self.svc = self.ctx.xid
+        # The tests date readings and events up to a minute back: the daemon ran by then (an event
+        # before its start is backlog, exporter.attribution.fault).
+        self.svc.attribution.started = time.monotonic() - 60
         self.uuid = {d.index: d.uuid for d in session.devices}
         self.pci = {d.index: pci_key(d.pci_bus_id) for d in session.devices}
         self.seq = 1000 if text == "" else 5000

@@ -23,7 +23,7 @@ from exporter.lifecycle import shutdown
 from exporter.runner import Runner
 from exporter.startup import build_context
 from exporter.web.server import Server
-from tests.helpers import promtool_check_metrics, samples, test_pool, wait_for
+from tests.helpers import START_HANG_GUARD_S, promtool_check_metrics, samples, test_pool, wait_for
 
 METRIC = "gpu_xid_workload_last_seen_timestamp_seconds"
 
@@ -73,7 +73,7 @@ def test_an_xid_names_the_job_after_it_ended_after_a_restart_and_in_check(tmp_pa
         assert ("gpu_health_exporter_kmsg_up", frozenset()) in first and jobs(first) == {}
         (mapping / "5").write_text("4242\n")  # the prolog: job 4242 holds GPU 5; no scrape since
         append(log, 1, 79, "0000:a8:00")  # and GPU 5 falls off the bus at once
-        wait_for(lambda: "XID 79 counted on GPU 5" in caplog.text, 30, "the XID's log line")
+        wait_for(lambda: "XID 79 counted on GPU 5" in caplog.text, START_HANG_GUARD_S, "the XID's log line")
         assert "workloads: slurm job 4242" in caplog.text  # the fresh reading the event asked for
         (mapping / "5").unlink()  # the epilog
         s = d.metrics()

@@ -23,7 +23,7 @@ from exporter.tools.simulate.podresources_server import PodResourcesServer
 from exporter.workload import podresources_wire as wire
 from exporter.workload.kubelet import KubeletClient, KubeletError
 from exporter.workload.podresources import api_pb2
-from tests.helpers import HANG_GUARD_S, ROOT, running_exporter
+from tests.helpers import HANG_GUARD_S, ROOT, START_HANG_GUARD_S, running_exporter
 from tests.test_workload_kubelet import Lister, serve, stopped
 
 # The unit's MemoryMax and the DaemonSet's limit (deploy/systemd/gpu-health-exporter.service,
@@ -175,7 +175,7 @@ def test_the_simulated_p5_with_the_kubelet_kind_runs_at_most_12_threads():
         assert not any("grpc" in m.path for m in proc.memory_maps())
         # a transient start-up thread (the identity lookup) may still be ending (as test_threads.py)
         task_dir = Path(f"/proc/{proc.pid}/task")
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + START_HANG_GUARD_S
         while len(tasks := list(task_dir.iterdir())) > 12 and time.monotonic() < deadline:
             time.sleep(0.05)
     assert len(tasks) <= 12, f"{len(tasks)} threads"
@@ -271,5 +271,5 @@ def test_a_socket_that_is_not_a_grpc_server_is_a_clear_error(tmp_path, reply, wh
         with pytest.raises(KubeletError, match=why):
             KubeletClient(str(path), 5.0).list()
     finally:
-        t.join(10)
+        t.join(START_HANG_GUARD_S)
         listener.close()

@@ -24,7 +24,7 @@ from exporter.web.landing import summarise
 from exporter.workload import slurm_cgroup, slurm_mapping
 from exporter.workload.model import Workload, WorkloadReading
 from exporter.workload.source import Kind, SlurmCgroupKind, SlurmMappingKind, WorkloadSource
-from tests.helpers import promtool_check_metrics, samples, scrape, test_pool, value
+from tests.helpers import START_HANG_GUARD_S, promtool_check_metrics, samples, scrape, test_pool, value
 from tests.test_xid_service import make_ctx
 
 P5 = PROFILES["p5.48xlarge"]
@@ -214,7 +214,7 @@ def test_a_hung_kind_misses_the_deadline_and_is_not_read_again_until_it_returns(
     obs = src.observe(GPUS)
     assert "not read again" in obs.problems["hung"][0] and hung.calls == 1
     release.set()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + START_HANG_GUARD_S
     while src.observe(GPUS).failed and time.monotonic() < deadline:
         time.sleep(0.01)
     assert src.observe(GPUS).reading.by_uuid == {u: () for u in U}
@@ -234,12 +234,12 @@ def test_readings_from_another_thread_share_the_one_in_flight_and_set_latest():
     threads = [threading.Thread(target=lambda: got.append(src.read(GPUS))) for _ in range(3)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + START_HANG_GUARD_S
     while kind.calls == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     gate.set()
     for t in threads:
-        t.join(10)
+        t.join(START_HANG_GUARD_S)
     assert len(got) == 3 and all(isinstance(r, WorkloadReading) and r.by_uuid == {U[0]: (job("1"),)}
                                  for r in got)
     assert kind.calls <= 3 and src.latest is not None and src.latest.by_uuid == {U[0]: (job("1"),)}

@@ -6,7 +6,7 @@ import time
 
 import requests
 
-from tests.helpers import promtool_check_metrics, running_exporter, samples, value
+from tests.helpers import START_HANG_GUARD_S, promtool_check_metrics, running_exporter, samples, value
 
 
 def test_live_xids_and_verdict_on_a_simulated_node():
@@ -15,7 +15,7 @@ def test_live_xids_and_verdict_on_a_simulated_node():
     with running_exporter(*args) as url:
         first = requests.get(url + "/metrics", timeout=10).text
         assert value(first, "gpu_xid_errors_total", gpu="4", xid="31", tier="application") == 1  # backlog
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + START_HANG_GUARD_S
         while True:
             text = requests.get(url + "/metrics", timeout=10).text
             s = samples(text)

@@ -1,4 +1,4 @@
-"""The NVLink XIDs decoded as NVIDIA's catalog says (issue 45): XID 74 and 144-150 lines from other
+"""The NVLink XIDs decoded as NVIDIA's catalog says: XID 74 and 144-150 lines from other
 projects' tests and from the issues that reported false fatals (tests/fixtures/xid/field_lines.jsonl,
 each with its source), the peers' 150 lines (tests/fixtures/xid/peer_xid_lines.jsonl, copied from the
 shared peer fixtures), and a property test over the forms the driver writes.
@@ -22,7 +22,7 @@ from exporter.xid.parser import KernelLogParser, XidReport, parse_message, parse
 from exporter.xid.policy import Policy, check_policy
 from exporter.xid.store import Count, count_key
 from exporter.xid.verdict import GpuInput, judge, xid_lines
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, START_HANG_GUARD_S
 
 FIELD = [json.loads(line) for line in (FIXTURES / "xid" / "field_lines.jsonl").read_text().splitlines()]
 PEER = [json.loads(line) for line in (FIXTURES / "xid" / "peer_xid_lines.jsonl").read_text().splitlines()]
@@ -279,13 +279,16 @@ def test_nvml_nvlink_xid_waits_for_the_kernel_line_that_decodes_it(tmp_path):
     c.start()
     try:
         watcher = lambda: c.service.watcher  # noqa: E731 - started by c.start()
-        wait_for(lambda: watcher() and watcher().status.state == "watching", 10, "the watcher")
+        wait_for(lambda: watcher() and watcher().status.state == "watching", START_HANG_GUARD_S,
+                 "the watcher")
         fake.queue_event(6, 149)  # NVML: the XID alone
-        wait_for(lambda: c.service.watcher.status.events >= 1, 10, "the NVML event taken")  # then the line
+        wait_for(lambda: c.service.watcher.status.events >= 1, START_HANG_GUARD_S,
+                 "the NVML event taken")  # then the line
         with open(tmp_path / "kmsg", "a") as f:
             f.write(f"4,0,{int(time.monotonic() * 1e6)},-;NVRM: Xid (PCI:0000:b9:00): 149, NETIR_BER_EVENT "
                     "Nonfatal XC0 i0 Link 03 (0x00086226 0x00000001 0x00000000 0x00000000)\n")
-        wait_for(lambda: c.service.store.reports.get("nvml", 0) >= 1, 15, "NVML's report after its grace")
+        wait_for(lambda: c.service.store.reports.get("nvml", 0) >= 1, START_HANG_GUARD_S,
+                 "NVML's report after its grace")
         text = scrape(Runner([c], deadline_s=5, pool=test_pool()))
         assert value(text, "gpu_xid_errors_total", gpu="6", xid="149", tier="nonfatal") == 1
         assert not [1 for n, ls in samples(text) if n == "gpu_xid_errors_total" and ("tier", "reset") in ls]

@@ -18,7 +18,16 @@ from exporter.tools.simulate.nvml_synth import node_capture
 from exporter.xid.nvlink import Decoded
 from exporter.xid.service import one_shot
 from exporter.xid.store import Ack
-from tests.helpers import FIXTURES, promtool_check_metrics, samples, scrape, test_pool, value, wait_for
+from tests.helpers import (
+    FIXTURES,
+    START_HANG_GUARD_S,
+    promtool_check_metrics,
+    samples,
+    scrape,
+    test_pool,
+    value,
+    wait_for,
+)
 
 KMSG = FIXTURES / "kmsg"
 P5 = PROFILES["p5.48xlarge"]
@@ -200,7 +209,7 @@ def test_nvml_event_and_kernel_line_for_one_xid_count_once_live(tmp_path):
     c = XidCollector(ctx)
     c.start()
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + START_HANG_GUARD_S
         while not (c.service.watcher and c.service.watcher.status.state == "watching"):
             assert time.monotonic() < deadline
             time.sleep(0.02)
@@ -210,7 +219,7 @@ def test_nvml_event_and_kernel_line_for_one_xid_count_once_live(tmp_path):
             f.write(f"4,0,{now_us},-;NVRM: Xid (PCI:0000:75:00): 63, pid='<unknown>', name=<unknown>, "
                     "Row Remapper: New row (0x00000000001f0a40) marked for remapping, reset gpu to "
                     "activate.\n")
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + START_HANG_GUARD_S
         while c.service.store.reports.get("kmsg", 0) < 1 or c.service.store.reports.get("nvml", 0) < 1:
             assert time.monotonic() < deadline
             time.sleep(0.02)
@@ -230,7 +239,7 @@ def test_a_lost_gpu_is_dropped_from_the_event_set_and_the_others_still_report(tm
     c.start()
     try:
         w = c.service.watcher
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + START_HANG_GUARD_S
         while w.status.state != "watching":
             assert time.monotonic() < deadline
             time.sleep(0.02)
@@ -259,12 +268,13 @@ def test_nvml_xid_154_waits_for_the_kernel_line_that_names_the_action(tmp_path):
     c = XidCollector(ctx)
     c.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + START_HANG_GUARD_S
         while not (c.service.watcher and c.service.watcher.status.state == "watching"):
             assert time.monotonic() < deadline
             time.sleep(0.02)
         fake.queue_event(6, 154)  # NVML: no action code
-        wait_for(lambda: c.service.watcher.status.events >= 1, 10, "the NVML event taken")  # then the line
+        wait_for(lambda: c.service.watcher.status.events >= 1, START_HANG_GUARD_S,
+                 "the NVML event taken")  # then the line
         with open(tmp_path / "kmsg", "a") as f:
             f.write(f"4,0,{int(time.monotonic() * 1e6)},-;NVRM: Xid (PCI:0000:b9:00): 154, GPU recovery "
                     "action changed from 0x0 (None) to 0x2 (Node Reboot Required)\n")
@@ -324,7 +334,7 @@ def test_on_change_tells_of_an_xid_an_ack_and_a_lost_gpu_as_they_happen(tmp_path
     c.start()
     try:
         w = c.service.watcher
-        wait_for(lambda: w and w.status.state == "watching", 10, "the NVML watcher")
+        wait_for(lambda: w and w.status.state == "watching", START_HANG_GUARD_S, "the NVML watcher")
         while told.acquire(timeout=0.5):  # the start-up backlog read, if it told: drained
             pass
         with open(tmp_path / "kmsg", "a") as f:
@@ -333,7 +343,7 @@ def test_on_change_tells_of_an_xid_an_ack_and_a_lost_gpu_as_they_happen(tmp_path
         ack = one_shot(make_ctx(tmp_path, None))  # `ack`, another process, on the same state
         assert ack.write_ack(Ack("00000000:53:00", 0, "", None, time.time(), {"94": 1})) == ""
         assert told.acquire(timeout=10), "no notification for the ack"
-        wait_for(lambda: c.service.snapshot().acks, 5, "the ack taken")
+        wait_for(lambda: c.service.snapshot().acks, START_HANG_GUARD_S, "the ack taken")
         fake.lose(5)
         assert told.acquire(timeout=10), "no notification for the lost GPU"
     finally:
@@ -353,7 +363,7 @@ def test_an_ack_is_told_while_the_kernel_log_cannot_be_read(tmp_path):
     c.service.on_change(told.release)
     c.start()
     try:
-        wait_for(lambda: c.service.follower.status.error, 10, "the kernel log failing")
+        wait_for(lambda: c.service.follower.status.error, START_HANG_GUARD_S, "the kernel log failing")
         ack = one_shot(make_ctx(tmp_path, None))
         assert ack.write_ack(Ack("00000000:53:00", 0, "", None, time.time(), {})) == ""
         assert told.acquire(timeout=KMSG_RETRY_S / 2), "the ack waited for the kernel log's retry"

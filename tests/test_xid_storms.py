@@ -1,4 +1,4 @@
-"""Never falsely fatal (issue 45), as an operator sees it through `check` and the node condition: an
+"""Never falsely fatal, as an operator sees it through `check` and the node condition: an
 NVLink XID lands in the tier NVIDIA's decode gives it, a root fault's storm of consequences is that
 one fault, a job crash's application XIDs change no verdict, and a GPU without NVLink gets no NVLink
 reason."""

@@ -1,13 +1,17 @@
 """FaultAttribution: the workloads a counted event hit, into the ledger.
 
-- A live event (counted at most LIVE_S after it happened, on the monotonic clock) is attributed
-  from a reading of the workload source that started at or after the event: the last reading
-  heard when it did and observed the GPU(s), else a fresh one it asks for (never one that was in
-  flight when the event happened). That reading sees the GPU as the event left it: a job started
-  since the last scrape is on it, one that died of the event is not gone yet (its epilog runs
-  seconds later). Without such a reading the answer is unknown: it could not tell.
-- An older event (the kernel-log backlog, an event counted late) is attributed from the history
-  (exporter.attribution.history: a set seen on both sides of it, else unknown).
+- A live event (it happened while this daemon ran, and was counted at most LIVE_S after it, on
+  the monotonic clock) is attributed from a reading of the workload source that started at or
+  after the event: the last reading heard when it did and observed the GPU(s), else a fresh one
+  it asks for (never one that was in flight when the event happened). That reading sees the GPU
+  as the event left it: a job started since the last scrape is on it, one that died of the event
+  is not gone yet (its epilog runs seconds later). Without such a reading the answer is unknown:
+  it could not tell.
+- Any other event (the kernel-log backlog, however recent; an event counted late) is attributed
+  from the history (exporter.attribution.history: a set seen on both sides of it, else unknown).
+  A record logged a second before the daemon started is backlog too: the daemon was not there to
+  read the GPU when it happened, and a job may have taken the GPU since (its first reading would
+  name that job).
 - An SXid is attributed, on every GPU the node lists, to that GPU's workloads at its time.
 """
 
@@ -44,13 +48,16 @@ class FaultAttribution:
     `fresh(not_before)` (given by the composition root when a workload source is configured) takes
     a reading that starts at or after monotonic time `not_before` and returns it (None when it
     could not); it also reaches the history through the source's listeners. `kernel_offset` is the
-    kernel clock's offset from time.monotonic() (exporter.xid.clock.KernelClock.offset_s)."""
+    kernel clock's offset from time.monotonic() (exporter.xid.clock.KernelClock.offset_s).
+    `started`: the monotonic time the daemon started (default: when this is built, at start-up);
+    an event before it is never live."""
 
     def __init__(self, history: WorkloadHistory, identities: Any,
                  ledger: AttributionLedger | None = None,
                  kernel_offset: Callable[[], float] = lambda: 0.0,
                  fresh: Callable[[float], WorkloadReading | None] | None = None,
-                 mono: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 mono: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 started: float | None = None) -> None:
         self.history = history
         self.identities = identities
         self.ledger = ledger or AttributionLedger()
@@ -58,6 +65,7 @@ class FaultAttribution:
         self.kernel_offset = kernel_offset
         self._mono = mono
         self._wall = wall
+        self.started = mono() if started is None else started
 
     def event_mono(self, wall: float, kernel_s: float | None) -> float:
         """The monotonic time of an event: its kernel-log time less the kernel clock's offset;
@@ -93,7 +101,7 @@ class FaultAttribution:
     def _answers(self, uuids: list[str], mono: float) -> dict[str, Answer]:
         if not uuids:
             return {}
-        if self._mono() - mono > LIVE_S:  # the backlog: what is on the GPU now is not what it hit
+        if mono < self.started or self._mono() - mono > LIVE_S:  # backlog: the GPU now is not as it left it
             return {u: self.history.at(u, mono) for u in uuids}
         reading = self._reading_after(uuids, mono)
         if reading is None:

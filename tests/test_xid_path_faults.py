@@ -39,6 +39,7 @@ from exporter.xid.sxid import SxidContinuation, SxidReport, parse_sxid
 from tests.helpers import (
     HANG_GUARD_S,
     ROOT,
+    START_HANG_GUARD_S,
     samples,
     scrape,
     start_exporter,
@@ -852,12 +853,12 @@ def test_daemon_rotated_log_counts_exactly_and_logs_each_event_once_across_a_res
     args = ("--simulate", "p5.48xlarge", "--kmsg-file", str(log), "--path.state-dir", str(state))
     proc, url, out = start_exporter(tmp_path, *args)
     try:
-        wait_for(lambda: xid_total(url) == 40, 30, "40 events")
+        wait_for(lambda: xid_total(url) == 40, START_HANG_GUARD_S, "40 events")
         shutil.copyfile(log, tmp_path / "kmsg.new")
         with open(tmp_path / "kmsg.new", "a") as f:
             f.write("".join(rec(40 + i, pci=GPU2) for i in range(8)))
         os.rename(tmp_path / "kmsg.new", log)
-        wait_for(lambda: xid_total(url) >= 48, 30, "48 events")
+        wait_for(lambda: xid_total(url) >= 48, START_HANG_GUARD_S, "48 events")
         t0 = time.time()
         r = subprocess.run([sys.executable, "-m", "exporter", "ack", *args, "--gpu", "2"],
                            capture_output=True,

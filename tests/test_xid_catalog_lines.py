@@ -1,6 +1,6 @@
-"""Held-out XID lines (issue 45, checked independently of the field set): lines from other projects'
+"""XID lines from outside the field set, checked independently of it: lines from other projects'
 tests, issues and NVIDIA's catalog that tests/fixtures/xid/field_lines.jsonl and the peers' 150 lines
-do not hold (tests/fixtures/xid/heldout_lines.jsonl, each with its source and the class NVIDIA's
+do not hold (tests/fixtures/xid/external_lines.jsonl, each with its source and the class NVIDIA's
 catalog gives it, `nvidia`). Each must parse and land in the tier the catalog asks for; where the
 project's default differs from the catalog on purpose (docs/xid.md "Where the default differs"),
 `nvidia` says so and the tier is the project's.
@@ -21,12 +21,12 @@ from exporter.xid.parser import parse_xid
 from exporter.xid.policy import TIERS, Policy
 from tests.helpers import FIXTURES
 
-HELDOUT = [json.loads(line) for line in (FIXTURES / "xid" / "heldout_lines.jsonl").read_text().splitlines()]
+EXTERNAL = [json.loads(line) for line in (FIXTURES / "xid" / "external_lines.jsonl").read_text().splitlines()]
 ACTION = ("reset", "reboot", "replace")
 
 
-@pytest.mark.parametrize("case", HELDOUT, ids=[f"{i}-{c['xid']}" for i, c in enumerate(HELDOUT)])
-def test_heldout_lines_classify_as_the_catalog_says(case):
+@pytest.mark.parametrize("case", EXTERNAL, ids=[f"{i}-{c['xid']}" for i, c in enumerate(EXTERNAL)])
+def test_external_lines_classify_as_the_catalog_says(case):
     r = parse_xid(case["line"])
     assert r is not None and r.xid == case["xid"], case["source"]
     assert Policy().tier(r.xid, r.action) == case["tier"], (case["line"], case["nvidia"])
@@ -36,8 +36,8 @@ def test_heldout_lines_classify_as_the_catalog_says(case):
         assert f"{d.outcome}/{d.severity or '-'}" == case["decode"], (case["line"], case["nvidia"])
 
 
-def test_heldout_nonfatal_lines_are_never_a_node_action():
-    nonfatal = [c for c in HELDOUT if "Nonfatal" in c["line"]]
+def test_external_nonfatal_lines_are_never_a_node_action():
+    nonfatal = [c for c in EXTERNAL if "Nonfatal" in c["line"]]
     assert nonfatal
     for c in nonfatal:
         r = parse_xid(c["line"])
@@ -112,11 +112,12 @@ def test_a_nonfatal_nvlink_storm_and_its_xid_45s_leave_the_node_schedulable(tmp_
     assert tiers == {(145, "nonfatal"), (45, "application"), (154, "nonfatal")}
 
 
-SXID = [json.loads(line) for line in (FIXTURES / "xid" / "heldout_sxid_lines.jsonl").read_text().splitlines()]
+SXID = [json.loads(line)
+        for line in (FIXTURES / "xid" / "external_sxid_lines.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("case", SXID, ids=[f"{i}-{c['sxid']}" for i, c in enumerate(SXID)])
-def test_heldout_sxid_lines_classify_as_the_fabric_manager_guide_says(case):
+def test_external_sxid_lines_classify_as_the_fabric_manager_guide_says(case):
     from exporter.xid.sxid import SxidReport, parse_sxid
     from exporter.xid.sxid_catalog import SxidPolicy
 
