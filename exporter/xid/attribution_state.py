@@ -16,7 +16,7 @@ from exporter.attribution.history import MAX_GPUS
 from exporter.attribution.ledger import MAX_PER_GPU, SXID, XID, Attribution, AttributionLedger
 from exporter.state import versions
 from exporter.state.file import StateFile
-from exporter.state.values import PCI_KEY_RE, StateError, seconds
+from exporter.state.values import StateError, bounded, envelope, integer, pci_key, seconds, show
 from exporter.workload.model import MAX_WORKLOADS, Workload, valid_label, valid_workload
 from exporter.xid.catalog import XID_MAX, XID_MIN
 from exporter.xid.sxid_store import SXID_MAX, SXID_MIN
@@ -24,7 +24,6 @@ from exporter.xid.sxid_store import SXID_MAX, SXID_MIN
 log = logging.getLogger("exporter.workload")
 
 STATE_NAME = "workload-state.json"
-STATE_VERSION = versions.WORKLOAD.version  # what this exporter writes; older ones are migrated
 MAX_RECORDS = MAX_GPUS * MAX_PER_GPU
 _CODES = {XID: (XID_MIN, XID_MAX), SXID: (SXID_MIN, SXID_MAX)}
 
@@ -38,49 +37,42 @@ def _dump(ledger: AttributionLedger) -> dict[str, Any]:
 
 
 def validate_state(st: Any) -> list[Attribution]:
-    """The records of a state document; StateError naming the first field out of shape."""
-    if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
-        raise StateError(f"not a version-{STATE_VERSION} workload state document")
-    if not isinstance(st.get("boot_id", ""), str) or not isinstance(st.get("kmsg", ""), str):
-        raise StateError("boot_id or kmsg is not a string")
-    rows = st.get("records")
-    if not isinstance(rows, list) or len(rows) > MAX_RECORDS:
-        raise StateError(f"records: expected a list of at most {MAX_RECORDS} entries")
-    return [_record(row, f"records[{i}]") for i, row in enumerate(rows)]
+    """The records of a state document; StateError naming the first field out of shape (the
+    state files' one style, exporter.state.values)."""
+    envelope(st, versions.WORKLOAD)
+    return [_record(row, f"records[{i}]")
+            for i, row in enumerate(bounded(st.get("records"), "records", MAX_RECORDS))]
 
 
 def _record(row: Any, where: str) -> Attribution:
     # a record holds 6 fields as written before the event's monotonic time was kept, 7 since
     if not isinstance(row, list) or len(row) not in (6, 7):
-        raise StateError(f"{where}: expected [pci, kind, code, switch, unix time, workloads or null, "
-                         "monotonic time or null]")
+        raise StateError(f"{where} is {show(row)}; expected [pci, kind, code, switch, unix time, "
+                         "workloads or null, monotonic time or null]")
     pci, kind, code, switch, t, ws, mono = row if len(row) == 7 else (*row, None)
-    if not isinstance(pci, str) or not PCI_KEY_RE.fullmatch(pci):
-        raise StateError(f"{where}: {pci!r} is not a GPU's PCI key")
+    pci_key(pci, f"{where} pci")
     if kind not in _CODES:
-        raise StateError(f"{where}: kind {kind!r} is not xid or sxid")
-    lo, hi = _CODES[kind]
-    if isinstance(code, bool) or not isinstance(code, int) or not lo <= code <= hi:
-        raise StateError(f"{where}: {kind} {code!r} is not an integer from {lo} to {hi}")
-    if not isinstance(switch, str) or (kind == SXID) != bool(PCI_KEY_RE.fullmatch(switch)) \
-            or (kind == XID and switch):
-        raise StateError(f"{where}: switch {switch!r}: an SXid names its NVSwitch's PCI key, an XID none")
-    t = seconds(t, f"{where}: time")  # the state files' one rule for a time
-    mono = None if mono is None else seconds(mono, f"{where}: monotonic time")
+        raise StateError(f"{where} kind is {show(kind)}; expected xid or sxid")
+    integer(code, f"{where} {kind}", *_CODES[kind])
+    if kind == SXID:
+        pci_key(switch, f"{where} switch")  # an SXid names its NVSwitch's PCI key
+    elif switch != "":
+        raise StateError(f"{where} switch is {show(switch)}; an XID names no NVSwitch")
+    t = seconds(t, f"{where} unix time")
+    mono = None if mono is None else seconds(mono, f"{where} monotonic time")
     if ws is None:
         return Attribution(pci, kind, code, switch, t, None, mono)
-    if not isinstance(ws, list) or len(ws) > MAX_WORKLOADS:
-        raise StateError(f"{where}: workloads: expected null or a list of at most {MAX_WORKLOADS}")
     workloads = []
-    for j, w in enumerate(ws):
+    for j, w in enumerate(bounded(ws, f"{where} workloads", MAX_WORKLOADS)):
         if not isinstance(w, list) or len(w) != 4 or not all(valid_label(f) for f in w):
-            raise StateError(f"{where}: workloads[{j}]: expected [hpc_job, namespace, pod, container], "
-                             "printable single-line strings")
+            raise StateError(f"{where} workloads[{j}] is {show(w)}; expected [hpc_job, namespace, pod, "
+                             "container], printable single-line strings")
         wl = Workload(*w)
         if not valid_workload(wl):
-            raise StateError(f"{where}: workloads[{j}]: neither a Slurm job (hpc_job alone) nor a pod")
+            raise StateError(f"{where} workloads[{j}] is {show(w)}; neither a Slurm job (hpc_job alone) "
+                             "nor a pod")
         workloads.append(wl)
-    return Attribution(pci, kind, code, switch, float(t), tuple(sorted(set(workloads))), mono)
+    return Attribution(pci, kind, code, switch, t, tuple(sorted(set(workloads))), mono)
 
 
 class WorkloadDocument:

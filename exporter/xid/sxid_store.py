@@ -18,17 +18,17 @@ from typing import Any
 from exporter.state import versions
 from exporter.state.file import StateFile
 from exporter.state.values import (
-    MAX_SEQ,
+    MAX_COUNT,
     StateError,
+    bounded,
+    envelope,
     integer,
     mapping,
     pci_key,
     seconds,
-    sequence,
     show,
-    text,
 )
-from exporter.xid.store import MAX_BOOT_ID_CHARS, MAX_COUNT, MAX_SOURCE_CHARS, OTHER
+from exporter.xid.store import OTHER
 from exporter.xid.sxid import SEVERITIES
 
 STATE_NAME = "sxid-state.json"
@@ -107,17 +107,8 @@ class SxidStore:
 def validate_state(st: Any) -> None:
     """Raise StateError naming the first field of an SXid state document out of shape or range
     (the XID state file's rules, exporter.state.values)."""
-    if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
-        raise StateError(f"not a version-{STATE_VERSION} SXid state document")
-    for key, check in (("boot_id", lambda v, w: text(v, w, MAX_BOOT_ID_CHARS)),
-                       ("kmsg", lambda v, w: text(v, w, MAX_SOURCE_CHARS)),
-                       ("last_seq", lambda v, w: integer(v, w, 0, MAX_SEQ)),
-                       ("recoveries", lambda v, w: integer(v, w, 0, MAX_COUNT))):
-        if st.get(key) is not None:
-            check(st[key], key)
-    counts = sequence(st.get("counts") or [], "counts")
-    if len(counts) > MAX_SERIES:
-        raise StateError(f"counts: {len(counts)} entries; at most {MAX_SERIES} expected")
+    envelope(st, versions.SXID)
+    counts = bounded(st.get("counts") or [], "counts", MAX_SERIES)
     for i, row in enumerate(counts):
         if not isinstance(row, list) or len(row) != 5:
             raise StateError(f"counts[{i}] is {show(row)}; expected [pci, sxid, severity, count, unix time]")
