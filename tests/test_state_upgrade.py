@@ -80,7 +80,7 @@ def test_every_generation_loads_with_nothing_lost(commit, tmp_path):
                         for a in written}
         assert len(acks) == 2
         if (STATE / commit / "workload-state.json").exists():
-            ledger = svc.persistence.attribution.ledger
+            ledger = svc.attribution.ledger
             seen = {(r.pci, r.kind, r.code, r.switch, round(r.time, 3),
                      tuple((w.hpc_job, w.namespace, w.pod, w.container) for w in r.workloads or ()))
                     for r in ledger.visible(svc.store.acks_snapshot())}

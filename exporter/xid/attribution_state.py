@@ -1,5 +1,6 @@
 """The attributions across restarts: `workload-state.json` in `state_dir`, beside the XID and SXid
-state files and keyed like them by the boot id and the kernel log the counts come from.
+state files and keyed like them by the boot id and the kernel log the counts come from; its
+document (WORKLOAD_DOC), which exporter.xid.persistence reads and writes with the others.
 
 A file of its own: the XID state file's format stays as it is, and an exporter without fault
 attribution ignores this one. Only the daemon writes it (atomically, when the ledger changed);
@@ -9,19 +10,15 @@ attribution ignores this one. Only the daemon writes it (atomically, when the le
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from exporter.attribution.history import MAX_GPUS
 from exporter.attribution.ledger import MAX_PER_GPU, SXID, XID, Attribution, AttributionLedger
 from exporter.state import versions
-from exporter.state.file import StateFile
 from exporter.state.values import StateError, bounded, envelope, integer, pci_key, seconds, show
 from exporter.workload.model import MAX_WORKLOADS, Workload, valid_label, valid_workload
 from exporter.xid.catalog import XID_MAX, XID_MIN
 from exporter.xid.sxid_store import SXID_MAX, SXID_MIN
-
-log = logging.getLogger("exporter.workload")
 
 STATE_NAME = "workload-state.json"
 MAX_RECORDS = MAX_GPUS * MAX_PER_GPU
@@ -93,38 +90,3 @@ class WorkloadDocument:
 
 
 WORKLOAD_DOC = WorkloadDocument()
-
-
-class AttributionStateFile:
-    """`workload-state.json`: read for this boot and kernel log, set aside when it breaks a rule
-    of validate_state, written atomically; never raises (its problems are in `file.status`)."""
-
-    def __init__(self, state_dir: str, boot_id: str, source: str) -> None:
-        self.file = StateFile(state_dir, boot_id, source, doc=WORKLOAD_DOC)
-
-    def load(self, ledger: AttributionLedger) -> None:
-        data = self.file.read()
-        if data is not None:
-            WORKLOAD_DOC.load(data, ledger)
-
-    def write(self, ledger: AttributionLedger) -> bool:
-        return self.file.write(WORKLOAD_DOC.dump(ledger))
-
-
-class AttributionPersistence:
-    """Loads the ledger at start and writes it when it changed (acks' cleared records dropped)."""
-
-    def __init__(self, file: AttributionStateFile, ledger: AttributionLedger) -> None:
-        self.file = file
-        self.ledger = ledger
-        self._written = -1
-
-    def load(self) -> None:
-        self.file.load(self.ledger)
-        self._written = self.ledger.version
-
-    def flush(self, acks: list[Any]) -> None:
-        self.ledger.prune(acks)
-        version = self.ledger.version
-        if version != self._written and self.file.write(self.ledger):
-            self._written = version

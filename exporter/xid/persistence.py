@@ -18,7 +18,9 @@ import threading
 import time
 from typing import Any
 
-from exporter.xid.attribution_state import AttributionPersistence
+from exporter.attribution.ledger import AttributionLedger
+from exporter.state.file import StateFile as DocumentFile
+from exporter.xid.attribution_state import WORKLOAD_DOC
 from exporter.xid.follower import KmsgFollower
 from exporter.xid.identities import GpuIdentities
 from exporter.xid.store import ACKS_DOC, XID_DOC, Ack, AcksFile, StateFile, XidStore, take_acks
@@ -29,19 +31,26 @@ STATE_WRITE_IDLE_S = 60.0  # write the sequence number now and then even without
 
 
 class XidPersistence:
-    def __init__(self, state: StateFile, acks: AcksFile, sxid_state: SxidStateFile, store: XidStore,
-                 identities: GpuIdentities, sxids: SxidStore, follower: KmsgFollower, write_xids: bool = True,
-                 sxids_enabled: bool = True, attribution: AttributionPersistence | None = None) -> None:
-        self.state = state
-        self.acks = acks  # written by `ack` alone; read here
-        self.sxid_state = sxid_state
+    """The daemon's state files, built here from where they live (`state_dir`), the boot and the
+    kernel log their counts come from (`source`); `acks_kind`: the acks file's kind (the simulated
+    node shares acks across its kernel logs, exporter.simulate.acks); `read_only` (`check`)."""
+
+    def __init__(self, state_dir: str, boot_id: str, source: str, store: XidStore, identities: GpuIdentities,
+                 sxids: SxidStore, follower: KmsgFollower, ledger: AttributionLedger, *,
+                 read_only: bool = False, acks_kind: type[AcksFile] = AcksFile, write_xids: bool = True,
+                 sxids_enabled: bool = True) -> None:
+        self.state = StateFile(state_dir, boot_id, source, read_only)
+        self.acks = acks_kind(state_dir, boot_id, source, read_only)  # written by `ack` alone; read here
+        self.sxid_state = SxidStateFile(state_dir, boot_id, source, read_only)
+        # which workloads each fault hit (exporter.attribution); a bad file costs no count
+        self.workload = DocumentFile(state_dir, boot_id, source, doc=WORKLOAD_DOC)
         self.store = store
         self.identities = identities
         self.sxids = sxids
         self.follower = follower  # owns the kernel-log sequence number each file records
+        self.ledger = ledger
         self.write_xids = write_xids  # False when XIDs are not counted: the file is only read
         self.sxids_enabled = sxids_enabled  # False: the SXid state is neither read nor written
-        self.attribution = attribution  # the workloads the events hit (exporter.attribution)
         self.loaded = False
         self.found = False  # a state file for this boot and kernel log was read
         self._lock = threading.Lock()  # one flush or intake at a time
@@ -50,6 +59,7 @@ class XidPersistence:
         self._last_write = 0.0
         self._sxid_written = 0
         self._sxid_last_write = 0.0
+        self._workload_written = -1
 
     def _version(self) -> int:
         return self.store.version + self.identities.version
@@ -70,8 +80,10 @@ class XidPersistence:
                 if sx is not None:
                     self.follower.resume("sxid", SXID_DOC.load(sx, self.sxids))
             self._sxid_written = self.sxids.version
-            if self.attribution is not None:
-                self.attribution.load()
+            data = self.workload.read()
+            if data is not None:
+                WORKLOAD_DOC.load(data, self.ledger)
+            self._workload_written = self.ledger.version
             self._written_version = self._version()
             self.loaded = True
 
@@ -113,8 +125,7 @@ class XidPersistence:
             now = time.monotonic()
             if self.sxids_enabled:
                 self._flush_sxids(now, force)
-            if self.attribution is not None:
-                self.attribution.flush(self.store.acks_snapshot())
+            self._flush_workload()
             if not self.write_xids:
                 return False
             version, seq = self._version(), self.follower.counted_through("xid")
@@ -142,3 +153,10 @@ class XidPersistence:
         version = self.sxids.version
         if self.sxid_state.write(SXID_DOC.dump(self.sxids, seq)):
             self._sxid_written = version
+
+    def _flush_workload(self) -> None:
+        """Write the attributions when they changed, those the acks cleared dropped first."""
+        self.ledger.prune(self.store.acks_snapshot())
+        version = self.ledger.version
+        if version != self._workload_written and self.workload.write(WORKLOAD_DOC.dump(self.ledger)):
+            self._workload_written = version
