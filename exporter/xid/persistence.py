@@ -65,7 +65,7 @@ class XidPersistence:
         return self.store.version + self.identities.version
 
     def load(self) -> None:
-        """Read both state files into the stores (again: what is known stays)."""
+        """Read the state files into the stores and the ledger (again: what is known stays)."""
         with self._lock:
             with self.state.locked():
                 data = self.state.read()
