@@ -570,3 +570,29 @@ def test_record_numbers_the_state_file_could_not_hold_are_malformed(tmp_path):
     assert counts(svc) == {("00000000:64:00", "31"): 1} and svc.snapshot().kmsg.stats.malformed == 3
     assert svc.flush_state(force=True)
     assert one_shot(make_ctx(tmp_path, None)).state.status.problem == ""
+
+
+# ------------------------------ every document validated in one style ------------------------------
+def _documents():
+    from exporter.xid.attribution_state import WORKLOAD_DOC
+    from exporter.xid.store import ACKS_DOC, XID_DOC
+    from exporter.xid.sxid_store import SXID_DOC
+    return {"XID": (XID_DOC, {"counts": {"00000000:05:00": {"94": [1, 1.0, 2.0]}}}),
+            "acks": (ACKS_DOC, {"acks": []}),
+            "SXid": (SXID_DOC, {"counts": [["00000000:08:00", 20034, "fatal", 1, 2.0]]}),
+            "workload": (WORKLOAD_DOC, {"records": [["00000000:05:00", "xid", 94, "", 2.0, None]]})}
+
+
+@pytest.mark.parametrize("what", ["XID", "acks", "SXid", "workload"])
+@pytest.mark.parametrize("field, value", [("boot_id", "b" * 65), ("kmsg", "a\nb"), ("recoveries", -1),
+                                          ("recoveries", True)])
+def test_every_document_checks_the_shared_fields_alike_and_names_them(what, field, value):
+    """The fields the state file adds to every document are checked by one rule (exporter.state.
+    values.envelope), whichever document: the error names the field, and a good one passes."""
+    doc, body = _documents()[what]
+    good = {**body, "version": doc.schema.version, "boot_id": "b", "kmsg": "/dev/kmsg", "recoveries": 0}
+    doc.validate(good)
+    with pytest.raises(state_file.StateError, match=f"^{field} "):
+        doc.validate({**good, field: value})
+    with pytest.raises(state_file.StateError, match=f"not a version-{doc.schema.version} {what} state"):
+        doc.validate({**good, "version": 0})
