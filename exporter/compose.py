@@ -86,7 +86,7 @@ def xid_service(config: Config, nvml: NvmlSession, *, source: str | None = None,
     `nvswitch.enabled: false` no SXid counter; the state files are still read for the verdict."""
     from exporter.state.file import read_boot_id
     from exporter.xid.clock import KernelClock
-    from exporter.xid.counter import XidCounter
+    from exporter.xid.counter import SxidCounter, XidCounter
     from exporter.xid.follower import KmsgFollower
     from exporter.xid.identities import GpuIdentities
     from exporter.xid.persistence import XidPersistence
@@ -94,7 +94,6 @@ def xid_service(config: Config, nvml: NvmlSession, *, source: str | None = None,
     from exporter.xid.service import XidService
     from exporter.xid.store import AcksFile, XidStore
     from exporter.xid.sxid_catalog import SxidPolicy
-    from exporter.xid.sxid_counter import SxidCounter
     from exporter.xid.sxid_store import SxidStore
 
     cfg = config.section(XidSection)

@@ -5,7 +5,8 @@ background work that drives them in the daemon.
 Parts, one job each:
 - identities (exporter.xid.identities): which GPU sits at a PCI address, bounded;
 - XidCounter (exporter.xid.counter): kernel-log records and NVML events -> XID events;
-- SxidCounter (exporter.xid.sxid_counter): kernel-log records -> SXid reports;
+- SxidCounter (exporter.xid.counter): kernel-log records -> SXid reports, the same path with
+  the SXid parser, catalog and store;
 - KmsgFollower (exporter.xid.follower): one kernel-log reader feeding both counters;
 - XidPersistence (exporter.xid.persistence): the state files, written from snapshots.
 
@@ -36,7 +37,7 @@ from typing import Any, Protocol
 from exporter.attribution.fault import FaultAttribution
 from exporter.attribution.ledger import Attribution, acks_key
 from exporter.xid.clock import KernelClock
-from exporter.xid.counter import XidCounter
+from exporter.xid.counter import SxidCounter, XidCounter
 from exporter.xid.follower import KmsgFollower
 from exporter.xid.identities import GpuIdentities, Identity
 from exporter.xid.kmsg import ReaderStats
@@ -45,9 +46,8 @@ from exporter.xid.persistence import XidPersistence
 from exporter.xid.policy import Policy
 from exporter.xid.store import Ack, XidStore, split_key
 from exporter.xid.sxid_catalog import SxidPolicy
-from exporter.xid.sxid_counter import SxidCounter, sxid_lines
 from exporter.xid.sxid_store import SxidStore
-from exporter.xid.verdict import SxidLine, XidLine, xid_lines
+from exporter.xid.verdict import SxidLine, XidLine, sxid_lines, xid_lines
 
 log = logging.getLogger("exporter.xid")
 
