@@ -146,6 +146,69 @@ def test_check_reports_the_counts_acks_and_attribution_of_the_old_files(commit, 
         assert set(map(tuple, hit.values())) == {("4242",)}
 
 
+OLD_FILES = ("sxid-state.json", "workload-state.json")
+
+
+def loaded(state: Path, commit: str, flush: bool = True) -> tuple[dict, dict, list]:
+    """(XID counts, SXid counts, attributions) a service on `state` loads; flushed when `flush`."""
+    ctx, sim = build_context(build_parser().parse_args(sim_args(commit, state)))
+    try:
+        svc = ctx.xid
+        svc.load_state()
+        if flush:
+            assert svc.flush_state(force=True)
+        return ({p: {k: c.to_json() for k, c in ks.items()} for p, ks in svc.store.snapshot().items()},
+                {k: (c.count, c.last_wall) for k, c in svc.sxids.snapshot().items()},
+                sorted(map(repr, svc.attribution.ledger.records())))
+    finally:
+        sim.close()
+
+
+@pytest.mark.parametrize("commit", COMMITS)
+def test_the_old_files_migrate_into_one_document_and_are_renamed_not_lost(commit, tmp_path):
+    """Read once into xid-state.json (version 2: its sxid and workload sections), then renamed
+    `<name>.migrated-<time>` with their bytes; a restart loads the same from the document alone."""
+    state = copied(commit, tmp_path)
+    olds = {n: (state / n).read_bytes() for n in OLD_FILES if (state / n).exists()}
+    first = loaded(state, commit)
+    doc = json.loads((state / "xid-state.json").read_text())
+    assert doc["version"] == versions.XID.version == 2 and doc["sxid"]["counts"]
+    assert ("workload-state.json" in olds) == bool(doc["workload"]["records"])
+    for name, raw in olds.items():
+        assert not (state / name).exists()
+        assert [p.read_bytes() for p in state.glob(f"{name}.migrated-*")] == [raw]
+    assert loaded(state, commit) == first and first[1]
+    assert {p.name for p in state.iterdir() if p.name.endswith(".json")} == {"xid-state.json"} | (
+        {"xid-acks.json"} if (STATE / commit / "xid-acks.json").exists() else set())
+
+
+def test_a_crash_between_writing_the_document_and_renaming_the_old_files_the_document_wins(tmp_path):
+    commit = COMMITS[-1]
+    state = copied(commit, tmp_path)
+    first = loaded(state, commit)
+    for name in OLD_FILES:  # put back as a crash before the rename leaves them, with other counts
+        (aside,) = state.glob(f"{name}.migrated-*")
+        doc = json.loads(aside.read_text())
+        doc.update(counts=[[*row[:3], row[3] + 100, row[4]] for row in doc.get("counts", [])], records=[])
+        (state / name).write_text(json.dumps(doc))
+    assert loaded(state, commit, flush=False) == first  # the document's, not the old files'
+    for name in OLD_FILES:
+        assert not (state / name).exists() and len(list(state.glob(f"{name}.migrated-*"))) == 2
+
+
+def test_check_reads_the_old_files_and_writes_nothing(tmp_path, capsys):
+    commit = COMMITS[-1]
+    state = copied(commit, tmp_path)
+    def files() -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in state.iterdir() if p.name != "xid-state.json.lock"}
+
+    before = files()
+    main(["check", *sim_args(commit, state), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert sorted((s["sxid"], s["count"]) for s in out["nvswitch_sxids"]) == [(20001, 24), (20034, 1)]
+    assert files() == before
+
+
 def newer(commit: str, state: Path) -> Path:
     """The fixture's XID file as a newer exporter would write it (version + 1)."""
     path = state / "xid-state.json"

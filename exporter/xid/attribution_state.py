@@ -1,11 +1,10 @@
-"""The attributions across restarts: `workload-state.json` in `state_dir`, beside the XID and SXid
-state files and keyed like them by the boot id and the kernel log the counts come from; its
-document (WORKLOAD_DOC), which exporter.xid.persistence reads and writes with the others.
+"""The attributions across restarts: the `workload` section of the state document
+(exporter.xid.persistence), which the daemon writes with the XID and SXid counts when the ledger
+changed and `check` reads. Every field is validated before use: a bad section is set aside with
+the file and ignored (attribution starts over; the counts are untouched).
 
-A file of its own: the XID state file's format stays as it is, and an exporter without fault
-attribution ignores this one. Only the daemon writes it (atomically, when the ledger changed);
-`check` reads it. Every field is validated before use: a bad file is logged once and ignored
-(attribution starts over; the counts are untouched).
+Up to version 1 it was a file of its own, `workload-state.json` (WORKLOAD_DOC as a document),
+which is migrated when read.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Any
 from exporter.attribution.history import MAX_GPUS
 from exporter.attribution.ledger import MAX_PER_GPU, SXID, XID, Attribution, AttributionLedger
 from exporter.state import versions
-from exporter.state.values import StateError, bounded, envelope, integer, pci_key, seconds, show
+from exporter.state.values import StateError, bounded, envelope, integer, mapping, pci_key, seconds, show
 from exporter.workload.model import MAX_WORKLOADS, Workload, valid_label, valid_workload
 from exporter.xid.catalog import XID_MAX, XID_MIN
 from exporter.xid.sxid_store import SXID_MAX, SXID_MIN
@@ -34,11 +33,16 @@ def _dump(ledger: AttributionLedger) -> dict[str, Any]:
 
 
 def validate_state(st: Any) -> list[Attribution]:
-    """The records of a state document; StateError naming the first field out of shape (the
-    state files' one style, exporter.state.values)."""
+    """The records of an old `workload-state.json`; StateError naming the first field out of shape."""
     envelope(st, versions.WORKLOAD)
+    return validate_section(st)
+
+
+def validate_section(st: Any) -> list[Attribution]:
+    """The records of a workload section (or an old file's body); StateError naming the first
+    field out of shape (the state files' one style, exporter.state.values)."""
     return [_record(row, f"records[{i}]")
-            for i, row in enumerate(bounded(st.get("records"), "records", MAX_RECORDS))]
+            for i, row in enumerate(bounded(mapping(st, "workload").get("records"), "records", MAX_RECORDS))]
 
 
 def _record(row: Any, where: str) -> Attribution:
@@ -73,19 +77,21 @@ def _record(row: Any, where: str) -> Attribution:
 
 
 class WorkloadDocument:
-    """`workload-state.json`, written by the daemon alone: which workloads each fault hit."""
+    """The workload section: which workloads each fault hit (as a document of its own, the old
+    `workload-state.json`)."""
 
     name = STATE_NAME
     schema = versions.WORKLOAD
     validate = staticmethod(validate_state)
+    section = staticmethod(validate_section)
 
     def dump(self, ledger: AttributionLedger) -> dict[str, Any]:
         """The body as of now (the ledger's records; changes nothing)."""
         return _dump(ledger)
 
     def load(self, doc: dict[str, Any], ledger: AttributionLedger) -> None:
-        """Add a validated document's records to `ledger` (what it holds stays)."""
-        for rec in validate_state(doc):
+        """Add a validated section's records to `ledger` (what it holds stays)."""
+        for rec in validate_section(doc):
             ledger.add(rec)
 
 

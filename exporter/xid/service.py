@@ -144,7 +144,6 @@ class XidService:
         self.attribution = attribution
         self.follower = follower
         self.state, self.acks_file = persistence.state, persistence.acks
-        self.sxid_state = persistence.sxid_state
         self.persistence = persistence
         self.watcher: NvmlEventWatcher | None = None
         self._stop = threading.Event()

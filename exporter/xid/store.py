@@ -91,6 +91,15 @@ def validate_state(st: Any) -> None:
     finite times in range, strings bounded and encodable, and each acknowledgement is of counts
     the file holds (its baseline is never above the count it acknowledges)."""
     envelope(st, versions.XID)
+    validate_section(st)
+
+
+# The XID section's keys: at the state document's top level, where version 1 had them.
+SECTION_KEYS = ("counts", "open", "gpus", "acks", "last_seq")
+
+
+def validate_section(st: dict[str, Any]) -> None:
+    """The XID section of a state document (SECTION_KEYS), as validate_state."""
     counts = mapping(st.get("counts") or {}, "counts")
     for p, ks in counts.items():
         pci_key(p, "counts", OTHER)
