@@ -132,7 +132,7 @@ class XidPersistence:
         self._kept: dict[str, Any] = {}  # sections written back as read (those not counted here)
         self._to_rename: list[StateFile] = []  # old files read, renamed once the document is written
         self._written: tuple[int, int, int] | None = None  # the versions last written
-        self._written_seq: tuple[int | None, int | None] | None = None
+        self._written_seq: tuple[int | None, int | None] = (None, None)
         self._last_write = 0.0
 
     def _versions(self) -> tuple[int, int, int]:
