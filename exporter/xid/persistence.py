@@ -187,8 +187,8 @@ class XidPersistence:
         try:
             aside = set_aside(old.path, None, "migrated")
         except OSError as e:
-            log.warning("old state file %s: cannot be renamed (%s); it is renamed after the next "
-                        "write", old.path, e.strerror or e)
+            log.warning("old state file %s: cannot be renamed (%s); left in place, the state file "
+                        "wins over it at the next start", old.path, e.strerror or e)
             return
         log.info("old state file %s is in %s now: renamed %s", old.path, self.state.path, aside.name)
 
