@@ -196,6 +196,26 @@ def test_a_crash_between_writing_the_document_and_renaming_the_old_files_the_doc
         assert not (state / name).exists() and len(list(state.glob(f"{name}.migrated-*"))) == 2
 
 
+def test_what_is_not_a_regular_file_at_an_old_path_is_named_and_left_alone(tmp_path, caplog):
+    """A symlink (to a good old file) and a FIFO: never read, renamed nor replaced."""
+    import os
+
+    commit = COMMITS[-1]
+    state = copied(commit, tmp_path)
+    target = tmp_path / "elsewhere.json"
+    os.replace(state / "sxid-state.json", target)
+    (state / "sxid-state.json").symlink_to(target)
+    (state / "workload-state.json").unlink()
+    os.mkfifo(state / "workload-state.json")
+    before = {n: os.lstat(state / n) for n in OLD_FILES}
+    with caplog.at_level(logging.ERROR):
+        _, sxids, records = loaded(state, commit)
+    assert sxids == {} and records == []  # the document (version 1) has neither; the old files unread
+    for name in OLD_FILES:
+        assert os.lstat(state / name).st_ino == before[name].st_ino and str(state / name) in caplog.text
+    assert target.read_bytes() == (STATE / commit / "sxid-state.json").read_bytes()
+
+
 def test_check_reads_the_old_files_and_writes_nothing(tmp_path, capsys):
     commit = COMMITS[-1]
     state = copied(commit, tmp_path)
