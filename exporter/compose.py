@@ -85,18 +85,16 @@ def xid_service(config: Config, nvml: NvmlSession, *, source: str | None = None,
     `xid.enabled: false` builds no XID counter (no XID is counted, no NVML event watcher) and
     `nvswitch.enabled: false` no SXid counter; the state files are still read for the verdict."""
     from exporter.state.file import read_boot_id
-    from exporter.xid.attribution_state import AttributionPersistence, AttributionStateFile
     from exporter.xid.clock import KernelClock
-    from exporter.xid.counter import XidCounter
+    from exporter.xid.counter import SxidCounter, XidCounter
     from exporter.xid.follower import KmsgFollower
     from exporter.xid.identities import GpuIdentities
     from exporter.xid.persistence import XidPersistence
     from exporter.xid.policy import Policy
     from exporter.xid.service import XidService
-    from exporter.xid.store import AcksFile, StateFile, XidStore
+    from exporter.xid.store import AcksFile, XidStore
     from exporter.xid.sxid_catalog import SxidPolicy
-    from exporter.xid.sxid_counter import SxidCounter
-    from exporter.xid.sxid_store import SxidStateFile, SxidStore
+    from exporter.xid.sxid_store import SxidStore
 
     cfg = config.section(XidSection)
     nvswitch = config.find(NvswitchSection)
@@ -116,16 +114,11 @@ def xid_service(config: Config, nvml: NvmlSession, *, source: str | None = None,
     consumers: dict[str, Callable[[Record, bool], None]] = {
         name: c.handle_record for name, c in (("xid", counter), ("sxid", sxid_counter)) if c is not None}
     follower = KmsgFollower(config.paths.kmsg, consumers, clock, enabled=cfg.kmsg)
-    source = source or config.paths.kmsg
-    state_dir = config.paths.state_dir
-    state = StateFile(state_dir, boot_id, source, read_only)
-    acks = (acks_file or AcksFile)(state_dir, boot_id, source, read_only)
-    sxid_state = SxidStateFile(state_dir, boot_id, source, read_only)
-    attribution_file = AttributionStateFile(state_dir, boot_id, source)
     persistence = XidPersistence(
-        state, acks, sxid_state, store, identities, sxids, follower, write_xids=counter is not None,
-        sxids_enabled=sxid_enabled, attribution=AttributionPersistence(attribution_file, attribution.ledger))
+        config.paths.state_dir, boot_id, source or config.paths.kmsg, store, identities, sxids, follower,
+        attribution.ledger, read_only=read_only, acks_kind=acks_file or AcksFile,
+        write_xids=counter is not None, sxids_enabled=sxid_enabled)
     return XidService(cfg, kmsg_path=config.paths.kmsg, policy=policy, sxid_policy=sxid_policy, clock=clock,
                       identities=identities, store=store, sxids=sxids, counter=counter,
-                      sxid_counter=sxid_counter, attribution=attribution, follower=follower, state=state,
-                      acks_file=acks, sxid_state=sxid_state, persistence=persistence)
+                      sxid_counter=sxid_counter, attribution=attribution, follower=follower,
+                      persistence=persistence)

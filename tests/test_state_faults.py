@@ -28,7 +28,6 @@ from exporter.xid import kmsg as kmsg_mod
 from exporter.xid.kmsg import KmsgReader
 from exporter.xid.service import one_shot
 from exporter.xid.store import Ack, StateFile
-from exporter.xid.sxid_store import SxidStateFile
 from tests.helpers import START_HANG_GUARD_S, samples, scrape, test_pool
 from tests.test_check import REAL
 from tests.test_xid_service import counts, make_ctx
@@ -143,19 +142,36 @@ def test_an_ack_baseline_above_the_count_does_not_silence_the_gpu(tmp_path, caps
     assert code == 2 and out["sources"]["state_file"]["problem"] == "corrupt"
 
 
-def test_an_sxid_state_file_out_of_shape_is_set_aside(tmp_path, caplog):
+@pytest.mark.parametrize("section, bad, field", [
+    ("sxid", {"counts": [["00000000:05:00", 12028, "fatal", 1, float("inf")]]}, "counts[0] unix time is inf"),
+    ("sxid", {"counts": [["00000000:05:00", 12028, "fatal", 1, 1e300]]}, "unix time is 1e+300"),
+    ("sxid", {"counts": [["00000000:05:00", 12028, ["fatal"], 1, 1.0]]}, "severity is ['fatal']"),
+    ("workload", {"records": [["00000000:05:00", "xid", 1000, "", 1.0, None]]}, "records[0] xid is 1000"),
+    ("xid", {"counts": {PCI: {"94": [-1, 5.0, 1.7e9]}}}, "count is -1"),
+])
+def test_a_section_out_of_shape_is_set_aside_and_the_others_load(tmp_path, caplog, section, bad, field):
+    """One document, sections validated on their own: a bad one is named (file and key), counted
+    as a recovery and kept aside with the file; the others load, and are written back."""
+    from exporter.xid.persistence import STATE_DOC
+
     d = tmp_path / "state"
     d.mkdir()
-    for row, field in ((["00000000:05:00", 12028, "fatal", 1, float("inf")], "counts[0] unix time is inf"),
-                       (["00000000:05:00", 12028, "fatal", 1, 1e300], "unix time is 1e+300"),
-                       (["00000000:05:00", 12028, ["fatal"], 1, 1.0], "severity is ['fatal']")):
-        caplog.clear()
-        doc = {"version": 1, "boot_id": "b", "kmsg": "k", "counts": [row]}
-        (d / "sxid-state.json").write_text(json.dumps(doc))
-        sf = SxidStateFile(str(d), "b", "k")
-        assert sf.read() is None and sf.status.problem == "corrupt" and field in caplog.text
-        assert not (d / "sxid-state.json").exists() and sf.behind()  # written back at the next flush
-    assert len(list(d.glob("sxid-state.json.corrupt-*"))) == 3
+    sections = {"counts": {PCI: {"94": [2, 5.0, 1.7e9]}},
+                "sxid": {"counts": [["00000000:05:00", 12028, "fatal", 3, 1.0]], "switches": {}},
+                "workload": {"records": [[PCI, "xid", 94, "", 2.0, None]]}}
+    doc = {"version": 2, "boot_id": "b", "kmsg": "k", **sections,
+           **({section: bad} if section != "xid" else bad)}
+    (d / "xid-state.json").write_text(json.dumps(doc))
+    sf = state_file.StateFile(str(d), "b", "k", doc=STATE_DOC)
+    data = sf.read()
+    assert data is not None and sf.status.problem == "corrupt" and sf.recoveries == 1
+    assert f"{d / 'xid-state.json'}" in caplog.text and f"section {section}: " in caplog.text
+    assert field in caplog.text
+    kept = {"xid": "counts" in data, "sxid": "sxid" in data, "workload": "workload" in data}
+    assert kept == {k: k != section for k in kept}
+    assert data.get("sxid", sections["sxid"]) == sections["sxid"]
+    assert [p.read_text() for p in d.glob("xid-state.json.corrupt-*")] == [json.dumps(doc)]
+    assert not (d / "xid-state.json").exists() and sf.behind()  # written back at the next flush
 
 
 # -- 3. what the daemon holds is written back whenever the file is not what it holds -------------
@@ -570,3 +586,29 @@ def test_record_numbers_the_state_file_could_not_hold_are_malformed(tmp_path):
     assert counts(svc) == {("00000000:64:00", "31"): 1} and svc.snapshot().kmsg.stats.malformed == 3
     assert svc.flush_state(force=True)
     assert one_shot(make_ctx(tmp_path, None)).state.status.problem == ""
+
+
+# ------------------------------ every document validated in one style ------------------------------
+def _documents():
+    from exporter.xid.attribution_state import WORKLOAD_DOC
+    from exporter.xid.store import ACKS_DOC, XID_DOC
+    from exporter.xid.sxid_store import SXID_DOC
+    return {"XID": (XID_DOC, {"counts": {"00000000:05:00": {"94": [1, 1.0, 2.0]}}}),
+            "acks": (ACKS_DOC, {"acks": []}),
+            "SXid": (SXID_DOC, {"counts": [["00000000:08:00", 20034, "fatal", 1, 2.0]]}),
+            "workload": (WORKLOAD_DOC, {"records": [["00000000:05:00", "xid", 94, "", 2.0, None]]})}
+
+
+@pytest.mark.parametrize("what", ["XID", "acks", "SXid", "workload"])
+@pytest.mark.parametrize("field, value", [("boot_id", "b" * 65), ("kmsg", "a\nb"), ("recoveries", -1),
+                                          ("recoveries", True)])
+def test_every_document_checks_the_shared_fields_alike_and_names_them(what, field, value):
+    """The fields the state file adds to every document are checked by one rule (exporter.state.
+    values.envelope), whichever document: the error names the field, and a good one passes."""
+    doc, body = _documents()[what]
+    good = {**body, "version": doc.schema.version, "boot_id": "b", "kmsg": "/dev/kmsg", "recoveries": 0}
+    doc.validate(good)
+    with pytest.raises(state_file.StateError, match=f"^{field} "):
+        doc.validate({**good, field: value})
+    with pytest.raises(state_file.StateError, match=f"not a version-{doc.schema.version} {what} state"):
+        doc.validate({**good, "version": 0})

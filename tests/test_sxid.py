@@ -13,7 +13,7 @@ from exporter.runner import Runner
 from exporter.xid.service import one_shot
 from exporter.xid.sxid import SxidContinuation, SxidReport, parse_sxid
 from exporter.xid.sxid_catalog import SxidPolicy, describe
-from exporter.xid.sxid_store import STATE_NAME, SXID_DOC
+from exporter.xid.sxid_store import STATE_NAME
 from tests.helpers import (
     FIXTURES,
     START_HANG_GUARD_S,
@@ -160,14 +160,14 @@ def test_counted_once_across_restarts_and_again_after_a_new_boot(tmp_path):
 @pytest.mark.parametrize("content", [
     "{not json", json.dumps({"version": 1, "counts": [["x", 5, "fatal", 1, 0]]}),
     json.dumps({"version": 1, "counts": [], "last_seq": -4}), b'{"version": 1, "boot_id": "\xff"}'])
-def test_a_corrupt_state_file_counts_from_the_kernel_log(tmp_path, content, caplog):
+def test_a_corrupt_old_state_file_counts_from_the_kernel_log(tmp_path, content, caplog):
     state = tmp_path / "state"
     state.mkdir()
     (state / STATE_NAME).write_bytes(content if isinstance(content, bytes) else content.encode())
     ctx = make_ctx(tmp_path, kmsg(RECORDS[3:4]))
     svc = one_shot(ctx)
     assert sxid_counts(svc) == {("00000000:06:00", 20034, "fatal"): 1}
-    assert svc.sxid_state.status.problem == "corrupt"
+    assert svc.persistence.old["sxid"].status.problem == "corrupt"
     assert str(state / STATE_NAME) in caplog.text
 
 
@@ -186,10 +186,11 @@ def test_the_state_file_write_never_follows_a_planted_symlink(tmp_path):
     state.mkdir()
     victim = tmp_path / "victim"
     victim.write_text("precious")
-    (state / f".{STATE_NAME}.{os.getpid()}.tmp").symlink_to(victim)
-    (state / f".{STATE_NAME}.1.tmp").write_text("{half")  # a writer killed mid-write
+    name = "xid-state.json"  # the SXid counts' section is in it
+    (state / f".{name}.{os.getpid()}.tmp").symlink_to(victim)
+    (state / f".{name}.1.tmp").write_text("{half")  # a writer killed mid-write
     svc = one_shot(make_ctx(tmp_path, kmsg(RECORDS[3:4])))
-    assert svc.sxid_state.write(SXID_DOC.dump(svc.sxids, None))
+    assert svc.flush_state(force=True) and json.loads((state / name).read_text())["sxid"]["counts"]
     assert victim.read_text() == "precious" and not list(state.glob(".*.tmp"))
 
 

@@ -25,7 +25,7 @@ from exporter.commands import ack as ack_cmd
 from exporter.commands import check
 from exporter.runner import Runner
 from exporter.workload.model import Workload, WorkloadReading
-from exporter.xid.attribution_state import STATE_NAME, validate_state
+from exporter.xid.attribution_state import STATE_NAME, validate_section, validate_state
 from exporter.xid.parser import pci_key
 from exporter.xid.service import one_shot
 from tests.helpers import HANG_GUARD_S, ROOT, promtool_check_metrics, samples, scrape, test_pool
@@ -266,8 +266,8 @@ def test_an_xid_names_the_job_in_the_log_line_the_series_and_the_state_file_afte
     assert promtool_check_metrics(scrape(Runner([XidCollector(node.ctx)], deadline_s=5,
             pool=test_pool()))) == ""
     node.svc.flush_state(force=True)
-    doc = json.loads((tmp_path / "state" / STATE_NAME).read_text())
-    recs = validate_state(doc)
+    doc = json.loads((tmp_path / "state" / "xid-state.json").read_text())
+    recs = validate_section(doc["workload"])
     assert {(r.code, r.workloads) for r in recs} == {(79, (JOB42,)), (13, ())}
 
 
@@ -352,7 +352,7 @@ def test_an_ack_clears_the_gpu_and_a_later_event_is_attributed_again(tmp_path):
         assert hits(node.scrape()) == {("1", "94", "43", ""), ("0", "95", "43", "")}
     finally:
         node.svc.stop()
-    recs = validate_state(json.loads((tmp_path / "state" / STATE_NAME).read_text()))
+    recs = validate_section(json.loads((tmp_path / "state" / "xid-state.json").read_text())["workload"])
     assert {(r.pci, r.code) for r in recs} == {("00000000:64:00", 94), ("00000000:53:00", 95)}
 
 

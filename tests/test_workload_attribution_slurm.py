@@ -71,7 +71,7 @@ def test_an_xid_names_the_real_job_everywhere_after_it_ended_and_after_a_restart
         if job is not None:
             c.run([need("scancel"), job])
         stop_within(proc)
-    doc = json.loads((state / "workload-state.json").read_text())
+    doc = json.loads((state / "xid-state.json").read_text())["workload"]
     named = [[r[0], r[2], r[5]] for r in doc["records"] if r[5]]
     assert named == [["00000000:a8:00", 94, [[job, "", "", ""]]]]
 

@@ -515,7 +515,7 @@ def test_many_nvswitch_addresses_switches_and_codes_stay_bounded_after_restart(t
     assert 0 < len(ss) <= 256
     assert len({s["pci_bus_id"] for s in ss}) <= 17
     assert svc.flush_state(force=True)
-    sx = tmp_path / "state" / "sxid-state.json"
+    sx = tmp_path / "state" / "xid-state.json"  # the SXid counts are its `sxid` section
     assert sx.stat().st_size < 64_000
     before = sxid_counts(svc)
     svc2 = one_shot(make_ctx(tmp_path, log))

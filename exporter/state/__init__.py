@@ -1,16 +1,19 @@
 """The state the exporter keeps on disk across restarts within a boot, and its versions.
 
-Four JSON documents in `paths.state_dir`, each written whole and atomically by its one writer
+Two JSON documents in `paths.state_dir`, each written whole and atomically by its one writer
 (exporter.state.file), each with one schema object (exporter.state.document) that validates,
 dumps and loads it:
 
-- `xid-state.json` (XID_DOC, exporter.xid.store), the daemon's: XID counts, open events, GPU
-  identities, the acks it folded in, the last kernel-log sequence number;
+- `xid-state.json` (STATE_DOC, exporter.xid.persistence), the daemon's, of three sections each
+  validated on its own (exporter.state.document.Sectioned): the XID counts, open events, GPU
+  identities, the acks it folded in and the last kernel-log sequence number (XID_DOC,
+  exporter.xid.store); `sxid`, the SXid counts per NVSwitch (SXID_DOC, exporter.xid.sxid_store);
+  `workload`, which workloads each fault hit (WORKLOAD_DOC, exporter.xid.attribution_state);
 - `xid-acks.json` (ACKS_DOC, exporter.xid.store), `ack`'s: this boot's acknowledgements, which
-  the daemon folds in (so no file has two writers of its counts);
-- `sxid-state.json` (SXID_DOC, exporter.xid.sxid_store), the daemon's: SXid counts per NVSwitch;
-- `workload-state.json` (WORKLOAD_DOC, exporter.xid.attribution_state), the daemon's: which
-  workloads each fault hit.
+  the daemon folds in (so no file has two writers of its counts).
+
+Up to version 1 the SXid and workload sections were files of their own (`sxid-state.json`,
+`workload-state.json`; SXID_DOC and WORKLOAD_DOC as documents), migrated when read.
 
 Every value read is checked by exporter.state.values; a document out of shape raises StateError.
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.regular_file import NotRegularFile, open_regular, read_regular
-from exporter.state.document import Document
+from exporter.state.document import Document, Sectioned
 from exporter.state.values import mapping, show
 from exporter.state.versions import NewerVersion, StateError
 
@@ -123,15 +123,16 @@ def encodable(s: str) -> str:
     return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-def set_aside(path: Path, keep: int, kind: str = "corrupt") -> Path:
+def set_aside(path: Path, keep: int | None, kind: str = "corrupt") -> Path:
     """Rename a corrupt state file to `<name>.<kind>-<UTC time>[.n]` for a human (`kind`:
-    "corrupt", or "newer-v<N>" for a newer version's), keeping the newest `keep` of each kind.
+    "corrupt", "newer-v<N>" for a newer version's, "migrated" for an old file read into the
+    state document), keeping the newest `keep` of each kind (None: all).
     Raises OSError when it cannot be renamed."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     aside = next(p for n in range(1000) if not (p := path.with_name(
         f"{path.name}.{kind}-{stamp}" + (f".{n}" if n else ""))).exists())
     os.replace(path, aside)
-    for p in sorted(path.parent.glob(f"{path.name}.{kind}-*"))[:-keep]:
+    for p in sorted(path.parent.glob(f"{path.name}.{kind}-*"))[:-keep] if keep is not None else ():
         with contextlib.suppress(OSError):
             p.unlink()
     return aside
@@ -264,12 +265,16 @@ class StateFile:
             doc = self.doc.schema.upgrade(json.loads(raw.decode("utf-8")))  # an older version migrated
             self.doc.validate(doc)  # every field, before anyone uses it
             data = mapping(doc, "the state")  # a JSON object, as validated
+            # a document of sections: one out of shape is dropped, the others load
+            dropped = self.doc.keep_valid_sections(data) if isinstance(self.doc, Sectioned) else []
         except NewerVersion as e:
             self._newer(e, ident)
             return None
         except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError included
             self._corrupt(e, ident)
             return None
+        if dropped:
+            self._corrupt(StateError("; ".join(dropped)), ident, partial=True)
         if not self.boot_id:
             self.status.problem = "no_boot_id"
             return None
@@ -284,16 +289,22 @@ class StateFile:
             return None
         return data
 
-    def _corrupt(self, e: Exception, ident: FileIdentity) -> None:
+    def _corrupt(self, e: Exception, ident: FileIdentity, partial: bool = False) -> None:
+        """Set a corrupt file aside. `partial`: sections of it were (named in `e`), and the others
+        are read: the file is kept aside whole, and the daemon writes back what it holds."""
         why = show(str(e) if isinstance(e, StateError) else f"{type(e).__name__}: {e}", 300)
+        if partial:
+            why += "; the other sections are read"
         if self.read_only:
-            self._bad = ident
+            if not partial:
+                self._bad = ident
             self._problem("corrupt", f"corrupt ({why}); left in place for the daemon", write=False)
             return
         try:
             aside = set_aside(self.path, CORRUPT_KEEP)
         except OSError as err:
-            self._bad = ident  # not read again (16 MiB a scrape) until it changes
+            if not partial:
+                self._bad = ident  # not read again (16 MiB a scrape) until it changes
             self._problem("corrupt", f"corrupt ({why}) and cannot be set aside: {err.strerror or err}",
                           write=False)
             return
@@ -308,7 +319,9 @@ class StateFile:
         # Always logged (not once per kind): each recovery may have lost counts.
         log.error("%s %s: corrupt (%s); set aside as %s. %s; inspect %s "
                   "(gpu_health_exporter_state_file_recoveries_total counts the XID file's)",
-                  self.label, self.path, why, aside.name, self.loss(), aside)
+                  self.label, self.path, why, aside.name,
+                  "what those sections held is rebuilt from the kernel log while it still has it "
+                  "(an attribution is not)" if partial else self.loss(), aside)
 
     def _newer(self, e: NewerVersion, ident: FileIdentity) -> None:
         """A file of a newer version (the exporter was rolled back): not corrupt, and not ours to

@@ -1,16 +1,22 @@
-"""The checks every value read from a state file passes (the XID and the SXid state files), as
-strict as the config's: the right type, in range, numbers finite and within sane bounds, strings
-bounded and encodable (UTF-8 without lone surrogates, no control characters), so that nothing read
-back can fail a scrape, a JSON dump or a date conversion later. A failed check raises StateError
-naming the field; the file is then set aside (docs/xid.md, "What a state file must hold").
+"""The checks every value read from a state file passes (every document: XID, acks, SXid,
+workload), as strict as the config's: the right type, in range, numbers finite and within sane
+bounds, strings bounded and encodable (UTF-8 without lone surrogates, no control characters), so
+that nothing read back can fail a scrape, a JSON dump or a date conversion later. A failed check
+raises StateError naming the field; the file is then set aside (docs/xid.md, "What a state file
+must hold").
+
+One style for every document's validator: `envelope` checks the fields they share, then each
+field is one call here with where it sits (`counts[3] count`), so every message names the key.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
+from exporter.state.versions import Schema
 from exporter.state.versions import StateError as StateError  # re-exported: the validators raise it
 
 # A unix time or kernel uptime beyond this (year 2286) is no real time: time.gmtime and the
@@ -19,6 +25,9 @@ MAX_TIME_S = 1e10
 MAX_SEQ = 2**63 - 1  # /dev/kmsg sequence numbers are u64; Python's JSON has no other bound
 MAX_UUID_CHARS = 96  # NVML's UUID buffer (NVML_DEVICE_UUID_V2_BUFFER_SIZE)
 MAX_INDEX = 1023  # a GPU index
+MAX_COUNT = 10**9  # a count: an event a second for 30 years is under 1e9
+MAX_BOOT_ID_CHARS = 64  # a boot id is 36
+MAX_SOURCE_CHARS = 4096  # the kernel log's path (PATH_MAX) or a simulated node's name
 PCI_KEY_RE = re.compile(r"[0-9a-f]{8}:[0-9a-f]{2}:[0-9a-f]{2}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -84,3 +93,29 @@ def pci_key(p: Any, where: str, other: str | None = None) -> str:
     if not isinstance(p, str) or not (p == other or PCI_KEY_RE.fullmatch(p)):
         raise StateError(f"{where}: {show(p)} is not a PCI address key (dddddddd:bb:dd)")
     return p
+
+
+def optional(d: dict[str, Any], key: str, check: Callable[[Any, str], Any], where: str = "") -> None:
+    """`check(d[key], where + key)` when `d` has `key` (and it is not null)."""
+    if d.get(key) is not None:
+        check(d[key], f"{where}{key}")
+
+
+def envelope(st: Any, schema: Schema) -> dict[str, Any]:
+    """A document of this exporter's version of `schema` whose shared fields (the envelope
+    exporter.state.file adds: boot_id, kmsg, recoveries; and last_seq, written) are in shape."""
+    if not isinstance(st, dict) or st.get("version") != schema.version:
+        raise StateError(f"not a version-{schema.version} {schema.what} state document")
+    optional(st, "boot_id", lambda v, w: text(v, w, MAX_BOOT_ID_CHARS))
+    optional(st, "kmsg", lambda v, w: text(v, w, MAX_SOURCE_CHARS))
+    optional(st, "recoveries", lambda v, w: integer(v, w, 0, MAX_COUNT))
+    optional(st, "last_seq", lambda v, w: integer(v, w, 0, MAX_SEQ))
+    optional(st, "written", seconds)
+    return st
+
+
+def bounded(v: Any, where: str, most: int) -> list[Any]:
+    """A list of at most `most` entries."""
+    if len(sequence(v, where)) > most:
+        raise StateError(f"{where}: {len(v)} entries; at most {most} expected")
+    return list(v)

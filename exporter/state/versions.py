@@ -58,11 +58,13 @@ class Schema:
         return doc
 
 
-# Version 1 is every format written so far (commits c475e11 and c88ad74 included: fixtures in
-# tests/fixtures/state/); their optional fields (`written`, an ack's `logged`, `recoveries`) are
-# optional in version 1's validators, so no migration is needed yet.
-XID = Schema("XID", 1)
+# Version 1 is every format written up to issue 48 (commits c475e11, c88ad74 and 43ffce6
+# included: fixtures in tests/fixtures/state/); their optional fields (`written`, an ack's
+# `logged`, `recoveries`) are optional in the validators. Version 2 of the XID document adds the
+# `sxid` and `workload` sections, which were files of their own (SXID and WORKLOAD, version 1:
+# read once, migrated into it by exporter.xid.persistence); a version-1 XID document is a
+# version-2 one without them.
+XID = Schema("XID", 2, {1: dict})
 ACKS = Schema("acks", 1)  # xid-acks.json, which `ack` writes (first written after c88ad74)
-SXID = Schema("SXid", 1)
-WORKLOAD = Schema("workload", 1)
-
+SXID = Schema("SXid", 1)  # sxid-state.json, up to version 1 of the XID document
+WORKLOAD = Schema("workload", 1)  # workload-state.json, likewise

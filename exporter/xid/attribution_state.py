@@ -1,30 +1,25 @@
-"""The attributions across restarts: `workload-state.json` in `state_dir`, beside the XID and SXid
-state files and keyed like them by the boot id and the kernel log the counts come from.
+"""The attributions across restarts: the `workload` section of the state document
+(exporter.xid.persistence), which the daemon writes with the XID and SXid counts when the ledger
+changed and `check` reads. Every field is validated before use: a bad section is set aside with
+the file and ignored (attribution starts over; the counts are untouched).
 
-A file of its own: the XID state file's format stays as it is, and an exporter without fault
-attribution ignores this one. Only the daemon writes it (atomically, when the ledger changed);
-`check` reads it. Every field is validated before use: a bad file is logged once and ignored
-(attribution starts over; the counts are untouched).
+Up to version 1 it was a file of its own, `workload-state.json` (WORKLOAD_DOC as a document),
+which is migrated when read.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from exporter.attribution.history import MAX_GPUS
 from exporter.attribution.ledger import MAX_PER_GPU, SXID, XID, Attribution, AttributionLedger
 from exporter.state import versions
-from exporter.state.file import StateFile
-from exporter.state.values import PCI_KEY_RE, StateError, seconds
+from exporter.state.values import StateError, bounded, envelope, integer, mapping, pci_key, seconds, show
 from exporter.workload.model import MAX_WORKLOADS, Workload, valid_label, valid_workload
 from exporter.xid.catalog import XID_MAX, XID_MIN
 from exporter.xid.sxid_store import SXID_MAX, SXID_MIN
 
-log = logging.getLogger("exporter.workload")
-
 STATE_NAME = "workload-state.json"
-STATE_VERSION = versions.WORKLOAD.version  # what this exporter writes; older ones are migrated
 MAX_RECORDS = MAX_GPUS * MAX_PER_GPU
 _CODES = {XID: (XID_MIN, XID_MAX), SXID: (SXID_MIN, SXID_MAX)}
 
@@ -38,101 +33,66 @@ def _dump(ledger: AttributionLedger) -> dict[str, Any]:
 
 
 def validate_state(st: Any) -> list[Attribution]:
-    """The records of a state document; StateError naming the first field out of shape."""
-    if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
-        raise StateError(f"not a version-{STATE_VERSION} workload state document")
-    if not isinstance(st.get("boot_id", ""), str) or not isinstance(st.get("kmsg", ""), str):
-        raise StateError("boot_id or kmsg is not a string")
-    rows = st.get("records")
-    if not isinstance(rows, list) or len(rows) > MAX_RECORDS:
-        raise StateError(f"records: expected a list of at most {MAX_RECORDS} entries")
-    return [_record(row, f"records[{i}]") for i, row in enumerate(rows)]
+    """The records of an old `workload-state.json`; StateError naming the first field out of shape."""
+    envelope(st, versions.WORKLOAD)
+    return validate_section(st)
+
+
+def validate_section(st: Any) -> list[Attribution]:
+    """The records of a workload section (or an old file's body); StateError naming the first
+    field out of shape (the state files' one style, exporter.state.values)."""
+    return [_record(row, f"records[{i}]")
+            for i, row in enumerate(bounded(mapping(st, "workload").get("records"), "records", MAX_RECORDS))]
 
 
 def _record(row: Any, where: str) -> Attribution:
     # a record holds 6 fields as written before the event's monotonic time was kept, 7 since
     if not isinstance(row, list) or len(row) not in (6, 7):
-        raise StateError(f"{where}: expected [pci, kind, code, switch, unix time, workloads or null, "
-                         "monotonic time or null]")
+        raise StateError(f"{where} is {show(row)}; expected [pci, kind, code, switch, unix time, "
+                         "workloads or null, monotonic time or null]")
     pci, kind, code, switch, t, ws, mono = row if len(row) == 7 else (*row, None)
-    if not isinstance(pci, str) or not PCI_KEY_RE.fullmatch(pci):
-        raise StateError(f"{where}: {pci!r} is not a GPU's PCI key")
+    pci_key(pci, f"{where} pci")
     if kind not in _CODES:
-        raise StateError(f"{where}: kind {kind!r} is not xid or sxid")
-    lo, hi = _CODES[kind]
-    if isinstance(code, bool) or not isinstance(code, int) or not lo <= code <= hi:
-        raise StateError(f"{where}: {kind} {code!r} is not an integer from {lo} to {hi}")
-    if not isinstance(switch, str) or (kind == SXID) != bool(PCI_KEY_RE.fullmatch(switch)) \
-            or (kind == XID and switch):
-        raise StateError(f"{where}: switch {switch!r}: an SXid names its NVSwitch's PCI key, an XID none")
-    t = seconds(t, f"{where}: time")  # the state files' one rule for a time
-    mono = None if mono is None else seconds(mono, f"{where}: monotonic time")
+        raise StateError(f"{where} kind is {show(kind)}; expected xid or sxid")
+    integer(code, f"{where} {kind}", *_CODES[kind])
+    if kind == SXID:
+        pci_key(switch, f"{where} switch")  # an SXid names its NVSwitch's PCI key
+    elif switch != "":
+        raise StateError(f"{where} switch is {show(switch)}; an XID names no NVSwitch")
+    t = seconds(t, f"{where} unix time")
+    mono = None if mono is None else seconds(mono, f"{where} monotonic time")
     if ws is None:
         return Attribution(pci, kind, code, switch, t, None, mono)
-    if not isinstance(ws, list) or len(ws) > MAX_WORKLOADS:
-        raise StateError(f"{where}: workloads: expected null or a list of at most {MAX_WORKLOADS}")
     workloads = []
-    for j, w in enumerate(ws):
+    for j, w in enumerate(bounded(ws, f"{where} workloads", MAX_WORKLOADS)):
         if not isinstance(w, list) or len(w) != 4 or not all(valid_label(f) for f in w):
-            raise StateError(f"{where}: workloads[{j}]: expected [hpc_job, namespace, pod, container], "
-                             "printable single-line strings")
+            raise StateError(f"{where} workloads[{j}] is {show(w)}; expected [hpc_job, namespace, pod, "
+                             "container], printable single-line strings")
         wl = Workload(*w)
         if not valid_workload(wl):
-            raise StateError(f"{where}: workloads[{j}]: neither a Slurm job (hpc_job alone) nor a pod")
+            raise StateError(f"{where} workloads[{j}] is {show(w)}; neither a Slurm job (hpc_job alone) "
+                             "nor a pod")
         workloads.append(wl)
-    return Attribution(pci, kind, code, switch, float(t), tuple(sorted(set(workloads))), mono)
+    return Attribution(pci, kind, code, switch, t, tuple(sorted(set(workloads))), mono)
 
 
 class WorkloadDocument:
-    """`workload-state.json`, written by the daemon alone: which workloads each fault hit."""
+    """The workload section: which workloads each fault hit (as a document of its own, the old
+    `workload-state.json`)."""
 
     name = STATE_NAME
     schema = versions.WORKLOAD
     validate = staticmethod(validate_state)
+    section = staticmethod(validate_section)
 
     def dump(self, ledger: AttributionLedger) -> dict[str, Any]:
         """The body as of now (the ledger's records; changes nothing)."""
         return _dump(ledger)
 
     def load(self, doc: dict[str, Any], ledger: AttributionLedger) -> None:
-        """Add a validated document's records to `ledger` (what it holds stays)."""
-        for rec in validate_state(doc):
+        """Add a validated section's records to `ledger` (what it holds stays)."""
+        for rec in validate_section(doc):
             ledger.add(rec)
 
 
 WORKLOAD_DOC = WorkloadDocument()
-
-
-class AttributionStateFile:
-    """`workload-state.json`: read for this boot and kernel log, set aside when it breaks a rule
-    of validate_state, written atomically; never raises (its problems are in `file.status`)."""
-
-    def __init__(self, state_dir: str, boot_id: str, source: str) -> None:
-        self.file = StateFile(state_dir, boot_id, source, doc=WORKLOAD_DOC)
-
-    def load(self, ledger: AttributionLedger) -> None:
-        data = self.file.read()
-        if data is not None:
-            WORKLOAD_DOC.load(data, ledger)
-
-    def write(self, ledger: AttributionLedger) -> bool:
-        return self.file.write(WORKLOAD_DOC.dump(ledger))
-
-
-class AttributionPersistence:
-    """Loads the ledger at start and writes it when it changed (acks' cleared records dropped)."""
-
-    def __init__(self, file: AttributionStateFile, ledger: AttributionLedger) -> None:
-        self.file = file
-        self.ledger = ledger
-        self._written = -1
-
-    def load(self) -> None:
-        self.file.load(self.ledger)
-        self._written = self.ledger.version
-
-    def flush(self, acks: list[Any]) -> None:
-        self.ledger.prune(acks)
-        version = self.ledger.version
-        if version != self._written and self.file.write(self.ledger):
-            self._written = version

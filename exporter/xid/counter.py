@@ -1,9 +1,12 @@
-"""The XID counter: turns kernel-log records and NVML events into XID events in the store (one
-count per event, exporter.xid.store says how reports merge), and logs each counted event once.
+"""The counters: each turns what the follower reads into events in its store and logs each
+counted event once. It does no I/O of its own.
 
-It gets records from the kernel-log follower and events from the NVML event watcher; it asks
-the identities whether an address is a GPU (the store's guards spare those) and which GPU it is
-(for the log line). It does no I/O of its own.
+- XidCounter: kernel-log records and NVML events -> XID events (one count per event,
+  exporter.xid.store says how reports merge); it asks the identities whether an address is a
+  GPU (the store's guards spare those) and which GPU it is (for the log line).
+- SxidCounter: the same path for NVSwitch SXids with their own parser (exporter.xid.sxid),
+  catalog and policy (exporter.xid.sxid_catalog) and store (exporter.xid.sxid_store): one count
+  per report line, continuations never.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from exporter.attribution.text import describe
+from exporter.attribution.text import describe, describe_sxid
 from exporter.nvml.backend import EVENT_XID, Event
 from exporter.xid.catalog import lookup
 from exporter.xid.clock import KernelClock
@@ -24,8 +27,12 @@ from exporter.xid.nvml_events import EVENT_NAMES
 from exporter.xid.parser import GpuAt, KernelLogParser, XidReport, pci_key, pci_label
 from exporter.xid.policy import Policy
 from exporter.xid.store import OTHER, XidStore
+from exporter.xid.sxid import SxidReport, parse_sxid
+from exporter.xid.sxid_catalog import SxidPolicy
+from exporter.xid.sxid_store import SxidStore
 
 log = logging.getLogger("exporter.xid")
+log_sxid = logging.getLogger("exporter.sxid")
 
 RECOVERY_XID = 154
 # Hold NVML's XID 154 (no action code) and NVLink XIDs (no fields to decode) so the kernel line,
@@ -162,3 +169,37 @@ class XidCounter:
                     f"{pci_label(pci)}, counted under \"{OTHER}\"" if other else bus_id,
                     self.policy.tier(xid, action), undecoded, source, f"; {hit}" if hit else "",
                     f"; {info.meaning}" if info else "", f"; {text[:160]}" if text else "")
+
+
+class SxidCounter:
+    """Kernel-log records -> SXid reports in the SXid store, each counted report logged once."""
+
+    def __init__(self, store: SxidStore, policy: SxidPolicy, clock: KernelClock,
+                 attribution: Any = None) -> None:
+        self.store = store
+        self.policy = policy
+        self.clock = clock
+        self.log_events = False  # the daemon logs each counted report; one-shot commands print them
+        self.attribution = attribution  # FaultAttribution: records the workloads each report hit
+
+    def log_from_now(self) -> None:
+        """Log each counted report from now on (the daemon, once it runs: its log is the trail)."""
+        self.log_events = True
+
+    def handle_record(self, rec: Record, new: bool = True) -> None:
+        """One kernel-log record; `new`: not counted by an earlier run."""
+        if rec.kernel and new and "SXid" in rec.message:
+            parsed = parse_sxid(rec.message)
+            wall = rec.wall if rec.wall is not None else self.clock.wall(rec.usec / 1e6)
+            if not isinstance(parsed, SxidReport):  # a continuation line, or not an SXid report
+                return
+            counted = self.store.report(parsed.pci, parsed.switch, parsed.sxid, parsed.severity, wall)
+            hit = ""
+            if counted and self.attribution is not None:
+                hit = describe_sxid(self.attribution.sxid(parsed.pci, parsed.sxid, wall, rec.usec / 1e6))
+            if counted and self.log_events:
+                log_sxid.warning("SXid %05d counted on NVSwitch %d (PCI %s): severity %s, tier %s%s; %s; %s",
+                            parsed.sxid, parsed.switch, pci_label(parsed.pci), parsed.severity,
+                            self.policy.tier(parsed.sxid, parsed.severity),
+                            f", link {parsed.link}" if parsed.link is not None else "", hit or "-",
+                            parsed.text[:160])

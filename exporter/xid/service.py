@@ -5,7 +5,8 @@ background work that drives them in the daemon.
 Parts, one job each:
 - identities (exporter.xid.identities): which GPU sits at a PCI address, bounded;
 - XidCounter (exporter.xid.counter): kernel-log records and NVML events -> XID events;
-- SxidCounter (exporter.xid.sxid_counter): kernel-log records -> SXid reports;
+- SxidCounter (exporter.xid.counter): kernel-log records -> SXid reports, the same path with
+  the SXid parser, catalog and store;
 - KmsgFollower (exporter.xid.follower): one kernel-log reader feeding both counters;
 - XidPersistence (exporter.xid.persistence): the state files, written from snapshots.
 
@@ -36,18 +37,17 @@ from typing import Any, Protocol
 from exporter.attribution.fault import FaultAttribution
 from exporter.attribution.ledger import Attribution, acks_key
 from exporter.xid.clock import KernelClock
-from exporter.xid.counter import XidCounter
+from exporter.xid.counter import SxidCounter, XidCounter
 from exporter.xid.follower import KmsgFollower
 from exporter.xid.identities import GpuIdentities, Identity
 from exporter.xid.kmsg import ReaderStats
 from exporter.xid.nvml_events import NvmlEventWatcher, WatcherStatus
 from exporter.xid.persistence import XidPersistence
 from exporter.xid.policy import Policy
-from exporter.xid.store import Ack, AcksFile, StateFile, XidStore, split_key
+from exporter.xid.store import Ack, XidStore, split_key
 from exporter.xid.sxid_catalog import SxidPolicy
-from exporter.xid.sxid_counter import SxidCounter, sxid_lines
-from exporter.xid.sxid_store import SxidStateFile, SxidStore
-from exporter.xid.verdict import SxidLine, XidLine, xid_lines
+from exporter.xid.sxid_store import SxidStore
+from exporter.xid.verdict import SxidLine, XidLine, sxid_lines, xid_lines
 
 log = logging.getLogger("exporter.xid")
 
@@ -130,8 +130,7 @@ class XidService:
     def __init__(self, cfg: Any, *, kmsg_path: str, policy: Policy, sxid_policy: SxidPolicy,
                  clock: KernelClock, identities: GpuIdentities, store: XidStore, sxids: SxidStore,
                  counter: XidCounter | None, sxid_counter: SxidCounter | None,
-                 attribution: FaultAttribution, follower: KmsgFollower, state: StateFile,
-                 acks_file: AcksFile, sxid_state: SxidStateFile, persistence: XidPersistence) -> None:
+                 attribution: FaultAttribution, follower: KmsgFollower, persistence: XidPersistence) -> None:
         """The parts, built by the composition root (exporter.compose.xid_service): `cfg` is the
         config's xid section; no XID counter when XIDs are not counted (`xid.enabled: false`),
         no SXid counter when SXids are not (`nvswitch.enabled: false`)."""
@@ -144,7 +143,7 @@ class XidService:
         self.sxid_enabled = sxid_counter is not None
         self.attribution = attribution
         self.follower = follower
-        self.state, self.acks_file, self.sxid_state = state, acks_file, sxid_state
+        self.state, self.acks_file = persistence.state, persistence.acks
         self.persistence = persistence
         self.watcher: NvmlEventWatcher | None = None
         self._stop = threading.Event()

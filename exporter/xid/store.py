@@ -26,13 +26,16 @@ from typing import Any
 
 from exporter.state import file as state_file
 from exporter.state import versions
-from exporter.state.values import (  # noqa: F401 - StateError: re-exported
+from exporter.state.values import (  # noqa: F401 - StateError, MAX_COUNT: re-exported
+    MAX_COUNT,
     MAX_INDEX,
-    MAX_SEQ,
     MAX_UUID_CHARS,
     StateError,
+    bounded,
+    envelope,
     integer,
     mapping,
+    optional,
     pci_key,
     seconds,
     sequence,
@@ -57,11 +60,7 @@ MAX_UNKNOWN_GPUS = 16
 MAX_ACKS = 1024
 MAX_KEYS_PER_GPU = 128  # per GPU (or the bucket): XIDs outside the catalog beyond this are dropped
 OTHER = "other"  # the shared bucket of PCI addresses beyond MAX_UNKNOWN_GPUS
-# Bounds of a sane state file: an XID a second for 30 years is under 1e9.
-MAX_COUNT = 10**9
 MAX_ACTION = 255
-MAX_BOOT_ID_CHARS = 64  # a boot id is 36
-MAX_SOURCE_CHARS = 4096  # the kernel log's path (PATH_MAX) or a simulated node's name
 MAX_SOURCES, MAX_SOURCE_NAME_CHARS = 8, 32  # an open event's sources: kmsg, nvml
 
 
@@ -86,23 +85,21 @@ def _key(k: Any, where: str) -> str:
     return k
 
 
-def _optional(d: dict[str, Any], key: str, check: Callable[[Any, str], Any], where: str) -> None:
-    if d.get(key) is not None:
-        check(d[key], f"{where}{key}")
-
-
 def validate_state(st: Any) -> None:
     """Raise StateError naming the first field of a state document that is out of shape or range:
     every field the exporter reads (docs/xid.md, "What a state file must hold"). Numbers are integers or
     finite times in range, strings bounded and encodable, and each acknowledgement is of counts
     the file holds (its baseline is never above the count it acknowledges)."""
-    if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
-        raise StateError(f"not a version-{STATE_VERSION} state document")
-    _optional(st, "boot_id", lambda v, w: text(v, w, MAX_BOOT_ID_CHARS), "")
-    _optional(st, "kmsg", lambda v, w: text(v, w, MAX_SOURCE_CHARS), "")
-    _optional(st, "last_seq", lambda v, w: integer(v, w, 0, MAX_SEQ), "")
-    _optional(st, "recoveries", lambda v, w: integer(v, w, 0, MAX_COUNT), "")
-    _optional(st, "written", seconds, "")
+    envelope(st, versions.XID)
+    validate_section(st)
+
+
+# The XID section's keys: at the state document's top level, where version 1 had them.
+SECTION_KEYS = ("counts", "open", "gpus", "acks", "last_seq")
+
+
+def validate_section(st: dict[str, Any]) -> None:
+    """The XID section of a state document (SECTION_KEYS), as validate_state."""
     counts = mapping(st.get("counts") or {}, "counts")
     for p, ks in counts.items():
         pci_key(p, "counts", OTHER)
@@ -128,8 +125,8 @@ def validate_state(st: Any) -> None:
     for p, ident in mapping(st.get("gpus") or {}, "gpus").items():
         pci_key(p, "gpus")
         mapping(ident, f"gpus[{p}]")
-        _optional(ident, "uuid", lambda v, w: text(v, w, MAX_UUID_CHARS), f"gpus[{p}].")
-        _optional(ident, "index", lambda v, w: integer(v, w, 0, MAX_INDEX), f"gpus[{p}].")
+        optional(ident, "uuid", lambda v, w: text(v, w, MAX_UUID_CHARS), f"gpus[{p}].")
+        optional(ident, "index", lambda v, w: integer(v, w, 0, MAX_INDEX), f"gpus[{p}].")
     for i, a in enumerate(sequence(st.get("acks") or [], "acks")):
         _validate_ack(mapping(a, f"acks[{i}]"), f"acks[{i}]", counts)
 
@@ -138,11 +135,11 @@ def _validate_ack(a: dict[str, Any], where: str, counts: dict[str, Any] | None) 
     """An acknowledgement; its baseline within `counts` (a state document's), or MAX_COUNT in the
     acks file, which holds no counts."""
     pci = pci_key(a.get("pci"), f"{where}.pci", OTHER)
-    _optional(a, "index", lambda v, w: integer(v, w, 0, MAX_INDEX), f"{where}.")
-    _optional(a, "xid", lambda v, w: integer(v, w, XID_MIN, XID_MAX), f"{where}.")
-    _optional(a, "uuid", lambda v, w: text(v, w, MAX_UUID_CHARS), f"{where}.")
+    optional(a, "index", lambda v, w: integer(v, w, 0, MAX_INDEX), f"{where}.")
+    optional(a, "xid", lambda v, w: integer(v, w, XID_MIN, XID_MAX), f"{where}.")
+    optional(a, "uuid", lambda v, w: text(v, w, MAX_UUID_CHARS), f"{where}.")
     seconds(a.get("time"), f"{where}.time")
-    _optional(a, "mono", seconds, f"{where}.")
+    optional(a, "mono", seconds, f"{where}.")
     if a.get("logged") not in (None, True, False):
         raise StateError(f"{where}.logged is {show(a['logged'])}; expected true or false")
     for k, v in mapping(a.get("baseline") or {}, f"{where}.baseline").items():
@@ -485,15 +482,8 @@ class XidDocument:
 
 def validate_acks(doc: Any) -> None:
     """Raise StateError naming the first field of an acks document out of shape or range."""
-    if not isinstance(doc, dict) or doc.get("version") != versions.ACKS.version:
-        raise StateError(f"not a version-{versions.ACKS.version} acks document")
-    _optional(doc, "boot_id", lambda v, w: text(v, w, MAX_BOOT_ID_CHARS), "")
-    _optional(doc, "kmsg", lambda v, w: text(v, w, MAX_SOURCE_CHARS), "")
-    _optional(doc, "recoveries", lambda v, w: integer(v, w, 0, MAX_COUNT), "")
-    acks = sequence(doc.get("acks") or [], "acks")
-    if len(acks) > MAX_ACKS:
-        raise StateError(f"acks: {len(acks)} entries; at most {MAX_ACKS} expected")
-    for i, a in enumerate(acks):
+    envelope(doc, versions.ACKS)
+    for i, a in enumerate(bounded(doc.get("acks") or [], "acks", MAX_ACKS)):
         _validate_ack(mapping(a, f"acks[{i}]"), f"acks[{i}]", None)
 
 

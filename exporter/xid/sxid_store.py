@@ -2,11 +2,10 @@
 
 Counts are per (switch PCI key, SXid, severity): severity is part of the key because the same
 code can be reported fatal or non-fatal. Each report line is one count (continuation lines are
-never reports, see exporter.xid.sxid). Across restarts the counts come back from
-`sxid-state.json` in `state_dir` (same boot id and kernel log as the XID state file), together
-with the last kernel-log sequence number it covers, so records still in the ring buffer are not
-counted twice. A separate file from the XID state: SXids have their own code range and a state
-file of an older exporter without SXids simply leaves them to be counted from the kernel log.
+never reports, see exporter.xid.sxid). Across restarts the counts come back from the `sxid`
+section of the state document (exporter.xid.persistence), together with the last kernel-log
+sequence number it covers, so records still in the ring buffer are not counted twice. Up to
+version 1 they were a file of their own, `sxid-state.json`, which is migrated when read.
 """
 
 from __future__ import annotations
@@ -16,19 +15,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.state import versions
-from exporter.state.file import StateFile
 from exporter.state.values import (
+    MAX_COUNT,
     MAX_SEQ,
     StateError,
+    bounded,
+    envelope,
     integer,
     mapping,
+    optional,
     pci_key,
     seconds,
-    sequence,
     show,
-    text,
 )
-from exporter.xid.store import MAX_BOOT_ID_CHARS, MAX_COUNT, MAX_SOURCE_CHARS, OTHER
+from exporter.xid.store import OTHER
 from exporter.xid.sxid import SEVERITIES
 
 STATE_NAME = "sxid-state.json"
@@ -105,19 +105,17 @@ class SxidStore:
 
 
 def validate_state(st: Any) -> None:
-    """Raise StateError naming the first field of an SXid state document out of shape or range
-    (the XID state file's rules, exporter.state.values)."""
-    if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
-        raise StateError(f"not a version-{STATE_VERSION} SXid state document")
-    for key, check in (("boot_id", lambda v, w: text(v, w, MAX_BOOT_ID_CHARS)),
-                       ("kmsg", lambda v, w: text(v, w, MAX_SOURCE_CHARS)),
-                       ("last_seq", lambda v, w: integer(v, w, 0, MAX_SEQ)),
-                       ("recoveries", lambda v, w: integer(v, w, 0, MAX_COUNT))):
-        if st.get(key) is not None:
-            check(st[key], key)
-    counts = sequence(st.get("counts") or [], "counts")
-    if len(counts) > MAX_SERIES:
-        raise StateError(f"counts: {len(counts)} entries; at most {MAX_SERIES} expected")
+    """Raise StateError naming the first field of an old `sxid-state.json` out of shape or range."""
+    envelope(st, versions.SXID)
+    validate_section(st)
+
+
+def validate_section(st: Any) -> None:
+    """Raise StateError naming the first field of an SXid section (the `sxid` key of the state
+    document, or an old file's body) out of shape or range (exporter.state.values)."""
+    mapping(st, "sxid")
+    optional(st, "last_seq", lambda v, w: integer(v, w, 0, MAX_SEQ))
+    counts = bounded(st.get("counts") or [], "counts", MAX_SERIES)
     for i, row in enumerate(counts):
         if not isinstance(row, list) or len(row) != 5:
             raise StateError(f"counts[{i}] is {show(row)}; expected [pci, sxid, severity, count, unix time]")
@@ -136,12 +134,14 @@ def validate_state(st: Any) -> None:
 
 
 class SxidDocument:
-    """`sxid-state.json`, written by the daemon alone: SXid counts, switch indices and the
-    kernel-log sequence number they cover."""
+    """The SXid section of the state document (exporter.xid.persistence): SXid counts, switch
+    indices and the kernel-log sequence number they cover. As a document of its own it is the
+    old `sxid-state.json` (written up to this version 1), read once to migrate it."""
 
     name = STATE_NAME
     schema = versions.SXID
     validate = staticmethod(validate_state)
+    section = staticmethod(validate_section)
 
     def dump(self, store: SxidStore, last_seq: int | None) -> dict[str, Any]:
         """The body as of now (a snapshot; changes nothing)."""
@@ -158,9 +158,3 @@ class SxidDocument:
 
 SXID_DOC = SxidDocument()
 
-
-class SxidStateFile(StateFile):
-    """`sxid-state.json`: read for this boot and kernel log."""
-
-    def __init__(self, state_dir: str, boot_id: str, source: str, read_only: bool = False) -> None:
-        super().__init__(state_dir, boot_id, source, read_only, doc=SXID_DOC)

@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 
 from exporter.health import GpuHealth, NodeGpuHealth
 from exporter.xid.catalog import lookup
+from exporter.xid.parser import pci_label
 from exporter.xid.policy import Policy
-from exporter.xid.store import Count, split_key
+from exporter.xid.store import OTHER, Count, split_key
+from exporter.xid.sxid_catalog import SxidPolicy, describe
+from exporter.xid.sxid_store import SxidStore
 
 VERDICTS = ("healthy", "degraded", "unknown", "reset_required", "reboot_required", "replace_required")
 UNKNOWN = "unknown"
@@ -288,3 +291,15 @@ def judge(gpus: list[GpuInput], health: NodeGpuHealth | None, expected: int | No
     named = {g.gpu for g in gpus}
     extra = active.node.union(*(r for i, r in active.gpus.items() if i not in named))
     return node_verdict(out, health, expected, sxids, extra)
+
+
+def sxid_lines(store: SxidStore, policy: SxidPolicy) -> list[SxidLine]:
+    """The SXid counts since boot with their policy tier, as exported and judged."""
+    out = []
+    switches = dict(store.switches)
+    for (pci, sxid, severity), c in sorted(store.snapshot().items()):
+        switch = switches.get(pci)
+        label = OTHER if pci == OTHER else pci_label(pci)
+        out.append(SxidLine("" if switch is None else str(switch), label, sxid, severity,
+                            policy.tier(sxid, severity), c.count, c.last_wall, describe(sxid)))
+    return out
