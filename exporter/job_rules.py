@@ -561,21 +561,34 @@ training_job:gpus:count >= 3
     r.append(_rule("record", "training_job:in_phase", f"""
 training_job:running
   and on ({JOB}) (abs(training_job:phase:ratio / on ({JOB}) training_job:phase:baseline - 1) <= {_num(s.phase_tolerance)})
-  unless on ({JOB}) {_checkpointing(s)}""", f"The job runs in its usual phase (the ratio within {_num(s.phase_tolerance)} of its baseline) and writes no checkpoint\n"
-                   "(its ranks enter and leave one a little apart): only then are its GPUs and nodes compared with\n"
-                   "their own history."))
+  and on ({JOB}) (training_job:gpus:count == quantile_over_time(0.5, training_job:gpus:count[{s.baseline_window}]))
+  and on ({JOB}) (training_job:gpus:count == max_over_time(training_job:gpus:count[{s.window}]))
+  and on ({JOB}) (training_job:gpus:count == min_over_time(training_job:gpus:count[{s.window}]))
+  and on ({JOB}) (training_job:goodput:ratio == quantile_over_time(0.5, training_job:goodput:ratio[{s.baseline_window}]))
+  and on ({JOB}) (training_job:goodput:ratio >= max_over_time(training_job:goodput:ratio[{s.window}]))
+  unless on ({JOB}) {_checkpointing(s)}""", f"The job runs in its usual phase (the ratio within {_num(s.phase_tolerance)} of its baseline), writes no checkpoint\n"
+                   "(its ranks enter and leave one a little apart), and its view is whole and steady: only then are\n"
+                   "its GPUs and nodes compared with their own history. A share of the job's median moves, with no\n"
+                   "GPU changing, when the median is taken over other GPUs than the baselines were: so the job\n"
+                   "holds, and works on, as many GPUs as through most of the baseline window (a node whose exporter\n"
+                   "is gone, a node whose processes exited first as the job ends, a job that shrank: judged again\n"
+                   "once the baselines are of its new size), none joined or left within the rate window (a missed\n"
+                   "scrape drops a node's GPUs for an evaluation; a new or returning node's rates ramp up over a\n"
+                   "window), and none stopped working within it (the fading rates of a node whose exporter stopped)."))
     return r
 
 
 def _straggler_group(s: Settings) -> str:
-    A, C, CH = _num(s.straggler_activity), _num(s.straggler_clock), _num(s.straggler_change)
+    A, C, CH, T = _num(s.straggler_activity), _num(s.straggler_clock), _num(s.straggler_change), _num(s.progress_tensor)
     out = [_group("job-health-phase", s,
                   "Whether a job runs, in which phase, and its median GPU: what the straggler and the slow job\n"
                   "compare with.")]
     r = out
     r += _phase_rules(s)
     r.append(_rule("record", "training_job:gpu_tensor_active:median",
-                   f"quantile by ({JOB}) (0.5, job_gpu:gpu_tensor_active:ratio)"))
+                   f"quantile by ({JOB}) (0.5, job_gpu:gpu_tensor_active:ratio >= {T})",
+                   f"The job's median working GPU (tensor activity {T} or more): GPUs that stopped (a node whose\n"
+                   "processes exited first as the job ends) do not pull it down and move every other GPU's share."))
     r.append(_rule("record", "training_job:gpu_clock_sm:median", f"quantile by ({JOB}) (0.5, job_gpu:gpu_clock_sm:hertz)"))
     r.append(_rule("record", "job_gpu:gpu_clock_sm:below_median",
                    f"job_gpu:gpu_clock_sm:hertz < on ({JOB}) group_left () ({C} * training_job:gpu_clock_sm:median)"))
@@ -596,7 +609,7 @@ and on ({JOB}) training_job:running""",
     # A GPU's share of the job's median tensor activity, a node's of its EFA and Lustre throughput:
     # its shape in the job, compared with its own baseline while the job is in its usual phase.
     shares = (
-        ("job_gpu:gpu_tensor_active", GPU_JOB, f"max by ({GPU_JOB}) (job_gpu:gpu_tensor_active:ratio)",
+        ("job_gpu:gpu_tensor_active", GPU_JOB, f"max by ({GPU_JOB}) (job_gpu:gpu_tensor_active:ratio >= {_num(s.progress_tensor)})",
          f"(training_job:gpu_tensor_active:median >= {_num(s.productive_tensor)})", "abs({x} - on ({by}) {b}) > " + CH),
         ("instance_training_job:efa_tx_bytes", NODE_JOB, "instance_training_job:efa_tx_bytes:rate",
          "training_job:efa_tx_bytes:median", "{b} - on ({by}) {x} > " + CH),
