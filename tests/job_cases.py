@@ -413,12 +413,13 @@ def cases() -> list[Case]:
         lambda t, n, g: Gpu(tensor=0.0, sm=0.01) if t < 15 else HEALTHY,
         stalled=[(t, []) for t in (8, 12, 15, 20)]))
 
-    # The end: the processes exit at 20 (memory freed), the epilog holds the GPUs until 26.
+    # The end: the processes exit at 20 (memory freed), the epilog holds the GPUs until 32 (longer
+    # than the rate window and `for:` together: only the freed memory tells this from a stall).
     out.append(Case(
-        "end of the job: processes gone, the epilog still holds the GPUs, no alert", 35, 2, 4,
-        lambda t, n, g: HEALTHY if t < STALL_AT else (Gpu(tensor=0.0, sm=0.0, mem=0.0) if t < 26 else
+        "end of the job: processes gone, the epilog still holds the GPUs, no alert", 40, 2, 4,
+        lambda t, n, g: HEALTHY if t < STALL_AT else (Gpu(tensor=0.0, sm=0.0, mem=0.0) if t < 32 else
                                                        Gpu(tensor=0.0, sm=0.0, mem=0.0, job=None)),
-        stalled=[(t, []) for t in (24, 26, 30)]))
+        stalled=[(t, []) for t in (24, 27, 30, 33, 36)]))
 
     # Pod removal: the pod's workload series ends with the job.
     out.append(Case(

@@ -33,10 +33,9 @@ def test_suite_is_generated_from_the_cases():
 
 def test_every_group_has_its_own_interval():
     groups = yaml.safe_load(job_rules.render())["groups"]
-    assert {g["name"] for g in groups} == {"job-health-map", "job-health-jobs", "job-health-evidence",
-                                           "job-health-baselines", "job-health-stall", "job-health-phase",
-                                           "job-health-straggler", "job-health-slow"}
-    assert all(g["interval"] == "1m" for g in groups)
+    every_minute = ("map", "jobs", "evidence", "baselines", "stall", "phase", "straggler", "slow")
+    assert {g["name"]: g["interval"] for g in groups} == {
+        **{f"job-health-{g}": "1m" for g in every_minute}, "job-health-history": "5m"}
 
 
 def test_short_rendering_passes_promtool(tmp_path):
@@ -45,12 +44,13 @@ def test_short_rendering_passes_promtool(tmp_path):
     assert job_rules.main(["--out", str(out), "--interval", "2s", "--window", "8s",
                            "--evidence-window", "20s", "--stall-for", "10s", "--straggler-for", "10s",
                            "--keep-firing-for", "4s", "--carry", "10s", "--baseline-window", "60s",
-                           "--baseline-samples", "8", "--slow-for", "10s"]) == 0
+                           "--baseline-samples", "8", "--slow-for", "10s", "--baseline-interval", "6s"]) == 0
     r = _promtool("check", "rules", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     text = out.read_text()
     assert "rate(gpu_tensor_active_seconds_total[8s])" in text and "for: 10s" in text
-    assert "interval: 2s" in text
+    assert "interval: 2s" in text and "interval: 6s" in text
+    assert "last_over_time(instance_training_job:throughput:baseline[12s])" in text
     assert "quantile_over_time(0.5, instance_training_job:throughput:rate[60s])" in text
     assert ">= 8)" in text
 
