@@ -260,9 +260,9 @@ def _map_group(s: Settings) -> str:
     w = s.window
     T, S, D = _num(s.progress_tensor), _num(s.progress_sm), _num(s.progress_dram)
     out = [_group("job-health-map", s,
-                  "Which job holds each GPU, and what its GPUs do. Cheap on purpose (docs/performance.md, \"Job\n"
-                  "health rules\"): one rate per GPU of a job for SM, tensor and DRAM activity, every other rule reads those\n"
-                  "or one series per job.")]
+                  "Which job holds each GPU, and what its GPUs do. Cheap on purpose (docs/performance.md, \"The\n"
+                  "whole rule set at 2,000 nodes\"): one rate per GPU of a job for SM, tensor and DRAM activity,\n"
+                  "every other rule reads those or one series per job.")]
     r = out
     r.append(_rule("record", "k8s_pod:training_job:info", _k8s_pod_map(),
                    "A Kubernetes pod's training job: the first of the pod labels in K8S_JOB_LABELS\n"
@@ -441,16 +441,16 @@ def _stall_group(s: Settings) -> str:
 and on ({JOB})
 count by ({JOB}) (
   instance_training_job:info
-    and on (cluster, instance) (gpu_memory_total_bytes offset {s.interval})
-    and on (cluster, instance) (gpu_memory_total_bytes offset {_double(s.interval)})
+    and on (cluster, instance) (gpu_health_exporter_build_info offset {s.interval})
+    and on (cluster, instance) (gpu_health_exporter_build_info offset {_double(s.interval)})
 )
 or on ({JOB})
 (training_job:gpus:count and on ({JOB}) (training_job:gpu_memory_used:ratio_max_of_min <= {_num(s.memory_held)}))""",
                    "The job (re)starts now: it holds GPUs and held none at the last evaluation, while the exporter\n"
-                   "of one of its nodes answered then and the evaluation before (its GPUs' memory total; the\n"
-                   "job's series reach this group an evaluation late at most): a requeue under the same id, not\n"
-                   "an exporter's restart; or every process of it let go of its GPU memory within the rate\n"
-                   "window (a restart in its allocation; an elastic restart onto fewer nodes, where TorchElastic\n"
+                   "of one of its nodes answered then and the evaluation before (its build info: one series a\n"
+                   "node; the job's series reach this group an evaluation late at most): a requeue under the same\n"
+                   "id, not an exporter's restart; or every process of it let go of its GPU memory within the\n"
+                   "rate window (a restart in its allocation; an elastic restart onto fewer nodes, where TorchElastic\n"
                    "restarts every worker)."))
     r.append(_rule("record", "training_job:start_timestamp_seconds", f"""
 time() + 0 * training_job:started
