@@ -809,8 +809,12 @@ def _seconds(d: str) -> float:
 
 
 def _double(d: str) -> str:
-    """Twice a Prometheus duration, in seconds (an offset)."""
-    return f"{2 * _seconds(d):g}s"
+    """Twice a Prometheus duration, as one (in its largest whole unit: 10m, 12s)."""
+    n = int(2 * _seconds(d))
+    for unit, size in (("h", 3600), ("m", 60)):
+        if n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n}s"
 
 
 def _duration(v: str) -> str:
