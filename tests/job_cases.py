@@ -662,20 +662,20 @@ def issue43_cases() -> list[Case]:
     # The share of the job's work moves without any GPU changing when the job's view changes: GPUs
     # that stop working, a node whose series go or lag. Two pipeline stages on two nodes (tensor 0.5
     # and 0.9, in the same phase: tensor/SM 0.9), so that the job's median depends on which it sees.
-    def stage(n: int, t: int) -> Gpu:
+    def stage(n: int) -> Gpu:
         return Gpu(tensor=0.5, sm=0.5 / 0.9) if n == 0 else Gpu(tensor=0.9, sm=1.0)
 
     def ends_apart(t, n, g):
         if t >= (30 if n == 0 else 40):  # node-1's processes exit at 30, node-2's at 40; then the epilog
             return Gpu(tensor=0.0, sm=0.0, mem=0.0, job=None if t >= 44 else "1001")
-        return stage(n, t)
+        return stage(n)
 
     quiet = [(t, []) for t in (32, 34, 36, 38, 40, 42, 45)]
     out.append(Case(ENDS_APART, 48, 2, 4, ends_apart, straggler=quiet, stalled=quiet, slowed=quiet))
     quiet = [(t, []) for t in (30, 33, 36, 40, 44, 47)]
-    out.append(Case(EXPORTER_GONE, 48, 2, 4, lambda t, n, g: stage(n, t),
+    out.append(Case(EXPORTER_GONE, 48, 2, 4, lambda t, n, g: stage(n),
                     lambda t, n: Node(down=n == 0 and 28 <= t < 47), straggler=quiet, slowed=quiet))
-    out.append(Case(LATE_SCRAPES, 48, 2, 4, lambda t, n, g: stage(n, t),
+    out.append(Case(LATE_SCRAPES, 48, 2, 4, lambda t, n, g: stage(n),
                     lambda t, n: Node(down=n == 0 and t == 25, late=n == 0 and t in (30, 31, 35, 37, 38)),
                     straggler=[(t, []) for t in (26, 28, 32, 34, 37, 40, 44)], slowed=quiet))
     return out
