@@ -441,16 +441,17 @@ def _stall_group(s: Settings) -> str:
 and on ({JOB})
 count by ({JOB}) (
   instance_training_job:info
-    and on (cluster, instance) (gpu_health_exporter_build_info offset {s.interval})
-    and on (cluster, instance) (gpu_health_exporter_build_info offset {_double(s.interval)})
+    and on (cluster, instance) (gpu_memory_total_bytes offset {s.interval})
+    and on (cluster, instance) (gpu_memory_total_bytes offset {_double(s.interval)})
 )
 or on ({JOB})
 (training_job:gpus:count and on ({JOB}) (training_job:gpu_memory_used:ratio_max_of_min <= {_num(s.memory_held)}))""",
                    "The job (re)starts now: it holds GPUs and held none at the last evaluation, while the exporter\n"
-                   "of one of its nodes answered then and the evaluation before (its build info: one series a\n"
-                   "node; the job's series reach this group an evaluation late at most): a requeue under the same\n"
-                   "id, not an exporter's restart; or every process of it let go of its GPU memory within the\n"
-                   "rate window (a restart in its allocation; an elastic restart onto fewer nodes, where TorchElastic\n"
+                   "of one of its nodes answered then and the evaluation before (its GPUs' memory total: the\n"
+                   "node's build info instead named a recovered storage node a straggler in the live run; the\n"
+                   "job's series reach this group an evaluation late at most): a requeue under the same id, not\n"
+                   "an exporter's restart; or every process of it let go of its GPU memory within the rate\n"
+                   "window (a restart in its allocation; an elastic restart onto fewer nodes, where TorchElastic\n"
                    "restarts every worker)."))
     r.append(_rule("record", "training_job:start_timestamp_seconds", f"""
 time() + 0 * training_job:started
