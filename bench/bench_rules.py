@@ -97,7 +97,8 @@ RECORDED = {
     **{f"gpu_health_threshold:ecc_corrected_rate_{t}": ("const", SHORT_S, None, False)
        for t in ("factor", "floor_per_second", "young_per_second", "keep_ratio", "high_per_second")},
     # rules/job.yml's baselines (issue 43): the median of an hour of a series recorded every minute,
-    # per GPU or node of a job, and the baselines themselves, read back over 5 minutes while frozen
+    # per GPU or node of a job, and the baselines themselves, read back over 10 minutes (recorded
+    # every 5 minutes by job-health-history; a minute apart here: an upper bound on those reads)
     # (the per-job ones, training_job:phase:*, are 125 series: left out, as per-job series would
     # collide here without their job labels).
     **{f"job_gpu:gpu_tensor_active:{k}": ("gpu", LONG_S, 60, False) for k in ("share", "share_baseline")},

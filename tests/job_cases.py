@@ -55,6 +55,7 @@ class Node:
     efa_retrans_ratio: float = 0.0
     efa_timeouts: int = 0  # retransmit timeout events this minute
     down: bool = False  # the node's exporter does not answer this minute (a restart): its series go stale
+    late: bool = False  # the node's exporter serves the last minute's values (its collection behind)
 
 
 HEALTHY = Gpu()
@@ -138,9 +139,13 @@ def series(case: Case) -> list[dict]:
         base = {"cluster": "c1", "instance": inst, "job": "gpu-health-exporter"}
         nodes = [case.node_state(t, n) for t in range(T)]
         down = [s.down for s in nodes]
+        late = [s.late for s in nodes]
 
-        def add(name: str, labels: dict[str, str], values: list[float | None], down: list[bool] = down) -> None:
-            """A series of this node: no sample while its exporter is down."""
+        def add(name: str, labels: dict[str, str], values: list[float | None], down: list[bool] = down,
+                late: list[bool] = late) -> None:
+            """A series of this node: no sample while its exporter is down, the previous minute's while
+            it is late."""
+            values = [values[t - 1] if late[t] and t > 0 else v for t, v in enumerate(values)]
             keep(name, labels, [None if d else v for v, d in zip(values, down, strict=True)])
 
         add("gpu_health_exporter_build_info", {**base, "version": "0.1.0"}, [1.0] * T)
@@ -315,6 +320,9 @@ PIPELINE = "pipeline stages unbalanced by design through a checkpoint and an eva
 SLOW_STORAGE = "a job that slows on every node as one node's Lustre RPCs take 50x longer: storage on that node"
 FAILING_NODE = "a failing node: EFA throughput down, retransmits and timeouts under the alerts' thresholds: network"
 STORAGE_LATENCY = "a data-loader stall with Lustre RPCs at 50x their usual 1 ms: storage on that node"
+ENDS_APART = "a job whose nodes end ten minutes apart (one node's processes exit first): no straggler"
+EXPORTER_GONE = "one node's exporter gone for 19 minutes while the job trains on: no straggler on the others"
+LATE_SCRAPES = "a missed scrape and late ones on one node: no straggler"
 FIRE_BY = 30  # within 10 minutes
 
 
@@ -405,12 +413,13 @@ def cases() -> list[Case]:
         lambda t, n, g: Gpu(tensor=0.0, sm=0.01) if t < 15 else HEALTHY,
         stalled=[(t, []) for t in (8, 12, 15, 20)]))
 
-    # The end: the processes exit at 20 (memory freed), the epilog holds the GPUs until 26.
+    # The end: the processes exit at 20 (memory freed), the epilog holds the GPUs until 32 (longer
+    # than the rate window and `for:` together: only the freed memory tells this from a stall).
     out.append(Case(
-        "end of the job: processes gone, the epilog still holds the GPUs, no alert", 35, 2, 4,
-        lambda t, n, g: HEALTHY if t < STALL_AT else (Gpu(tensor=0.0, sm=0.0, mem=0.0) if t < 26 else
+        "end of the job: processes gone, the epilog still holds the GPUs, no alert", 40, 2, 4,
+        lambda t, n, g: HEALTHY if t < STALL_AT else (Gpu(tensor=0.0, sm=0.0, mem=0.0) if t < 32 else
                                                        Gpu(tensor=0.0, sm=0.0, mem=0.0, job=None)),
-        stalled=[(t, []) for t in (24, 26, 30)]))
+        stalled=[(t, []) for t in (24, 27, 30, 33, 36)]))
 
     # Pod removal: the pod's workload series ends with the job.
     out.append(Case(
@@ -649,6 +658,26 @@ def issue43_cases() -> list[Case]:
         lambda t, n: Node(rpc_wait=0.05 if n == 1 and STALL_AT <= t < 35 else 0.001,
                           lustre_read=1e5 if STALL_AT <= t < 35 else 50e6),
         stalled=[(FIRE_BY, [stalled("1001", "node-2", "storage", 8, "lustre_latency_peers; lustre_latency_up; ")])]))
+
+    # The share of the job's work moves without any GPU changing when the job's view changes: GPUs
+    # that stop working, a node whose series go or lag. Two pipeline stages on two nodes (tensor 0.5
+    # and 0.9, in the same phase: tensor/SM 0.9), so that the job's median depends on which it sees.
+    def stage(n: int) -> Gpu:
+        return Gpu(tensor=0.5, sm=0.5 / 0.9) if n == 0 else Gpu(tensor=0.9, sm=1.0)
+
+    def ends_apart(t, n, g):
+        if t >= (30 if n == 0 else 40):  # node-1's processes exit at 30, node-2's at 40; then the epilog
+            return Gpu(tensor=0.0, sm=0.0, mem=0.0, job=None if t >= 44 else "1001")
+        return stage(n)
+
+    quiet = [(t, []) for t in (32, 34, 36, 38, 40, 42, 45)]
+    out.append(Case(ENDS_APART, 48, 2, 4, ends_apart, straggler=quiet, stalled=quiet, slowed=quiet))
+    quiet = [(t, []) for t in (30, 33, 36, 40, 44, 47)]
+    out.append(Case(EXPORTER_GONE, 48, 2, 4, lambda t, n, g: stage(n),
+                    lambda t, n: Node(down=n == 0 and 28 <= t < 47), straggler=quiet, slowed=quiet))
+    out.append(Case(LATE_SCRAPES, 48, 2, 4, lambda t, n, g: stage(n),
+                    lambda t, n: Node(down=n == 0 and t == 25, late=n == 0 and t in (30, 31, 35, 37, 38)),
+                    straggler=[(t, []) for t in (26, 28, 32, 34, 37, 40, 44)], slowed=quiet))
     return out
 
 

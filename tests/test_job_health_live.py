@@ -43,7 +43,7 @@ SCRAPE_S = 1
 # states carried 8 s (8 evaluations: a loaded host delays the groups' evaluations by seconds).
 SETTINGS = job_rules.Settings(interval="1s", window="5s", evidence_window="10s", stall_for="5s",
                               straggler_for="8s", slow_for="8s", keep_firing_for="3s", carry="8s",
-                              baseline_window="60s", baseline_samples=5)
+                              baseline_window="60s", baseline_samples=5, baseline_interval="5s")
 # job -> its two nodes' scenarios (the first node is the culprit where there is one)
 JOBS = {
     "hang": ("job-nccl-hang", "job-nccl-hang"),

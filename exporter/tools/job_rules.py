@@ -55,6 +55,9 @@ class Settings:
     is in docs/alerts.md ("Job health", "Each rule's window and basis"); none was measured on a GPU."""
 
     interval: str = "1m"  # evaluation interval of the job-health groups
+    # ... but of the group of the hour-long baselines per GPU and node (job-health-history): a median
+    # of an hour moves slowly, and reading an hour of every GPU's series is the costliest query here.
+    baseline_interval: str = "5m"
     window: str = "2m"  # rate window of activity, EFA and Lustre throughput
     evidence_window: str = "5m"  # window of the Lustre RPC latency and EFA retransmits that are evidence
     stall_for: str = "4m"
@@ -173,23 +176,59 @@ def _rule(kind: str, name: str, expr: str, comment: str = "", extra: str = "") -
     return out
 
 
-def _group(name: str, s: Settings, comment: str) -> str:
+def _group(name: str, s: Settings, comment: str, interval: str = "") -> str:
     lines = "".join(f"  # {c}\n" if c else "  #\n" for c in comment.splitlines())
-    return f"\n{lines}  - name: {name}\n    interval: {s.interval}\n    rules:\n"
+    return f"\n{lines}  - name: {name}\n    interval: {interval or s.interval}\n    rules:\n"
 
 
 def _baseline(name: str, value: str, by: str, frozen_while: str, s: Settings, comment: str = "",
-              frozen_on: str = "") -> str:
+              frozen_on: str = "", carry: str = "") -> str:
     """Record `name`: the median of `value` over the baseline window once it has enough samples,
     held at its last value while `frozen_while` (a recorded series, the previous evaluation's; matched
-    on `frozen_on`, default `by`) lasts."""
+    on `frozen_on`, default `by`) lasts (`carry`: over how long its last value is looked for)."""
     return _rule("record", name, f"""
-(last_over_time({name}[{s.carry}]) and on ({frozen_on or by}) {frozen_while})
+(last_over_time({name}[{carry or s.carry}]) and on ({frozen_on or by}) {frozen_while})
 or on ({by})
 (
   quantile_over_time(0.5, {value}[{s.baseline_window}])
     and on ({by}) (count_over_time({value}[{s.baseline_window}]) >= {s.baseline_samples})
 )""", comment)
+
+
+def _held(name: str, s: Settings) -> str:
+    """A baseline of job-health-history as its readers see it: its last value within two of its
+    intervals (an instant read would lose it whenever its interval reaches the 5-minute lookback)."""
+    return f"last_over_time({name}[{_double(s.baseline_interval)}])"
+
+
+def _history_group(s: Settings) -> str:
+    """The hour-long baselines of each GPU and node of a job, at their own interval."""
+    carry = _double(s.baseline_interval)
+    r = [_group("job-health-history", s,
+                "Each GPU's and node's own baseline in this job: the median of its last hour, once it has\n"
+                f"enough samples, frozen while it departs (docs/alerts.md). Every {s.baseline_interval}: an hour's median moves\n"
+                "slowly, and reading an hour of every GPU is the costliest query of the job rules; the readers\n"
+                "take its last value.", s.baseline_interval)]
+    r.append(_baseline("instance_training_job:lustre_client_rpc_wait_seconds:baseline",
+                       "instance_training_job:lustre_client_rpc_wait_seconds:mean", NODE_JOB,
+                       'instance_training_job:job_health_storage:evidence{reason="lustre_latency_up"}', s,
+                       "Storage and network: the node's mean OST RPC round trip and EFA retransmitted share.",
+                       carry=carry))
+    r.append(_baseline("instance_training_job:efa_retrans_packets:baseline",
+                       "instance_training_job:efa_retrans_packets:ratio", NODE_JOB,
+                       'instance_training_job:job_health_network:evidence{reason="efa_retransmits_up"}', s, carry=carry))
+    first = True
+    for prefix, by in (("job_gpu:gpu_tensor_active", GPU_JOB), ("instance_training_job:efa_tx_bytes", NODE_JOB),
+                       ("instance_training_job:lustre_client_read_bytes", NODE_JOB)):
+        r.append(_baseline(f"{prefix}:share_baseline", f"{prefix}:share", by, f"{prefix}:share_changed", s,
+                           "Shares of the job's median GPU or node (the straggler)." if first else "", carry=carry))
+        first = False
+    for name, value, comment in (
+            ("throughput", "throughput:rate", "Throughput and SM clock per node (the slow job), frozen while the job slows."),
+            ("gpu_clock_sm", "gpu_clock_sm:avg", "")):
+        r.append(_baseline(f"instance_training_job:{name}:baseline", f"instance_training_job:{value}", NODE_JOB,
+                           "training_job:slowing", s, comment, frozen_on=JOB, carry=carry))
+    return "".join(r)
 
 
 def _evidence_desc(scope: str) -> str:
@@ -212,7 +251,8 @@ NODE_SCOPE = "cluster='%s',instance='%s'"
 
 def render(s: Settings = Settings()) -> str:
     out = [HEADER.rstrip() + "\n", "groups:"]
-    out += [_map_group(s), _evidence_group(s), _stall_group(s), _straggler_group(s), _slow_group(s)]
+    out += [_map_group(s), _evidence_group(s), _stall_group(s), _straggler_group(s), _slow_group(s),
+            _history_group(s)]
     return "".join(out)
 
 
@@ -220,9 +260,9 @@ def _map_group(s: Settings) -> str:
     w = s.window
     T, S, D = _num(s.progress_tensor), _num(s.progress_sm), _num(s.progress_dram)
     out = [_group("job-health-map", s,
-                  "Which job holds each GPU, and what its GPUs do. Cheap on purpose (docs/performance.md, \"Job\n"
-                  "health rules\"): one rate per GPU for SM, tensor and DRAM activity, every other rule reads those\n"
-                  "or one series per job.")]
+                  "Which job holds each GPU, and what its GPUs do. Cheap on purpose (docs/performance.md, \"The\n"
+                  "whole rule set at 2,000 nodes\"): one rate per GPU of a job for SM, tensor and DRAM activity,\n"
+                  "every other rule reads those or one series per job.")]
     r = out
     r.append(_rule("record", "k8s_pod:training_job:info", _k8s_pod_map(),
                    "A Kubernetes pod's training job: the first of the pod labels in K8S_JOB_LABELS\n"
@@ -243,41 +283,32 @@ label_replace(max by (cluster, instance, gpu, namespace, pod) (gpu_workload_info
                    "The nodes of each job."))
     first = True
     for what in ("tensor", "sm", "dram"):
-        r.append(_rule("record", f"gpu:gpu_{what}_active:ratio",
-                       f"max by (cluster, instance, gpu) (rate(gpu_{what}_active_seconds_total[{w}]))",
-                       "Activity over a short window: a stall must be seen within minutes." if first else ""))
-        first = False
-    for what in ("tensor", "sm", "dram"):
         r.append(_rule("record", f"job_gpu:gpu_{what}_active:ratio",
-                       f"gpu:training_job:info * on (cluster, instance, gpu) group_left () gpu:gpu_{what}_active:ratio"))
+                       "gpu:training_job:info * on (cluster, instance, gpu) group_left ()\n"
+                       f"  max by (cluster, instance, gpu) (rate(gpu_{what}_active_seconds_total[{w}]))",
+                       "Activity of each GPU of a job over a short window (a stall must be seen within minutes),\n"
+                       "read from the counters in the join: nothing reads a GPU's activity without its job." if first else ""))
+        first = False
     r.append(_rule("record", "job_gpu:gpu_clock_sm:hertz",
                    'gpu:training_job:info * on (cluster, instance, gpu) group_left ()\n'
                    '  max by (cluster, instance, gpu) (gpu_clock_hertz{clock="sm"})'))
     r.append(_group("job-health-jobs", s,
-                    "Per job: GPUs and nodes held, activity over its GPUs, memory, power (the map group's per-GPU\n"
+                    "Per job: GPUs and nodes held, activity over its GPUs, memory (the map group's per-GPU\n"
                     "series, one evaluation behind at most)."))
     r.append(_rule("record", "training_job:gpus:count", f"count by ({JOB}) (gpu:training_job:info)"))
     r.append(_rule("record", "training_job:nodes:count", f"count by ({JOB}) (instance_training_job:info)"))
-    for what, stats in (("tensor", ("avg", "min", "max")), ("sm", ("avg", "max")), ("dram", ("avg", "max"))):
+    for what, stats in (("tensor", ("avg", "max")), ("sm", ("avg",)), ("dram", ("avg", "max"))):
         for stat in stats:
             r.append(_rule("record", f"training_job:gpu_{what}_active:{stat}",
                            f"{stat} by ({JOB}) (job_gpu:gpu_{what}_active:ratio)"))
-    r.append(_rule("record", "training_job:gpu_memory_used:ratio_max", f"""
-max by ({JOB}) (
-  gpu:training_job:info * on (cluster, instance, gpu) group_left ()
-    max by (cluster, instance, gpu) (gpu_memory_used_bytes / (gpu_memory_total_bytes > 0))
-)"""))
     r.append(_rule("record", "training_job:gpu_memory_used:ratio_max_of_min", f"""
 max by ({JOB}) (
   gpu:training_job:info * on (cluster, instance, gpu) group_left ()
     max by (cluster, instance, gpu) (min_over_time(gpu_memory_used_bytes[{w}]) / (gpu_memory_total_bytes > 0))
 )""", "The least memory each GPU of the job held in the rate window, its largest over the job's GPUs:\n"
                    "low when every process of the job let go of its GPU within the window, however briefly and\n"
-                   "not all at once (the job ended, or restarted: a requeue, TorchElastic restarting its workers)."))
-    r.append(_rule("record", "training_job:gpu_power_watts:sum", f"""
-sum by ({JOB}) (
-  gpu:training_job:info * on (cluster, instance, gpu) group_left () max by (cluster, instance, gpu) (gpu_power_watts)
-)"""))
+                   "not all at once (the job ended, or restarted: a requeue, TorchElastic restarting its workers);\n"
+                   "high while they hold it (a stall holds its memory)."))
     r.append(_rule("record", "instance_training_job:gpus:count", f"count by ({NODE_JOB}) (gpu:training_job:info)",
                    "Per node of the job (the dashboards' series carry `instance`): its GPUs there, and those\n"
                    "making progress now (a GPU with no activity series, a lost one, counts as not)."))
@@ -359,23 +390,16 @@ sum by (cluster, instance) (rate(efa_node_retrans_packets_total[{ew}]))
                         ("lustre_client_read_bytes", s.straggler_min_read_bytes)):
         r.append(_rule("record", f"training_job:{what}:median",
                        f"quantile by ({JOB}) (0.5, instance_training_job:{what}:rate) >= {_num(floor)}"))
-    r.append(_baseline("instance_training_job:lustre_client_rpc_wait_seconds:baseline",
-                       "instance_training_job:lustre_client_rpc_wait_seconds:mean", NODE_JOB,
-                       'instance_training_job:job_health_storage:evidence{reason="lustre_latency_up"}', s,
-                       "Each node's own baselines in this job: the median of the last hour, frozen while it departs."))
-    r.append(_baseline("instance_training_job:efa_retrans_packets:baseline",
-                       "instance_training_job:efa_retrans_packets:ratio", NODE_JOB,
-                       'instance_training_job:job_health_network:evidence{reason="efa_retransmits_up"}', s))
     LF, RF = _num(s.lustre_latency_factor), _num(s.efa_retrans_factor)
     lat = "instance_training_job:lustre_client_rpc_wait_seconds:mean"
     r.append(_rule("record", "instance_training_job:job_health_storage:evidence", "\nor\n".join([
-        _reason(f"{lat}\n  > on ({NODE_JOB}) ({LF} * instance_training_job:lustre_client_rpc_wait_seconds:baseline)",
+        _reason(f"{lat}\n  > on ({NODE_JOB}) ({LF} * {_held('instance_training_job:lustre_client_rpc_wait_seconds:baseline', s)})",
                 "lustre_latency_up"),
         _reason(f"{lat}\n  > on ({JOB}) group_left () ({LF} * training_job:lustre_client_rpc_wait_seconds:median)",
                 "lustre_latency_peers"),
         _reason(f"instance_training_job:lustre_client_read_bytes:rate\n"
                 f"  < on ({JOB}) group_left () ({_num(s.straggler_share)} * training_job:lustre_client_read_bytes:median)\n"
-                f"unless on ({NODE_JOB}) (instance_training_job:lustre_client_read_bytes:share_baseline < {_num(s.straggler_share)})",
+                f"unless on ({NODE_JOB}) ({_held('instance_training_job:lustre_client_read_bytes:share_baseline', s)} < {_num(s.straggler_share)})",
                 "lustre_read_low"),
     ]), f"Storage evidence from change: the node's mean OST RPC round trip is {LF}x its own baseline\n"
         f"(lustre_latency_up) or {LF}x the job's median node (lustre_latency_peers); its read rate is under\n"
@@ -385,11 +409,11 @@ sum by (cluster, instance) (rate(efa_node_retrans_packets_total[{ew}]))
     r.append(_rule("record", "instance_training_job:job_health_network:evidence", "\nor\n".join([
         _reason(f"instance_training_job:efa_tx_bytes:rate\n"
                 f"  < on ({JOB}) group_left () ({_num(s.straggler_share)} * training_job:efa_tx_bytes:median)\n"
-                f"unless on ({NODE_JOB}) (instance_training_job:efa_tx_bytes:share_baseline < {_num(s.straggler_share)})",
+                f"unless on ({NODE_JOB}) ({_held('instance_training_job:efa_tx_bytes:share_baseline', s)} < {_num(s.straggler_share)})",
                 "efa_throughput_low"),
         _reason(f"""(
   ({rt} > {_num(s.efa_retrans_floor)})
-    > on ({NODE_JOB}) ({RF} * instance_training_job:efa_retrans_packets:baseline)
+    > on ({NODE_JOB}) ({RF} * {_held('instance_training_job:efa_retrans_packets:baseline', s)})
   or
   ({rt} > {_num(s.efa_retrans_floor)})
     > on ({JOB}) group_left () ({RF} * training_job:efa_retrans_packets:median)
@@ -423,7 +447,8 @@ count by ({JOB}) (
 or on ({JOB})
 (training_job:gpus:count and on ({JOB}) (training_job:gpu_memory_used:ratio_max_of_min <= {_num(s.memory_held)}))""",
                    "The job (re)starts now: it holds GPUs and held none at the last evaluation, while the exporter\n"
-                   "of one of its nodes answered then and the evaluation before (its GPUs' memory total; the\n"
+                   "of one of its nodes answered then and the evaluation before (its GPUs' memory total: the\n"
+                   "node's build info instead named a recovered storage node a straggler in the live run; the\n"
                    "job's series reach this group an evaluation late at most): a requeue under the same id, not\n"
                    "an exporter's restart; or every process of it let go of its GPU memory within the rate\n"
                    "window (a restart in its allocation; an elastic restart onto fewer nodes, where TorchElastic\n"
@@ -467,7 +492,7 @@ training_job:gpus:count
   and on ({JOB}) (training_job:gpu_tensor_active:max < {T})
   unless on ({JOB}) (training_job:gpu_dram_active:max >= {D})
   and on ({JOB}) (training_job:gpus_busy:count <= on ({JOB}) ({_num(s.busy_share)} * training_job:gpus:count))
-  and on ({JOB}) (training_job:gpu_memory_used:ratio_max > {_num(s.memory_held)})
+  and on ({JOB}) (training_job:gpu_memory_used:ratio_max_of_min > {_num(s.memory_held)})
   and on ({JOB}) training_job:productive
   unless on ({JOB}) {_checkpointing(s)}""", "A stall now (before `for`; value: the GPUs it holds): no GPU of the job does tensor or DRAM work,\n"
                    f"at most {_num(s.busy_share)} of them keep their SMs busy (a rank stuck in a kernel while the others spin in\n"
@@ -561,21 +586,34 @@ training_job:gpus:count >= 3
     r.append(_rule("record", "training_job:in_phase", f"""
 training_job:running
   and on ({JOB}) (abs(training_job:phase:ratio / on ({JOB}) training_job:phase:baseline - 1) <= {_num(s.phase_tolerance)})
-  unless on ({JOB}) {_checkpointing(s)}""", f"The job runs in its usual phase (the ratio within {_num(s.phase_tolerance)} of its baseline) and writes no checkpoint\n"
-                   "(its ranks enter and leave one a little apart): only then are its GPUs and nodes compared with\n"
-                   "their own history."))
+  and on ({JOB}) (training_job:gpus:count == quantile_over_time(0.5, training_job:gpus:count[{s.baseline_window}]))
+  and on ({JOB}) (training_job:gpus:count == max_over_time(training_job:gpus:count[{s.window}]))
+  and on ({JOB}) (training_job:gpus:count == min_over_time(training_job:gpus:count[{s.window}]))
+  and on ({JOB}) (training_job:goodput:ratio == quantile_over_time(0.5, training_job:goodput:ratio[{s.baseline_window}]))
+  and on ({JOB}) (training_job:goodput:ratio >= max_over_time(training_job:goodput:ratio[{s.window}]))
+  unless on ({JOB}) {_checkpointing(s)}""", f"The job runs in its usual phase (the ratio within {_num(s.phase_tolerance)} of its baseline), writes no checkpoint\n"
+                   "(its ranks enter and leave one a little apart), and its view is whole and steady: only then are\n"
+                   "its GPUs and nodes compared with their own history. A share of the job's median moves, with no\n"
+                   "GPU changing, when the median is taken over other GPUs than the baselines were: so the job\n"
+                   "holds, and works on, as many GPUs as through most of the baseline window (a node whose exporter\n"
+                   "is gone, a node whose processes exited first as the job ends, a job that shrank: judged again\n"
+                   "once the baselines are of its new size), none joined or left within the rate window (a missed\n"
+                   "scrape drops a node's GPUs for an evaluation; a new or returning node's rates ramp up over a\n"
+                   "window), and none stopped working within it (the fading rates of a node whose exporter stopped)."))
     return r
 
 
 def _straggler_group(s: Settings) -> str:
-    A, C, CH = _num(s.straggler_activity), _num(s.straggler_clock), _num(s.straggler_change)
+    A, C, CH, T = _num(s.straggler_activity), _num(s.straggler_clock), _num(s.straggler_change), _num(s.progress_tensor)
     out = [_group("job-health-phase", s,
                   "Whether a job runs, in which phase, and its median GPU: what the straggler and the slow job\n"
                   "compare with.")]
     r = out
     r += _phase_rules(s)
     r.append(_rule("record", "training_job:gpu_tensor_active:median",
-                   f"quantile by ({JOB}) (0.5, job_gpu:gpu_tensor_active:ratio)"))
+                   f"quantile by ({JOB}) (0.5, job_gpu:gpu_tensor_active:ratio >= {T})",
+                   f"The job's median working GPU (tensor activity {T} or more): GPUs that stopped (a node whose\n"
+                   "processes exited first as the job ends) do not pull it down and move every other GPU's share."))
     r.append(_rule("record", "training_job:gpu_clock_sm:median", f"quantile by ({JOB}) (0.5, job_gpu:gpu_clock_sm:hertz)"))
     r.append(_rule("record", "job_gpu:gpu_clock_sm:below_median",
                    f"job_gpu:gpu_clock_sm:hertz < on ({JOB}) group_left () ({C} * training_job:gpu_clock_sm:median)"))
@@ -596,7 +634,7 @@ and on ({JOB}) training_job:running""",
     # A GPU's share of the job's median tensor activity, a node's of its EFA and Lustre throughput:
     # its shape in the job, compared with its own baseline while the job is in its usual phase.
     shares = (
-        ("job_gpu:gpu_tensor_active", GPU_JOB, f"max by ({GPU_JOB}) (job_gpu:gpu_tensor_active:ratio)",
+        ("job_gpu:gpu_tensor_active", GPU_JOB, f"max by ({GPU_JOB}) (job_gpu:gpu_tensor_active:ratio >= {_num(s.progress_tensor)})",
          f"(training_job:gpu_tensor_active:median >= {_num(s.productive_tensor)})", "abs({x} - on ({by}) {b}) > " + CH),
         ("instance_training_job:efa_tx_bytes", NODE_JOB, "instance_training_job:efa_tx_bytes:rate",
          "training_job:efa_tx_bytes:median", "{b} - on ({by}) {x} > " + CH),
@@ -604,14 +642,13 @@ and on ({JOB}) training_job:running""",
          "training_job:lustre_client_read_bytes:median", "{b} - on ({by}) {x} > " + CH),
     )
     for prefix, by, value, median, changed in shares:
-        x, b, ch = f"{prefix}:share", f"{prefix}:share_baseline", f"{prefix}:share_changed"
+        x, b, ch = f"{prefix}:share", f"{prefix}:share_baseline", f"{prefix}:share_changed"  # b: job-health-history
         r.append(_rule("record", x, f"{value}\n  / on ({JOB}) group_left () {median}\n  and on ({JOB}) training_job:running",
                        "A GPU's tensor activity over the job's median GPU's, a node's EFA transmit and Lustre read\n"
                        "rates over the job's median node's: its shape in the job; its baseline; changed when, in\n"
                        "the job's usual phase, it moved away from that (a GPU either way, a node's throughput down)\n"
                        f"by more than {CH}." if prefix.startswith("job_gpu") else ""))
-        r.append(_baseline(b, x, by, ch, s))
-        r.append(_rule("record", ch, changed.format(x=x, b=b, by=by) + f" and on ({JOB}) training_job:in_phase"))
+        r.append(_rule("record", ch, changed.format(x=x, b=_held(b, s), by=by) + f" and on ({JOB}) training_job:in_phase"))
     node_arms = [
         _reason("instance_training_job:efa_tx_bytes:share_changed", "efa_traffic_low"),
         _reason("instance_training_job:lustre_client_read_bytes:share_changed", "lustre_read_low"),
@@ -700,10 +737,8 @@ avg by ({NODE_JOB}) (job_gpu:gpu_tensor_active:ratio * job_gpu:gpu_clock_sm:hert
                    "(the share of time the tensor pipes work, times the rate they work at: a wait lowers the first,\n"
                    "a thermal or power slowdown the second), while it runs; its baseline (the median ignores a\n"
                    "phase shorter than half the window); the ratio."))
-    r.append(_baseline("instance_training_job:throughput:baseline", "instance_training_job:throughput:rate",
-                       NODE_JOB, "training_job:slowing", s, frozen_on=JOB))
     r.append(_rule("record", "instance_training_job:throughput:ratio",
-                   f"instance_training_job:throughput:rate / on ({NODE_JOB}) instance_training_job:throughput:baseline"))
+                   f"instance_training_job:throughput:rate / on ({NODE_JOB}) {_held('instance_training_job:throughput:baseline', s)}"))
     r.append(_rule("record", "training_job:slowing", f"""
 max by ({JOB}) (instance_training_job:throughput:ratio) < {R}
 and on ({JOB}) training_job:in_phase
@@ -712,10 +747,8 @@ unless on ({JOB}) training_job:gpus_stalled:count""",
                    "in its usual phase (no checkpoint), not stalled (its own alert)."))
     r.append(_rule("record", "instance_training_job:gpu_clock_sm:avg",
                    f"avg by ({NODE_JOB}) (job_gpu:gpu_clock_sm:hertz) and on ({JOB}) training_job:running"))
-    r.append(_baseline("instance_training_job:gpu_clock_sm:baseline", "instance_training_job:gpu_clock_sm:avg",
-                       NODE_JOB, "training_job:slowing", s, frozen_on=JOB))
     r.append(_rule("record", "instance_training_job:slowdown:evidence", f"""
-instance_training_job:gpu_clock_sm:avg < on ({NODE_JOB}) ({K} * instance_training_job:gpu_clock_sm:baseline)
+instance_training_job:gpu_clock_sm:avg < on ({NODE_JOB}) ({K} * {_held('instance_training_job:gpu_clock_sm:baseline', s)})
 or on ({NODE_JOB})
 max by ({NODE_JOB}) (gpu:training_job:info and on (cluster, instance, gpu) gpu:job_health_slowdown:evidence)""",
                    f"A node of the job whose GPUs' mean SM clock fell under {K} of its own baseline, or with a thermal,\n"
@@ -777,8 +810,12 @@ def _seconds(d: str) -> float:
 
 
 def _double(d: str) -> str:
-    """Twice a Prometheus duration, in seconds (an offset)."""
-    return f"{2 * _seconds(d):g}s"
+    """Twice a Prometheus duration, as one (in its largest whole unit: 10m, 12s)."""
+    n = int(2 * _seconds(d))
+    for unit, size in (("h", 3600), ("m", 60)):
+        if n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n}s"
 
 
 def _duration(v: str) -> str:

@@ -106,7 +106,7 @@ def _regular(path: Path) -> bool:
 class XidPersistence:
     """The daemon's state document, built here from where it lives (`state_dir`), the boot and the
     kernel log its counts come from (`source`); `acks_kind`: the acks file's kind (the simulated
-    node shares acks across its kernel logs, exporter.simulate.acks); `read_only` (`check`)."""
+    node shares acks across its kernel logs, exporter.tools.simulate.acks); `read_only` (`check`)."""
 
     def __init__(self, state_dir: str, boot_id: str, source: str, store: XidStore, identities: GpuIdentities,
                  sxids: SxidStore, follower: KmsgFollower, ledger: AttributionLedger, *,
