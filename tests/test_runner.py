@@ -9,7 +9,15 @@ from exporter.collector import Collector, Derived, Failed
 from exporter.compose import compose
 from exporter.config import load
 from exporter.runner import Runner
-from tests.helpers import DEADLINE_MARGIN_S, HANG_GUARD_S, START_HANG_GUARD_S, samples, scrape, test_pool, value
+from tests.helpers import (
+    DEADLINE_MARGIN_S,
+    HANG_GUARD_S,
+    START_HANG_GUARD_S,
+    samples,
+    scrape,
+    test_pool,
+    value,
+)
 
 # The tests' own metric: a spec of their own, never declared in the product's catalog.
 PROBE = MetricSpec("gpu_health_exporter_test_probe", "gauge", "Test-only metric.", ("source",), "", "test")
