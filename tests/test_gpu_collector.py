@@ -33,6 +33,7 @@ from tests.helpers import (
     scrape,
     test_pool,
     value,
+    wait_for,
 )
 
 collector_classes()  # declares the config sections
@@ -370,7 +371,7 @@ def test_hung_call_hits_the_per_gpu_deadline(parallel, caplog):
         assert len(warnings) == 1
     finally:
         fake.release()
-    time.sleep(0.05)
+    wait_for(lambda: not c._fast.stuck(), what="the released call to return")
     _, ss = run(c)
     assert value(ss, "gpu_read_success", gpu=str(FAULTY_GPU)) == 1
 
@@ -552,7 +553,8 @@ def test_gpu_hung_at_start_does_not_hold_up_the_others():
         assert sum(v for (n, _), v in ss.items() if n == "gpu_read_success") == 7
     finally:
         fake.release()
-    time.sleep(0.1)
+    # the released identity call returns on its own thread: GPU 2 is read once it has
+    wait_for(lambda: value(run(c)[1], "gpu_read_success", gpu="2") == 1, what="GPU 2 read after release")
     _, ss = run(c)
     assert value(ss, "gpu_read_success", gpu="2") == 1
     uuid = fake.call(2, "nvmlDeviceGetUUID")
