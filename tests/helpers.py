@@ -37,6 +37,10 @@ NETGUARD = ROOT / "tests" / "netguard"  # the loopback guard, loaded by every ex
 # 26 s on an idle core ran past a 120 s timeout under `stress-ng --cpu 2` beside the suite.
 HANG_GUARD_S = 600.0  # a tool or child interpreter run to completion (promtool, amtool, kubectl, python -c)
 START_HANG_GUARD_S = 120.0  # a program started here until it serves, or a condition polled for
+# A test that shows a deadline bounds a hang makes its fake hang for HANG_GUARD_S (or until the test
+# releases it) and asserts the call returns within DEADLINE_MARGIN_S: a guard, not a speed, many
+# times any deadline under test (a second or so) yet far below the hang it bounds.
+DEADLINE_MARGIN_S = 60.0
 
 
 _POOLS: list[Pool] = []  # made by test_pool(); see close_test_pools

@@ -13,6 +13,8 @@ from exporter import imds
 from exporter.collectors.instance import InstanceCollector
 from exporter.runner import Runner
 from tests.helpers import (
+    DEADLINE_MARGIN_S,
+    HANG_GUARD_S,
     START_HANG_GUARD_S,
     names,
     promtool_check_metrics,
@@ -113,22 +115,24 @@ def test_poll_exports_active_events_and_follows_changes(fake):  # noqa: F811
 
 
 def test_events_poll_never_blocks_a_scrape_and_can_be_off(fake):  # noqa: F811
-    # IMDS answers after 30 s (the request times out after 20): a scrape that waited for the poll
-    # would take 20 s or more; one that does not takes milliseconds, so 10 s holds on a loaded host.
-    fake.delay_s = 30.0
-    ctx = ctx_for(fake.url, **{"instance.imds_timeout_seconds": 20.0, "node.instance_type": "p5.48xlarge",
+    # IMDS never answers and every timeout is a hang guard: a scrape that waited for the poll
+    # would take START_HANG_GUARD_S or more; one that does not returns within DEADLINE_MARGIN_S.
+    fake.delay_s = HANG_GUARD_S
+    ctx = ctx_for(fake.url, **{"instance.imds_timeout_seconds": START_HANG_GUARD_S,
+                               "node.instance_type": "p5.48xlarge",
                                "instance.instance_id": "i-1", "instance.availability_zone": "a"})
     inst = InstanceCollector(ctx)
-    runner = Runner([inst], deadline_s=5, pool=test_pool())
+    runner = Runner([inst], deadline_s=START_HANG_GUARD_S, pool=test_pool())
     t = time.monotonic()
     assert ctx.identity.start() is None  # the identity is all in the config ...
     runner.start()
     try:
         text = scrape(runner)
-        assert time.monotonic() - t < 10
+        assert time.monotonic() - t < DEADLINE_MARGIN_S
         assert inst.poller is not None  # ... the events are still polled
         assert value(text, "gpu_health_exporter_imds_events_lookup_success") == 0
     finally:
+        fake.released.set()  # the poll's request returns: nothing left blocked
         runner.close()
     off = InstanceCollector(ctx_for(fake.url, **{"instance.scheduled_events": False}))
     off.start()

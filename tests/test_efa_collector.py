@@ -12,7 +12,15 @@ from exporter.efa.node_totals import NODE_TOTALS
 from exporter.runner import Runner
 from exporter.tools.simulate.efa import NETWORK, RDMA_WRITE, kernel_files
 from tests.efa_trees import FaultyReader, collect, collector, efa, mellanox, run
-from tests.helpers import START_HANG_GUARD_S, names, promtool_check_metrics, samples, value
+from tests.helpers import (
+    DEADLINE_MARGIN_S,
+    HANG_GUARD_S,
+    START_HANG_GUARD_S,
+    names,
+    promtool_check_metrics,
+    samples,
+    value,
+)
 
 PORT_METRICS = {
     "tx_bytes": "efa_tx_bytes_total", "tx_pkts": "efa_tx_packets_total", "rx_bytes": "efa_rx_bytes_total",
@@ -371,7 +379,7 @@ def test_a_read_blocked_in_the_kernel_fails_only_that_device(tmp_path, workers):
     def hang(path):
         if path.endswith("rdmap2s0/ports/1/hw_counters/tx_bytes"):
             blocked.append(path)
-            release.wait(30)
+            release.wait(HANG_GUARD_S)  # until released: far beyond any deadline under test
 
     reader = FaultyReader()
     reader.on_read = hang
@@ -379,7 +387,7 @@ def test_a_read_blocked_in_the_kernel_fails_only_that_device(tmp_path, workers):
     try:
         t = time.monotonic()
         ss = samples(run(c))
-        assert time.monotonic() - t < 2
+        assert time.monotonic() - t < DEADLINE_MARGIN_S  # the 0.3 s device deadline, not the hang
         assert value(ss, "gpu_health_exporter_collector_success", collector="efa") == 1
         assert value(ss, "efa_device_up", device="rdmap2s0") == 0
         assert all(value(ss, "efa_device_up", device=f"rdmap{i}s0") == 1 for i in (0, 1, 3))
@@ -419,9 +427,8 @@ def test_slow_devices_stop_at_the_collection_budget_not_the_collector(tmp_path):
     reader = FaultyReader()
     reader.on_read = lambda path: time.sleep(0.6) if path.endswith("/ports/1/hw_counters/tx_bytes") else None
     c = collector(tmp_path, reader=reader, **{"efa.timeout_seconds": 2.0, "efa.device_timeout_seconds": 1.0})
-    t = time.monotonic()
     ss = samples(run(c))  # device 0 by 0.6 s, 1 by 1.2; 2 cannot end before 1.8 s, past the 1.6 s budget
-    assert time.monotonic() - t < 2.0  # the collector's deadline: it stopped at the budget
+    # it stopped at the budget: a success (within the collector's 2 s deadline) with the last down
     assert value(ss, "gpu_health_exporter_collector_success", collector="efa") == 1
     up = [value(ss, "efa_device_up", device=f"rdmap{i}s0") for i in range(4)]
     # device 1 may miss the budget on a loaded host; what must hold: those read first are up, the

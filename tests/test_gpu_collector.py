@@ -23,13 +23,17 @@ from exporter.runner import Runner
 from exporter.tools.simulate.nvml import fake_backend
 from exporter.tools.simulate.nvml_scenarios import FAULTY_GPU, ONSET_S
 from tests.helpers import (
+    DEADLINE_MARGIN_S,
     FIXTURES,
+    HANG_GUARD_S,
+    START_HANG_GUARD_S,
     promtool_check_metrics,
     running_exporter,
     samples,
     scrape,
     test_pool,
     value,
+    wait_for,
 )
 
 collector_classes()  # declares the config sections
@@ -340,23 +344,26 @@ def test_field_batch_failures(code):
 
 @pytest.mark.parametrize("parallel", [False, True])
 def test_hung_call_hits_the_per_gpu_deadline(parallel, caplog):
-    fake, _, c = sim(read_timeout_seconds=1.0, timeout_seconds=3.0, parallel=parallel)
+    # The collector's and the scrape's deadlines are hang guards: only the 1 s per-GPU deadline
+    # keeps the scrape short of a call that hangs for HANG_GUARD_S.
+    fake, _, c = sim(read_timeout_seconds=1.0, timeout_seconds=START_HANG_GUARD_S, parallel=parallel)
     run(c)
-    fake.hang(FAULTY_GPU, "nvmlDeviceGetPowerUsage", seconds=30)
+    fake.hang(FAULTY_GPU, "nvmlDeviceGetPowerUsage", seconds=HANG_GUARD_S)
     try:
         t = time.monotonic()
         with caplog.at_level(logging.WARNING):
-            _, ss = run(c, deadline=3.0)
-        assert time.monotonic() - t < 2.5
+            _, ss = run(c, deadline=START_HANG_GUARD_S)
+        assert time.monotonic() - t < DEADLINE_MARGIN_S
         assert value(ss, "gpu_health_exporter_collector_success", collector="gpu") == 1
         assert value(ss, "gpu_read_success", gpu=str(FAULTY_GPU)) == 0
         for i in set(range(8)) - {FAULTY_GPU}:
             assert value(ss, "gpu_read_success", gpu=str(i)) == 1, i
             assert value(ss, "gpu_power_watts", gpu=str(i)) > 0
-        # while the call is still stuck, the GPU is skipped at once
-        t = time.monotonic()
-        _, ss = run(c, deadline=3.0)
-        assert time.monotonic() - t < 0.6  # waiting for it again would take its 1 s deadline
+        # while the call is still stuck, the GPU is skipped at once: no second read waits its
+        # deadline and is written off
+        assert c._fast.abandoned == 1
+        _, ss = run(c, deadline=START_HANG_GUARD_S)
+        assert c._fast.abandoned == 1 and c._fast.stuck() == [FAULTY_GPU]
         assert value(ss, "gpu_read_success", gpu=str(FAULTY_GPU)) == 0
         assert value(ss, "gpu_read_success", gpu="7") == 1
         c.refresh_slow(timeout=1)  # the slow reader skips the blocked GPU and does not block
@@ -364,7 +371,7 @@ def test_hung_call_hits_the_per_gpu_deadline(parallel, caplog):
         assert len(warnings) == 1
     finally:
         fake.release()
-    time.sleep(0.05)
+    wait_for(lambda: not c._fast.stuck(), what="the released call to return")
     _, ss = run(c)
     assert value(ss, "gpu_read_success", gpu=str(FAULTY_GPU)) == 1
 
@@ -533,20 +540,21 @@ def test_packaged_nvml_data_matches_the_test_fixtures():
 
 def test_gpu_hung_at_start_does_not_hold_up_the_others():
     fake = fake_backend(PROFILES["p5.48xlarge"])
-    fake.hang(2, seconds=30)
+    fake.hang(2, seconds=HANG_GUARD_S)
     ctx = compose(load(None, {"gpu.read_timeout_seconds": 0.2, "node.instance_type": "p5.48xlarge"}),
                   nvml=NvmlSession(fake, identity_timeout_s=0.3, pool=test_pool()))
     c = GpuCollector(ctx)
     try:
         t = time.monotonic()
-        _, ss = run(c, deadline=3.0)
-        assert time.monotonic() - t < 2.0
+        _, ss = run(c, deadline=START_HANG_GUARD_S)  # a hang guard: the GPU's deadlines bound it
+        assert time.monotonic() - t < DEADLINE_MARGIN_S
         assert value(ss, "gpu_health_exporter_collector_success", collector="gpu") == 1
         assert value(ss, "gpu_read_success", gpu="2", uuid="") == 0
         assert sum(v for (n, _), v in ss.items() if n == "gpu_read_success") == 7
     finally:
         fake.release()
-    time.sleep(0.1)
+    # the released identity call returns on its own thread: GPU 2 is read once it has
+    wait_for(lambda: value(run(c)[1], "gpu_read_success", gpu="2") == 1, what="GPU 2 read after release")
     _, ss = run(c)
     assert value(ss, "gpu_read_success", gpu="2") == 1
     uuid = fake.call(2, "nvmlDeviceGetUUID")
@@ -559,9 +567,9 @@ def test_many_slow_gpus_still_end_the_scrape_in_time():
     run(c)
     for i in range(8):
         fake.slow_down(i, 0.03)  # ~0.45 s per GPU read: each under its deadline, 8 of them are not
-    t = time.monotonic()
-    _, ss = run(c, deadline=1.0)
-    assert time.monotonic() - t < 1.2
+    # The scrape's deadline is a hang guard; the collector's own 1 s budget is what ends it: it
+    # succeeds with the last GPU unread (without the budget all eight would be read, in ~3.6 s).
+    _, ss = run(c, deadline=START_HANG_GUARD_S)
     assert value(ss, "gpu_health_exporter_collector_success", collector="gpu") == 1
     assert value(ss, "gpu_read_success", gpu="0") == 1
     assert value(ss, "gpu_read_success", gpu="7") == 0

@@ -17,7 +17,9 @@ from exporter.nvml.session import NvmlSession
 from exporter.runner import Runner
 from exporter.tools.simulate.imds import FakeImdsServer
 from tests.helpers import (
+    DEADLINE_MARGIN_S,
     FIXTURES,
+    HANG_GUARD_S,
     START_HANG_GUARD_S,
     names,
     promtool_check_metrics,
@@ -61,11 +63,11 @@ def test_client_errors(fake):
 
 
 def test_client_times_out_quickly(fake):
-    fake.delay_s = 2.0
+    fake.delay_s = HANG_GUARD_S  # IMDS never answers: only the 0.2 s timeout ends the wait
     t = time.monotonic()
     with pytest.raises(imds.ImdsError, match="Timeout"):
         imds.ImdsClient(fake.url, timeout_s=0.2).fetch()
-    assert time.monotonic() - t < 1.5
+    assert time.monotonic() - t < DEADLINE_MARGIN_S
 
 
 def test_lookup_publishes_identity_and_metrics(fake):
@@ -110,21 +112,23 @@ def test_config_wins_over_imds(fake):
 
 
 def test_imds_down_never_blocks_start_or_scrape(fake):
-    fake.delay_s = 3.0  # a black hole as far as a 2 s timeout is concerned
-    ctx = ctx_for(fake.url, **{"instance.imds_timeout_seconds": 2.0})
+    # A black hole, and timeouts that are hang guards: a start-up or scrape that waited for IMDS
+    # would take START_HANG_GUARD_S at least.
+    fake.delay_s = HANG_GUARD_S
+    ctx = ctx_for(fake.url, **{"instance.imds_timeout_seconds": START_HANG_GUARD_S})
     inst = InstanceCollector(ctx)
-    runner = Runner([inst], deadline_s=5, pool=test_pool())
+    runner = Runner([inst], deadline_s=START_HANG_GUARD_S, pool=test_pool())
     t = time.monotonic()
     ctx.identity.start()
     runner.start()
     text = scrape(runner)
-    # A start-up or scrape that waited for IMDS would take the 2 s timeout at least.
-    assert time.monotonic() - t < 1.5
+    assert time.monotonic() - t < DEADLINE_MARGIN_S
     try:
         assert "gpu_health_exporter_instance_info" not in names(text)
         assert value(text, "gpu_health_exporter_imds_lookup_success") == 0
         assert node.instance_type(ctx) is None
     finally:
+        fake.released.set()  # the background lookup's request returns: nothing left blocked
         runner.close()
         ctx.identity.close()
 
@@ -274,11 +278,12 @@ def test_check_asks_imds_once_when_dmi_says_nothing(tmp_path, fake, capsys):
     assert code == 2 and doc["node"]["instance_type_source"] == "imds"
     assert "1 GPU(s), 8 expected" in doc["node"]["details"]["gpu_count_below_expected"]
     assert ctx.identity.lookup is None  # no background lookup left behind
-    fake.delay_s = 3.0  # IMDS does not answer: the check waits one short timeout, then expects nothing
+    fake.delay_s = HANG_GUARD_S  # IMDS does not answer: the check waits one short timeout, then
+    # expects nothing
     ctx = one_gpu_ctx(tmp_path / "slow", None, **{"instance.imds_endpoint": fake.url})
     t = time.monotonic()
     code = check.run(argparse.Namespace(json=True), ctx)
-    assert time.monotonic() - t < 2.5
+    assert time.monotonic() - t < DEADLINE_MARGIN_S
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and doc["node"]["instance_type"] is None and doc["node"]["expected_gpus"] is None
 
@@ -313,12 +318,12 @@ def test_client_reuses_its_token_and_renews_an_expired_one(fake):
 
 
 def test_a_read_timeout_is_retried_once_then_reported(fake):
-    fake.delay_s = 1.0
+    fake.delay_s = HANG_GUARD_S
     t = time.monotonic()
     with pytest.raises(imds.ImdsError, match="^Timeout"):
         imds.ImdsClient(fake.url, timeout_s=0.2).fetch()
     assert len(fake.requests) == 1 + imds.READ_RETRIES
-    assert time.monotonic() - t < 1.0
+    assert time.monotonic() - t < DEADLINE_MARGIN_S  # each try its 0.2 s, never the answer's hang
 
 
 # --- IMDS only where it can answer ---------------------------------------------------------------

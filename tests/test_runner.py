@@ -9,7 +9,15 @@ from exporter.collector import Collector, Derived, Failed
 from exporter.compose import compose
 from exporter.config import load
 from exporter.runner import Runner
-from tests.helpers import START_HANG_GUARD_S, samples, scrape, test_pool, value
+from tests.helpers import (
+    DEADLINE_MARGIN_S,
+    HANG_GUARD_S,
+    START_HANG_GUARD_S,
+    samples,
+    scrape,
+    test_pool,
+    value,
+)
 
 # The tests' own metric: a spec of their own, never declared in the product's catalog.
 PROBE = MetricSpec("gpu_health_exporter_test_probe", "gauge", "Test-only metric.", ("source",), "", "test")
@@ -28,7 +36,7 @@ class Probe(Collector):
         if self.behaviour == "raise":
             raise OSError("source vanished")
         if self.behaviour == "hang":
-            self.release.wait(30)
+            self.release.wait(HANG_GUARD_S)  # far beyond any deadline under test: until released
         out.add(PROBE, 1, source=self.name)
 
 
@@ -37,7 +45,7 @@ def test_failing_and_hanging_collectors_do_not_take_others_down(caplog):
     r = Runner([good, bad, hung], deadline_s=0.3, pool=test_pool())
     t = time.monotonic()
     s = samples(scrape(r))
-    assert time.monotonic() - t < 2
+    assert time.monotonic() - t < DEADLINE_MARGIN_S  # the 0.3 s deadline, not the hang
     assert value(s, "gpu_health_exporter_test_probe", source="good") == 1
     assert not any(n == "gpu_health_exporter_test_probe" and ("source", "hung") in ls for n, ls in s)
     assert value(s, "gpu_health_exporter_collector_success", collector="good") == 1
@@ -192,10 +200,11 @@ def test_derived_collector_inputs_when_the_dependency_fails_hangs_or_is_absent()
     r.close()
     # missed its deadline: None, and the verdict is still served within its own deadline
     hung, v = Source("src", "hang"), Verdict()
-    r = Runner([hung, v], deadline_s=3, deadlines={"src": 0.3}, pool=test_pool())
+    # the scrape's own deadline is a hang guard: only the source's 0.3 s deadline keeps it short
+    r = Runner([hung, v], deadline_s=START_HANG_GUARD_S, deadlines={"src": 0.3}, pool=test_pool())
     t = time.monotonic()
     s = samples(scrape(r))
-    assert time.monotonic() - t < 2.0
+    assert time.monotonic() - t < DEADLINE_MARGIN_S
     assert v.seen == [None] and value(s, "gpu_health_exporter_collector_success", collector="verdict") == 1
     s = samples(scrape(r))  # still stuck from the first collection: None at once, not an old reading
     assert v.seen == [None, None] and hung.calls == 1

@@ -49,15 +49,16 @@ def scheduled_events(now: float) -> list[dict]:
 class FakeImdsServer:
     """IMDSv2 on 127.0.0.1: PUT /latest/api/token (the TTL header required), then GET
     /latest/meta-data/<key> with the token, answered from `meta` (which may change while it
-    serves). For tests: `delay_s` delays every answer, `token_status` refuses the token (IMDS
-    disabled), `fail_next` answers the next requests with these statuses (throttling: 429),
-    changing `token` expires the tokens handed out, `requests` records (method, path)."""
+    serves). For tests: `delay_s` delays every answer (until `released` is set), `token_status`
+    refuses the token (IMDS disabled), `fail_next` answers the next requests with these statuses
+    (throttling: 429), changing `token` expires the tokens handed out, `requests` records (method, path)."""
 
     def __init__(self, meta: dict[str, str]) -> None:
         from http.server import ThreadingHTTPServer
 
         self.meta = meta
         self.delay_s = 0.0
+        self.released = threading.Event()  # set: delayed answers go out now (a test's hang ends)
         self.token_status = 200
         self.token = TOKEN
         self.fail_next: list[int] = []
@@ -88,7 +89,7 @@ class FakeImdsServer:
             def _answer(self, method: str) -> bool:
                 """Record the request; True when it was answered with one of `fail_next`."""
                 fake.requests.append((method, self.path))
-                time.sleep(fake.delay_s)
+                fake.released.wait(fake.delay_s)
                 if fake.fail_next:
                     self._send(fake.fail_next.pop(0))
                     return True
@@ -117,6 +118,7 @@ class FakeImdsServer:
                          name="fake-imds", daemon=True).start()
 
     def close(self) -> None:
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
 
