@@ -182,7 +182,7 @@ def test_password_checks_queued_for_clients_that_left_are_dropped(cost12_users):
 def test_an_address_flooding_wrong_passwords_is_made_to_wait():
     """After 32 wrong passwords in a row from one address, its uncached checks get 429 without
     a password check (backing off up to 2 s), so one flooding address costs almost nothing."""
-    from exporter import httpd
+    from exporter.web import httpd
 
     class Counting:
         realm = "test"
@@ -379,7 +379,7 @@ def test_responses_held_for_stalled_clients_are_capped_overall(monkeypatch):
     """Each stalled connection holds at most one response, but a few hundred of them with large
     responses added up without bound: past MAX_BUFFERED_BYTES the longest-stalled are reset,
     and a client that reads still gets its whole answer."""
-    from exporter import httpd
+    from exporter.web import httpd
 
     monkeypatch.setattr(httpd, "MAX_BUFFERED_BYTES", 8 << 20)
     body = os.urandom(2 << 20)
