@@ -242,6 +242,41 @@ def test_a_signal_to_active_ends_the_running_tool_with_it(tmp_path, sig):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
+def test_a_signal_that_lands_while_a_tool_starts_still_ends_the_tool(monkeypatch):
+    """The signal lands inside Popen, after the fork and before the pid is returned (a loaded host
+    widens that window: one stressed run of the test above left dcgmi running). What the handler
+    does there (`tool.interrupt`) is held until the tool's process group is known, then raised,
+    and the tool is killed with it."""
+    import subprocess
+
+    class Stop(BaseException):
+        pass
+
+    def raise_stop() -> None:
+        raise Stop
+
+    real_popen = subprocess.Popen
+    started: list[subprocess.Popen[bytes]] = []
+
+    def popen_then_signal(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        started.append(proc)
+        tool.interrupt(raise_stop)  # the handler, run by a signal landing before Popen returns
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_signal)
+    try:
+        with pytest.raises(Stop):
+            tool.run(["sleep", str(int(HANG_GUARD_S))], timeout_s=HANG_GUARD_S)
+        assert len(started) == 1
+        wait_for(lambda: started[0].poll() is not None, what="the tool to end with the signal")
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def test_the_nvml_check_holds_the_budget_when_every_gpu_hangs(tmp_path):
     """A wedged driver: every NVML call on all 8 GPUs blocks. The check ends with the budget, as
     `timeout` (a GPU cut short by the budget is not a GPU that does not answer), not after 8 x the

@@ -22,7 +22,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 KILL_GRACE_S = 5.0
@@ -119,17 +119,46 @@ def _read_until(sel: selectors.BaseSelector, cap: _Capture, until: float,
     return False
 
 
+class _Start:
+    """A signal handler that raises (`active`'s SIGTERM and SIGINT) must not raise inside Popen: the
+    child is forked before Popen returns, and with the exception its pid would be lost, the tool
+    left running on the GPUs. While a tool starts, `interrupt` holds the raise; `run` makes it once
+    the tool's process group is known (tests/test_active_tools.py, a signal to `active`)."""
+
+    starting = False
+    held: Callable[[], None] | None = None
+
+
+def interrupt(raise_it: Callable[[], None]) -> None:
+    """For a signal handler: `raise_it()` now, or, while a tool is starting, as soon as it started."""
+    if _Start.starting:
+        _Start.held = raise_it
+    else:
+        raise_it()
+
+
+def _raise_held() -> None:
+    held, _Start.held = _Start.held, None
+    if held is not None:
+        held()
+
+
 def run(argv: Sequence[str], timeout_s: float, env: dict[str, str] | None = None,
         grace_s: float = KILL_GRACE_S) -> ToolRun:
     """Run `argv` for at most `timeout_s` seconds (then its process group gets SIGTERM, and
     SIGKILL grace_s later). Returns within timeout_s + grace_s + REAP_WAIT_S + EXIT_EOF_WAIT_S."""
     start = time.monotonic()
+    _Start.starting = True
     try:
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True, env=env)
     except OSError as e:
+        _Start.starting = False
+        _raise_held()
         return ToolRun(list(argv), None, "", 0.0, error=f"cannot start {argv[0]}: {e.strerror or e}")
     try:
+        _Start.starting = False
+        _raise_held()
         return _supervise(proc, list(argv), start, timeout_s, grace_s)
     except BaseException:  # interrupted (SIGTERM, SIGINT): the tool must not outlive the command
         _kill_group(proc, signal.SIGKILL)

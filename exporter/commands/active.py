@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from exporter import node
-from exporter.activecheck import findings, result
+from exporter.activecheck import findings, result, tool
 from exporter.activecheck.settings import ActiveSection
 from exporter.activecheck.suite import Node, Suite
 from exporter.collector import Context
@@ -133,7 +133,9 @@ def interruptible() -> Iterator[None]:
     Slurm's PrologTimeout or a Job's deadline then end the diagnostic the command started in its
     own session instead of leaving it on the GPUs."""
     def handler(signum: int, _frame: object) -> None:
-        raise Interrupted(signum)
+        def raise_it() -> None:
+            raise Interrupted(signum)
+        tool.interrupt(raise_it)  # held while a tool starts: its process group must be known
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
