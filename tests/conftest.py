@@ -88,7 +88,7 @@ LONGEST_FIRST = (
     "test_helm.py",  # 60: helm lint and template of every values set, validation for six versions
     "test_slurm.py",  # 60
     "test_container.py",  # builds the image first
-    "test_rules_before_fix.py",  # 30
+    "test_rules_regression_cases.py",  # 30
     "test_workload_attribution_slurm.py",
     "test_http_raw_clients.py",
     "test_check.py",

@@ -318,7 +318,7 @@ def test_every_or_with_an_alerts_arm_is_disjoint():
 
 
 # The properties of "Holding through real operations" (docs/alerts.md), each held by a promtool case
-# that fails on the rules before its fix (tests/test_rules_before_fix.py runs them there).
+# that fails on the rules before its fix (tests/test_rules_regression_cases.py runs them there).
 HOLDING_CASES = (
     ("fleet.test.yml", "an acknowledged GPU stays silent through a missed health collection"),
     ("fleet.test.yml", "a replace page holds while the exporter is unreachable or its target gone"),
