@@ -92,9 +92,9 @@ def xid_service(config: Config, nvml: NvmlSession, *, source: str | None = None,
     from exporter.xid.persistence import XidPersistence
     from exporter.xid.policy import Policy
     from exporter.xid.service import XidService
-    from exporter.xid.store import AcksFile, XidStore
+    from exporter.xid.store import XID_EVENTS, AcksFile, EventStore
     from exporter.xid.sxid_catalog import SxidPolicy
-    from exporter.xid.sxid_store import SxidStore
+    from exporter.xid.sxid_state import SXID_EVENTS
 
     cfg = config.section(XidSection)
     nvswitch = config.find(NvswitchSection)
@@ -104,7 +104,7 @@ def xid_service(config: Config, nvml: NvmlSession, *, source: str | None = None,
     clock = KernelClock()
     boot_id = read_boot_id(config.paths.procfs)
     identities = GpuIdentities(nvml)
-    store, sxids = XidStore(cfg.merge_window_seconds), SxidStore()
+    store, sxids = EventStore(XID_EVENTS, cfg.merge_window_seconds), EventStore(SXID_EVENTS)
     # Each counted event records the workloads on its GPU(s) then (exporter.attribution).
     attribution = FaultAttribution(workloads or WorkloadHistory(), identities, fresh=fresh,
                                    kernel_offset=lambda: clock.offset_s)

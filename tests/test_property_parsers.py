@@ -21,7 +21,7 @@ from exporter.lustre import discovery, parsers
 from exporter.xid.identities import GpuIdentities
 from exporter.xid.kmsg import KmsgReader, parse_record
 from exporter.xid.parser import KernelLogParser, parse_message
-from exporter.xid.store import XID_DOC, StateFile, XidStore
+from exporter.xid.store import XID_DOC, XID_EVENTS, EventStore, StateFile
 from exporter.xid.sxid import parse_sxid
 
 EXAMPLES = settings.default.max_examples  # the profile's: 300 in CI, more with HYPOTHESIS_PROFILE=search
@@ -191,7 +191,7 @@ def test_state_file(tmp_path_factory, raw):
     (d / "xid-state.json").write_bytes(raw)
     data = StateFile(str(d), "b").read()  # never raises: a bad file is set aside
     if data is not None:
-        s, ids = XidStore(), GpuIdentities(None)
+        s, ids = EventStore(XID_EVENTS), GpuIdentities(None)
         XID_DOC.load(data, s, ids)
         assert all(0 <= c.count <= 10**9 for ks in s.counts.values() for c in ks.values())
         assert StateFile(str(d), "b").write(XID_DOC.dump(s, ids, data.get("last_seq")))

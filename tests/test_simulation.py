@@ -153,7 +153,7 @@ def test_the_simulated_node_s_acks_hold_across_its_scenario_sets(tmp_path):
     """Each set of scenario flags is a kernel log of its own (counts apart), on one node: its acks
     file is the node's, read by every set (the product's is keyed by the kernel log too)."""
     from exporter.tools.simulate.acks import SharedAcksFile
-    from exporter.xid.store import ACKS_DOC, Ack, AcksFile, StateFile, XidStore
+    from exporter.xid.store import ACKS_DOC, XID_EVENTS, Ack, AcksFile, EventStore, StateFile
 
     pci, state = "00000000:53:00", str(tmp_path / "state")
     ack = Ack(pci, 2, "", 63, 1700000100.0, {"63": 1})
@@ -161,7 +161,7 @@ def test_the_simulated_node_s_acks_hold_across_its_scenario_sets(tmp_path):
         lambda disk: ACKS_DOC.dump([ack]))
     theirs = SharedAcksFile(state, "boot", "simulated:p5.48xlarge:gpu-lost,xid-63").read()
     assert theirs is not None and [a["xid"] for a in theirs["acks"]] == [63]
-    mine = XidStore()
+    mine = EventStore(XID_EVENTS)
     mine.report("kmsg", pci, 63, 2.0, 1700000200.0)
     assert [a.xid for a in ACKS_DOC.load(theirs, mine)] == [63] and mine.unacked(pci) == {}
 

@@ -132,7 +132,7 @@ def test_an_ack_baseline_above_the_count_does_not_silence_the_gpu(tmp_path, caps
     capsys.readouterr()
     code = main(["check", *args, "--json"])
     out = json.loads(capsys.readouterr().out)
-    # the forged ack waits for counts that never come (XidStore.add_ack): it holds nothing
+    # the forged ack waits for counts that never come (EventStore.add_ack): it holds nothing
     assert code == 2 and out["node"]["verdict"] == "replace_required"
     forged = {"pci": PCI, "index": 0, "uuid": "", "xid": 94, "time": 1.7e9, "baseline": {"94": 2}}
     # and in the XID state file, a baseline above its counts makes the file corrupt
@@ -592,7 +592,7 @@ def test_record_numbers_the_state_file_could_not_hold_are_malformed(tmp_path):
 def _documents():
     from exporter.xid.attribution_state import WORKLOAD_DOC
     from exporter.xid.store import ACKS_DOC, XID_DOC
-    from exporter.xid.sxid_store import SXID_DOC
+    from exporter.xid.sxid_state import SXID_DOC
     return {"XID": (XID_DOC, {"counts": {"00000000:05:00": {"94": [1, 1.0, 2.0]}}}),
             "acks": (ACKS_DOC, {"acks": []}),
             "SXid": (SXID_DOC, {"counts": [["00000000:08:00", 20034, "fatal", 1, 2.0]]}),

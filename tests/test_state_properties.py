@@ -19,7 +19,7 @@ from exporter import collectors
 from exporter.runner import Runner
 from exporter.xid.service import one_shot
 from exporter.xid.store import MAX_COUNT, OTHER
-from exporter.xid.sxid_store import SXID_DOC
+from exporter.xid.sxid_state import SXID_DOC
 from tests.helpers import samples, scrape, test_pool
 from tests.test_xid_service import make_ctx
 
@@ -212,7 +212,8 @@ def sxid_docs(draw) -> dict:
 def test_an_sxid_state_file_is_loaded_exactly_or_set_aside(doc):
     """An old `sxid-state.json` (migrated into the state document when read)."""
     from exporter.state.file import StateFile
-    from exporter.xid.sxid_store import SxidStore
+    from exporter.xid.store import EventStore
+    from exporter.xid.sxid_state import MAX_SWITCHES, SXID_EVENTS, by_report
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "sxid-state.json"
@@ -225,16 +226,20 @@ def test_an_sxid_state_file_is_loaded_exactly_or_set_aside(doc):
         if st_ is None:  # another boot's or log's
             assert (doc.get("boot_id"), doc.get("kmsg")) != ("b", "k")
             return
-        store = SxidStore()
+        store = EventStore(SXID_EVENTS)
         assert SXID_DOC.load(st_, store) == doc.get("last_seq")  # what the follower resumes from
-        switches = doc.get("switches") or {}
+        own: list[str] = []  # addresses with series of their own: the first MAX_SWITCHES, in order
         want: dict = {}
         for p, x, s, n, wall in doc.get("counts") or []:
-            key = (p if p in switches else OTHER, x, s)
+            if p != OTHER and p not in own and len(own) < MAX_SWITCHES:
+                own.append(p)
+            key = (p if p in own else OTHER, x, s)
             c, w = want.get(key, (0, 0.0))
             want[key] = (c + n, max(w, float(wall)))
-        assert {k: (c.count, c.last_wall) for k, c in store.counts.items()} == want
-        assert all(math.isfinite(c.last_wall) for c in store.counts.values())
+        counts = by_report(store)
+        assert {k: (c.count, c.last_wall) for k, c in counts.items()} == want
+        assert all(math.isfinite(c.last_wall) for c in counts.values())
+        assert store.indices == {p: n for p, n in (doc.get("switches") or {}).items() if p in own}
         assert st_.get("last_seq") == doc.get("last_seq")  # what the follower resumes from
         assert sf.write(SXID_DOC.dump(store, st_.get("last_seq")))
         assert StateFile(d, "b", "k", doc=SXID_DOC).read() is not None

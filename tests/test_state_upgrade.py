@@ -23,6 +23,7 @@ from exporter.cli import main
 from exporter.startup import build_context
 from exporter.state import versions
 from exporter.state.versions import NewerVersion, Schema, StateError
+from exporter.xid.sxid_state import by_report
 from tests.helpers import FIXTURES
 
 STATE = FIXTURES / "state"
@@ -68,7 +69,7 @@ def test_every_generation_loads_with_nothing_lost(commit, tmp_path):
         assert got == xid["counts"]
         opened = {(p, x, ev.key, ev.start_s) for (p, x), q in svc.store.open.items() for ev in q}
         assert opened == {(p, x, key, start) for p, x, key, start, _ in xid["open"]}
-        sx = {(p, n, sev): (c.count, c.last_wall) for (p, n, sev), c in svc.sxids.snapshot().items()}
+        sx = {(p, n, sev): (c.count, c.last_wall) for (p, n, sev), c in by_report(svc.sxids).items()}
         assert sx == {(p, n, sev): (count, wall)
                       for p, n, sev, count, wall in fixture(commit, "sxid-state.json")["counts"]}
         written = [*xid["acks"]]
@@ -111,7 +112,7 @@ def test_the_state_loads_with_every_count_and_ack(commit, tmp_path):
         acks = {(a.pci, a.xid, tuple(sorted(a.baseline.items()))) for a in svc.store.acks_snapshot()}
         assert acks == {(a["pci"], a["xid"], tuple(sorted(a["baseline"].items())))
                         for a in fixture(commit, "xid-state.json")["acks"]} and len(acks) == 2
-        sx = {(p, n, sev): c.count for (p, n, sev), c in svc.sxids.snapshot().items()}
+        sx = {(p, n, sev): c.count for (p, n, sev), c in by_report(svc.sxids).items()}
         on_disk = fixture(commit, "sxid-state.json")["counts"]
         assert sx == {(p, n, sev): count for p, n, sev, count, _ in on_disk}
         assert sum(sx.values()) == 25
@@ -158,7 +159,7 @@ def loaded(state: Path, commit: str, flush: bool = True) -> tuple[dict, dict, li
         if flush:
             assert svc.flush_state(force=True)
         return ({p: {k: c.to_json() for k, c in ks.items()} for p, ks in svc.store.snapshot().items()},
-                {k: (c.count, c.last_wall) for k, c in svc.sxids.snapshot().items()},
+                {k: (c.count, c.last_wall) for k, c in by_report(svc.sxids).items()},
                 sorted(map(repr, svc.attribution.ledger.records())))
     finally:
         sim.close()

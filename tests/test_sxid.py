@@ -13,7 +13,7 @@ from exporter.runner import Runner
 from exporter.xid.service import one_shot
 from exporter.xid.sxid import SxidContinuation, SxidReport, parse_sxid
 from exporter.xid.sxid_catalog import SxidPolicy, describe
-from exporter.xid.sxid_store import STATE_NAME
+from exporter.xid.sxid_state import STATE_NAME, by_report
 from tests.helpers import (
     FIXTURES,
     START_HANG_GUARD_S,
@@ -104,7 +104,7 @@ def test_policy_config_errors_name_the_key():
 
 
 def sxid_counts(svc):
-    return {k: c.count for k, c in svc.sxids.snapshot().items()}
+    return {k: c.count for k, c in by_report(svc.sxids).items()}
 
 
 def test_fixture_counts_each_report_once_and_never_a_continuation(tmp_path):

@@ -23,6 +23,7 @@ from exporter.xid import kmsg as kmsg_mod
 from exporter.xid.kmsg import KmsgReader
 from exporter.xid.service import one_shot
 from exporter.xid.sxid import SxidContinuation, parse_sxid
+from exporter.xid.sxid_state import by_report
 from tests.helpers import samples, scrape, test_pool
 from tests.test_xid_service import counts, make_ctx
 
@@ -205,14 +206,14 @@ def test_a_state_file_beyond_the_limits_is_folded_not_trusted(tmp_path):
 
 
 def test_many_nvswitch_addresses_share_an_overflow_bucket(tmp_path):
-    from exporter.xid.sxid_store import MAX_SWITCHES
+    from exporter.xid.sxid_state import MAX_SWITCHES
 
     lines = [f"3,{i},{i},-;nvidia-nvswitch{i % 64}: SXid (PCI:{i:04x}:07:00.0): 20034, Fatal, Link 01 x\n"
              for i in range(200)]
     ctx = make_ctx(tmp_path, "".join(lines))
     svc = one_shot(ctx)
-    assert len(svc.sxids.switches) == MAX_SWITCHES
-    assert sum(c.count for c in svc.sxids.snapshot().values()) == 200
+    assert len(svc.sxids.indices) == MAX_SWITCHES
+    assert sum(c.count for c in by_report(svc.sxids).values()) == 200
     text = scrape(Runner([NvswitchCollector(ctx)], deadline_s=5, pool=test_pool()))
     pcis = {dict(ls)["pci_bus_id"] for n, ls in samples(text) if n == "gpu_nvswitch_sxid_errors_total"}
     assert len(pcis) == MAX_SWITCHES + 1 and "other" in pcis
@@ -226,7 +227,7 @@ def test_an_sxid_continuation_with_trailing_junk_is_not_a_report(tmp_path):
         assert isinstance(parse_sxid(head + body), SxidContinuation), body
     lines = [head + "Fatal, Link 48 LTSSM Fault Up (First)", head + "Data {0x10000000, 0x00000000}p"]
     svc = one_shot(make_ctx(tmp_path, "".join(f"3,{i},{i},-;{m}\n" for i, m in enumerate(lines))))
-    assert {k: c.count for k, c in svc.sxids.snapshot().items()} == {("00000000:06:00", 20034, "fatal"): 1}
+    assert {k: c.count for k, c in by_report(svc.sxids).items()} == {("00000000:06:00", 20034, "fatal"): 1}
 
 
 # -- a FIFO at the state file's path -------------------------------------------------------------

@@ -245,10 +245,10 @@ def test_policy_overrides_the_decode_per_code_and_severity():
 
 # -- one event per decode; NVML's report (no fields) joins the kernel line's --------------------------------
 def test_a_nonfatal_line_never_swallows_a_fatal_one_and_nvml_joins_the_line():
-    from exporter.xid.store import XidStore, count_key
+    from exporter.xid.store import XID_EVENTS, EventStore, count_key
 
     nonfatal, fatal = Decoded("ignore", "nonfatal").code, Decoded("reset", "fatal").code
-    st = XidStore(window_s=10.0)
+    st = EventStore(XID_EVENTS, window_s=10.0)
     assert st.report("kmsg", "00000000:75:00", 149, 100.0, 1e9, nonfatal, listed=True)
     assert st.report("kmsg", "00000000:75:00", 149, 101.0, 1e9, fatal, listed=True)  # its own event
     assert not st.report("nvml", "00000000:75:00", 149, 101.5, 1e9, listed=True)  # joins

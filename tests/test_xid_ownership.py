@@ -14,6 +14,7 @@ from exporter.collectors.nvswitch import NvswitchCollector
 from exporter.collectors.xid import XidCollector
 from exporter.runner import Runner
 from exporter.xid.service import one_shot
+from exporter.xid.sxid_state import by_report
 from tests.helpers import samples, scrape, test_pool, value, wait_for
 from tests.test_xid_service import counts, fake_p5, make_ctx
 
@@ -26,7 +27,7 @@ def records(*msgs: str, start: int = 0) -> str:
 
 
 def sxid_counts(svc):
-    return {k: c.count for k, c in svc.sxids.snapshot().items()}
+    return {k: c.count for k, c in by_report(svc.sxids).items()}
 
 
 

@@ -36,6 +36,7 @@ from exporter.tools.simulate.nvml_synth import node_capture
 from exporter.xid import kmsg as kmsg_mod
 from exporter.xid.service import one_shot
 from exporter.xid.sxid import SxidContinuation, SxidReport, parse_sxid
+from exporter.xid.sxid_state import by_report
 from tests.helpers import (
     HANG_GUARD_S,
     ROOT,
@@ -68,7 +69,7 @@ def by_key(svc) -> dict[tuple[str, str], int]:
 
 
 def sxid_counts(svc) -> dict:
-    return {k: c.count for k, c in svc.sxids.snapshot().items()}
+    return {k: c.count for k, c in by_report(svc.sxids).items()}
 
 
 def bounded(fn, timeout_s: float = 15.0):
@@ -520,7 +521,7 @@ def test_many_nvswitch_addresses_switches_and_codes_stay_bounded_after_restart(t
     before = sxid_counts(svc)
     svc2 = one_shot(make_ctx(tmp_path, log))
     assert sxid_counts(svc2) == before  # restarted on the same ring: nothing counted twice
-    assert len(svc2.sxids.switches) <= 16
+    assert len(svc2.sxids.indices) <= 16
 
 
 # ================================ SXid continuations ================================================

@@ -4,19 +4,29 @@ import json
 import os
 
 from exporter.xid.identities import GpuIdentities
-from exporter.xid.store import ACKS_DOC, MAX_UNKNOWN_GPUS, OTHER, XID_DOC, Ack, AcksFile, StateFile, XidStore
+from exporter.xid.store import (
+    ACKS_DOC,
+    MAX_UNKNOWN_GPUS,
+    OTHER,
+    XID_DOC,
+    XID_EVENTS,
+    Ack,
+    AcksFile,
+    EventStore,
+    StateFile,
+)
 
 PCI = "00000000:53:00"
 
 
-def dump(s: XidStore, last_seq: int | None = None) -> dict:
+def dump(s: EventStore, last_seq: int | None = None) -> dict:
     """The XID document's body as the daemon writes it."""
     return XID_DOC.dump(s, GpuIdentities(None), last_seq)
 
 
 def test_nvml_and_kmsg_for_one_xid_count_once_in_either_order():
     for order in (("nvml", 100.0, "kmsg", 100.4), ("kmsg", 100.4, "nvml", 100.9)):
-        s = XidStore(window_s=10)
+        s = EventStore(XID_EVENTS, window_s=10)
         assert s.report(order[0], PCI, 31, order[1], 0.0) is True
         assert s.report(order[2], PCI, 31, order[3], 0.0) is False
         assert s.counts[PCI]["31"].count == 1
@@ -24,14 +34,14 @@ def test_nvml_and_kmsg_for_one_xid_count_once_in_either_order():
 
 
 def test_backlog_line_older_than_the_nvml_event_still_matches():
-    s = XidStore(window_s=10)
+    s = EventStore(XID_EVENTS, window_s=10)
     s.report("nvml", PCI, 79, 200.0, 0.0)
     assert s.report("kmsg", PCI, 79, 197.0, 0.0) is False  # read later, logged earlier
     assert s.counts[PCI]["79"].count == 1
 
 
 def test_separate_events_beyond_the_window_and_other_gpus_or_xids_count():
-    s = XidStore(window_s=10)
+    s = EventStore(XID_EVENTS, window_s=10)
     assert s.report("kmsg", PCI, 31, 0.0, 0.0)
     assert s.report("kmsg", PCI, 31, 10.5, 0.0)  # a new event
     assert s.report("kmsg", PCI, 43, 10.6, 0.0)  # other XID
@@ -40,7 +50,7 @@ def test_separate_events_beyond_the_window_and_other_gpus_or_xids_count():
 
 
 def test_flood_of_200k_lines_is_one_event_with_bounded_state():
-    s = XidStore(window_s=10)
+    s = EventStore(XID_EVENTS, window_s=10)
     for i in range(200_000):
         s.report("kmsg", PCI, 13, 50.0 + i * 1e-6, 0.0)
     assert s.counts[PCI]["13"].count == 1
@@ -51,13 +61,13 @@ def test_flood_of_200k_lines_is_one_event_with_bounded_state():
 
 
 def test_xid_154_counts_keep_the_action_code():
-    s = XidStore()
-    s.report("kmsg", PCI, 154, 1.0, 0.0, action=2)
+    s = EventStore(XID_EVENTS)
+    s.report("kmsg", PCI, 154, 1.0, 0.0, qualifier=2)
     assert set(s.counts[PCI]) == {"154/2"}
 
 
 def test_acks_subtract_a_baseline_and_counters_stay():
-    s = XidStore(window_s=1)
+    s = EventStore(XID_EVENTS, window_s=1)
     s.report("kmsg", PCI, 63, 1.0, 0.0)
     s.report("kmsg", PCI, 31, 1.0, 0.0)
     s.add_ack(Ack(PCI, 0, "", 63, 5.0, {"63": 1}))
@@ -67,7 +77,7 @@ def test_acks_subtract_a_baseline_and_counters_stay():
 
 
 def test_state_roundtrip_is_atomic_and_keyed_by_boot(tmp_path):
-    s = XidStore()
+    s = EventStore(XID_EVENTS)
     s.report("kmsg", PCI, 63, 1.0, 1700000000.0)
     sf = StateFile(str(tmp_path / "state"), "boot-a", "/dev/kmsg")
     assert sf.write(dump(s, 42))
@@ -93,7 +103,7 @@ def test_corrupt_and_unwritable_state_are_reported_not_raised(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
     bad = StateFile(str(blocked / "sub"), "b")
-    s = XidStore()
+    s = EventStore(XID_EVENTS)
     s.report("kmsg", PCI, 31, 1.0, 0.0)
     assert bad.write(dump(s)) is False
     assert (bad.status.ok, bad.status.problem, bad.status.write_errors) == (False, "unwritable", 1)
@@ -103,7 +113,7 @@ def test_corrupt_and_unwritable_state_are_reported_not_raised(tmp_path):
 def test_ack_writes_the_acks_file_alone_and_the_daemon_folds_it_in(tmp_path):
     """One writer a file: `ack` never writes the daemon's counts; the daemon takes its acks."""
     d = str(tmp_path)
-    daemon = XidStore()
+    daemon = EventStore(XID_EVENTS)
     daemon.report("kmsg", PCI, 63, 1.0, 0.0)
     state = StateFile(d, "b")
     assert state.write(dump(daemon))
@@ -124,7 +134,7 @@ def test_ack_writes_the_acks_file_alone_and_the_daemon_folds_it_in(tmp_path):
 def test_an_ack_of_counts_not_held_yet_waits_until_they_are(tmp_path):
     """`ack` read a record the daemon has not reached yet: its ack waits for the count (never a
     count of `ack`'s added to the daemon's, never a baseline above the counts written)."""
-    daemon = XidStore()
+    daemon = EventStore(XID_EVENTS)
     assert ACKS_DOC.load({"acks": [Ack(PCI, 0, "", None, 6.0, {"79": 1}).to_json()]}, daemon) == []
     assert daemon.acks == [] and dump(daemon)["acks"] == [] and daemon.take_waiting() == []
     daemon.report("kmsg", PCI, 79, 5.0, 0.0)  # the daemon's follower reaches the record
@@ -134,7 +144,7 @@ def test_an_ack_of_counts_not_held_yet_waits_until_they_are(tmp_path):
 
 
 def test_cardinality_guard_refuses_new_series_beyond_the_caps():
-    s = XidStore()
+    s = EventStore(XID_EVENTS)
     for x in range(200):
         s.report("kmsg", PCI, 800 + x, float(x), 0.0)  # XIDs outside the catalog
     assert len(s.counts[PCI]) == 128 and s.dropped == 72
@@ -145,7 +155,7 @@ def test_cardinality_guard_refuses_new_series_beyond_the_caps():
 
 def test_unknown_addresses_share_a_bucket_and_never_crowd_out_a_listed_gpu():
     listed = {PCI}
-    s = XidStore()
+    s = EventStore(XID_EVENTS)
     for i in range(70):  # garbage addresses first: the 64-GPU cap must not be full of them
         s.report("kmsg", f"0000{i:04x}:ee:00", 31, float(i), 0.0)
     unknown = [p for p in s.counts if p not in (PCI, OTHER)]
@@ -158,7 +168,7 @@ def test_unknown_addresses_share_a_bucket_and_never_crowd_out_a_listed_gpu():
     assert s.report("kmsg", PCI, 95, 400.0, 0.0, listed=True) and s.counts[PCI]["95"].count == 1
     # after a restart (state file) the same holds
     st = dump(s)
-    s2 = XidStore()
+    s2 = EventStore(XID_EVENTS)
     s2.merge(st["counts"], st["open"], listed=lambda pci: pci in listed)
     assert s2.report("kmsg", PCI, 48, 500.0, 0.0, listed=True) and s2.counts[PCI]["48"].count == 1
     s2.report("kmsg", "0000ffff:ee:00", 31, 500.0, 0.0)
@@ -213,7 +223,7 @@ def test_temp_file_never_follows_a_planted_symlink_and_stale_temps_are_removed(t
     victim.write_text("precious")
     (d / f".xid-state.json.{os.getpid()}.tmp").symlink_to(victim)  # planted at our temp name
     (d / ".xid-state.json.999999.tmp").write_text('{"half a wri')  # a writer SIGKILLed mid-write
-    s = XidStore()
+    s = EventStore(XID_EVENTS)
     s.report("kmsg", PCI, 31, 1.0, 0.0)
     assert StateFile(str(d), "b").write(dump(s))
     assert victim.read_text() == "precious"
@@ -224,7 +234,7 @@ def test_temp_file_never_follows_a_planted_symlink_and_stale_temps_are_removed(t
 def test_a_recovery_is_a_lasting_signal_kept_in_the_new_state_file(tmp_path):
     d = _state(tmp_path, None, raw=b"{truncated")
     sf = StateFile(str(d), "b")
-    s = XidStore()
+    s = EventStore(XID_EVENTS)
     assert sf.read() is None
     s.report("kmsg", PCI, 31, 1.0, 0.0)
     assert sf.write(dump(s)) and sf.status.ok  # ok again after the next write ...
@@ -248,11 +258,11 @@ def test_loading_folds_extra_addresses_into_other_and_never_drops_a_count(tmp_pa
     """One limit rule for every load: addresses of the file beyond the guards are folded into
     "other" (never dropped, never given series of their own), and loading again adds nothing."""
     d = str(tmp_path)
-    earlier = XidStore()  # an earlier run, which counted addresses this one has not read yet
+    earlier = EventStore(XID_EVENTS)  # an earlier run, which counted addresses this one has not read yet
     for i in range(MAX_UNKNOWN_GPUS + 4):
         earlier.report("kmsg", f"0000{i:04x}:ee:00", 31, float(i), 0.0)
     assert StateFile(d, "b").write(dump(earlier))
-    daemon = XidStore()  # its own unknown addresses fill the room
+    daemon = EventStore(XID_EVENTS)  # its own unknown addresses fill the room
     for i in range(100, 100 + MAX_UNKNOWN_GPUS):
         daemon.report("kmsg", f"0000{i:04x}:ee:00", 43, float(i), 0.0)
     doc = StateFile(d, "b").read()

@@ -7,7 +7,7 @@ dumps and loads it:
 - `xid-state.json` (STATE_DOC, exporter.xid.persistence), the daemon's, of three sections each
   validated on its own (exporter.state.document.Sectioned): the XID counts, open events, GPU
   identities, the acks it folded in and the last kernel-log sequence number (XID_DOC,
-  exporter.xid.store); `sxid`, the SXid counts per NVSwitch (SXID_DOC, exporter.xid.sxid_store);
+  exporter.xid.store); `sxid`, the SXid counts per NVSwitch (SXID_DOC, exporter.xid.sxid_state);
   `workload`, which workloads each fault hit (WORKLOAD_DOC, exporter.xid.attribution_state);
 - `xid-acks.json` (ACKS_DOC, exporter.xid.store), `ack`'s: this boot's acknowledgements, which
   the daemon folds in (so no file has two writers of its counts).

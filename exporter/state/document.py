@@ -1,7 +1,7 @@
 """What every state document is: one schema object per file, in one style.
 
 Each document (exporter.xid.persistence's state document, exporter.xid.store's acks document;
-the version-1 SXid and workload files, exporter.xid.sxid_store's and
+the version-1 SXid and workload files, exporter.xid.sxid_state's and
 exporter.xid.attribution_state's) is an object with:
 
 - `name`: its file in `state_dir`; `schema`: its versions and migrations (exporter.state.versions);

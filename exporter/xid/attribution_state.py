@@ -17,7 +17,7 @@ from exporter.state import versions
 from exporter.state.values import StateError, bounded, envelope, integer, mapping, pci_key, seconds, show
 from exporter.workload.model import MAX_WORKLOADS, Workload, valid_label, valid_workload
 from exporter.xid.catalog import XID_MAX, XID_MIN
-from exporter.xid.sxid_store import SXID_MAX, SXID_MIN
+from exporter.xid.sxid_state import SXID_MAX, SXID_MIN
 
 STATE_NAME = "workload-state.json"
 MAX_RECORDS = MAX_GPUS * MAX_PER_GPU

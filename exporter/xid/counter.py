@@ -5,8 +5,8 @@ counted event once. It does no I/O of its own.
   exporter.xid.store says how reports merge); it asks the identities whether an address is a
   GPU (the store's guards spare those) and which GPU it is (for the log line).
 - SxidCounter: the same path for NVSwitch SXids with their own parser (exporter.xid.sxid),
-  catalog and policy (exporter.xid.sxid_catalog) and store (exporter.xid.sxid_store): one count
-  per report line, continuations never.
+  policy (exporter.xid.sxid_catalog) and store catalog (exporter.xid.sxid_state.SXID_EVENTS):
+  one count per report line, continuations never.
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ from exporter.xid.nvlink import DECODED_XIDS
 from exporter.xid.nvml_events import EVENT_NAMES
 from exporter.xid.parser import GpuAt, KernelLogParser, XidReport, pci_key, pci_label
 from exporter.xid.policy import Policy
-from exporter.xid.store import OTHER, XidStore
+from exporter.xid.store import OTHER, EventStore
 from exporter.xid.sxid import SxidReport, parse_sxid
 from exporter.xid.sxid_catalog import SxidPolicy
-from exporter.xid.sxid_store import SxidStore
 
 log = logging.getLogger("exporter.xid")
 log_sxid = logging.getLogger("exporter.sxid")
@@ -49,7 +48,7 @@ _LogArgs = tuple[str, str, int, int | None, str, bool, str]
 
 
 class XidCounter:
-    def __init__(self, store: XidStore, identities: GpuIdentities, policy: Policy, clock: KernelClock,
+    def __init__(self, store: EventStore, identities: GpuIdentities, policy: Policy, clock: KernelClock,
                  kmsg_enabled: bool = True, attribution: Any = None) -> None:
         self.store = store
         self.identities = identities
@@ -172,9 +171,10 @@ class XidCounter:
 
 
 class SxidCounter:
-    """Kernel-log records -> SXid reports in the SXid store, each counted report logged once."""
+    """Kernel-log records -> SXid reports in an EventStore of SXID_EVENTS, each counted report
+    logged once."""
 
-    def __init__(self, store: SxidStore, policy: SxidPolicy, clock: KernelClock,
+    def __init__(self, store: EventStore, policy: SxidPolicy, clock: KernelClock,
                  attribution: Any = None) -> None:
         self.store = store
         self.policy = policy
@@ -193,7 +193,8 @@ class SxidCounter:
             wall = rec.wall if rec.wall is not None else self.clock.wall(rec.usec / 1e6)
             if not isinstance(parsed, SxidReport):  # a continuation line, or not an SXid report
                 return
-            counted = self.store.report(parsed.pci, parsed.switch, parsed.sxid, parsed.severity, wall)
+            counted = self.store.report("kmsg", parsed.pci, parsed.sxid, rec.usec / 1e6, wall,
+                                        parsed.severity, index=parsed.switch)
             hit = ""
             if counted and self.attribution is not None:
                 hit = describe_sxid(self.attribution.sxid(parsed.pci, parsed.sxid, wall, rec.usec / 1e6))

@@ -4,7 +4,7 @@ to do so), and folds in the acknowledgements `ack` writes to the acks file while
 
 The daemon's state is one document, `xid-state.json` (version 2, STATE_DOC), of three sections
 each validated on its own: the XID counts, open events, identities and acks (at the top level,
-where version 1 had them: exporter.xid.store), `sxid` (exporter.xid.sxid_store) and `workload`
+where version 1 had them: exporter.xid.store), `sxid` (exporter.xid.sxid_state) and `workload`
 (exporter.xid.attribution_state). A section out of shape is dropped and the file set aside as
 corrupt; the other sections load. The SXid and workload sections were files of their own up to
 version 1 (`sxid-state.json`, `workload-state.json`): such a file is read when the document has
@@ -45,11 +45,11 @@ from exporter.xid.store import (
     XID_DOC,
     Ack,
     AcksFile,
-    XidStore,
+    EventStore,
     take_acks,
     validate_section,
 )
-from exporter.xid.sxid_store import SXID_DOC, SxidStore
+from exporter.xid.sxid_state import SXID_DOC
 
 log = logging.getLogger("exporter.xid.persistence")
 
@@ -108,8 +108,9 @@ class XidPersistence:
     kernel log its counts come from (`source`); `acks_kind`: the acks file's kind (the simulated
     node shares acks across its kernel logs, exporter.tools.simulate.acks); `read_only` (`check`)."""
 
-    def __init__(self, state_dir: str, boot_id: str, source: str, store: XidStore, identities: GpuIdentities,
-                 sxids: SxidStore, follower: KmsgFollower, ledger: AttributionLedger, *,
+    def __init__(self, state_dir: str, boot_id: str, source: str, store: EventStore,
+                 identities: GpuIdentities, sxids: EventStore, follower: KmsgFollower,
+                 ledger: AttributionLedger, *,
                  read_only: bool = False, acks_kind: type[AcksFile] = AcksFile, write_xids: bool = True,
                  sxids_enabled: bool = True) -> None:
         self.state = StateFile(state_dir, boot_id, source, read_only, doc=STATE_DOC)

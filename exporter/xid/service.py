@@ -44,9 +44,8 @@ from exporter.xid.kmsg import ReaderStats
 from exporter.xid.nvml_events import NvmlEventWatcher, WatcherStatus
 from exporter.xid.persistence import XidPersistence
 from exporter.xid.policy import Policy
-from exporter.xid.store import Ack, XidStore, split_key
+from exporter.xid.store import Ack, EventStore, split_key
 from exporter.xid.sxid_catalog import SxidPolicy
-from exporter.xid.sxid_store import SxidStore
 from exporter.xid.verdict import SxidLine, XidLine, sxid_lines, xid_lines
 
 log = logging.getLogger("exporter.xid")
@@ -128,7 +127,7 @@ class XidSnapshot:
 
 class XidService:
     def __init__(self, cfg: Any, *, kmsg_path: str, policy: Policy, sxid_policy: SxidPolicy,
-                 clock: KernelClock, identities: GpuIdentities, store: XidStore, sxids: SxidStore,
+                 clock: KernelClock, identities: GpuIdentities, store: EventStore, sxids: EventStore,
                  counter: XidCounter | None, sxid_counter: SxidCounter | None,
                  attribution: FaultAttribution, follower: KmsgFollower, persistence: XidPersistence) -> None:
         """The parts, built by the composition root (exporter.compose.xid_service): `cfg` is the
@@ -168,7 +167,7 @@ class XidService:
                  {p: {k: c.count for k, c in ks.items()} for p, ks in counts.items()},
                  tuple(self.store.acks_snapshot()),
                  tuple(sxid_lines(self.sxids, self.sxid_policy)) if self.sxid_enabled else (),
-                 dict(self.sxids.switches))
+                 dict(self.sxids.indices))
         self._lines_cache = (key, lines)
         return lines
 

@@ -1,4 +1,7 @@
-"""XID counts since boot, one count per event, and the state file that keeps them across restarts.
+"""Event counts since boot, one count per event, and the state documents that keep them across
+restarts. One store counts one catalog's events (EventCatalog): XIDs (XID_EVENTS, here) or NVSwitch
+SXids (exporter.xid.sxid_state.SXID_EVENTS); what follows is the XID store's rule, an SXid store
+counts every report (no merge window, exporter.xid.sxid).
 
 Counting rule (see docs/xid.md): every report of the same XID on the same GPU (PCI address)
 within `window_s` seconds (kernel clock) of the first report of an event is that event, whatever
@@ -64,12 +67,38 @@ MAX_ACTION = 255
 MAX_SOURCES, MAX_SOURCE_NAME_CHARS = 8, 32  # an open event's sources: kmsg, nvml
 
 
-def count_key(xid: int, action: int | None = None) -> str:
-    """Key of a count within one GPU: the XID, plus XID 154's recovery action code."""
-    return f"{xid}/{action}" if action is not None else str(xid)
+@dataclass(frozen=True)
+class EventCatalog:
+    """What an EventStore counts and its guards: one per family of driver reports."""
+
+    name: str  # in log lines: XID, SXid
+    valid: Callable[[int, int | str | None], bool]  # a code and qualifier the driver writes
+    known: Callable[[int], bool]  # in the catalog: a listed device's are never refused by the guards
+    window_s: float | None  # reports merged into one event within it; None: each report is an event
+    decoded: frozenset[int] = frozenset()  # codes whose every line carries its own decode (_joins)
+    max_keys_per_device: int = MAX_KEYS_PER_GPU
+    max_series: int | None = None  # all devices together
+    max_index: int | None = None  # the driver's device number printed with a report (nvswitch<N>)
+
+
+XID_EVENTS = EventCatalog(
+    "XID", lambda xid, action: valid_xid(xid) and (
+        action is None or (isinstance(action, int) and 0 <= action <= MAX_ACTION)),
+    lambda xid: lookup(xid) is not None, window_s=10.0, decoded=DECODED_XIDS)
+
+
+def count_key(code: int, qualifier: int | str | None = None) -> str:
+    """Key of a count within one device: the code, plus its qualifier (XID 154's recovery action
+    code, an NVLink XID's decode, an SXid's severity)."""
+    return f"{code}/{qualifier}" if qualifier is not None else str(code)
+
+
+def code_of(key: str) -> int:
+    return int(key.partition("/")[0])
 
 
 def split_key(key: str) -> tuple[int, int | None]:
+    """An XID count key's XID and action code."""
     xid, _, action = key.partition("/")
     return int(xid), (int(action) if action else None)
 
@@ -208,15 +237,18 @@ class Ack:
         return (self.pci, self.xid, round(self.time, 3))
 
 
-class XidStore:
-    """Counts per (PCI key, count key), the dedupe ledger and the acks. Thread-safe. Knows
-    nothing of NVML or the state file: the caller says whether an address is a GPU it lists
-    (`listed`), and reads `to_state()` (a snapshot) to write the state file."""
+class EventStore:
+    """One catalog's counts per (PCI key, count key), the dedupe ledger and the acks. Thread-safe.
+    Knows nothing of NVML or the state file: the caller says whether an address is a device it
+    lists (`listed`), and its document (XID_DOC, SXID_DOC) dumps a snapshot to write it.
+    `window_s`: the merge window (default the catalog's)."""
 
-    def __init__(self, window_s: float = 10.0) -> None:
-        self.window_s = window_s
+    def __init__(self, catalog: EventCatalog, window_s: float | None = None) -> None:
+        self.catalog = catalog
+        self.window_s = catalog.window_s if window_s is None else window_s
         self.lock = threading.RLock()
         self.counts: dict[str, dict[str, Count]] = {}
+        self.indices: dict[str, int] = {}  # PCI key -> the driver's device number (nvidia-nvswitch<N>)
         self.open: dict[tuple[str, int], deque[OpenEvent]] = {}
         self.acks: list[Ack] = []
         # Acks whose baseline is above the counts held: `ack` counted records not read here yet.
@@ -230,41 +262,45 @@ class XidStore:
         self.version = 0  # bumps on every change worth writing (counts, acks)
 
     # -- counting --------------------------------------------------------------------------------
-    def report(self, source: str, pci: str, xid: int, kernel_s: float, wall: float | None,
-               action: int | None = None, wall_of: Callable[[float], float] | None = None,
-               listed: bool = False) -> bool:
-        """One report of an XID. Returns True when it is a new event (counted; under OTHER when
+    def report(self, source: str, pci: str, code: int, kernel_s: float, wall: float | None,
+               qualifier: int | str | None = None, wall_of: Callable[[float], float] | None = None,
+               listed: bool = False, index: int | None = None) -> bool:
+        """One report of a code. Returns True when it is a new event (counted; under OTHER when
         the address is beyond the guards), False when it belongs to an event already counted or
         a guard refused it.
         `wall` (or `wall_of(kernel_s)`, computed only for a new event) is the event's wall-clock
-        time; `listed`: a GPU sits at `pci` (its catalog XIDs are never refused by the guards)."""
+        time; `listed`: a device NVML lists sits at `pci` (its catalog codes are never refused by
+        the guards); `index`: the driver's number for the device, kept per address."""
+        cat = self.catalog
         with self.lock:
             self.reports[source] = self.reports.get(source, 0) + 1
-            k = (pci, xid)
+            k = (pci, code)
             q = self.open.get(k)
-            key = count_key(xid, action)
-            if q is not None:
+            key = count_key(code, qualifier)
+            if q is not None and self.window_s is not None:
                 for ev in q:
-                    if abs(kernel_s - ev.start_s) <= self.window_s and self._joins(ev, xid, key):
+                    if abs(kernel_s - ev.start_s) <= self.window_s and self._joins(ev, code, key):
                         ev.sources.add(source)
                         self.merged[source] = self.merged.get(source, 0) + 1
-                        if ev.key != key and action is not None:
+                        if ev.key != key and qualifier is not None:
                             self._rekey(pci, ev, key)
                         return False
-            if not valid_xid(xid) or (action is not None and not 0 <= action <= MAX_ACTION):
-                self.dropped += 1  # not an XID the driver writes: a corrupted line or event
+            if not cat.valid(code, qualifier) or (
+                    index is not None and not 0 <= index <= (cat.max_index or 0)):
+                self.dropped += 1  # not a report the driver writes: a corrupted line or event
                 return False
             pci = self._series_pci(pci, listed)
-            per_gpu = self.counts.get(pci)
-            if per_gpu is not None and key not in per_gpu and len(per_gpu) >= MAX_KEYS_PER_GPU and \
-                    not (lookup(xid) is not None and listed):
+            if self._series_full(pci, key, code, listed):
                 self.dropped += 1  # a garbage flood must not become unbounded series
                 return False
-            if q is None:
-                if len(self.open) >= MAX_KEYS:
-                    self._prune(kernel_s, force=True)
-                q = self.open[k] = deque(maxlen=MAX_OPEN_PER_KEY)
-            q.append(OpenEvent(kernel_s, key, {source}))
+            if self.window_s is not None:
+                if q is None:
+                    if len(self.open) >= MAX_KEYS:
+                        self._prune(kernel_s, force=True)
+                    q = self.open[k] = deque(maxlen=MAX_OPEN_PER_KEY)
+                q.append(OpenEvent(kernel_s, key, {source}))
+            if index is not None and pci != OTHER:
+                self.indices[pci] = index
             c = self.counts.setdefault(pci, {}).setdefault(key, Count())
             c.count += 1
             if kernel_s >= c.last_kernel_s:
@@ -273,13 +309,12 @@ class XidStore:
             self.version += 1
             return True
 
-    @staticmethod
-    def _joins(ev: OpenEvent, xid: int, key: str) -> bool:
+    def _joins(self, ev: OpenEvent, code: int, key: str) -> bool:
         """Whether a report within the window is that open event. For the decoded NVLink XIDs
         (74, 144-150) each line carries its own decode: a line decoded otherwise is an event of its
         own (a Nonfatal line must not swallow a Fatal one), while a report without a decode (NVML's)
         joins any, and a decoded line joins the event NVML's report opened."""
-        if xid not in DECODED_XIDS or ev.key == key:
+        if code not in self.catalog.decoded or ev.key == key:
             return True
         return "/" not in key or "/" not in ev.key
 
@@ -303,6 +338,17 @@ class XidStore:
         ev.key = key
         self.version += 1
 
+    def _series_full(self, pci: str, key: str, code: int, listed: bool) -> bool:
+        """A new series for `key` at `pci` would pass a cardinality guard (a listed device's
+        catalog codes pass the per-device one)."""
+        per_device = self.counts.get(pci) or {}
+        if key in per_device:
+            return False
+        cat = self.catalog
+        if len(per_device) >= cat.max_keys_per_device and not (listed and cat.known(code)):
+            return True
+        return cat.max_series is not None and sum(map(len, self.counts.values())) >= cat.max_series
+
     def counted_under(self, pci: str) -> str:
         """The PCI key `pci`'s events are counted under: its own, or OTHER beyond the guards."""
         with self.lock:
@@ -319,6 +365,8 @@ class XidStore:
         return OTHER
 
     def _prune(self, now_s: float, force: bool = False) -> None:
+        if self.window_s is None:
+            return
         horizon = now_s - 2 * self.window_s
         for k in list(self.open):
             q = self.open[k]
@@ -390,19 +438,26 @@ class XidStore:
         with self.lock:
             out = {}
             for key, c in self.counts.get(pci, {}).items():
-                xid = split_key(key)[0]
+                xid = code_of(key)
                 base = max((a.baseline.get(key, 0) for a in self.acks
                             if a.pci == pci and (a.xid is None or a.xid == xid)), default=0)
                 if c.count > base:
                     out[key] = c
             return out
 
-    def merge(self, counts: dict[str, Any], opened: list[list[Any]], listed: Callable[[str], bool]) -> None:
-        """Take a validated state document's `counts` and `open` events (same boot): counts by
-        fold_counts (what is known stays; merging the same document twice counts nothing twice),
-        open events not known yet (so a flood spanning a restart is one event)."""
+    def merge(self, counts: dict[str, Any], opened: list[list[Any]], listed: Callable[[str], bool],
+              indices: dict[str, int] | None = None) -> None:
+        """Take a validated state document's `counts`, `open` events (same boot) and device
+        `indices`: counts by fold_counts (what is known stays; merging the same document twice
+        counts nothing twice), open events not known yet (so a flood spanning a restart is one
+        event), the index of each address with counts of its own."""
         with self.lock:
-            if fold_counts(self.counts, counts, listed, self.unknown):
+            changed = fold_counts(self.counts, counts, listed, self.unknown, self.catalog)
+            for p, n in (indices or {}).items():
+                if p in self.counts and self.indices.get(p) != n:
+                    self.indices[p] = n
+                    changed = True
+            if changed:
                 self.version += 1
             for p, x, key, start_s, sources in opened:
                 if (str(p), int(x)) not in self.open and len(self.open) >= MAX_KEYS:
@@ -413,7 +468,7 @@ class XidStore:
 
 
 def fold_counts(into: dict[str, dict[str, Count]], counts: dict[str, Any], listed: Callable[[str], bool],
-                unknown: set[str]) -> bool:
+                unknown: set[str], catalog: EventCatalog = XID_EVENTS) -> bool:
     """Merge a state document's `counts` into `into` by the one limit rule (docs/xid.md, "Limits"),
     never losing a count: an address gets counts of its own when `into` has them already, a GPU
     is at it (`listed`), or fewer than MAX_UNKNOWN_GPUS such addresses (`unknown`, updated) have
@@ -434,7 +489,7 @@ def fold_counts(into: dict[str, dict[str, Count]], counts: dict[str, Any], liste
             if cur is not None:  # only OTHER gathers several addresses
                 c = Count(cur.count + c.count, max(cur.last_kernel_s, c.last_kernel_s),
                           max(cur.last_wall, c.last_wall))
-            elif len(mine) >= MAX_KEYS_PER_GPU and lookup(split_key(k)[0]) is None:
+            elif len(mine) >= catalog.max_keys_per_device and not catalog.known(code_of(k)):
                 continue
             mine[k] = c
     changed = False
@@ -447,7 +502,7 @@ def fold_counts(into: dict[str, dict[str, Count]], counts: dict[str, Any], liste
     return changed
 
 
-def take_acks(store: XidStore, acks: list[dict[str, Any]]) -> list[Ack]:
+def take_acks(store: EventStore, acks: list[dict[str, Any]]) -> list[Ack]:
     """A validated document's acks added to `store` (those its counts do not reach yet wait);
     those that were new."""
     return [ack for ack in map(Ack.from_json, acks) if store.add_ack(ack)]
@@ -461,9 +516,9 @@ class XidDocument:
     schema = versions.XID
     validate = staticmethod(validate_state)
 
-    def dump(self, store: XidStore, identities: GpuIdentities, last_seq: int | None) -> dict[str, Any]:
+    def dump(self, store: EventStore, identities: GpuIdentities, last_seq: int | None) -> dict[str, Any]:
         """The body of the document as of now (a snapshot; changes nothing). The store holds only
-        acks its counts reach (XidStore.add_ack), so the file written always validates."""
+        acks its counts reach (EventStore.add_ack), so the file written always validates."""
         with store.lock:
             counts = {p: {k: c.to_json() for k, c in ks.items()} for p, ks in store.counts.items()}
             opened = [[p, x, ev.key, round(ev.start_s, 6), sorted(ev.sources)]
@@ -472,7 +527,7 @@ class XidDocument:
         return {"written": round(time.time(), 3), "counts": counts, "open": opened,
                 "gpus": identities.to_state(), "acks": acks, "last_seq": last_seq}
 
-    def load(self, doc: dict[str, Any], store: XidStore, identities: GpuIdentities) -> int | None:
+    def load(self, doc: dict[str, Any], store: EventStore, identities: GpuIdentities) -> int | None:
         """Take a validated document into the identities and the store; returns its last_seq."""
         identities.load(doc.get("gpus") or {})
         store.merge(doc.get("counts") or {}, doc.get("open") or [], identities.is_listed)
@@ -500,7 +555,7 @@ class AcksDocument:
         """The body: the newest MAX_ACKS of `acks`."""
         return {"acks": [a.to_json() for a in sorted(acks, key=lambda a: a.time)[-MAX_ACKS:]]}
 
-    def load(self, doc: dict[str, Any], store: XidStore) -> list[Ack]:
+    def load(self, doc: dict[str, Any], store: EventStore) -> list[Ack]:
         """Fold a validated document's acks into `store`; returns those that were new."""
         return take_acks(store, doc.get("acks") or [])
 

@@ -23,9 +23,9 @@ from exporter.health import GpuHealth, NodeGpuHealth
 from exporter.xid.catalog import lookup
 from exporter.xid.parser import pci_label
 from exporter.xid.policy import Policy
-from exporter.xid.store import OTHER, Count, split_key
+from exporter.xid.store import OTHER, Count, EventStore, split_key
 from exporter.xid.sxid_catalog import SxidPolicy, describe
-from exporter.xid.sxid_store import SxidStore
+from exporter.xid.sxid_state import by_report
 
 VERDICTS = ("healthy", "degraded", "unknown", "reset_required", "reboot_required", "replace_required")
 UNKNOWN = "unknown"
@@ -293,11 +293,12 @@ def judge(gpus: list[GpuInput], health: NodeGpuHealth | None, expected: int | No
     return node_verdict(out, health, expected, sxids, extra)
 
 
-def sxid_lines(store: SxidStore, policy: SxidPolicy) -> list[SxidLine]:
+def sxid_lines(store: EventStore, policy: SxidPolicy) -> list[SxidLine]:
     """The SXid counts since boot with their policy tier, as exported and judged."""
     out = []
-    switches = dict(store.switches)
-    for (pci, sxid, severity), c in sorted(store.snapshot().items()):
+    with store.lock:
+        switches = dict(store.indices)
+    for (pci, sxid, severity), c in sorted(by_report(store).items()):
         switch = switches.get(pci)
         label = OTHER if pci == OTHER else pci_label(pci)
         out.append(SxidLine("" if switch is None else str(switch), label, sxid, severity,
