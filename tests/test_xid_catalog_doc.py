@@ -1,14 +1,14 @@
-"""docs/xid.md's tier and catalog tables are the code's (exporter/xid/catalog_doc.py writes them),
+"""docs/xid.md's tier and catalog tables are the code's (exporter/tools/xid_catalog.py writes them),
 and every catalog entry names its source."""
 
+from exporter.tools.xid_catalog import DOC, render
 from exporter.xid.catalog import CATALOG, SOURCES
-from exporter.xid.catalog_doc import DOC, render
 from exporter.xid.policy import DEFAULT_POLICY
 
 
 def test_docs_tables_are_the_codes():
     text = DOC.read_text()
-    assert render(text) == text, "run: python -m exporter.xid.catalog_doc --write"
+    assert render(text) == text, "run: python -m exporter.tools.generate"
 
 
 def test_every_entry_has_a_source_and_a_tier():

@@ -14,6 +14,8 @@ One command for every file made from another source (CI runs `--check`: .ci/run)
 - dashboards: dashboards/*.json and the panel reference in docs/dashboards.md, from
   dashboards/*.py (dashboards.build);
 - golden: tests/fixtures/golden/*.prom, a pinned simulated node's /metrics (tests/golden.py);
+- xid-catalog: docs/xid.md's default-tier and catalog tables, from the XID catalog and the
+  default policy (exporter.tools.xid_catalog);
 - doc-lists: the lists and counts of collectors, rule files, dashboards and alerts in README.md
   and docs/*.md, from the tree (the claims tests/test_doc_claims.py checks), and the simulated
   p5.48xlarge's "N default series" and "N series with every detail level", from the golden files;
@@ -168,6 +170,12 @@ def _podresources() -> dict[Path, str | None]:
         return {ROOT / Path(rel).parent / "api_pb2.py": made.read_text()}
 
 
+def _xid_catalog() -> dict[Path, str | None]:
+    from exporter.tools import xid_catalog
+
+    return {xid_catalog.DOC: xid_catalog.render(xid_catalog.DOC.read_text())}
+
+
 def _golden() -> dict[Path, str | None]:
     from tests import golden
 
@@ -189,6 +197,7 @@ GENERATORS: dict[str, Generator] = {
     "docs": _docs,
     "dashboards": _dashboards,
     "golden": _golden,  # before doc-lists, which counts its series
+    "xid-catalog": _xid_catalog,  # before doc-lists, which reads docs/xid.md too
     "doc-lists": _doc_lists,
     "deploy": _deploy,
     "podresources": _podresources,
