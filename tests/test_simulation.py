@@ -152,8 +152,10 @@ def test_a_killed_simulation_root_is_removed_by_the_next_one(tmp_path, monkeypat
 def test_the_simulated_node_s_acks_hold_across_its_scenario_sets(tmp_path):
     """Each set of scenario flags is a kernel log of its own (counts apart), on one node: its acks
     file is the node's, read by every set (the product's is keyed by the kernel log too)."""
+    from exporter.state.file import StateFile
     from exporter.tools.simulate.acks import SharedAcksFile
-    from exporter.xid.store import ACKS_DOC, XID_EVENTS, Ack, AcksFile, EventStore, StateFile
+    from exporter.xid.persistence import STATE_DOC
+    from exporter.xid.store import ACKS_DOC, XID_EVENTS, Ack, AcksFile, EventStore
 
     pci, state = "00000000:53:00", str(tmp_path / "state")
     ack = Ack(pci, 2, "", 63, 1700000100.0, {"63": 1})
@@ -167,4 +169,4 @@ def test_the_simulated_node_s_acks_hold_across_its_scenario_sets(tmp_path):
 
     plain = AcksFile(state, "boot", "/dev/kmsg")  # a real node's log: the simulated one's acks are not its
     assert plain.read() is None and plain.status.problem == "other_source"
-    assert StateFile(state, "boot", "/dev/kmsg").read() is None
+    assert StateFile(state, "boot", "/dev/kmsg", doc=STATE_DOC).read() is None

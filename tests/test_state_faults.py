@@ -26,8 +26,9 @@ from exporter.state.file import MAX_STATE_BYTES
 from exporter.tools import simulate
 from exporter.xid import kmsg as kmsg_mod
 from exporter.xid.kmsg import KmsgReader
+from exporter.xid.persistence import STATE_DOC
 from exporter.xid.service import one_shot
-from exporter.xid.store import Ack, StateFile
+from exporter.xid.store import Ack
 from tests.helpers import START_HANG_GUARD_S, samples, scrape, test_pool
 from tests.test_check import REAL
 from tests.test_xid_service import counts, make_ctx
@@ -152,8 +153,6 @@ def test_an_ack_baseline_above_the_count_does_not_silence_the_gpu(tmp_path, caps
 def test_a_section_out_of_shape_is_set_aside_and_the_others_load(tmp_path, caplog, section, bad, field):
     """One document, sections validated on their own: a bad one is named (file and key), counted
     as a recovery and kept aside with the file; the others load, and are written back."""
-    from exporter.xid.persistence import STATE_DOC
-
     d = tmp_path / "state"
     d.mkdir()
     sections = {"counts": {PCI: {"94": [2, 5.0, 1.7e9]}},
@@ -350,7 +349,7 @@ def test_a_corrupt_file_that_cannot_be_set_aside_is_not_read_again_until_it_chan
     path = state_path(tmp_path)
     path.parent.mkdir()
     path.write_bytes(b"{corrupt")
-    sf = StateFile(str(path.parent), "boot-1")
+    sf = state_file.StateFile(str(path.parent), "boot-1", doc=STATE_DOC)
     for _ in range(3):
         assert sf.read() is None and sf.status.problem == "corrupt"
     assert len(reads) == 1
@@ -591,9 +590,9 @@ def test_record_numbers_the_state_file_could_not_hold_are_malformed(tmp_path):
 # ------------------------------ every document validated in one style ------------------------------
 def _documents():
     from exporter.xid.attribution_state import WORKLOAD_DOC
-    from exporter.xid.store import ACKS_DOC, XID_DOC
+    from exporter.xid.store import ACKS_DOC
     from exporter.xid.sxid_state import SXID_DOC
-    return {"XID": (XID_DOC, {"counts": {"00000000:05:00": {"94": [1, 1.0, 2.0]}}}),
+    return {"XID": (STATE_DOC, {"counts": {"00000000:05:00": {"94": [1, 1.0, 2.0]}}}),
             "acks": (ACKS_DOC, {"acks": []}),
             "SXid": (SXID_DOC, {"counts": [["00000000:08:00", 20034, "fatal", 1, 2.0]]}),
             "workload": (WORKLOAD_DOC, {"records": [["00000000:05:00", "xid", 94, "", 2.0, None]]})}

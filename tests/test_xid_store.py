@@ -3,24 +3,32 @@
 import json
 import os
 
+from exporter.state.file import StateFile
 from exporter.xid.identities import GpuIdentities
+from exporter.xid.persistence import STATE_DOC
 from exporter.xid.store import (
     ACKS_DOC,
     MAX_UNKNOWN_GPUS,
     OTHER,
+    SECTION_KEYS,
     XID_DOC,
     XID_EVENTS,
     Ack,
     AcksFile,
     EventStore,
-    StateFile,
 )
 
 PCI = "00000000:53:00"
 
 
+def state_file(state_dir, boot_id: str, kmsg: str = "") -> StateFile:
+    """The daemon's state file, `xid-state.json`, as exporter.xid.persistence opens it."""
+    return StateFile(str(state_dir), boot_id, kmsg, doc=STATE_DOC)
+
+
 def dump(s: EventStore, last_seq: int | None = None) -> dict:
-    """The XID document's body as the daemon writes it."""
+    """The state document's XID section as the daemon writes it (persistence's snapshot; its
+    `sxid` and `workload` sections are optional, and these tests hold no SXids nor workloads)."""
     return XID_DOC.dump(s, GpuIdentities(None), last_seq)
 
 
@@ -79,30 +87,33 @@ def test_acks_subtract_a_baseline_and_counters_stay():
 def test_state_roundtrip_is_atomic_and_keyed_by_boot(tmp_path):
     s = EventStore(XID_EVENTS)
     s.report("kmsg", PCI, 63, 1.0, 1700000000.0)
-    sf = StateFile(str(tmp_path / "state"), "boot-a", "/dev/kmsg")
+    sf = state_file(tmp_path / "state", "boot-a", "/dev/kmsg")
     assert sf.write(dump(s, 42))
     assert not [p for p in (tmp_path / "state").iterdir() if p.name.endswith(".tmp")]
-    data = StateFile(str(tmp_path / "state"), "boot-a", "/dev/kmsg").read()
+    data = state_file(tmp_path / "state", "boot-a", "/dev/kmsg").read()
     assert data["last_seq"] == 42 and data["counts"][PCI]["63"][0] == 1
-    assert StateFile(str(tmp_path / "state"), "boot-b", "/dev/kmsg").read() is None  # new boot
-    other = StateFile(str(tmp_path / "state"), "boot-a", "/tmp/replayed.log")
+    assert state_file(tmp_path / "state", "boot-b", "/dev/kmsg").read() is None  # new boot
+    other = state_file(tmp_path / "state", "boot-a", "/tmp/replayed.log")
     assert other.read() is None and other.status.problem == "other_source"
 
 
-def test_corrupt_and_unwritable_state_are_reported_not_raised(tmp_path):
+def test_corrupt_and_unwritable_state_are_reported_not_raised(tmp_path, caplog):
     d = tmp_path / "state"
     d.mkdir()
     (d / "xid-state.json").write_text('{"version": 1, "boot_id": "b", "counts": {"x": {"31": "nope"}}')
-    sf = StateFile(str(d), "b")
+    sf = state_file(d, "b")
     assert sf.read() is None
     assert (sf.status.ok, sf.status.problem, sf.status.read_errors) == (False, "corrupt", 1)
     assert len(list(d.glob("xid-state.json.corrupt-*"))) == 1  # set aside for a human
     bad_key = {"version": 1, "boot_id": "b", "counts": {PCI: {"x": [1, 0, 0]}}}
     (d / "xid-state.json").write_text(json.dumps(bad_key))
-    assert sf.read() is None and sf.status.read_errors == 2  # a bad key is corrupt too
+    data = sf.read()  # a bad key is corrupt too: the XID section is dropped, the file set aside
+    assert data is not None and not set(SECTION_KEYS) & set(data) and sf.status.read_errors == 2
+    assert sf.status.problem == "corrupt" and len(list(d.glob("xid-state.json.corrupt-*"))) == 2
+    assert f"section xid: counts[{PCI}]: count key 'x'" in caplog.text
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
-    bad = StateFile(str(blocked / "sub"), "b")
+    bad = state_file(blocked / "sub", "b")
     s = EventStore(XID_EVENTS)
     s.report("kmsg", PCI, 31, 1.0, 0.0)
     assert bad.write(dump(s)) is False
@@ -115,7 +126,7 @@ def test_ack_writes_the_acks_file_alone_and_the_daemon_folds_it_in(tmp_path):
     d = str(tmp_path)
     daemon = EventStore(XID_EVENTS)
     daemon.report("kmsg", PCI, 63, 1.0, 0.0)
-    state = StateFile(d, "b")
+    state = state_file(d, "b")
     assert state.write(dump(daemon))
     written = (tmp_path / "xid-state.json").read_bytes()
     assert AcksFile(d, "b").update(lambda disk: ACKS_DOC.dump([Ack(PCI, 0, "", None, 2.0, {"63": 1})]))
@@ -185,15 +196,19 @@ def _state(tmp_path, doc, raw=None):
 
 def test_non_utf8_state_file_is_set_aside_not_a_crash(tmp_path, caplog):
     d = _state(tmp_path, None, raw=b'{"version": 1, "boot_id": "b\xff\xfe", "counts": {}}')
-    sf = StateFile(str(d), "b")
+    sf = state_file(d, "b")
     assert sf.read() is None and sf.status.problem == "corrupt" and sf.recoveries == 1
     assert not (d / "xid-state.json").exists() and len(list(d.glob("xid-state.json.corrupt-*"))) == 1
     assert "UnicodeDecodeError" in caplog.text
 
 
 def test_state_file_values_out_of_range_are_rejected_naming_the_field(tmp_path, caplog):
-    good = {"version": 1, "boot_id": "b", "counts": {PCI: {"31": [1, 1.0, 2.0]}}}
-    assert StateFile(str(_state(tmp_path, good)), "b").read() is not None
+    """A bad XID value costs the XID section (dropped, named with its field, a recovery, the file
+    kept aside); the other sections load. A bad envelope field costs the whole file."""
+    workload = {"records": [[PCI, "xid", 94, "", 2.0, None]]}
+    good = {"version": 2, "boot_id": "b", "counts": {PCI: {"31": [1, 1.0, 2.0]}}, "workload": workload}
+    data = state_file(_state(tmp_path, good), "b").read()
+    assert data is not None and data["counts"] == good["counts"] and data["workload"] == workload
     bad_cases = [
         ({PCI: {"31": [-5, 1.0, 2.0]}}, f"counts[{PCI}][31] count is -5"),
         ({PCI: {"31": [1e308, 1.0, 2.0]}}, f"counts[{PCI}][31] count is 1e+308"),
@@ -207,12 +222,17 @@ def test_state_file_values_out_of_range_are_rejected_naming_the_field(tmp_path, 
     ]
     for counts, message in bad_cases:
         caplog.clear()
-        sf = StateFile(str(_state(tmp_path, {**good, "counts": counts})), "b")
-        assert sf.read() is None, counts
-        assert sf.status.problem == "corrupt" and message in caplog.text, (message, caplog.text)
+        d = _state(tmp_path, {**good, "counts": counts})
+        sf = state_file(d, "b")
+        data = sf.read()
+        assert data is not None and not set(SECTION_KEYS) & set(data), counts  # the XID section dropped
+        assert data["workload"] == workload, counts  # the others load
+        assert (sf.status.problem, sf.recoveries) == ("corrupt", 1), counts
+        assert not (d / "xid-state.json").exists() and sf.behind()  # kept aside, written back next
+        assert "section xid: " in caplog.text and message in caplog.text, (message, caplog.text)
     caplog.clear()
-    sf = StateFile(str(_state(tmp_path, {**good, "last_seq": -1})), "b")
-    assert sf.read() is None and "last_seq is -1" in caplog.text
+    sf = state_file(_state(tmp_path, {**good, "last_seq": -1}), "b")  # the envelope's: the whole file
+    assert sf.read() is None and sf.status.problem == "corrupt" and "last_seq is -1" in caplog.text
     assert len(list((tmp_path / "state").glob("xid-state.json.corrupt-*"))) == 5  # the last 5 kept
 
 
@@ -225,21 +245,21 @@ def test_temp_file_never_follows_a_planted_symlink_and_stale_temps_are_removed(t
     (d / ".xid-state.json.999999.tmp").write_text('{"half a wri')  # a writer SIGKILLed mid-write
     s = EventStore(XID_EVENTS)
     s.report("kmsg", PCI, 31, 1.0, 0.0)
-    assert StateFile(str(d), "b").write(dump(s))
+    assert state_file(d, "b").write(dump(s))
     assert victim.read_text() == "precious"
     assert sorted(p.name for p in d.iterdir()) == ["xid-state.json", "xid-state.json.lock"]
-    assert StateFile(str(d), "b").read()["counts"][PCI]["31"][0] == 1
+    assert state_file(d, "b").read()["counts"][PCI]["31"][0] == 1
 
 
 def test_a_recovery_is_a_lasting_signal_kept_in_the_new_state_file(tmp_path):
     d = _state(tmp_path, None, raw=b"{truncated")
-    sf = StateFile(str(d), "b")
+    sf = state_file(d, "b")
     s = EventStore(XID_EVENTS)
     assert sf.read() is None
     s.report("kmsg", PCI, 31, 1.0, 0.0)
     assert sf.write(dump(s)) and sf.status.ok  # ok again after the next write ...
     assert sf.recoveries == 1
-    sf2 = StateFile(str(d), "b")  # ... but a restart still knows this boot recovered from a corrupt file
+    sf2 = state_file(d, "b")  # ... but a restart still knows this boot recovered from a corrupt file
     assert sf2.read() is not None and sf2.recoveries == 1
 
 
@@ -261,11 +281,11 @@ def test_loading_folds_extra_addresses_into_other_and_never_drops_a_count(tmp_pa
     earlier = EventStore(XID_EVENTS)  # an earlier run, which counted addresses this one has not read yet
     for i in range(MAX_UNKNOWN_GPUS + 4):
         earlier.report("kmsg", f"0000{i:04x}:ee:00", 31, float(i), 0.0)
-    assert StateFile(d, "b").write(dump(earlier))
+    assert state_file(d, "b").write(dump(earlier))
     daemon = EventStore(XID_EVENTS)  # its own unknown addresses fill the room
     for i in range(100, 100 + MAX_UNKNOWN_GPUS):
         daemon.report("kmsg", f"0000{i:04x}:ee:00", 43, float(i), 0.0)
-    doc = StateFile(d, "b").read()
+    doc = state_file(d, "b").read()
     daemon.merge(doc["counts"], doc["open"], lambda pci: False)
     counts = dump(daemon)["counts"]
     assert sum(ks.get("31", [0])[0] for ks in counts.values()) == MAX_UNKNOWN_GPUS + 4

@@ -114,21 +114,16 @@ def _key(k: Any, where: str) -> str:
     return k
 
 
-def validate_state(st: Any) -> None:
-    """Raise StateError naming the first field of a state document that is out of shape or range:
-    every field the exporter reads (docs/xid.md, "What a state file must hold"). Numbers are integers or
-    finite times in range, strings bounded and encodable, and each acknowledgement is of counts
-    the file holds (its baseline is never above the count it acknowledges)."""
-    envelope(st, versions.XID)
-    validate_section(st)
-
-
 # The XID section's keys: at the state document's top level, where version 1 had them.
 SECTION_KEYS = ("counts", "open", "gpus", "acks", "last_seq")
 
 
 def validate_section(st: dict[str, Any]) -> None:
-    """The XID section of a state document (SECTION_KEYS), as validate_state."""
+    """Raise StateError naming the first field of the state document's XID section (SECTION_KEYS)
+    that is out of shape or range: every field the exporter reads (docs/xid.md, "What a state file
+    must hold"). Numbers are integers or finite times in range, strings bounded and encodable, and
+    each acknowledgement is of counts the section holds (its baseline is never above the count it
+    acknowledges). The envelope is the state document's (exporter.xid.persistence.STATE_DOC)."""
     counts = mapping(st.get("counts") or {}, "counts")
     for p, ks in counts.items():
         pci_key(p, "counts", OTHER)
@@ -509,12 +504,9 @@ def take_acks(store: EventStore, acks: list[dict[str, Any]]) -> list[Ack]:
 
 
 class XidDocument:
-    """`xid-state.json`, written by the daemon alone: counts, open events, GPU identities, the
+    """The XID section of `xid-state.json`, the daemon's state document (exporter.xid.persistence.
+    STATE_DOC, which checks it with validate_section): counts, open events, GPU identities, the
     acks it folded in and the kernel-log sequence number its counts cover."""
-
-    name = STATE_NAME
-    schema = versions.XID
-    validate = staticmethod(validate_state)
 
     def dump(self, store: EventStore, identities: GpuIdentities, last_seq: int | None) -> dict[str, Any]:
         """The body of the document as of now (a snapshot; changes nothing). The store holds only
@@ -562,13 +554,6 @@ class AcksDocument:
 
 XID_DOC = XidDocument()
 ACKS_DOC = AcksDocument()
-
-
-class StateFile(state_file.StateFile):
-    """The XID state file (`xid-state.json`)."""
-
-    def __init__(self, state_dir: str, boot_id: str, kmsg: str = "", read_only: bool = False) -> None:
-        super().__init__(state_dir, boot_id, kmsg, read_only, doc=XID_DOC)
 
 
 class AcksFile(state_file.StateFile):
