@@ -49,7 +49,6 @@ from exporter.xid.catalog import XID_MAX, XID_MIN, lookup, valid_xid
 from exporter.xid.identities import MAX_IDENTITIES, GpuIdentities, Identity  # noqa: F401 - re-exported
 from exporter.xid.nvlink import DECODED_XIDS
 
-STATE_VERSION = versions.XID.version  # what this exporter writes; older ones are migrated
 STATE_NAME = "xid-state.json"
 ACKS_NAME = "xid-acks.json"
 MAX_OPEN_PER_KEY = 4

@@ -33,7 +33,6 @@ from exporter.xid.sxid import SEVERITIES
 from exporter.xid.sxid_catalog import CATALOG
 
 STATE_NAME = "sxid-state.json"
-STATE_VERSION = versions.SXID.version  # what this exporter writes; older ones are migrated
 MAX_SERIES = 256  # label cardinality guard: 4-6 switches, a few dozen codes ever seen
 MAX_SWITCH = 63
 # Switch PCI addresses with series of their own (an HGX board has 4, an NVL72 tray 2); reports
