@@ -70,7 +70,6 @@ MAX_SOURCES, MAX_SOURCE_NAME_CHARS = 8, 32  # an open event's sources: kmsg, nvm
 class EventCatalog:
     """What an EventStore counts and its guards: one per family of driver reports."""
 
-    name: str  # in log lines: XID, SXid
     valid: Callable[[int, int | str | None], bool]  # a code and qualifier the driver writes
     known: Callable[[int], bool]  # in the catalog: a listed device's are never refused by the guards
     window_s: float | None  # reports merged into one event within it; None: each report is an event
@@ -81,7 +80,7 @@ class EventCatalog:
 
 
 XID_EVENTS = EventCatalog(
-    "XID", lambda xid, action: valid_xid(xid) and (
+    lambda xid, action: valid_xid(xid) and (
         action is None or (isinstance(action, int) and 0 <= action <= MAX_ACTION)),
     lambda xid: lookup(xid) is not None, window_s=10.0, decoded=DECODED_XIDS)
 

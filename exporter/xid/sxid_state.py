@@ -43,7 +43,7 @@ SXID_MIN, SXID_MAX = 10000, 99999  # the driver prints %05d; every defined code 
 
 
 SXID_EVENTS = EventCatalog(
-    "SXid", lambda sxid, severity: SXID_MIN <= sxid <= SXID_MAX and severity in SEVERITIES,
+    lambda sxid, severity: SXID_MIN <= sxid <= SXID_MAX and severity in SEVERITIES,
     lambda sxid: sxid in CATALOG, window_s=None, max_keys_per_device=MAX_SERIES, max_series=MAX_SERIES,
     max_index=MAX_SWITCH)
 
@@ -95,9 +95,9 @@ class SxidDocument:
 
     def dump(self, store: EventStore, last_seq: int | None) -> dict[str, Any]:
         """The body as of now (a snapshot; changes nothing)."""
-        with store.lock:
-            return {"counts": [[p, code_of(k), k.partition("/")[2], c.count, round(c.last_wall, 3)]
-                               for p, ks in store.counts.items() for k, c in ks.items()],
+        with store.lock:  # counts and switches of one moment (the lock is reentrant)
+            return {"counts": [[p, x, s, c.count, round(c.last_wall, 3)]
+                               for (p, x, s), c in by_report(store).items()],
                     "switches": dict(store.indices), "last_seq": last_seq}
 
     def load(self, doc: dict[str, Any], store: EventStore) -> int | None:
