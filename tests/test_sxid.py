@@ -3,7 +3,9 @@ policy, and counting through the XID service: once per report, continuations nev
 restart within a boot, again after a new boot, from a corrupt state file."""
 
 import json
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -194,6 +196,18 @@ def test_the_state_file_write_never_follows_a_planted_symlink(tmp_path):
     assert victim.read_text() == "precious" and not list(state.glob(".*.tmp"))
 
 
+def records_written(instance_type: str, *scenarios: str) -> int:
+    """How many kernel-log records a simulated node holds once its scenarios' lines are written."""
+    from exporter.profiles import PROFILES
+    from exporter.tools.simulate.kmsg import ONSET_S, KmsgSimSource
+
+    with tempfile.TemporaryDirectory() as d:
+        src = KmsgSimSource(Path(d), PROFILES[instance_type], set(scenarios))
+        src.build()
+        src.advance(ONSET_S)
+        return src.seq
+
+
 def test_simulated_p5_sxid_scenarios_end_to_end():
     """The simulated p5 with both NVSwitch scenarios: the burst counts 24 (its Severity and Data
     lines never), the fatal SXid once, and the node verdict turns reboot_required with sxid_reboot."""
@@ -201,13 +215,21 @@ def test_simulated_p5_sxid_scenarios_end_to_end():
 
     from tests.helpers import running_exporter
 
-    args = ("--simulate", "p5.48xlarge", "--scenario", "sxid-nonfatal-burst", "--scenario", "sxid-fatal")
+    scenarios = ("sxid-nonfatal-burst", "sxid-fatal")
+    records = records_written("p5.48xlarge", *scenarios)
+    args = ("--simulate", "p5.48xlarge", *(a for s in scenarios for a in ("--scenario", s)))
     with running_exporter(*args) as url:
+        # Wait until the last record is processed (the fatal SXid's lines are written before the
+        # burst's, so its series alone may show while the burst is still being read); the scrape
+        # after that one sees everything it counted.
+        last = "gpu_health_exporter_kmsg_last_sequence"
         deadline = time.monotonic() + START_HANG_GUARD_S
-        text = requests.get(url + "/metrics", timeout=10).text
-        while 'sxid="20034"' not in text and time.monotonic() < deadline:
+        while max((v for (n, _), v in samples(requests.get(url + "/metrics", timeout=10).text).items()
+                   if n == last), default=-1) < records - 1:
+            assert time.monotonic() < deadline, f"the follower did not read the {records} records"
             time.sleep(0.3)
-            text = requests.get(url + "/metrics", timeout=10).text
+        text = requests.get(url + "/metrics", timeout=10).text
+    assert value(text, last) == records - 1  # sequence numbers from 0: none missed, none more
     assert promtool_check_metrics(text) == ""
     sxids = "gpu_nvswitch_sxid_errors_total"
     assert value(text, sxids, switch="2", pci_bus_id="00000000:09:00.0", sxid="20001",
