@@ -6,7 +6,8 @@ the order the daemon makes them, in a fresh interpreter, then the served exporte
 
 1. Imports: a child interpreter imports each group and reads VmRSS after it (the interpreter,
    prometheus_client's model modules, PyYAML, psutil, asyncio (without ssl: exporter/web/aio.py),
-   ctypes, the exporter's modules, every collector, pynvml, and the kubelet kind's h2).
+   ctypes, the exporter's modules, every collector, pynvml, the kubelet kind's h2, the IMDS
+   client's http.client and the condition writer's requests).
 2. Served: `python -m exporter --simulate p5.48xlarge` with every default collector, with the
    kubelet kind on (`--scenario k8s-pods`), and a node's defaults on this host (no GPU: NVML fails
    to load; IMDS off by config), each scraped `--scrapes` times with gzip, then VmRSS and
@@ -48,12 +49,17 @@ stages = [("interpreter", None),
           ("every collector module (collectors.discover)", "DISCOVER"),
           ("pynvml (imported when NVML is first used)", "pynvml"),
           ("h2, hpack, hyperframe and the pod-resources client (the kubelet kind only)",
-           "exporter.workload.grpc_h2")]
+           "exporter.workload.grpc_h2"),
+          ("http.client without ssl (the IMDS client: every EC2 node)", "IMDS"),
+          ("requests, urllib3 and ssl (the GpuHealthy condition writer's client, over TLS)", "requests")]
 prev = rss()
 for what, mod in stages:
     if mod == "DISCOVER":
         from exporter import collectors
         collectors.discover()
+    elif mod == "IMDS":
+        from exporter.imds import prepare_http_client
+        prepare_http_client()
     elif mod:
         importlib.import_module(mod)
     now = rss()

@@ -17,10 +17,10 @@ driver and is measured on a GPU host only), and `served` (the exporter as deploy
 `python -m exporter` serving the no-NVML simulated node on 127.0.0.1, scraped over HTTP with
 gzip as Prometheus does; its HTTP server, asyncio, is what the in-process variants leave out).
 
-`imds` measures what the IMDS client (requests, urllib3) adds to a running exporter: a process
-serving the no-NVML simulated node as `served` does (runner and HTTP server started, scraped
-over HTTP from this process) is read (VmRSS) after `--other-scrapes` scrapes, then runs one
-IMDSv2 identity lookup (import requests, a Session, token + 3 GETs) against a fake IMDS on
+`imds` measures what the IMDS client (http.client without ssl) adds to a running exporter: a
+process serving the no-NVML simulated node as `served` does (runner and HTTP server started,
+scraped over HTTP from this process) is read (VmRSS) after `--other-scrapes` scrapes, then runs one
+IMDSv2 identity lookup (the client's imports, a connection, token + 3 GETs) against a fake IMDS on
 127.0.0.1 that this process serves, and is read again right after and after as many scrapes
 more. Alone: `--variants imds`.
 
@@ -172,8 +172,9 @@ server.start()
 print(server.port, flush=True)
 url = sys.stdin.readline().strip()  # the parent's fake IMDS, once it has read the baseline
 if url:  # else the control: no lookup
-    from exporter.imds import ImdsClient
-    client = ImdsClient(url, timeout_s=2.0)
+    from exporter import imds
+    getattr(imds, "prepare_http_client", lambda: None)()  # as IdentitySource does (a checkout before: none)
+    client = imds.ImdsClient(url, timeout_s=2.0)
     print(client.fetch().instance_type, flush=True)
     getattr(client, "close", lambda: None)()  # (the urllib client before issue 21 had none)
 else:

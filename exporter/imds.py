@@ -1,10 +1,11 @@
 """EC2 instance identity (instance type, instance id, availability zone) from config, the DMI
 product name (the type only; exporter/dmi.py) and IMDSv2.
 
-IMDSv2: PUT /latest/api/token, then GETs with the token, over one requests Session with connect
-and read timeouts and bounded retries (ImdsClient). The daemon's lookup runs on a background
-thread started once per process: the first try at start-up, then retries with capped exponential
-back-off (and jitter, so a fleet restarted together does not retry in step) until it succeeds.
+IMDSv2: PUT /latest/api/token, then GETs with the token, over one kept-alive http.client
+connection with connect and read timeouts and bounded retries (ImdsClient). The daemon's lookup
+runs on a background thread started once per process: the first try at start-up, then retries
+with capped exponential back-off (and jitter, so a fleet restarted together does not retry in
+step) until it succeeds.
 The composition root starts it (IdentitySource.start); start-up and scrapes never wait for it,
 and a scrape only reads what is known: until it succeeds the identity comes from config and DMI
 alone. `check` asks once instead (IdentitySource.lookup_now). `IdentitySource` (Context.identity,
@@ -21,23 +22,26 @@ Off EC2 (issue 37): IMDS is not asked when the DMI identity says the host is not
 (exporter.dmi.on_ec2; logged once at start). Where it is asked and fails, the lookups back off
 exponentially (5 s, doubling, to instance.imds_retry_max_seconds) and log once per change of
 state (the first failure at WARNING, the answer after failures at INFO; every failed attempt at
-DEBUG), and urllib3's own per-retry warning is silenced: the failure is ours to report, once.
+DEBUG).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from urllib.parse import urlsplit
 
 from exporter.config import CollectorSection, positive, setting
+from exporter.without_ssl import import_without_ssl
 
 if TYPE_CHECKING:
+    from http.client import HTTPConnection, HTTPException
+
     from exporter.config import Config
 
 log = logging.getLogger("exporter.imds")
@@ -46,6 +50,17 @@ SECTION = "instance"
 TOKEN_TTL_S = 21600
 EVENTS_PATH = "events/maintenance/scheduled"
 T = TypeVar("T")
+
+
+def http_url(v: Any) -> str | None:
+    """IMDS is plain HTTP: an http:// URL with a host (and a valid port, if any)."""
+    try:
+        url = urlsplit(v)
+        ok = url.scheme == "http" and bool(url.hostname) and (url.port or 80) > 0
+    except ValueError:
+        ok = False
+    return None if ok else "an http:// URL (IMDS is plain HTTP), like http://169.254.169.254"
+
 
 @dataclass
 class InstanceSection(CollectorSection):
@@ -59,7 +74,7 @@ class InstanceSection(CollectorSection):
         True, "Ask IMDSv2 (the identity, scheduled events) in the background; false on a host that is not "
         "an EC2 instance (never asked under --simulate or --nvml-capture).")
     imds_endpoint: str = setting(
-        "http://169.254.169.254", "IMDS base URL (IPv6-only: http://[fd00:ec2::254]).")
+        "http://169.254.169.254", "IMDS base URL (IPv6-only: http://[fd00:ec2::254]).", check=http_url)
     imds_timeout_seconds: float = setting(
         1.0, "Timeout of each IMDS request.", check=positive)
     imds_retry_max_seconds: float = setting(
@@ -103,8 +118,8 @@ def _imds_time(v: object, where: str) -> float:
     """`21 Jan 2019 09:00:43 GMT` (day not zero-padded either) as unix time."""
     if not isinstance(v, str):
         raise ValueError(f"{where} is {v!r}; expected a date like '21 Jan 2019 09:00:43 GMT'")
-    # Imported here: the email package is loaded only on nodes that read IMDS (requests loads it
-    # there anyway).
+    # Imported here: the email package is loaded only on nodes that read IMDS (http.client loads
+    # it there anyway).
     from email.utils import parsedate_to_datetime
 
     try:
@@ -155,58 +170,93 @@ class ImdsError(Exception):
 # (401/403/404) are answers, never retried: a 403 token is IMDS disabled or IMDSv2 off.
 CONNECT_RETRIES, READ_RETRIES, STATUS_RETRIES = 2, 1, 2
 RETRY_STATUSES = (429, 500, 502, 503, 504)
-RETRY_BACKOFF_S = 0.1  # urllib3 waits 0, then 0.2 s, ... between the attempts of one request
+RETRY_BACKOFF_S = 0.1  # no wait before a request's first retry, then 0.2 s, 0.4 s, ...
 TOKEN_RENEW_S = 60.0  # get a new token this long before the old one's TTL runs out
 
 
-class ImdsClient:
-    """IMDSv2 over one requests Session: connect and read timeouts of `timeout_s` each, bounded
-    retries (urllib3 Retry on an HTTPAdapter), keep-alive across a lookup's requests, and the
-    token reused until shortly before its TTL ends (a 401 gets a new one). The environment's
-    HTTP(S)_PROXY and .netrc are ignored (`trust_env` off): IMDS is link-local, never proxied.
+def prepare_http_client() -> None:
+    """Import http.client for the IMDS client, without ssl (exporter/without_ssl.py): IMDS is
+    plain HTTP. Called by the composition root (IdentitySource), in the main thread at start-up."""
+    import_without_ssl("http.client")
 
-    requests is imported on the first request, so a node that never asks IMDS (config gives the
-    identity, a simulation, tests) loads no HTTP client; docs/performance.md gives its RSS."""
+
+class _Failed(Exception):
+    """One attempt failed before an answer: `kind` is connect or read (which retries it uses)."""
+
+    def __init__(self, kind: str, error: OSError | HTTPException) -> None:
+        super().__init__(_describe(error))
+        self.kind = kind
+
+
+class ImdsClient:
+    """IMDSv2 over one kept-alive HTTP connection: connect and read timeouts of `timeout_s` each,
+    bounded retries of each request (above), and the token reused until shortly before its TTL
+    ends (a 401 gets a new one). No proxy and no .netrc (http.client reads neither): IMDS is
+    link-local, never proxied.
+
+    http.client rather than requests: IMDS is plain HTTP, asked on every EC2 node (the identity,
+    the scheduled events), and a lookup over requests, with urllib3 and ssl, cost a serving
+    exporter 8.4 MiB, over http.client without ssl 0.8 (`bench/bench_memory.py --variants imds`).
+    The composition root imports it without ssl (`prepare_http_client`)."""
 
     def __init__(self, endpoint: str = "http://169.254.169.254", timeout_s: float = 1.0) -> None:
-        self.endpoint = endpoint.rstrip("/")
+        url = urlsplit(endpoint)
+        self.host, self.port, self.base = url.hostname or "", url.port or 80, url.path.rstrip("/")
         self.timeout_s = timeout_s
-        self._session: Any = None
+        self._conn: HTTPConnection | None = None
         self._token = ""
         self._token_expires = 0.0
-        self._lock = threading.Lock()  # one request at a time on the session
+        self._lock = threading.Lock()  # one request at a time on the connection
 
-    def _new_session(self) -> Any:
-        import requests
-        from requests.adapters import HTTPAdapter
-        from urllib3.util.retry import Retry
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
-        retry = Retry(total=CONNECT_RETRIES + STATUS_RETRIES, connect=CONNECT_RETRIES, read=READ_RETRIES,
-                      status=STATUS_RETRIES, other=0, redirect=0, allowed_methods=None,
-                      status_forcelist=RETRY_STATUSES, backoff_factor=RETRY_BACKOFF_S,
-                      respect_retry_after_header=False, raise_on_status=False)
-        # urllib3 warns on every retry of every attempt ("Retrying (Retry(total=3, ...)) after
-        # connection broken"): off EC2 that was a warning every few seconds. The poller reports the
-        # failure itself, once per change of state.
-        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
-        session = requests.Session()
-        session.trust_env = False  # never via HTTP(S)_PROXY, no .netrc credentials
-        adapter = HTTPAdapter(max_retries=retry, pool_connections=1, pool_maxsize=1)
-        session.mount("http://", adapter)
-        session.mount("https://", adapter)
-        return session
+    def _once(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str]:
+        """One attempt on the kept connection (a new one when there is none)."""
+        import http.client
+
+        reused = self._conn is not None
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+            try:
+                self._conn.connect()
+            except OSError as e:
+                self._drop()
+                raise _Failed("connect", e) from e
+        try:
+            self._conn.request(method, path, headers=headers)
+            resp = self._conn.getresponse()
+            body = resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            self._drop()
+            closed = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+            if reused and isinstance(e, closed):  # IMDS closed the idle connection: once on a new one
+                return self._once(method, path, headers)
+            raise _Failed("read", e) from e
+        if resp.will_close:
+            self._drop()
+        return resp.status, body.decode("utf-8", "replace")  # no charset guessing
 
     def _call(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str]:
-        import requests
-
-        if self._session is None:
-            self._session = self._new_session()
-        try:
-            resp = self._session.request(method, f"{self.endpoint}/latest/{path}", headers=headers,
-                                         timeout=(self.timeout_s, self.timeout_s), allow_redirects=False)
-            return resp.status_code, resp.content.decode("utf-8", "replace")  # no charset guessing
-        except requests.RequestException as e:
-            raise ImdsError(_describe(e)) from e
+        """The request, retried within the bounds above: the last answer's status and body."""
+        left = {"connect": CONNECT_RETRIES, "read": READ_RETRIES, "status": STATUS_RETRIES}
+        retried = 0
+        while True:
+            try:
+                status, body = self._once(method, f"{self.base}/latest/{path}", headers)
+                if status not in RETRY_STATUSES or not left["status"]:
+                    return status, body
+                kind = "status"
+            except _Failed as e:
+                if not left[e.kind]:
+                    raise ImdsError(str(e)) from e
+                kind = e.kind
+            left[kind] -= 1
+            retried += 1
+            if retried > 1:
+                time.sleep(RETRY_BACKOFF_S * 2 ** (retried - 1))
 
     def _get_token(self) -> str:
         now = time.monotonic()
@@ -236,9 +286,7 @@ class ImdsClient:
 
     def close(self) -> None:
         with self._lock:
-            if self._session is not None:
-                self._session.close()
-                self._session = None
+            self._drop()
 
     def fetch(self) -> InstanceIdentity:
         values = self.get("instance-type", "instance-id", "placement/availability-zone")
@@ -249,24 +297,10 @@ class ImdsClient:
         return parse_scheduled_events(self.get(EVENTS_PATH)[0])
 
 
-def _describe(e: Exception) -> str:
-    """One line for a failed request: `Timeout: ...` for a connect or read timeout (also when the
-    retries ran out on one), else the innermost cause's type and message."""
-    import requests
-
-    cause: BaseException = e
-    while True:  # requests wraps urllib3's MaxRetryError, which holds the last attempt's error
-        inner = getattr(cause, "reason", None)
-        if not isinstance(inner, BaseException) and cause.args and isinstance(cause.args[0], BaseException):
-            inner = cause.args[0]
-        if not isinstance(inner, BaseException) or inner is cause:
-            break
-        cause = inner
-    timed_out = isinstance(e, requests.Timeout) or "timed out" in str(cause).lower()
-    # urllib3 puts the connection object in some errors ("<HTTPConnection(...) at 0x7f...>"):
-    # without its address the same failure reads the same, and is logged once, not every retry.
-    text = re.sub(r"(<[^<>]*?)(?: object)? at 0x[0-9a-f]+>", r"\1>", str(cause))
-    return f"{'Timeout' if timed_out else type(cause).__name__}: {text}"
+def _describe(e: OSError | HTTPException) -> str:
+    """One line for a failed attempt: `Timeout: ...` for a connect or read timeout, else the
+    error's type and message."""
+    return f"{'Timeout' if isinstance(e, TimeoutError) else type(e).__name__}: {e}"
 
 
 class ImdsPoller(Generic[T]):
@@ -372,6 +406,8 @@ class IdentitySource:
         self.endpoint = imds_url or sec.imds_endpoint
         self.on_ec2 = on_ec2  # the DMI identity's answer (exporter.dmi.on_ec2); None: not known
         self.imds_allowed = imds_allowed(config) and on_ec2 is not False
+        if self.imds_allowed:
+            prepare_http_client()  # here: the main thread, before the daemon's threads start
         if imds_allowed(config) and on_ec2 is False:
             log.info("not asking IMDS: the DMI identity says this host is not an EC2 instance (set "
                      "node.instance_type, instance.instance_id and instance.availability_zone to name it)")

@@ -261,7 +261,8 @@ def no_imds(args: tuple[str, ...] | list[str]) -> list[str]:
     """The exporter's arguments with IMDS off, through its configuration as on any host that is
     not an EC2 instance: a simulated or replayed node needs nothing (the simulation and
     --nvml-capture turn it off); otherwise the run gets tests/fixtures/config/no-imds.yaml, or,
-    when the test gives a config of its own, that config must say `instance: {imds: false}`."""
+    when the test gives a config of its own, that config must say `instance: {imds: false}` or
+    name a fake IMDS on 127.0.0.1 (`instance.imds_endpoint`)."""
     args = list(args)
     if "--simulate" in args or "--nvml-capture" in args:
         return args
@@ -271,10 +272,12 @@ def no_imds(args: tuple[str, ...] | list[str]) -> list[str]:
 
     path = Path(args[args.index("--config") + 1])
     try:
-        imds = (yaml.safe_load(path.read_text()) or {}).get("instance", {}).get("imds", True)
+        instance = (yaml.safe_load(path.read_text()) or {}).get("instance", {})
+        imds, endpoint = instance.get("imds", True), str(instance.get("imds_endpoint", ""))
     except (OSError, ValueError, AttributeError, yaml.YAMLError):  # a test of a bad config: never starts
         return args
-    assert imds is False, f"{path}: an exporter on this machine needs `instance: {{imds: false}}`"
+    assert imds is False or endpoint.startswith("http://127.0.0.1:"), (
+        f"{path}: an exporter on this machine needs `instance: {{imds: false}}` or a fake IMDS on 127.0.0.1")
     return args
 
 

@@ -18,7 +18,7 @@ from exporter.compose import compose
 from exporter.config import load
 from exporter.runner import Runner
 from exporter.tools.simulate.imds import FakeImdsServer
-from tests.helpers import FIXTURES, scrape, test_pool
+from tests.helpers import FIXTURES, HANG_GUARD_S, refused_address, scrape, test_pool
 
 REAL = (FIXTURES / "kmsg" / "kmsg_nvidia.txt").read_text()
 # What `dmesg -T` prints for the same kind of node: human timestamps, no /dev/kmsg record prefix.
@@ -152,16 +152,21 @@ def test_no_instance_metadata_call_when_config_gives_everything():
 
 
 def test_the_same_imds_failure_reads_the_same_so_it_is_logged_once():
-    """Off AWS every retry times out on a new connection object; its address in the message made
-    each retry a new error, logged every time (the poller logs a failure when its text changes)."""
-    import requests
-    from urllib3.connection import HTTPConnection
-    from urllib3.exceptions import ConnectTimeoutError, MaxRetryError
-
-    def timeout() -> Exception:
-        inner = ConnectTimeoutError(HTTPConnection("169.254.169.254"),
-                                    "Connection to 169.254.169.254 timed out. (connect timeout=1.0)")
-        return requests.exceptions.ConnectTimeout(MaxRetryError(None, "/latest/api/token", inner))
-
-    first, second = imds._describe(timeout()), imds._describe(timeout())
-    assert first == second and first.startswith("Timeout: ") and " at 0x" not in first
+    """The poller logs a failure when its text changes: IMDS failing the same way on each new
+    connection (refused, or never answering) must read the same each time, naming no connection
+    object, or every retry would be logged."""
+    fake = FakeImdsServer({})
+    fake.start(poll_interval_s=0.05)
+    fake.delay_s = HANG_GUARD_S  # never answers: only the timeout ends each try
+    try:
+        with refused_address() as addr:
+            for url, timeout_s in ((f"http://{addr}", 1.0), (fake.url, 0.2)):
+                texts = []
+                for _ in range(2):
+                    with pytest.raises(imds.ImdsError) as failed:
+                        imds.ImdsClient(url, timeout_s=timeout_s).fetch()
+                    texts.append(str(failed.value))
+                assert texts[0] == texts[1] and " at 0x" not in texts[0], texts
+        assert texts[0].startswith("Timeout: ")
+    finally:
+        fake.close()

@@ -428,3 +428,17 @@ def test_a_failing_lookup_backs_off_exponentially_and_logs_once_per_state_change
              and r.levelno >= logging.INFO]
     assert [lv for lv, _ in lines] == ["WARNING", "INFO"], lines
     assert not [r for r in caplog.records if r.name.startswith("urllib3") and r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("endpoint", ["https://169.254.169.254", "169.254.169.254", "http://", "http://[::1"])
+def test_an_imds_endpoint_that_is_not_an_http_url_is_refused_naming_the_key(endpoint):
+    from exporter.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"instance\.imds_endpoint.*http://"):
+        load(None, {"instance.imds_endpoint": endpoint})
+
+
+def test_an_ipv6_imds_endpoint_is_valid_and_parsed_to_its_address():
+    assert imds.http_url("http://[fd00:ec2::254]") is None
+    client = imds.ImdsClient("http://[fd00:ec2::254]")
+    assert (client.host, client.port, client.base) == ("fd00:ec2::254", 80, "")

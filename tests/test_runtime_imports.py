@@ -2,9 +2,10 @@
 prometheus_client is the metric model, so the CLI and every collector module load its model's
 modules, but not its package's `__init__` (exporter/metric.py), which imports its HTTP servers and
 push clients (http.server, wsgiref, urllib.request, email, ssl: 2.6 MiB of the served exporter's
-RSS, docs/performance.md). What a default node does not use stays out: requests (the IMDS client,
-loaded when a lookup runs), bcrypt (basic auth only), the NVML bindings until NVML is first used,
-asyncio and multiprocessing."""
+RSS, docs/performance.md). What a default node does not use stays out: requests (the Kubernetes
+condition writer's client, loaded only with the writer on), bcrypt (basic auth only), the NVML
+bindings until NVML is first used, asyncio and multiprocessing; IMDS is asked over http.client
+without ssl."""
 
 import json
 import subprocess
@@ -72,18 +73,21 @@ TLS_ONLY = ["_ssl"]
 TOOLS = "exporter.tools"
 
 
-def _served_imports(tmp_path, monkeypatch, *args: str, **get_kw) -> set[str]:
+def _served_imports(tmp_path, monkeypatch, *args: str, until=None, **get_kw) -> set[str]:
+    """What the served exporter imported over three scrapes (and until `until()` is true)."""
     import re
 
     import requests
 
-    from tests.helpers import start_exporter, stop_within
+    from tests.helpers import start_exporter, stop_within, wait_for
 
     monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")
     proc, url, log = start_exporter(tmp_path, *args, **get_kw)
     try:
         for _ in range(3):
             assert requests.get(url, timeout=30, **get_kw).ok
+        if until is not None:
+            wait_for(until, what="the exporter's background work", proc=proc, log=log)
     finally:
         stop_within(proc)
     found = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+([\w.]+)$", log.read_text(), re.M))
@@ -105,6 +109,29 @@ def test_the_served_exporter_imports_only_what_its_kinds_use(tmp_path, monkeypat
     kubelet = _served_imports(tmp_path, monkeypatch, "--simulate", "p5.48xlarge", "--scenario", "k8s-pods")
     assert sorted(kubelet & {*NEVER_SERVED, *TLS_ONLY}) == []
     assert set(KUBELET_ONLY) <= kubelet  # the kind's client, and only with the kind on
+
+
+def test_an_ec2_node_asks_imds_without_ssl_or_an_http_library(tmp_path, monkeypatch):
+    """Every EC2 node asks IMDS (its identity, the scheduled events), over plain HTTP: http.client,
+    imported without ssl; requests, urllib3 and ssl stay out."""
+    from exporter.tools.simulate.imds import FakeImdsServer
+
+    dmi = tmp_path / "sys" / "devices" / "virtual" / "dmi" / "id"
+    dmi.mkdir(parents=True)
+    (dmi / "sys_vendor").write_text("Amazon EC2\n")  # an EC2 instance whose type DMI does not give
+    fake = FakeImdsServer({"instance-type": "p5.48xlarge", "instance-id": "i-0123456789abcdef0",
+                           "placement/availability-zone": "us-east-2b"})
+    fake.start(poll_interval_s=0.05)
+    cfg = tmp_path / "ec2.yaml"
+    cfg.write_text(f"paths:\n  sysfs: {tmp_path / 'sys'}\ninstance:\n  imds_endpoint: {fake.url}\n")
+    asked = {"/latest/meta-data/instance-id", "/latest/meta-data/events/maintenance/scheduled"}
+    try:
+        ec2 = _served_imports(tmp_path, monkeypatch, "--config", str(cfg),
+                              until=lambda: asked <= {p for _, p in fake.requests})
+    finally:
+        fake.close()
+    assert "http.client" in ec2
+    assert sorted(ec2 & {"requests", "urllib3", *TLS_ONLY}) == []  # _ssl: ssl never loaded
 
 
 def _self_signed(d) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """A small Kubernetes API client for the one object the exporter writes: its own Node.
 
-`requests` (already a dependency) rather than a Kubernetes client library: the writer needs three
+`requests` rather than a Kubernetes client library: the writer needs three
 calls (read its Node, patch its status, patch its labels, taints and annotations), and the official
 `kubernetes` package costs far more memory than the whole exporter's 50 MiB goal allows for it
 (docs/deploy.md, "The GpuHealthy node condition", has the measurement).

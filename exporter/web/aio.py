@@ -1,29 +1,19 @@
 """asyncio for the HTTP server's event loop (exporter/web/httpd.py), without ssl unless TLS is on.
 
-asyncio imports ssl when it loads (base_events, selector_events, sslproto: `try: import ssl`),
-about 4.6 MiB of RSS on every node (docs/performance.md), though only a TLS listener uses it.
-When ssl is not loaded yet, asyncio is imported with `ssl` marked missing in sys.modules (its
-modules then hold `ssl = None`, as on a Python built without it), and the mark is removed at
-once: any later `import ssl` (the Kubernetes client, requests) loads it as usual. A TLS listener
-hands asyncio the real module first (`with_ssl`, called by HttpServer with an SSLContext; the
-daemon loads its web config, and ssl with it, before it imports the server: exporter/serve.py).
-tests/test_runtime_imports.py checks that the served exporter loads ssl with TLS on and not with
-it off, and that a TLS listener made after asyncio loaded without ssl serves.
-
-The mark is process-wide for the few milliseconds of the import: the daemon imports this module
-from its main thread at start-up, before its other threads exist.
+asyncio imports ssl when it loads (base_events, selector_events, sslproto), though only a TLS
+listener uses it: it is imported without ssl (exporter/without_ssl.py) when ssl is not loaded yet.
+A TLS listener hands asyncio the real module first (`with_ssl`, called by HttpServer with an
+SSLContext; the daemon loads its web config, and ssl with it, before it imports the server:
+exporter/serve.py). tests/test_runtime_imports.py checks that the served exporter loads ssl with
+TLS on and not with it off, and that a TLS listener made after asyncio loaded without ssl serves.
+The daemon imports this module from its main thread at start-up, before its other threads exist.
 """
 
 from __future__ import annotations
 
-import sys
+from exporter.without_ssl import import_without_ssl
 
-if "asyncio" not in sys.modules and "ssl" not in sys.modules:
-    sys.modules["ssl"] = None  # type: ignore[assignment]  # `import ssl` raises ImportError
-    try:
-        import asyncio
-    finally:
-        del sys.modules["ssl"]
+import_without_ssl("asyncio")
 
 import asyncio  # noqa: E402 - the module httpd uses, re-exported
 
