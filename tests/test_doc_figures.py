@@ -29,9 +29,12 @@ def _ms(row: str, what: str) -> float:
 def test_design_states_the_render_cost_the_table_measures():
     row = _row("Rendering /metrics")
     fast, client = _ms(row, "fast renderer"), _ms(row, "prometheus_client")
-    assert "about a tenth of a millisecond" in DESIGN and "renderers take about ten" in DESIGN
-    assert 0.05 <= fast <= 0.2, f"the fast renderer takes {fast} ms: docs/design.md says a tenth of one"
-    assert 5 <= client <= 20, f"prometheus_client's renderer takes {client} ms: docs/design.md says ten"
+    # The host's speed drifts by up to half between runs, so the words state the ratio, which holds.
+    words = " ".join(DESIGN.split())
+    assert "a fraction of a millisecond" in words and "about a hundredth of what prometheus_client" in words
+    assert fast < 1, f"the fast renderer takes {fast} ms: docs/design.md says a fraction of one"
+    assert 50 <= client / fast <= 200, (
+        f"prometheus_client's renderer takes {client / fast:.0f} times the fast one: docs/design.md says 100")
 
 
 def test_design_states_the_thread_count_the_table_measures_and_the_test_bounds():
