@@ -134,7 +134,10 @@ class Simulation:
         if root is None:
             remove_abandoned_roots()
             root = tempfile.mkdtemp(prefix=ROOT_PREFIX)
-            (Path(root) / OWNER_FILE).write_text(_process_identity(os.getpid()))
+            # Written whole, then renamed: a process killed in between leaves no empty owner file,
+            # which remove_abandoned_roots would leave alone for ever.
+            (Path(root) / f"{OWNER_FILE}.tmp").write_text(_process_identity(os.getpid()))
+            (Path(root) / f"{OWNER_FILE}.tmp").rename(Path(root) / OWNER_FILE)
         self.root = Path(root)
         self.tick_s = tick_s
         self.sources = [cls(self.root, self.profile, self.scenarios) for cls in source_classes()]
